@@ -1,0 +1,42 @@
+"""Write one benchmark's section of ``bench/RESULTS.md`` atomically.
+
+Each benchmark script owns the block between ``<!-- BEGIN name -->`` and ``<!-- END name -->``
+and replaces only that block, so scripts can run in any order without clobbering each other.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import tempfile
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).with_name("RESULTS.md")
+HEADER = "# Benchmark results\n\nEach section is written by the script it names; ratios are measured side by side in one process.\n"
+
+
+def machine_line() -> str:
+    """One line describing where the numbers were measured."""
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
+    return (
+        f"_Measured on {device}, {os.cpu_count()} cores, torch {torch.__version__}, "
+        f"threads {torch.get_num_threads()}, {platform.python_version()}._"
+    )
+
+
+def update_section(name: str, markdown: str, path: Path = RESULTS) -> None:
+    """Replace (or append) the block of ``name`` in the results file, atomically."""
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise ValueError(f"name must be letters, digits, '_', '.', '-', got {name!r}")
+    begin, end = f"<!-- BEGIN {name} -->", f"<!-- END {name} -->"
+    block = f"{begin}\n{markdown.strip()}\n{end}\n"
+    text = path.read_text() if path.exists() else HEADER
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end) + r"\n?", re.S)
+    text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + block
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".RESULTS.", suffix=".tmp")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)

@@ -1,0 +1,48 @@
+"""The ``mdboost`` command: ``rank``, ``validate``, ``ui`` and ``demo``.
+
+Each subcommand only parses arguments and hands over to a pipeline entry point
+(``pipelines/``) or a library function.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from importlib import import_module
+
+
+def _run(target: str, **kwargs):
+    module, func = target.split(":")
+    return getattr(import_module(module), func)(**kwargs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mdboost", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    rank = sub.add_parser("rank", help="rank drafter/target pairs of a pool (pipelines/rank_pool.py)")
+    rank.add_argument("--config", required=True, help="YAML config, e.g. configs/default.yaml")
+    rank.set_defaults(target="pipelines.rank_pool:main")
+
+    validate = sub.add_parser("validate", help="run real MD generation on ranked pairs (pipelines/validate_pairs.py)")
+    validate.add_argument("--config", required=True, help="YAML config, e.g. configs/validate_default.yaml")
+    validate.set_defaults(target="pipelines.validate_pairs:main")
+
+    ui = sub.add_parser("ui", help="start the MLflow UI on localhost over the project's store")
+    ui.add_argument("--tracking-uri", default=None, help="default: sqlite:///mlruns/mlflow.db")
+    ui.add_argument("--port", type=int, default=5000)
+    ui.add_argument("--host", default="127.0.0.1")
+    ui.set_defaults(target="mdboost.ui:main")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = vars(build_parser().parse_args(argv))
+    args.pop("command")
+    target = args.pop("target")
+    result = _run(target, **args)
+    return result if isinstance(result, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""MLflow at the edges: where the project's store lives and how pipelines open it.
+
+Library functions never import this module; pipelines do. Default store:
+``sqlite:///mlruns/mlflow.db`` with artifacts under ``mlruns/artifacts`` (MLflow 3 refuses
+the plain file store without an override).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+DEFAULT_TRACKING_URI = "sqlite:///mlruns/mlflow.db"
+DEFAULT_ARTIFACT_ROOT = "mlruns/artifacts"
+
+
+def sqlite_path(tracking_uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI (relative paths stay relative), else None."""
+    prefix = "sqlite:///"
+    return Path(tracking_uri[len(prefix):]) if tracking_uri.startswith(prefix) else None
+
+
+def setup(experiment: str, tracking_uri: str = DEFAULT_TRACKING_URI,
+          artifact_root: str = DEFAULT_ARTIFACT_ROOT) -> str:
+    """Point MLflow at the store and make sure ``experiment`` exists; returns its id.
+
+    New experiments store artifacts under ``artifact_root`` (made absolute, so the UI can
+    serve them from any working directory).
+    """
+    import mlflow
+
+    db = sqlite_path(tracking_uri)
+    if db is not None:
+        db.parent.mkdir(parents=True, exist_ok=True)
+    mlflow.set_tracking_uri(tracking_uri)
+    found = mlflow.get_experiment_by_name(experiment)
+    if found is not None:
+        experiment_id = found.experiment_id
+    else:
+        location = Path(artifact_root).resolve() / experiment
+        experiment_id = mlflow.create_experiment(experiment, artifact_location=location.as_uri())
+    mlflow.set_experiment(experiment_id=experiment_id)
+    return experiment_id
