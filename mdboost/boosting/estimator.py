@@ -1,0 +1,393 @@
+"""Multiclass self-normalized boosting as a scikit-learn classifier (paper Section 4).
+
+The multiclass extension of Nock & Nielsen's (2007) self-normalized boosting that the note's
+section 5 fixes: real-valued hypotheses ``h_t(x) in R^n``, the label coding of
+:mod:`mdboost.boosting.labels`, edges ``mu_t``, leveraging coefficients ``alpha_t`` and the
+self-normalized weight update of :mod:`mdboost.boosting.margins`. The combination
+``H_T = sum_t alpha_t h_t`` gives ``predict_proba = softmax(H_T)``. Two modes:
+
+- estimator mode: each round fits a clone of ``estimator`` (default: a depth-1 tree) on the
+  weighted sample and uses its ``predict_proba`` (or clipped log-probabilities) as ``h_t``;
+- pool mode: each round picks, among fixed pre-trained members (:mod:`mdboost.boosting.pool`),
+  the one with the largest ``|mu|`` under the current weights.
+"""
+
+from __future__ import annotations
+
+from numbers import Integral
+
+import numpy as np
+import scipy.sparse as sp
+from sklearn.base import BaseEstimator, ClassifierMixin, _fit_context, clone
+from sklearn.tree import DecisionTreeClassifier
+from sklearn.utils import check_random_state
+from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
+from sklearn.utils.extmath import softmax
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import (
+    _check_sample_weight,
+    check_is_fitted,
+    column_or_1d,
+    validate_data,
+)
+
+from mdboost.boosting.labels import encode_labels
+from mdboost.boosting.margins import edge_step, margin_bound, margin_risk
+from mdboost.boosting.pool import check_pool, member_label_scores, member_scores
+
+__all__ = ["SelfNormalizedBoostClassifier", "LOG_PROBA_FLOOR"]
+
+LOG_PROBA_FLOOR = float(np.log(np.finfo(np.float64).eps))
+"""``hypothesis="log_proba"`` clips ``log p`` from below at ``log(machine eps)`` (about -36.04),
+as SAMME.R clipped probabilities at eps: a class the weak learner gives probability 0 (or never
+saw in its weighted sample) scores this floor instead of ``-inf``."""
+
+
+class SelfNormalizedBoostClassifier(ClassifierMixin, BaseEstimator):
+    """Multiclass self-normalized boosting classifier.
+
+    Each round ``t`` gets real scores ``h_t(x) in R^n_classes``, the label scores
+    ``g_ti = y_i^T h_t(x_i)`` (coding ``y_ij = 1/n_i`` on the potential labels, ``-1/(n - n_i)``
+    elsewhere), ``h*_t = max_i |g_ti|``, ``u_ti = g_ti / h*_t``, the edge
+    ``mu_t = sum_i w_ti u_ti``, ``alpha_t = ln((1 + mu_t) / (1 - mu_t)) / (2 h*_t)`` and the
+    weights ``w_(t+1),i = w_ti (1 - mu_t u_ti) / (1 - mu_t^2)`` (they sum to 1 unnormalized).
+    ``h*_t`` is taken over the examples of positive weight, so a zero weight drops an example.
+
+    Parameters
+    ----------
+    estimator : object, default=None
+        Weak learner with ``fit(X, y, sample_weight)`` and ``predict_proba``, cloned each round.
+        None means ``DecisionTreeClassifier(max_depth=1)``. Must be None in pool mode.
+    n_estimators : int, default=50
+        Maximum number of rounds, in ``[1, inf)``. Boosting stops earlier on a perfect
+        (``|mu| = 1``, alpha capped via ``EDGE_EPS``) or useless (``h* = 0``, or ``mu <= 0`` in
+        estimator mode) hypothesis; ``stop_reason_`` says which.
+    pool : list of pool members, default=None
+        Pool mode: fixed pre-trained scorers (see :mod:`mdboost.boosting.pool`), never cloned or
+        refitted; each round picks the member of largest ``|mu|`` (it may be picked again). A
+        negative edge gives a negative ``alpha`` (the round uses ``-h``), which is fine. ``X``
+        is validated with ``dtype=None, ensure_all_finite=False`` and handed to the members:
+        any 2-D array they accept, e.g. row indices of shape (m, 1) into a logit cache.
+    hypothesis : {"proba", "log_proba", "predict"}, default="proba"
+        Estimator mode: ``h_t`` is the weak learner's ``predict_proba`` mapped to ``classes_``
+        (unseen classes score 0), its log clipped at ``LOG_PROBA_FLOOR``, or the one-hot code
+        of its ``predict`` (discrete hypotheses, as in SAMME). Ignored in pool mode, where
+        members' ``decision_function`` / ``label_scores`` are used.
+    random_state : int, RandomState instance or None, default=None
+        Seeds the ``random_state`` of each weak learner clone.
+
+    Attributes
+    ----------
+    estimators_ : list
+        The hypotheses ``h_t`` (fitted clones, or pool members by reference).
+    estimator_weights_ : ndarray of shape (T,)
+        ``alpha_t``.
+    edges_ : ndarray of shape (T,)
+        ``mu_t``.
+    normalizers_ : ndarray of shape (T,)
+        ``h*_t``.
+    stop_reason_ : str
+        Why boosting stopped.
+    boosting_advantage_ : float
+        ``sum_t mu_t^2``.
+    classes_ : ndarray of shape (n_classes,)
+        Class labels; ``arange(n_columns)`` for an indicator ``y``; the members' ``classes_``
+        in pool mode.
+    n_features_in_ : int
+        Number of features (columns of ``X``) seen during fit.
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Defined only when ``X`` has string feature names.
+
+    See Also
+    --------
+    sklearn.ensemble.AdaBoostClassifier : SAMME boosting with discrete hypotheses.
+
+    References
+    ----------
+    R. Nock, F. Nielsen, "A Real generalization of discrete AdaBoost", AIJ 2007.
+    J. Zhu, H. Zou, S. Rosset, T. Hastie, "Multi-class AdaBoost", 2009.
+
+    Examples
+    --------
+    >>> from sklearn.datasets import load_iris
+    >>> from mdboost.boosting import SelfNormalizedBoostClassifier
+    >>> X, y = load_iris(return_X_y=True)
+    >>> clf = SelfNormalizedBoostClassifier(n_estimators=20, random_state=0).fit(X, y)
+    >>> clf.score(X, y) > 0.9
+    True
+    >>> bool(clf.margin_risk(X, y, 0.0) <= clf.margin_bound(0.0))
+    True
+    >>> bool(abs(clf.predict_proba(X[:2]).sum(axis=1) - 1).max() < 1e-12)
+    True
+    """
+
+    _parameter_constraints: dict = {
+        "estimator": [HasMethods(["fit", "predict_proba"]), None],
+        "n_estimators": [Interval(Integral, 1, None, closed="left")],
+        "pool": [list, tuple, None],
+        "hypothesis": [StrOptions({"proba", "log_proba", "predict"})],
+        "random_state": ["random_state"],
+    }
+
+    def __init__(self, estimator=None, *, n_estimators=50, pool=None, hypothesis="proba", random_state=None):
+        self.estimator = estimator
+        self.n_estimators = n_estimators
+        self.pool = pool
+        self.hypothesis = hypothesis
+        self.random_state = random_state
+
+    # ------------------------------------------------------------------ validation
+    def _x_kwargs(self) -> dict:
+        if self.pool is not None:
+            return dict(dtype=None, ensure_all_finite=False, accept_sparse=True)
+        return dict(dtype=None, accept_sparse=["csr", "csc"])
+
+    def _check_X(self, X):
+        return validate_data(self, X, reset=False, **self._x_kwargs())
+
+    def _validate_training_data(self, X, y, sample_weight):
+        if sp.issparse(y):
+            y = y.toarray()
+        X, y = validate_data(self, X, y, multi_output=True, **self._x_kwargs())
+        if y.ndim == 2 and y.shape[1] == 1:
+            y = column_or_1d(y, warn=True)
+        check_classification_targets(y)
+        if self.pool is not None:
+            if self.estimator is not None:
+                raise ValueError(f"estimator must be None in pool mode, got {self.estimator!r}")
+            classes, labels = encode_labels(y, classes=check_pool(self.pool))
+        else:
+            classes, labels = encode_labels(y)
+        w = _check_sample_weight(sample_weight, X, dtype=np.float64, copy=True, ensure_non_negative=True)
+        if not w.sum() > 0:
+            raise ValueError(f"sample_weight must have a positive sum, got {w.sum()}")
+        return X, classes, labels, w / w.sum()
+
+    # ------------------------------------------------------------------ fitting
+    @_fit_context(prefer_skip_nested_validation=False)
+    def fit(self, X, y, sample_weight=None):
+        """Build the boosted classifier from the training set (X, y).
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+            Training inputs (pool mode: whatever the members accept, e.g. row indices).
+        y : array-like of shape (n_samples,) or (n_samples, n_classes)
+            Class labels, or a 0/1 indicator of the potential labels of each example (every row
+            needs at least one 1 and one 0); then ``classes_ = arange(n_classes)``.
+        sample_weight : array-like of shape (n_samples,), default=None
+            Initial weights ``w_1`` (normalized to sum 1); None means uniform.
+
+        Returns
+        -------
+        self : object
+            Fitted estimator.
+        """
+        for _ in self._iter_fit(X, y, sample_weight):
+            pass
+        return self
+
+    def _iter_fit(self, X, y, sample_weight=None):
+        """Debug hook: fit like :meth:`fit`, yielding a copy of ``w_(t+1)`` after each round.
+
+        Parameters are not validated here (``fit`` does it); the fitted attributes are set once
+        the generator is exhausted.
+        """
+        X, self.classes_, labels, w = self._validate_training_data(X, y, sample_weight)
+        random_state = check_random_state(self.random_state)
+        pool_g = self._pool_label_scores(X, labels) if self.pool is not None else None
+        base = DecisionTreeClassifier(max_depth=1) if self.estimator is None else self.estimator
+        self._template = (base, sorted(k for k in base.get_params(deep=True) if k.endswith("random_state")))
+        hyps, steps = [], []
+        self.stop_reason_ = f"n_estimators={self.n_estimators} rounds done"
+        for iboost in range(self.n_estimators):
+            hyp, step = self._boost(iboost, X, labels, w, random_state, pool_g)
+            if step.weights is not None:
+                hyps.append(hyp)
+                steps.append(step)
+                w = step.weights
+            if step.stop_reason is not None:
+                self.stop_reason_ = f"round {iboost}: {step.stop_reason}"
+                break
+            yield w.copy()
+        del self._template
+        self.estimators_ = hyps
+        self.estimator_weights_ = np.array([s.alpha for s in steps], dtype=np.float64)
+        self.edges_ = np.array([s.edge for s in steps], dtype=np.float64)
+        self.normalizers_ = np.array([s.normalizer for s in steps], dtype=np.float64)
+        self.boosting_advantage_ = float(np.sum(self.edges_**2))
+
+    def _boost(self, iboost, X, labels, sample_weight, random_state, pool_g=None):
+        """One round: returns ``(hypothesis, Step)``; ``Step.weights`` is None if rejected.
+
+        Estimator mode fits a weak learner (a label set ``Y_i`` is expanded into one row per
+        potential label with weight ``w_i / n_i``); pool mode picks the best ``|edge|`` member
+        from the precomputed label scores ``pool_g`` of shape (n_members, m).
+        """
+        if pool_g is not None:
+            support = sample_weight > 0
+            h_star = np.abs(pool_g[:, support]).max(axis=1)
+            safe = np.where(h_star > 0, h_star, 1.0)
+            edges = np.where(h_star > 0, (pool_g @ sample_weight) / safe, 0.0)
+            k = int(np.argmax(np.abs(edges)))
+            step = edge_step(pool_g[k], sample_weight)
+            if step.weights is not None and step.edge == 0.0:
+                step = type(step)(None, 0.0, 0.0, step.normalizer, "no pool member has a nonzero edge")
+            return self.pool[k], step
+        estimator = self._make_estimator(random_state)
+        rows, cols, share = labels.expand()
+        X_fit = X if labels.index is not None else X[rows]
+        estimator.fit(X_fit, cols, sample_weight=sample_weight[rows] * share)
+        scores = self._weak_scores(estimator, X, labels.n_classes)
+        tol = 64 * np.finfo(np.float64).eps * max(1.0, float(np.abs(scores).max()))
+        step = edge_step(labels.scores(scores), sample_weight, tol=tol)
+        if step.weights is not None and step.edge <= 0:
+            step = type(step)(None, step.edge, 0.0, step.normalizer, f"non-positive edge {step.edge:.3g}")
+        return estimator, step
+
+    def _make_estimator(self, random_state):
+        base, seed_keys = self._template
+        estimator = clone(base)
+        if seed_keys:
+            estimator.set_params(**{k: random_state.randint(np.iinfo(np.int32).max) for k in seed_keys})
+        return estimator
+
+    def _pool_label_scores(self, X, labels):
+        return np.stack([member_label_scores(m, X, labels) for m in self.pool])  # [K, m]
+
+    def _weak_scores(self, estimator, X, n_classes):
+        if self.hypothesis == "predict":
+            scores = np.zeros((X.shape[0], n_classes))
+            scores[np.arange(X.shape[0]), np.asarray(estimator.predict(X), dtype=np.intp)] = 1.0
+            return scores
+        proba = np.asarray(estimator.predict_proba(X), dtype=np.float64)  # [m, n_seen]
+        scores = np.zeros((proba.shape[0], n_classes))
+        scores[:, np.asarray(estimator.classes_, dtype=np.intp)] = proba
+        if self.hypothesis == "log_proba":
+            with np.errstate(divide="ignore"):
+                scores = np.maximum(np.log(scores), LOG_PROBA_FLOOR)
+        return scores
+
+    def _scores(self, hyp, X):
+        if self.pool is not None:
+            return member_scores(hyp, X, len(self.classes_))
+        return self._weak_scores(hyp, X, len(self.classes_))
+
+    # ------------------------------------------------------------------ prediction
+    def _staged_H(self, X):
+        H = np.zeros((X.shape[0], len(self.classes_)))
+        for hyp, alpha in zip(self.estimators_, self.estimator_weights_):
+            H += alpha * self._scores(hyp, X)
+            yield H.copy()
+
+    def _H(self, X):
+        H = np.zeros((X.shape[0], len(self.classes_)))
+        for hyp, alpha in zip(self.estimators_, self.estimator_weights_):
+            H += alpha * self._scores(hyp, X)
+        return H
+
+    def _decision(self, H):
+        return H[:, 1] - H[:, 0] if len(self.classes_) == 2 else H
+
+    def decision_function(self, X):
+        """``H_T(x) = sum_t alpha_t h_t(x)``.
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_classes), or (n_samples,) for two classes where it is
+        ``H_1 - H_0`` (the label score of class ``classes_[1]``).
+        """
+        check_is_fitted(self)
+        return self._decision(self._H(self._check_X(X)))
+
+    def staged_decision_function(self, X):
+        """Yield :meth:`decision_function` after each round."""
+        check_is_fitted(self)
+        for H in self._staged_H(self._check_X(X)):
+            yield self._decision(H)
+
+    def predict_proba(self, X):
+        """``softmax(H_T(x))``, shape (n_samples, n_classes)."""
+        check_is_fitted(self)
+        return softmax(self._H(self._check_X(X)))
+
+    def staged_predict_proba(self, X):
+        """Yield :meth:`predict_proba` after each round."""
+        check_is_fitted(self)
+        for H in self._staged_H(self._check_X(X)):
+            yield softmax(H)
+
+    def predict(self, X):
+        """Class of largest ``H_T(x)`` (equal to the argmax of ``predict_proba``)."""
+        check_is_fitted(self)
+        return self.classes_[np.argmax(self._H(self._check_X(X)), axis=1)]
+
+    def staged_predict(self, X):
+        """Yield :meth:`predict` after each round."""
+        check_is_fitted(self)
+        for H in self._staged_H(self._check_X(X)):
+            yield self.classes_[np.argmax(H, axis=1)]
+
+    def _accuracy(self, pred, y, sample_weight):
+        if np.ndim(y) == 2 and np.shape(y)[1] > 1:
+            _, labels = encode_labels(np.asarray(y), classes=self.classes_)
+            hits = labels.contains(np.searchsorted(self.classes_, pred))
+        else:
+            hits = pred == np.asarray(y).ravel()
+        return float(np.average(hits, weights=sample_weight))
+
+    def score(self, X, y, sample_weight=None):
+        """Accuracy; for an indicator ``y``, the fraction of predictions among ``Y_i``."""
+        return self._accuracy(self.predict(X), y, sample_weight)
+
+    def staged_score(self, X, y, sample_weight=None):
+        """Yield :meth:`score` after each round."""
+        for pred in self.staged_predict(X):
+            yield self._accuracy(pred, y, sample_weight)
+
+    # ------------------------------------------------------------------ margins
+    def margins(self, X, y, normalized=True):
+        """Margins ``y_i^T H_T(x_i)`` (log of the geometric-mean probability ratio of good over
+        bad classes); normalized by ``sum_t |alpha_t| h*_t`` into [-1, 1] on the training
+        support (0 for an empty ensemble).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : array-like of shape (n_samples,) or (n_samples, n_classes)
+        normalized : bool, default=True
+
+        Returns
+        -------
+        ndarray of shape (n_samples,)
+        """
+        check_is_fitted(self)
+        X = self._check_X(X)
+        _, labels = encode_labels(np.asarray(y), classes=self.classes_)
+        margin = np.zeros(labels.n_samples)
+        for hyp, alpha in zip(self.estimators_, self.estimator_weights_):
+            g = member_label_scores(hyp, X, labels) if self.pool is not None else labels.scores(self._scores(hyp, X))
+            margin += alpha * g
+        if not normalized:
+            return margin
+        scale = float(np.sum(np.abs(self.estimator_weights_) * self.normalizers_))
+        return margin / scale if scale > 0 else np.zeros_like(margin)
+
+    def margin_bound(self, theta):
+        """Training bound ``prod_t sqrt((1 - |mu_t|)^(1 - theta) (1 + |mu_t|)^(1 + theta))`` on
+        the (``sample_weight``-weighted) fraction of normalized margins ``<= theta`` in [-1, 1]."""
+        check_is_fitted(self)
+        return margin_bound(self.edges_, theta)
+
+    def margin_risk(self, X, y, theta, sample_weight=None):
+        """Weighted fraction of normalized margins ``<= theta``."""
+        return margin_risk(self.margins(X, y), theta, sample_weight)
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = self.pool is None
+        return tags

@@ -1,0 +1,138 @@
+"""The pool-member protocol of pool-mode boosting (paper Section 4: select from a pool).
+
+In pool mode the hypotheses are fixed, already-trained scorers (fitted sklearn classifiers,
+frozen LLMs over a logit cache). :class:`SelfNormalizedBoostClassifier` never clones or refits
+them. A member must expose
+
+- ``classes_`` : ndarray of shape (n_classes,), sorted -- the class of each score column
+  (an LLM member: ``np.arange(vocab_size)``); all members of a pool must agree;
+- ``decision_function(X) -> ndarray of shape (m, n_classes)`` -- real scores ``h(x_i)``
+  (logits, log-probabilities, margins). Shape ``(m,)`` is accepted for 2 classes (sklearn's
+  binary convention) and read as scores ``(-d/2, d/2)``.
+
+and MAY expose
+
+- ``label_scores(X, Y) -> ndarray of shape (m,)`` -- the label scores ``y_i^T h(x_i)``
+  directly. ``Y`` is either an int array of shape (m,) holding each example's label as a
+  column index into ``classes_``, or a bool indicator of shape (m, n_classes). For one label
+  ``j``: ``y^T h = h_j - (S - h_j) / (n - 1)`` with ``S`` the score sum
+  (:func:`mdboost.boosting.labels.label_scores_from_sums`), so an LLM member needs only the
+  cached true-token logit and logit sum. When present the estimator uses it for edges and
+  margins and never builds the ``[m, n_classes]`` score matrix there; ``decision_function`` is
+  then only needed by ``predict``/``predict_proba``/``decision_function``.
+
+``X`` is whatever the members accept after ``validate_data(dtype=None,
+ensure_all_finite=False)``: any 2-D array, e.g. row indices into a logit cache of shape (m, 1).
+:class:`ScoreTableMember` is a reference member of that kind.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from mdboost.boosting.labels import LabelSets, label_scores, label_scores_from_sums
+
+__all__ = ["PoolMember", "ScoreTableMember", "check_pool", "member_scores", "member_label_scores"]
+
+
+@runtime_checkable
+class PoolMember(Protocol):
+    """A fixed scorer usable in pool mode (see the module docstring for the full contract)."""
+
+    classes_: np.ndarray
+
+    def decision_function(self, X) -> np.ndarray:  # [m, n_classes]
+        """Real scores ``h(x_i)`` for each class of ``classes_``."""
+
+
+def check_pool(pool) -> np.ndarray:
+    """Validate a pool and return its shared ``classes_``."""
+    if len(pool) == 0:
+        raise ValueError("pool must hold at least one member, got an empty pool")
+    classes = None
+    for k, member in enumerate(pool):
+        if not callable(getattr(member, "decision_function", None)) or not hasattr(member, "classes_"):
+            raise ValueError(
+                f"pool[{k}] ({type(member).__name__}) must expose decision_function(X) and classes_"
+            )
+        mine = np.asarray(member.classes_)
+        if classes is None:
+            classes = mine
+        elif mine.shape != classes.shape or not np.array_equal(mine, classes):
+            raise ValueError(f"pool[{k}].classes_ differs from pool[0].classes_")
+    if len(classes) < 2:
+        raise ValueError(f"pool members must score at least 2 classes, got classes_={classes}")
+    return classes
+
+
+def member_scores(member, X, n_classes: int) -> np.ndarray:
+    """``member.decision_function(X)`` as a float array of shape (m, n_classes)."""
+    scores = np.asarray(member.decision_function(X), dtype=np.float64)
+    if scores.ndim == 1 and n_classes == 2:
+        scores = np.column_stack([-scores / 2.0, scores / 2.0])
+    if scores.ndim != 2 or scores.shape[1] != n_classes:
+        raise ValueError(
+            f"{type(member).__name__}.decision_function returned shape {scores.shape}, "
+            f"expected (m, {n_classes})"
+        )
+    return scores
+
+
+def member_label_scores(member, X, labels: LabelSets) -> np.ndarray:
+    """``y_i^T h(x_i)`` of a member, shape (m,): its ``label_scores`` if any, else from scores."""
+    if callable(getattr(member, "label_scores", None)):
+        g = np.asarray(member.label_scores(X, labels.payload), dtype=np.float64)
+        if g.shape != (labels.n_samples,):
+            raise ValueError(
+                f"{type(member).__name__}.label_scores returned shape {g.shape}, "
+                f"expected ({labels.n_samples},)"
+            )
+        return g
+    return labels.scores(member_scores(member, X, labels.n_classes))
+
+
+class ScoreTableMember:
+    """A pool member over a precomputed score table; ``X`` holds row indices.
+
+    The reference implementation of the protocol for cache-backed members: ``label_scores``
+    of single labels uses only the true label's score and the row's score sum.
+
+    Parameters
+    ----------
+    table : array-like of shape (N, n_classes)
+        Scores ``h`` of ``N`` cached rows (e.g. logits).
+    classes : array-like of shape (n_classes,), optional
+        Class of each column; default ``arange(n_classes)``.
+
+    Examples
+    --------
+    >>> member = ScoreTableMember([[2.0, 1.0, 0.0], [0.0, 0.0, 3.0]])
+    >>> member.label_scores(np.array([[0], [1]]), np.array([0, 2]))
+    array([1.5, 3. ])
+    """
+
+    def __init__(self, table, classes=None):
+        self.table = np.asarray(table, dtype=np.float64)  # [N, n]
+        self.classes_ = np.arange(self.table.shape[1]) if classes is None else np.asarray(classes)
+        self.row_sums_ = self.table.sum(axis=1)  # [N]
+
+    def _rows(self, X) -> np.ndarray:
+        rows = np.asarray(X)
+        if rows.ndim != 2 or rows.shape[1] != 1:
+            raise ValueError(f"X must be row indices of shape (m, 1), got shape {rows.shape}")
+        return rows[:, 0].astype(np.intp)
+
+    def decision_function(self, X) -> np.ndarray:
+        """Rows of the table, shape (m, n_classes)."""
+        return self.table[self._rows(X)]
+
+    def label_scores(self, X, Y) -> np.ndarray:
+        """``y_i^T h(x_i)``, shape (m,), from the true score and the row sum for 1-D ``Y``."""
+        rows = self._rows(X)
+        Y = np.asarray(Y)
+        if Y.ndim == 1:
+            n = self.table.shape[1]
+            return label_scores_from_sums(self.table[rows, Y], self.row_sums_[rows], n)
+        return label_scores(self.table[rows], Y)

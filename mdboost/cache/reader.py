@@ -1,0 +1,244 @@
+"""Read a logit cache: top-k entries, exact normalizers, and dense or sparse distributions.
+
+Rows are cached positions: row ``r`` predicts ``true_tokens()[r]`` from its prefix in sequence
+``row_sequence()[r]``. Temperature and the top-k approximation (documented in
+``docs/models_and_cache.md``):
+
+- Logits are cached at temperature 1. The top-k *set* is the same at every ``T > 0``, and the
+  build stores the exact ``logsumexp(logits / T)`` for each requested temperature, so kept
+  probabilities ``exp(l_i / T - lse_T)`` are exact at those temperatures; the tail mass
+  ``1 - sum(kept)`` is then known exactly too. At ``T = 0`` (greedy) the argmax is kept.
+- ``tail="drop"`` renormalizes over the top-k (this IS ``logits_to_probs(logits, T, top_k=k)``,
+  works at any ``T``); ``tail="uniform"`` keeps exact kept probabilities and spreads the known
+  tail mass uniformly over the other tokens (needs the stored ``logsumexp`` at ``T``);
+  ``tail="full"`` uses the kept full-vocabulary logits (exact; needs ``keep_full``).
+- Either approximation ``p_hat`` is within total variation ``tail_p`` of the full distribution,
+  so an acceptance ``1 - TV(p, q)`` computed from cached entries is within
+  ``tail_p + tail_q`` of the exact one (tested against the full path).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from .build import lse_key
+from .manifest import TOKENS, CacheCorruptionError, read_manifest, shard_name, verify_shards
+
+TAILS = ("drop", "uniform", "full")
+
+
+@dataclass
+class PairProbs:
+    """Sparse (drafter, target) distributions on the union of their cached supports.
+
+    ``support`` [R, U] token ids (``-1`` = padding, probability 0); ``draft_probs`` and
+    ``target_probs`` [R, U + 1], the last column being the mass of every other token;
+    ``valid`` [R] is False where the drafter has no draft (an ``ngram`` without a match).
+    """
+
+    support: torch.Tensor
+    draft_probs: torch.Tensor
+    target_probs: torch.Tensor
+    valid: torch.Tensor
+
+    def acceptance(self) -> torch.Tensor:  # [R]
+        """Standard SD acceptance ``1 - TV(p, q) = sum_i min(p_i, q_i)`` per row."""
+        return torch.minimum(self.draft_probs, self.target_probs).sum(-1)
+
+
+class LogitCache:
+    """A finished logit cache (see :func:`mdboost.cache.build.build_cache`)."""
+
+    def __init__(self, out_dir: Path, manifest: dict, tokens: dict):
+        self.out_dir, self.manifest, self._tokens = out_dir, manifest, tokens
+        self._data: dict = {}
+        counts = (tokens["row_offsets"][1:] - tokens["row_offsets"][:-1])
+        self._row_seq = torch.repeat_interleave(torch.arange(counts.numel()), counts)
+
+    @classmethod
+    def open(cls, out_dir: str | os.PathLike, verify: bool = True) -> "LogitCache":
+        """Open ``out_dir``; with ``verify`` every shard's SHA-256 is checked first."""
+        out_dir = Path(out_dir)
+        manifest = read_manifest(out_dir)
+        if not manifest.get("complete"):
+            raise ValueError(f"out_dir {str(out_dir)!r} holds an unfinished cache; run build_cache again to resume it")
+        bad = verify_shards(out_dir, manifest) if verify else []
+        if bad:
+            raise CacheCorruptionError(f"corrupted or missing cache shards in {out_dir}: {bad}; rebuild with build_cache")
+        return cls(out_dir, manifest, load_file(str(out_dir / TOKENS)))
+
+    # ---- layout -------------------------------------------------------------------------
+    @property
+    def members(self) -> list[str]:
+        return [m["name"] for m in self.manifest["members"]]
+
+    @property
+    def num_rows(self) -> int:
+        return int(self._tokens["row_offsets"][-1])
+
+    @property
+    def num_sequences(self) -> int:
+        return int(self._tokens["starts"].numel())
+
+    @property
+    def k(self) -> int:
+        return int(self.manifest["k"])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.manifest["vocab_size"])
+
+    def kind(self, member: str) -> str:
+        return self._info(member)["kind"]
+
+    def cost_ratio(self, member: str) -> float | None:
+        return self.manifest["member_costs"][member][0]
+
+    def true_tokens(self) -> torch.Tensor:  # [R]
+        return self._tokens["true_next"].long()
+
+    def row_sequence(self) -> torch.Tensor:  # [R]
+        """Sequence index of every row."""
+        return self._row_seq.clone()
+
+    def row_position(self) -> torch.Tensor:  # [R]
+        """Position (within its sequence) of the token each row predicts."""
+        starts = self._tokens["starts"][self._row_seq]
+        first = self._tokens["row_offsets"][self._row_seq]
+        return starts + torch.arange(self.num_rows) - first
+
+    def sequence(self, index: int) -> tuple[torch.Tensor, int]:
+        """``(ids [T], start)`` of sequence ``index``; rows predict ``ids[start:]``."""
+        if not 0 <= index < self.num_sequences:
+            raise ValueError(f"index must be in [0, {self.num_sequences}), got {index!r}")
+        a, b = self._tokens["seq_offsets"][index:index + 2].tolist()
+        return self._tokens["ids"][a:b].long(), int(self._tokens["starts"][index])
+
+    # ---- raw per-member tensors -----------------------------------------------------------
+    def topk(self, member: str, rows=None) -> tuple[torch.Tensor, torch.Tensor]:  # [R, k], [R, k]
+        """Top-k token ids (long) and logits (float32), best first."""
+        return self._get(member, "topk_ids", rows).long(), self._get(member, "topk_logits", rows).float()
+
+    def logsumexp(self, member: str, rows=None, temperature: float = 1.0) -> torch.Tensor:  # [R]
+        """Exact full-vocabulary ``logsumexp(logits / temperature)`` (stored temperatures only)."""
+        if float(temperature) not in self.manifest["temperatures"]:
+            raise ValueError(f"temperature {temperature!r} not cached; stored: {self.manifest['temperatures']}")
+        return self._get(member, lse_key(temperature), rows)
+
+    def true_logit(self, member: str, rows=None) -> torch.Tensor:  # [R]
+        return self._get(member, "true_logit", rows)
+
+    def logit_sum(self, member: str, rows=None) -> torch.Tensor:  # [R]
+        """Sum of all ``V`` logits (boosting's ``S``)."""
+        return self._get(member, "logit_sum", rows)
+
+    def full_logits(self, member: str, rows=None) -> torch.Tensor:  # [R, V]
+        if not self.manifest["keep_full"]:
+            raise ValueError("full logits were not kept; build with keep_full=True")
+        return self._get(member, "full_logits", rows).float()
+
+    def ngram_proposals(self, member: str, rows=None) -> torch.Tensor:  # [R, L]
+        """Proposed tokens per row (``-1`` padded; row of ``-1`` = no proposal)."""
+        if self.kind(member) != "ngram":
+            raise ValueError(f"member {member!r} is not an ngram drafter")
+        return self._get(member, "proposals", rows).long()
+
+    # ---- distributions --------------------------------------------------------------------
+    def kept_probs(self, member: str, rows=None, temperature: float = 1.0, tail: str = "uniform"):
+        """``(ids [R, k], probs [R, k], tail_mass [R])`` of a model member at ``temperature``."""
+        if tail not in ("drop", "uniform"):
+            raise ValueError(f"tail must be 'drop' or 'uniform' here, got {tail!r}")
+        if self.kind(member) == "ngram":
+            raise ValueError(f"member {member!r} is an ngram drafter: use ngram_proposals or pair_probs")
+        ids, logits = self.topk(member, rows)
+        if temperature == 0:
+            probs = torch.zeros_like(logits)
+            probs[:, 0] = 1.0
+        elif tail == "drop":
+            probs = torch.softmax(logits / temperature, dim=-1)
+        else:
+            probs = torch.exp(logits / temperature - self.logsumexp(member, rows, temperature)[:, None])
+        return ids, probs, (1.0 - probs.sum(-1)).clamp_min(0.0)
+
+    def probs(self, member: str, rows=None, temperature: float = 1.0, tail: str = "drop") -> torch.Tensor:  # [R, V]
+        """Dense ``[R, V]`` distributions (see the module docstring for ``tail``)."""
+        if tail not in TAILS:
+            raise ValueError(f"tail must be one of {TAILS}, got {tail!r}")
+        if tail == "full":
+            from mdboost.md.probs import logits_to_probs
+
+            return logits_to_probs(self.full_logits(member, rows), temperature)
+        ids, kept, rest = self.kept_probs(member, rows, temperature, tail)
+        fill = rest / max(self.vocab_size - ids.shape[1], 1)
+        dense = fill[:, None].expand(-1, self.vocab_size).clone() if tail == "uniform" else torch.zeros(ids.shape[0], self.vocab_size)
+        return dense.scatter_(1, ids, kept)
+
+    def pair_probs(self, drafter: str, target: str, rows=None, temperature: float = 1.0, tail: str = "drop") -> PairProbs:
+        """Sparse union-of-supports distributions of a (drafter, target) pair."""
+        if tail not in ("drop", "uniform"):
+            raise ValueError(f"tail must be 'drop' or 'uniform' for pair_probs, got {tail!r}")
+        sides = []
+        for member in (drafter, target):
+            if self.kind(member) == "ngram":
+                first = self.ngram_proposals(member, rows)[:, :1]
+                sides.append((first.clamp_min(0), (first >= 0).float(), torch.zeros(first.shape[0]), first[:, 0] >= 0))
+            else:
+                ids, kept, rest = self.kept_probs(member, rows, temperature, tail)
+                sides.append((ids, kept, rest, torch.ones(ids.shape[0], dtype=torch.bool)))
+        support = _union(sides[0][0], sides[1][0])  # [R, U]
+        columns = [self._on_support(support, ids, kept, rest, tail) for ids, kept, rest, _ in sides]
+        return PairProbs(support, columns[0], columns[1], sides[0][3] & sides[1][3])
+
+    def _on_support(self, support, ids, kept, rest, tail):
+        match = support[:, :, None] == ids[:, None, :]  # [R, U, k]
+        probs = (match * kept[:, None, :]).sum(-1)  # [R, U]
+        other = rest.clone()
+        if tail == "uniform":
+            hidden = (support >= 0) & ~match.any(-1)  # in the union but outside this member's top-k
+            each = rest / max(self.vocab_size - ids.shape[1], 1)
+            probs = probs + hidden * each[:, None]
+            other = rest - hidden.sum(-1) * each
+        return torch.cat([probs, other.clamp_min(0.0)[:, None]], dim=1)
+
+    # ---- internals ------------------------------------------------------------------------
+    def _info(self, member: str) -> dict:
+        for info in self.manifest["members"]:
+            if info["name"] == member:
+                return info
+        raise ValueError(f"member {member!r} is not in this cache; members: {self.members}")
+
+    def _get(self, member: str, key: str, rows):
+        self._info(member)
+        if (member, key) not in self._data:
+            count = -(-self.num_sequences // self.manifest["shard_size"])
+            parts = []
+            for index in range(count):
+                shard = load_file(str(self.out_dir / shard_name(member, index)))
+                if key not in shard:
+                    raise ValueError(f"member {member!r} has no {key!r} in this cache")
+                parts.append(shard[key])
+            self._data[member, key] = torch.cat(parts)
+        data = self._data[member, key]
+        return data if rows is None else data[_as_index(rows, self.num_rows)]
+
+
+def _as_index(rows, total: int):
+    if isinstance(rows, slice):
+        return rows
+    index = torch.as_tensor(rows, dtype=torch.long)
+    if index.numel() and (index.min() < -total or index.max() >= total):
+        raise ValueError(f"rows must index [0, {total}), got values in [{int(index.min())}, {int(index.max())}]")
+    return index
+
+
+def _union(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # [R, ka], [R, kb] -> [R, ka + kb]
+    """Row-wise union of token ids, sorted, duplicates replaced by ``-1``."""
+    ids, _ = torch.cat([a, b], dim=1).sort(dim=1)
+    dup = torch.zeros_like(ids, dtype=torch.bool)
+    dup[:, 1:] = ids[:, 1:] == ids[:, :-1]
+    return ids.masked_fill(dup, -1)

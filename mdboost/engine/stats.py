@@ -1,0 +1,102 @@
+"""Generation statistics in vLLM's vocabulary, plus mentored decoding's lossy counters.
+
+Plain dataclasses: the engine fills them, pipelines log them (nothing is logged here).
+
+Definitions (counted over rows that are still generating; a "draft" is one row's proposal of
+at least one token in one engine step):
+
+- ``num_drafts``, ``num_draft_tokens``, ``num_accepted_tokens`` (accepted draft tokens, not
+  counting the target's correction/bonus token);
+- ``acceptance_rate_per_position[j]``: accepted / proposed draft tokens at draft position j;
+- ``mean_accepted_length = 1 + num_accepted_tokens / num_drafts``: tokens emitted per target
+  call on drafted steps (vLLM's "mean acceptance length", bonus token included);
+- ``mean_divergence`` / ``max_divergence``: realized ``D_f(pi || q)`` of the distribution each
+  verified position actually sampled from (0 for standard SD), over verified positions;
+- ``budget_utilization = mean_divergence / budget`` (``None`` without a budget);
+- ``num_budget_accepted``: accepted tokens that standard SD would have rejected with the same
+  uniform draw (``u >= q_x / p_x`` but ``u < (1 + a) q_x / p_x``);
+- timing: wall seconds in the drafter, the target forward and ``verify`` (on CUDA the device
+  is synchronized only at these split boundaries), and over the whole call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class GenerationStats:
+    """Counters of one :func:`mdboost.engine.generate` call (see the module docstring)."""
+
+    mode: str = "ar"
+    num_new_tokens: int = 0
+    num_target_calls: int = 0
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    draft_tokens_per_position: list[int] = field(default_factory=list)
+    accepted_tokens_per_position: list[int] = field(default_factory=list)
+    budget: float | None = None
+    num_verified_positions: int = 0
+    divergence_sum: float = 0.0
+    max_divergence: float = 0.0
+    num_budget_accepted: int = 0
+    time_drafter: float = 0.0
+    time_target: float = 0.0
+    time_verify: float = 0.0
+    time_total: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / proposed draft tokens over all positions (``nan`` without drafts)."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else float("nan")
+
+    @property
+    def acceptance_rate_per_position(self) -> list[float]:
+        """Accepted / proposed draft tokens at each draft position."""
+        return [a / d if d else float("nan") for a, d in zip(self.accepted_tokens_per_position, self.draft_tokens_per_position)]
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """``1 + accepted / drafts``: tokens per target call on drafted steps."""
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else float("nan")
+
+    @property
+    def mean_divergence(self) -> float:
+        """Mean realized ``D_f(pi || q)`` over verified positions."""
+        return self.divergence_sum / self.num_verified_positions if self.num_verified_positions else 0.0
+
+    @property
+    def budget_utilization(self) -> float | None:
+        """``mean_divergence / budget``; ``None`` when there is no positive budget."""
+        return self.mean_divergence / self.budget if self.budget else None
+
+    @property
+    def tokens_per_second(self) -> float:
+        """New tokens (all rows) per wall second of the whole call."""
+        return self.num_new_tokens / self.time_total if self.time_total else float("nan")
+
+    def add_position_counts(self, drafted: list[int], accepted: list[int]) -> None:
+        """Add per-row draft lengths and accepted counts to the per-position histograms."""
+        width = max(drafted, default=0)
+        grow = width - len(self.draft_tokens_per_position)
+        if grow > 0:
+            self.draft_tokens_per_position += [0] * grow
+            self.accepted_tokens_per_position += [0] * grow
+        for k, n in zip(drafted, accepted):
+            for j in range(k):
+                self.draft_tokens_per_position[j] += 1
+                self.accepted_tokens_per_position[j] += int(j < n)
+        self.num_drafts += sum(1 for k in drafted if k)
+        self.num_draft_tokens += sum(drafted)
+        self.num_accepted_tokens += sum(accepted)
+
+    def as_dict(self) -> dict:
+        """Flat dict of counters and derived rates (for logging by pipelines)."""
+        names = (
+            "acceptance_rate", "acceptance_rate_per_position", "mean_accepted_length",
+            "mean_divergence", "budget_utilization", "tokens_per_second",
+        )
+        out = {k: v for k, v in self.__dict__.items()}
+        out.update({name: getattr(self, name) for name in names})
+        return out

@@ -1,0 +1,210 @@
+"""f-divergence generators and the batched divergence ``D_f(pi || q)``.
+
+``D_f(pi || q) = sum_i q_i f(pi_i / q_i)`` for a convex generator ``f`` with ``f(1) = 0``
+(math note, section 1). Shipped generators: ``kl`` (KL(pi||q)), ``rkl`` (KL(q||pi)),
+``hellinger``, ``pearson``, ``neyman``, ``tv``, ``js`` and the Amari family :func:`alpha`.
+Any convex callable can be used too (:func:`from_callable`).
+
+Limits (documented in ``docs/theory.md``):
+
+- ``q_i = 0 < pi_i``: the term ``q_i f(pi_i / q_i)`` is defined as its limit
+  ``pi_i * lim_{z -> inf} f(z) / z`` (:attr:`Divergence.inf_slope`; may be ``+inf``).
+- ``q_i = pi_i = 0``: the term is 0.
+- ``pi_i = 0 < q_i``: the term is ``q_i f(0)`` (may be ``+inf``, e.g. ``rkl``).
+
+The solvers work with the *standardized* generator ``g(z) = f(z) - f'(1) (z - 1)``
+(paper, Theorem 3.12): it gives the same divergence between distributions, and ``g >= 0``
+with ``g(1) = 0`` makes every prefix sum non-negative. For ``tv`` (no derivative at 1), ``g = f``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+__all__ = [
+    "Divergence",
+    "GENERATORS",
+    "alpha",
+    "from_callable",
+    "resolve",
+    "f_divergence",
+    "names",
+]
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """A convex generator ``f`` with ``f(1) = 0``.
+
+    Attributes
+    ----------
+    name : str
+        Short name (``"kl"``, ``"alpha(1.5)"``, ...).
+    f : callable
+        ``f(z)`` on a float tensor ``z >= 0`` (``z = 0`` must give the limit, possibly inf).
+    fprime_one : float
+        ``f'(1)``; for non-differentiable ``f`` (tv) any subgradient, with ``standardize=False``.
+    inf_slope : float
+        ``lim_{z -> inf} f(z) / z`` (may be ``math.inf``): the cost of mass where ``q_i = 0``.
+    standardize : bool
+        Whether :meth:`g` subtracts ``f'(1) (z - 1)`` (False only for tv-like generators).
+    """
+
+    name: str
+    f: Callable[[torch.Tensor], torch.Tensor]
+    fprime_one: float
+    inf_slope: float
+    standardize: bool = True
+
+    def __call__(self, z: torch.Tensor) -> torch.Tensor:
+        return self.f(z)
+
+    def g(self, z: torch.Tensor) -> torch.Tensor:
+        """Standardized generator ``g(z) = f(z) - f'(1) (z - 1)`` (``>= 0``, ``g(1) = 0``)."""
+        if not self.standardize or self.fprime_one == 0.0:
+            return self.f(z)
+        return self.f(z) - self.fprime_one * (z - 1.0)
+
+
+def _kl(z):
+    return torch.xlogy(z, z)
+
+
+def _rkl(z):
+    return -torch.log(z)
+
+
+def _hellinger(z):
+    return (torch.sqrt(z) - 1.0) ** 2
+
+
+def _pearson(z):
+    return (z - 1.0) ** 2
+
+
+def _neyman(z):
+    return (z - 1.0) ** 2 / z
+
+
+def _tv(z):
+    return (z - 1.0).abs() / 2.0
+
+
+def _js(z):
+    return (torch.xlogy(z, z) - torch.xlogy(1.0 + z, (1.0 + z) / 2.0)) / 2.0
+
+
+GENERATORS: dict[str, Divergence] = {
+    "kl": Divergence("kl", _kl, 1.0, math.inf),
+    "rkl": Divergence("rkl", _rkl, -1.0, 0.0),
+    "hellinger": Divergence("hellinger", _hellinger, 0.0, 1.0),
+    "pearson": Divergence("pearson", _pearson, 0.0, math.inf),
+    "neyman": Divergence("neyman", _neyman, 0.0, 1.0),
+    "tv": Divergence("tv", _tv, 0.0, 0.5, standardize=False),
+    "js": Divergence("js", _js, 0.0, math.log(2.0) / 2.0),
+}
+
+
+def names() -> list[str]:
+    """Names accepted by :func:`resolve` (plus ``"alpha:<a>"``)."""
+    return sorted(GENERATORS) + ["alpha:<a>"]
+
+
+def alpha(a: float) -> Divergence:
+    """Amari alpha-divergence ``f_a(z) = 4 / (1 - a^2) (1 - z^((1+a)/2))``, ``a`` not in {-1, 1}."""
+    a = float(a)
+    if not math.isfinite(a) or a in (-1.0, 1.0):
+        raise ValueError(f"alpha parameter a must be finite and not in {{-1, 1}}, got {a!r}")
+    e = (1.0 + a) / 2.0
+    c = 4.0 / (1.0 - a * a)
+
+    def f(z, c=c, e=e):
+        return c * (1.0 - torch.pow(z, e))
+
+    inf_slope = math.inf if e > 1.0 else 0.0
+    return Divergence(f"alpha({a:g})", f, -c * e, inf_slope)
+
+
+def from_callable(f: Callable, name: str | None = None, inf_slope: float | None = None) -> Divergence:
+    """Wrap a user convex generator ``f`` (torch tensor in, tensor out; ``f(1) = 0``).
+
+    ``f'(1)`` is taken by autograd in float64 (central finite difference if autograd fails);
+    ``lim f(z)/z`` is estimated as ``f(z)/z`` at ``z = 1e12`` unless ``inf_slope`` is given.
+    """
+    if not callable(f):
+        raise ValueError(f"divergence must be a name or a callable, got {f!r}")
+    one = torch.ones((), dtype=torch.float64)
+    f1 = float(f(one))
+    if not abs(f1) < 1e-9:
+        raise ValueError(f"divergence generator must satisfy f(1) = 0, got f(1) = {f1!r}")
+    try:
+        z = one.clone().requires_grad_(True)
+        (grad,) = torch.autograd.grad(f(z), z)
+        d1 = float(grad)
+    except (RuntimeError, TypeError):
+        h = 1e-6
+        d1 = float((f(one + h) - f(one - h)) / (2 * h))
+    if not math.isfinite(d1):
+        raise ValueError(f"divergence generator must be differentiable at 1, got f'(1) = {d1!r}")
+    if inf_slope is None:
+        big = torch.tensor(1e12, dtype=torch.float64)
+        s = float(f(big) / big)
+        inf_slope = math.inf if s > 1e3 else (0.0 if abs(s) < 1e-6 else s)
+    label = name or getattr(f, "__name__", "custom")
+    return Divergence(label, f, d1, float(inf_slope))
+
+
+def resolve(divergence) -> Divergence:
+    """Return the :class:`Divergence` for a name, ``"alpha:<a>"``, a Divergence or a callable."""
+    if isinstance(divergence, Divergence):
+        return divergence
+    if isinstance(divergence, str):
+        key = divergence.strip().lower()
+        if key in GENERATORS:
+            return GENERATORS[key]
+        if key.startswith("alpha:") or key.startswith("alpha="):
+            try:
+                return alpha(float(key[6:]))
+            except ValueError as exc:
+                raise ValueError(f"divergence {divergence!r}: {exc}") from exc
+        raise ValueError(f"divergence must be one of {names()} or a callable, got {divergence!r}")
+    if callable(divergence):
+        return from_callable(divergence)
+    raise ValueError(f"divergence must be one of {names()} or a callable, got {divergence!r}")
+
+
+def f_divergence(
+    output_probs: torch.Tensor,  # [..., V]
+    target_probs: torch.Tensor,  # [..., V]
+    divergence="kl",
+) -> torch.Tensor:  # [...]
+    """Batched ``D_f(pi || q) = sum_i q_i f(pi_i / q_i)`` with the limits of the module docstring.
+
+    Parameters
+    ----------
+    output_probs : torch.Tensor of shape (..., V)
+        ``pi`` (for example a mentored distribution).
+    target_probs : torch.Tensor of shape (..., V)
+        ``q``, the target distribution.
+    divergence : str, Divergence or callable, default="kl"
+
+    Returns
+    -------
+    torch.Tensor of shape (...)
+        Computed in the promoted dtype of the inputs; may be ``+inf``.
+    """
+    div = resolve(divergence)
+    pi, q = torch.broadcast_tensors(output_probs, target_probs)
+    pos = q > 0
+    z = torch.where(pos, pi / torch.where(pos, q, torch.ones_like(q)), torch.ones_like(q))
+    terms = torch.where(pos, q * div.f(z), torch.zeros_like(q))
+    if div.inf_slope == 0.0:
+        outside = torch.zeros_like(pi)
+    else:
+        outside = torch.where(pi > 0, pi * div.inf_slope, torch.zeros_like(pi))
+    terms = terms + torch.where(pos, torch.zeros_like(pi), outside)
+    return terms.sum(dim=-1)

@@ -1,0 +1,158 @@
+"""Optimal mentored distributions: the f-MD primal/dual solvers and the clamp distribution.
+
+Paper results implemented here (definitions in ``docs/theory.md``):
+
+- Theorem 3.7 / Corollary 3.10: the optimum is the clamp ``pi(a, b) = max{(1-b) q, min{p, (1+a) q}}``
+  (:func:`mentored_distribution`);
+- Definition 3.11 / Theorem 3.13: the optimal couples form one f-independent curve C(p, q),
+  searched through :class:`~mdboost.md.breakpoints.Breakpoints` (:func:`solve`);
+- Theorem 3.12: the conservative ``mode="bound"``.
+
+``P_acc(pi) = sum_i min(pi_i, p_i)`` is :func:`acceptance_probability`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mdboost.md._checks import check_pair, check_probs
+from mdboost.md.breakpoints import Breakpoints
+from mdboost.md.divergences import f_divergence, resolve
+
+__all__ = ["MDSolution", "solve", "mentored_distribution", "acceptance_probability"]
+
+MODES = ("exact", "bound")
+
+
+@dataclass(frozen=True)
+class MDSolution:
+    """The solution of f-MD for a batch of pairs (all tensors of shape ``(...)``).
+
+    Attributes
+    ----------
+    a, b : torch.Tensor
+        Clamp parameters: ``pi = max{(1-b) q, min{p, (1+a) q}}``, ``a >= 0``, ``0 <= b <= 1``.
+    acceptance : torch.Tensor
+        ``P_acc(pi) = 1 - E(a)``, the (optimal) acceptance probability.
+    achieved_divergence : torch.Tensor
+        ``D_f(pi || q)`` at the solution (computed on the full vocabulary).
+    sd_acceptance : torch.Tensor
+        ``1 - TV(p, q)``, the acceptance of standard speculative decoding.
+    """
+
+    a: torch.Tensor
+    b: torch.Tensor
+    acceptance: torch.Tensor
+    achieved_divergence: torch.Tensor
+    sd_acceptance: torch.Tensor
+
+    @property
+    def boost_coefficient(self) -> torch.Tensor:
+        """``k = sqrt((1+a) / (1-b))`` (paper, Table 5 / Theorem 4.8); ``inf`` when ``b = 1``."""
+        return torch.sqrt((1 + self.a) / (1 - self.b))
+
+
+def _expand(x, like: torch.Tensor) -> torch.Tensor:  # [...] -> [..., 1]
+    t = torch.as_tensor(x, dtype=like.dtype, device=like.device)
+    return t.unsqueeze(-1) if t.ndim else t
+
+
+def mentored_distribution(
+    draft_probs: torch.Tensor,  # [..., V]
+    target_probs: torch.Tensor,  # [..., V]
+    a,  # scalar or [...]
+    b,  # scalar or [...]
+) -> torch.Tensor:  # [..., V]
+    """The clamp ``pi(a, b) = max{(1-b) q, min{p, (1+a) q}}`` coordinate-wise (Cor 3.10).
+
+    It sums to one exactly when ``(a, b)`` is on the curve C(p, q); no renormalisation is done.
+    """
+    p = check_probs("draft_probs", draft_probs, validate=False)
+    q = check_probs("target_probs", target_probs, validate=False)
+    a, b = _expand(a, p), _expand(b, p)
+    return torch.maximum((1 - b) * q, torch.minimum(p, (1 + a) * q))
+
+
+def acceptance_probability(
+    draft_probs: torch.Tensor,  # [..., V]
+    output_probs: torch.Tensor,  # [..., V]
+) -> torch.Tensor:  # [...]
+    """``P_acc(pi) = sum_i min(pi_i, p_i) = 1 - TV(pi, p)`` for SD towards ``pi`` (math note, s.2).
+
+    ``output_probs = target_probs`` gives the acceptance of standard SD.
+    """
+    p = check_probs("draft_probs", draft_probs, validate=False)
+    pi = check_probs("output_probs", output_probs, validate=False)
+    return torch.minimum(p, pi).sum(dim=-1)
+
+
+def solve(
+    draft_probs: torch.Tensor,  # [..., V]
+    target_probs: torch.Tensor,  # [..., V]
+    *,
+    max_divergence=None,
+    min_acceptance=None,
+    divergence="kl",
+    mode: str = "exact",
+    validate: bool = True,
+) -> MDSolution:
+    """Solve f-MD for every row: the primal (divergence budget) or the dual (acceptance target).
+
+    Parameters
+    ----------
+    draft_probs, target_probs : torch.Tensor of shape (..., V)
+        Drafter ``p`` and target ``q`` distributions (float32 or float64, any device).
+    max_divergence : float or tensor broadcastable to (...), optional
+        Primal budget ``D >= 0`` on ``D_f(pi || q)`` (``+inf`` allowed: ``pi = p``).
+    min_acceptance : float or tensor broadcastable to (...), optional
+        Dual target ``P`` in ``[0, 1]``: the minimal-divergence ``pi`` with ``P_acc >= P``.
+        Targets below SD's acceptance give ``pi = q``; above the reachable maximum, the end
+        of the curve. Exactly one of ``max_divergence`` / ``min_acceptance`` must be given.
+    divergence : str, Divergence or callable, default="kl"
+        Generator name (see :mod:`mdboost.md.divergences`), ``"alpha:<a>"`` or a callable.
+    mode : {"exact", "bound"}, default="exact"
+        Primal only. ``"exact"``: the optimum (acceptance within ~1e-12 in float64).
+        ``"bound"``: the largest point of the curve whose Theorem 3.12 upper bound fits the
+        budget (never exceeds it; ``O(log V)`` per query after the build).
+    validate : bool, default=True
+        Check the inputs (device synchronisation); False in trusted hot loops.
+
+    Returns
+    -------
+    MDSolution
+
+    Examples
+    --------
+    >>> import torch
+    >>> p = torch.tensor([0.7, 0.2, 0.1], dtype=torch.float64)
+    >>> q = torch.tensor([0.2, 0.3, 0.5], dtype=torch.float64)
+    >>> sol = solve(p, q, max_divergence=0.05, divergence="tv")
+    >>> round(float(sol.acceptance), 6)  # TV oracle: 1 - TV + D
+    0.55
+    """
+    if (max_divergence is None) == (min_acceptance is None):
+        raise ValueError(
+            f"give exactly one of max_divergence and min_acceptance, got max_divergence={max_divergence!r}, "
+            f"min_acceptance={min_acceptance!r}"
+        )
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    div = resolve(divergence)
+    p, q = check_pair(draft_probs, target_probs, validate=validate)
+    bp = Breakpoints.build(p, q, validate=False)
+    if min_acceptance is not None:
+        point = bp.for_acceptance(min_acceptance, validate=validate)
+    elif mode == "exact":
+        point = bp.for_divergence(max_divergence, div, validate=validate)
+    else:
+        point = bp.for_divergence_bound(max_divergence, div, validate=validate)
+    pi = mentored_distribution(p, q, point.a, point.b)
+    return MDSolution(
+        a=point.a,
+        b=point.b,
+        acceptance=point.acceptance,
+        achieved_divergence=f_divergence(pi, q, div),
+        sd_acceptance=bp.sd_acceptance,
+    )

@@ -1,0 +1,252 @@
+"""Batched speculative verification towards the mentored distribution (MD sampling).
+
+Per draft position the optimal clamp ``(a, b)`` is solved on (``p`` = drafter, ``q`` = target)
+with that position's budget; draft token ``x`` is accepted with probability
+``min(1, (1+a) q_x / p_x)``; at the first rejection a token is drawn from
+``((1-b) q - p)_+`` normalised; if all K drafts are accepted, a bonus token is drawn from the
+target at position K. Emitted tokens then follow ``pi(a, b)`` exactly (math note, section 4).
+``max_divergence = 0`` gives ``a = b = 0`` exactly, i.e. standard speculative decoding with
+the same random draws. ``top_k`` solves on the target's k most likely tokens only
+(paper, Lemma 6.1): ``O(k log k)`` per position instead of ``O(V log V)``.
+
+Randomness. Each row consumes exactly ``K + 1`` uniforms, in this order: columns ``0..K-1``
+are the acceptance tests of positions ``0..K-1``, column ``K`` is the single categorical draw
+(the residual resample at the first rejection, or the bonus token), sampled by inverse CDF.
+``generator`` may be one :class:`torch.Generator` (one ``torch.rand((B, K+1))`` call) or a list
+of B generators (row ``i`` draws ``torch.rand(K+1)`` from ``generator[i]``, like vLLM's
+per-request generators): with a list, a batched call equals row-by-row calls exactly.
+
+Fallback. If the residual ``((1-b) q - p)_+`` is all zero (``p`` already equals ``pi``, so a
+rejection has probability 0 and can only come from rounding), the token is drawn from
+``pi(a, b)`` itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mdboost.md._checks import check_budget, check_probs, check_tokens
+from mdboost.md.breakpoints import Breakpoints
+from mdboost.md.divergences import f_divergence, resolve
+from mdboost.md.solve import mentored_distribution
+
+__all__ = ["PLACEHOLDER_TOKEN_ID", "VerifyResult", "verify", "draw_uniforms"]
+
+PLACEHOLDER_TOKEN_ID = -1  # pads ``tokens`` after the last emitted token
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """Output of :func:`verify`.
+
+    Attributes
+    ----------
+    tokens : torch.LongTensor of shape (B, K + 1)
+        Accepted draft tokens, then the resampled (or bonus) token, then
+        ``PLACEHOLDER_TOKEN_ID`` padding. Row ``i`` holds ``num_accepted[i] + 1`` tokens.
+    num_accepted : torch.LongTensor of shape (B,)
+        Number of accepted draft tokens, in ``0..K``.
+    acceptance_probability : torch.Tensor of shape (B, K)
+        Optimal MD acceptance probability ``P_acc(pi)`` at each position.
+    sd_acceptance : torch.Tensor of shape (B, K)
+        Acceptance of standard SD at each position, ``1 - TV(p, q)``.
+    divergence : torch.Tensor of shape (B, K)
+        Realized ``D_f(pi || q)`` at each position.
+    accepted_by_budget : torch.BoolTensor of shape (B, K)
+        Emitted draft tokens that SD (same uniform) would have rejected.
+    a, b : torch.Tensor of shape (B, K)
+        The clamp parameters used at each position.
+
+    Stats are computed for all K positions; only positions ``<= num_accepted`` were used.
+    """
+
+    tokens: torch.Tensor
+    num_accepted: torch.Tensor
+    acceptance_probability: torch.Tensor
+    sd_acceptance: torch.Tensor
+    divergence: torch.Tensor
+    accepted_by_budget: torch.Tensor
+    a: torch.Tensor
+    b: torch.Tensor
+
+
+def draw_uniforms(batch: int, num_draft: int, *, dtype, device, generator=None) -> torch.Tensor:  # [B, K+1]
+    """The ``K + 1`` uniforms per row consumed by :func:`verify`, in its fixed order."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return torch.rand((batch, num_draft + 1), generator=generator, dtype=dtype, device=device)
+    gens = list(generator)
+    if len(gens) != batch or not all(isinstance(g, torch.Generator) for g in gens):
+        raise ValueError(f"generator must be a torch.Generator or a list of {batch} generators, got {generator!r}")
+    rows = [torch.rand(num_draft + 1, generator=g, dtype=dtype, device=device) for g in gens]
+    return torch.stack(rows) if rows else torch.empty((0, num_draft + 1), dtype=dtype, device=device)
+
+
+def _sample(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:  # [B, W], [B] -> [B]
+    """Inverse-CDF draw; never returns a zero-weight index (rounding-safe)."""
+    cdf = torch.cumsum(weights, dim=-1)
+    idx = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1).contiguous(), right=True).squeeze(-1)
+    width = weights.shape[-1]
+    last = width - 1 - torch.flip(weights > 0, [-1]).long().argmax(dim=-1)
+    return torch.minimum(idx, last)
+
+
+def _position_budget(name, value, batch, num_draft, device, upper, validate):
+    t = torch.as_tensor(value, dtype=torch.float64, device=device) if not torch.is_tensor(value) else value
+    if t.ndim == 1:
+        if t.shape[0] != batch:
+            raise ValueError(f"{name} given per row must have shape ({batch},), got {tuple(t.shape)}")
+        t = t.unsqueeze(-1)
+    return check_budget(name, t, (batch, num_draft), device, upper=upper, validate=validate)
+
+
+def _restrict_top_k(p, q_all, tokens, k):
+    """Lemma 6.1: keep the target's top-k tokens; the drafter's outside mass is one extra slot."""
+    q_vals, q_idx = torch.topk(q_all, k, dim=-1)  # [B, K+1, k]
+    q_vals = q_vals / q_vals.sum(dim=-1, keepdim=True)
+    num_draft = p.shape[1]
+    p_sel = torch.gather(p, -1, q_idx[:, :num_draft])  # [B, K, k]
+    p_out = (1 - p_sel.sum(dim=-1, keepdim=True)).clamp(min=0)
+    p_r = torch.cat([p_sel, p_out], dim=-1)  # [B, K, k+1]
+    q_r = torch.cat([q_vals[:, :num_draft], torch.zeros_like(p_out)], dim=-1)
+    match = q_idx[:, :num_draft] == tokens.unsqueeze(-1)  # [B, K, k]
+    pos = torch.where(match.any(-1), match.long().argmax(-1), torch.full_like(tokens, k))
+    pad = torch.full_like(q_idx[..., :1], PLACEHOLDER_TOKEN_ID)
+    ids = torch.cat([q_idx, pad], dim=-1)  # [B, K+1, k+1] token id of each restricted slot
+    bonus = torch.cat([q_vals[:, num_draft], torch.zeros_like(q_vals[:, num_draft, :1])], dim=-1)
+    return p_r, q_r, pos, ids, bonus
+
+
+def verify(
+    draft_tokens: torch.Tensor,  # [B, K]
+    draft_probs: torch.Tensor,  # [B, K, V]
+    target_probs: torch.Tensor,  # [B, K+1, V]
+    *,
+    max_divergence=0.0,
+    divergence="kl",
+    min_acceptance=None,
+    top_k: int | None = None,
+    generator=None,
+    validate: bool = True,
+) -> VerifyResult:
+    """Verify K draft tokens per row with mentored decoding.
+
+    Parameters
+    ----------
+    draft_tokens : torch.LongTensor of shape (B, K)
+        Tokens proposed by the drafter (``draft_tokens[:, k] ~ draft_probs[:, k]``).
+    draft_probs : torch.Tensor of shape (B, K, V)
+        Drafter distributions ``p`` (one-hot rows, a deterministic drafter, are valid).
+    target_probs : torch.Tensor of shape (B, K+1, V)
+        Target distributions ``q``; position K gives the bonus token.
+    max_divergence : float or tensor of shape (), (B,) or (B, K), default=0.0
+        Per-position budget on ``D_f(pi || q)``. 0 is standard speculative decoding.
+    divergence : str, Divergence or callable, default="kl"
+    min_acceptance : float or tensor of shape (), (B,) or (B, K), optional
+        Use the dual instead: minimal divergence with ``P_acc >= min_acceptance``
+        (then ``max_divergence`` must stay 0).
+    top_k : int, optional
+        Replace the target by its top-k tokens, renormalised (a no-op on the distribution
+        when ``target_probs`` already came from ``logits_to_probs(top_k=k)``), and solve on
+        those only (Lemma 6.1).
+    generator : torch.Generator or list of B generators, optional
+        Source of the ``K + 1`` uniforms per row (see the module docstring).
+    validate : bool, default=True
+        Check inputs (raises ValueError naming the argument).
+
+    Returns
+    -------
+    VerifyResult
+    """
+    p = check_probs("draft_probs", draft_probs, ndim=3, validate=validate)
+    q_all = check_probs("target_probs", target_probs, ndim=3, validate=validate)
+    batch, num_draft, vocab = p.shape
+    if tuple(q_all.shape) != (batch, num_draft + 1, vocab):
+        raise ValueError(
+            f"target_probs must have shape ({batch}, {num_draft + 1}, {vocab}) to match draft_probs "
+            f"{tuple(p.shape)}, got {tuple(q_all.shape)}"
+        )
+    tokens = check_tokens("draft_tokens", draft_tokens, (batch, num_draft), vocab, validate=validate)
+    if top_k is not None and (isinstance(top_k, bool) or int(top_k) != top_k or top_k < 1):
+        raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
+    dtype = torch.promote_types(p.dtype, q_all.dtype)
+    p, q_all, device = p.to(dtype), q_all.to(dtype), p.device
+    div = resolve(divergence)
+    if min_acceptance is not None and not (isinstance(max_divergence, (int, float)) and max_divergence == 0):
+        raise ValueError(f"give max_divergence or min_acceptance, not both (max_divergence={max_divergence!r})")
+
+    p_x = torch.gather(p, -1, tokens.unsqueeze(-1)).squeeze(-1)  # [B, K]
+    if validate and num_draft and (p_x <= 0).any():
+        raise ValueError("draft_tokens contains a token to which draft_probs gives probability 0")
+    if top_k is not None and int(top_k) < vocab:
+        p_r, q_r, pos, ids, bonus = _restrict_top_k(p, q_all, tokens, int(top_k))
+    else:
+        p_r, q_r, pos, ids, bonus = p, q_all[:, :num_draft], tokens, None, q_all[:, num_draft]
+    q_x = torch.gather(q_r, -1, pos.unsqueeze(-1)).squeeze(-1)  # [B, K]
+
+    sd_only = min_acceptance is None and isinstance(max_divergence, (int, float)) and max_divergence == 0
+    if sd_only or num_draft == 0:
+        a = b = torch.zeros((batch, num_draft), dtype=dtype, device=device)
+        sd_acc = torch.minimum(p_r, q_r).sum(-1)
+        acc_prob, div_val = sd_acc, torch.zeros_like(sd_acc)
+    else:
+        bp = Breakpoints.build(p_r, q_r, validate=False)
+        if min_acceptance is not None:
+            budget = _position_budget("min_acceptance", min_acceptance, batch, num_draft, device, 1.0, validate)
+            point = bp.for_acceptance(budget, validate=False)
+        else:
+            budget = _position_budget("max_divergence", max_divergence, batch, num_draft, device, None, validate)
+            point = bp.for_divergence(budget, div, validate=False)
+        a, b, acc_prob, sd_acc = point.a, point.b, point.acceptance, bp.sd_acceptance
+        div_val = f_divergence(mentored_distribution(p_r, q_r, a, b), q_r, div)
+
+    u = draw_uniforms(batch, num_draft, dtype=dtype, device=device, generator=generator)
+    u_acc = u[:, :num_draft]
+    ratio = torch.where(p_x > 0, (1 + a) * q_x / p_x, (q_x > 0).to(dtype)).clamp(max=1)
+    accepted = u_acc < ratio  # [B, K]
+    num_accepted = torch.cumprod(accepted.long(), dim=-1).sum(-1)  # [B]
+    emitted = torch.arange(num_draft, device=device) < num_accepted.unsqueeze(-1)
+    sd_accepted = u_acc < torch.where(p_x > 0, q_x / p_x, (q_x > 0).to(dtype)).clamp(max=1)
+
+    sampled = _final_token(p_r, q_r, a, b, bonus, ids, num_accepted, u[:, num_draft])
+    ar = torch.arange(num_draft + 1, device=device)
+    pad = torch.full((batch, 1), PLACEHOLDER_TOKEN_ID, dtype=torch.long, device=device)
+    out = torch.where(ar < num_accepted.unsqueeze(-1), torch.cat([tokens, pad], dim=1), PLACEHOLDER_TOKEN_ID)
+    out = torch.where(ar == num_accepted.unsqueeze(-1), sampled.unsqueeze(-1), out)
+    return VerifyResult(
+        tokens=out,
+        num_accepted=num_accepted,
+        acceptance_probability=acc_prob,
+        sd_acceptance=sd_acc,
+        divergence=div_val,
+        accepted_by_budget=emitted & ~sd_accepted,
+        a=a,
+        b=b,
+    )
+
+
+def _final_token(p_r, q_r, a, b, bonus, ids, num_accepted, u):  # -> [B] token ids
+    """The one categorical draw per row: residual at the first rejection, else the bonus."""
+    batch, num_draft = a.shape
+    all_acc = num_accepted == num_draft  # [B]
+    if num_draft == 0:
+        weights = bonus
+        rpos = torch.zeros_like(num_accepted)
+    else:
+        rpos = num_accepted.clamp(max=num_draft - 1)  # [B]
+        gidx = rpos.view(batch, 1, 1).expand(batch, 1, p_r.shape[-1])
+        p_rej = torch.gather(p_r, 1, gidx).squeeze(1)  # [B, W]
+        q_rej = torch.gather(q_r, 1, gidx).squeeze(1)
+        a_rej = torch.gather(a, 1, rpos.unsqueeze(1))  # [B, 1]
+        b_rej = torch.gather(b, 1, rpos.unsqueeze(1))
+        resid = ((1 - b_rej) * q_rej - p_rej).clamp(min=0)
+        fallback = mentored_distribution(p_rej, q_rej, a_rej.squeeze(1), b_rej.squeeze(1))
+        resid = torch.where(resid.sum(-1, keepdim=True) > 0, resid, fallback)
+        weights = torch.where(all_acc.unsqueeze(-1), bonus, resid)
+    idx = _sample(weights, u)  # [B]
+    if ids is None:
+        return idx
+    row_pos = torch.where(all_acc, torch.full_like(rpos, num_draft), rpos)
+    table = torch.gather(ids, 1, row_pos.view(batch, 1, 1).expand(batch, 1, ids.shape[-1])).squeeze(1)
+    return torch.gather(table, -1, idx.unsqueeze(-1)).squeeze(-1)

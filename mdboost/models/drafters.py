@@ -1,0 +1,169 @@
+"""Drafters derived from the target: early exits, tuned-lens exits and int8 quantization.
+
+- ``early_exit:N``: the first ``N`` decoder layers, the final norm and the LM head of the target
+  (self-speculative drafting). The draft model *shares* the target's modules: no weight copy.
+- ``tuned:N``: the same exit with an affine translator ``h_N -> h_L`` (layer-``N`` hidden state
+  to the final layer's pre-norm hidden state) inserted before the final norm: the "tuned lens"
+  of Belrose et al. 2023, here fitted in closed form by (ridge-stabilised) least squares on
+  hidden states of bundled text. Fitted once, stored next to the converted model.
+- ``int8``: dynamic int8 quantization of a copy of the target's ``nn.Linear`` layers (CPU).
+
+Every drafter is a genuine ``transformers`` causal LM: it works with ``DynamicCache`` and with
+``model.generate(..., assistant_model=...)``.
+
+Hidden-state convention: ``output_hidden_states`` gives ``hidden_states[0]`` = embeddings and
+``hidden_states[N]`` = after ``N`` layers for ``N < L``, but ``hidden_states[L]`` is the
+*normed* output in transformers 5; so the fit captures the final norm's input with a hook.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import warnings
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+
+def _check_depth(target, num_layers: int) -> int:
+    total = target.config.num_hidden_layers
+    if int(num_layers) != num_layers or not 1 <= num_layers < total:
+        raise ValueError(f"num_layers must be an integer in [1, {total - 1}] for this target, got {num_layers!r}")
+    return int(num_layers)
+
+
+def early_exit_model(target, num_layers: int, translator: nn.Module | None = None):
+    """A causal LM made of the target's first ``num_layers`` layers, final norm and LM head.
+
+    Parameters are shared with ``target`` (same ``nn.Parameter`` objects). With
+    ``translator`` (``hidden -> hidden``), the final norm becomes ``Sequential(translator, norm)``.
+    """
+    num_layers = _check_depth(target, num_layers)
+    config = copy.deepcopy(target.config)
+    config.num_hidden_layers = num_layers
+    if getattr(config, "layer_types", None) is not None:
+        config.layer_types = list(config.layer_types)[:num_layers]
+    with torch.device("meta"):
+        draft = type(target)(config)
+    for name, child in target.model.named_children():
+        if name == "layers":
+            child = nn.ModuleList(child[:num_layers])
+        elif name == "norm" and translator is not None:
+            child = nn.Sequential(translator, child)
+        setattr(draft.model, name, child)
+    draft.lm_head = target.lm_head
+    for name, tensor in list(draft.named_parameters()) + list(draft.named_buffers()):
+        if tensor.is_meta:
+            raise RuntimeError(f"early exit left {name} unassigned; unsupported architecture {type(target).__name__}")
+    draft.generation_config = copy.deepcopy(target.generation_config)
+    draft.name_or_path = f"{getattr(target, 'name_or_path', '')}#exit{num_layers}"
+    return draft.eval()
+
+
+@torch.no_grad()
+def hidden_pairs(target, sequences, depths, max_positions: int = 4096):
+    """Collect ``{N: (h_N [P, H], h_final_prenorm [P, H])}`` over token sequences.
+
+    ``sequences``: iterable of 1-D LongTensors. Stops after ``max_positions`` positions.
+    """
+    captured = {}
+    hooks = [target.model.norm.register_forward_pre_hook(lambda m, args: captured.__setitem__("final", args[0]))]
+    for n in depths:
+        layer = target.model.layers[n - 1]
+        hooks.append(layer.register_forward_hook(
+            lambda m, args, out, n=n: captured.__setitem__(n, out[0] if isinstance(out, tuple) else out)))
+    xs, ys, count = {n: [] for n in depths}, [], 0
+    device = target.device
+    try:
+        for ids in sequences:
+            if count >= max_positions:
+                break
+            ids = ids[: max_positions - count].to(device)
+            target.model(input_ids=ids[None], use_cache=False)
+            ys.append(captured["final"][0].float())
+            for n in depths:
+                xs[n].append(captured[n][0].float())
+            count += ids.numel()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    if count == 0:
+        raise ValueError("sequences must hold at least one token")
+    final = torch.cat(ys)
+    return {n: (torch.cat(xs[n]), final) for n in depths}
+
+
+def fit_translator(hidden_in: torch.Tensor, hidden_out: torch.Tensor, ridge: float = 1e-4) -> nn.Linear:  # [P, H], [P, H]
+    """Least-squares affine map ``hidden_in -> hidden_out`` as an ``nn.Linear(H, H)``.
+
+    Solved in float64 from the normal equations with a ridge ``ridge * mean diag`` on the
+    weights (not the bias), which keeps the solve well posed when ``P`` is close to ``H``.
+    """
+    if hidden_in.shape != hidden_out.shape or hidden_in.ndim != 2:
+        raise ValueError(f"hidden_in and hidden_out must both be [P, H], got {tuple(hidden_in.shape)} and {tuple(hidden_out.shape)}")
+    x = hidden_in.double()
+    x = torch.cat([x, torch.ones_like(x[:, :1])], dim=1)  # [P, H + 1]
+    gram = x.T @ x
+    reg = torch.full((gram.shape[0],), ridge * gram.diagonal()[:-1].mean().item(), dtype=gram.dtype)
+    reg[-1] = 0.0
+    solution = torch.linalg.solve(gram + torch.diag(reg), x.T @ hidden_out.double())  # [H + 1, H]
+    size = hidden_in.shape[1]
+    linear = nn.Linear(size, size, bias=True)
+    with torch.no_grad():
+        linear.weight.copy_(solution[:-1].T)
+        linear.bias.copy_(solution[-1])
+    return linear
+
+
+def tuned_translators(target, depths, sequences_fn, store: str | os.PathLike | None = None, max_positions: int = 4096):
+    """Fitted translators ``{N: nn.Linear}``, loaded from ``store`` when already fitted.
+
+    ``sequences_fn()`` returns the token sequences to fit on (called only if a fit is needed).
+    Each translator lives in ``store/tuned_lens_layer{N}.safetensors`` (atomic write).
+    """
+    result, missing = {}, []
+    for n in depths:
+        _check_depth(target, n)
+        path = None if store is None else Path(store) / f"tuned_lens_layer{n}.safetensors"
+        if path is not None and path.is_file():
+            state = load_file(str(path))
+            size = state["weight"].shape[0]
+            linear = nn.Linear(size, size)
+            linear.load_state_dict(state)
+            result[n] = linear
+        else:
+            missing.append(n)
+    if missing:
+        for n, (x, y) in hidden_pairs(target, sequences_fn(), missing, max_positions).items():
+            result[n] = fit_translator(x, y)
+            if store is not None:
+                path = Path(store) / f"tuned_lens_layer{n}.safetensors"
+                tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+                state = {k: v.detach().float().contiguous() for k, v in result[n].state_dict().items()}
+                save_file(state, str(tmp), metadata={"positions": str(x.shape[0]), "layer": str(n)})
+                os.replace(tmp, path)
+    param = next(target.parameters())
+    return {n: result[n].to(device=param.device, dtype=param.dtype).eval() for n in depths}
+
+
+def int8_model(target):
+    """A dynamically int8-quantized copy of ``target`` (``nn.Linear`` layers only), on CPU.
+
+    Uses ``torch.ao.quantization.quantize_dynamic``: deprecated in torch 2.13 in favour of
+    torchao, but still working; its deprecation warnings are silenced here. Tied embeddings
+    stay float32 (only ``nn.Linear`` modules are quantized; a tied LM head is quantized as a
+    copy, leaving the embedding table as is).
+    """
+    from torch.ao.quantization import quantize_dynamic
+
+    if next(target.parameters()).device.type != "cpu":
+        raise ValueError("int8 drafters need a CPU target (dynamic quantization kernels are CPU-only)")
+    model = copy.deepcopy(target).float()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=True)
+    model.name_or_path = f"{getattr(target, 'name_or_path', '')}#int8"
+    return model.eval()

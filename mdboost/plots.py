@@ -1,0 +1,96 @@
+"""Ranking plots (matplotlib, Agg backend), saved as PNG files for MLflow artifacts.
+
+- :func:`plot_acceptance_vs_budget`: mean MD acceptance against the divergence budget ``D``,
+  one panel per generator ``f`` and one line per pair, SD acceptance dotted (the paper's
+  Table 2 view: how much acceptance a divergence budget buys for each f).
+- :func:`plot_k_vs_acceptance`: the boosting coefficient ``k = sqrt((1+a)/(1-b))`` (median
+  over positions) against mean MD acceptance along the budgets (the paper's Table 5).
+- :func:`plot_margin_cdf`: empirical CDF of the normalized boosting margins per pair
+  (target-first run), with the margin bound at ``theta = 0``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _pair(row: dict) -> str:
+    return f"{row['drafter']} -> {row['target']}"
+
+
+def _save(fig, path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
+    fig.savefig(tmp, dpi=110, bbox_inches="tight")
+    os.replace(tmp, path)
+    _plt().close(fig)
+    return path
+
+
+def plot_acceptance_vs_budget(rows: list[dict], path) -> Path:
+    """One panel per divergence: ``md_acceptance`` vs ``max_divergence`` per pair."""
+    plt = _plt()
+    divs = sorted({r["divergence"] for r in rows})
+    fig, axes = plt.subplots(1, len(divs), figsize=(4.5 * len(divs), 3.6), squeeze=False, sharey=True)
+    for ax, div in zip(axes[0], divs):
+        for pair in sorted({_pair(r) for r in rows}):
+            mine = sorted((r for r in rows if r["divergence"] == div and _pair(r) == pair),
+                          key=lambda r: r["max_divergence"])
+            if not mine:
+                continue
+            line, = ax.plot([r["max_divergence"] for r in mine], [r["md_acceptance"] for r in mine],
+                            marker="o", ms=3, label=pair)
+            ax.axhline(mine[0]["sd_acceptance"], ls=":", lw=0.8, color=line.get_color())
+        ax.set_title(f"f = {div}")
+        ax.set_xlabel("divergence budget D")
+    axes[0][0].set_ylabel("mean acceptance (MD; SD dotted)")
+    axes[0][-1].legend(fontsize=6, loc="best")
+    return _save(fig, path)
+
+
+def plot_k_vs_acceptance(rows: list[dict], path) -> Path:
+    """Median ``k`` against mean MD acceptance along the budgets, per pair and divergence."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for key in sorted({(_pair(r), r["divergence"]) for r in rows}):
+        mine = sorted((r for r in rows if (_pair(r), r["divergence"]) == key), key=lambda r: r["max_divergence"])
+        k = np.array([r["k_median"] for r in mine], dtype=float)
+        keep = np.isfinite(k)
+        if keep.any():
+            ax.plot(np.array([r["md_acceptance"] for r in mine])[keep], k[keep], marker="o", ms=3,
+                    label=f"{key[0]} ({key[1]})")
+    ax.set_xlabel("mean MD acceptance")
+    ax.set_ylabel("median k = sqrt((1+a)/(1-b))")
+    ax.legend(fontsize=5, loc="best")
+    return _save(fig, path)
+
+
+def plot_margin_cdf(margins: dict[str, np.ndarray], bounds: dict[str, float], path) -> Path:
+    """Empirical CDF of normalized margins per pair; the bound at theta = 0 as a marker."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for name, m in sorted(margins.items()):
+        m = np.sort(np.asarray(m, dtype=float))
+        if m.size == 0:
+            continue
+        line, = ax.step(m, np.arange(1, m.size + 1) / m.size, where="post", label=name)
+        if name in bounds:
+            ax.plot([0.0], [min(bounds[name], 1.0)], marker="x", color=line.get_color())
+    ax.set_xlabel("normalized margin theta")
+    ax.set_ylabel("fraction of positions with margin <= theta")
+    ax.set_xlim(-1, 1)
+    ax.legend(fontsize=6, loc="best")
+    return _save(fig, path)

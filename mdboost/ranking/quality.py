@@ -1,0 +1,73 @@
+"""Teacher-forced quality of the target, the drafter, mentored and boosted distributions.
+
+Per position ``i`` with true next token ``j`` (reference text), the negative log-likelihood
+``-log d_j`` under each distribution ``d``:
+
+- target ``q`` and drafter ``p``: exact (the cache keeps the true token's logit and the
+  full-vocabulary normalizer). A one-hot drafter gives ``inf`` on a miss or no proposal.
+- mentored ``pi(a, b) = max{(1-b) q, min{p, (1+a) q}}`` (note, section 4) at the operating
+  point ``(a, b)`` found per position: ``pi_j`` needs only ``p_j``, ``q_j``, ``a``, ``b``, so it
+  is exact given ``(a, b)``; the ``(a, b)`` themselves come from the solver on the aligned
+  support (:mod:`mdboost.ranking.support`, uniform-tail approximation unless full logits).
+- boosted ``softmax(c1 h_q + c2 h_p)`` (Section 4: the geometric mixture ``q^c1 p^c2`` up to
+  normalization; ``h`` = logits, or the one-hot proposal for a prompt-lookup drafter). The
+  numerator is exact; the normalizer ``Z = sum_v exp(c1 h_q,v + c2 h_p,v)`` is summed over the
+  aligned support, i.e. over the union of the two top-k sets plus the tail bucket under the
+  uniform-tail approximation (exact with full logits, and when ``k = V - 1``).
+
+``beats_target``: the mean NLL of the mentored distribution is below the target's (the
+paper's case where MD improves on the target itself).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mdboost.ranking.support import Aligned, MemberRows
+
+
+def nll(rows: MemberRows) -> torch.Tensor:  # [N]
+    """``-log d_j`` of the true next token under a member's own distribution."""
+    return -rows.true_logp.double()
+
+
+def mentored_true_prob(draft: MemberRows, target: MemberRows, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``pi_j`` of the true token at per-position ``(a, b)`` ([N] each); returns [N]."""
+    p_j = draft.true_logp.double().exp()
+    q_j = target.true_logp.double().exp()
+    return torch.maximum((1 - b) * q_j, torch.minimum(p_j, (1 + a) * q_j))
+
+
+def nll_mentored(draft: MemberRows, target: MemberRows, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # [N]
+    """NLL of the true token under ``pi(a, b)``; rows where the drafter is invalid use ``q``."""
+    valid = draft.valid
+    a = torch.where(valid, a.double(), torch.zeros_like(a, dtype=torch.float64))
+    b = torch.where(valid, b.double(), torch.zeros_like(b, dtype=torch.float64))
+    return -mentored_true_prob(draft, target, a, b).log()
+
+
+def _scores(aligned_log: torch.Tensor, one_hot: bool, temperature: float) -> torch.Tensor:
+    if one_hot:  # indicator of the proposal: log value 0 there, -inf elsewhere
+        return (aligned_log == 0).to(torch.float64)
+    return aligned_log * temperature  # logits up to a per-row shift
+
+
+def nll_boosted(aligned: Aligned, draft: MemberRows, target: MemberRows, c_target: float, c_drafter: float,
+                temperature: float = 1.0) -> torch.Tensor:  # [N]
+    """NLL of the true token under ``softmax(c_target h_q + c_drafter h_p)``.
+
+    ``h`` are the models' logits at temperature 1 (recovered as ``temperature * log-prob``, the
+    shift cancels); for a one-hot drafter ``h_p`` is the proposal indicator.
+    """
+    h_q = _scores(aligned.log_q, False, temperature)
+    h_p = _scores(aligned.log_p, draft.one_hot, temperature)
+    if c_drafter == 0:
+        h_p = torch.zeros_like(h_p)
+    mix = torch.where(aligned.count > 0, c_target * h_q + c_drafter * h_p, torch.full_like(h_q, float("-inf")))
+    log_z = torch.logsumexp(mix + aligned.count.log(), dim=-1)  # count 0 slots drop out
+    true_q = target.true_logp.double() * temperature
+    if draft.one_hot:
+        true_p = (draft.true_logp.double() == 0).to(torch.float64)
+    else:
+        true_p = draft.true_logp.double() * temperature
+    return log_z - (c_target * true_q + c_drafter * true_p)

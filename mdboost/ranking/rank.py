@@ -1,0 +1,145 @@
+"""Score one drafter/target pair from cached rows, and the ranking rule over all pairs.
+
+One row per (pair, divergence, budget) operating point, with the columns of ``ranking.csv``
+(definitions: ``docs/ranking.md``). The **ranking rule**:
+
+1. an operating point is *eligible* when its mentored NLL stays within ``nll_tolerance``
+   nats per token of the target's NLL (``quality_ok``); budget 0 (plain SD) always is;
+2. eligible points come first, ordered by predicted walltime speedup (descending);
+3. ties (equal speedup to 1e-9) are broken by complementarity, the boosting advantage
+   ``A = mu_target^2 + mu_drafter^2`` (descending), then by MD acceptance;
+4. ineligible points follow in the same order. ``rank`` is 1-based.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from mdboost.config import BoostingConfig, MDConfig, SpeedConfig
+from mdboost.ranking import quality
+from mdboost.ranking.acceptance import md_operating_points, sd_acceptance
+from mdboost.ranking.boosting import boost_greedy, boost_target_first
+from mdboost.ranking.diagnostics import boost_coefficient, pair_diagnostics
+from mdboost.ranking.speed import best_gamma
+from mdboost.ranking.support import MemberRows, align
+
+
+@dataclass
+class Member:
+    """A pool member as the ranking sees it: cached rows, a boosting hypothesis, its cost."""
+
+    name: str
+    rows: MemberRows
+    hypothesis: object
+    cost_ratio: float
+
+
+@dataclass
+class PairScore:
+    """CSV rows of one pair, plus per-position arrays kept for plots."""
+
+    rows: list[dict]
+    sd_acceptance: np.ndarray  # [N]
+    md_acceptance: dict  # (divergence, budget) -> [N]
+    k: dict  # (divergence, budget) -> [N]
+    margins: np.ndarray  # [N]
+
+
+def _q(x, level: float) -> float:
+    x = np.asarray(x, dtype=np.float64)
+    x = x[~np.isnan(x)]
+    return float(np.quantile(x, level, method="nearest")) if x.size else math.nan
+
+
+def _mean(x: torch.Tensor) -> float:
+    return float(x.double().mean())
+
+
+def _pair_common(draft: Member, target: Member, aligned, sd, labels, row_ids, md: MDConfig,
+                 speed: SpeedConfig, boosting: BoostingConfig):
+    valid = draft.rows.valid
+    eps, rho = pair_diagnostics(aligned.p, aligned.q, mask=aligned.count > 0)
+    eps, rho = eps[valid].numpy(), rho[valid].numpy()
+    boost = boost_target_first(target.hypothesis, draft.hypothesis, row_ids, labels,
+                               n_rounds=boosting.n_estimators, thetas=boosting.thetas)
+    sd_gamma, sd_speed = best_gamma(_mean(sd), draft.cost_ratio, speed.gamma_min, speed.gamma_max)
+    nll_b = quality.nll_boosted(aligned, draft.rows, target.rows, boost.c_target, boost.c_drafter, md.temperature)
+    common = {
+        "drafter": draft.name, "target": target.name, "n_positions": int(valid.numel()),
+        "proposal_rate": _mean(valid.double()), "tail_mass": _mean(draft.rows.tail + target.rows.tail),
+        "sd_acceptance": _mean(sd), "sd_best_gamma": int(sd_gamma), "sd_speedup": float(sd_speed),
+        "cost_ratio": float(draft.cost_ratio),
+        "mu_target": boost.mu_target, "mu_drafter": boost.mu_drafter, "boosting_advantage": boost.advantage,
+        "c_target": boost.c_target, "c_drafter": boost.c_drafter,
+        "margin_median": _q(boost.margins, 0.5),
+        **{f"margin_bound_{t:g}": v for t, v in boost.bound.items()},
+        **{f"margin_risk_{t:g}": v for t, v in boost.risk.items()},
+        "eps_pq_q10": _q(eps, 0.1), "eps_pq_median": _q(eps, 0.5), "eps_pq_q90": _q(eps, 0.9),
+        "rho_pq_q10": _q(rho, 0.1), "rho_pq_median": _q(rho, 0.5), "rho_pq_q90": _q(rho, 0.9),
+        "nll_target": _mean(quality.nll(target.rows)), "nll_drafter": _mean(quality.nll(draft.rows)),
+        "nll_boosted": _mean(nll_b),
+    }
+    if "greedy" in boosting.orders:
+        common.update(boost_greedy(target.hypothesis, draft.hypothesis, row_ids, labels, boosting.n_estimators))
+    return common, boost
+
+
+def score_pair(draft: Member, target: Member, labels, vocab_size: int, *, md: MDConfig | None = None,
+               speed: SpeedConfig | None = None, boosting: BoostingConfig | None = None,
+               row_ids=None) -> PairScore:
+    """All metrics of one ordered pair, one row per (divergence, budget).
+
+    Parameters
+    ----------
+    draft, target : Member
+        Cached rows over the same ``N`` positions.
+    labels : array [N]
+        True next tokens.
+    vocab_size : int
+    md, speed, boosting : config sections, optional
+        Operating points, gamma range, boosting rounds (defaults: the dataclass defaults).
+    row_ids : array [N], optional
+        Cache row index of each position (the boosting hypotheses' ``X``); default ``arange(N)``.
+    """
+    md, speed, boosting = md or MDConfig(), speed or SpeedConfig(), boosting or BoostingConfig()
+    labels = np.asarray(labels)
+    row_ids = np.arange(len(labels)) if row_ids is None else np.asarray(row_ids)
+    aligned = align(draft.rows, target.rows, vocab_size)
+    valid = draft.rows.valid
+    sd = sd_acceptance(aligned, valid)
+    common, boost = _pair_common(draft, target, aligned, sd, labels, row_ids, md, speed, boosting)
+    rows, md_acc, ks = [], {}, {}
+    for op in md_operating_points(aligned, valid, md.divergences, md.budgets, md.mode):
+        gamma, speedup = best_gamma(_mean(op.acceptance), draft.cost_ratio, speed.gamma_min, speed.gamma_max)
+        k = boost_coefficient(op.a, op.b)[valid].numpy()
+        nll_m = _mean(quality.nll_mentored(draft.rows, target.rows, op.a, op.b))
+        acc = op.acceptance.numpy()
+        rows.append({
+            **common, "divergence": op.divergence, "max_divergence": op.max_divergence,
+            "md_acceptance": float(acc.mean()), "md_acceptance_q10": _q(acc, 0.1),
+            "md_acceptance_median": _q(acc, 0.5), "md_acceptance_q90": _q(acc, 0.9),
+            "acceptance_gain": float(acc.mean()) - common["sd_acceptance"],
+            "achieved_divergence": _mean(op.achieved_divergence[valid]) if bool(valid.any()) else 0.0,
+            "best_gamma": int(gamma), "predicted_speedup": float(speedup),
+            "k_median": _q(k, 0.5), "k_q90": _q(k, 0.9),
+            "nll_mentored": nll_m, "beats_target": bool(nll_m < common["nll_target"]),
+        })
+        md_acc[(op.divergence, op.max_divergence)] = acc
+        ks[(op.divergence, op.max_divergence)] = k
+    return PairScore(rows, sd.numpy(), md_acc, ks, boost.margins)
+
+
+def rank_rows(rows: list[dict], nll_tolerance: float = 0.05) -> list[dict]:
+    """Apply the ranking rule of the module docstring; returns new dicts sorted by ``rank``."""
+    if nll_tolerance < 0:
+        raise ValueError(f"nll_tolerance must be >= 0, got {nll_tolerance!r}")
+    out = [dict(r, quality_ok=bool(r["nll_mentored"] <= r["nll_target"] + nll_tolerance)) for r in rows]
+    out.sort(key=lambda r: (not r["quality_ok"], -round(r["predicted_speedup"], 9),
+                            -r["boosting_advantage"], -r["md_acceptance"]))
+    for i, r in enumerate(out, start=1):
+        r["rank"] = i
+    return out

@@ -1,0 +1,106 @@
+"""Ranking outputs: ``ranking.csv`` (atomic), an HTML table and a terminal table of top pairs.
+
+``COLUMNS`` lists the CSV columns in order: the issue's required ones first, then the extra
+diagnostics (definitions of all of them: ``docs/ranking.md``). Columns present in the rows but
+not listed are appended in sorted order so nothing computed is dropped.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import math
+import os
+import tempfile
+from pathlib import Path
+
+COLUMNS = [
+    "rank", "drafter", "target", "divergence", "max_divergence",
+    "sd_acceptance", "md_acceptance", "acceptance_gain", "cost_ratio", "best_gamma", "predicted_speedup",
+    "mu_target", "mu_drafter", "boosting_advantage", "eps_pq_median", "rho_pq_median", "k_median",
+    "nll_target", "nll_drafter", "nll_mentored", "nll_boosted", "beats_target", "quality_ok",
+    "md_acceptance_q10", "md_acceptance_median", "md_acceptance_q90", "achieved_divergence",
+    "sd_best_gamma", "sd_speedup", "proposal_rate", "tail_mass", "n_positions",
+    "c_target", "c_drafter", "margin_median", "eps_pq_q10", "eps_pq_q90", "rho_pq_q10", "rho_pq_q90", "k_q90",
+]
+
+TABLE_COLUMNS = [
+    ("rank", "rank"), ("drafter", "drafter"), ("target", "target"), ("divergence", "f"),
+    ("max_divergence", "D"), ("sd_acceptance", "SD acc"), ("md_acceptance", "MD acc"),
+    ("cost_ratio", "c"), ("best_gamma", "gamma"), ("predicted_speedup", "speedup"),
+    ("boosting_advantage", "A"), ("k_median", "k"), ("nll_target", "NLL q"),
+    ("nll_mentored", "NLL md"), ("quality_ok", "ok"),
+]
+
+
+def columns_of(rows: list[dict]) -> list[str]:
+    """``COLUMNS`` present in the rows, then any other keys, sorted."""
+    keys = set().union(*(r.keys() for r in rows)) if rows else set()
+    return [c for c in COLUMNS if c in keys] + sorted(keys - set(COLUMNS))
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temp file in the same folder and ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", newline="") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_csv(rows: list[dict], path: str | os.PathLike) -> Path:
+    """Write the ranking rows as CSV (atomically); returns the path."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns_of(rows), extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return atomic_write_text(path, buf.getvalue())
+
+
+def read_csv(path: str | os.PathLike) -> list[dict]:
+    """Rows of a ranking CSV as dicts of strings."""
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def _fmt(value) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if math.isinf(value) or math.isnan(value):
+            return str(value)
+        return f"{value:.4g}" if abs(value) < 1e4 else f"{value:.3e}"
+    return str(value)
+
+
+def write_html(rows: list[dict], path: str | os.PathLike, title: str = "mdboost pool ranking") -> Path:
+    """A standalone HTML table of all rows (atomic)."""
+    cols = columns_of(rows)
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    body = "\n".join(
+        "<tr>" + "".join(f"<td>{html.escape(_fmt(r.get(c, '')))}</td>" for c in cols) + "</tr>" for r in rows)
+    page = (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        "<style>table{border-collapse:collapse;font:12px sans-serif}td,th{border:1px solid #ccc;"
+        "padding:2px 6px;text-align:right}th{background:#eee;position:sticky;top:0}</style></head>"
+        f"<body><h1>{html.escape(title)}</h1><table><tr>{head}</tr>\n{body}</table></body></html>\n"
+    )
+    return atomic_write_text(path, page)
+
+
+def format_table(rows: list[dict], top: int = 10) -> str:
+    """A fixed-width text table of the first ``top`` rows (already sorted by rank)."""
+    shown = rows[:top]
+    header = [label for _, label in TABLE_COLUMNS]
+    cells = [[_fmt(r.get(key, "")) for key, _ in TABLE_COLUMNS] for r in shown]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(header)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)

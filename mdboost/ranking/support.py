@@ -1,0 +1,172 @@
+"""Drafter and target distributions on a common support, rebuilt from a top-k logit cache.
+
+The cache keeps, per position and model, the top-k token ids and log-probabilities plus the
+full-vocabulary normalizer, so the kept probabilities are exact and the tail mass
+``T = 1 - sum(top-k probs)`` is known, but not how it spreads. The ranking uses the
+**uniform-tail approximation**: each model's tail mass is spread evenly over the ``V - k``
+tokens outside its top-k (per-token level ``t = T / (V - k)``). Then
+
+- on the union ``U`` of the two top-k sets every coordinate has a value (kept, or the other
+  model's tail level);
+- the ``V - |U|`` tokens outside ``U`` all have the same pair of values ``(t_p, t_q)``, so they
+  form ONE coordinate with multiplicity ``V - |U|``. Coordinates with equal ratios merge exactly
+  in ``1 - TV``, in every ``D_f`` and in the clamp solution, so the compressed problem is exact
+  for the approximated distributions.
+
+Error: the approximated ``p`` differs from the true one only in how ``T_p`` is spread, so
+``TV(p~, p) <= T_p`` (same for ``q``), and any acceptance computed on it is within
+``T_p + T_q`` of the true one (reported as ``tail_mass``). With full logits in the cache, or
+a deterministic (one-hot) drafter against a full target, nothing is approximated.
+
+A support of ``S = 2k + 1`` slots is returned with per-token values and multiplicities
+``count`` (1 on ``U``, ``V - |U|`` on the bucket, 0 on padding slots that held a duplicate id);
+the probability mass of a slot is ``value * count``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class MemberRows:
+    """One pool member's cached view of ``N`` positions at a fixed temperature.
+
+    Attributes
+    ----------
+    ids : LongTensor [N, k]
+        Top-k token ids (for a one-hot drafter: the proposal, ``k = 1``, ``-1`` = none).
+    logp : tensor [N, k]
+        Their log-probabilities (``0`` for a one-hot proposal).
+    tail : tensor [N]
+        Probability mass outside the kept ids (``0`` for a one-hot drafter).
+    true_logp : tensor [N]
+        Log-probability of the true next token (``-inf`` for a one-hot miss).
+    valid : bool tensor [N]
+        False where the member has no distribution (an ngram drafter that proposes nothing).
+    full_logp : tensor [N, V] or None
+        Full log-probabilities when the cache kept full logits.
+    one_hot : bool
+        Deterministic drafter (``ngram``).
+    """
+
+    ids: torch.Tensor
+    logp: torch.Tensor
+    tail: torch.Tensor
+    true_logp: torch.Tensor
+    valid: torch.Tensor
+    full_logp: torch.Tensor | None = None
+    one_hot: bool = False
+
+    @property
+    def k(self) -> int:
+        return self.ids.shape[-1]
+
+
+@dataclass
+class Aligned:
+    """Per-token values of ``p`` and ``q`` on a shared support with multiplicities.
+
+    ``p``, ``q``, ``count`` are ``[N, S]``; masses are ``p * count``. ``log_p``/``log_q`` hold the
+    per-token log-values (``-inf`` where zero), used by the boosted distribution.
+    """
+
+    p: torch.Tensor
+    q: torch.Tensor
+    count: torch.Tensor
+    log_p: torch.Tensor
+    log_q: torch.Tensor
+
+    @property
+    def p_mass(self) -> torch.Tensor:
+        return self.p * self.count
+
+    @property
+    def q_mass(self) -> torch.Tensor:
+        return self.q * self.count
+
+
+def _tail_log_level(tail: torch.Tensor, others: int) -> torch.Tensor:  # [N]
+    level = tail.clamp_min(0) / max(others, 1)
+    return torch.where(level > 0, level.log(), torch.full_like(level, float("-inf")))
+
+
+def _full(draft: MemberRows, target: MemberRows, vocab: int) -> Aligned:
+    log_q = target.full_logp.double()
+    if draft.one_hot:
+        ids = draft.ids[:, :1].clamp_min(0)
+        hit = torch.where(draft.ids[:, :1] >= 0, 0.0, float("-inf")).to(log_q.dtype)
+        log_p = torch.full_like(log_q, float("-inf")).scatter_(1, ids, hit)
+    else:
+        log_p = draft.full_logp.double()
+    count = torch.ones_like(log_q)
+    return Aligned(log_p.exp(), log_q.exp(), count, log_p, log_q)
+
+
+def align(draft: MemberRows, target: MemberRows, vocab_size: int) -> Aligned:
+    """Put drafter ``p`` and target ``q`` on the union of their kept ids plus one tail bucket.
+
+    Parameters
+    ----------
+    draft, target : MemberRows
+        Same ``N`` positions. Full logits are used when both have them (or the drafter is
+        one-hot and the target has them).
+    vocab_size : int
+        ``V``, the shared vocabulary size.
+
+    Returns
+    -------
+    Aligned
+        ``[N, S]`` tensors in float64 (``S = V`` on the full path, else ``k_q + k_p + 1``).
+    """
+    if draft.ids.shape[0] != target.ids.shape[0]:
+        raise ValueError(f"draft and target rows differ: {draft.ids.shape[0]} vs {target.ids.shape[0]}")
+    if target.full_logp is not None and (draft.one_hot or draft.full_logp is not None):
+        return _full(draft, target, vocab_size)
+    kq, kp = target.k, draft.k
+    q_lp, p_lp = target.logp.double(), draft.logp.double()  # [N, kq], [N, kp]
+    tq = _tail_log_level(target.tail.double(), vocab_size - kq)  # [N]
+    tp = _tail_log_level(draft.tail.double(), vocab_size - kp)  # [N]
+    match = target.ids[:, :, None] == draft.ids[:, None, :]  # [N, kq, kp]
+    in_p = match.any(-1)  # [N, kq]: target id kept by the drafter too
+    dup = match.any(1) | (draft.ids < 0)  # [N, kp]: already among the target's, or no id
+    p_on_q = torch.where(match, p_lp[:, None, :], torch.tensor(float("-inf"), dtype=p_lp.dtype)).amax(-1)
+    p_on_q = torch.where(in_p, p_on_q, tp[:, None].expand_as(p_on_q))
+    neg_inf = torch.full_like(p_lp, float("-inf"))
+    q_on_p = torch.where(dup, neg_inf, tq[:, None].expand_as(p_lp))
+    p_only = torch.where(dup, neg_inf, p_lp)
+    union = kq + (~dup).sum(-1)  # [N]
+    bucket = (vocab_size - union).to(q_lp.dtype)  # [N]
+    log_q = torch.cat([q_lp, q_on_p, tq[:, None]], dim=1)
+    log_p = torch.cat([p_on_q, p_only, tp[:, None]], dim=1)
+    count = torch.cat([torch.ones_like(q_lp), (~dup).to(q_lp.dtype), bucket[:, None]], dim=1)
+    log_q = torch.where(count > 0, log_q, torch.full_like(log_q, float("-inf")))
+    log_p = torch.where(count > 0, log_p, torch.full_like(log_p, float("-inf")))
+    return Aligned(log_p.exp(), log_q.exp(), count, log_p, log_q)
+
+
+def rows_from_logits(logits: torch.Tensor, true_ids: torch.Tensor, k: int, temperature: float = 1.0,
+                     keep_full: bool = False) -> MemberRows:
+    """A member's :class:`MemberRows` straight from logits ``[N, V]`` (reference / tests).
+
+    Mirrors what the cache keeps: top-``k`` ids and log-probabilities at ``temperature``, the
+    tail mass, the true token's log-probability, and optionally the full log-probabilities.
+    """
+    logp = torch.log_softmax(logits.double() / temperature, dim=-1)  # [N, V]
+    top = torch.topk(logp, k, dim=-1)
+    tail = (1 - top.values.exp().sum(-1)).clamp_min(0)
+    true_logp = logp.gather(-1, true_ids.long()[:, None]).squeeze(-1)
+    valid = torch.ones(logits.shape[0], dtype=torch.bool)
+    return MemberRows(top.indices, top.values, tail, true_logp, valid, logp if keep_full else None)
+
+
+def rows_from_proposals(proposals: torch.Tensor, true_ids: torch.Tensor) -> MemberRows:
+    """:class:`MemberRows` of a one-hot drafter from its proposals ``[N]`` (``-1`` = none)."""
+    proposals = proposals.long()
+    n = proposals.shape[0]
+    hit = proposals == true_ids.long()
+    true_logp = torch.where(hit, torch.zeros(n, dtype=torch.float64), torch.full((n,), float("-inf"), dtype=torch.float64))
+    return MemberRows(proposals[:, None], torch.zeros(n, 1, dtype=torch.float64), torch.zeros(n, dtype=torch.float64),
+                      true_logp, proposals >= 0, None, one_hot=True)

@@ -1,0 +1,105 @@
+"""Strict config loader: defaults, nested overrides, unknown keys and type errors."""
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pytest
+
+from mdboost.config import (
+    CacheConfig, MDConfig, RankConfig, fingerprint, from_dict, load_yaml, to_dict,
+)
+
+
+def test_empty_mapping_gives_defaults():
+    assert from_dict(RankConfig, {}) == RankConfig()
+    assert from_dict(RankConfig, None) == RankConfig()
+
+
+def test_nested_override_keeps_other_defaults():
+    cfg = from_dict(RankConfig, {"cache": {"k": 32}, "md": {"budgets": [0, 0.5]}})
+    assert cfg.cache.k == 32 and cfg.cache.dtype == CacheConfig().dtype
+    assert cfg.md.budgets == [0.0, 0.5] and all(isinstance(b, float) for b in cfg.md.budgets)
+    assert cfg.pool == RankConfig().pool
+
+
+def test_unknown_key_names_key_and_path():
+    with pytest.raises(ValueError, match=r"unknown key 'budgts' at 'md'.*allowed keys: divergences, budgets"):
+        from_dict(RankConfig, {"md": {"budgts": [0.1]}})
+    with pytest.raises(ValueError, match=r"unknown key 'colour' at '<root>'"):
+        from_dict(RankConfig, {"colour": 1})
+
+
+@pytest.mark.parametrize("data, where", [
+    ({"cache": {"k": "64"}}, "cache.k"),
+    ({"cache": {"k": 1.5}}, "cache.k"),
+    ({"cache": {"full_logits": 1}}, "cache.full_logits"),
+    ({"cache": {"dtype": "float8"}}, "cache.dtype"),
+    ({"md": {"budgets": [0.1, "x"]}}, r"md.budgets\[1\]"),
+    ({"md": {"budgets": 0.1}}, "md.budgets"),
+    ({"pool": {"device": 3}}, "pool.device"),
+    ({"pool": "tiny"}, "pool"),
+    ({"boosting": {"orders": ["target_first", "random"]}}, r"boosting.orders\[1\]"),
+])
+def test_type_errors_name_the_path(data, where):
+    with pytest.raises(ValueError, match=f"config error at '{where}'"):
+        from_dict(RankConfig, data)
+
+
+@pytest.mark.parametrize("data, what", [
+    ({"md": {"divergences": ["kl", "bogus"]}}, "divergence"),
+    ({"md": {"budgets": [-0.1]}}, "budgets"),
+    ({"md": {"temperature": 0.0}}, "temperature"),
+    ({"speed": {"gamma_min": 5, "gamma_max": 2}}, "gamma range"),
+    ({"cache": {"k": 0}}, "k"),
+    ({"pool": {"drafters": []}}, "drafters"),
+    ({"pool": {"drafters": ["int8", "int8"]}}, "drafters"),
+])
+def test_value_checks(data, what):
+    with pytest.raises(ValueError, match=what):
+        from_dict(RankConfig, data)
+
+
+def test_optional_and_bool_accepted():
+    cfg = from_dict(RankConfig, {"pool": {"device": None, "home": "/x"}, "tracking": {"enabled": False}})
+    assert cfg.pool.device is None and cfg.pool.home == "/x" and cfg.tracking.enabled is False
+
+
+def test_int_accepted_where_float_expected():
+    assert from_dict(MDConfig, {"temperature": 1}).temperature == 1.0
+
+
+def test_yaml_round_trip_and_fingerprint(tmp_path):
+    import yaml
+
+    cfg = from_dict(RankConfig, {"cache": {"k": 16}, "pool": {"target": "tiny", "drafters": ["ngram:2"]}})
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(to_dict(cfg)))
+    again = load_yaml(path, RankConfig)
+    assert again == cfg
+    assert fingerprint(again) == fingerprint(cfg)
+    assert fingerprint(from_dict(RankConfig, {"cache": {"k": 17}})) != fingerprint(RankConfig())
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ValueError, match="config must be an existing YAML file"):
+        load_yaml(tmp_path / "nope.yaml", RankConfig)
+
+
+def test_generic_dataclass_support():
+    @dataclass
+    class Inner:
+        x: int = 1
+
+    @dataclass
+    class Outer:
+        inner: Inner = field(default_factory=Inner)
+        table: dict[str, float] = field(default_factory=dict)
+        pair: tuple[int, ...] = (1, 2)
+        mode: Literal["a", "b"] = "a"
+
+    out = from_dict(Outer, {"inner": {"x": 3}, "table": {"u": 1}, "pair": [4, 5, 6], "mode": "b"})
+    assert out == Outer(Inner(3), {"u": 1.0}, (4, 5, 6), "b")
+    with pytest.raises(ValueError, match=r"config error at 'table.u'"):
+        from_dict(Outer, {"table": {"u": "no"}})
+    with pytest.raises(ValueError, match=r"unknown key 'y' at 'inner'"):
+        from_dict(Outer, {"inner": {"y": 1}})

@@ -1,0 +1,117 @@
+"""score_pair and the ranking rule, cross-checked against direct full-vocabulary computations."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from mdboost.config import BoostingConfig, MDConfig, SpeedConfig
+from mdboost.md.solve import solve
+from mdboost.ranking.boosting import CachedLogitsHypothesis, ProposalHypothesis
+from mdboost.ranking.rank import Member, rank_rows, score_pair
+from mdboost.ranking.speed import best_gamma
+from mdboost.ranking.support import rows_from_logits, rows_from_proposals
+
+V, N = 32, 40
+MD = MDConfig(divergences=["kl", "tv"], budgets=[0.0, 0.1, 0.5])
+
+
+def _member(name, logits, true, k, full, cost):
+    rows = rows_from_logits(logits, true, k, keep_full=full)
+    idx = torch.arange(len(true))
+    hyp = CachedLogitsHypothesis(true, logits[idx, true], logits.sum(-1), V, full_logits=logits if full else None,
+                                 topk_ids=rows.ids, topk_logits=logits.gather(-1, rows.ids), name=name)
+    return Member(name, rows, hyp, cost)
+
+
+@pytest.fixture
+def pair():
+    gen = torch.Generator().manual_seed(1)
+    lq = torch.randn(N, V, generator=gen, dtype=torch.float64) * 2
+    lp = lq + torch.randn(N, V, generator=gen, dtype=torch.float64)
+    true = torch.multinomial(torch.softmax(lq, -1), 1, generator=gen).squeeze(-1)
+    return lp, lq, true
+
+
+def test_score_pair_full_matches_direct(pair):
+    lp, lq, true = pair
+    d, t = _member("d", lp, true, 4, True, 0.2), _member("t", lq, true, 4, True, 1.0)
+    res = score_pair(d, t, true.numpy(), V, md=MD, speed=SpeedConfig(1, 6), boosting=BoostingConfig())
+    assert len(res.rows) == 6
+    p, q = torch.softmax(lp, -1), torch.softmax(lq, -1)
+    sd = torch.minimum(p, q).sum(-1)
+    idx = torch.arange(N)
+    for row in res.rows:
+        assert row["sd_acceptance"] == pytest.approx(float(sd.mean()))
+        sol = solve(p, q, max_divergence=row["max_divergence"], divergence=row["divergence"])
+        assert row["md_acceptance"] == pytest.approx(float(sol.acceptance.mean()), abs=1e-9)
+        assert row["acceptance_gain"] == pytest.approx(row["md_acceptance"] - row["sd_acceptance"])
+        g, s = best_gamma(float(sol.acceptance.mean()), 0.2, 1, 6)
+        assert row["best_gamma"] == int(g) and row["predicted_speedup"] == pytest.approx(float(s))
+        pi = torch.maximum((1 - sol.b[:, None]) * q, torch.minimum(p, (1 + sol.a[:, None]) * q))
+        assert row["nll_mentored"] == pytest.approx(float(-pi[idx, true].log().mean()))
+        k = torch.sqrt((1 + sol.a) / (1 - sol.b))
+        assert row["k_median"] == pytest.approx(float(np.quantile(k.numpy(), 0.5, method="nearest")))
+        assert row["nll_target"] == pytest.approx(float(-q[idx, true].log().mean()))
+        assert row["nll_drafter"] == pytest.approx(float(-p[idx, true].log().mean()))
+        boosted = torch.log_softmax(row["c_target"] * lq + row["c_drafter"] * lp, -1)
+        assert row["nll_boosted"] == pytest.approx(float(-boosted[idx, true].mean()))
+        assert row["boosting_advantage"] == pytest.approx(
+            row["mu_target"] ** 2 + row["mu_drafter"] ** 2)
+        assert row["margin_risk_0"] <= row["margin_bound_0"] + 1e-12
+        if row["max_divergence"] == 0:
+            assert row["md_acceptance"] == pytest.approx(row["sd_acceptance"])
+            assert row["nll_mentored"] == pytest.approx(row["nll_target"])
+    # acceptance grows with the budget
+    for div in ("kl", "tv"):
+        accs = [r["md_acceptance"] for r in res.rows if r["divergence"] == div]
+        assert accs == sorted(accs)
+
+
+def test_score_pair_topk_within_tail_of_full(pair):
+    lp, lq, true = pair
+    full = score_pair(_member("d", lp, true, 8, True, 0.2), _member("t", lq, true, 8, True, 1.0), true.numpy(), V, md=MD)
+    topk = score_pair(_member("d", lp, true, 8, False, 0.2), _member("t", lq, true, 8, False, 1.0), true.numpy(), V, md=MD)
+    for a, b in zip(full.rows, topk.rows):
+        assert abs(a["md_acceptance"] - b["md_acceptance"]) <= b["tail_mass"] + 1e-9
+        assert a["sd_acceptance"] - b["sd_acceptance"] <= b["tail_mass"] + 1e-9
+        assert a["nll_target"] == pytest.approx(b["nll_target"])
+        assert a["mu_target"] == pytest.approx(b["mu_target"])
+
+
+def test_score_pair_ngram(pair):
+    _, lq, true = pair
+    props = torch.where(torch.arange(N) % 4 == 0, -1, torch.where(torch.arange(N) % 2 == 0, true, (true + 1) % V))
+    d = Member("ngram:2", rows_from_proposals(props, true), ProposalHypothesis(props.numpy(), V), 0.0)
+    t = _member("t", lq, true, V - 1, False, 1.0)
+    res = score_pair(d, t, true.numpy(), V, md=MD)
+    q = torch.softmax(lq, -1)
+    ok = props >= 0
+    q_x = torch.where(ok, q[torch.arange(N), props.clamp_min(0)], torch.zeros(N, dtype=torch.float64))
+    row0 = res.rows[0]
+    assert row0["sd_acceptance"] == pytest.approx(float(q_x.mean()))
+    assert row0["proposal_rate"] == pytest.approx(float(ok.double().mean()))
+    assert math.isinf(row0["nll_drafter"])
+    for row in res.rows:  # MD acceptance of a one-hot draft is min(1, (1 + a) q_x) on proposing rows
+        acc = res.md_acceptance[(row["divergence"], row["max_divergence"])]
+        assert np.all(acc[~ok.numpy()] == 0)
+        assert math.isfinite(row["nll_mentored"])
+    assert row0["cost_ratio"] == 0.0 and row0["best_gamma"] == 8  # free drafter: longest draft
+
+
+def test_rank_rule():
+    base = dict(nll_target=2.0, md_acceptance=0.5)
+    rows = [
+        dict(base, name="a", nll_mentored=2.0, predicted_speedup=1.5, boosting_advantage=0.1),
+        dict(base, name="b", nll_mentored=2.2, predicted_speedup=3.0, boosting_advantage=0.1),  # too lossy
+        dict(base, name="c", nll_mentored=2.04, predicted_speedup=1.5, boosting_advantage=0.3),  # tie -> A
+        dict(base, name="d", nll_mentored=1.9, predicted_speedup=2.0, boosting_advantage=0.0),
+    ]
+    ranked = rank_rows(rows, nll_tolerance=0.05)
+    assert [r["name"] for r in ranked] == ["d", "c", "a", "b"]
+    assert [r["rank"] for r in ranked] == [1, 2, 3, 4]
+    assert [r["quality_ok"] for r in ranked] == [True, True, True, False]
+    assert [r["name"] for r in rank_rows(rows, nll_tolerance=0.5)][0] == "b"
+    with pytest.raises(ValueError, match="nll_tolerance"):
+        rank_rows(rows, -1)

@@ -1,0 +1,90 @@
+"""mdboost.ui: the mlflow server command, argument checks, and a real background server."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import urllib.request
+
+import pytest
+
+from mdboost import ui
+from mdboost.tracking import DEFAULT_TRACKING_URI
+
+
+def test_server_command_serves_the_given_store_on_localhost(tmp_path):
+    cmd = ui.server_command(f"sqlite:///{tmp_path}/m.db", port=5123, artifact_root=str(tmp_path / "a"))
+    assert cmd[:4] == [sys.executable, "-m", "mlflow", "server"]
+    args = dict(zip(cmd[4::1], cmd[5::1]))
+    assert args["--backend-store-uri"] == f"sqlite:///{tmp_path}/m.db"
+    assert args["--default-artifact-root"] == (tmp_path / "a").resolve().as_uri()
+    assert args["--host"] == "127.0.0.1" and args["--port"] == "5123"
+
+
+def test_server_command_defaults_to_the_project_store():
+    cmd = ui.server_command()
+    assert cmd[cmd.index("--backend-store-uri") + 1] == DEFAULT_TRACKING_URI
+    assert cmd[cmd.index("--default-artifact-root") + 1].startswith("file://")
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"port": 0}, "port"), ({"port": 70000}, "port"), ({"port": "80"}, "port"),
+    ({"port": True}, "port"), ({"host": ""}, "host"), ({"workers": 0}, "workers"),
+    ({"tracking_uri": ""}, "tracking_uri"),
+])
+def test_bad_arguments_raise_value_error_naming_them(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        ui.server_command(**kwargs)
+
+
+def test_main_rejects_a_bad_port_before_starting_anything():
+    with pytest.raises(ValueError, match="port"):
+        ui.main(port=-1)
+
+
+def test_running_server_rejects_nonpositive_timeout():
+    with pytest.raises(ValueError, match="timeout"):
+        with ui.running_server("sqlite:///unused.db", timeout=0):
+            pass
+
+
+def test_free_port_can_be_bound():
+    port = ui.free_port()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+
+
+def test_cli_ui_dispatches_to_main(monkeypatch):
+    from mdboost import cli
+
+    seen = {}
+    monkeypatch.setattr(ui, "main", lambda **kw: seen.update(kw) or 0)
+    assert cli.main(["ui", "--port", "5050", "--tracking-uri", "sqlite:///x.db"]) == 0
+    assert seen == {"tracking_uri": "sqlite:///x.db", "port": 5050, "host": "127.0.0.1"}
+
+
+def test_running_server_answers_shows_the_store_and_stops(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    local = MlflowClient(uri)
+    eid = local.create_experiment("ui-test", artifact_location=(tmp_path / "art").as_uri())
+    run = local.create_run(eid, run_name="tiny-exit1->tiny-target")
+    local.log_metric(run.info.run_id, "md_acceptance", 0.75)
+
+    with ui.running_server(uri, artifact_root=str(tmp_path / "art"), timeout=180) as url:
+        assert url.startswith("http://127.0.0.1:")
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(url + "/health", timeout=10) as resp:
+            assert resp.status == 200
+        remote = MlflowClient(url)
+        found = remote.search_runs([eid])
+        assert [r.info.run_name for r in found] == ["tiny-exit1->tiny-target"]
+        assert found[0].data.metrics["md_acceptance"] == 0.75
+    assert not ui._answers(url, timeout=1.0)
+
+
+def test_running_server_reports_a_server_that_dies(tmp_path):
+    with pytest.raises(RuntimeError, match="exited"):
+        with ui.running_server("nosuchscheme://nowhere", artifact_root=str(tmp_path), timeout=180):
+            pass
