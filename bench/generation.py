@@ -67,19 +67,24 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def timed(fn, prompts, device):
-    """Run ``fn(ids) -> (new_tokens [N], extra)`` on every prompt; total tokens, seconds, outputs."""
-    tokens, seconds, outs, extras = 0, 0.0, [], []
+def run_interleaved(configs, prompts, device):
+    """Time every config on every prompt, configs interleaved per prompt (so that a change of
+    machine load hits all configs alike). Returns per config: tokens, seconds, outputs, stats."""
+    results = {key: dict(tokens=0, seconds=0.0, outs=[], stats=[]) for key, _ in configs}
     for ids in prompts:
-        _sync(device)
-        start = time.perf_counter()
-        new, extra = fn(ids)
-        _sync(device)
-        seconds += time.perf_counter() - start
-        tokens += new.numel()
-        outs.append(new.tolist())
-        extras.append(extra)
-    return tokens, seconds, outs, extras
+        for key, fn in configs:
+            _sync(device)
+            start = time.perf_counter()
+            new, extra = fn(ids)
+            _sync(device)
+            res = results[key]
+            res["seconds"] += time.perf_counter() - start
+            res["tokens"] += new.numel()
+            res["outs"].append(new.tolist())
+            if extra is not None:
+                res["stats"].append(extra)
+        print(f"prompt done ({len(configs)} configs)", flush=True)
+    return results
 
 
 def hf_runner(target, eos, n, **kwargs):
@@ -106,38 +111,40 @@ def main(argv=None):
     records = load_texts("humaneval", limit=args.prompts)
     prompts = [encode_prompt(tok, r["prompt"])[None].to(device) for r in records]
     n = args.new_tokens
-    rows, outputs = [], {}
-
-    def record(name, temp, drafter, gamma, budget, fn):
-        tokens, secs, outs, extras = timed(fn, prompts, device)
-        stats = [e for e in extras if e is not None]
-        mal = sum(s.mean_accepted_length * s.num_drafts for s in stats if s.num_drafts)
-        drafts = sum(s.num_drafts for s in stats)
-        rows.append(dict(name=name, temperature=temp, drafter=drafter, gamma=gamma, budget=budget,
-                         tps=tokens / secs, tokens=tokens, mal=mal / drafts if drafts else float("nan"),
-                         div=max((s.max_divergence for s in stats), default=0.0)))
-        outputs[(name, temp, drafter, gamma, budget)] = outs
-        print(f"{name:12s} T={temp} {drafter or '-':14s} g={gamma} D={budget}: {tokens / secs:6.2f} tok/s "
-              f"MAL {rows[-1]['mal']:.2f}", flush=True)
-
+    configs = []
     greedy = 0.0 in args.temperatures
     if not args.no_hf and greedy:
-        record("hf_ar", 0.0, None, None, None, hf_runner(target, eos, n))
+        configs.append((("hf_ar", 0.0, None, None, None), hf_runner(target, eos, n)))
     for temp in args.temperatures:
-        record("ar", temp, None, None, None, engine_runner(target, eos, n, args.seed, mode="ar", temperature=temp))
+        configs.append((("ar", temp, None, None, None), engine_runner(target, eos, n, args.seed, mode="ar", temperature=temp)))
         for member in pool.drafters:
             drafter = member.ngram if member.kind == "ngram" else member.model
             for gamma in args.gammas:
                 common = dict(drafter=drafter, gamma=gamma, temperature=temp)
-                if greedy and temp == 0.0 and not args.no_hf:
+                if temp == 0.0 and not args.no_hf:
                     peer = dict(prompt_lookup_num_tokens=gamma) if member.kind == "ngram" else dict(
                         assistant_model=drafter, num_assistant_tokens=gamma, num_assistant_tokens_schedule="constant")
-                    record("hf_assisted", 0.0, member.name, gamma, None, hf_runner(target, eos, n, **peer))
-                record("sd", temp, member.name, gamma, 0.0, engine_runner(target, eos, n, args.seed, mode="sd", **common))
+                    configs.append((("hf_assisted", 0.0, member.name, gamma, None), hf_runner(target, eos, n, **peer)))
+                configs.append((("sd", temp, member.name, gamma, 0.0),
+                                engine_runner(target, eos, n, args.seed, mode="sd", **common)))
                 if temp > 0:  # at temperature 0 q is one-hot and MD reduces to SD
                     for budget in args.budgets:
-                        record("md", temp, member.name, gamma, budget, engine_runner(
-                            target, eos, n, args.seed, mode="md", max_divergence=budget, **common))
+                        configs.append((("md", temp, member.name, gamma, budget), engine_runner(
+                            target, eos, n, args.seed, mode="md", max_divergence=budget, **common)))
+    for fn in (hf_runner(target, eos, 2), engine_runner(target, eos, 2, args.seed, mode="ar")):
+        fn(prompts[0])  # warm-up: first-call costs stay out of the timings
+    results = run_interleaved(configs, prompts, device)
+    rows, outputs = [], {}
+    for key, res in results.items():
+        stats = res["stats"]
+        drafts = sum(s.num_drafts for s in stats)
+        accepted = sum(s.num_accepted_tokens for s in stats)
+        name, temp, drafter, gamma, budget = key
+        rows.append(dict(name=name, temperature=temp, drafter=drafter, gamma=gamma, budget=budget,
+                         tps=res["tokens"] / res["seconds"], tokens=res["tokens"],
+                         mal=1 + accepted / drafts if drafts else float("nan"),
+                         div=max((s.max_divergence for s in stats), default=0.0)))
+        outputs[key] = res["outs"]
     markdown = report(rows, outputs, args)
     print(markdown)
     if not args.no_write:

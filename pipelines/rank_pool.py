@@ -65,19 +65,14 @@ def write_outputs(cfg: RankConfig, rows: list[dict], details: dict, out: Path) -
 
 
 def _numeric(row: dict) -> dict[str, float]:
-    return {k: float(v) for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-            or isinstance(v, bool) and k in ("beats_target", "quality_ok")}
-
-
-def log_mlflow(cfg: RankConfig, rows: list[dict], paths: dict[str, Path], summary: dict) -> str:
-    """One parent run (config, summary, artifacts) and a nested run per pair and operating point."""
+    """Numeric columns (booleans as 0/1) with finite values: MLflow metrics."""
     import math
 
-    import mlflow
+    out = {k: float(v) for k, v in row.items() if isinstance(v, (int, float))}
+    return {k: v for k, v in out.items() if math.isfinite(v)}
 
-    from mdboost.tracking import setup
 
-    setup(cfg.tracking.experiment, cfg.tracking.tracking_uri, cfg.tracking.artifact_root)
+def _flat_params(cfg: RankConfig) -> dict[str, str]:
     flat = {}
 
     def walk(prefix, value):
@@ -88,18 +83,38 @@ def log_mlflow(cfg: RankConfig, rows: list[dict], paths: dict[str, Path], summar
             flat[prefix] = str(value)[:500]
 
     walk("", to_dict(cfg))
+    return flat
+
+
+def log_mlflow(cfg: RankConfig, rows: list[dict], paths: dict[str, Path], summary: dict) -> str:
+    """One parent run (config, summary, artifacts) and a nested run per pair and operating point.
+
+    Nested runs carry the CSV's identifying columns as params and its numeric columns (booleans
+    as 0/1, non-finite values left out) as metrics, under the same names.
+    """
+    import mlflow
+    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.tracking import MlflowClient
+
+    from mdboost.tracking import setup
+
+    experiment_id = setup(cfg.tracking.experiment, cfg.tracking.tracking_uri, cfg.tracking.artifact_root)
+    client = MlflowClient(cfg.tracking.tracking_uri)
     with mlflow.start_run(run_name=f"rank:{cfg.name}") as parent:
-        mlflow.log_params(flat)
+        mlflow.log_params(_flat_params(cfg))
         mlflow.log_metrics({k: float(v) for k, v in summary.items() if isinstance(v, (int, float))})
         mlflow.set_tags({"mdboost.pipeline": "rank_pool", "cache_dir": str(summary.get("cache_dir", ""))})
-        for kind, path in paths.items():
+        for path in paths.values():
             mlflow.log_artifact(str(path), artifact_path="plots" if path.suffix == ".png" else None)
-        for row in rows:
+        now = int(time.time() * 1000)
+        for row in _progress(rows, cfg.progress, desc="mlflow runs", unit="run"):
             name = f"{row['drafter']}->{row['target']} {row['divergence']}@{row['max_divergence']:g}"
-            with mlflow.start_run(run_name=name, nested=True):
-                mlflow.log_params({k: row[k] for k in ("drafter", "target", "divergence", "max_divergence")})
-                metrics = {k: v for k, v in _numeric(row).items() if math.isfinite(v)}
-                mlflow.log_metrics(metrics)
+            tags = {"mlflow.parentRunId": parent.info.run_id, "mlflow.runName": name}
+            run = client.create_run(experiment_id, run_name=name, tags=tags)
+            params = [Param(k, str(row[k])) for k in ("drafter", "target", "divergence", "max_divergence")]
+            metrics = [Metric(k, v, now, 0) for k, v in _numeric(row).items()]
+            client.log_batch(run.info.run_id, metrics=metrics, params=params, tags=[RunTag("rank", str(row["rank"]))])
+            client.set_terminated(run.info.run_id)
         return parent.info.run_id
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-ITERS = 80
+ITERS = 52
 
 
 def _xlogx(z):

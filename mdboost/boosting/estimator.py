@@ -151,12 +151,12 @@ class SelfNormalizedBoostClassifier(ClassifierMixin, BaseEstimator):
         X, y = validate_data(self, X, y, multi_output=True, **self._x_kwargs())
         if y.ndim == 2 and y.shape[1] == 1:
             y = column_or_1d(y, warn=True)
-        check_classification_targets(y)
-        if self.pool is not None:
+        if self.pool is not None:  # labels are checked against the members' classes_
             if self.estimator is not None:
                 raise ValueError(f"estimator must be None in pool mode, got {self.estimator!r}")
             classes, labels = encode_labels(y, classes=check_pool(self.pool))
         else:
+            check_classification_targets(y)
             classes, labels = encode_labels(y)
         w = _check_sample_weight(sample_weight, X, dtype=np.float64, copy=True, ensure_non_negative=True)
         if not w.sum() > 0:

@@ -186,7 +186,7 @@ def _config(pool, records, members, settings, source_opts) -> dict:
 
 
 def _same_build(old: dict, new: dict) -> bool:
-    skip = {"member_costs", "shards", "complete", "num_rows", "code_version"}
+    skip = {"member_costs", "shards", "complete", "num_rows", "num_sequences", "code_version"}
     return {k: v for k, v in old.items() if k not in skip} == {k: v for k, v in new.items() if k not in skip}
 
 
@@ -256,7 +256,7 @@ def build_cache(
     Path
         ``out_dir``.
     """
-    from joblib import Parallel, delayed
+    from joblib import Parallel, delayed, parallel_config
     from tqdm.auto import tqdm
 
     temperatures = sorted({1.0, *map(float, temperatures)})
@@ -308,10 +308,12 @@ def build_cache(
         raise ValueError(f"backend {backend!r} with n_jobs={n_jobs} needs a pool from build_pool (pool.recipe is None)")
     jobs = [delayed(_job)(pool[name], shard, settings, path) if in_process
             else delayed(_recipe_job)(pool.recipe, name, shard, settings, path) for name, shard, path in pending]
-    runner = Parallel(n_jobs=n_jobs, backend=backend if n_jobs != 1 else "sequential", return_as="generator")
-    for file_name, digest in tqdm(runner(jobs), total=len(jobs), desc="logit cache",
-                                  disable=not progress or bool(os.environ.get("TQDM_DISABLE"))):
-        digests[file_name] = digest
+    # parallel_config (unlike Parallel(backend=...)) also registers the "dask" backend on demand
+    with parallel_config(backend=backend if n_jobs != 1 else "sequential", n_jobs=n_jobs):
+        runner = Parallel(return_as="generator")
+        for file_name, digest in tqdm(runner(jobs), total=len(jobs), desc="logit cache",
+                                      disable=not progress or bool(os.environ.get("TQDM_DISABLE"))):
+            digests[file_name] = digest
 
     config["shards"] = {name: {"sha256": digest, "bytes": (out_dir / name).stat().st_size} for name, digest in sorted(digests.items())}
     config["num_rows"] = int(tokens["row_offsets"][-1])

@@ -8,6 +8,7 @@ whole stack (pool, cache, engine, ranking) in seconds. The model is a genuine
 from __future__ import annotations
 
 import string
+import threading
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -21,6 +22,8 @@ _CHARS = (
     string.ascii_lowercase + " \n" + string.digits + "()[]:=+-*/.,_'\"<>#"
     + string.ascii_uppercase + "!$%&;?@\\^`{|}~\t"
 )
+
+_INIT_LOCK = threading.Lock()  # seeded init uses the global RNG: one model at a time across threads
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}<s>{{ message['role'] }}: {{ message['content'] }}\n"
@@ -80,7 +83,8 @@ def tiny_llama(
     vocab_size, num_layers, hidden_size : int
         Model sizes (``hidden_size`` divisible by the number of attention heads, 4 by default).
     seed : int, default=0
-        Seeds a forked RNG, so the global RNG state is left untouched.
+        Seeds a forked RNG, so the global RNG state is left untouched (a lock makes concurrent
+        calls from several threads, e.g. in-process Dask workers, give the same weights).
     **config_overrides
         Any ``LlamaConfig`` field (e.g. ``initializer_range``, ``num_attention_heads``).
         ``initializer_range`` defaults to 0.2 so that next-token distributions are far from
@@ -105,7 +109,7 @@ def tiny_llama(
     )
     fields.update(config_overrides)
     config = LlamaConfig(**fields)
-    with torch.random.fork_rng(devices=[]):
+    with _INIT_LOCK, torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
     model.config.name_or_path = f"tiny-llama-v{vocab_size}-l{num_layers}-h{hidden_size}-s{seed}"

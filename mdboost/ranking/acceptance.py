@@ -59,7 +59,7 @@ def md_operating_points(aligned: Aligned, valid: torch.Tensor, divergences, budg
     budgets : list of float (``max_divergence`` values, >= 0)
     mode : {"exact", "bound"}
     chunk : int
-        Rows per solver call (bounds memory).
+        Rows per solver call (all budgets are solved in one batched call; bounds memory).
 
     Returns
     -------
@@ -67,21 +67,25 @@ def md_operating_points(aligned: Aligned, valid: torch.Tensor, divergences, budg
     """
     from mdboost.md.solve import solve
 
-    p = _normalized(aligned.p_mass)
-    q = _normalized(aligned.q_mass)
+    p = _normalized(aligned.p_mass[valid])  # [M, S]
+    q = _normalized(aligned.q_mass[valid])
     idx = valid.nonzero().squeeze(-1)
-    n = valid.shape[0]
+    n, n_b = valid.shape[0], len(budgets)
+    budget_t = torch.tensor([float(x) for x in budgets], dtype=torch.float64)[:, None]  # [B, 1]
     out = []
     for div in divergences:
-        for budget in budgets:
-            fields = {k: torch.zeros(n, dtype=torch.float64) for k in ("acceptance", "a", "b", "achieved")}
-            for start in range(0, idx.numel(), chunk):
-                rows = idx[start:start + chunk]
-                sol = solve(p[rows], q[rows], max_divergence=float(budget), divergence=div, mode=mode)
-                fields["acceptance"][rows] = sol.acceptance.double()
-                fields["a"][rows] = sol.a.double()
-                fields["b"][rows] = sol.b.double()
-                fields["achieved"][rows] = sol.achieved_divergence.double()
-            out.append(OperatingPoint(div, float(budget), fields["acceptance"].clamp(0.0, 1.0),
-                                      fields["a"], fields["b"], fields["achieved"]))
+        fields = {k: torch.zeros(n_b, n, dtype=torch.float64) for k in ("acceptance", "a", "b", "achieved")}
+        for start in range(0, idx.numel(), chunk):
+            sl = slice(start, start + chunk)
+            rows = idx[sl]
+            shape = (n_b, *p[sl].shape)  # every budget at once: batch [B, rows]
+            sol = solve(p[sl].expand(shape), q[sl].expand(shape), max_divergence=budget_t, divergence=div,
+                        mode=mode, validate=False)
+            fields["acceptance"][:, rows] = sol.acceptance.double()
+            fields["a"][:, rows] = sol.a.double()
+            fields["b"][:, rows] = sol.b.double()
+            fields["achieved"][:, rows] = sol.achieved_divergence.double()
+        for i, budget in enumerate(budgets):
+            out.append(OperatingPoint(div, float(budget), fields["acceptance"][i].clamp(0.0, 1.0),
+                                      fields["a"][i], fields["b"][i], fields["achieved"][i]))
     return out

@@ -1,0 +1,82 @@
+"""Predicted-vs-realized scatter plot of a validation run (matplotlib, Agg backend).
+
+Two panels, acceptance and speedup: one labelled point per pair (x = predicted by the ranking,
+y = realized by real generation), the identity line, and for acceptance a +-tolerance band
+(issue 7's 0.03 goal). Saved atomically as PNG for MLflow artifacts.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _panel(ax, predicted, realized, labels, title, tolerance=None) -> None:
+    lo = float(min(predicted.min(), realized.min()))
+    hi = float(max(predicted.max(), realized.max()))
+    pad = 0.05 * (hi - lo) if hi > lo else 0.05
+    line = np.array([lo - pad, hi + pad])
+    ax.plot(line, line, color="grey", lw=0.8, ls="--", label="predicted = realized")
+    if tolerance is not None:
+        ax.fill_between(line, line - tolerance, line + tolerance, color="grey", alpha=0.15,
+                        label=f"+-{tolerance:g}")
+    ax.scatter(predicted, realized, s=18, zorder=3)
+    for x, y, label in zip(predicted, realized, labels):
+        ax.annotate(label, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlim(*line)
+    ax.set_ylim(*line)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("realized")
+    ax.set_title(title)
+    ax.legend(fontsize=6, loc="upper left")
+
+
+def plot_predicted_vs_realized(labels: Sequence[str], predicted_acceptance, realized_acceptance,
+                               predicted_speedup, realized_speedup, path, *,
+                               tolerance: float = 0.03) -> Path:
+    """Save the two-panel scatter (acceptance, speedup) to ``path``; returns the path.
+
+    Parameters
+    ----------
+    labels : sequence of str
+        One name per pair (e.g. ``"drafter -> target @ kl 0.1"``).
+    predicted_acceptance, realized_acceptance, predicted_speedup, realized_speedup : array-like
+        Shape (n_pairs,) each, finite.
+    path : str or Path
+        PNG file to write (parent folders are created).
+    tolerance : float
+        Half-width of the acceptance band around the identity line.
+    """
+    arrays = [np.asarray(a, dtype=float) for a in
+              (predicted_acceptance, realized_acceptance, predicted_speedup, realized_speedup)]
+    n = len(labels)
+    if n == 0:
+        raise ValueError("labels must name at least one pair, got none")
+    for name, arr in zip(("predicted_acceptance", "realized_acceptance", "predicted_speedup",
+                          "realized_speedup"), arrays):
+        if arr.shape != (n,) or not np.all(np.isfinite(arr)):
+            raise ValueError(f"{name} must be {n} finite numbers (one per label), got {arr.tolist()}")
+    plt = _plt()
+    fig, (ax_acc, ax_spd) = plt.subplots(1, 2, figsize=(9, 4.2))
+    _panel(ax_acc, arrays[0], arrays[1], labels, "mean acceptance", tolerance)
+    _panel(ax_spd, arrays[2], arrays[3], labels, "speedup vs AR")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
+    fig.savefig(tmp, dpi=110)
+    os.replace(tmp, path)
+    plt.close(fig)
+    return path

@@ -1,0 +1,129 @@
+"""Prediction quality of a ranking: predicted vs realized acceptance and speedup per pair.
+
+The ranking predicts, per drafter/target pair and operating point, the mean acceptance
+(exact f-MD solution over cached logits, the curve C(p, q) of the note, section 4) and the
+walltime speedup (Leviathan et al.'s speed model, note section 6). Real mentored decoding runs
+realize both. This module compares them: per-pair absolute errors, Spearman's rank correlation
+across pairs (average ranks for ties, like ``scipy.stats.spearmanr``), and whether the pair
+predicted best is also best in reality. Issue 7's goals: acceptance within 0.03 per pair,
+Spearman >= 0.9, top pair agreement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def _vector(name: str, values) -> np.ndarray:
+    arr = np.asarray(values, dtype=float)
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"{name} must be a non-empty 1-D sequence, got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} must be finite, got {arr.tolist()}")
+    return arr
+
+
+def _pair_of(name_a: str, a, name_b: str, b) -> tuple[np.ndarray, np.ndarray]:
+    x, y = _vector(name_a, a), _vector(name_b, b)
+    if x.shape != y.shape:
+        raise ValueError(f"{name_a} and {name_b} must have the same length, got {x.size} and {y.size}")
+    return x, y
+
+
+def absolute_errors(predicted, realized) -> np.ndarray:
+    """Per-pair ``|predicted - realized|``."""
+    x, y = _pair_of("predicted", predicted, "realized", realized)
+    return np.abs(x - y)
+
+
+def _average_ranks(x: np.ndarray) -> np.ndarray:
+    """1-based ranks, ties sharing the mean of their positions."""
+    order = np.argsort(x, kind="mergesort")
+    sorted_x = x[order]
+    starts = np.r_[True, sorted_x[1:] != sorted_x[:-1]]
+    group = np.cumsum(starts) - 1
+    first = np.flatnonzero(starts)
+    last = np.r_[first[1:], x.size] - 1
+    ranks = np.empty(x.size)
+    ranks[order] = (first[group] + last[group]) / 2.0 + 1.0
+    return ranks
+
+
+def spearman(predicted, realized) -> float:
+    """Spearman rank correlation; NaN when fewer than 2 pairs or either side is constant."""
+    x, y = _pair_of("predicted", predicted, "realized", realized)
+    if x.size < 2:
+        return float("nan")
+    rx, ry = _average_ranks(x) - (x.size + 1) / 2.0, _average_ranks(y) - (y.size + 1) / 2.0
+    denom = np.sqrt(np.sum(rx * rx) * np.sum(ry * ry))
+    return float(np.sum(rx * ry) / denom) if denom > 0 else float("nan")
+
+
+def top_pair_agrees(predicted, realized) -> bool:
+    """True if the pair predicted best is (one of) the best realized (ties count as agreement)."""
+    x, y = _pair_of("predicted", predicted, "realized", realized)
+    return bool(y[int(np.argmax(x))] == np.max(y))
+
+
+@dataclass(frozen=True)
+class PredictionQuality:
+    """Prediction-quality summary across pairs (arrays follow the input order)."""
+
+    acceptance_error: np.ndarray  # [n_pairs] |predicted - realized| acceptance
+    speedup_error: np.ndarray     # [n_pairs] |predicted - realized| speedup
+    acceptance_spearman: float
+    speedup_spearman: float
+    top_pair_agrees: bool
+    tolerance: float
+
+    def as_metrics(self) -> dict[str, float]:
+        """Flat metric dict for MLflow (NaN Spearman when undefined)."""
+        acc, spd = self.acceptance_error, self.speedup_error
+        return {
+            "acceptance_mae": float(acc.mean()), "acceptance_max_error": float(acc.max()),
+            "acceptance_within_tolerance": float(np.mean(acc <= self.tolerance)),
+            "speedup_mae": float(spd.mean()), "speedup_max_error": float(spd.max()),
+            "acceptance_spearman": self.acceptance_spearman,
+            "speedup_spearman": self.speedup_spearman,
+            "top_pair_agrees": float(self.top_pair_agrees),
+        }
+
+
+def prediction_quality(predicted_acceptance, realized_acceptance, predicted_speedup,
+                       realized_speedup, *, tolerance: float = 0.03) -> PredictionQuality:
+    """Compare a ranking's predictions with realized runs, pair by pair.
+
+    Parameters
+    ----------
+    predicted_acceptance, realized_acceptance : array-like of shape (n_pairs,)
+        Mean per-token acceptance in [0, 1].
+    predicted_speedup, realized_speedup : array-like of shape (n_pairs,)
+        Walltime speedup over autoregressive decoding (> 0).
+    tolerance : float
+        Absolute acceptance error counted as "within tolerance" (>= 0; issue 7: 0.03).
+
+    Returns
+    -------
+    PredictionQuality
+
+    Examples
+    --------
+    >>> q = prediction_quality([0.5, 0.7], [0.52, 0.69], [1.2, 1.5], [1.1, 1.6])
+    >>> round(q.as_metrics()["acceptance_mae"], 3), q.acceptance_spearman, q.top_pair_agrees
+    (0.015, 1.0, True)
+    """
+    if not (isinstance(tolerance, (int, float)) and tolerance >= 0):
+        raise ValueError(f"tolerance must be a number >= 0, got {tolerance!r}")
+    pa, ra = _pair_of("predicted_acceptance", predicted_acceptance, "realized_acceptance", realized_acceptance)
+    ps, rs = _pair_of("predicted_speedup", predicted_speedup, "realized_speedup", realized_speedup)
+    if pa.size != ps.size:
+        raise ValueError(f"acceptance and speedup must cover the same pairs, got {pa.size} and {ps.size}")
+    for name, arr in (("predicted_acceptance", pa), ("realized_acceptance", ra)):
+        if np.any((arr < 0) | (arr > 1)):
+            raise ValueError(f"{name} must lie in [0, 1], got {arr.tolist()}")
+    return PredictionQuality(
+        acceptance_error=np.abs(pa - ra), speedup_error=np.abs(ps - rs),
+        acceptance_spearman=spearman(pa, ra), speedup_spearman=spearman(ps, rs),
+        top_pair_agrees=top_pair_agrees(ps, rs), tolerance=float(tolerance))

@@ -1,0 +1,108 @@
+"""Realized numbers of one operating point: AR / SD / MD generation over held-out prompts.
+
+The ranking predicts per-token acceptance ``alpha`` (f-MD over cached logits, math note
+section 4) and the speed model's speedup (section 6). Real runs of :func:`mdboost.engine.generate`
+realize them. Definitions used here (counters summed over prompts, batch size 1):
+
+- ``realized_acceptance``: acceptance rate at draft position 0, accepted / proposed. Under the
+  speed model's i.i.d. assumption position ``j`` accepts with ``alpha^(j+1)``, so position 0
+  estimates ``alpha`` itself (the all-position rate ``accepted / proposed`` does not);
+- ``mean_accepted_length``: ``1 + accepted / drafts`` (tokens per target call when drafting);
+- ``tokens_per_second`` = new tokens / wall seconds; ``speedup`` = MD (or SD) tokens/s over AR's;
+- ``realized_divergence``: mean realized ``D_f(pi || q)`` over verified positions;
+- ``nll_target``: the target's mean negative log-likelihood (natural log, temperature 1) of the
+  generated tokens, teacher-forced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from mdboost.engine import generate
+from mdboost.engine.stats import GenerationStats
+
+_SUMMED = ("num_new_tokens", "num_target_calls", "num_drafts", "num_draft_tokens", "num_accepted_tokens",
+           "num_verified_positions", "divergence_sum", "num_budget_accepted", "time_drafter",
+           "time_target", "time_verify", "time_total")
+
+
+def merge_stats(parts: list[GenerationStats]) -> GenerationStats:
+    """Sum the counters of several :class:`GenerationStats` (one per prompt)."""
+    if not parts:
+        raise ValueError("parts must hold at least one GenerationStats, got none")
+    out = GenerationStats(mode=parts[0].mode, budget=parts[0].budget)
+    for part in parts:
+        for name in _SUMMED:
+            setattr(out, name, getattr(out, name) + getattr(part, name))
+        out.max_divergence = max(out.max_divergence, part.max_divergence)
+        width = max(len(out.draft_tokens_per_position), len(part.draft_tokens_per_position))
+        pad = lambda xs: list(xs) + [0] * (width - len(xs))  # noqa: E731
+        out.draft_tokens_per_position = [a + b for a, b in zip(pad(out.draft_tokens_per_position), pad(part.draft_tokens_per_position))]
+        out.accepted_tokens_per_position = [a + b for a, b in zip(pad(out.accepted_tokens_per_position), pad(part.accepted_tokens_per_position))]
+    return out
+
+
+@dataclass
+class ModeRun:
+    """Merged stats and the generated token lists (one per prompt) of one mode."""
+
+    stats: GenerationStats
+    outputs: list[list[int]] = field(default_factory=list)
+
+    def metrics(self) -> dict[str, float]:
+        s = self.stats
+        first = (s.accepted_tokens_per_position[0] / s.draft_tokens_per_position[0]
+                 if s.draft_tokens_per_position and s.draft_tokens_per_position[0] else float("nan"))
+        return {"realized_acceptance": first, "acceptance_rate_all_positions": s.acceptance_rate,
+                "mean_accepted_length": s.mean_accepted_length, "tokens_per_second": s.tokens_per_second,
+                "realized_divergence": s.mean_divergence, "max_realized_divergence": s.max_divergence,
+                "num_new_tokens": float(s.num_new_tokens), "num_budget_accepted": float(s.num_budget_accepted)}
+
+
+def run_mode(target, prompts: list[torch.Tensor], *, drafter=None, mode: str = "ar", seed: int = 0,
+             **gen_kwargs) -> ModeRun:
+    """Generate for every prompt (``[T]`` each, batch 1) in one mode; merge the stats.
+
+    ``gen_kwargs`` go to :func:`mdboost.engine.generate` (gamma, temperature, max_new_tokens,
+    max_divergence, divergence, eos_token_id, ...). Prompt ``i`` uses seed ``seed + i``.
+    """
+    if not prompts:
+        raise ValueError("prompts must hold at least one prompt, got none")
+    device = next(target.parameters()).device
+    stats, outputs = [], []
+    for i, ids in enumerate(prompts):
+        gen = torch.Generator(device=device).manual_seed(seed + i)
+        out = generate(target, ids.view(1, -1).to(device), drafter=drafter, mode=mode, generator=gen, **gen_kwargs)
+        n = int(out.num_new_tokens[0])
+        outputs.append(out.sequences[0, ids.numel(): ids.numel() + n].tolist())
+        stats.append(out.stats)
+    return ModeRun(merge_stats(stats), outputs)
+
+
+@torch.no_grad()
+def target_nll(target, prompts: list[torch.Tensor], continuations: list[list[int]]) -> float:
+    """Mean NLL (nats/token) of ``continuations`` under ``target``, teacher-forced after each prompt."""
+    if len(prompts) != len(continuations):
+        raise ValueError(f"prompts and continuations must pair up, got {len(prompts)} and {len(continuations)}")
+    device = next(target.parameters()).device
+    total, count = 0.0, 0
+    for ids, cont in zip(prompts, continuations):
+        if not cont:
+            continue
+        seq = torch.cat([ids.to(device), torch.tensor(cont, dtype=torch.long, device=device)]).view(1, -1)
+        logits = target(seq).logits[0, ids.numel() - 1: -1].float()  # [N, V]
+        logp = torch.log_softmax(logits, dim=-1)
+        total += float(-logp.gather(1, seq[0, ids.numel():].view(-1, 1)).sum())
+        count += len(cont)
+    return total / count if count else float("nan")
+
+
+HUMANEVAL_STOPS = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\nassert ")
+
+
+def truncate_completion(text: str, stops=HUMANEVAL_STOPS) -> str:
+    """Cut generated code at the first HumanEval stop sequence (Chen et al. 2021's convention)."""
+    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=len(text))
+    return text[:cut]

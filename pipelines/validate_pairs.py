@@ -1,0 +1,258 @@
+"""``mdboost validate --config X``: real AR / SD / MD runs on the top pairs of a ranking.
+
+Steps: read ``ranking.csv`` and ``config.resolved.yaml`` (from a folder, or downloaded from the
+ranking's MLflow parent run); rebuild the pool; take the top-N operating points; generate on
+HELD-OUT prompts (``mdboost.data`` split ``heldout``, never cached or ranked on) in AR, SD and MD
+modes at each point's ``best_gamma`` and budget; compare predicted and realized acceptance and
+speedup (:mod:`mdboost.validation.prediction`, scatter plot); optionally HumanEval pass@1 of AR
+vs MD outputs; log a parent run and one nested run per operating point, tagged
+``mdboost.ranking_run_id`` (the matching nested ranking run) and with the same params.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from mdboost.config import RankConfig, TrackingConfig, load_yaml, to_dict
+from mdboost.ranking.report import read_csv
+
+
+@dataclass
+class SourceConfig:
+    """Which ranking: a folder holding ``ranking.csv`` or an MLflow parent run id; top-N rows."""
+
+    ranking_dir: str | None = None
+    ranking_run_id: str | None = None
+    top: int = 3
+
+    def __post_init__(self):
+        if (self.ranking_dir is None) == (self.ranking_run_id is None):
+            raise ValueError(f"set exactly one of ranking_dir / ranking_run_id, got {self.ranking_dir!r}, {self.ranking_run_id!r}")
+        if self.top < 1:
+            raise ValueError(f"top must be >= 1, got {self.top!r}")
+
+
+@dataclass
+class GenerationConfig:
+    """Generation settings shared by all modes; ``prompts`` held-out prompts per run."""
+
+    prompts: int = 4
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.prompts < 1 or self.max_new_tokens < 2 or self.temperature < 0:
+            raise ValueError(f"need prompts >= 1, max_new_tokens >= 2, temperature >= 0, got {self}")
+
+
+@dataclass
+class HumanEvalConfig:
+    """HumanEval pass@1 of AR vs MD completions (held-out tasks); off when ``tasks: 0``."""
+
+    tasks: int = 4
+    max_new_tokens: int = 128
+    timeout: float = 10.0
+
+
+@dataclass
+class ValidateConfig:
+    """Everything ``mdboost validate`` needs."""
+
+    name: str = "default"
+    output_dir: str = "outputs/validate"
+    ranking: SourceConfig = field(default_factory=lambda: SourceConfig(ranking_dir="outputs/rank"))
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    humaneval: HumanEvalConfig = field(default_factory=HumanEvalConfig)
+    tolerance: float = 0.03
+    tracking: TrackingConfig = field(default_factory=lambda: TrackingConfig(experiment="mdboost-validate"))
+    progress: bool = True
+
+
+def fetch_ranking(src: SourceConfig, tracking: TrackingConfig, tmp: Path) -> tuple[list[dict], RankConfig, str | None]:
+    """``(rows, rank config, ranking parent run id)`` from a folder or an MLflow run."""
+    folder, run_id = (Path(src.ranking_dir) if src.ranking_dir else None), src.ranking_run_id
+    if run_id is not None:
+        import mlflow
+
+        mlflow.set_tracking_uri(tracking.tracking_uri)
+        folder = tmp / "ranking"
+        for name in ("ranking.csv", "config.resolved.yaml"):
+            mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=name, dst_path=str(folder))
+    for name in ("ranking.csv", "config.resolved.yaml"):
+        if not (folder / name).is_file():
+            raise ValueError(f"ranking_dir must hold {name}, not found in {str(folder)!r}")
+    rows = sorted(read_csv(folder / "ranking.csv"), key=lambda r: int(r["rank"]))
+    return rows, load_yaml(folder / "config.resolved.yaml", RankConfig), run_id
+
+
+def heldout_prompts(rank_cfg: RankConfig, tokenizer, n: int) -> tuple[list[dict], list[torch.Tensor]]:
+    """The first ``n`` held-out records of the ranking's data and their prompt ids."""
+    from mdboost.data import encode_prompt, load_texts
+
+    d = rank_cfg.data
+    records = load_texts(d.source, "heldout", n, prompt_field=d.prompt_field, reference_field=d.reference_field,
+                         heldout_fraction=d.heldout_fraction, seed=d.seed)
+    if not records:
+        raise ValueError(f"data has no held-out records (heldout_fraction={d.heldout_fraction})")
+    return records, [encode_prompt(tokenizer, r["prompt"], d.chat_template) for r in records]
+
+
+def _drafter(member):
+    return member.ngram if member.kind == "ngram" else member.model
+
+
+def validate_point(row: dict, pool, prompts, ar, cfg: ValidateConfig) -> dict:
+    """Realized SD and MD numbers of one ranked operating point (``ar``: the target's AR run)."""
+    from mdboost.validation.runs import run_mode, target_nll
+
+    g = cfg.generation
+    target, drafter = pool[row["target"]].model, _drafter(pool[row["drafter"]])
+    common = dict(max_new_tokens=g.max_new_tokens, temperature=g.temperature, seed=g.seed,
+                  gamma=int(row["best_gamma"]), eos_token_id=pool.target.tokenizer.eos_token_id)
+    sd = run_mode(target, prompts, drafter=drafter, mode="sd", **common)
+    budget = float(row["max_divergence"])
+    md = sd if budget == 0 else run_mode(target, prompts, drafter=drafter, mode="md", max_divergence=budget,
+                                         divergence=row["divergence"], **common)
+    ar_tps = ar.stats.tokens_per_second
+    out = {f"md_{k}": v for k, v in md.metrics().items()}
+    out.update({f"sd_{k}": v for k, v in sd.metrics().items()})
+    out.update({"ar_tokens_per_second": ar_tps, "realized_speedup": md.stats.tokens_per_second / ar_tps,
+                "sd_realized_speedup": sd.stats.tokens_per_second / ar_tps,
+                "predicted_acceptance": float(row["md_acceptance"]),
+                "predicted_speedup": float(row["predicted_speedup"]),
+                "nll_target_md_outputs": target_nll(target, prompts, md.outputs),
+                "nll_target_ar_outputs": target_nll(target, prompts, ar.outputs)})
+    out["realized_acceptance"] = out["md_realized_acceptance"]
+    return out
+
+
+def humaneval_pass_at_1(row: dict, pool, rank_cfg: RankConfig, cfg: ValidateConfig) -> dict:
+    """pass@1 of AR and MD completions on the first held-out HumanEval tasks."""
+    from mdboost import humaneval
+    from mdboost.validation.runs import run_mode, truncate_completion
+
+    h, tok = cfg.humaneval, pool.target.tokenizer
+    records, prompts = heldout_prompts(rank_cfg, tok, h.tasks)
+    problems = humaneval.load_problems()
+    common = dict(max_new_tokens=h.max_new_tokens, temperature=cfg.generation.temperature,
+                  seed=cfg.generation.seed, eos_token_id=tok.eos_token_id)
+    target = pool[row["target"]].model
+    runs = {"ar": run_mode(target, prompts, mode="ar", **common)}
+    budget = float(row["max_divergence"])
+    runs["md"] = run_mode(target, prompts, drafter=_drafter(pool[row["drafter"]]),
+                          mode="md" if budget > 0 else "sd", gamma=int(row["best_gamma"]),
+                          **({"max_divergence": budget, "divergence": row["divergence"]} if budget > 0 else {}), **common)
+    out = {"humaneval_tasks": float(len(records))}
+    for mode, run in runs.items():
+        completions = {r["id"]: truncate_completion(tok.decode(o)) for r, o in zip(records, run.outputs)}
+        out[f"humaneval_pass_at_1_{mode}"] = humaneval.evaluate(problems, completions, timeout=h.timeout).pass_at_1
+    return out
+
+
+def ranking_children(parent_run_id: str | None, tracking: TrackingConfig) -> dict[tuple, str]:
+    """Nested ranking runs keyed by (drafter, target, divergence, max_divergence)."""
+    if parent_run_id is None:
+        return {}
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking.tracking_uri)
+    parent = client.get_run(parent_run_id)
+    runs = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent_run_id}'",
+                              max_results=5000)
+    return {_key(r.data.params): r.info.run_id for r in runs}
+
+
+def _key(p: dict) -> tuple:
+    return (p["drafter"], p["target"], p["divergence"], round(float(p["max_divergence"]), 12))
+
+
+def run(cfg: ValidateConfig) -> dict:
+    """Run the validation; returns a summary with per-point metrics and quality metrics."""
+    from mdboost.models.pool import build_pool
+    from mdboost.validation import prediction_quality
+    from mdboost.validation.plots import plot_predicted_vs_realized
+    from mdboost.validation.runs import run_mode
+
+    with tempfile.TemporaryDirectory() as tmp:
+        rows, rank_cfg, rank_run = fetch_ranking(cfg.ranking, cfg.tracking, Path(tmp))
+    rows = [r for r in rows if r["target"] != "ngram" and not r["target"].startswith("ngram:")][: cfg.ranking.top]
+    pc = rank_cfg.pool
+    names = sorted({n for r in rows for n in (r["drafter"], r["target"])} - {pc.target})
+    pool = build_pool(pc.target, names, device=pc.device, home=pc.home)
+    _, prompts = heldout_prompts(rank_cfg, pool.target.tokenizer, cfg.generation.prompts)
+    g = cfg.generation
+    ar = {t: run_mode(pool[t].model, prompts, mode="ar", max_new_tokens=g.max_new_tokens, temperature=g.temperature,
+                      seed=g.seed, eos_token_id=pool.target.tokenizer.eos_token_id)
+          for t in sorted({r["target"] for r in rows})}
+    points = [(row, validate_point(row, pool, prompts, ar[row["target"]], cfg)) for row in rows]
+    quality = prediction_quality([m["predicted_acceptance"] for _, m in points], [m["realized_acceptance"] for _, m in points],
+                                 [m["predicted_speedup"] for _, m in points], [m["realized_speedup"] for _, m in points],
+                                 tolerance=cfg.tolerance)
+    out = Path(cfg.output_dir)
+    labels = [f"{r['drafter']}->{r['target']} {r['divergence']}@{float(r['max_divergence']):g}" for r, _ in points]
+    scatter = plot_predicted_vs_realized(labels, [m["predicted_acceptance"] for _, m in points],
+                                         [m["realized_acceptance"] for _, m in points],
+                                         [m["predicted_speedup"] for _, m in points],
+                                         [m["realized_speedup"] for _, m in points], out / "predicted_vs_realized.png",
+                                         tolerance=cfg.tolerance)
+    summary = {"points": points, "quality": quality.as_metrics(), "scatter": scatter, "labels": labels,
+               "ranking_run_id": rank_run}
+    if cfg.humaneval.tasks > 0 and rank_cfg.data.source == "humaneval":
+        summary["quality"].update(humaneval_pass_at_1(rows[0], pool, rank_cfg, cfg))
+    if cfg.tracking.enabled:
+        summary["run_id"] = log_mlflow(cfg, summary, ranking_children(rank_run, cfg.tracking))
+    return summary
+
+
+def log_mlflow(cfg: ValidateConfig, summary: dict, children: dict[tuple, str]) -> str:
+    """A parent run (config, quality metrics, scatter) and one nested run per operating point."""
+    import math
+
+    import mlflow
+
+    from mdboost.tracking import setup
+
+    setup(cfg.tracking.experiment, cfg.tracking.tracking_uri, cfg.tracking.artifact_root)
+    finite = lambda d: {k: float(v) for k, v in d.items() if math.isfinite(float(v))}  # noqa: E731
+    with mlflow.start_run(run_name=f"validate:{cfg.name}") as parent:
+        mlflow.set_tags({"mdboost.pipeline": "validate_pairs",
+                         "mdboost.ranking_run_id": summary["ranking_run_id"] or "",
+                         "mlflow.experimentKind": "custom_model_development"})
+        mlflow.log_params({"top": cfg.ranking.top, "prompts": cfg.generation.prompts,
+                           "max_new_tokens": cfg.generation.max_new_tokens,
+                           "temperature": cfg.generation.temperature, "tolerance": cfg.tolerance})
+        mlflow.log_metrics(finite(summary["quality"]))
+        mlflow.log_artifact(str(summary["scatter"]))
+        mlflow.log_dict(to_dict(cfg), "config.resolved.json")
+        for label, (row, metrics) in zip(summary["labels"], summary["points"]):
+            params = {k: row[k] for k in ("drafter", "target", "divergence", "max_divergence", "best_gamma")}
+            with mlflow.start_run(run_name=label, nested=True):
+                mlflow.log_params(params)
+                mlflow.set_tag("mdboost.ranking_run_id", children.get(_key(row), ""))
+                mlflow.log_metrics(finite(metrics))
+        return parent.info.run_id
+
+
+def main(config: str) -> int:
+    """CLI entry point: ``mdboost validate --config <yaml>``; returns the exit status."""
+    try:
+        cfg = load_yaml(config, ValidateConfig)
+    except ValueError as err:
+        print(f"mdboost validate: {err}", file=sys.stderr)
+        return 2
+    torch.manual_seed(cfg.generation.seed)
+    summary = run(cfg)
+    for label, (_, m) in zip(summary["labels"], summary["points"]):
+        print(f"{label:40s} acc pred {m['predicted_acceptance']:.3f} real {m['realized_acceptance']:.3f}  "
+              f"speedup pred {m['predicted_speedup']:.2f} real {m['realized_speedup']:.2f}")
+    print({k: round(v, 4) for k, v in summary["quality"].items()})
+    if "run_id" in summary:
+        print(f"mlflow run: {summary['run_id']}")
+    return 0
+

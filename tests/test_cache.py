@@ -1,0 +1,199 @@
+"""Logit cache: equals direct forward passes, resumes byte-identically, detects corruption,
+bounds the top-k approximation against the full path, runs under Dask."""
+
+import shutil
+
+import pytest
+import torch
+
+from mdboost.cache import CacheCorruptionError, LogitCache, build_cache
+from mdboost.cache import build as build_module
+from mdboost.md.probs import logits_to_probs
+from mdboost.models.ngram import NgramDrafter
+from mdboost.models.pool import build_pool
+
+RECORDS = [
+    {"id": f"r{i}", "prompt": f"def f{i}(x):\n    y = x + {i}\n", "reference": f"    return y * {i} + y\n"}
+    for i in range(5)
+]
+K = 6
+
+
+@pytest.fixture(scope="module")
+def pool():
+    return build_pool("tiny", ["early_exit:2", "ngram:2"])
+
+
+@pytest.fixture(scope="module")
+def cache_dir(pool, tmp_path_factory):
+    out = tmp_path_factory.mktemp("cache")
+    build_cache(pool, RECORDS, out, k=K, dtype="float32", keep_full=True, shard_size=2, temperatures=(0.5,))
+    return out
+
+
+def files(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.suffix == ".safetensors"}
+
+
+def test_cache_equals_direct_forward(pool, cache_dir):
+    cache = LogitCache.open(cache_dir)
+    assert cache.members == ["tiny", "early_exit:2", "ngram:2"] and cache.num_sequences == 5
+    row = 0
+    for s in range(cache.num_sequences):
+        ids, start = cache.sequence(s)
+        rows = torch.arange(row, row + ids.numel() - start)
+        for name in ("tiny", "early_exit:2"):
+            with torch.no_grad():
+                logits = pool[name].model(ids[None]).logits[0, start - 1:-1]  # [r, V]
+            top_ids, top_logits = cache.topk(name, rows)
+            torch.testing.assert_close(top_logits, logits.topk(K).values, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(logits.gather(1, top_ids), top_logits, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(cache.logsumexp(name, rows), logits.logsumexp(-1), atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(cache.logsumexp(name, rows, 0.5), (logits / 0.5).logsumexp(-1), atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(cache.true_logit(name, rows), logits.gather(1, ids[start:, None])[:, 0])
+            torch.testing.assert_close(cache.logit_sum(name, rows), logits.sum(-1), atol=1e-4, rtol=1e-5)
+            torch.testing.assert_close(cache.full_logits(name, rows), logits.half().float())
+        assert torch.equal(cache.true_tokens()[rows], ids[start:])
+        assert torch.equal(cache.row_position()[rows], torch.arange(start, ids.numel()))
+        expected = NgramDrafter(2).propose_all(ids, 4)[start - 1:-1]
+        assert torch.equal(cache.ngram_proposals("ngram:2", rows), expected)
+        row += ids.numel() - start
+    assert row == cache.num_rows and torch.equal(cache.row_sequence()[-1:], torch.tensor([4]))
+
+
+def test_manifest_records_the_build(pool, cache_dir):
+    m = LogitCache.open(cache_dir).manifest
+    assert m["k"] == K and m["dtype"] == "float32" and m["source"] == "reference" and m["complete"]
+    assert m["tokenizer_fingerprint"] == pool.target.vocab_fingerprint and len(m["dataset_fingerprint"]) == 64
+    assert m["code_version"].startswith("mdboost") and m["record_ids"] == [r["id"] for r in RECORDS]
+    assert {info["model_id"] for info in m["members"]} == {"tiny", "tiny#early_exit:2", "tiny#ngram:2"}
+    assert all(len(info["sha256"]) == 64 for info in m["shards"].values())
+
+
+@pytest.mark.parametrize("temperature, tail", [(1.0, "drop"), (1.0, "uniform"), (0.5, "uniform"), (0.5, "drop")])
+def test_topk_acceptance_error_is_bounded_by_tail_masses(cache_dir, temperature, tail):
+    cache = LogitCache.open(cache_dir)
+    pair = cache.pair_probs("early_exit:2", "tiny", temperature=temperature, tail=tail)
+    torch.testing.assert_close(pair.draft_probs.sum(-1), torch.ones(cache.num_rows), atol=1e-5, rtol=0)
+    exact = torch.minimum(cache.probs("early_exit:2", temperature=temperature, tail="full"),
+                          cache.probs("tiny", temperature=temperature, tail="full")).sum(-1)
+    tails = [cache.kept_probs(m, temperature=temperature, tail="uniform")[2] for m in ("early_exit:2", "tiny")]
+    assert (tails[0] > 0.01).any()  # the bound is not vacuous: the top-k misses real mass
+    assert ((pair.acceptance() - exact).abs() <= tails[0] + tails[1] + 2e-3).all()  # 2e-3: fp16 full logits
+    dense = torch.minimum(cache.probs("early_exit:2", None, temperature, tail), cache.probs("tiny", None, temperature, tail)).sum(-1)
+    torch.testing.assert_close(dense, pair.acceptance(), atol=1e-5, rtol=0)
+
+
+def test_drop_tail_is_top_k_processing(pool, cache_dir):
+    cache = LogitCache.open(cache_dir)
+    with torch.no_grad():
+        logits = torch.cat([pool.target.model(ids[None]).logits[0, start - 1:-1]
+                            for ids, start in map(cache.sequence, range(cache.num_sequences))])
+    expected = logits_to_probs(logits, 0.7, top_k=K)
+    torch.testing.assert_close(cache.probs("tiny", temperature=0.7, tail="drop"), expected, atol=2e-3, rtol=0)
+
+
+def test_ngram_pairs_are_one_hot(cache_dir):
+    cache = LogitCache.open(cache_dir)
+    pair = cache.pair_probs("ngram:2", "tiny")
+    proposals = cache.ngram_proposals("ngram:2")[:, 0]
+    assert torch.equal(pair.valid, proposals >= 0) and pair.valid.any()
+    target = cache.probs("tiny")
+    rows = pair.valid.nonzero()[:, 0]
+    torch.testing.assert_close(pair.acceptance()[rows], target[rows, proposals[rows]])
+
+
+def test_reader_errors(cache_dir, tmp_path, pool):
+    cache = LogitCache.open(cache_dir)
+    with pytest.raises(ValueError, match="member"):
+        cache.topk("nope")
+    with pytest.raises(ValueError, match="temperature"):
+        cache.logsumexp("tiny", temperature=0.3)
+    with pytest.raises(ValueError, match="rows"):
+        cache.topk("tiny", [cache.num_rows])
+    with pytest.raises(ValueError, match="ngram"):
+        cache.ngram_proposals("tiny")
+    small = build_cache(pool, RECORDS[:1], tmp_path / "s", k=2, members=["tiny"])
+    with pytest.raises(ValueError, match="keep_full"):
+        LogitCache.open(small).full_logits("tiny")
+    with pytest.raises(ValueError, match="not a logit cache"):
+        LogitCache.open(tmp_path)
+
+
+def test_interrupted_build_resumes_byte_identical(pool, cache_dir, tmp_path, monkeypatch):
+    calls = {"n": 0}
+    original = build_module.compute_shard
+
+    def flaky(member, seqs, settings):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt("simulated crash")
+        return original(member, seqs, settings)
+
+    monkeypatch.setattr(build_module, "compute_shard", flaky)
+    kwargs = dict(k=K, dtype="float32", keep_full=True, shard_size=2, temperatures=(0.5,))
+    with pytest.raises(KeyboardInterrupt):
+        build_cache(pool, RECORDS, tmp_path, **kwargs)
+    with pytest.raises(ValueError, match="unfinished"):
+        LogitCache.open(tmp_path)
+    assert not list(tmp_path.glob(".*.tmp"))  # no temp file left behind
+    done = {p.name for p in tmp_path.glob("*.safetensors")}
+    calls["n"] = -100
+    build_cache(pool, RECORDS, tmp_path, **kwargs)
+    assert calls["n"] == -100 + 9 - (len(done) - 1)  # only the unfinished shards were computed
+    assert files(tmp_path) == files(cache_dir)
+
+
+def test_corrupted_shard_is_detected_and_rebuilt(pool, cache_dir, tmp_path):
+    out = tmp_path / "c"
+    shutil.copytree(cache_dir, out)
+    shard = out / "early_exit_2-00001.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-3] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CacheCorruptionError, match="early_exit_2-00001"):
+        LogitCache.open(out)
+    build_cache(pool, RECORDS, out, k=K, dtype="float32", keep_full=True, shard_size=2, temperatures=(0.5,))
+    assert files(out) == files(cache_dir)
+    LogitCache.open(out)
+
+
+def test_other_configuration_is_refused_unless_overwrite(pool, cache_dir, tmp_path):
+    out = tmp_path / "c"
+    shutil.copytree(cache_dir, out)
+    with pytest.raises(ValueError, match="another configuration"):
+        build_cache(pool, RECORDS, out, k=K + 1, dtype="float32", keep_full=True, shard_size=2, temperatures=(0.5,))
+    build_cache(pool, RECORDS[:2], out, k=3, members=["tiny"], overwrite=True)
+    assert LogitCache.open(out).k == 3
+
+
+def test_sampled_source_is_deterministic(pool, tmp_path):
+    a = build_cache(pool, RECORDS[:3], tmp_path / "a", k=3, source="sampled", max_new_tokens=8, members=["tiny"])
+    b = build_cache(pool, RECORDS[:3], tmp_path / "b", k=3, source="sampled", max_new_tokens=8, members=["tiny"], seed=0)
+    c = build_cache(pool, RECORDS[:3], tmp_path / "c", k=3, source="sampled", max_new_tokens=8, members=["tiny"], seed=1)
+    assert files(a) == files(b) and files(a) != files(c)
+    cache = LogitCache.open(a)
+    assert cache.manifest["source"] == "sampled" and cache.manifest["sample_temperature"] == 1.0
+    ids, start = cache.sequence(0)
+    assert 1 <= ids.numel() - start <= 8
+
+
+def test_bad_build_arguments(pool, tmp_path):
+    for kwargs in (dict(k=0), dict(dtype="int8"), dict(source="web"), dict(shard_size=0), dict(temperatures=(0.0,))):
+        with pytest.raises(ValueError, match=next(iter(kwargs))):
+            build_cache(pool, RECORDS, tmp_path, **kwargs)
+
+
+def test_threading_and_dask_backends_match_sequential(pool, cache_dir, tmp_path):
+    distributed = pytest.importorskip("distributed")
+    kwargs = dict(k=K, dtype="float32", keep_full=True, shard_size=2, temperatures=(0.5,))
+    build_cache(pool, RECORDS, tmp_path / "t", backend="threading", n_jobs=2, **kwargs)
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cluster:
+        with distributed.Client(cluster):
+            build_cache(pool, RECORDS, tmp_path / "d", backend="dask", n_jobs=2, **kwargs)
+    for name in ("t", "d"):
+        a, b = LogitCache.open(tmp_path / name), LogitCache.open(cache_dir)
+        for member in ("tiny", "early_exit:2"):
+            torch.testing.assert_close(a.topk(member)[1], b.topk(member)[1], atol=1e-5, rtol=1e-5)
+            assert torch.equal(a.topk(member)[0], b.topk(member)[0])
+        assert torch.equal(a.ngram_proposals("ngram:2"), b.ngram_proposals("ngram:2"))

@@ -1,0 +1,85 @@
+"""Data loading: bundled HumanEval, local files, deterministic held-out split, encoding."""
+
+import json
+
+import pytest
+import torch
+
+from mdboost.data import (dataset_fingerprint, encode_prompt, encode_record, format_prompt, is_heldout, load_texts,
+                          split_records)
+from mdboost.models.tiny import tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def humaneval():
+    return load_texts("humaneval")
+
+
+def test_humaneval_records(humaneval):
+    assert len(humaneval) == 164
+    first = humaneval[0]
+    assert first["id"] == "HumanEval/0" and first["prompt"].startswith("from typing import List")
+    assert "return False" in first["reference"] and first["entry_point"] == "has_close_elements"
+    assert len({r["id"] for r in humaneval}) == 164
+
+
+def test_split_is_a_deterministic_partition(humaneval):
+    cache, held = load_texts(split="cache"), load_texts(split="heldout")
+    ids_c, ids_h = {r["id"] for r in cache}, {r["id"] for r in held}
+    assert not ids_c & ids_h and ids_c | ids_h == {r["id"] for r in humaneval}
+    assert 0.1 < len(held) / 164 < 0.4  # fraction 0.25 (a hash split, so approximately)
+    assert [r["id"] for r in split_records(humaneval)[1]] == [r["id"] for r in held]
+    assert is_heldout("HumanEval/3") == is_heldout("HumanEval/3")
+    assert is_heldout("x", 1.0) and not is_heldout("x", 0.0)
+    assert [r["id"] for r in load_texts(split="cache", limit=3)] == [r["id"] for r in cache[:3]]
+
+
+def test_local_jsonl_and_text(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join(json.dumps({"task_id": f"t{i}", "question": f"q{i}", "answer": f"a{i}"}) for i in range(3)))
+    recs = load_texts(str(path), prompt_field="question", reference_field="answer")
+    assert recs == [{"id": f"t{i}", "prompt": f"q{i}", "reference": f"a{i}"} for i in range(3)]
+    text = tmp_path / "t.txt"
+    text.write_text("hello world\nsecond line\n")
+    assert [r["reference"] for r in load_texts(str(text))] == ["hello world", "second line"]
+    with pytest.raises(ValueError, match="reference_field"):
+        load_texts(str(path), prompt_field="question", reference_field="nope")
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="split"):
+        load_texts(split="train")
+    with pytest.raises(ValueError, match="limit"):
+        load_texts(limit=0)
+    with pytest.raises(ValueError, match="source"):
+        load_texts("/no/such/dataset-name-for-sure")
+    with pytest.raises(ValueError, match="fraction"):
+        is_heldout("a", 1.5)
+
+
+def test_encode_record_boundary_and_truncation():
+    tok = tiny_tokenizer()
+    record = {"id": "a", "prompt": "def f(x):\n", "reference": "    return x\n"}
+    ids, start = encode_record(tok, record)
+    assert tok.decode(ids[:start]) == record["prompt"] and tok.decode(ids[start:]) == record["reference"]
+    ids, start = encode_record(tok, record, max_tokens=12)  # prompt keeps its last 6 tokens
+    assert ids.numel() == 12 and tok.decode(ids[:start]) == "f(x):\n" and tok.decode(ids[start:]) == "    re"
+    ids, start = encode_record(tok, {"id": "b", "prompt": "", "reference": "abc"})
+    assert start == 1 and ids.tolist() == tok("abc")["input_ids"]
+    with pytest.raises(ValueError, match="max_tokens"):
+        encode_record(tok, record, max_tokens=1)
+
+
+def test_chat_template_formatting():
+    tok = tiny_tokenizer()
+    assert format_prompt(tok, "hi") == "hi"
+    assert format_prompt(tok, "hi", chat_template=True) == "<s>user: hi\n<s>assistant: "
+    assert format_prompt(tok, "hi", chat_template=True, system="be brief").startswith("<s>system: be brief\n")
+    ids = encode_prompt(tok, "hi", chat_template=True)
+    assert ids.dtype == torch.long and ids[0] == tok.bos_token_id
+
+
+def test_dataset_fingerprint_tracks_content():
+    a = [{"id": "1", "prompt": "p", "reference": "r"}]
+    b = [{"id": "1", "prompt": "p", "reference": "s"}]
+    assert dataset_fingerprint(a) == dataset_fingerprint([dict(a[0])]) != dataset_fingerprint(b)

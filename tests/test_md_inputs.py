@@ -1,0 +1,151 @@
+"""Bad input raises ValueError naming the argument; divergences and logits_to_probs basics."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mdboost.md.breakpoints import Breakpoints
+from mdboost.md.divergences import GENERATORS, alpha, f_divergence, from_callable, resolve
+from mdboost.md.probs import logits_to_probs
+from mdboost.md.solve import acceptance_probability, mentored_distribution, solve
+from mdboost.md.verify import verify
+from tests.test_md_reference import REF, ref_divergence, ref_primal
+
+P = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
+Q = torch.tensor([0.2, 0.3, 0.5], dtype=torch.float64)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(draft_probs=torch.tensor([0.5, float("nan"), 0.5], dtype=torch.float64)), "draft_probs"),
+        (dict(target_probs=torch.tensor([0.5, 0.7, -0.2], dtype=torch.float64)), "target_probs"),
+        (dict(target_probs=torch.tensor([0.5, 0.3, 0.3], dtype=torch.float64)), "target_probs"),
+        (dict(draft_probs=torch.tensor([0.5, 0.5], dtype=torch.float64)), "same shape"),
+        (dict(draft_probs=torch.tensor([1, 0, 0])), "draft_probs"),
+        (dict(max_divergence=-0.1), "max_divergence"),
+        (dict(max_divergence=float("nan")), "max_divergence"),
+        (dict(max_divergence=None, min_acceptance=1.5), "min_acceptance"),
+        (dict(max_divergence=None, min_acceptance=-0.1), "min_acceptance"),
+        (dict(max_divergence=0.1, min_acceptance=0.5), "exactly one"),
+        (dict(divergence="nope"), "divergence"),
+        (dict(mode="fast"), "mode"),
+        (dict(max_divergence=torch.zeros(4)), "max_divergence"),
+    ],
+)
+def test_solve_rejects_bad_input(kwargs, match):
+    args = dict(draft_probs=P, target_probs=Q, max_divergence=0.1)
+    args.update(kwargs)
+    p, q = args.pop("draft_probs"), args.pop("target_probs")
+    with pytest.raises(ValueError, match=match):
+        solve(p, q, **args)
+
+
+def test_verify_rejects_bad_input():
+    p = torch.softmax(torch.randn(2, 3, 5), -1)
+    q = torch.softmax(torch.randn(2, 4, 5), -1)
+    tok = torch.zeros(2, 3, dtype=torch.long)
+    with pytest.raises(ValueError, match="draft_tokens"):
+        verify(tok + 5, p, q)
+    with pytest.raises(ValueError, match="draft_tokens"):
+        verify(tok.float(), p, q)
+    with pytest.raises(ValueError, match="target_probs"):
+        verify(tok, p, q[:, :3])
+    with pytest.raises(ValueError, match="max_divergence"):
+        verify(tok, p, q, max_divergence=torch.tensor([0.1, -1.0]))
+    with pytest.raises(ValueError, match="max_divergence"):
+        verify(tok, p, q, max_divergence=torch.zeros(3))
+    with pytest.raises(ValueError, match="min_acceptance"):
+        verify(tok, p, q, min_acceptance=2.0)
+    with pytest.raises(ValueError, match="top_k"):
+        verify(tok, p, q, top_k=0)
+    with pytest.raises(ValueError, match="generator"):
+        verify(tok, p, q, generator=[torch.Generator()])
+    onehot = torch.zeros(2, 3, 5)
+    onehot[..., 1] = 1
+    with pytest.raises(ValueError, match="draft_tokens"):
+        verify(tok, onehot, q)
+
+
+def test_divergence_generators_and_limits():
+    p = torch.tensor([0.5, 0.3, 0.2, 0.0], dtype=torch.float64)
+    q = torch.tensor([0.2, 0.3, 0.0, 0.5], dtype=torch.float64)
+    for name in REF:
+        got = float(f_divergence(p, q, name))
+        assert got == pytest.approx(ref_divergence(p.numpy(), q.numpy(), name)) or (
+            math.isinf(got) and math.isinf(ref_divergence(p.numpy(), q.numpy(), name))
+        )
+    z = torch.linspace(0, 5, 101, dtype=torch.float64)
+    for name, div in GENERATORS.items():
+        assert float(div(torch.ones((), dtype=torch.float64))) == pytest.approx(0.0, abs=1e-15)
+        assert torch.all(div.g(z[1:]) >= -1e-12), name
+        if name != "tv":  # f'(1) matches a finite difference
+            h = 1e-6
+            fd = (div(torch.tensor(1 + h, dtype=torch.float64)) - div(torch.tensor(1 - h, dtype=torch.float64))) / (2 * h)
+            assert float(fd) == pytest.approx(div.fprime_one, abs=1e-6)
+    with pytest.raises(ValueError, match="alpha"):
+        alpha(1.0)
+    assert resolve("alpha:1.5").name == "alpha(1.5)"
+
+
+def test_user_callable_generator_matches_builtin():
+    custom = from_callable(lambda z: (z - 1) ** 2)  # Pearson
+    assert custom.fprime_one == pytest.approx(0.0, abs=1e-9) and math.isinf(custom.inf_slope)
+    a = solve(P, Q, max_divergence=0.1, divergence=lambda z: (z - 1) ** 2)
+    b = solve(P, Q, max_divergence=0.1, divergence="pearson")
+    assert float(a.acceptance) == pytest.approx(float(b.acceptance), abs=1e-12)
+    with pytest.raises(ValueError, match="f\\(1\\) = 0"):
+        from_callable(lambda z: z**2)
+
+
+def test_logits_to_probs():
+    logits = torch.tensor([[1.0, 3.0, 2.0, 3.0], [0.0, -1.0, 5.0, float("-inf")]])
+    greedy = logits_to_probs(logits, temperature=0)
+    assert torch.equal(greedy, torch.tensor([[0.0, 1, 0, 0], [0, 0, 1, 0]]))
+    full = logits_to_probs(logits)
+    torch.testing.assert_close(full, torch.softmax(logits, -1))
+    top2 = logits_to_probs(logits[1:], top_k=2)
+    expected = torch.softmax(torch.tensor([0.0, float("-inf"), 5.0, float("-inf")]), -1)
+    torch.testing.assert_close(top2[0], expected)
+    nucleus = logits_to_probs(torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])), top_p=0.75)
+    torch.testing.assert_close(nucleus, torch.tensor([[0.625, 0.375, 0.0, 0.0]]))
+    assert torch.equal(logits, torch.tensor([[1.0, 3.0, 2.0, 3.0], [0.0, -1.0, 5.0, float("-inf")]]))
+    for bad in [dict(temperature=-1), dict(top_k=0), dict(top_p=0.0)]:
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            logits_to_probs(logits, **bad)
+
+
+@st.composite
+def _dirichlet_pair(draw):
+    n = draw(st.integers(2, 24))
+    seed = draw(st.integers(0, 2**31 - 1))
+    conc = draw(st.sampled_from([0.1, 0.5, 1.0, 5.0]))
+    rng = np.random.default_rng(seed)
+    p, q = rng.dirichlet(np.full(n, conc)), rng.dirichlet(np.full(n, conc))
+    return p / p.sum(), q / q.sum()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    pair=_dirichlet_pair(),
+    name=st.sampled_from(["kl", "rkl", "hellinger", "pearson", "tv", "js"]),
+    budget=st.floats(0.0, 2.0),
+)
+def test_property_random_dirichlet_pairs(pair, name, budget):
+    p, q = (torch.tensor(x, dtype=torch.float64) for x in pair)
+    sol = solve(p, q, max_divergence=budget, divergence=name)
+    pi = mentored_distribution(p, q, sol.a, sol.b)
+    assert float(pi.sum()) == pytest.approx(1.0, abs=1e-9)
+    assert float(acceptance_probability(p, pi)) == pytest.approx(float(sol.acceptance), abs=1e-9)
+    assert float(sol.achieved_divergence) <= budget + 1e-9
+    assert float(sol.sd_acceptance) - 1e-12 <= float(sol.acceptance) <= 1 + 1e-12
+    assert float(sol.acceptance) == pytest.approx(ref_primal(pair[0], pair[1], budget, name), abs=1e-7)
+    bp = Breakpoints.build(p, q)
+    dual = bp.for_acceptance(sol.acceptance)
+    assert float(dual.a) == pytest.approx(float(sol.a), rel=1e-6, abs=1e-9)
