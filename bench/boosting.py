@@ -1,7 +1,9 @@
 """Self-normalized boosting vs scikit-learn's AdaBoost (SAMME), side by side in one process.
 
-Both use depth-1 trees and 100 rounds; 5-fold stratified CV (shuffled, seed 0) on digits, wine,
-breast_cancer and iris. Reports mean test accuracy and fit time per fold (best of ``--repeats``
+Both use depth-1 trees and 100 rounds; 5-fold stratified CV on digits, wine, breast_cancer and
+iris, repeated over ``--cv-repeats`` shuffles (seed 0; default 5). One 5-fold split of iris
+moves accuracy by 0.67 points per misclassified example, so a single split cannot resolve the
+1-point goal; repeating the split (same folds for every model) can. Reports mean test accuracy and fit time per fold (best of ``--repeats``
 interleaved runs) and their ratios, checks the issue's goals (accuracy not below AdaBoost's by
 more than 1 point on any dataset; fit time <= 1.2x), and plots the cumulative distribution of
 normalized training margins (``bench/boosting_margins.png``).
@@ -26,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from sklearn.datasets import load_breast_cancer, load_digits, load_iris, load_wine
 from sklearn.ensemble import AdaBoostClassifier
-from sklearn.model_selection import StratifiedKFold
+from sklearn.model_selection import RepeatedStratifiedKFold
 from sklearn.tree import DecisionTreeClassifier
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -52,12 +54,13 @@ def adaboost_margins(clf, X, y):
     return d[np.arange(len(y)), idx]
 
 
-def run_dataset(load, repeats):
+def run_dataset(load, repeats, cv_repeats):
     X, y = load(return_X_y=True)
     acc = {name: [] for name in MODELS}
     secs = {name: [] for name in MODELS}
     rounds = {name: [] for name in MODELS}
-    for train, test in StratifiedKFold(5, shuffle=True, random_state=0).split(X, y):
+    folds = RepeatedStratifiedKFold(n_splits=5, n_repeats=cv_repeats, random_state=0)
+    for train, test in folds.split(X, y):
         best = {name: np.inf for name in MODELS}
         for _ in range(repeats):  # interleaved so machine load hits all models alike
             for name, make in MODELS.items():
@@ -110,13 +113,14 @@ def save_plot(all_curves, path):
     os.replace(tmp, path)
 
 
-def report(results, curves):
+def report(results, curves, cv_repeats):
     ours = [n for n in MODELS if n != "AdaBoost"]
     lines = [
         "## boosting: SelfNormalizedBoostClassifier vs AdaBoostClassifier (SAMME)",
         "",
         machine_line(),
-        f"Depth-1 trees, {ROUNDS} rounds, 5-fold stratified CV (shuffled, seed 0); accuracy = mean "
+        f"Depth-1 trees, {ROUNDS} rounds, 5-fold stratified CV repeated over {cv_repeats} shuffles (seed 0, "
+        "the same folds for every model); accuracy = mean "
         "(std) over folds; fit time = sum over folds of the best of the interleaved repeats; "
         "ratio = SNB / AdaBoost. `rounds` = mean hypotheses kept (early stop on a useless/perfect one).",
         "",
@@ -149,11 +153,12 @@ def report(results, curves):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3, help="interleaved timing repeats per fold")
+    parser.add_argument("--cv-repeats", type=int, default=5, help="shuffled repetitions of the 5-fold split")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     args = parser.parse_args(argv)
-    results = {ds: run_dataset(load, args.repeats) for ds, load in DATASETS.items()}
+    results = {ds: run_dataset(load, args.repeats, args.cv_repeats) for ds, load in DATASETS.items()}
     curves = {ds: margin_curves(load) for ds, load in DATASETS.items()}
-    text = report(results, curves)
+    text = report(results, curves, args.cv_repeats)
     print(text)
     if not args.no_write:
         save_plot(curves, Path(__file__).with_name("boosting_margins.png"))

@@ -179,7 +179,8 @@ class PoolConfig:
 
     target: str = "smollm2-135m"
     drafters: list[str] = field(default_factory=lambda: [
-        "early_exit:12", "tuned:12", "early_exit:24", "tuned:24", "tuned:27", "int8", "ngram:3"])
+        "early_exit:12", "early_exit:18", "early_exit:24", "early_exit:27",
+        "tuned:12", "tuned:18", "tuned:24", "tuned:27", "int8", "ngram:3"])
     pairs: Literal["target", "all"] = "target"
     device: str | None = None
     home: str | None = None
@@ -202,7 +203,7 @@ class DataConfig:
     source: str = "humaneval"
     split: Literal["all", "cache", "heldout"] = "cache"
     limit: int = 16
-    max_tokens: int = 192
+    max_tokens: int = 384
     prompt_field: str = "prompt"
     reference_field: str | None = None
     chat_template: bool = False
@@ -263,7 +264,7 @@ class MDConfig:
     """Operating points: each divergence crossed with each budget (``max_divergence``)."""
 
     divergences: list[str] = field(default_factory=lambda: ["kl", "tv", "hellinger"])
-    budgets: list[float] = field(default_factory=lambda: [0.0, 0.05, 0.1, 0.2, 0.5])
+    budgets: list[float] = field(default_factory=lambda: [0.0, 0.05, 0.2, 1.0])
     mode: Literal["exact", "bound"] = "exact"
     temperature: float = 1.0
 
@@ -306,7 +307,7 @@ class RuleConfig:
     """The ranking rule: quality tolerance (nats per token) over the target's NLL."""
 
     nll_tolerance: float = 0.05
-    top: int = 10
+    top: int = 12
 
     def __post_init__(self):
         _check(self.nll_tolerance >= 0, "nll_tolerance (>= 0)", self.nll_tolerance)

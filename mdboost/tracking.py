@@ -11,6 +11,7 @@ from pathlib import Path
 
 DEFAULT_TRACKING_URI = "sqlite:///mlruns/mlflow.db"
 DEFAULT_ARTIFACT_ROOT = "mlruns/artifacts"
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
 
 
 def sqlite_path(tracking_uri: str) -> Path | None:
@@ -24,7 +25,8 @@ def setup(experiment: str, tracking_uri: str = DEFAULT_TRACKING_URI,
     """Point MLflow at the store and make sure ``experiment`` exists; returns its id.
 
     New experiments store artifacts under ``artifact_root`` (made absolute, so the UI can
-    serve them from any working directory).
+    serve them from any working directory) and are tagged as classic ML experiments: MLflow 3
+    otherwise opens them in its GenAI view, where runs and their metrics are not listed.
     """
     import mlflow
 
@@ -37,6 +39,7 @@ def setup(experiment: str, tracking_uri: str = DEFAULT_TRACKING_URI,
         experiment_id = found.experiment_id
     else:
         location = Path(artifact_root).resolve() / experiment
-        experiment_id = mlflow.create_experiment(experiment, artifact_location=location.as_uri())
+        experiment_id = mlflow.create_experiment(
+            experiment, artifact_location=location.as_uri(), tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
     mlflow.set_experiment(experiment_id=experiment_id)
     return experiment_id

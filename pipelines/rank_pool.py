@@ -3,7 +3,8 @@
 Steps: load and validate the YAML config (:class:`mdboost.config.RankConfig`); build the pool
 and the records; build (or reuse) the logit cache in ``<cache.dir>/<fingerprint>``; score every
 ordered pair (:func:`mdboost.ranking.rank.score_pair`); apply the ranking rule; write
-``ranking.csv`` + ``ranking.html`` + plots + the resolved config into ``output_dir``; log one
+``ranking.csv`` + ``ranking.html`` + plots + the resolved config + ``summary.json`` (timings)
+into ``output_dir``; log one
 MLflow parent run with a nested run per pair and operating point; print the top pairs.
 
 Re-running with the same config reuses the cache (same fingerprint, finished shards skipped);
@@ -13,6 +14,7 @@ changes to budgets, gamma range, boosting or the ranking rule only re-score from
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -133,6 +135,7 @@ def run(cfg: RankConfig) -> dict:
     if cfg.tracking.enabled:
         summary["run_id"] = log_mlflow(cfg, rows, paths, summary)
     summary["seconds_total"] = time.perf_counter() - start
+    report.atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, default=str))
     summary["rows"], summary["paths"] = rows, paths
     return summary
 

@@ -103,3 +103,11 @@ def test_generic_dataclass_support():
         from_dict(Outer, {"table": {"u": "no"}})
     with pytest.raises(ValueError, match=r"unknown key 'y' at 'inner'"):
         from_dict(Outer, {"inner": {"y": 1}})
+
+
+@pytest.mark.parametrize("name", ["default", "tiny"])
+def test_shipped_configs_load(name):
+    cfg = load_yaml(f"configs/{name}.yaml", RankConfig)
+    assert cfg.name == name
+    if name == "default":  # the YAML spells out the library defaults (plus the CPU device int8 needs)
+        assert to_dict(cfg) | {"pool": to_dict(cfg)["pool"] | {"device": None}} == to_dict(RankConfig())

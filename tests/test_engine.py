@@ -9,6 +9,7 @@ from scipy import stats as sps
 from mdboost.engine import CachedLM, generate
 from mdboost.engine.kv import left_pad
 from mdboost.md.probs import logits_to_probs
+from mdboost.models.drafters import early_exit_model
 from mdboost.models.ngram import NgramDrafter
 from mdboost.models.tiny import EOS_ID, tiny_llama
 
@@ -33,6 +34,7 @@ def drafters(target):
         "other": tiny_llama(vocab_size=V, num_layers=1, seed=1),
         "exit1": early_exit(target),
         "ngram": NgramDrafter(2),
+        "shared2": early_exit_model(target, 2),  # modules ARE the target's: drafts on its KV cache
     }
 
 
@@ -45,7 +47,7 @@ def hf_greedy(model, ids, n):
     return model.generate(ids, max_new_tokens=n, do_sample=False, eos_token_id=EOS_ID, pad_token_id=0)
 
 
-@pytest.mark.parametrize("name", ["other", "exit1", "ngram"])
+@pytest.mark.parametrize("name", ["other", "exit1", "ngram", "shared2"])
 @pytest.mark.parametrize("gamma", [1, 3, 5])
 def test_greedy_sd_equals_target_greedy(target, drafters, name, gamma):
     for seed in range(3):
@@ -67,7 +69,7 @@ def test_greedy_ar_equals_target_greedy(target):
         assert out.stats.num_target_calls == out.num_new_tokens.item()
 
 
-@pytest.mark.parametrize("name", ["exit1", "ngram"])
+@pytest.mark.parametrize("name", ["exit1", "ngram", "shared2"])
 def test_greedy_batched_rows_equal_single_rows(target, drafters, name):
     rows = [prompt(10 + i, n)[0].tolist() for i, n in enumerate([3, 6, 5, 4])]
     rows[1] = rows[1] + rows[1][:4]  # repetition for prompt lookup
@@ -91,6 +93,18 @@ def test_drafter_equal_to_target_accepts_everything(target):
         assert s.mean_accepted_length == 5.0  # 4 drafts + bonus per call (the last call drafts 1)
         assert s.num_target_calls == 3
         assert out.num_new_tokens.tolist() == [11, 11, 11]
+
+
+def test_shared_kv_drafter_equals_private_cache_drafter(target, drafters):
+    rows = [prompt(20 + i, n)[0].tolist() for i, n in enumerate([5, 3, 7])]
+    ids, mask = left_pad(rows, 0, torch.device("cpu"))
+    runs = [
+        generate(target, ids, attention_mask=mask.long(), drafter=drafters["shared2"], mode="md", max_divergence=0.1,
+                 gamma=3, max_new_tokens=14, generator=torch.Generator().manual_seed(4), share_kv=share)
+        for share in (True, False)
+    ]
+    assert torch.equal(runs[0].sequences, runs[1].sequences)
+    assert runs[0].stats.num_accepted_tokens == runs[1].stats.num_accepted_tokens > 0
 
 
 def exact_joint(model, ids, **sampling):

@@ -7,6 +7,7 @@ import pytest
 import torch
 from scipy.optimize import minimize
 
+from mdboost.md import _search
 from mdboost.md.breakpoints import Breakpoints
 from mdboost.md.divergences import f_divergence, resolve
 from mdboost.md.solve import acceptance_probability, mentored_distribution, solve
@@ -46,20 +47,23 @@ CASES = [(k, n) for k in ["plain", "zeros", "peaked", "equal", "onehot"] for n i
 
 
 @pytest.mark.parametrize("kind,n", CASES)
-def test_primal_matches_bruteforce_every_divergence(kind, n):
+def test_primal_matches_bruteforce_every_divergence(kind, n, monkeypatch):
+    """Both search paths (all-breakpoints for small V, nested search for large V) on each case."""
     p, q = _case(kind, n, seed=n + len(kind))
     names = NAMES if n <= 5 else ["kl", "rkl", "neyman", "alpha:-1.5"] if n <= 40 else ["kl", "rkl"]
     budgets = [0.0, 1e-4, 0.02, 0.3, 5.0] if n <= 40 else [1e-4, 0.3]
-    for name in names:
+    refs = {name: [ref_primal(p, q, budget, name) for budget in budgets] for name in names}
+    for small_vocab in (0, 10**9):
+        monkeypatch.setattr(_search, "SMALL_VOCAB", small_vocab)
         bp = Breakpoints.build(_t(p)[None].expand(len(budgets), n), _t(q)[None].expand(len(budgets), n))
-        pt = bp.for_divergence(_t(budgets), name)
-        for i, budget in enumerate(budgets):
-            ref = ref_primal(p, q, budget, name)
-            assert float(pt.acceptance[i]) == pytest.approx(ref, abs=1e-7), (name, budget)
-            pi = clamp(p, q, float(pt.a[i]), float(pt.b[i]))
-            assert pi.sum() == pytest.approx(1.0, abs=1e-9)
-            assert np.minimum(pi, p).sum() == pytest.approx(float(pt.acceptance[i]), abs=1e-9)
-            assert ref_divergence(pi, q, name) <= budget + 1e-9
+        for name in names:
+            pt = bp.for_divergence(_t(budgets), name)
+            for i, budget in enumerate(budgets):
+                assert float(pt.acceptance[i]) == pytest.approx(refs[name][i], abs=1e-7), (name, budget, small_vocab)
+                pi = clamp(p, q, float(pt.a[i]), float(pt.b[i]))
+                assert pi.sum() == pytest.approx(1.0, abs=1e-9)
+                assert np.minimum(pi, p).sum() == pytest.approx(float(pt.acceptance[i]), abs=1e-9)
+                assert ref_divergence(pi, q, name) <= budget + 1e-9
 
 
 @pytest.mark.parametrize("kind,n", CASES)
@@ -192,7 +196,9 @@ def test_divergence_increases_along_the_curve_and_theorem_312_sandwich(name):
 
 
 @pytest.mark.parametrize("name", ["kl", "rkl", "hellinger", "pearson", "neyman", "tv", "js"])
-def test_bound_mode_never_exceeds_budget_and_is_below_exact(name):
+@pytest.mark.parametrize("small_vocab", [0, 10**9])
+def test_bound_mode_never_exceeds_budget_and_is_below_exact(name, small_vocab, monkeypatch):
+    monkeypatch.setattr(_search, "SMALL_VOCAB", small_vocab)
     rng = np.random.default_rng(31)
     p, q = (np.stack(x) for x in zip(*[random_pair(rng, 40, zeros_p=3) for _ in range(8)]))
     budgets = _t(np.geomspace(1e-4, 2.0, 8))

@@ -63,6 +63,11 @@ def test_score_pair_full_matches_direct(pair):
         if row["max_divergence"] == 0:
             assert row["md_acceptance"] == pytest.approx(row["sd_acceptance"])
             assert row["nll_mentored"] == pytest.approx(row["nll_target"])
+    eps = np.abs(q.numpy() / p.numpy() - 1).min(-1)  # p, q strictly positive and all different
+    ratio = q.numpy() / p.numpy()
+    rho = np.minimum(ratio.min(-1), 1 / ratio.max(-1))
+    assert res.rows[0]["eps_pq_median"] == pytest.approx(float(np.quantile(eps, 0.5, method="nearest")))
+    assert res.rows[0]["rho_pq_median"] == pytest.approx(float(np.quantile(rho, 0.5, method="nearest")))
     # acceptance grows with the budget
     for div in ("kl", "tv"):
         accs = [r["md_acceptance"] for r in res.rows if r["divergence"] == div]

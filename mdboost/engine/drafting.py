@@ -40,6 +40,7 @@ class ModelDrafter:
 
     def __init__(self, model):
         self.model = model
+        self.vocab_size = model.config.get_text_config().vocab_size
         self._lm: CachedLM | None = None
         self._pending: list[list[int]] = []
         self._fed_pending = 0  # width of the pending chunk fed by the last propose (0: none)
@@ -65,24 +66,9 @@ class ModelDrafter:
         lengths : list of int
             Valid drafts per row (always ``k`` here).
         """
-        lm, batch = self._lm, len(self._pending)
-        device = lm.valid.device
-        tokens = torch.empty(batch, k, dtype=torch.long, device=device)
-        probs = []
-        self._fed_pending = 0
-        if k:
-            chunk, valid = left_pad(self._pending, 0, device)
-            self._fed_pending = chunk.shape[1]
-            logits = lm.forward(chunk, valid, logits_to_keep=1)[:, -1]  # [B, V]
-            for j in range(k):
-                if j:
-                    logits = lm.forward(tokens[:, j - 1 : j], logits_to_keep=1)[:, -1]
-                probs.append(logits_to_probs(logits, **sampling))
-                tokens[:, j] = sample(probs[-1], generator)
+        tokens, probs, self._fed_pending = _draft(self._lm, self._pending, k, sampling, generator, self.vocab_size)
         self._drafts = tokens.tolist()
-        vocab = self.model.config.get_text_config().vocab_size
-        stacked = torch.stack(probs, dim=1) if probs else torch.empty(batch, 0, vocab, device=device)
-        return tokens, stacked, [k] * batch
+        return tokens, probs, [k] * len(self._pending)
 
     def commit(self, num_accepted: list[int], new_tokens: list[int]) -> None:
         """Keep each row's pending tokens and accepted drafts; drop the rest."""
@@ -99,6 +85,80 @@ class ModelDrafter:
             for drafts, n, tok in zip(self._drafts, num_accepted, new_tokens)
         ]
         self._fed_pending = 0
+
+
+def _draft(lm: CachedLM, pending, k, sampling, generator, vocab):
+    """Feed the pending tokens, then sample ``k`` drafts one by one (feeding all but the last).
+
+    Returns ``(tokens [B, k], probs [B, k, V], width of the fed pending chunk or 0)``.
+    """
+    batch, device = len(pending), lm.valid.device
+    tokens = torch.empty(batch, k, dtype=torch.long, device=device)
+    if not k:
+        return tokens, torch.empty(batch, 0, vocab, device=device), 0
+    chunk, valid = left_pad(pending, 0, device)
+    logits = lm.forward(chunk, valid, logits_to_keep=1)[:, -1]  # [B, V]
+    probs = []
+    for j in range(k):
+        if j:
+            logits = lm.forward(tokens[:, j - 1 : j], logits_to_keep=1)[:, -1]
+        probs.append(logits_to_probs(logits, **sampling))
+        tokens[:, j] = sample(probs[-1], generator)
+    return tokens, torch.stack(probs, dim=1), chunk.shape[1]
+
+
+class SharedLayersDrafter(ModelDrafter):
+    """An early-exit drafter that drafts on top of the target's own KV cache.
+
+    Its first ``N`` decoder layers (and embeddings) ARE the target's, so the target's cache for
+    those layers at accepted positions is exactly what the drafter would compute. The drafter
+    therefore keeps no cache: each ``propose`` appends its draft entries to the target's first
+    ``N`` cache layers (through a cache view sharing those layer objects) and crops them off
+    again before the target's verification forward. This saves the drafter's prefill and its
+    cache memory; the drafts are the same as with a private cache.
+
+    Parameters
+    ----------
+    model : early-exit causal LM (see :func:`mdboost.models.drafters.early_exit_model`)
+    target_lm : CachedLM
+        The target with its cache (attached by :func:`mdboost.engine.generate`).
+    """
+
+    kind = "shared_layers"
+
+    def __init__(self, model, target_lm: CachedLM):
+        super().__init__(model)
+        self.target_lm = target_lm
+        self.num_layers = model.config.num_hidden_layers
+
+    def start(self, prompts: list[list[int]], device: torch.device) -> None:
+        """Nothing to set up: the state is the target's."""
+
+    @torch.no_grad()
+    def propose(self, k, sampling, generator, contexts):
+        target = self.target_lm
+        view = CachedLM(self.model, len(contexts), target.valid.device)
+        view.cache.layers = list(target.cache.layers[: self.num_layers])
+        view.valid, view.holes = target.valid.clone(), target.holes
+        seen = target.valid.sum(dim=1).tolist()
+        pending = [c[n:] for c, n in zip(contexts, seen)]
+        tokens, probs, _ = _draft(view, pending, k, sampling, generator, self.vocab_size)
+        if view.last_fed:
+            for layer in view.cache.layers:
+                layer.crop(-view.last_fed)
+        return tokens, probs, [k] * len(contexts)
+
+    def commit(self, num_accepted: list[int], new_tokens: list[int]) -> None:
+        """Nothing to roll back: the target's rollback is the drafter's."""
+
+
+def shares_layers(drafter, target) -> bool:
+    """True when ``drafter``'s embeddings and decoder layers are the target's own modules."""
+    try:
+        d, t = drafter.model, target.model
+        return d.embed_tokens is t.embed_tokens and all(a is b for a, b in zip(d.layers, t.layers)) and len(d.layers) < len(t.layers)
+    except AttributeError:
+        return False
 
 
 class NgramAdapter:

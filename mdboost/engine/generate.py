@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mdboost.engine.drafting import as_drafter, sample
+from mdboost.engine.drafting import SharedLayersDrafter, as_drafter, sample, shares_layers
 from mdboost.engine.kv import CachedLM, left_pad
 from mdboost.engine.stats import GenerationStats
 from mdboost.md.probs import logits_to_probs
@@ -117,6 +117,7 @@ def generate(
     generator: torch.Generator | None = None,
     adaptive_gamma: bool = False,
     max_gamma: int | None = None,
+    share_kv: bool = True,
 ) -> GenerationOutput:
     """Generate with ``target``, optionally drafted by ``drafter`` (AR, SD or MD).
 
@@ -155,6 +156,10 @@ def generate(
         After each drafted step: ``gamma += 2`` if every row accepted every draft, else
         ``gamma = max(1, gamma - 1)`` (Hugging Face's "heuristic" schedule), capped at
         ``max_gamma`` (default ``4 * gamma``).
+    share_kv : bool, default=True
+        When the drafter's embeddings and layers are the target's own modules (an early-exit
+        drafter of the pool), draft on top of the target's KV cache instead of a private one
+        (:class:`mdboost.engine.drafting.SharedLayersDrafter`).
 
     Returns
     -------
@@ -173,6 +178,8 @@ def generate(
 
     state = _State(prompts, max_new_tokens, eos_token_id)
     lm = CachedLM(target, len(prompts), device)
+    if share_kv and draft is not None and draft.kind == "model" and shares_layers(draft.model, target):
+        draft = SharedLayersDrafter(draft.model, lm)
     if draft is not None:
         draft.start(prompts, device)
     k_now, k_cap = int(gamma), int(max_gamma or 4 * gamma)

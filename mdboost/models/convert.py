@@ -75,6 +75,8 @@ def convert_gguf(folder: str | os.PathLike, gguf_file: str, out_dir: str | os.Pa
     try:
         model, tokenizer = load_gguf(folder, gguf_file)
         model.hf_quantizer = None  # the weights are dequantized; save them as plain tensors
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config  # else reloads count as "quantized" (no .float(), no int8 copy)
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         marker = {"source": str(source), "source_bytes": source.stat().st_size, "gguf_file": gguf_file}

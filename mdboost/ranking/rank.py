@@ -62,7 +62,7 @@ def _mean(x: torch.Tensor) -> float:
 def _pair_common(draft: Member, target: Member, aligned, sd, labels, row_ids, md: MDConfig,
                  speed: SpeedConfig, boosting: BoostingConfig):
     valid = draft.rows.valid
-    eps, rho = pair_diagnostics(aligned.p, aligned.q, mask=aligned.count > 0)
+    eps, rho = pair_diagnostics(aligned.p, aligned.q, mask=aligned.kept)
     eps, rho = eps[valid].numpy(), rho[valid].numpy()
     boost = boost_target_first(target.hypothesis, draft.hypothesis, row_ids, labels,
                                n_rounds=boosting.n_estimators, thetas=boosting.thetas)

@@ -78,6 +78,16 @@ class Aligned:
     count: torch.Tensor
     log_p: torch.Tensor
     log_q: torch.Tensor
+    bucket: bool = False  # the last slot is the tail bucket (top-k path)
+
+    @property
+    def kept(self) -> torch.Tensor:  # [N, S] bool
+        """Slots holding one real token of the top-k union (the bucket and padding excluded)."""
+        mask = self.count > 0
+        if self.bucket:
+            mask = mask.clone()
+            mask[:, -1] = False
+        return mask
 
     @property
     def p_mass(self) -> torch.Tensor:
@@ -144,7 +154,7 @@ def align(draft: MemberRows, target: MemberRows, vocab_size: int) -> Aligned:
     count = torch.cat([torch.ones_like(q_lp), (~dup).to(q_lp.dtype), bucket[:, None]], dim=1)
     log_q = torch.where(count > 0, log_q, torch.full_like(log_q, float("-inf")))
     log_p = torch.where(count > 0, log_p, torch.full_like(log_p, float("-inf")))
-    return Aligned(log_p.exp(), log_q.exp(), count, log_p, log_q)
+    return Aligned(log_p.exp(), log_q.exp(), count, log_p, log_q, bucket=True)
 
 
 def rows_from_logits(logits: torch.Tensor, true_ids: torch.Tensor, k: int, temperature: float = 1.0,

@@ -1,0 +1,153 @@
+"""Batched searches over the breakpoints of C(p, q) (used by :mod:`mdboost.md.breakpoints`).
+
+All searches run a fixed number of iterations (no host synchronisation) on every row at once:
+
+- :func:`first_true`: a ``FANOUT``-ary search over sorted positions, ``O(log V)`` iterations of
+  tiny tensor ops; it locates the segment containing an excess mass ``m`` without any O(V)
+  auxiliary array (:func:`locate_j`, :func:`locate_k`).
+- :func:`primal`: the segment where ``D_f`` crosses the budget. For small vocabularies
+  (``<= SMALL_VOCAB``, e.g. a top-k restriction, Lemma 6.1) ``D_f`` is evaluated at every
+  breakpoint at once (two ``searchsorted`` calls); above, a nested ``FANOUT``-ary search over
+  A- then B-breakpoints (``O(log^2 V)`` tiny ops). Inside the segment ``D_f`` is an ``O(1)``
+  closed form, refined by a ``GRID``-point search for ``GRID_ITERS`` rounds (2^-50 of the
+  segment), keeping the side with ``D_f <= budget``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+FANOUT = 16
+GRID = 32
+GRID_ITERS = 10
+SMALL_VOCAB = 2048
+
+
+def _iters(vocab: int) -> int:
+    return max(1, math.ceil(math.log(vocab + 1) / math.log(FANOUT))) + 1
+
+
+def first_true(lo: torch.Tensor, hi: torch.Tensor, pred, vocab: int) -> torch.Tensor:
+    """Smallest index in ``[lo, hi]`` where the monotone ``pred`` holds (``pred(hi)`` assumed).
+
+    ``lo``, ``hi``: long tensors of one shape [N, ...]; ``pred`` maps candidate indices of shape
+    [N, ..., FANOUT + 1] to booleans.
+    """
+    steps = torch.arange(FANOUT + 1, device=lo.device)
+    for _ in range(_iters(vocab)):
+        cand = lo.unsqueeze(-1) + ((hi - lo).unsqueeze(-1) * steps) // FANOUT
+        t = pred(cand) | (cand >= hi.unsqueeze(-1))
+        first = t.long().argmax(-1, keepdim=True)  # the first True
+        prev = cand.gather(-1, (first - 1).clamp(min=0)).squeeze(-1)
+        lo = torch.where(first.squeeze(-1) > 0, prev + 1, lo)
+        hi = cand.gather(-1, first).squeeze(-1)
+    return hi
+
+
+def _col(col: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return col.reshape((col.shape[0],) + (1,) * (like.ndim - 1)).expand(like.shape)
+
+
+def locate_j(bp, m: torch.Tensor) -> torch.Tensor:
+    """A segment of ``m``: smallest ``j`` in ``[n_le, j_max]`` with ``knot_a(j) <= m``."""
+    mm = m.unsqueeze(-1)
+    return first_true(_col(bp._n_le, m), _col(bp._j_max, m), lambda j: bp.knot_a(j) <= mm, bp.vocab)
+
+
+def locate_k(bp, m: torch.Tensor) -> torch.Tensor:
+    """B segment of ``m``: smallest ``k`` in ``[1, n_lt]`` with ``knot_b(k) >= m`` (0 if n_lt = 0)."""
+    mm = m.unsqueeze(-1)
+    lo = _col(bp._n_lt.clamp(max=1), m)
+    return first_true(lo, _col(bp._n_lt, m), lambda k: bp.knot_b(k) >= mm, bp.vocab)
+
+
+def _bracket_large(bp, budget, div, bound):
+    """Nested search: the A segment, then the B breakpoints inside it."""
+    big_budget = budget.unsqueeze(-1)
+
+    def pred_a(j):
+        m = bp.knot_a(j)
+        return bp.div_at(m, j, locate_k(bp, m), div, bound) > big_budget
+
+    j = first_true(bp._n_le.clone(), bp._j_max.clone(), pred_a, bp.vocab)
+    m_lo = bp.knot_a(j)
+    m_hi = torch.where(j > bp._n_le, bp.knot_a((j - 1).clamp(min=0)), bp._tv)
+
+    def pred_b(k):
+        m = torch.minimum(torch.maximum(bp.knot_b(k), m_lo.unsqueeze(-1)), m_hi.unsqueeze(-1))
+        return bp.div_at(m, j.unsqueeze(-1).expand(k.shape), k, div, bound) <= big_budget
+
+    k = first_true(locate_k(bp, m_lo), locate_k(bp, m_hi), pred_b, bp.vocab)
+    top = torch.minimum(torch.maximum(bp.knot_b(k), m_lo), m_hi)
+    bot = torch.where(k > 0, bp.knot_b((k - 1).clamp(min=0)), m_lo)
+    return torch.minimum(torch.maximum(bot, m_lo), top), top
+
+
+def _sorted_knots(bp):
+    """Monotone breakpoint arrays over all positions (small vocabularies only)."""
+    n, vocab = bp._r.shape
+    idx = torch.arange(vocab + 1, device=bp._r.device).expand(n, vocab + 1)
+    kb = torch.where(idx > bp._n_lt, math.inf, bp.knot_b(idx))
+    neg_ka = torch.where(idx < bp._n_le, -math.inf, torch.where(idx > bp._j_max, math.inf, -bp.knot_a(idx)))
+    return torch.cummax(kb, -1).values.contiguous(), torch.cummax(neg_ka, -1).values.contiguous()
+
+
+def _bracket_small(bp, budget, div, bound):
+    """``D_f`` at every breakpoint at once; the bracket is the pair of neighbouring knots."""
+    kb, neg_ka = _sorted_knots(bp)
+    vocab = bp.vocab
+    idx = torch.arange(vocab, device=bp._r.device).expand(bp._r.shape[0], vocab)
+    m_a = bp.knot_a(idx)
+    k_a = torch.minimum(torch.searchsorted(kb, m_a, right=False).clamp(min=1), bp._n_lt)
+    valid_a = (idx >= bp._n_le) & (idx < bp._j_max)
+    big_a = bp.div_at(m_a, idx, k_a, div, bound) > budget
+    m_b = torch.minimum(torch.maximum(bp.knot_b(idx), bp._m_end), bp._tv)
+    j_b = torch.searchsorted(neg_ka, (-m_b).contiguous(), right=False)
+    j_b = torch.minimum(torch.maximum(j_b, bp._n_le), bp._j_max)
+    valid_b = (idx >= 1) & (idx < bp._n_lt)
+    big_b = bp.div_at(m_b, j_b, idx, div, bound) > budget
+
+    def best(values, mask, fill, op):
+        return op(torch.where(mask, values, fill), dim=-1, keepdim=True).values
+
+    m_lo = torch.maximum(bp._m_end, torch.maximum(best(m_a, valid_a & big_a, -math.inf, torch.max),
+                                                  best(m_b, valid_b & big_b, -math.inf, torch.max)))
+    m_hi = torch.minimum(bp._tv, torch.minimum(best(m_a, valid_a & ~big_a, math.inf, torch.min),
+                                               best(m_b, valid_b & ~big_b, math.inf, torch.min)))
+    return torch.minimum(m_lo, m_hi), m_hi
+
+
+def _refine(bp, seg, lo, hi, budget, div, bound):
+    """GRID-point search for the crossing inside one segment; returns the ``D <= budget`` side."""
+    t = torch.arange(1, GRID, dtype=lo.dtype, device=lo.device) / GRID
+    for _ in range(GRID_ITERS):
+        grid = lo + (hi - lo) * t  # [N, GRID-1]
+        count = (bp.div_on(grid, seg, div, bound) > budget).sum(-1, keepdim=True)
+        new_lo = torch.where(count > 0, grid.gather(-1, (count - 1).clamp(min=0)), lo)
+        hi = torch.where(count < GRID - 1, grid.gather(-1, count.clamp(max=GRID - 2)), hi)
+        lo = new_lo
+    return hi
+
+
+def primal(bp, budget: torch.Tensor, div, bound: bool):
+    """Largest-acceptance point with ``D_f`` (or its bound) ``<= budget``; budget of shape [N, 1].
+
+    Returns the excess mass ``m`` [N, 1] and the constants of its segment.
+    """
+    m_end, tv = bp._m_end, bp._tv
+    seg_end = bp.segment(bp._j_max, locate_k(bp, m_end), div, bound)
+    d_end = bp.div_on(m_end, seg_end, div, bound)
+    inner = torch.where((budget > 0) & (budget < d_end), budget, d_end / 2)  # keeps the search well posed
+    if bp.vocab <= SMALL_VOCAB:
+        m_lo, m_hi = _bracket_small(bp, inner, div, bound)
+    else:
+        m_lo, m_hi = _bracket_large(bp, inner, div, bound)
+    mid = (m_lo + m_hi) / 2
+    seg = bp.segment(locate_j(bp, mid), locate_k(bp, mid), div, bound)
+    m = _refine(bp, seg, m_lo, m_hi, inner, div, bound)
+    at_end = (budget >= d_end) & (budget > 0)
+    m = torch.where(budget <= 0, tv, torch.where(at_end, m_end, m))
+    seg = {key: torch.where(at_end, seg_end[key], seg[key]) for key in ("qa", "pa", "qb", "pb")}
+    return m, seg

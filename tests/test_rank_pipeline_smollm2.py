@@ -1,0 +1,40 @@
+"""The ranking pipeline on the real offline default model (SmolLM2-135M), a small slice: slow."""
+
+import math
+
+import pytest
+
+from mdboost.config import RankConfig, from_dict, load_yaml, to_dict
+from mdboost.ranking.report import read_csv
+
+pytestmark = pytest.mark.slow
+
+
+def test_smollm2_rank_small(tmp_path):
+    from mdboost.models.convert import smollm2_gguf
+    from pipelines.rank_pool import run
+
+    try:
+        smollm2_gguf()
+    except FileNotFoundError as err:
+        pytest.skip(str(err))
+    data = to_dict(load_yaml("configs/default.yaml", RankConfig))
+    data["pool"]["drafters"] = ["early_exit:24", "ngram:3"]
+    data["data"].update(limit=2, max_tokens=256)
+    data["cache"].update(dir=str(tmp_path / "cache"), k=64, cost_repeats=5)
+    data["md"]["budgets"] = [0.0, 0.2]
+    data["output_dir"] = str(tmp_path / "out")
+    data["progress"] = False
+    data["tracking"].update(tracking_uri=f"sqlite:///{tmp_path / 'm.db'}", artifact_root=str(tmp_path / "a"))
+    summary = run(from_dict(RankConfig, data))
+    rows = read_csv(tmp_path / "out" / "ranking.csv")
+    assert len(rows) == summary["n_rows"] == 2 * 3 * 2
+    for r in rows:
+        assert 0 < float(r["sd_acceptance"]) <= float(r["md_acceptance"]) + 1e-9 <= 1 + 1e-9
+        assert math.isfinite(float(r["nll_target"])) and float(r["nll_target"]) > 0
+        assert float(r["mu_target"]) > 0  # the target predicts the reference better than chance
+    exit_rows = [r for r in rows if r["drafter"] == "early_exit:24"]
+    ngram_rows = [r for r in rows if r["drafter"] == "ngram:3"]
+    # a 24-of-30-layer exit is a worse model than the target, and costs more than prompt lookup
+    assert float(exit_rows[0]["nll_drafter"]) > float(exit_rows[0]["nll_target"])
+    assert float(ngram_rows[0]["cost_ratio"]) < float(exit_rows[0]["cost_ratio"])
