@@ -46,6 +46,7 @@ def plot_acceptance_vs_budget(rows: list[dict], path) -> Path:
     divs = sorted({r["divergence"] for r in rows})
     fig, axes = plt.subplots(1, len(divs), figsize=(4.5 * len(divs), 3.6), squeeze=False, sharey=True)
     for ax, div in zip(axes[0], divs):
+        ax.set_prop_cycle(color=plt.cm.tab20.colors)
         for pair in sorted({_pair(r) for r in rows}):
             mine = sorted((r for r in rows if r["divergence"] == div and _pair(r) == pair),
                           key=lambda r: r["max_divergence"])
@@ -57,7 +58,7 @@ def plot_acceptance_vs_budget(rows: list[dict], path) -> Path:
         ax.set_title(f"f = {div}")
         ax.set_xlabel("divergence budget D")
     axes[0][0].set_ylabel("mean acceptance (MD; SD dotted)")
-    axes[0][-1].legend(fontsize=6, loc="best")
+    axes[0][-1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     return _save(fig, path)
 
 
@@ -65,6 +66,7 @@ def plot_k_vs_acceptance(rows: list[dict], path) -> Path:
     """Median ``k`` against mean MD acceptance along the budgets, per pair and divergence."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    ax.set_prop_cycle(color=plt.cm.tab20.colors)
     for key in sorted({(_pair(r), r["divergence"]) for r in rows}):
         mine = sorted((r for r in rows if (_pair(r), r["divergence"]) == key), key=lambda r: r["max_divergence"])
         k = np.array([r["k_median"] for r in mine], dtype=float)
@@ -74,7 +76,7 @@ def plot_k_vs_acceptance(rows: list[dict], path) -> Path:
                     label=f"{key[0]} ({key[1]})")
     ax.set_xlabel("mean MD acceptance")
     ax.set_ylabel("median k = sqrt((1+a)/(1-b))")
-    ax.legend(fontsize=5, loc="best")
+    ax.legend(fontsize=5, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     return _save(fig, path)
 
 
@@ -82,6 +84,7 @@ def plot_margin_cdf(margins: dict[str, np.ndarray], bounds: dict[str, float], pa
     """Empirical CDF of normalized margins per pair; the bound at theta = 0 as a marker."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    ax.set_prop_cycle(color=plt.cm.tab20.colors)
     for name, m in sorted(margins.items()):
         m = np.sort(np.asarray(m, dtype=float))
         if m.size == 0:
@@ -92,5 +95,5 @@ def plot_margin_cdf(margins: dict[str, np.ndarray], bounds: dict[str, float], pa
     ax.set_xlabel("normalized margin theta")
     ax.set_ylabel("fraction of positions with margin <= theta")
     ax.set_xlim(-1, 1)
-    ax.legend(fontsize=6, loc="best")
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     return _save(fig, path)

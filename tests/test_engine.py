@@ -240,3 +240,19 @@ def test_bad_inputs_raise(target):
         generate(target, prompt(0, 3), drafter=tiny_llama(vocab_size=V + 1, num_layers=1), mode="sd")
     with pytest.raises(ValueError, match="attention_mask"):
         generate(target, prompt(0, 3), attention_mask=torch.ones(1, 4, dtype=torch.long))
+
+
+def test_stats_are_consistent(target, drafters):
+    rows = [prompt(30 + i, n)[0].tolist() for i, n in enumerate([4, 6])]
+    ids, mask = left_pad(rows, 0, torch.device("cpu"))
+    out = generate(target, ids, attention_mask=mask.long(), drafter=drafters["other"], mode="md", max_divergence=0.2,
+                   gamma=3, max_new_tokens=13, generator=torch.Generator().manual_seed(0))
+    s = out.stats
+    assert s.num_new_tokens == out.num_new_tokens.sum().item() == 26
+    assert sum(s.draft_tokens_per_position) == s.num_draft_tokens
+    assert sum(s.accepted_tokens_per_position) == s.num_accepted_tokens
+    assert s.draft_tokens_per_position == sorted(s.draft_tokens_per_position, reverse=True)
+    assert s.num_drafts <= 2 * s.num_target_calls
+    assert s.time_total >= s.time_drafter + s.time_target + s.time_verify > 0
+    assert 0 <= s.mean_divergence <= s.max_divergence <= 0.2 + 1e-5
+    assert s.as_dict()["mean_accepted_length"] == s.mean_accepted_length

@@ -6,6 +6,9 @@ Two kinds, one interface (``start`` / ``propose`` / ``commit``):
   int8 drafter) with its own KV cache (:class:`mdboost.engine.kv.CachedLM`). It samples each
   draft token from ``p = logits_to_probs(drafter logits)`` with the same settings as the
   target, so ``p`` and ``q`` are comparable (math note, section 1).
+- :class:`SharedLayersDrafter` is a :class:`ModelDrafter` for early-exit drafters whose
+  layers ARE the target's: it drafts on top of the target's own KV cache (no private cache,
+  no drafter prefill), chosen automatically by :func:`mdboost.engine.generate`.
 - :class:`NgramAdapter` wraps the model-free prompt-lookup drafter: one-hot draft
   distributions, no cache, possibly fewer than ``K`` tokens per row (``lengths``).
 

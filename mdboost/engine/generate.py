@@ -144,7 +144,8 @@ def generate(
     divergence : str or callable, default="kl"
         The f-divergence of the budget (see :mod:`mdboost.md.divergences`).
     md_top_k : int or None
-        Solve MD on the target's top-k tokens only (Lemma 6.1).
+        Solve MD on the target's top-k tokens only (Lemma 6.1); ``md`` mode only (ignored in
+        ``sd``, where it would make verification lossy).
     eos_token_id, pad_token_id : int or None
         A row stops after emitting ``eos_token_id``; shorter rows are padded with
         ``pad_token_id`` (default: ``eos_token_id``, else 0).
@@ -166,12 +167,16 @@ def generate(
     GenerationOutput
     """
     _check_args(mode, drafter, gamma, max_new_tokens, max_divergence, min_acceptance)
+    if max_gamma is not None and (int(max_gamma) != max_gamma or max_gamma < 1):
+        raise ValueError(f"max_gamma must be a positive integer or None, got {max_gamma!r}")
     prompts = _prompts(input_ids, attention_mask)
     device = input_ids.device
     vocab = target.config.get_text_config().vocab_size
     draft = as_drafter(drafter, vocab) if mode != "ar" else None
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
-    md_args = dict(max_divergence=max_divergence, min_acceptance=min_acceptance, divergence=divergence, top_k=md_top_k)
+    # md_top_k only in md mode: in sd it would replace q by its top-k (lossy)
+    md_args = dict(max_divergence=max_divergence, min_acceptance=min_acceptance, divergence=divergence,
+                   top_k=md_top_k if mode == "md" else None)
     stats = GenerationStats(mode=mode, budget=max_divergence if mode == "md" and max_divergence > 0 else None)
     timer = _Timer(device)
     start = timer.now()

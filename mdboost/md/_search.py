@@ -9,8 +9,8 @@ All searches run a fixed number of iterations (no host synchronisation) on every
   (``<= SMALL_VOCAB``, e.g. a top-k restriction, Lemma 6.1) ``D_f`` is evaluated at every
   breakpoint at once (two ``searchsorted`` calls); above, a nested ``FANOUT``-ary search over
   A- then B-breakpoints (``O(log^2 V)`` tiny ops). Inside the segment ``D_f`` is an ``O(1)``
-  closed form, refined by a ``GRID``-point search for ``GRID_ITERS`` rounds (2^-50 of the
-  segment), keeping the side with ``D_f <= budget``.
+  closed form, refined by a grid search (``GRID`` to ``MAX_GRID`` points per round, more for
+  small batches) down to 2^-50 of the segment, keeping the side with ``D_f <= budget``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 
 FANOUT = 16
 GRID = 32
-GRID_ITERS = 10
+MAX_GRID = 256
 SMALL_VOCAB = 2048
 
 
@@ -86,27 +86,31 @@ def _bracket_large(bp, budget, div, bound):
 
 
 def _sorted_knots(bp):
-    """Monotone breakpoint arrays over all positions (small vocabularies only)."""
+    """Breakpoint values at every position, and monotone copies for ``searchsorted``."""
     n, vocab = bp._r.shape
     idx = torch.arange(vocab + 1, device=bp._r.device).expand(n, vocab + 1)
-    kb = torch.where(idx > bp._n_lt, math.inf, bp.knot_b(idx))
-    neg_ka = torch.where(idx < bp._n_le, -math.inf, torch.where(idx > bp._j_max, math.inf, -bp.knot_a(idx)))
-    return torch.cummax(kb, -1).values.contiguous(), torch.cummax(neg_ka, -1).values.contiguous()
+    m_a, m_b = bp.knot_a(idx), bp.knot_b(idx)  # [N, V+1]
+    kb = torch.cummax(torch.where(idx > bp._n_lt, math.inf, m_b), -1).values.contiguous()
+    neg = torch.where(idx < bp._n_le, -math.inf, torch.where(idx > bp._j_max, math.inf, -m_a))
+    return idx[:, :vocab], m_a[:, :vocab], m_b[:, :vocab], kb, torch.cummax(neg, -1).values.contiguous()
 
 
-def _bracket_small(bp, budget, div, bound):
+def _sorted_locate(bp, kb, neg_ka, m):
+    """``(j, k)`` of ``m`` [N, Q] by ``searchsorted`` on the monotone breakpoint arrays."""
+    k = torch.minimum(torch.searchsorted(kb, m.contiguous()).clamp(min=1), bp._n_lt)
+    j = torch.searchsorted(neg_ka, (-m).contiguous())
+    return torch.minimum(torch.maximum(j, bp._n_le), bp._j_max), k
+
+
+def _bracket_small(bp, knots, budget, div, bound):
     """``D_f`` at every breakpoint at once; the bracket is the pair of neighbouring knots."""
-    kb, neg_ka = _sorted_knots(bp)
-    vocab = bp.vocab
-    idx = torch.arange(vocab, device=bp._r.device).expand(bp._r.shape[0], vocab)
-    m_a = bp.knot_a(idx)
-    k_a = torch.minimum(torch.searchsorted(kb, m_a, right=False).clamp(min=1), bp._n_lt)
+    idx, m_a, m_b, kb, neg_ka = knots
+    _, k_a = _sorted_locate(bp, kb, neg_ka, m_a)
+    m_b = torch.minimum(torch.maximum(m_b, bp._m_end), bp._tv)
+    j_b, _ = _sorted_locate(bp, kb, neg_ka, m_b)
     valid_a = (idx >= bp._n_le) & (idx < bp._j_max)
-    big_a = bp.div_at(m_a, idx, k_a, div, bound) > budget
-    m_b = torch.minimum(torch.maximum(bp.knot_b(idx), bp._m_end), bp._tv)
-    j_b = torch.searchsorted(neg_ka, (-m_b).contiguous(), right=False)
-    j_b = torch.minimum(torch.maximum(j_b, bp._n_le), bp._j_max)
     valid_b = (idx >= 1) & (idx < bp._n_lt)
+    big_a = bp.div_at(m_a, idx, k_a, div, bound) > budget
     big_b = bp.div_at(m_b, j_b, idx, div, bound) > budget
 
     def best(values, mask, fill, op):
@@ -116,17 +120,25 @@ def _bracket_small(bp, budget, div, bound):
                                                   best(m_b, valid_b & big_b, -math.inf, torch.max)))
     m_hi = torch.minimum(bp._tv, torch.minimum(best(m_a, valid_a & ~big_a, math.inf, torch.min),
                                                best(m_b, valid_b & ~big_b, math.inf, torch.min)))
-    return torch.minimum(m_lo, m_hi), m_hi
+    m_lo = torch.minimum(m_lo, m_hi)
+    return m_lo, m_hi, _sorted_locate(bp, kb, neg_ka, (m_lo + m_hi) / 2)
 
 
 def _refine(bp, seg, lo, hi, budget, div, bound):
-    """GRID-point search for the crossing inside one segment; returns the ``D <= budget`` side."""
-    t = torch.arange(1, GRID, dtype=lo.dtype, device=lo.device) / GRID
-    for _ in range(GRID_ITERS):
-        grid = lo + (hi - lo) * t  # [N, GRID-1]
+    """Grid search for the crossing inside one segment; returns the ``D <= budget`` side.
+
+    ``GRID`` to ``MAX_GRID`` points per round (more for small batches) until 2^-50 of the segment.
+    """
+    grid_n = GRID
+    while grid_n < MAX_GRID and lo.shape[0] * grid_n * 2 <= 1 << 13:
+        grid_n *= 2  # fewer rounds (fewer tiny ops) while the grid stays small
+    rounds = math.ceil(50 / math.log2(grid_n))
+    t = torch.arange(1, grid_n, dtype=lo.dtype, device=lo.device) / grid_n
+    for _ in range(rounds):
+        grid = lo + (hi - lo) * t  # [N, grid_n - 1]
         count = (bp.div_on(grid, seg, div, bound) > budget).sum(-1, keepdim=True)
         new_lo = torch.where(count > 0, grid.gather(-1, (count - 1).clamp(min=0)), lo)
-        hi = torch.where(count < GRID - 1, grid.gather(-1, count.clamp(max=GRID - 2)), hi)
+        hi = torch.where(count < grid_n - 1, grid.gather(-1, count.clamp(max=grid_n - 2)), hi)
         lo = new_lo
     return hi
 
@@ -137,17 +149,21 @@ def primal(bp, budget: torch.Tensor, div, bound: bool):
     Returns the excess mass ``m`` [N, 1] and the constants of its segment.
     """
     m_end, tv = bp._m_end, bp._tv
-    seg_end = bp.segment(bp._j_max, locate_k(bp, m_end), div, bound)
+    small = bp.vocab <= SMALL_VOCAB
+    knots = _sorted_knots(bp) if small else None
+    k_end = _sorted_locate(bp, knots[3], knots[4], m_end)[1] if small else locate_k(bp, m_end)
+    seg_end = bp.segment(bp._j_max, k_end, div, bound)
     d_end = bp.div_on(m_end, seg_end, div, bound)
     inner = torch.where((budget > 0) & (budget < d_end), budget, d_end / 2)  # keeps the search well posed
-    if bp.vocab <= SMALL_VOCAB:
-        m_lo, m_hi = _bracket_small(bp, inner, div, bound)
+    if small:
+        m_lo, m_hi, (j, k) = _bracket_small(bp, knots, inner, div, bound)
     else:
         m_lo, m_hi = _bracket_large(bp, inner, div, bound)
-    mid = (m_lo + m_hi) / 2
-    seg = bp.segment(locate_j(bp, mid), locate_k(bp, mid), div, bound)
+        mid = (m_lo + m_hi) / 2
+        j, k = locate_j(bp, mid), locate_k(bp, mid)
+    seg = bp.segment(j, k, div, bound)
     m = _refine(bp, seg, m_lo, m_hi, inner, div, bound)
     at_end = (budget >= d_end) & (budget > 0)
     m = torch.where(budget <= 0, tv, torch.where(at_end, m_end, m))
-    seg = {key: torch.where(at_end, seg_end[key], seg[key]) for key in ("qa", "pa", "qb", "pb")}
+    seg = {key: torch.where(at_end, seg_end[key], seg[key]) for key in ("pa", "pb", "inv_qa", "inv_qb", "has_b")}
     return m, seg

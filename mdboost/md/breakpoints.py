@@ -46,6 +46,8 @@ class CurvePoint(NamedTuple):
 
 def take(arr: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """``arr[n, idx[n, ...]]`` for ``arr`` of shape [N, L] and any ``idx`` of shape [N, ...]."""
+    if idx.ndim == 2:
+        return torch.gather(arr, 1, idx)
     return torch.gather(arr, 1, idx.reshape(idx.shape[0], -1)).reshape(idx.shape)
 
 
@@ -73,11 +75,12 @@ class Breakpoints:
         self.batch_shape = torch.Size(batch_shape)
         self.dtype = dtype
         self.vocab = r_sorted.shape[-1]
-        self._r, self._p, self._q = r_sorted, p_sorted, q_sorted  # [N, V] input dtype, by ratio
-        self._cp = torch.cumsum(p_sorted, -1, dtype=ACC_DTYPE)  # prefix sums, [N, V]
-        self._cq = torch.cumsum(q_sorted, -1, dtype=ACC_DTYPE)
-        self._rp = torch.cumsum(torch.flip(p_sorted, [-1]), -1, dtype=ACC_DTYPE)  # sums of the top i+1
-        self._rq = torch.cumsum(torch.flip(q_sorted, [-1]), -1, dtype=ACC_DTYPE)
+        self._r = r_sorted  # [N, V] input dtype, sorted ascending
+        self._p, self._q = p_sorted.to(ACC_DTYPE), q_sorted.to(ACC_DTYPE)  # [N, V] float64, by ratio
+        self._cp = torch.cumsum(self._p, -1)  # prefix sums, [N, V]
+        self._cq = torch.cumsum(self._q, -1)
+        self._rp = torch.cumsum(torch.flip(self._p, [-1]), -1)  # sums of the top i+1
+        self._rq = torch.cumsum(torch.flip(self._q, [-1]), -1)
         col = torch.ones_like(r_sorted[:, :1])
         self._n_lt = torch.searchsorted(r_sorted, col, right=False)  # r < 1
         self._n_le = torch.searchsorted(r_sorted, col, right=True)  # r <= 1
@@ -127,8 +130,8 @@ class Breakpoints:
     def ratio(self, i):
         """``p_i / q_i`` at sorted position ``i`` in float64 (``inf`` where ``q_i = 0 < p_i``)."""
         i = i.clamp(max=self.vocab - 1)
-        p, q = take(self._p, i).to(ACC_DTYPE), take(self._q, i).to(ACC_DTYPE)
-        return torch.where(q > 0, p / torch.where(q > 0, q, 1.0), take(self._r, i).to(ACC_DTYPE))
+        p, q = take(self._p, i), take(self._q, i)
+        return torch.where(q > 0, p / torch.where(q > 0, q, 1.0), math.inf)
 
     def knot_a(self, j):
         """``m`` at the A-breakpoint ``a = r_j - 1`` (the end point ``m_end`` for ``j >= j_max``)."""
@@ -151,22 +154,35 @@ class Breakpoints:
         terms (``q_i g(r_i)`` explodes for extreme ratios) and ``+inf`` terms stay exact.
         """
         if div not in self._prefix_cache:
-            r, q = self._r.to(ACC_DTYPE), self._q.to(ACC_DTYPE)
+            r = self._r.to(ACC_DTYPE)
             pos = torch.arange(self.vocab, device=r.device)
-            keep = (q > 0) & torch.isfinite(r)
-            terms = torch.where(keep, q * div.g(torch.where(keep, r, 1.0)), 0.0)
+            # q_i = 0 gives 0 * g(1) = 0; an overflowed ratio (q_i tiny) is treated as q_i = 0
+            terms = self._q * div.g(torch.where(r < math.inf, r, 1.0))
             low = torch.cumsum(torch.flip(torch.where(pos < self._n_lt, terms, 0.0), [-1]), -1)
             high = torch.cumsum(torch.where(pos >= self._n_le, terms, 0.0), -1)
             self._prefix_cache[div] = (low, high)
         return self._prefix_cache[div]
 
     def segment(self, j, k, div: Divergence | None, bound: bool):
-        """Constants of the segment with ``A = [j, V)`` and ``B = [0, k)`` (shapes of ``j``)."""
-        seg = {"qa": self.q_suf(j), "pa": self.p_suf(j), "qb": self.q_pre(k), "pb": self.p_pre(k)}
+        """Constants of the segment with ``A = [j, V)`` and ``B = [0, k)`` (shapes of ``j``).
+
+        ``inv_qa``/``inv_qb`` are ``1 / q(A)``, ``1 / q(B)`` (0 for an empty set), so that
+        :meth:`ab` needs no branches: an empty A gives ``a = 0``, an empty B ``b = 0``.
+        """
+        qa, qb = self.q_suf(j), self.q_pre(k)
+        seg = {
+            "pa": self.p_suf(j),
+            "pb": self.p_pre(k),
+            "qa": qa,
+            "qb": qb,
+            "inv_qa": torch.where(qa > 0, 1 / torch.where(qa > 0, qa, 1.0), 0.0),
+            "inv_qb": torch.where(qb > 0, 1 / torch.where(qb > 0, qb, 1.0), 0.0),
+            "has_b": (qb > 0).to(ACC_DTYPE),
+        }
         if div is None:
             return seg
         if bound:
-            seg["qm"] = self.q_pre(j) - seg["qb"]
+            seg["qm"] = self.q_pre(j) - qb
             return seg
         low, high = self.prefix(div)
         mid_low = torch.where(k < self.vocab, take(low, (self.vocab - 1 - k).clamp(min=0)), 0.0)
@@ -175,19 +191,20 @@ class Breakpoints:
         return seg
 
     @staticmethod
-    def ab(m, seg, tv):
-        """``(a, b)`` at excess mass ``m`` on a segment; exactly ``(0, 0)`` at ``m >= TV``."""
-        qa, qb = seg["qa"], seg["qb"]
-        a = torch.where(qa > 0, (seg["pa"] - m) / torch.where(qa > 0, qa, 1.0) - 1, 0.0).clamp(min=0)
-        b = torch.where(qb > 0, 1 - (m + seg["pb"]) / torch.where(qb > 0, qb, 1.0), 0.0).clamp(0, 1)
+    def ab(m, seg, tv=None):
+        """``(a, b)`` at excess mass ``m`` on a segment; exactly ``(0, 0)`` at ``m >= tv`` if given."""
+        a = ((seg["pa"] - m) * seg["inv_qa"] - 1).clamp(min=0)
+        b = ((1 - (m + seg["pb"]) * seg["inv_qb"]) * seg["has_b"]).clamp(0, 1)
+        if tv is None:
+            return a, b
         at_sd = m >= tv
         return torch.where(at_sd, 0.0, a), torch.where(at_sd, 0.0, b)
 
     def div_on(self, m, seg, div: Divergence, bound: bool):
         """``D_f`` (or the Thm 3.12 upper bound) at ``m`` on a segment, ``O(1)`` per point."""
-        a, b = self.ab(m, seg, _bcast(self._tv, m))
+        a, b = self.ab(m, seg)
         g_a, g_b = div.g(1 + a), div.g(1 - b)
-        total = torch.where(seg["qa"] > 0, seg["qa"] * g_a, 0.0) + torch.where(seg["qb"] > 0, seg["qb"] * g_b, 0.0)
+        total = seg["qa"] * g_a + seg["qb"] * g_b  # empty sets have a = 0 / b = 0 and g(1) = 0
         if bound:
             return total + torch.where(seg["qm"] > 0, seg["qm"] * torch.maximum(g_a, g_b), 0.0)
         return total + seg["mid"]
