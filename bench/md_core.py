@@ -55,9 +55,12 @@ def llm_like_pair(rows, vocab, dtype, seed=0):
     return torch.softmax(draft, -1).to(dtype), torch.softmax(target, -1).to(dtype)
 
 
-def notebook_baseline(p_row, q_row, budget, tol=1e-9):
+def notebook_baseline(p_row, q_row, budget, tol=1e-7):
     """One row, notebook style: bisection on b; for each b, a from E(a) = F(b) by bisection,
-    then the full divergence of the clamp. Returns the acceptance probability."""
+    then the full divergence of the clamp. Returns the acceptance probability.
+
+    ``tol = 1e-7`` on ``b`` (and relative on ``a``) puts its acceptance within ~1e-7 of the
+    optimum, i.e. the issue's 1e-6 exactness; the table reports the measured difference."""
 
     def clamp(a, b):
         return torch.maximum((1 - b) * q_row, torch.minimum(p_row, (1 + a) * q_row))
@@ -115,7 +118,10 @@ def bench_baseline(rows=8):
     ours = Breakpoints.build(p, q).for_divergence(BUDGET, "kl").acceptance
     t_ours = timeit(lambda: Breakpoints.build(p, q, validate=False).for_divergence(BUDGET, "kl", validate=False))
     err = float((ours - torch.tensor(base, dtype=torch.float64)).abs().max())
-    return dict(rows=rows, base=t_base, ours=t_ours, err=err)
+    p64, q64 = llm_like_pair(64, VOCAB, torch.float64, seed=1)
+    t_batch = timeit(lambda: Breakpoints.build(p64, q64, validate=False).for_divergence(BUDGET, "kl", validate=False),
+                     repeats=3)
+    return dict(rows=rows, base=t_base, ours=t_ours, err=err, per_row_64=t_batch / 64)
 
 
 def bench_verify(batch=8, k=4):
@@ -157,8 +163,10 @@ def main():
         f"| bound query (`for_divergence_bound`) | {core['bound'] * ms:.2f} ms | "
         f"{core['bound'] / core['build']:.4f} x build | |",
         f"| notebook baseline, {base['rows']} rows float64 | {base['base'] * ms:.0f} ms | "
-        f"speedup {base['base'] / base['ours']:.0f} x (max acceptance diff {base['err']:.1e}) | >= 20 |",
+        f"speedup {base['base'] / base['ours']:.1f} x (max acceptance diff {base['err']:.1e}) | >= 20 |",
         f"| exact primal, same {base['rows']} rows float64 | {base['ours'] * ms:.1f} ms | | |",
+        f"| exact primal per row in a batch of 64, float64 | {base['per_row_64'] * ms:.1f} ms | "
+        f"speedup {base['base'] / base['rows'] / base['per_row_64']:.1f} x per row | >= 20 |",
     ]
     for top_k, label in ((256, "top_k=256"), (None, "full vocabulary")):
         sd_t, md_t = ver[top_k]

@@ -28,6 +28,7 @@ _EXPORTS = {
     "acceptance_probability": "mdboost.md.solve",
     "logits_to_probs": "mdboost.md.probs",
     "verify": "mdboost.md.verify",
+    "PLACEHOLDER_TOKEN_ID": "mdboost.md.verify",
     "VerifyResult": "mdboost.md.verify",
     # learning
     "SelfNormalizedBoostClassifier": "mdboost.boosting.estimator",
@@ -39,7 +40,8 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name):
     if name in _EXPORTS:
         module = import_module(_EXPORTS[name])
-        return module if module.__name__.endswith("." + name) else getattr(module, name)
+        # a module exported under its own name (``divergences``) unless it defines that name
+        return getattr(module, name) if hasattr(module, name) else module
     raise AttributeError(f"module 'mdboost' has no attribute {name!r}")
 
 

@@ -195,11 +195,13 @@ class LogitCache:
         return PairProbs(support, columns[0], columns[1], sides[0][3] & sides[1][3])
 
     def _on_support(self, support, ids, kept, rest, tail):
-        match = support[:, :, None] == ids[:, None, :]  # [R, U, k]
-        probs = (match * kept[:, None, :]).sum(-1)  # [R, U]
+        sorted_ids, order = ids.sort(dim=1)  # [R, k]
+        pos = torch.searchsorted(sorted_ids, support).clamp_max(ids.shape[1] - 1)  # [R, U]
+        hit = (sorted_ids.gather(1, pos) == support) & (support >= 0)  # token in this member's top-k
+        probs = torch.where(hit, kept.gather(1, order).gather(1, pos), torch.zeros(()))  # [R, U]
         other = rest.clone()
         if tail == "uniform":
-            hidden = (support >= 0) & ~match.any(-1)  # in the union but outside this member's top-k
+            hidden = (support >= 0) & ~hit  # in the union but outside this member's top-k
             each = rest / max(self.vocab_size - ids.shape[1], 1)
             probs = probs + hidden * each[:, None]
             other = rest - hidden.sum(-1) * each

@@ -148,11 +148,12 @@ def solve(
         point = bp.for_divergence(max_divergence, div, validate=validate)
     else:
         point = bp.for_divergence_bound(max_divergence, div, validate=validate)
-    pi = mentored_distribution(p, q, point.a, point.b)
+    p64, q64 = p.to(torch.float64), q.to(torch.float64)
+    pi = mentored_distribution(p64, q64, point.a.to(torch.float64), point.b.to(torch.float64))
     return MDSolution(
         a=point.a,
         b=point.b,
         acceptance=point.acceptance,
-        achieved_divergence=f_divergence(pi, q, div),
+        achieved_divergence=f_divergence(pi, q64, div).to(p.dtype),
         sd_acceptance=bp.sd_acceptance,
     )

@@ -60,6 +60,7 @@ class VerifyResult:
         The clamp parameters used at each position.
 
     Stats are computed for all K positions; only positions ``<= num_accepted`` were used.
+    With ``top_k`` they refer to the restricted (top-k, renormalised) target.
     """
 
     tokens: torch.Tensor
@@ -199,7 +200,9 @@ def verify(
             budget = _position_budget("max_divergence", max_divergence, batch, num_draft, device, None, validate)
             point = bp.for_divergence(budget, div, validate=False)
         a, b, acc_prob, sd_acc = point.a, point.b, point.acceptance, bp.sd_acceptance
-        div_val = f_divergence(mentored_distribution(p_r, q_r, a, b), q_r, div)
+        p64, q64 = p_r.to(torch.float64), q_r.to(torch.float64)
+        pi64 = mentored_distribution(p64, q64, a.to(torch.float64), b.to(torch.float64))
+        div_val = f_divergence(pi64, q64, div).to(dtype)
 
     u = draw_uniforms(batch, num_draft, dtype=dtype, device=device, generator=generator)
     u_acc = u[:, :num_draft]

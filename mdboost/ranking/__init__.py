@@ -1,0 +1,19 @@
+"""Pair scores for the pool ranking: acceptance, speed model, boosting complementarity, quality.
+
+Modules (paper results in their docstrings; metric definitions in ``docs/ranking.md``):
+
+- :mod:`~mdboost.ranking.support` -- drafter/target on a common support from a top-k cache;
+- :mod:`~mdboost.ranking.acceptance` -- SD ``1 - TV`` and optimal MD acceptance per budget;
+- :mod:`~mdboost.ranking.speed` -- the speed model (tokens per target call, walltime speedup);
+- :mod:`~mdboost.ranking.diagnostics` -- ``eps_pq``, ``rho_pq`` and ``k = sqrt((1+a)/(1-b))``;
+- :mod:`~mdboost.ranking.quality` -- teacher-forced NLL of q, p, mentored and boosted;
+- :mod:`~mdboost.ranking.boosting` -- cache-backed pool members and the pair boosting runs;
+- :mod:`~mdboost.ranking.rank` -- one pair's rows and the ranking rule;
+- :mod:`~mdboost.ranking.from_cache` -- per-member cache folders, pairs, cached rows;
+- :mod:`~mdboost.ranking.report` -- ``ranking.csv``, HTML and terminal tables.
+"""
+
+from mdboost.ranking.rank import Member, PairScore, rank_rows, score_pair
+from mdboost.ranking.speed import best_gamma, expected_tokens, walltime_speedup
+
+__all__ = ["Member", "PairScore", "best_gamma", "expected_tokens", "rank_rows", "score_pair", "walltime_speedup"]
