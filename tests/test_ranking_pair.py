@@ -57,6 +57,10 @@ def test_score_pair_full_matches_direct(pair):
         assert row["nll_drafter"] == pytest.approx(float(-p[idx, true].log().mean()))
         boosted = torch.log_softmax(row["c_target"] * lq + row["c_drafter"] * lp, -1)
         assert row["nll_boosted"] == pytest.approx(float(-boosted[idx, true].mean()))
+        s = row["boosted_scale"]
+        scaled = lambda x: float(-torch.log_softmax(x * (row["c_target"] * lq + row["c_drafter"] * lp), -1)[idx, true].mean())
+        assert row["nll_boosted_rescaled"] == pytest.approx(scaled(s), rel=1e-6)
+        assert row["nll_boosted_rescaled"] <= min(scaled(s * 0.9), scaled(s * 1.1), scaled(1.0)) + 1e-9
         assert row["boosting_advantage"] == pytest.approx(
             row["mu_target"] ** 2 + row["mu_drafter"] ** 2)
         assert row["margin_risk_0"] <= row["margin_bound_0"] + 1e-12

@@ -20,7 +20,7 @@ import math
 import torch
 
 FANOUT = 16
-GRID = 32
+GRID = 16
 MAX_GRID = 1024
 SMALL_VOCAB = 2048
 
@@ -130,7 +130,7 @@ def _refine(bp, seg, lo, hi, budget, div, bound):
     ``GRID`` to ``MAX_GRID`` points per round (more for small batches) until 2^-50 of the segment.
     """
     grid_n = GRID
-    while grid_n < MAX_GRID and lo.shape[0] * grid_n * 2 <= 1 << 15:
+    while grid_n < MAX_GRID and lo.shape[0] * grid_n * 2 <= 1 << 11:
         grid_n *= 2  # fewer rounds (fewer tiny ops) while the grid stays small
     rounds = math.ceil(50 / math.log2(grid_n))
     t = torch.arange(1, grid_n, dtype=lo.dtype, device=lo.device) / grid_n

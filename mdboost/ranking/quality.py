@@ -13,7 +13,9 @@ Per position ``i`` with true next token ``j`` (reference text), the negative log
   normalization; ``h`` = logits, or the one-hot proposal for a prompt-lookup drafter). The
   numerator is exact; the normalizer ``Z = sum_v exp(c1 h_q,v + c2 h_p,v)`` is summed over the
   aligned support, i.e. over the union of the two top-k sets plus the tail bucket under the
-  uniform-tail approximation (exact with full logits, and when ``k = V - 1``).
+  uniform-tail approximation (exact with full logits, and when ``k = V - 1``). Because the
+  leveraging coefficients carry ``1 / h*``, ``softmax(H_T)`` is far flatter than either model;
+  :func:`best_boosted_scale` also reports the mixture ``softmax(s H_T)`` at its best ``s``.
 
 ``beats_target``: the mean NLL of the mentored distribution is below the target's (the
 paper's case where MD improves on the target itself).
@@ -52,22 +54,54 @@ def _scores(aligned_log: torch.Tensor, one_hot: bool, temperature: float) -> tor
     return aligned_log * temperature  # logits up to a per-row shift
 
 
-def nll_boosted(aligned: Aligned, draft: MemberRows, target: MemberRows, c_target: float, c_drafter: float,
-                temperature: float = 1.0) -> torch.Tensor:  # [N]
-    """NLL of the true token under ``softmax(c_target h_q + c_drafter h_p)``.
-
-    ``h`` are the models' logits at temperature 1 (recovered as ``temperature * log-prob``, the
-    shift cancels); for a one-hot drafter ``h_p`` is the proposal indicator.
-    """
+def _boosted_scores(aligned: Aligned, draft: MemberRows, target: MemberRows, c_target: float, c_drafter: float,
+                    temperature: float):
+    """``H`` on the support slots ([N, S], ``-inf`` on empty slots) and at the true token ([N])."""
     h_q = _scores(aligned.log_q, False, temperature)
     h_p = _scores(aligned.log_p, draft.one_hot, temperature)
     if c_drafter == 0:
         h_p = torch.zeros_like(h_p)
     mix = torch.where(aligned.count > 0, c_target * h_q + c_drafter * h_p, torch.full_like(h_q, float("-inf")))
-    log_z = torch.logsumexp(mix + aligned.count.log(), dim=-1)  # count 0 slots drop out
     true_q = target.true_logp.double() * temperature
     if draft.one_hot:
         true_p = (draft.true_logp.double() == 0).to(torch.float64)
     else:
         true_p = draft.true_logp.double() * temperature
-    return log_z - (c_target * true_q + c_drafter * true_p)
+    return mix, c_target * true_q + c_drafter * true_p
+
+
+def nll_boosted(aligned: Aligned, draft: MemberRows, target: MemberRows, c_target: float, c_drafter: float,
+                temperature: float = 1.0, scale: float = 1.0) -> torch.Tensor:  # [N]
+    """NLL of the true token under ``softmax(scale * (c_target h_q + c_drafter h_p))``.
+
+    ``h`` are the models' logits at temperature 1 (recovered as ``temperature * log-prob``, the
+    shift cancels); for a one-hot drafter ``h_p`` is the proposal indicator. ``scale = 1`` is
+    the boosted distribution ``softmax(H_T)`` itself. Its coefficients ``alpha_t`` carry the
+    ``1 / h*_t`` normalization, so ``H_T`` is usually a much flatter (hotter) distribution
+    than either model: its NLL measures the boosting model as fitted, not the best mixture.
+    """
+    mix, true = _boosted_scores(aligned, draft, target, c_target, c_drafter, temperature)
+    log_z = torch.logsumexp(scale * mix + aligned.count.log(), dim=-1)  # count 0 slots drop out
+    return log_z - scale * true
+
+
+def best_boosted_scale(aligned: Aligned, draft: MemberRows, target: MemberRows, c_target: float,
+                       c_drafter: float, temperature: float = 1.0, max_scale: float = 1e4) -> tuple[float, float]:
+    """``(s*, mean NLL)`` minimizing the mean NLL of ``softmax(s H_T)`` over ``s`` in ``[0, max_scale]``.
+
+    The geometric mixture ``q^(s c1) p^(s c2)`` at its best temperature: the NLL is convex in
+    ``s`` (log-sum-exp minus a linear term), so a bounded scalar search finds the optimum.
+    Fitted on the same positions it is evaluated on (one parameter), hence mildly optimistic.
+    """
+    from scipy.optimize import minimize_scalar
+
+    mix, true = _boosted_scores(aligned, draft, target, c_target, c_drafter, temperature)
+    log_count = aligned.count.log()
+
+    def mean_nll(log_s: float) -> float:
+        s = float(torch.tensor(log_s).exp())
+        return float((torch.logsumexp(s * mix + log_count, dim=-1) - s * true).mean())
+
+    found = minimize_scalar(mean_nll, bounds=(-8.0, float(torch.tensor(max_scale).log())), method="bounded",
+                            options={"xatol": 1e-4})
+    return float(torch.tensor(found.x).exp()), float(found.fun)

@@ -68,6 +68,8 @@ def _pair_common(draft: Member, target: Member, aligned, sd, labels, row_ids, md
                                n_rounds=boosting.n_estimators, thetas=boosting.thetas)
     sd_gamma, sd_speed = best_gamma(_mean(sd), draft.cost_ratio, speed.gamma_min, speed.gamma_max)
     nll_b = quality.nll_boosted(aligned, draft.rows, target.rows, boost.c_target, boost.c_drafter, md.temperature)
+    scale, nll_scaled = quality.best_boosted_scale(aligned, draft.rows, target.rows, boost.c_target,
+                                                   boost.c_drafter, md.temperature)
     common = {
         "drafter": draft.name, "target": target.name, "n_positions": int(valid.numel()),
         "proposal_rate": _mean(valid.double()), "tail_mass": _mean(draft.rows.tail + target.rows.tail),
@@ -81,7 +83,7 @@ def _pair_common(draft: Member, target: Member, aligned, sd, labels, row_ids, md
         "eps_pq_q10": _q(eps, 0.1), "eps_pq_median": _q(eps, 0.5), "eps_pq_q90": _q(eps, 0.9),
         "rho_pq_q10": _q(rho, 0.1), "rho_pq_median": _q(rho, 0.5), "rho_pq_q90": _q(rho, 0.9),
         "nll_target": _mean(quality.nll(target.rows)), "nll_drafter": _mean(quality.nll(draft.rows)),
-        "nll_boosted": _mean(nll_b),
+        "nll_boosted": _mean(nll_b), "boosted_scale": scale, "nll_boosted_rescaled": nll_scaled,
     }
     if "greedy" in boosting.orders:
         common.update(boost_greedy(target.hypothesis, draft.hypothesis, row_ids, labels, boosting.n_estimators))

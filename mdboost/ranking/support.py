@@ -69,8 +69,10 @@ class MemberRows:
 class Aligned:
     """Per-token values of ``p`` and ``q`` on a shared support with multiplicities.
 
-    ``p``, ``q``, ``count`` are ``[N, S]``; masses are ``p * count``. ``log_p``/``log_q`` hold the
-    per-token log-values (``-inf`` where zero), used by the boosted distribution.
+    ``p``, ``q``, ``count`` are ``[N, S]``; masses are ``p * count``, renormalized to sum to 1
+    (absorbing the rounding of fp16-stored logits). ``log_p``/``log_q`` hold the per-token
+    log-values as cached, before that renormalization (``-inf`` where zero), consistent with
+    the cached true-token log-probabilities; the boosted distribution uses them.
     """
 
     p: torch.Tensor
@@ -154,7 +156,15 @@ def align(draft: MemberRows, target: MemberRows, vocab_size: int) -> Aligned:
     count = torch.cat([torch.ones_like(q_lp), (~dup).to(q_lp.dtype), bucket[:, None]], dim=1)
     log_q = torch.where(count > 0, log_q, torch.full_like(log_q, float("-inf")))
     log_p = torch.where(count > 0, log_p, torch.full_like(log_p, float("-inf")))
-    return Aligned(log_p.exp(), log_q.exp(), count, log_p, log_q, bucket=True)
+    p, q = _renormalize(log_p, count).exp(), _renormalize(log_q, count).exp()
+    return Aligned(p, q, count, log_p, log_q, bucket=True)
+
+
+def _renormalize(log_v: torch.Tensor, count: torch.Tensor) -> torch.Tensor:  # [N, S]
+    """Make ``sum(exp(log_v) * count) = 1`` per row (absorbs rounding of fp16-stored logits,
+    which can make the kept probabilities sum slightly above 1); all-zero rows stay zero."""
+    total = torch.logsumexp(log_v + count.log(), dim=-1, keepdim=True)
+    return torch.where(torch.isfinite(total), log_v - total, log_v)
 
 
 def rows_from_logits(logits: torch.Tensor, true_ids: torch.Tensor, k: int, temperature: float = 1.0,
