@@ -30,6 +30,10 @@ _EXPORTS = {
     "verify": "mdboost.md.verify",
     "PLACEHOLDER_TOKEN_ID": "mdboost.md.verify",
     "VerifyResult": "mdboost.md.verify",
+    # generation
+    "generate": "mdboost.engine.generate",
+    "GenerationOutput": "mdboost.engine.generate",
+    "GenerationStats": "mdboost.engine.stats",
     # learning
     "SelfNormalizedBoostClassifier": "mdboost.boosting.estimator",
 }

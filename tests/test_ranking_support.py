@@ -161,7 +161,7 @@ def test_quality_against_full_distributions(logits):
     # top-k path: exact at k = V - 1, close at k = V / 2 (uniform-tail approximation)
     for k, tol in ((V - 1, 1e-9), (V // 2, 0.05)):
         d, t = rows_from_logits(lp, true, k), rows_from_logits(lq, true, k)
-        approx = quality.nll_boosted(align(d, t, V), d, t, c1, c2)
+        approx = quality.nll_boosted(align(d, t, V, true), d, t, c1, c2)
         assert (approx + boosted).abs().max() < tol
 
 
@@ -179,3 +179,17 @@ def test_quality_one_hot_and_temperature(logits):
     boosted = torch.log_softmax(c1 * lq + c2 * torch.nn.functional.one_hot(props.clamp_min(0), V) * (props >= 0)[:, None], -1)
     got = quality.nll_boosted(align(d, t, V), d, t, c1, c2, temperature=0.7)
     assert torch.allclose(got, -boosted[idx, true])
+
+
+def test_boosted_nll_nonnegative_when_true_token_in_tail(logits):
+    """True tokens outside the kept sets take the tail level: the NLL stays >= 0 at any scale."""
+    lp, lq, _ = logits
+    true = torch.topk(lq, V, dim=-1).indices[:, -1]  # the target's least likely token
+    d, t = rows_from_logits(lp, true, 3), rows_from_logits(lq, true, 3)
+    al = align(d, t, V, true)
+    outside = ~((t.ids == true[:, None]).any(-1) | (d.ids == true[:, None]).any(-1))
+    assert outside.any()
+    for c1, c2, s in ((0.5, 0.5, 1.0), (0.5, 0.5, 1e3), (1.0, 0.0, 50.0)):
+        assert (quality.nll_boosted(al, d, t, c1, c2, scale=s) >= -1e-9).all()
+    scale, best = quality.best_boosted_scale(al, d, t, 0.5, 0.5)
+    assert best >= 0 and scale > 0

@@ -10,10 +10,12 @@ Per position ``i`` with true next token ``j`` (reference text), the negative log
   is exact given ``(a, b)``; the ``(a, b)`` themselves come from the solver on the aligned
   support (:mod:`mdboost.ranking.support`, uniform-tail approximation unless full logits).
 - boosted ``softmax(c1 h_q + c2 h_p)`` (Section 4: the geometric mixture ``q^c1 p^c2`` up to
-  normalization; ``h`` = logits, or the one-hot proposal for a prompt-lookup drafter). The
-  numerator is exact; the normalizer ``Z = sum_v exp(c1 h_q,v + c2 h_p,v)`` is summed over the
-  aligned support, i.e. over the union of the two top-k sets plus the tail bucket under the
-  uniform-tail approximation (exact with full logits, and when ``k = V - 1``). Because the
+  normalization; ``h`` = logits, or the one-hot proposal for a prompt-lookup drafter),
+  The numerator is exact; the normalizer is summed on the aligned support (the union of the
+  two top-k sets plus the tail bucket, uniform-tail approximation) with the true token's
+  approximated term (its kept value, or the tail level of a model that did not keep it)
+  swapped for its exact one, so ``Z >= exp(H_j)`` and the NLL is never negative at any scale
+  (exact with full logits, and when ``k = V - 1``). Because the
   leveraging coefficients carry ``1 / h*``, ``softmax(H_T)`` is far flatter than either model;
   :func:`best_boosted_scale` also reports the mixture ``softmax(s H_T)`` at its best ``s``.
 
@@ -54,20 +56,27 @@ def _scores(aligned_log: torch.Tensor, one_hot: bool, temperature: float) -> tor
     return aligned_log * temperature  # logits up to a per-row shift
 
 
+def _true_score(lq: torch.Tensor, lp: torch.Tensor, draft: MemberRows, c_target: float, c_drafter: float,
+                temperature: float) -> torch.Tensor:  # [N]
+    true_p = (lp.double() == 0).to(torch.float64) if draft.one_hot else lp.double() * temperature
+    true_p = torch.zeros_like(true_p) if c_drafter == 0 else c_drafter * true_p
+    return c_target * lq.double() * temperature + true_p
+
+
 def _boosted_scores(aligned: Aligned, draft: MemberRows, target: MemberRows, c_target: float, c_drafter: float,
                     temperature: float):
-    """``H`` on the support slots ([N, S], ``-inf`` on empty slots) and at the true token ([N])."""
+    """``H`` on the support ([N, S], ``-inf`` on empty slots), and at the true token: exact ([N])
+    and as the support approximates it ([N], the token's kept value or its tail level)."""
     h_q = _scores(aligned.log_q, False, temperature)
     h_p = _scores(aligned.log_p, draft.one_hot, temperature)
     if c_drafter == 0:
         h_p = torch.zeros_like(h_p)
     mix = torch.where(aligned.count > 0, c_target * h_q + c_drafter * h_p, torch.full_like(h_q, float("-inf")))
-    true_q = target.true_logp.double() * temperature
-    if draft.one_hot:
-        true_p = (draft.true_logp.double() == 0).to(torch.float64)
-    else:
-        true_p = draft.true_logp.double() * temperature
-    return mix, c_target * true_q + c_drafter * true_p
+    exact = _true_score(target.true_logp, draft.true_logp, draft, c_target, c_drafter, temperature)
+    if aligned.true_log_q is None:
+        return mix, exact, None
+    approx = _true_score(aligned.true_log_q, aligned.true_log_p, draft, c_target, c_drafter, temperature)
+    return mix, exact, approx
 
 
 def nll_boosted(aligned: Aligned, draft: MemberRows, target: MemberRows, c_target: float, c_drafter: float,
@@ -80,9 +89,20 @@ def nll_boosted(aligned: Aligned, draft: MemberRows, target: MemberRows, c_targe
     ``1 / h*_t`` normalization, so ``H_T`` is usually a much flatter (hotter) distribution
     than either model: its NLL measures the boosting model as fitted, not the best mixture.
     """
-    mix, true = _boosted_scores(aligned, draft, target, c_target, c_drafter, temperature)
-    log_z = torch.logsumexp(scale * mix + aligned.count.log(), dim=-1)  # count 0 slots drop out
-    return log_z - scale * true
+    mix, exact, approx = _boosted_scores(aligned, draft, target, c_target, c_drafter, temperature)
+    return _log_z(aligned, mix, scale, exact, approx) - scale * exact
+
+
+def _log_z(aligned: Aligned, mix: torch.Tensor, scale: float, exact: torch.Tensor,
+           approx: torch.Tensor | None) -> torch.Tensor:  # [N]
+    """``log Z``: the support sum with the true token's approximated term swapped for its exact one
+    (``Z - exp(s H~_j) + exp(s H_j)``), so ``Z >= exp(s H_j)`` and the NLL is never negative."""
+    log_z = torch.logsumexp(scale * mix + aligned.count.log(), dim=-1)  # count-0 slots drop out
+    if approx is None:
+        return log_z
+    share = torch.exp(scale * approx - log_z).clamp(max=1.0)  # the approximated true term's share of Z
+    rest = log_z + torch.log1p(-share)
+    return torch.logaddexp(rest, scale * exact)
 
 
 def best_boosted_scale(aligned: Aligned, draft: MemberRows, target: MemberRows, c_target: float,
@@ -95,12 +115,11 @@ def best_boosted_scale(aligned: Aligned, draft: MemberRows, target: MemberRows, 
     """
     from scipy.optimize import minimize_scalar
 
-    mix, true = _boosted_scores(aligned, draft, target, c_target, c_drafter, temperature)
-    log_count = aligned.count.log()
+    mix, exact, approx = _boosted_scores(aligned, draft, target, c_target, c_drafter, temperature)
 
     def mean_nll(log_s: float) -> float:
         s = float(torch.tensor(log_s).exp())
-        return float((torch.logsumexp(s * mix + log_count, dim=-1) - s * true).mean())
+        return float((_log_z(aligned, mix, s, exact, approx) - s * exact).mean())
 
     found = minimize_scalar(mean_nll, bounds=(-8.0, float(torch.tensor(max_scale).log())), method="bounded",
                             options={"xatol": 1e-4})

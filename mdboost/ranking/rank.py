@@ -110,7 +110,7 @@ def score_pair(draft: Member, target: Member, labels, vocab_size: int, *, md: MD
     md, speed, boosting = md or MDConfig(), speed or SpeedConfig(), boosting or BoostingConfig()
     labels = np.asarray(labels)
     row_ids = np.arange(len(labels)) if row_ids is None else np.asarray(row_ids)
-    aligned = align(draft.rows, target.rows, vocab_size)
+    aligned = align(draft.rows, target.rows, vocab_size, torch.as_tensor(labels))
     valid = draft.rows.valid
     sd = sd_acceptance(aligned, valid)
     common, boost = _pair_common(draft, target, aligned, sd, labels, row_ids, md, speed, boosting)

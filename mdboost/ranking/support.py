@@ -81,6 +81,8 @@ class Aligned:
     log_p: torch.Tensor
     log_q: torch.Tensor
     bucket: bool = False  # the last slot is the tail bucket (top-k path)
+    true_log_p: torch.Tensor | None = None  # [N] per-token log-value of the true token on this support
+    true_log_q: torch.Tensor | None = None  # (kept value, else the tail level: consistent with the slots)
 
     @property
     def kept(self) -> torch.Tensor:  # [N, S] bool
@@ -117,7 +119,7 @@ def _full(draft: MemberRows, target: MemberRows, vocab: int) -> Aligned:
     return Aligned(log_p.exp(), log_q.exp(), count, log_p, log_q)
 
 
-def align(draft: MemberRows, target: MemberRows, vocab_size: int) -> Aligned:
+def align(draft: MemberRows, target: MemberRows, vocab_size: int, true_ids: torch.Tensor | None = None) -> Aligned:
     """Put drafter ``p`` and target ``q`` on the union of their kept ids plus one tail bucket.
 
     Parameters
@@ -127,6 +129,10 @@ def align(draft: MemberRows, target: MemberRows, vocab_size: int) -> Aligned:
         one-hot and the target has them).
     vocab_size : int
         ``V``, the shared vocabulary size.
+    true_ids : LongTensor [N], optional
+        True next tokens: fills ``true_log_p``/``true_log_q``, the true token's values under
+        the same approximation as the slots (its kept value, else the model's tail level), so
+        that a distribution built on the support and its value at the true token agree.
 
     Returns
     -------
@@ -157,7 +163,12 @@ def align(draft: MemberRows, target: MemberRows, vocab_size: int) -> Aligned:
     log_q = torch.where(count > 0, log_q, torch.full_like(log_q, float("-inf")))
     log_p = torch.where(count > 0, log_p, torch.full_like(log_p, float("-inf")))
     p, q = _renormalize(log_p, count).exp(), _renormalize(log_q, count).exp()
-    return Aligned(p, q, count, log_p, log_q, bucket=True)
+    true_lp = true_lq = None
+    if true_ids is not None:
+        t = torch.as_tensor(true_ids, dtype=torch.long)[:, None]
+        true_lq = torch.where((target.ids == t).any(-1), target.true_logp.double(), tq)
+        true_lp = torch.where((draft.ids == t).any(-1), draft.true_logp.double(), tp)
+    return Aligned(p, q, count, log_p, log_q, bucket=True, true_log_p=true_lp, true_log_q=true_lq)
 
 
 def _renormalize(log_v: torch.Tensor, count: torch.Tensor) -> torch.Tensor:  # [N, S]
