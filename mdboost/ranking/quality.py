@@ -100,8 +100,9 @@ def _log_z(aligned: Aligned, mix: torch.Tensor, scale: float, exact: torch.Tenso
     log_z = torch.logsumexp(scale * mix + aligned.count.log(), dim=-1)  # count-0 slots drop out
     if approx is None:
         return log_z
-    share = torch.exp(scale * approx - log_z).clamp(max=1.0)  # the approximated true term's share of Z
-    rest = log_z + torch.log1p(-share)
+    finite = torch.isfinite(log_z)  # a row whose cached values are all -inf/overflowed keeps only the exact term
+    share = torch.exp(torch.where(finite, scale * approx - log_z, torch.zeros_like(log_z))).clamp(max=1.0)
+    rest = torch.where(finite, log_z + torch.log1p(-share), torch.full_like(log_z, float("-inf")))
     return torch.logaddexp(rest, scale * exact)
 
 
