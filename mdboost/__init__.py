@@ -34,6 +34,15 @@ _EXPORTS = {
     "generate": "mdboost.engine.generate",
     "GenerationOutput": "mdboost.engine.generate",
     "GenerationStats": "mdboost.engine.stats",
+    # models, data, cache
+    "build_pool": "mdboost.models",
+    "Pool": "mdboost.models",
+    "PoolMember": "mdboost.models",
+    "load_model": "mdboost.models",
+    "NgramDrafter": "mdboost.models",
+    "load_texts": "mdboost.data",
+    "build_cache": "mdboost.cache",
+    "LogitCache": "mdboost.cache",
     # learning
     "SelfNormalizedBoostClassifier": "mdboost.boosting.estimator",
 }

@@ -32,9 +32,10 @@ import torch
 
 from mdboost.md import _search
 from mdboost.md._checks import check_budget, check_pair
-from mdboost.md.divergences import Divergence, resolve
+from mdboost.md.divergences import GENERATORS, Divergence, resolve
 
 ACC_DTYPE = torch.float64
+_KL_F = GENERATORS["kl"].f
 
 
 class CurvePoint(NamedTuple):
@@ -78,11 +79,14 @@ class Breakpoints:
         self.vocab = r_sorted.shape[-1]
         self._r = r_sorted  # [N, V] input dtype, sorted ascending
         self._p, self._q = p_sorted.to(ACC_DTYPE), q_sorted.to(ACC_DTYPE)  # [N, V] float64, by ratio
-        # exclusive prefix sums (cp[k] = sum_{i < k}) and suffix sums read backwards
-        # (rp[V - j] = sum_{i >= j}, accurate for small tails), all [N, V + 1] with a leading 0
-        self._cp, self._rp = _cumsums(self._p)
-        self._cq, self._rq = _cumsums(self._q)
-        self._ratio = torch.where(self._q > 0, self._p / self._q, math.inf)  # [N, V] float64
+        # one stacked array [N, 4, V + 1]: exclusive prefix sums of p and q (index k: sum_{i < k})
+        # and suffix sums read backwards (index V - j: sum_{i >= j}, accurate for small tails)
+        self._sums = _stacked_cumsums(self._p, self._q)
+        self._cp, self._cq, self._rp, self._rq = self._sums.unbind(1)
+        if r_sorted.dtype == ACC_DTYPE:  # the same division; 0/0 rows (r = 1) are never read as knots
+            self._ratio = r_sorted
+        else:
+            self._ratio = torch.where(self._q > 0, self._p / self._q, math.inf)  # [N, V] float64
         col = torch.ones_like(r_sorted[:, :1])
         self._n_lt = torch.searchsorted(r_sorted, col, right=False)  # r < 1
         self._n_le = torch.searchsorted(r_sorted, col, right=True)  # r <= 1
@@ -148,18 +152,13 @@ class Breakpoints:
     def prefix(self, div: Divergence):
         """Sums of ``q_i g(r_i)`` anchored at ``r = 1``, for one generator (cached).
 
-        ``low[V-k] = sum_{k <= i < n_lt}`` (reverse cumsum of the ``r < 1`` part) and
-        ``high[j] = sum_{n_le <= i < j}`` (cumsum of the ``r > 1`` part): each range sum is a
+        One array [N, 2, V + 1]: ``[:, 0, V-k] = sum_{k <= i < n_lt}`` (reverse cumsum of the
+        ``r < 1`` part) and ``[:, 1, j] = sum_{n_le <= i < j}`` (cumsum of the ``r > 1`` part): each range sum is a
         partial sum that starts next to ``r = 1``, so there is no cancellation between large
         terms (``q_i g(r_i)`` explodes for extreme ratios) and ``+inf`` terms stay exact.
         """
         if div not in self._prefix_cache:
-            r = self._r.to(ACC_DTYPE)
-            # q_i = 0 gives 0 * g(1) = 0; an overflowed ratio (q_i tiny) is treated as q_i = 0
-            terms = self._q * div.g(torch.nan_to_num(r, posinf=1.0))
-            low = _cumsums(torch.where(r < 1, terms, 0.0), forward=False)[1]  # low[V - k]
-            high = _cumsums(torch.where(r > 1, terms, 0.0), backward=False)[0]  # high[j]
-            self._prefix_cache[div] = (low, high)
+            self._prefix_cache[div] = _prefix_sums(self._r, self._p, self._q, self._ratio, div)
         return self._prefix_cache[div]
 
     def segment(self, j, k, div: Divergence | None, bound: bool):
@@ -168,10 +167,14 @@ class Breakpoints:
         ``inv_qa``/``inv_qb`` are ``1 / q(A)``, ``1 / q(B)`` (0 for an empty set), so that
         :meth:`ab` needs no branches: an empty A gives ``a = 0``, an empty B ``b = 0``.
         """
-        qa, qb = self.q_suf(j), self.q_pre(k)
+        shape = j.shape
+        j2, k2 = j.reshape(shape[0], -1), k.reshape(shape[0], -1)
+        vj, vk = self.vocab - j2, self.vocab - k2
+        # one gather for the four sums: p(B), q(B) at k, p(A), q(A) read backwards at V - j
+        pb, qb, pa, qa = torch.gather(self._sums, 2, torch.stack([k2, k2, vj, vj], 1)).reshape((shape[0], 4) + shape[1:]).unbind(1)
         seg = {
-            "pa": self.p_suf(j),
-            "pb": self.p_pre(k),
+            "pa": pa,
+            "pb": pb,
             "qa": qa,
             "qb": qb,
             "inv_qa": torch.where(qa > 0, 1 / torch.where(qa > 0, qa, 1.0), 0.0),
@@ -183,8 +186,8 @@ class Breakpoints:
         if bound:
             seg["qm"] = self.q_pre(j) - qb
             return seg
-        low, high = self.prefix(div)
-        seg["mid"] = take(low, self.vocab - k) + take(high, j)
+        low_high = torch.gather(self.prefix(div), 2, torch.stack([vk, j2], 1)).reshape((shape[0], 2) + shape[1:])
+        seg["mid"] = low_high[:, 0] + low_high[:, 1]
         return seg
 
     @staticmethod
@@ -327,26 +330,50 @@ def _sort_rows(r, p, q):  # [N, V] each -> r, p, q permuted so that r is ascendi
     return torch.from_numpy(r_sorted), torch.from_numpy(p_sorted), torch.from_numpy(np.take(q.contiguous().numpy(), flat))
 
 
-def _cumsums(x: torch.Tensor, forward: bool = True, backward: bool = True):  # [N, V] -> [N, V+1] x2
-    """Exclusive ``cumsum(x)`` and ``cumsum(flip(x))`` along the last axis, each with a leading 0.
+BLOCK_ELEMS = 1 << 17  # rows per block in full-vocabulary passes: ~1 MiB of float64, cache resident
 
-    numpy on CPU (faster); skipped ones (``forward``/``backward`` False) are returned as None.
+
+def _blocks(n: int, vocab: int):
+    step = max(1, BLOCK_ELEMS // max(vocab, 1))
+    return [slice(s, min(n, s + step)) for s in range(0, n, step)]
+
+
+def _stacked_cumsums(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:  # [N, V] x2 -> [N, 4, V+1]
+    """``[cumsum(p), cumsum(q), cumsum(flip(p)), cumsum(flip(q))]``, each with a leading 0.
+
+    Computed in row blocks that stay in cache (one 2-D cumsum over a large array is several
+    times slower on CPU than the same work block by block).
     """
-    n, vocab = x.shape
-    if _numpy_ok(x):
-        xn = x.contiguous().numpy()
-        out = []
-        for on, src in ((forward, xn), (backward, xn[:, ::-1])):
-            if not on:
-                out.append(None)
-                continue
-            buf = np.zeros((n, vocab + 1), dtype=xn.dtype)
-            np.cumsum(src, axis=-1, out=buf[:, 1:])
-            out.append(torch.from_numpy(buf))
-        return tuple(out)
-    zero = torch.zeros_like(x[:, :1])
-    fwd = torch.cat([zero, torch.cumsum(x, -1)], -1) if forward else None
-    return fwd, (torch.cat([zero, torch.cumsum(torch.flip(x, [-1]), -1)], -1) if backward else None)
+    n, vocab = p.shape
+    out = torch.empty((n, 4, vocab + 1), dtype=p.dtype, device=p.device)
+    out[:, :, 0] = 0
+    for blk in _blocks(n, vocab):
+        x = torch.stack([p[blk], q[blk]], 1)  # [b, 2, V]
+        out[blk, :2, 1:].copy_(torch.cumsum(x, -1))
+        out[blk, 2:, 1:].copy_(torch.cumsum(torch.flip(x, [-1]), -1))
+    return out
+
+
+def _prefix_sums(r, p, q, ratio, div: Divergence) -> torch.Tensor:  # [N, V] each -> [N, 2, V+1]
+    """Sums of ``q_i g(r_i)``: reverse cumsum over ``r < 1``, forward cumsum over ``1 < r < inf``.
+
+    For KL, ``q g(r) = p log r - p + q`` (one ``log``; ``p = 0`` gives ``q``).
+    """
+    n, vocab = r.shape
+    out = torch.empty((n, 2, vocab + 1), dtype=ACC_DTYPE, device=r.device)
+    out[:, :, 0] = 0
+    for blk in _blocks(n, vocab):
+        rb, pb, qb, zb = r[blk], p[blk], q[blk], ratio[blk]
+        if div.name == "kl" and div.f is _KL_F:
+            terms = torch.where(pb > 0, pb * torch.log(zb), 0.0) - pb + qb
+        else:
+            # q_i = 0 gives 0 * g(1) = 0; an overflowed ratio (q_i tiny) is treated as q_i = 0
+            terms = qb * div.g(torch.nan_to_num(rb.to(ACC_DTYPE), posinf=1.0))
+        low = torch.where(rb < 1, terms, 0.0)
+        high = torch.where((rb > 1) & (rb < math.inf), terms, 0.0)
+        out[blk, 0, 1:].copy_(torch.cumsum(torch.flip(low, [-1]), -1))
+        out[blk, 1, 1:].copy_(torch.cumsum(high, -1))
+    return out
 
 
 def _bcast(col: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
