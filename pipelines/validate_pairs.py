@@ -24,11 +24,17 @@ from mdboost.ranking.report import read_csv
 
 @dataclass
 class SourceConfig:
-    """Which ranking: a folder holding ``ranking.csv`` or an MLflow parent run id; top-N rows."""
+    """Which ranking: a folder holding ``ranking.csv`` or an MLflow parent run id; top-N rows.
+
+    ``per_pair``: take each pair's best-ranked operating point only (top-N distinct pairs);
+    otherwise the top-N operating points. Either way a budget-0 point is run once per pair
+    (it is plain SD whatever the divergence).
+    """
 
     ranking_dir: str | None = None
     ranking_run_id: str | None = None
     top: int = 3
+    per_pair: bool = True
 
     def __post_init__(self):
         if (self.ranking_dir is None) == (self.ranking_run_id is None):
@@ -172,6 +178,24 @@ def _key(p: dict) -> tuple:
     return (p["drafter"], p["target"], p["divergence"], round(float(p["max_divergence"]), 12))
 
 
+def select_points(rows: list[dict], top: int, per_pair: bool) -> list[dict]:
+    """The first ``top`` distinct operating points (or pairs) of ranking rows sorted by rank."""
+    rows = sorted(rows, key=lambda r: int(r["rank"]))
+    chosen, seen = [], set()
+    for r in rows:
+        if r["target"] == "ngram" or r["target"].startswith("ngram:"):
+            continue
+        budget = round(float(r["max_divergence"]), 12)
+        key = (r["drafter"], r["target"]) if per_pair else (
+            r["drafter"], r["target"], "sd" if budget == 0 else r["divergence"], budget)
+        if key not in seen:
+            seen.add(key)
+            chosen.append(r)
+        if len(chosen) == top:
+            break
+    return chosen
+
+
 def run(cfg: ValidateConfig) -> dict:
     """Run the validation; returns a summary with per-point metrics and quality metrics."""
     from mdboost.models.pool import build_pool
@@ -181,7 +205,7 @@ def run(cfg: ValidateConfig) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         rows, rank_cfg, rank_run = fetch_ranking(cfg.ranking, cfg.tracking, Path(tmp))
-    rows = [r for r in rows if r["target"] != "ngram" and not r["target"].startswith("ngram:")][: cfg.ranking.top]
+    rows = select_points(rows, cfg.ranking.top, cfg.ranking.per_pair)
     pc = rank_cfg.pool
     names = sorted({n for r in rows for n in (r["drafter"], r["target"])} - {pc.target})
     pool = build_pool(pc.target, names, device=pc.device, home=pc.home)

@@ -34,7 +34,7 @@ def validated(tmp_path_factory):
     client = MlflowClient(tracking["tracking_uri"])
     rank_exp = client.get_experiment_by_name("rank-e2e").experiment_id
     rank_parent = client.search_runs([rank_exp], "tags.`mdboost.pipeline` = 'rank_pool'")[0].info.run_id
-    val = {"name": "e2e", "output_dir": str(tmp / "val"), "ranking": {"ranking_run_id": rank_parent, "top": 3},
+    val = {"name": "e2e", "output_dir": str(tmp / "val"), "ranking": {"ranking_run_id": rank_parent, "top": 3, "per_pair": False},
            "generation": {"prompts": 2, "max_new_tokens": 8}, "humaneval": {"tasks": 1, "max_new_tokens": 8},
            "tracking": {**tracking, "experiment": "val-e2e"}, "progress": False}
     (tmp / "val.yaml").write_text(yaml.safe_dump(val))

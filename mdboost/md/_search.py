@@ -20,24 +20,24 @@ import math
 import torch
 
 FANOUT = 16
-GRID = 16
-MAX_GRID = 1024
+LARGE_FANOUT = 64  # primal segment search: fewer rounds of slightly wider tiny ops
+MAX_ROUNDS = 64  # _refine: the midpoint alone halves the bracket, so 2^-50 is reached well before
 SMALL_VOCAB = 2048
 
 
-def _iters(vocab: int) -> int:
-    return max(1, math.ceil(math.log(vocab + 1) / math.log(FANOUT))) + 1
+def _iters(vocab: int, fanout: int = FANOUT) -> int:
+    return max(1, math.ceil(math.log(vocab + 1) / math.log(fanout))) + 1
 
 
-def first_true(lo: torch.Tensor, hi: torch.Tensor, pred, vocab: int) -> torch.Tensor:
+def first_true(lo: torch.Tensor, hi: torch.Tensor, pred, vocab: int, fanout: int = FANOUT) -> torch.Tensor:
     """Smallest index in ``[lo, hi]`` where the monotone ``pred`` holds (``pred(hi)`` assumed).
 
     ``lo``, ``hi``: long tensors of one shape [N, ...]; ``pred`` maps candidate indices of shape
     [N, ..., FANOUT + 1] to booleans.
     """
-    steps = torch.arange(FANOUT + 1, device=lo.device)
-    for _ in range(_iters(vocab)):
-        cand = lo.unsqueeze(-1) + ((hi - lo).unsqueeze(-1) * steps) // FANOUT
+    steps = torch.arange(fanout + 1, device=lo.device)
+    for _ in range(_iters(vocab, fanout)):
+        cand = lo.unsqueeze(-1) + ((hi - lo).unsqueeze(-1) * steps) // fanout
         t = pred(cand) | (cand >= hi.unsqueeze(-1))
         first = t.long().argmax(-1, keepdim=True)  # the first True
         prev = cand.gather(-1, (first - 1).clamp(min=0)).squeeze(-1)
@@ -63,15 +63,33 @@ def locate_k(bp, m: torch.Tensor) -> torch.Tensor:
     return first_true(lo, _col(bp._n_lt, m), lambda k: bp.knot_b(k) >= mm, bp.vocab)
 
 
-def _bracket_large(bp, budget, div, bound):
-    """Nested search: the A segment, then the B breakpoints inside it."""
+def _b_knots(bp):
+    """Monotone B-breakpoint values ``[N, L]`` (``L = max n_lt + 1``) for ``searchsorted``.
+
+    ``kb[k] = knot_b(k)`` for ``k <= n_lt`` (made non-decreasing against rounding), ``+inf`` after.
+    """
+    width = int(bp._n_lt.max()) + 1
+    idx = torch.arange(width, device=bp._r.device).expand(bp._r.shape[0], width)
+    kb = torch.where(idx > bp._n_lt, math.inf, bp.knot_b(idx))
+    return torch.cummax(kb, -1).values.contiguous()
+
+
+def _locate_k_sorted(bp, kb, m):
+    """B segment of ``m`` [N, ...] by one ``searchsorted`` (same result as :func:`locate_k`)."""
+    flat = m.reshape(m.shape[0], -1).contiguous()
+    k = torch.searchsorted(kb, flat).clamp(min=1)
+    return torch.minimum(k, bp._n_lt).reshape(m.shape)
+
+
+def _bracket_large(bp, budget, div, bound, kb):
+    """A-breakpoint search (each knot's B segment by ``searchsorted``), then the B-breakpoints inside."""
     big_budget = budget.unsqueeze(-1)
 
     def pred_a(j):
         m = bp.knot_a(j)
-        return bp.div_at(m, j, locate_k(bp, m), div, bound) > big_budget
+        return bp.div_at(m, j, _locate_k_sorted(bp, kb, m), div, bound) > big_budget
 
-    j = first_true(bp._n_le.clone(), bp._j_max.clone(), pred_a, bp.vocab)
+    j = first_true(bp._n_le.clone(), bp._j_max.clone(), pred_a, bp.vocab, LARGE_FANOUT)
     m_lo = bp.knot_a(j)
     m_hi = torch.where(j > bp._n_le, bp.knot_a((j - 1).clamp(min=0)), bp._tv)
 
@@ -79,10 +97,11 @@ def _bracket_large(bp, budget, div, bound):
         m = torch.minimum(torch.maximum(bp.knot_b(k), m_lo.unsqueeze(-1)), m_hi.unsqueeze(-1))
         return bp.div_at(m, j.unsqueeze(-1).expand(k.shape), k, div, bound) <= big_budget
 
-    k = first_true(locate_k(bp, m_lo), locate_k(bp, m_hi), pred_b, bp.vocab)
+    k_lo, k_hi = _locate_k_sorted(bp, kb, torch.cat([m_lo, m_hi], -1)).unbind(-1)
+    k = first_true(k_lo.unsqueeze(-1), k_hi.unsqueeze(-1), pred_b, bp.vocab, LARGE_FANOUT)
     top = torch.minimum(torch.maximum(bp.knot_b(k), m_lo), m_hi)
     bot = torch.where(k > 0, bp.knot_b((k - 1).clamp(min=0)), m_lo)
-    return torch.minimum(torch.maximum(bot, m_lo), top), top
+    return torch.minimum(torch.maximum(bot, m_lo), top), top, (j, k)
 
 
 def _sorted_knots(bp):
@@ -125,21 +144,40 @@ def _bracket_small(bp, knots, budget, div, bound):
 
 
 def _refine(bp, seg, lo, hi, budget, div, bound):
-    """Grid search for the crossing inside one segment; returns the ``D <= budget`` side.
+    """Bracketed secant search for the crossing inside one segment; returns the ``D <= budget`` side.
 
-    ``GRID`` to ``MAX_GRID`` points per round (more for small batches) until 2^-50 of the segment.
+    ``h(m) = D(m) - budget`` decreases in ``m``; the bracket ``[lo, hi]`` keeps ``h(lo) > 0 >= h(hi)``.
+    Each round evaluates, in one batched call, the secant point ``x``, ``x +- w`` and the midpoint:
+    when the root lies within ``w`` of ``x`` the bracket collapses to width ``<= w`` and the
+    relative width ``w / (hi - lo)`` is squared for the next round (superlinear), otherwise the
+    midpoint still halves it (safeguard). Stops once every row is within ``2^-50`` of its segment
+    (or a few ulps of ``m``).
     """
-    grid_n = GRID
-    while grid_n < MAX_GRID and lo.shape[0] * grid_n * 2 <= 1 << 11:
-        grid_n *= 2  # fewer rounds (fewer tiny ops) while the grid stays small
-    rounds = math.ceil(50 / math.log2(grid_n))
-    t = torch.arange(1, grid_n, dtype=lo.dtype, device=lo.device) / grid_n
-    for _ in range(rounds):
-        grid = lo + (hi - lo) * t  # [N, grid_n - 1]
-        count = (bp.div_on(grid, seg, div, bound) > budget).sum(-1, keepdim=True)
-        new_lo = torch.where(count > 0, grid.gather(-1, (count - 1).clamp(min=0)), lo)
-        hi = torch.where(count < grid_n - 1, grid.gather(-1, count.clamp(max=grid_n - 2)), hi)
-        lo = new_lo
+    ends = bp.div_on(torch.cat([lo, hi], -1), seg, div, bound) - budget  # [N, 2]
+    h_lo, h_hi = ends[:, :1], ends[:, 1:]
+    done_lo = h_lo <= 0  # the whole segment fits: the answer is lo
+    hi = torch.where(done_lo | (h_hi > 0), torch.where(done_lo, lo, hi), hi)
+    lo = torch.where(done_lo | (h_hi > 0), hi, lo)
+    tol = torch.maximum((hi - lo) * 2.0 ** -50, hi.abs() * 4 * torch.finfo(hi.dtype).eps)
+    rho = torch.full_like(lo, 1 / 16)
+    for _ in range(MAX_ROUNDS):
+        if bool(((hi - lo) <= tol).all()):
+            break
+        width = hi - lo
+        x = lo + width * (h_lo / (h_lo - h_hi))
+        x = torch.where(torch.isfinite(x), x, lo + width / 2).clamp(min=lo, max=hi)
+        w = width * rho
+        pts = torch.cat([x - w, x, x + w, lo + width / 2], -1).clamp(min=lo, max=hi)  # [N, 4]
+        h = bp.div_on(pts, seg, div, bound) - budget
+        above = h > 0
+        new_lo, i_lo = torch.where(above, pts, -math.inf).max(-1, keepdim=True)
+        new_hi, i_hi = torch.where(above, math.inf, pts).min(-1, keepdim=True)
+        take_lo, take_hi = new_lo > lo, new_hi < hi
+        lo = torch.where(take_lo, new_lo, lo)
+        h_lo = torch.where(take_lo, h.gather(-1, i_lo), h_lo)
+        hi = torch.where(take_hi, new_hi, hi)
+        h_hi = torch.where(take_hi, h.gather(-1, i_hi), h_hi)
+        rho = torch.where(hi - lo <= 2 * w, (rho * rho).clamp(min=2.0 ** -60), 1 / 16)
     return hi
 
 
@@ -151,16 +189,15 @@ def primal(bp, budget: torch.Tensor, div, bound: bool):
     m_end, tv = bp._m_end, bp._tv
     small = bp.vocab <= SMALL_VOCAB
     knots = _sorted_knots(bp) if small else None
-    k_end = _sorted_locate(bp, knots[3], knots[4], m_end)[1] if small else locate_k(bp, m_end)
+    kb = knots[3] if small else _b_knots(bp)
+    k_end = _sorted_locate(bp, kb, knots[4], m_end)[1] if small else _locate_k_sorted(bp, kb, m_end)
     seg_end = bp.segment(bp._j_max, k_end, div, bound)
     d_end = bp.div_on(m_end, seg_end, div, bound)
     inner = torch.where((budget > 0) & (budget < d_end), budget, d_end / 2)  # keeps the search well posed
     if small:
         m_lo, m_hi, (j, k) = _bracket_small(bp, knots, inner, div, bound)
     else:
-        m_lo, m_hi = _bracket_large(bp, inner, div, bound)
-        mid = (m_lo + m_hi) / 2
-        j, k = locate_j(bp, mid), locate_k(bp, mid)
+        m_lo, m_hi, (j, k) = _bracket_large(bp, inner, div, bound, kb)
     seg = bp.segment(j, k, div, bound)
     m = _refine(bp, seg, m_lo, m_hi, inner, div, bound)
     at_end = (budget >= d_end) & (budget > 0)

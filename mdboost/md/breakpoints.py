@@ -79,10 +79,9 @@ class Breakpoints:
         self.vocab = r_sorted.shape[-1]
         self._r = r_sorted  # [N, V] input dtype, sorted ascending
         self._p, self._q = p_sorted.to(ACC_DTYPE), q_sorted.to(ACC_DTYPE)  # [N, V] float64, by ratio
-        # one stacked array [N, 4, V + 1]: exclusive prefix sums of p and q (index k: sum_{i < k})
-        # and suffix sums read backwards (index V - j: sum_{i >= j}, accurate for small tails)
-        self._sums = _stacked_cumsums(self._p, self._q)
-        self._cp, self._cq, self._rp, self._rq = self._sums.unbind(1)
+        # exclusive prefix sums of p and q (index k: sum_{i < k}) and suffix sums read backwards
+        # (index V - j: sum_{i >= j}, accurate for small tails), each [N, V + 1]
+        self._cp, self._cq, self._rp, self._rq = _cumsums(self._p, self._q)
         if r_sorted.dtype == ACC_DTYPE:  # the same division; 0/0 rows (r = 1) are never read as knots
             self._ratio = r_sorted
         else:
@@ -152,8 +151,8 @@ class Breakpoints:
     def prefix(self, div: Divergence):
         """Sums of ``q_i g(r_i)`` anchored at ``r = 1``, for one generator (cached).
 
-        One array [N, 2, V + 1]: ``[:, 0, V-k] = sum_{k <= i < n_lt}`` (reverse cumsum of the
-        ``r < 1`` part) and ``[:, 1, j] = sum_{n_le <= i < j}`` (cumsum of the ``r > 1`` part): each range sum is a
+        ``low[V-k] = sum_{k <= i < n_lt}`` (reverse cumsum of the ``r < 1`` part) and
+        ``high[j] = sum_{n_le <= i < j}`` (cumsum of the ``r > 1`` part), each [N, V + 1]: each range sum is a
         partial sum that starts next to ``r = 1``, so there is no cancellation between large
         terms (``q_i g(r_i)`` explodes for extreme ratios) and ``+inf`` terms stay exact.
         """
@@ -170,8 +169,8 @@ class Breakpoints:
         shape = j.shape
         j2, k2 = j.reshape(shape[0], -1), k.reshape(shape[0], -1)
         vj, vk = self.vocab - j2, self.vocab - k2
-        # one gather for the four sums: p(B), q(B) at k, p(A), q(A) read backwards at V - j
-        pb, qb, pa, qa = torch.gather(self._sums, 2, torch.stack([k2, k2, vj, vj], 1)).reshape((shape[0], 4) + shape[1:]).unbind(1)
+        pb, qb = _take(self._cp, k2, shape), _take(self._cq, k2, shape)
+        pa, qa = _take(self._rp, vj, shape), _take(self._rq, vj, shape)
         seg = {
             "pa": pa,
             "pb": pb,
@@ -186,8 +185,8 @@ class Breakpoints:
         if bound:
             seg["qm"] = self.q_pre(j) - qb
             return seg
-        low_high = torch.gather(self.prefix(div), 2, torch.stack([vk, j2], 1)).reshape((shape[0], 2) + shape[1:])
-        seg["mid"] = low_high[:, 0] + low_high[:, 1]
+        low, high = self.prefix(div)
+        seg["mid"] = _take(low, vk, shape) + _take(high, j2, shape)
         return seg
 
     @staticmethod
@@ -338,30 +337,40 @@ def _blocks(n: int, vocab: int):
     return [slice(s, min(n, s + step)) for s in range(0, n, step)]
 
 
-def _stacked_cumsums(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:  # [N, V] x2 -> [N, 4, V+1]
-    """``[cumsum(p), cumsum(q), cumsum(flip(p)), cumsum(flip(q))]``, each with a leading 0.
+def _empty_sums(n: int, vocab: int, count: int, like: torch.Tensor):
+    """``count`` separate [N, V + 1] float64 arrays with a leading 0 column.
+
+    Separate arrays, not one stacked tensor: allocations above glibc's mmap threshold (32 MiB)
+    come back as fresh pages on every call, and faulting them in costs more than the sums.
+    """
+    outs = [torch.empty((n, vocab + 1), dtype=ACC_DTYPE, device=like.device) for _ in range(count)]
+    for out in outs:
+        out[:, 0] = 0
+    return outs
+
+
+def _cumsums(p: torch.Tensor, q: torch.Tensor):  # [N, V] x2 -> 4 x [N, V+1]
+    """``cumsum(p), cumsum(q), cumsum(flip(p)), cumsum(flip(q))``, each with a leading 0.
 
     Computed in row blocks that stay in cache (one 2-D cumsum over a large array is several
     times slower on CPU than the same work block by block).
     """
     n, vocab = p.shape
-    out = torch.empty((n, 4, vocab + 1), dtype=p.dtype, device=p.device)
-    out[:, :, 0] = 0
+    outs = _empty_sums(n, vocab, 4, p)
     for blk in _blocks(n, vocab):
-        x = torch.stack([p[blk], q[blk]], 1)  # [b, 2, V]
-        out[blk, :2, 1:].copy_(torch.cumsum(x, -1))
-        out[blk, 2:, 1:].copy_(torch.cumsum(torch.flip(x, [-1]), -1))
-    return out
+        for src, fwd, rev in ((p[blk], outs[0], outs[2]), (q[blk], outs[1], outs[3])):
+            fwd[blk, 1:] = torch.cumsum(src, -1)
+            rev[blk, 1:] = torch.cumsum(torch.flip(src, [-1]), -1)
+    return tuple(outs)
 
 
-def _prefix_sums(r, p, q, ratio, div: Divergence) -> torch.Tensor:  # [N, V] each -> [N, 2, V+1]
+def _prefix_sums(r, p, q, ratio, div: Divergence):  # [N, V] each -> 2 x [N, V+1]
     """Sums of ``q_i g(r_i)``: reverse cumsum over ``r < 1``, forward cumsum over ``1 < r < inf``.
 
     For KL, ``q g(r) = p log r - p + q`` (one ``log``; ``p = 0`` gives ``q``).
     """
     n, vocab = r.shape
-    out = torch.empty((n, 2, vocab + 1), dtype=ACC_DTYPE, device=r.device)
-    out[:, :, 0] = 0
+    low_sum, high_sum = _empty_sums(n, vocab, 2, r)
     for blk in _blocks(n, vocab):
         rb, pb, qb, zb = r[blk], p[blk], q[blk], ratio[blk]
         if div.name == "kl" and div.f is _KL_F:
@@ -371,9 +380,14 @@ def _prefix_sums(r, p, q, ratio, div: Divergence) -> torch.Tensor:  # [N, V] eac
             terms = qb * div.g(torch.nan_to_num(rb.to(ACC_DTYPE), posinf=1.0))
         low = torch.where(rb < 1, terms, 0.0)
         high = torch.where((rb > 1) & (rb < math.inf), terms, 0.0)
-        out[blk, 0, 1:].copy_(torch.cumsum(torch.flip(low, [-1]), -1))
-        out[blk, 1, 1:].copy_(torch.cumsum(high, -1))
-    return out
+        low_sum[blk, 1:] = torch.cumsum(torch.flip(low, [-1]), -1)
+        high_sum[blk, 1:] = torch.cumsum(high, -1)
+    return low_sum, high_sum
+
+
+def _take(arr: torch.Tensor, idx2: torch.Tensor, shape) -> torch.Tensor:
+    """``arr[n, idx2[n, :]]`` for idx2 [N, Q], reshaped to ``shape``."""
+    return torch.gather(arr, 1, idx2).reshape(shape)
 
 
 def _bcast(col: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
