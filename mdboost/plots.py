@@ -11,8 +11,9 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from mdboost._io import atomic_path
 
 import numpy as np
 
@@ -31,13 +32,10 @@ def _pair(row: dict) -> str:
 
 
 def _save(fig, path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, bbox_inches="tight")
     _plt().close(fig)
-    return path
+    return Path(path)
 
 
 def plot_acceptance_vs_budget(rows: list[dict], path) -> Path:

@@ -13,10 +13,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 
 from safetensors.torch import save_file
+
+from mdboost._io import atomic_path, atomic_write_text
 
 FORMAT = "mdboost-logit-cache"
 FORMAT_VERSION = 1
@@ -42,29 +43,15 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
-
-
 def atomic_save_tensors(tensors: dict, path: str | os.PathLike) -> str:
     """Save ``tensors`` as safetensors atomically, write the ``.sha256`` sidecar; return the digest.
 
     No safetensors metadata is written, so equal tensors give byte-identical files.
     """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, tmp)
+    with atomic_path(path) as tmp:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
         digest = sha256_file(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
     atomic_write_text(path.with_name(path.name + ".sha256"), digest + "\n")
     return digest
 

@@ -78,14 +78,15 @@ class Breakpoints:
         self.dtype = dtype
         self.vocab = r_sorted.shape[-1]
         self._r = r_sorted  # [N, V] input dtype, sorted ascending
-        self._p, self._q = p_sorted.to(ACC_DTYPE), q_sorted.to(ACC_DTYPE)  # [N, V] float64, by ratio
+        p64, self._q = p_sorted.to(ACC_DTYPE), q_sorted.to(ACC_DTYPE)  # [N, V] float64, by ratio
         # exclusive prefix sums of p and q (index k: sum_{i < k}) and suffix sums read backwards
         # (index V - j: sum_{i >= j}, accurate for small tails), each [N, V + 1]
-        self._cp, self._cq, self._rp, self._rq = _cumsums(self._p, self._q)
+        self._cp, self._cq, self._rp, self._rq = _cumsums(p64, self._q)
         if r_sorted.dtype == ACC_DTYPE:  # the same division; 0/0 rows (r = 1) are never read as knots
             self._ratio = r_sorted
         else:
-            self._ratio = torch.where(self._q > 0, self._p / self._q, math.inf)  # [N, V] float64
+            self._ratio = torch.where(self._q > 0, p64 / self._q, math.inf)  # [N, V] float64
+        del p64  # p is not kept: q and the ratio give every later term (fewer fresh pages)
         col = torch.ones_like(r_sorted[:, :1])
         self._n_lt = torch.searchsorted(r_sorted, col, right=False)  # r < 1
         self._n_le = torch.searchsorted(r_sorted, col, right=True)  # r <= 1
@@ -151,13 +152,14 @@ class Breakpoints:
     def prefix(self, div: Divergence):
         """Sums of ``q_i g(r_i)`` anchored at ``r = 1``, for one generator (cached).
 
-        ``low[V-k] = sum_{k <= i < n_lt}`` (reverse cumsum of the ``r < 1`` part) and
-        ``high[j] = sum_{n_le <= i < j}`` (cumsum of the ``r > 1`` part), each [N, V + 1]: each range sum is a
+        One array [N, V + 1]: ``mid[k] = sum_{k <= i < n_lt}`` for ``k <= n_lt`` (reverse cumsum of
+        the ``r < 1`` part) and ``mid[j] = sum_{n_le <= i < j}`` for ``j >= n_le`` (cumsum of the
+        ``r > 1`` part); both are 0 in ``[n_lt, n_le]``, so ``mid[k] + mid[j]`` is the M-set sum. Each range sum is a
         partial sum that starts next to ``r = 1``, so there is no cancellation between large
         terms (``q_i g(r_i)`` explodes for extreme ratios) and ``+inf`` terms stay exact.
         """
         if div not in self._prefix_cache:
-            self._prefix_cache[div] = _prefix_sums(self._r, self._p, self._q, self._ratio, div)
+            self._prefix_cache[div] = _prefix_sums(self._r, self._q, self._ratio, div)
         return self._prefix_cache[div]
 
     def segment(self, j, k, div: Divergence | None, bound: bool):
@@ -185,8 +187,8 @@ class Breakpoints:
         if bound:
             seg["qm"] = self.q_pre(j) - qb
             return seg
-        low, high = self.prefix(div)
-        seg["mid"] = _take(low, vk, shape) + _take(high, j2, shape)
+        mid = self.prefix(div)
+        seg["mid"] = _take(mid, k2, shape) + _take(mid, j2, shape)
         return seg
 
     @staticmethod
@@ -364,25 +366,26 @@ def _cumsums(p: torch.Tensor, q: torch.Tensor):  # [N, V] x2 -> 4 x [N, V+1]
     return tuple(outs)
 
 
-def _prefix_sums(r, p, q, ratio, div: Divergence):  # [N, V] each -> 2 x [N, V+1]
-    """Sums of ``q_i g(r_i)``: reverse cumsum over ``r < 1``, forward cumsum over ``1 < r < inf``.
+def _prefix_sums(r, q, ratio, div: Divergence) -> torch.Tensor:  # [N, V] each -> [N, V+1]
+    """Range sums of ``q_i g(r_i)`` anchored at ``r = 1`` in one array (see :meth:`Breakpoints.prefix`).
 
-    For KL, ``q g(r) = p log r - p + q`` (one ``log``; ``p = 0`` gives ``q``).
+    For KL, ``q g(r) = q (r log r - r + 1)`` with one ``log`` (``r = 0`` gives ``q``).
     """
     n, vocab = r.shape
-    low_sum, high_sum = _empty_sums(n, vocab, 2, r)
+    (mid,) = _empty_sums(n, vocab, 1, r)
     for blk in _blocks(n, vocab):
-        rb, pb, qb, zb = r[blk], p[blk], q[blk], ratio[blk]
+        rb, qb, zb = r[blk], q[blk], ratio[blk]
         if div.name == "kl" and div.f is _KL_F:
-            terms = torch.where(pb > 0, pb * torch.log(zb), 0.0) - pb + qb
+            terms = qb * (torch.where(zb > 0, zb * torch.log(zb), 0.0) - zb + 1)
         else:
             # q_i = 0 gives 0 * g(1) = 0; an overflowed ratio (q_i tiny) is treated as q_i = 0
             terms = qb * div.g(torch.nan_to_num(rb.to(ACC_DTYPE), posinf=1.0))
-        low = torch.where(rb < 1, terms, 0.0)
+        low = torch.flip(torch.where(rb < 1, terms, 0.0), [-1])
         high = torch.where((rb > 1) & (rb < math.inf), terms, 0.0)
-        low_sum[blk, 1:] = torch.cumsum(torch.flip(low, [-1]), -1)
-        high_sum[blk, 1:] = torch.cumsum(high, -1)
-    return low_sum, high_sum
+        mid[blk, :-1] = torch.flip(torch.cumsum(low, -1), [-1])  # [k] = sum_{k <= i < n_lt}
+        mid[blk, -1] = 0
+        mid[blk, 1:] += torch.cumsum(high, -1)  # [j] = sum_{n_le <= i < j}, 0 up to n_le
+    return mid
 
 
 def _take(arr: torch.Tensor, idx2: torch.Tensor, shape) -> torch.Tensor:

@@ -27,6 +27,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from mdboost._io import atomic_path
+
 
 def _check_depth(target, num_layers: int) -> int:
     total = target.config.num_hidden_layers
@@ -141,10 +143,9 @@ def tuned_translators(target, depths, sequences_fn, store: str | os.PathLike | N
             result[n] = fit_translator(x, y)
             if store is not None:
                 path = Path(store) / f"tuned_lens_layer{n}.safetensors"
-                tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
                 state = {k: v.detach().float().contiguous() for k, v in result[n].state_dict().items()}
-                save_file(state, str(tmp), metadata={"positions": str(x.shape[0]), "layer": str(n)})
-                os.replace(tmp, path)
+                with atomic_path(path) as tmp:
+                    save_file(state, str(tmp), metadata={"positions": str(x.shape[0]), "layer": str(n)})
     param = next(target.parameters())
     return {n: result[n].to(device=param.device, dtype=param.dtype).eval() for n in depths}
 

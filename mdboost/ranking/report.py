@@ -12,8 +12,9 @@ import html
 import io
 import math
 import os
-import tempfile
 from pathlib import Path
+
+from mdboost._io import atomic_write_text
 
 COLUMNS = [
     "rank", "drafter", "target", "divergence", "max_divergence",
@@ -38,21 +39,6 @@ def columns_of(rows: list[dict]) -> list[str]:
     """``COLUMNS`` present in the rows, then any other keys, sorted."""
     keys = set().union(*(r.keys() for r in rows)) if rows else set()
     return [c for c in COLUMNS if c in keys] + sorted(keys - set(COLUMNS))
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temp file in the same folder and ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", newline="") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def write_csv(rows: list[dict], path: str | os.PathLike) -> Path:

@@ -7,9 +7,10 @@ y = realized by real generation), the identity line, and for acceptance a +-tole
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Sequence
+
+from mdboost._io import atomic_path
 
 import numpy as np
 
@@ -73,10 +74,7 @@ def plot_predicted_vs_realized(labels: Sequence[str], predicted_acceptance, real
     _panel(ax_acc, arrays[0], arrays[1], labels, "mean acceptance", tolerance)
     _panel(ax_spd, arrays[2], arrays[3], labels, "speedup vs AR")
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    fig.savefig(tmp, dpi=110)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
-    return path
+    return Path(path)

@@ -1,0 +1,30 @@
+import os
+import stat
+
+import pytest
+
+from mdboost._io import atomic_path, atomic_write_text
+
+
+def test_atomic_write_replaces_and_uses_umask_permissions(tmp_path):
+    target = tmp_path / "sub" / "out.csv"
+    atomic_write_text(target, "a,b\r\n1,2\n")
+    assert target.read_bytes() == b"a,b\r\n1,2\n"  # no newline translation
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~umask
+    atomic_write_text(target, "new")
+    assert target.read_text() == "new"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["out.csv"]
+
+
+def test_atomic_path_failure_leaves_old_file_and_no_temp(tmp_path):
+    target = tmp_path / "plot.png"
+    target.write_text("old")
+    with pytest.raises(RuntimeError):
+        with atomic_path(target) as tmp:
+            assert tmp.suffix == ".png" and tmp.parent == tmp_path
+            tmp.write_text("half")
+            raise RuntimeError("interrupted")
+    assert target.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plot.png"]
