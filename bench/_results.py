@@ -9,10 +9,11 @@ from __future__ import annotations
 import os
 import platform
 import re
-import tempfile
 from pathlib import Path
 
 import torch
+
+from mdboost._io import atomic_write_text
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
 HEADER = "# Benchmark results\n\nEach section is written by the script it names; ratios are measured side by side in one process.\n"
@@ -36,7 +37,4 @@ def update_section(name: str, markdown: str, path: Path = RESULTS) -> None:
     text = path.read_text() if path.exists() else HEADER
     pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end) + r"\n?", re.S)
     text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + block
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".RESULTS.", suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
+    atomic_write_text(path, text)

@@ -19,9 +19,7 @@ Run: ``.venv/bin/python bench/boosting.py [--repeats 3]``.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -33,6 +31,7 @@ from sklearn.tree import DecisionTreeClassifier
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._results import machine_line, update_section  # noqa: E402
+from mdboost._io import atomic_path  # noqa: E402
 from mdboost.boosting import SelfNormalizedBoostClassifier  # noqa: E402
 
 ROUNDS = 100
@@ -106,11 +105,9 @@ def save_plot(all_curves, path):
     axes[0].set_ylabel("cumulative fraction")
     axes[0].legend(loc="upper left", fontsize=8)
     fig.tight_layout()
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".boosting_margins.", suffix=".png")
-    os.close(fd)
-    fig.savefig(tmp, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 def report(results, curves, cv_repeats):
