@@ -1,16 +1,19 @@
 """Batched searches over the breakpoints of C(p, q) (used by :mod:`mdboost.md.breakpoints`).
 
-All searches run a fixed number of iterations (no host synchronisation) on every row at once:
+Searches run on every row at once (the segment searches a fixed number of iterations; the
+secant refinement checks convergence once per round):
 
 - :func:`first_true`: a ``FANOUT``-ary search over sorted positions, ``O(log V)`` iterations of
   tiny tensor ops; it locates the segment containing an excess mass ``m`` without any O(V)
   auxiliary array (:func:`locate_j`, :func:`locate_k`).
 - :func:`primal`: the segment where ``D_f`` crosses the budget. For small vocabularies
   (``<= SMALL_VOCAB``, e.g. a top-k restriction, Lemma 6.1) ``D_f`` is evaluated at every
-  breakpoint at once (two ``searchsorted`` calls); above, a nested ``FANOUT``-ary search over
-  A- then B-breakpoints (``O(log^2 V)`` tiny ops). Inside the segment ``D_f`` is an ``O(1)``
-  closed form, refined by a grid search (``GRID`` to ``MAX_GRID`` points per round, more for
-  small batches) down to 2^-50 of the segment, keeping the side with ``D_f <= budget``.
+  breakpoint at once (one batched call, two ``searchsorted``); above, a ``LARGE_FANOUT``-ary
+  search over the A-breakpoints, each knot's B segment found by one ``searchsorted`` on the
+  precomputed B-breakpoint values, then the same search over the B-breakpoints inside it.
+  Inside the segment ``D_f`` is an ``O(1)`` closed form; :func:`_refine` finds the crossing by a
+  bracketed, safeguarded secant search (a first uniform grid, then secant + ladder + midpoint
+  rounds) down to 2^-50 of the segment, keeping the side with ``D_f <= budget``.
 """
 
 from __future__ import annotations
@@ -21,7 +24,10 @@ import torch
 
 FANOUT = 16
 LARGE_FANOUT = 64  # primal segment search: fewer rounds of slightly wider tiny ops
+GRID = 32  # _refine: uniform points of its first round
 MAX_ROUNDS = 64  # _refine: the midpoint alone halves the bracket, so 2^-50 is reached well before
+LADDER = 12  # _refine: probes at x +- width * 4^-i, i = 1..LADDER, around the secant point x
+_LADDER = 4.0 ** -torch.arange(1, LADDER + 1, dtype=torch.float64)
 SMALL_VOCAB = 2048
 
 
@@ -68,9 +74,14 @@ def _b_knots(bp):
 
     ``kb[k] = knot_b(k)`` for ``k <= n_lt`` (made non-decreasing against rounding), ``+inf`` after.
     """
+    n, vocab = bp._r.shape
     width = int(bp._n_lt.max()) + 1
-    idx = torch.arange(width, device=bp._r.device).expand(bp._r.shape[0], width)
-    kb = torch.where(idx > bp._n_lt, math.inf, bp.knot_b(idx))
+    cols = min(width, vocab)  # contiguous slices instead of gathers: knot_b(k) for k < n_lt
+    m_b = bp._ratio[:, :cols] * bp._cq[:, :cols] - bp._cp[:, :cols]
+    if cols < width:
+        m_b = torch.cat([m_b, torch.zeros_like(m_b[:, :1])], -1)
+    idx = torch.arange(width, device=bp._r.device)
+    kb = torch.where(idx > bp._n_lt, math.inf, torch.where(idx == bp._n_lt, bp._tv, m_b))
     return torch.cummax(kb, -1).values.contiguous()
 
 
@@ -122,23 +133,21 @@ def _sorted_locate(bp, kb, neg_ka, m):
 
 
 def _bracket_small(bp, knots, budget, div, bound):
-    """``D_f`` at every breakpoint at once; the bracket is the pair of neighbouring knots."""
+    """``D_f`` at every breakpoint at once; the bracket is the pair of neighbouring knots.
+
+    A- and B-knots go through one concatenated ``div_at`` call [N, 2V] (fewer tiny ops).
+    """
     idx, m_a, m_b, kb, neg_ka = knots
-    _, k_a = _sorted_locate(bp, kb, neg_ka, m_a)
     m_b = torch.minimum(torch.maximum(m_b, bp._m_end), bp._tv)
-    j_b, _ = _sorted_locate(bp, kb, neg_ka, m_b)
-    valid_a = (idx >= bp._n_le) & (idx < bp._j_max)
-    valid_b = (idx >= 1) & (idx < bp._n_lt)
-    big_a = bp.div_at(m_a, idx, k_a, div, bound) > budget
-    big_b = bp.div_at(m_b, j_b, idx, div, bound) > budget
-
-    def best(values, mask, fill, op):
-        return op(torch.where(mask, values, fill), dim=-1, keepdim=True).values
-
-    m_lo = torch.maximum(bp._m_end, torch.maximum(best(m_a, valid_a & big_a, -math.inf, torch.max),
-                                                  best(m_b, valid_b & big_b, -math.inf, torch.max)))
-    m_hi = torch.minimum(bp._tv, torch.minimum(best(m_a, valid_a & ~big_a, math.inf, torch.min),
-                                               best(m_b, valid_b & ~big_b, math.inf, torch.min)))
+    k_a = torch.minimum(torch.searchsorted(kb, m_a.contiguous()).clamp(min=1), bp._n_lt)
+    j_b = torch.minimum(torch.maximum(torch.searchsorted(neg_ka, (-m_b).contiguous()), bp._n_le), bp._j_max)
+    m_all = torch.cat([m_a, m_b], -1)  # [N, 2V]
+    valid = torch.cat([(idx >= bp._n_le) & (idx < bp._j_max), (idx >= 1) & (idx < bp._n_lt)], -1)
+    big = bp.div_at(m_all, torch.cat([idx, j_b], -1), torch.cat([k_a, idx], -1), div, bound) > budget
+    m_lo = torch.where(valid & big, m_all, -math.inf).max(-1, keepdim=True).values
+    m_hi = torch.where(valid & ~big, m_all, math.inf).min(-1, keepdim=True).values
+    m_lo = torch.maximum(bp._m_end, m_lo)
+    m_hi = torch.minimum(bp._tv, m_hi)
     m_lo = torch.minimum(m_lo, m_hi)
     return m_lo, m_hi, _sorted_locate(bp, kb, neg_ka, (m_lo + m_hi) / 2)
 
@@ -147,37 +156,40 @@ def _refine(bp, seg, lo, hi, budget, div, bound):
     """Bracketed secant search for the crossing inside one segment; returns the ``D <= budget`` side.
 
     ``h(m) = D(m) - budget`` decreases in ``m``; the bracket ``[lo, hi]`` keeps ``h(lo) > 0 >= h(hi)``.
-    Each round evaluates, in one batched call, the secant point ``x``, ``x +- w`` and the midpoint:
-    when the root lies within ``w`` of ``x`` the bracket collapses to width ``<= w`` and the
-    relative width ``w / (hi - lo)`` is squared for the next round (superlinear), otherwise the
-    midpoint still halves it (safeguard). Stops once every row is within ``2^-50`` of its segment
-    (or a few ulps of ``m``).
+    The first round evaluates a uniform grid of ``GRID + 1`` points (ends included: a segment that
+    fits entirely collapses to ``lo``, one that does not fit at all to ``hi``). Each later round
+    evaluates, in one batched call, the secant point ``x`` of the bracket, a ladder
+    ``x +- (hi - lo) 4^-i`` (``i = 1..LADDER``) and the midpoint, and keeps the tightest bracket:
+    its width is then within a factor 4 of the secant's error, so the next secant is much better
+    (superlinear, like the secant method), while the midpoint guarantees at least halving.
+    Stops once every row is within ``2^-50`` of its segment or a few ulps of ``m``.
     """
-    ends = bp.div_on(torch.cat([lo, hi], -1), seg, div, bound) - budget  # [N, 2]
-    h_lo, h_hi = ends[:, :1], ends[:, 1:]
-    done_lo = h_lo <= 0  # the whole segment fits: the answer is lo
-    hi = torch.where(done_lo | (h_hi > 0), torch.where(done_lo, lo, hi), hi)
-    lo = torch.where(done_lo | (h_hi > 0), hi, lo)
-    tol = torch.maximum((hi - lo) * 2.0 ** -50, hi.abs() * 4 * torch.finfo(hi.dtype).eps)
-    rho = torch.full_like(lo, 1 / 16)
-    for _ in range(MAX_ROUNDS):
-        if bool(((hi - lo) <= tol).all()):
-            break
+    tol = torch.maximum((hi - lo) * 2.0 ** -50, hi.abs() * 8 * torch.finfo(hi.dtype).eps)
+    h_lo, h_hi = torch.ones_like(lo), -torch.ones_like(hi)  # placeholders until a point is kept
+    ladder = torch.cat([-_LADDER, _LADDER, torch.zeros(1, dtype=torch.float64)]).to(lo.device, lo.dtype)
+    grid = torch.linspace(0, 1, GRID + 1, dtype=lo.dtype, device=lo.device)
+    for rnd in range(MAX_ROUNDS):
         width = hi - lo
-        x = lo + width * (h_lo / (h_lo - h_hi))
-        x = torch.where(torch.isfinite(x), x, lo + width / 2).clamp(min=lo, max=hi)
-        w = width * rho
-        pts = torch.cat([x - w, x, x + w, lo + width / 2], -1).clamp(min=lo, max=hi)  # [N, 4]
+        if rnd == 0:
+            pts = torch.where(grid < 1, lo + width * grid, hi)  # [N, GRID + 1], exact ends
+        else:
+            if bool((width <= tol).all()):
+                break
+            x = lo + width * (h_lo / (h_lo - h_hi))
+            x = torch.where(torch.isfinite(x), x, lo + width / 2)
+            pts = torch.cat([x + width * ladder, lo + width / 2], -1).clamp(min=lo, max=hi)  # [N, 2 LADDER + 2]
         h = bp.div_on(pts, seg, div, bound) - budget
         above = h > 0
         new_lo, i_lo = torch.where(above, pts, -math.inf).max(-1, keepdim=True)
         new_hi, i_hi = torch.where(above, math.inf, pts).min(-1, keepdim=True)
-        take_lo, take_hi = new_lo > lo, new_hi < hi
+        take_lo, take_hi = new_lo >= lo, new_hi <= hi
         lo = torch.where(take_lo, new_lo, lo)
         h_lo = torch.where(take_lo, h.gather(-1, i_lo), h_lo)
         hi = torch.where(take_hi, new_hi, hi)
         h_hi = torch.where(take_hi, h.gather(-1, i_hi), h_hi)
-        rho = torch.where(hi - lo <= 2 * w, (rho * rho).clamp(min=2.0 ** -60), 1 / 16)
+        if rnd == 0:
+            hi = torch.where(above.all(-1, keepdim=True), lo, hi)  # nothing fits: the answer is hi
+            lo = torch.where(above.any(-1, keepdim=True), lo, hi)  # everything fits: the answer is lo
     return hi
 
 
@@ -190,17 +202,16 @@ def primal(bp, budget: torch.Tensor, div, bound: bool):
     small = bp.vocab <= SMALL_VOCAB
     knots = _sorted_knots(bp) if small else None
     kb = knots[3] if small else _b_knots(bp)
-    k_end = _sorted_locate(bp, kb, knots[4], m_end)[1] if small else _locate_k_sorted(bp, kb, m_end)
-    seg_end = bp.segment(bp._j_max, k_end, div, bound)
-    d_end = bp.div_on(m_end, seg_end, div, bound)
+    k_end = _locate_k_sorted(bp, kb, m_end)
+    d_end = bp.div_at(m_end, bp._j_max, k_end, div, bound)
     inner = torch.where((budget > 0) & (budget < d_end), budget, d_end / 2)  # keeps the search well posed
     if small:
         m_lo, m_hi, (j, k) = _bracket_small(bp, knots, inner, div, bound)
     else:
         m_lo, m_hi, (j, k) = _bracket_large(bp, inner, div, bound, kb)
+    at_end = (budget >= d_end) & (budget > 0)  # the end fits: a one-point bracket on its segment
+    m_lo, m_hi = torch.where(at_end, m_end, m_lo), torch.where(at_end, m_end, m_hi)
+    j, k = torch.where(at_end, bp._j_max, j), torch.where(at_end, k_end, k)
     seg = bp.segment(j, k, div, bound)
-    m = _refine(bp, seg, m_lo, m_hi, inner, div, bound)
-    at_end = (budget >= d_end) & (budget > 0)
-    m = torch.where(budget <= 0, tv, torch.where(at_end, m_end, m))
-    seg = {key: torch.where(at_end, seg_end[key], seg[key]) for key in ("pa", "pb", "inv_qa", "inv_qb", "has_b")}
-    return m, seg
+    m = _refine(bp, seg, m_lo, m_hi, torch.where(at_end, budget, inner), div, bound)
+    return torch.where(budget <= 0, tv, torch.where(at_end, m_end, m)), seg

@@ -7,7 +7,7 @@ between two breakpoints is an interpolation) and the querying procedures of Sect
 - dual (min acceptance): ``O(log V)``, f-independent (Theorem 3.13);
 - exact primal (max divergence): a prefix sum of ``q_i g(r_i)`` over the sorted ratios makes
   ``D_f`` at any point of the curve ``O(1)`` once its segment is known; a batched search over
-  the breakpoints finds the segment, a fixed-iteration search the point inside it;
+  the breakpoints finds the segment, a bracketed secant search the point inside it;
 - bound primal: the same search on the Theorem 3.12 upper bound (never exceeds the budget).
 
 Parametrisation. Sort ``r_i = p_i / q_i`` ascending (``q_i = 0 < p_i`` gives ``r_i = inf``;
@@ -36,6 +36,20 @@ from mdboost.md.divergences import GENERATORS, Divergence, resolve
 
 ACC_DTYPE = torch.float64
 _KL_F = GENERATORS["kl"].f
+# div_on: the A row of z = (p(A) - m) / q(A) >= 1, the B row (m + p(B)) / q(B) in [0, 1]
+_Z_CONSTS = torch.tensor([[-1.0, 1.0], [1.0, -1.0], [0.0, 0.0], [math.inf, 1.0]], dtype=torch.float64)
+
+
+_Z_CACHE: dict = {}
+
+
+def _z_consts(m: torch.Tensor):
+    """``(sign, (1, -1), lower clamp, upper clamp)`` for the stacked (A, B) rows, shaped to broadcast against [2, *m.shape]."""
+    key = (m.device, m.ndim)
+    if key not in _Z_CACHE:
+        c = _Z_CONSTS.to(m.device).view((4, 2) + (1,) * m.ndim)
+        _Z_CACHE[key] = (c[0], c[1], c[2], c[3])
+    return _Z_CACHE[key]
 
 
 class CurvePoint(NamedTuple):
@@ -114,7 +128,7 @@ class Breakpoints:
         p, q = check_pair(draft_probs, target_probs, validate=validate)
         vocab = p.shape[-1]
         p2, q2 = p.reshape(-1, vocab), q.reshape(-1, vocab)
-        r = torch.nan_to_num(p2 / q2, nan=1.0, posinf=math.inf)  # 0/0 -> 1 (neutral)
+        r = torch.div(p2, q2).nan_to_num_(nan=1.0, posinf=math.inf)  # 0/0 -> 1 (neutral), in place
         r_sorted, p_sorted, q_sorted = _sort_rows(r, p2, q2)
         return cls(r_sorted, p_sorted, q_sorted, p.shape[:-1], p.dtype)
 
@@ -159,7 +173,7 @@ class Breakpoints:
         terms (``q_i g(r_i)`` explodes for extreme ratios) and ``+inf`` terms stay exact.
         """
         if div not in self._prefix_cache:
-            self._prefix_cache[div] = _prefix_sums(self._r, self._q, self._ratio, div)
+            self._prefix_cache[div] = _prefix_sums(self._r, self._q, self._ratio, self._n_lt, self._n_le, div)
         return self._prefix_cache[div]
 
     def segment(self, j, k, div: Divergence | None, bound: bool):
@@ -178,12 +192,18 @@ class Breakpoints:
             "pb": pb,
             "qa": qa,
             "qb": qb,
-            "inv_qa": torch.where(qa > 0, 1 / torch.where(qa > 0, qa, 1.0), 0.0),
-            "inv_qb": torch.where(qb > 0, 1 / torch.where(qb > 0, qb, 1.0), 0.0),
+            "inv_qa": torch.where(qa > 0, qa.reciprocal(), 0.0),  # 1/0 = inf is discarded
+            "inv_qb": torch.where(qb > 0, qb.reciprocal(), 0.0),
             "has_b": (qb > 0).to(ACC_DTYPE),
         }
         if div is None:
             return seg
+        # stacked (A, B) constants for div_on, the same arithmetic as ab():
+        # (a, b) = clamp(((ends + sign m) inv2 + (-1, 1)) (1, has_b))
+        seg["ends"] = torch.stack([pa, pb])
+        seg["inv2"] = torch.stack([seg["inv_qa"], -seg["inv_qb"]])
+        seg["hb"] = torch.stack([torch.ones_like(qb), seg["has_b"]])
+        seg["qq"] = torch.stack([qa, qb])
         if bound:
             seg["qm"] = self.q_pre(j) - qb
             return seg
@@ -203,11 +223,13 @@ class Breakpoints:
 
     def div_on(self, m, seg, div: Divergence, bound: bool):
         """``D_f`` (or the Thm 3.12 upper bound) at ``m`` on a segment, ``O(1)`` per point."""
-        a, b = self.ab(m, seg)
-        g_a, g_b = div.g(1 + a), div.g(1 - b)
-        total = seg["qa"] * g_a + seg["qb"] * g_b  # empty sets have a = 0 / b = 0 and g(1) = 0
+        sign, one, low, high = _z_consts(m)
+        ab = (((seg["ends"] + sign * m) * seg["inv2"] + sign) * seg["hb"]).clamp(min=low, max=high)  # [2, ...]
+        z = 1 + one * ab  # (1 + a, 1 - b), one generator call
+        g = div.g(z)
+        total = (seg["qq"] * g).sum(0)  # empty sets have 1 + a = 1 / 1 - b = 1 and g(1) = 0
         if bound:
-            return total + torch.where(seg["qm"] > 0, seg["qm"] * torch.maximum(g_a, g_b), 0.0)
+            return total + torch.where(seg["qm"] > 0, seg["qm"] * torch.maximum(g[0], g[1]), 0.0)
         return total + seg["mid"]
 
     def div_at(self, m, j, k, div: Divergence, bound: bool):
@@ -321,11 +343,11 @@ def _sort_rows(r, p, q):  # [N, V] each -> r, p, q permuted so that r is ascendi
         key = rn.view(np.int64) & ~np.int64((1 << shift) - 1)
     key |= np.arange(vocab, dtype=np.int64)
     key.sort(axis=-1)
-    flat = key & ((1 << shift) - 1)
+    r_sorted = (key >> shift).astype(np.int32).view(np.float32) if r.dtype == torch.float32 else None
+    flat = key  # reused in place: index bits, then flat offsets (one fewer full-size array)
+    flat &= (1 << shift) - 1
     flat += (np.arange(n, dtype=np.int64) * vocab)[:, None]
-    if r.dtype == torch.float32:
-        r_sorted = (key >> shift).astype(np.int32).view(np.float32)
-    else:
+    if r_sorted is None:
         r_sorted = np.take(rn, flat)
     p_sorted = np.take(p.contiguous().numpy(), flat)
     return torch.from_numpy(r_sorted), torch.from_numpy(p_sorted), torch.from_numpy(np.take(q.contiguous().numpy(), flat))
@@ -366,7 +388,7 @@ def _cumsums(p: torch.Tensor, q: torch.Tensor):  # [N, V] x2 -> 4 x [N, V+1]
     return tuple(outs)
 
 
-def _prefix_sums(r, q, ratio, div: Divergence) -> torch.Tensor:  # [N, V] each -> [N, V+1]
+def _prefix_sums(r, q, ratio, n_lt, n_le, div: Divergence) -> torch.Tensor:  # [N, V] each -> [N, V+1]
     """Range sums of ``q_i g(r_i)`` anchored at ``r = 1`` in one array (see :meth:`Breakpoints.prefix`).
 
     For KL, ``q g(r) = q (r log r - r + 1)`` with one ``log`` (``r = 0`` gives ``q``).
@@ -380,11 +402,14 @@ def _prefix_sums(r, q, ratio, div: Divergence) -> torch.Tensor:  # [N, V] each -
         else:
             # q_i = 0 gives 0 * g(1) = 0; an overflowed ratio (q_i tiny) is treated as q_i = 0
             terms = qb * div.g(torch.nan_to_num(rb.to(ACC_DTYPE), posinf=1.0))
-        low = torch.flip(torch.where(rb < 1, terms, 0.0), [-1])
-        high = torch.where((rb > 1) & (rb < math.inf), terms, 0.0)
-        mid[blk, :-1] = torch.flip(torch.cumsum(low, -1), [-1])  # [k] = sum_{k <= i < n_lt}
-        mid[blk, -1] = 0
-        mid[blk, 1:] += torch.cumsum(high, -1)  # [j] = sum_{n_le <= i < j}, 0 up to n_le
+        # only columns that can be < n_lt (low part) or > n_le (high part) in this block
+        lo_w, hi_s = int(n_lt[blk].max()), int(n_le[blk].min())
+        low = torch.flip(torch.where(rb[:, :lo_w] < 1, terms[:, :lo_w], 0.0), [-1])
+        mid[blk, :lo_w] = torch.flip(torch.cumsum(low, -1), [-1])  # [k] = sum_{k <= i < n_lt}
+        mid[blk, lo_w:] = 0
+        rh = rb[:, hi_s:]
+        high = torch.where((rh > 1) & (rh < math.inf), terms[:, hi_s:], 0.0)
+        mid[blk, hi_s + 1:] += torch.cumsum(high, -1)  # [j] = sum_{n_le <= i < j}, 0 up to n_le
     return mid
 
 
