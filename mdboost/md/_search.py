@@ -14,13 +14,20 @@ secant refinement checks convergence once per round):
   Inside the segment ``D_f`` is an ``O(1)`` closed form; :func:`_refine` finds the crossing by a
   bracketed, safeguarded secant search (a first uniform grid, then secant + ladder + midpoint
   rounds) down to 2^-50 of the segment, keeping the side with ``D_f <= budget``.
+- :func:`_primal_small_np`: the exact primal of a small vocabulary on CPU (e.g. ``verify`` with
+  ``top_k``) in float64 numpy, where a tiny op costs far less than in torch: ``D_f`` at every
+  ``STRIDE``-th sorted breakpoint, then at every breakpoint of the stride holding the crossing,
+  then :func:`_refine`'s rounds (:func:`_refine_np`). Other devices and the bound use torch.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
+
+from mdboost.md.divergences import GENERATORS
 
 FANOUT = 16
 LARGE_FANOUT = 64  # primal segment search: fewer rounds of slightly wider tiny ops
@@ -29,6 +36,8 @@ MAX_ROUNDS = 64  # _refine: the midpoint alone halves the bracket, so 2^-50 is r
 LADDER = 12  # _refine: probes at x +- width * 4^-i, i = 1..LADDER, around the secant point x
 _LADDER = 4.0 ** -torch.arange(1, LADDER + 1, dtype=torch.float64)
 SMALL_VOCAB = 2048
+STRIDE = 16  # numpy small path: coarse stride of the knot search
+NUMPY_SMALL = True  # exact primal of a small CPU vocabulary in numpy float64 (cheap per-op cost)
 
 
 def _iters(vocab: int, fanout: int = FANOUT) -> int:
@@ -74,7 +83,7 @@ def _b_knots(bp):
 
     ``kb[k] = knot_b(k)`` for ``k <= n_lt`` (made non-decreasing against rounding), ``+inf`` after.
     """
-    n, vocab = bp._r.shape
+    vocab = bp._r.shape[1]
     width = int(bp._n_lt.max()) + 1
     cols = min(width, vocab)  # contiguous slices instead of gathers: knot_b(k) for k < n_lt
     m_b = bp._ratio[:, :cols] * bp._cq[:, :cols] - bp._cp[:, :cols]
@@ -200,6 +209,8 @@ def primal(bp, budget: torch.Tensor, div, bound: bool):
     """
     m_end, tv = bp._m_end, bp._tv
     small = bp.vocab <= SMALL_VOCAB
+    if small and NUMPY_SMALL and not bound and bp._r.device.type == "cpu" and not bp._cp.requires_grad:
+        return _primal_small_np(bp, budget, div)
     knots = _sorted_knots(bp) if small else None
     kb = knots[3] if small else _b_knots(bp)
     k_end = _locate_k_sorted(bp, kb, m_end)
@@ -215,3 +226,140 @@ def primal(bp, budget: torch.Tensor, div, bound: bool):
     seg = bp.segment(j, k, div, bound)
     m = _refine(bp, seg, m_lo, m_hi, torch.where(at_end, budget, inner), div, bound)
     return torch.where(budget <= 0, tv, torch.where(at_end, m_end, m)), seg
+
+
+def _np_take(arr, idx):
+    """``arr[n, idx[n, :]]`` for a C-contiguous ``arr`` [N, L] (one flat take, no per-call index grids)."""
+    rows, width = arr.shape
+    return np.take(arr, idx + np.arange(0, rows * width, width)[:, None])
+
+
+class _NpCurve:
+    """Float64 numpy views of a CPU :class:`Breakpoints` (small vocabularies: per-op overhead dominates)."""
+
+    def __init__(self, bp, div):
+        self.v = bp.vocab
+        self.cp, self.cq, self.rp, self.rq = (x.numpy() for x in (bp._cp, bp._cq, bp._rp, bp._rq))
+        self.ratio = bp._ratio.to(torch.float64).numpy()
+        self.n_lt, self.n_le, self.j_max = bp._n_lt.numpy(), bp._n_le.numpy(), bp._j_max.numpy()
+        self.tv, self.m_end = bp._tv.numpy(), bp._m_end.numpy()
+        self.mid = bp.prefix(div).numpy()
+        self.div = div
+        kl = GENERATORS["kl"]  # the built-in KL: its g(z) = z log z - (z - 1) directly in numpy
+        self.kl = div.f is kl.f and div.fprime_one == kl.fprime_one and div.standardize
+
+    def segment(self, j, k):
+        qa, qb = _np_take(self.rq, self.v - j), _np_take(self.cq, k)
+        with np.errstate(divide="ignore"):
+            inv_qa, inv_qb = np.where(qa > 0, 1 / qa, 0.0), np.where(qb > 0, 1 / qb, 0.0)
+        return {"pa": _np_take(self.rp, self.v - j), "pb": _np_take(self.cp, k), "qa": qa, "qb": qb,
+                "inv_qa": inv_qa, "inv_qb": inv_qb, "has_b": (qb > 0).astype(np.float64),
+                "mid": _np_take(self.mid, k) + _np_take(self.mid, j)}
+
+    def div_on(self, m, seg):
+        a = np.maximum((seg["pa"] - m) * seg["inv_qa"] - 1, 0.0)
+        b = np.clip((1 - (m + seg["pb"]) * seg["inv_qb"]) * seg["has_b"], 0.0, 1.0)
+        z = np.stack([1 + a, 1 - b])
+        if self.kl:
+            g = np.where(z > 0, z * np.log(z), 0.0) - (z - 1.0)
+        else:
+            g = self.div.g(torch.from_numpy(z)).numpy()
+        with np.errstate(invalid="ignore"):
+            ta = np.where(seg["qa"] > 0, seg["qa"] * g[0], 0.0)
+            tb = np.where(seg["qb"] > 0, seg["qb"] * g[1], 0.0)
+        return ta + tb + seg["mid"]
+
+    def div_at(self, m, j, k):
+        return self.div_on(m, self.segment(j, k))
+
+
+def _ss(sorted_arr, x):  # row-wise searchsorted (left) through torch: numpy has no batched one
+    return torch.searchsorted(torch.from_numpy(sorted_arr), torch.from_numpy(np.ascontiguousarray(x))).numpy()
+
+
+def _primal_small_np(bp, budget, div):
+    """:func:`primal` (exact mode) for a small vocabulary on CPU, in float64 numpy.
+
+    Same steps as the torch path (``D_f`` at every breakpoint, then :func:`_refine`'s rounds),
+    with numpy's much cheaper per-op cost on these [N, ~2V] arrays.
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):  # inf budgets / inf terms, as in torch
+        return _primal_np(_NpCurve(bp, div), bp, budget.to(torch.float64).numpy())
+
+
+def _primal_np(c, bp, budget):
+    n, v = bp._r.shape
+    idx = np.broadcast_to(np.arange(v + 1), (n, v + 1))
+    ratio = np.concatenate([c.ratio, c.ratio[:, -1:]], 1)  # knot_a / knot_b at every index, by slices
+    m_a = np.where(idx >= c.j_max, c.m_end, c.rp[:, ::-1] - ratio * c.rq[:, ::-1])
+    m_a = np.minimum(np.maximum(m_a, c.m_end), c.tv)
+    m_b = np.where(idx >= c.n_lt, c.tv, ratio * c.cq - c.cp)
+    kb = np.maximum.accumulate(np.where(idx > c.n_lt, math.inf, m_b), 1)
+    neg_ka = np.maximum.accumulate(np.where(idx < c.n_le, -math.inf, np.where(idx > c.j_max, math.inf, -m_a)), 1)
+
+    def locate(m):
+        k = np.minimum(np.maximum(_ss(kb, m), 1), c.n_lt)
+        j = np.minimum(np.maximum(_ss(neg_ka, -m), c.n_le), c.j_max)
+        return j, k
+
+    k_end = np.minimum(np.maximum(_ss(kb, c.m_end), 1), c.n_lt)
+    d_end = c.div_at(c.m_end, c.j_max, k_end)
+    inner = np.where((budget > 0) & (budget < d_end), budget, d_end / 2)
+    # bracket: the neighbouring knots around the crossing, by D_f at every STRIDE-th sorted knot
+    # (D_f decreases in m), then at every knot of the one stride that holds the crossing
+    idx_v, m_a, m_b = idx[:, :v], m_a[:, :v], np.minimum(np.maximum(m_b[:, :v], c.m_end), c.tv)
+    valid = np.concatenate([(idx_v >= c.n_le) & (idx_v < c.j_max), (idx_v >= 1) & (idx_v < c.n_lt)], -1)
+    knots = np.sort(np.where(valid, np.concatenate([m_a, m_b], -1), math.inf), -1)  # [N, 2V] ascending
+    last = np.maximum(valid.sum(-1, keepdims=True) - 1, 0)
+
+    def big_at(cols):
+        m = np.where(np.isfinite(knots[:, :1]), _np_take(knots, np.minimum(cols, last)), c.tv)
+        return m, c.div_at(m, *locate(m)) > inner
+
+    steps = np.arange(0, 2 * v + STRIDE, STRIDE)
+    _, big = big_at(np.broadcast_to(steps, (n, steps.size)))
+    start = steps[np.maximum(big.sum(-1, keepdims=True) - 1, 0)]
+    m_fine, big = big_at(start + np.arange(STRIDE + 1))
+    m_lo = np.maximum(c.m_end, np.where(big, m_fine, -math.inf).max(-1, keepdims=True))
+    m_hi = np.minimum(c.tv, np.where(big, math.inf, m_fine).min(-1, keepdims=True))
+    m_lo = np.minimum(m_lo, m_hi)
+    j, k = locate((m_lo + m_hi) / 2)
+    at_end = (budget >= d_end) & (budget > 0)
+    m_lo, m_hi = np.where(at_end, c.m_end, m_lo), np.where(at_end, c.m_end, m_hi)
+    j, k = np.where(at_end, c.j_max, j), np.where(at_end, k_end, k)
+    seg = c.segment(j, k)
+    m = _refine_np(c, seg, m_lo, m_hi, np.where(at_end, budget, inner))
+    m = np.where(budget <= 0, c.tv, np.where(at_end, c.m_end, m))
+    keys = ("pa", "pb", "inv_qa", "inv_qb", "has_b")
+    return torch.from_numpy(m), {key: torch.from_numpy(seg[key]) for key in keys}
+
+
+def _refine_np(c, seg, lo, hi, budget):
+    """:func:`_refine` in numpy (same rounds, same bracket rules)."""
+    tol = np.maximum((hi - lo) * 2.0 ** -50, np.abs(hi) * 8 * np.finfo(np.float64).eps)
+    h_lo, h_hi = np.ones_like(lo), -np.ones_like(hi)
+    ladder = np.concatenate([-_LADDER.numpy(), _LADDER.numpy(), [0.0]])
+    grid = np.linspace(0, 1, GRID + 1)
+    for rnd in range(MAX_ROUNDS):
+        width = hi - lo
+        if rnd == 0:
+            pts = np.where(grid < 1, lo + width * grid, hi)
+        else:
+            if (width <= tol).all():
+                break
+            with np.errstate(divide="ignore", invalid="ignore"):
+                x = lo + width * (h_lo / (h_lo - h_hi))
+            x = np.where(np.isfinite(x), x, lo + width / 2)
+            pts = np.clip(np.concatenate([x + width * ladder, lo + width / 2], -1), lo, hi)
+        h = c.div_on(pts, seg) - budget
+        above = h > 0
+        cand_lo, cand_hi = np.where(above, pts, -math.inf), np.where(above, math.inf, pts)
+        i_lo, i_hi = cand_lo.argmax(-1)[:, None], cand_hi.argmin(-1)[:, None]
+        new_lo, new_hi = _np_take(cand_lo, i_lo), _np_take(cand_hi, i_hi)
+        take_lo, take_hi = new_lo >= lo, new_hi <= hi
+        lo, h_lo = np.where(take_lo, new_lo, lo), np.where(take_lo, _np_take(h, i_lo), h_lo)
+        hi, h_hi = np.where(take_hi, new_hi, hi), np.where(take_hi, _np_take(h, i_hi), h_hi)
+        if rnd == 0:
+            hi = np.where(above.all(-1, keepdims=True), lo, hi)
+            lo = np.where(above.any(-1, keepdims=True), lo, hi)
+    return hi
