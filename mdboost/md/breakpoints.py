@@ -184,7 +184,7 @@ class Breakpoints:
         """
         shape = j.shape
         j2, k2 = j.reshape(shape[0], -1), k.reshape(shape[0], -1)
-        vj, vk = self.vocab - j2, self.vocab - k2
+        vj = self.vocab - j2
         pb, qb = _take(self._cp, k2, shape), _take(self._cq, k2, shape)
         pa, qa = _take(self._rp, vj, shape), _take(self._rq, vj, shape)
         seg = {
