@@ -225,6 +225,12 @@ class CacheConfig:
     excluded), so an unchanged config reuses every folder, a new drafter builds only its own,
     and changing ``k`` or the data rebuilds all (finished shards are always skipped).
     ``source``: teacher-forced ``reference`` text or continuations ``sampled`` from the target.
+
+    ``acceptance_source``: which cache the ranking's acceptance-side columns (acceptance, speedup,
+    best gamma, ``k``/``eps``/``rho`` diagnostics) come from. ``reference``: the cache above.
+    ``sampled``: a second per-member cache of continuations sampled from the target (same
+    prompts, ``acceptance_max_new_tokens`` tokens, seeded by ``data.seed``, at ``md.temperature``),
+    the text MD actually decodes; quality (NLL) and boosting stay on the cache above.
     """
 
     dir: str = ".mdboost_cache/logits"
@@ -233,6 +239,8 @@ class CacheConfig:
     full_logits: bool = False
     source: Literal["reference", "sampled"] = "reference"
     max_new_tokens: int = 128
+    acceptance_source: Literal["reference", "sampled"] = "reference"
+    acceptance_max_new_tokens: int = 64
     shard_size: int = 8
     n_jobs: int = 1
     backend: str = "loky"
@@ -242,6 +250,8 @@ class CacheConfig:
     def __post_init__(self):
         _check(self.k >= 1, "k (>= 1)", self.k)
         _check(self.shard_size >= 1, "shard_size (>= 1)", self.shard_size)
+        _check(self.max_new_tokens >= 1, "max_new_tokens (>= 1)", self.max_new_tokens)
+        _check(self.acceptance_max_new_tokens >= 1, "acceptance_max_new_tokens (>= 1)", self.acceptance_max_new_tokens)
         _check(self.n_jobs >= 1, "n_jobs (>= 1)", self.n_jobs)
         _check(self.cost_repeats >= 1 and self.cost_context >= 1, "cost_repeats/cost_context (>= 1)",
                (self.cost_repeats, self.cost_context))

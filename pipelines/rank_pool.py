@@ -7,6 +7,10 @@ ordered pair (:func:`mdboost.ranking.rank.score_pair`); apply the ranking rule; 
 into ``output_dir``; log one
 MLflow parent run with a nested run per pair and operating point; print the top pairs.
 
+With ``cache.acceptance_source: sampled`` a second set of per-member folders holds
+continuations sampled from the target; every pair's acceptance-side columns are scored on them
+(quality and boosting stay on the main folders) and each row says so in ``acceptance_source``.
+
 Re-running with the same config reuses the cache (same fingerprint, finished shards skipped);
 a config that changes the pool, the data or the cache settings gets a new cache folder, while
 changes to budgets, gamma range, boosting or the ranking rule only re-score from the cache.
@@ -25,7 +29,14 @@ import yaml
 
 from mdboost.config import RankConfig, load_yaml, to_dict
 from mdboost.ranking import report
-from mdboost.ranking.from_cache import MemberLoader, cache_fingerprint, open_or_build_cache, pair_members, select_pairs
+from mdboost.ranking.from_cache import (
+    MemberLoader,
+    acceptance_members,
+    cache_fingerprint,
+    open_or_build_cache,
+    pair_members,
+    select_pairs,
+)
 from mdboost.ranking.rank import rank_rows, score_pair
 
 
@@ -57,11 +68,14 @@ def score_all(cfg: RankConfig, pc) -> tuple[list[dict], dict]:
 def _score_all(cfg: RankConfig, pc) -> tuple[list[dict], dict]:
     rows, details = [], {}
     loader = MemberLoader(pc, cfg.md.temperature)
+    acc_loader = None if pc.acceptance is None else MemberLoader(pc.acceptance, cfg.md.temperature)
     pairs = select_pairs(pc, cfg.pool.pairs)
     for drafter_name, target_name in _progress(pairs, cfg.progress, desc="scoring pairs", unit="pair"):
         draft, target, labels, row_ids = pair_members(loader, drafter_name, target_name)
+        acceptance = None if acc_loader is None else acceptance_members(acc_loader, pc, drafter_name, target_name)
         score = score_pair(draft, target, labels, pc.vocab_size, md=cfg.md, speed=cfg.speed,
-                           boosting=cfg.boosting, row_ids=row_ids)
+                           boosting=cfg.boosting, row_ids=row_ids, acceptance=acceptance,
+                           acceptance_source=cfg.cache.acceptance_source)
         rows.extend(score.rows)
         details[f"{drafter_name} -> {target_name}"] = score
     return rank_rows(rows, cfg.ranking.nll_tolerance), details
@@ -125,7 +139,8 @@ def log_mlflow(cfg: RankConfig, rows: list[dict], paths: dict[str, Path], summar
     with mlflow.start_run(run_name=f"rank:{cfg.name}") as parent:
         mlflow.log_params(_flat_params(cfg))
         mlflow.log_metrics({k: float(v) for k, v in summary.items() if isinstance(v, (int, float))})
-        mlflow.set_tags({"mdboost.pipeline": "rank_pool", "cache_dir": str(summary.get("cache_dir", ""))})
+        mlflow.set_tags({"mdboost.pipeline": "rank_pool", "cache_dir": str(summary.get("cache_dir", "")),
+                         "acceptance_source": cfg.cache.acceptance_source})
         for path in paths.values():
             mlflow.log_artifact(str(path), artifact_path="plots" if path.suffix == ".png" else None)
         now = int(time.time() * 1000)
@@ -133,7 +148,8 @@ def log_mlflow(cfg: RankConfig, rows: list[dict], paths: dict[str, Path], summar
             name = f"{row['drafter']}->{row['target']} {row['divergence']}@{row['max_divergence']:g}"
             tags = {"mlflow.parentRunId": parent.info.run_id, "mlflow.runName": name}
             run = client.create_run(experiment_id, run_name=name, tags=tags)
-            params = [Param(k, str(row[k])) for k in ("drafter", "target", "divergence", "max_divergence")]
+            params = [Param(k, str(row[k])) for k in ("drafter", "target", "divergence", "max_divergence",
+                                                       "acceptance_source")]
             metrics = [Metric(k, v, now, 0) for k, v in _numeric(row).items()]
             client.log_batch(run.info.run_id, metrics=metrics, params=params, tags=[RunTag("rank", str(row["rank"]))])
             client.set_terminated(run.info.run_id)
@@ -151,7 +167,8 @@ def run(cfg: RankConfig) -> dict:
     paths = write_outputs(cfg, rows, details, out)
     summary = {"n_pairs": len(details), "n_rows": len(rows), "seconds_cache": t_cache, "seconds_scoring": t_score,
                "seconds_per_pair": t_score / max(len(details), 1), "cache_dir": cache_info["dir"],
-               "cache_reused": cache_info["reused"], "cache_fingerprint": cache_fingerprint(cfg)}
+               "cache_reused": cache_info["reused"], "cache_fingerprint": cache_fingerprint(cfg),
+               "acceptance_source": cfg.cache.acceptance_source}
     if cfg.tracking.enabled:
         summary["run_id"] = log_mlflow(cfg, rows, paths, summary)
     summary["seconds_total"] = time.perf_counter() - start

@@ -51,6 +51,8 @@ def test_type_errors_name_the_path(data, where):
     ({"md": {"temperature": 0.0}}, "temperature"),
     ({"speed": {"gamma_min": 5, "gamma_max": 2}}, "gamma range"),
     ({"cache": {"k": 0}}, "k"),
+    ({"cache": {"acceptance_max_new_tokens": 0}}, "acceptance_max_new_tokens"),
+    ({"cache": {"acceptance_source": "teacher"}}, "acceptance_source"),
     ({"pool": {"drafters": []}}, "drafters"),
     ({"pool": {"drafters": ["int8", "int8"]}}, "drafters"),
 ])

@@ -21,6 +21,22 @@ def test_member_cache_dir_keys():
     assert member_cache_dir(base, "ngram:2").name.startswith("ngram_2-")
 
 
+def test_acceptance_cache_dir_keys():
+    base = from_dict(RankConfig, {"pool": {"target": "tiny", "drafters": ["ngram:2"]}})
+    sampled = from_dict(RankConfig, {"pool": {"target": "tiny", "drafters": ["ngram:2"]},
+                                     "cache": {"acceptance_source": "sampled"}})
+    longer = from_dict(RankConfig, {"pool": {"target": "tiny", "drafters": ["ngram:2"]},
+                                    "cache": {"acceptance_source": "sampled", "acceptance_max_new_tokens": 32}})
+    same = from_dict(RankConfig, {"pool": {"target": "tiny", "drafters": ["ngram:2"]},
+                                  "cache": {"source": "sampled", "max_new_tokens": 64}})
+    for name in ("tiny", "ngram:2"):
+        # the switch never moves the main folders; the acceptance folder is a sampled cache
+        assert member_cache_dir(base, name) == member_cache_dir(sampled, name)
+        assert member_cache_dir(sampled, name, acceptance=True) != member_cache_dir(sampled, name)
+        assert member_cache_dir(sampled, name, acceptance=True) != member_cache_dir(longer, name, acceptance=True)
+        assert member_cache_dir(sampled, name, acceptance=True) == member_cache_dir(same, name)
+
+
 class _Cache:
     def __init__(self, kind, fp):
         self._kind, self.manifest = kind, {"tokenizer_fingerprint": fp}

@@ -188,9 +188,11 @@ def generate(
     if draft is not None:
         draft.start(prompts, device)
     k_now, k_cap = int(gamma), int(max_gamma or 4 * gamma)
+    # deterministic decoding (greedy, no budget): an undrafted step takes the argmax directly
+    greedy = temperature == 0 and max_divergence == 0 and min_acceptance is None
     while state.active_rows():
         k = 0 if draft is None else min(k_now, state.max_remaining() - 1)
-        lengths = _step(lm, draft, state, k, sampling, md_args, generator, stats, timer)
+        lengths = _step(lm, draft, state, k, sampling, md_args, generator, stats, timer, greedy)
         if adaptive_gamma and k:
             full = all(state.last_accepted[b] == k == lengths[b] for b in state.last_active)
             k_now = min(k_now + 2, k_cap) if full else max(1, k_now - 1)
@@ -200,8 +202,13 @@ def generate(
     return state.output(input_ids, pad, stats)
 
 
-def _step(lm, draft, state, k, sampling, md_args, generator, stats, timer) -> list[int]:
-    """One draft / score / verify / roll back step; returns the per-row draft lengths."""
+def _step(lm, draft, state, k, sampling, md_args, generator, stats, timer, greedy=False) -> list[int]:
+    """One draft / score / verify / roll back step; returns the per-row draft lengths.
+
+    ``greedy``: the output is deterministic (temperature 0, no budget), so a step without
+    drafts takes the target's argmax (what sampling its one-hot ``q`` gives) without building
+    ``q`` or drawing from the generator (nothing later depends on the generator then).
+    """
     batch = len(state.pending)
     t0 = timer.now()
     if k:
@@ -216,11 +223,14 @@ def _step(lm, draft, state, k, sampling, md_args, generator, stats, timer) -> li
         chunk = torch.cat([chunk, drafts], dim=1)
         valid = torch.cat([valid, torch.ones_like(drafts, dtype=torch.bool)], dim=1)
     logits = lm.forward(chunk, valid, logits_to_keep=width + 1)  # [B, width + 1, V]
-    target_probs = logits_to_probs(logits, **sampling)
+    if width or not greedy:
+        target_probs = logits_to_probs(logits, **sampling)
     t2 = timer.now()
 
     if width:
         num_accepted, new_tokens = _verify(drafts, draft_probs, target_probs, lengths, md_args, generator, stats, state)
+    elif greedy:  # the argmax on which logits_to_probs(temperature=0) puts its one-hot
+        num_accepted, new_tokens = [0] * batch, _argmax(logits[:, 0])
     else:
         num_accepted, new_tokens = [0] * batch, sample(target_probs[:, 0], generator).tolist()
     t3 = timer.now()
@@ -235,6 +245,13 @@ def _step(lm, draft, state, k, sampling, md_args, generator, stats, timer) -> li
     draft_rows = drafts.tolist() if width else [[]] * batch
     stats.num_new_tokens += state.append(draft_rows, num_accepted, new_tokens, lengths, stats)
     return lengths
+
+
+def _argmax(logits: torch.Tensor) -> list[int]:  # [B, V] -> B token ids
+    """Greedy tokens, with :func:`mdboost.logits_to_probs`'s NaN check."""
+    if torch.isnan(logits).any():
+        raise ValueError("logits contains NaN")
+    return logits.argmax(dim=-1).tolist()
 
 
 def _verify(drafts, draft_probs, target_probs, lengths, md_args, generator, stats, state):

@@ -8,6 +8,12 @@ opens every folder without loading a model; adding a drafter builds only that dr
 changing ``k`` or the data rebuilds all; budgets, gamma, boosting and the ranking rule never
 touch the cache. Cost ratios are measured once, when a drafter's folder is built, and read back
 from its manifest afterwards.
+
+With ``cache.acceptance_source: sampled`` every member also gets an *acceptance* folder
+(:func:`member_cache_dir` with ``acceptance=True``): the same prompts with continuations sampled
+from the target (``source="sampled"``, ``cache.acceptance_max_new_tokens`` tokens, seeded by
+``data.seed``, at ``md.temperature``), keyed the same way. The ranking reads acceptance from it
+and quality/boosting from the main folders; cost ratios always come from the main folders.
 """
 
 from __future__ import annotations
@@ -25,9 +31,21 @@ from mdboost.ranking.support import MemberRows, rows_from_proposals
 _VALUE_KEYS = ("k", "dtype", "full_logits", "source", "max_new_tokens", "shard_size")
 
 
-def member_cache_dir(cfg: RankConfig, member: str) -> Path:
-    """The cache folder of one pool member under ``cfg.cache.dir``."""
+def _settings(cfg: RankConfig, acceptance: bool) -> dict:
     settings = {k: getattr(cfg.cache, k) for k in _VALUE_KEYS}
+    if acceptance:
+        settings.update(source="sampled", max_new_tokens=cfg.cache.acceptance_max_new_tokens)
+    return settings
+
+
+def member_cache_dir(cfg: RankConfig, member: str, *, acceptance: bool = False) -> Path:
+    """The cache folder of one pool member under ``cfg.cache.dir``.
+
+    ``acceptance=True``: the member's folder of target-sampled continuations (used with
+    ``cache.acceptance_source: sampled``); it coincides with the main folder when the main cache
+    is itself sampled with the same number of new tokens.
+    """
+    settings = _settings(cfg, acceptance)
     fp = fingerprint(cfg.data, settings, cfg.pool.target, member, cfg.md.temperature)
     slug = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in member)
     return Path(cfg.cache.dir) / f"{slug}-{fp}"
@@ -35,7 +53,11 @@ def member_cache_dir(cfg: RankConfig, member: str) -> Path:
 
 def cache_fingerprint(cfg: RankConfig) -> str:
     """One fingerprint over all member folders of the config (for reports)."""
-    return fingerprint(*[str(member_cache_dir(cfg, m)) for m in [cfg.pool.target, *cfg.pool.drafters]])
+    names = [cfg.pool.target, *cfg.pool.drafters]
+    dirs = [str(member_cache_dir(cfg, m)) for m in names]
+    if cfg.cache.acceptance_source == "sampled":
+        dirs += [str(member_cache_dir(cfg, m, acceptance=True)) for m in names]
+    return fingerprint(*dirs)
 
 
 @dataclass
@@ -44,6 +66,7 @@ class PoolCache:
 
     caches: dict
     target: str
+    acceptance: PoolCache | None = None  # target-sampled caches (``acceptance_source: sampled``)
 
     @property
     def vocab_size(self) -> int:
@@ -73,45 +96,66 @@ def _complete(path: Path) -> bool:
     return manifest.is_file() and bool(json.loads(manifest.read_text()).get("complete"))
 
 
-def _build_missing(cfg: RankConfig, missing: list[str]) -> None:
+def _build_missing(cfg: RankConfig, missing: list[str], missing_acceptance: list[str]) -> None:
+    """Build the missing main folders (measuring drafter cost ratios) and acceptance folders."""
     from mdboost.cache import build_cache
     from mdboost.data import load_texts
     from mdboost.models.cost import measure_cost_ratio
     from mdboost.models.pool import build_pool
 
-    drafters = [m for m in missing if m != cfg.pool.target]
+    drafters = [m for m in dict.fromkeys(missing + missing_acceptance) if m != cfg.pool.target]
     pool = build_pool(cfg.pool.target, drafters, device=cfg.pool.device, home=cfg.pool.home)
-    for name in drafters:
+    for name in (m for m in missing if m != cfg.pool.target):
         pool[name].cost_ratio, pool[name].cost_method = measure_cost_ratio(
             pool[name], pool.target, context_len=cfg.cache.cost_context, repeats=cfg.cache.cost_repeats)
     d = cfg.data
     records = load_texts(d.source, d.split, d.limit, prompt_field=d.prompt_field, reference_field=d.reference_field,
                          heldout_fraction=d.heldout_fraction, seed=d.seed)
-    for name in missing:
-        build_cache(pool, records, member_cache_dir(cfg, name), members=[name], k=cfg.cache.k, dtype=cfg.cache.dtype,
-                    source=cfg.cache.source, keep_full=cfg.cache.full_logits, temperatures=(cfg.md.temperature,),
-                    shard_size=cfg.cache.shard_size, backend=cfg.cache.backend, n_jobs=cfg.cache.n_jobs,
-                    chat_template=d.chat_template, max_tokens=d.max_tokens, max_new_tokens=cfg.cache.max_new_tokens,
-                    seed=d.seed, progress=cfg.progress, overwrite=True)
+    for acceptance, names in ((False, missing), (True, missing_acceptance)):
+        settings = _settings(cfg, acceptance)
+        for name in names:
+            build_cache(pool, records, member_cache_dir(cfg, name, acceptance=acceptance), members=[name],
+                        k=cfg.cache.k, dtype=cfg.cache.dtype, source=settings["source"], keep_full=cfg.cache.full_logits,
+                        temperatures=(cfg.md.temperature,), shard_size=cfg.cache.shard_size,
+                        backend=cfg.cache.backend, n_jobs=cfg.cache.n_jobs, chat_template=d.chat_template,
+                        max_tokens=d.max_tokens, max_new_tokens=settings["max_new_tokens"],
+                        sample_temperature=cfg.md.temperature, seed=d.seed, progress=cfg.progress, overwrite=True)
 
 
-def open_or_build_cache(cfg: RankConfig) -> tuple[PoolCache, dict]:
-    """Open every member's cache, building the missing ones first; returns (cache, info)."""
+def _open_checked(cfg: RankConfig, names: list[str], acceptance: bool) -> dict:
+    """Open the folders of ``names``; all must cover the same rows and tokenizer as the target's."""
     from mdboost.cache import LogitCache
 
-    names = [cfg.pool.target, *cfg.pool.drafters]
-    missing = [m for m in names if not _complete(member_cache_dir(cfg, m))]
-    if missing:
-        _build_missing(cfg, missing)
-    caches = {m: LogitCache.open(member_cache_dir(cfg, m)) for m in names}
+    caches = {m: LogitCache.open(member_cache_dir(cfg, m, acceptance=acceptance)) for m in names}
     ref = caches[cfg.pool.target]
     for name, cache in caches.items():
         same = (cache.manifest["tokenizer_fingerprint"] == ref.manifest["tokenizer_fingerprint"]
                 and cache.num_rows == ref.num_rows and torch.equal(cache.true_tokens(), ref.true_tokens()))
         if not same:
-            raise ValueError(f"cache of member {name!r} does not cover the same rows/tokenizer as the target's")
-    info = {"dir": str(Path(cfg.cache.dir)), "reused": not missing, "built": missing}
-    return PoolCache(caches, cfg.pool.target), info
+            kind = "acceptance cache" if acceptance else "cache"
+            raise ValueError(f"{kind} of member {name!r} does not cover the same rows/tokenizer as the target's")
+    return caches
+
+
+def open_or_build_cache(cfg: RankConfig) -> tuple[PoolCache, dict]:
+    """Open every member's cache, building the missing ones first; returns (cache, info).
+
+    With ``cache.acceptance_source: sampled`` the returned cache's ``acceptance`` holds the
+    members' target-sampled caches (built too when missing); otherwise it is ``None``.
+    """
+    names = [cfg.pool.target, *cfg.pool.drafters]
+    sampled = cfg.cache.acceptance_source == "sampled"
+    missing = [m for m in names if not _complete(member_cache_dir(cfg, m))]
+    missing_acc = [m for m in names if sampled and not _complete(member_cache_dir(cfg, m, acceptance=True))]
+    if missing or missing_acc:
+        _build_missing(cfg, missing, missing_acc)
+    acc = PoolCache(_open_checked(cfg, names, True), cfg.pool.target) if sampled else None
+    pc = PoolCache(_open_checked(cfg, names, False), cfg.pool.target, acc)
+    if acc is not None and acc.vocab_size != pc.vocab_size:
+        raise ValueError(f"acceptance caches have vocab_size {acc.vocab_size}, the main caches {pc.vocab_size}")
+    info = {"dir": str(Path(cfg.cache.dir)), "reused": not (missing or missing_acc), "built": missing,
+            "built_acceptance": missing_acc}
+    return pc, info
 
 
 def select_pairs(pc: PoolCache, mode: str = "target") -> list[tuple[str, str]]:
@@ -172,3 +216,16 @@ def pair_members(loader: MemberLoader, drafter: str, target: str):
     labels = pc.true_tokens().numpy()
     return (Member(drafter, d_rows, d_hyp, cost), Member(target, t_rows, t_hyp, 1.0), labels,
             torch.arange(len(labels)).numpy())
+
+
+def acceptance_members(loader: MemberLoader, pc: PoolCache, drafter: str, target: str):
+    """``(draft Member, target Member, labels [R'])`` of one pair on ``loader``'s (acceptance) cache.
+
+    ``loader`` reads the target-sampled caches (``pc.acceptance``); cost ratios come from ``pc``,
+    the main caches, where they were measured.
+    """
+    d_rows, d_hyp = loader(drafter)
+    t_rows, t_hyp = loader(target)
+    cost = pc.cost_ratio(drafter) / pc.cost_ratio(target)
+    labels = loader.pc.true_tokens().numpy()
+    return Member(drafter, d_rows, d_hyp, cost), Member(target, t_rows, t_hyp, 1.0), labels

@@ -9,6 +9,13 @@ One row per (pair, divergence, budget) operating point, with the columns of ``ra
 3. ties (equal speedup to 1e-9) are broken by complementarity, the boosting advantage
    ``A = mu_target^2 + mu_drafter^2`` (descending), then by MD acceptance;
 4. ineligible points follow in the same order. ``rank`` is 1-based.
+
+Acceptance-side columns (``sd_*``, ``md_acceptance*``, ``acceptance_gain``, ``best_gamma``,
+``predicted_speedup``, ``achieved_divergence``, ``k_*``, ``eps_pq_*``, ``rho_pq_*``,
+``proposal_rate``, ``acceptance_positions``) can come from other rows than the quality and
+boosting columns: ``score_pair(..., acceptance=(draft, target, labels))`` scores them on, e.g.,
+continuations sampled from the target, the text MD decodes; the ``acceptance_source`` column
+says which.
 """
 
 from __future__ import annotations
@@ -59,11 +66,11 @@ def _mean(x: torch.Tensor) -> float:
     return float(x.double().mean())
 
 
-def _pair_common(draft: Member, target: Member, aligned, sd, labels, row_ids, md: MDConfig,
-                 speed: SpeedConfig, boosting: BoostingConfig):
+def _pair_common(draft: Member, target: Member, aligned, acc_aligned, acc_valid, sd, labels, row_ids,
+                 md: MDConfig, speed: SpeedConfig, boosting: BoostingConfig):
     valid = draft.rows.valid
-    eps, rho = pair_diagnostics(aligned.p, aligned.q, mask=aligned.kept)
-    eps, rho = eps[valid].numpy(), rho[valid].numpy()
+    eps, rho = pair_diagnostics(acc_aligned.p, acc_aligned.q, mask=acc_aligned.kept)
+    eps, rho = eps[acc_valid].numpy(), rho[acc_valid].numpy()
     boost = boost_target_first(target.hypothesis, draft.hypothesis, row_ids, labels,
                                n_rounds=boosting.n_estimators, thetas=boosting.thetas)
     sd_gamma, sd_speed = best_gamma(_mean(sd), draft.cost_ratio, speed.gamma_min, speed.gamma_max)
@@ -72,7 +79,8 @@ def _pair_common(draft: Member, target: Member, aligned, sd, labels, row_ids, md
                                                    boost.c_drafter, md.temperature)
     common = {
         "drafter": draft.name, "target": target.name, "n_positions": int(valid.numel()),
-        "proposal_rate": _mean(valid.double()), "tail_mass": _mean(draft.rows.tail + target.rows.tail),
+        "acceptance_positions": int(acc_valid.numel()),
+        "proposal_rate": _mean(acc_valid.double()), "tail_mass": _mean(draft.rows.tail + target.rows.tail),
         "sd_acceptance": _mean(sd), "sd_best_gamma": int(sd_gamma), "sd_speedup": float(sd_speed),
         "cost_ratio": float(draft.cost_ratio),
         "mu_target": boost.mu_target, "mu_drafter": boost.mu_drafter, "boosting_advantage": boost.advantage,
@@ -90,9 +98,20 @@ def _pair_common(draft: Member, target: Member, aligned, sd, labels, row_ids, md
     return common, boost
 
 
+def _acceptance_side(acceptance, draft: Member, aligned, vocab_size: int):
+    """``(draft Member, Aligned, valid [M])`` the acceptance columns are computed from."""
+    if acceptance is None:
+        return draft, aligned, draft.rows.valid
+    if len(acceptance) != 3:
+        raise ValueError(f"acceptance must be (draft, target, labels), got {len(acceptance)} items")
+    a_draft, a_target, a_labels = acceptance
+    a_labels = torch.as_tensor(np.asarray(a_labels))
+    return a_draft, align(a_draft.rows, a_target.rows, vocab_size, a_labels), a_draft.rows.valid
+
+
 def score_pair(draft: Member, target: Member, labels, vocab_size: int, *, md: MDConfig | None = None,
                speed: SpeedConfig | None = None, boosting: BoostingConfig | None = None,
-               row_ids=None) -> PairScore:
+               row_ids=None, acceptance: tuple | None = None, acceptance_source: str | None = None) -> PairScore:
     """All metrics of one ordered pair, one row per (divergence, budget).
 
     Parameters
@@ -106,26 +125,38 @@ def score_pair(draft: Member, target: Member, labels, vocab_size: int, *, md: MD
         Operating points, gamma range, boosting rounds (defaults: the dataclass defaults).
     row_ids : array [N], optional
         Cache row index of each position (the boosting hypotheses' ``X``); default ``arange(N)``.
+    acceptance : (Member, Member, array [M]), optional
+        ``(draft, target, labels)`` on other rows (e.g. target-sampled continuations) to take the
+        acceptance-side columns from; the draft's cost ratio is used for the speed model. Default:
+        the rows above.
+    acceptance_source : str, optional
+        The ``acceptance_source`` column: default ``"reference"`` without ``acceptance``,
+        ``"sampled"`` with it.
     """
     md, speed, boosting = md or MDConfig(), speed or SpeedConfig(), boosting or BoostingConfig()
     labels = np.asarray(labels)
     row_ids = np.arange(len(labels)) if row_ids is None else np.asarray(row_ids)
     aligned = align(draft.rows, target.rows, vocab_size, torch.as_tensor(labels))
     valid = draft.rows.valid
-    sd = sd_acceptance(aligned, valid)
-    common, boost = _pair_common(draft, target, aligned, sd, labels, row_ids, md, speed, boosting)
+    acc_draft, acc_aligned, acc_valid = _acceptance_side(acceptance, draft, aligned, vocab_size)
+    sd = sd_acceptance(acc_aligned, acc_valid)
+    common, boost = _pair_common(draft, target, aligned, acc_aligned, acc_valid, sd, labels, row_ids, md, speed,
+                                 boosting)
+    common["acceptance_source"] = acceptance_source or ("reference" if acceptance is None else "sampled")
+    acc_ops = md_operating_points(acc_aligned, acc_valid, md.divergences, md.budgets, md.mode)
+    ref_ops = acc_ops if acceptance is None else md_operating_points(aligned, valid, md.divergences, md.budgets, md.mode)
     rows, md_acc, ks = [], {}, {}
-    for op in md_operating_points(aligned, valid, md.divergences, md.budgets, md.mode):
-        gamma, speedup = best_gamma(_mean(op.acceptance), draft.cost_ratio, speed.gamma_min, speed.gamma_max)
-        k = boost_coefficient(op.a, op.b)[valid].numpy()
-        nll_m = _mean(quality.nll_mentored(draft.rows, target.rows, op.a, op.b))
+    for op, ref_op in zip(acc_ops, ref_ops, strict=True):
+        gamma, speedup = best_gamma(_mean(op.acceptance), acc_draft.cost_ratio, speed.gamma_min, speed.gamma_max)
+        k = boost_coefficient(op.a, op.b)[acc_valid].numpy()
+        nll_m = _mean(quality.nll_mentored(draft.rows, target.rows, ref_op.a, ref_op.b))
         acc = op.acceptance.numpy()
         rows.append({
             **common, "divergence": op.divergence, "max_divergence": op.max_divergence,
             "md_acceptance": float(acc.mean()), "md_acceptance_q10": _q(acc, 0.1),
             "md_acceptance_median": _q(acc, 0.5), "md_acceptance_q90": _q(acc, 0.9),
             "acceptance_gain": float(acc.mean()) - common["sd_acceptance"],
-            "achieved_divergence": _mean(op.achieved_divergence[valid]) if bool(valid.any()) else 0.0,
+            "achieved_divergence": _mean(op.achieved_divergence[acc_valid]) if bool(acc_valid.any()) else 0.0,
             "best_gamma": int(gamma), "predicted_speedup": float(speedup),
             "k_median": _q(k, 0.5), "k_q90": _q(k, 0.9),
             "nll_mentored": nll_m, "beats_target": bool(nll_m < common["nll_target"]),

@@ -1,0 +1,101 @@
+"""End to end with ``cache.acceptance_source: sampled``: acceptance columns from the target-sampled
+cache, quality columns from the reference cache, both checked against direct computations."""
+
+import pytest
+import torch
+
+from mdboost.config import RankConfig, from_dict, load_yaml, to_dict
+from mdboost.md.solve import solve
+from mdboost.ranking.report import read_csv
+
+
+def _config(tmp_path, **over) -> RankConfig:
+    data = to_dict(load_yaml("configs/tiny.yaml", RankConfig))
+    data["pool"]["drafters"] = ["early_exit:2", "ngram:2"]
+    data["data"]["limit"] = 3
+    data["md"]["budgets"] = [0.0, 0.3]
+    data["cache"].update(dir=str(tmp_path / "cache"), acceptance_source="sampled", acceptance_max_new_tokens=12)
+    data["output_dir"] = str(tmp_path / "out")
+    data["tracking"].update(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", artifact_root=str(tmp_path / "art"))
+    for section, values in over.items():
+        data[section].update(values)
+    return from_dict(RankConfig, data)
+
+
+@pytest.fixture(scope="module")
+def sampled_run(tmp_path_factory):
+    from pipelines.rank_pool import run
+
+    tmp_path = tmp_path_factory.mktemp("rank_sampled")
+    cfg = _config(tmp_path)
+    return tmp_path, cfg, run(cfg)
+
+
+def _probs(cache, name):  # [R, V]
+    return torch.softmax(cache.full_logits(name).double(), -1)
+
+
+def test_acceptance_from_sampled_cache_quality_from_reference(sampled_run):
+    from mdboost.cache import LogitCache
+    from mdboost.ranking.diagnostics import boost_coefficient
+    from mdboost.ranking.from_cache import member_cache_dir
+
+    tmp_path, cfg, _ = sampled_run
+    rows = [r for r in read_csv(tmp_path / "out" / "ranking.csv") if r["drafter"] == "early_exit:2"]
+    ref_t, ref_d = (LogitCache.open(member_cache_dir(cfg, m)) for m in ("tiny", "early_exit:2"))
+    smp_t, smp_d = (LogitCache.open(member_cache_dir(cfg, m, acceptance=True)) for m in ("tiny", "early_exit:2"))
+    assert smp_t.manifest["source"] == "sampled" and ref_t.manifest["source"] == "reference"
+    assert 0 < smp_t.num_rows <= 3 * 12 and smp_t.num_rows != ref_t.num_rows
+    q, p = _probs(ref_t, "tiny"), _probs(ref_d, "early_exit:2")
+    qs, ps = _probs(smp_t, "tiny"), _probs(smp_d, "early_exit:2")
+    true = ref_t.true_tokens()
+    idx = torch.arange(len(true))
+    for r in rows:
+        assert r["acceptance_source"] == "sampled"
+        assert int(r["acceptance_positions"]) == smp_t.num_rows and int(r["n_positions"]) == ref_t.num_rows
+        budget = float(r["max_divergence"])
+        sol_s = solve(ps, qs, max_divergence=budget, divergence=r["divergence"])
+        sol_r = solve(p, q, max_divergence=budget, divergence=r["divergence"])
+        assert float(r["sd_acceptance"]) == pytest.approx(float(torch.minimum(ps, qs).sum(-1).mean()), rel=1e-6)
+        assert float(r["md_acceptance"]) == pytest.approx(float(sol_s.acceptance.mean()), rel=1e-6)
+        assert float(r["acceptance_gain"]) == pytest.approx(float(sol_s.acceptance.mean() - torch.minimum(ps, qs).sum(-1).mean()), abs=1e-9)
+        k = boost_coefficient(sol_s.a, sol_s.b)
+        assert float(r["k_median"]) == pytest.approx(float(torch.quantile(k, 0.5, interpolation="nearest")), rel=1e-6)
+        alpha, c, g = float(r["md_acceptance"]), float(r["cost_ratio"]), int(r["best_gamma"])
+        assert c == pytest.approx(ref_d.cost_ratio("early_exit:2"))
+        assert float(r["predicted_speedup"]) == pytest.approx((1 - alpha ** (g + 1)) / ((1 - alpha) * (g * c + 1)), rel=1e-6)
+        # quality stays on the teacher-forced reference cache
+        assert float(r["nll_target"]) == pytest.approx(float(-q[idx, true].log().mean()), rel=1e-3)
+        assert float(r["nll_drafter"]) == pytest.approx(float(-p[idx, true].log().mean()), rel=1e-3)
+        pi = torch.maximum((1 - sol_r.b)[:, None] * q, torch.minimum(p, (1 + sol_r.a)[:, None] * q))
+        assert float(r["nll_mentored"]) == pytest.approx(float(-pi[idx, true].log().mean()), rel=1e-3)
+
+
+def test_sampled_source_is_recorded_and_reused(sampled_run):
+    from mlflow.tracking import MlflowClient
+
+    from pipelines.rank_pool import run
+
+    tmp_path, cfg, summary = sampled_run
+    assert summary["cache_reused"] is False and summary["acceptance_source"] == "sampled"
+    client = MlflowClient(cfg.tracking.tracking_uri)
+    parent = client.get_run(summary["run_id"])
+    assert parent.data.params["cache.acceptance_source"] == "sampled"
+    exp = client.get_experiment_by_name(cfg.tracking.experiment)
+    children = [r for r in client.search_runs([exp.experiment_id], max_results=100)
+                if r.data.tags.get("mlflow.parentRunId") == summary["run_id"]]
+    assert len(children) == 8 and {c.data.params["acceptance_source"] for c in children} == {"sampled"}
+    before = read_csv(tmp_path / "out" / "ranking.csv")
+    again = run(_config(tmp_path, tracking={"enabled": False}))
+    assert again["cache_reused"] is True
+    assert [r["md_acceptance"] for r in read_csv(tmp_path / "out" / "ranking.csv")] == [r["md_acceptance"] for r in before]
+    # back to reference acceptance: same main folders, acceptance from the teacher-forced rows
+    ref = run(_config(tmp_path, tracking={"enabled": False}, cache={"acceptance_source": "reference"}))
+    assert ref["cache_reused"] is True
+    rows = read_csv(tmp_path / "out" / "ranking.csv")
+    assert {r["acceptance_source"] for r in rows} == {"reference"}
+    key = lambda r: (r["drafter"], r["divergence"], r["max_divergence"])
+    sampled = {key(r): r for r in before}
+    for r in rows:
+        assert r["nll_mentored"] == sampled[key(r)]["nll_mentored"]
+        assert r["acceptance_positions"] == r["n_positions"]
