@@ -27,8 +27,13 @@ test: venv
 test-slow: venv
 	$(PY) -m pytest -m "slow or browser" -q
 
+# Every benchmark writes its own section of bench/RESULTS.md (minutes to tens of minutes on CPU).
 bench: venv
 	$(PY) bench/md_core.py
+	$(PY) bench/boosting.py
+	$(PY) bench/cache.py
+	$(PY) bench/ranking.py
+	$(PY) bench/generation.py
 
 ui: venv
 	$(PY) -m mdboost.cli ui
