@@ -69,6 +69,21 @@ def test_greedy_ar_equals_target_greedy(target):
         assert out.stats.num_target_calls == out.num_new_tokens.item()
 
 
+def test_greedy_ar_takes_argmax_without_the_generator(target):
+    """Deterministic decoding never draws: the generator's state is untouched, NaN still raises."""
+    ids = prompt(7, 6)
+    gen = torch.Generator().manual_seed(5)
+    before = gen.get_state()
+    out = generate(target, ids, mode="ar", max_new_tokens=12, temperature=0, generator=gen)
+    assert torch.equal(gen.get_state(), before)
+    assert torch.equal(out.sequences, hf_greedy(target, ids, 12))
+    broken = tiny_llama(vocab_size=V, num_layers=1, seed=2)
+    with torch.no_grad():
+        broken.lm_head.weight.fill_(float("nan"))
+    with pytest.raises(ValueError, match="NaN"):
+        generate(broken, ids, mode="ar", max_new_tokens=2, temperature=0)
+
+
 @pytest.mark.parametrize("name", ["exit1", "ngram", "shared2"])
 def test_greedy_batched_rows_equal_single_rows(target, drafters, name):
     rows = [prompt(10 + i, n)[0].tolist() for i, n in enumerate([3, 6, 5, 4])]
