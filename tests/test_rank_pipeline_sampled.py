@@ -4,22 +4,16 @@ cache, quality columns from the reference cache, both checked against direct com
 import pytest
 import torch
 
-from mdboost.config import RankConfig, from_dict, load_yaml, to_dict
+from mdboost.config import RankConfig
 from mdboost.md.solve import solve
 from mdboost.ranking.report import read_csv
+from tests.test_rank_pipeline import _config as rank_config
 
 
 def _config(tmp_path, **over) -> RankConfig:
-    data = to_dict(load_yaml("configs/tiny.yaml", RankConfig))
-    data["pool"]["drafters"] = ["early_exit:2", "ngram:2"]
-    data["data"]["limit"] = 3
-    data["md"]["budgets"] = [0.0, 0.3]
-    data["cache"].update(dir=str(tmp_path / "cache"), acceptance_source="sampled", acceptance_max_new_tokens=12)
-    data["output_dir"] = str(tmp_path / "out")
-    data["tracking"].update(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", artifact_root=str(tmp_path / "art"))
-    for section, values in over.items():
-        data[section].update(values)
-    return from_dict(RankConfig, data)
+    """The tiny end-to-end config of test_rank_pipeline, target pairs, sampled acceptance."""
+    cache = {"acceptance_source": "sampled", "acceptance_max_new_tokens": 12, **over.pop("cache", {})}
+    return rank_config(tmp_path, pool={"pairs": "target"}, cache=cache, **over)
 
 
 @pytest.fixture(scope="module")
