@@ -59,10 +59,10 @@ def sample_continuation(model, prompt: torch.Tensor, max_new_tokens: int, temper
     """Sample up to ``max_new_tokens`` tokens from ``model`` after ``prompt`` (KV cache, stops at EOS)."""
     from transformers import DynamicCache
 
-    from mdboost.models.cost import _cache_kwarg
+    from mdboost.models.cost import cache_kwarg
 
     device = next(model.parameters()).device
-    cache, key = DynamicCache(config=model.config), _cache_kwarg(model)
+    cache, key = DynamicCache(config=model.config), cache_kwarg(model)
     step_ids, out = prompt.to(device)[None], []
     for _ in range(max_new_tokens):
         logits = model(input_ids=step_ids, use_cache=True, **{key: cache}).logits[0, -1]  # [V]

@@ -21,6 +21,8 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from mdboost.models.cost import cache_kwarg
+
 
 class CachedLM:
     """A causal LM with a ``DynamicCache`` whose slots can be rolled back per row.
@@ -28,7 +30,8 @@ class CachedLM:
     Parameters
     ----------
     model : transformers causal LM
-        Called as ``model(input_ids=, attention_mask=, position_ids=, cache=, use_cache=True)``.
+        Called as ``model(input_ids=, attention_mask=, position_ids=, cache=, use_cache=True)``
+        (``past_key_values=`` instead of ``cache=`` on transformers versions before the rename).
     batch_size : int
         Number of rows.
     device : torch.device
@@ -38,6 +41,7 @@ class CachedLM:
     def __init__(self, model, batch_size: int, device: torch.device):
         self.model = model
         self.cache = DynamicCache(config=model.config)
+        self._cache_key = cache_kwarg(model)
         self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)  # [B, S]
         self.holes = False  # any invalid slot so far (then an attention mask is required)
         self.last_fed = 0  # columns appended since the last ``keep`` (what it may drop)
@@ -72,8 +76,8 @@ class CachedLM:
             input_ids=tokens,
             attention_mask=mask,
             position_ids=positions,
-            cache=self.cache,
             use_cache=True,
+            **{self._cache_key: self.cache},
             logits_to_keep=logits_to_keep,
         )
         self.last_fed += tokens.shape[1]

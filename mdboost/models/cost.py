@@ -15,8 +15,10 @@ import time
 import torch
 
 
-def _cache_kwarg(model) -> str:
-    """``cache`` in transformers >= 5.2x (``past_key_values`` is deprecated there)."""
+def cache_kwarg(model) -> str:
+    """The forward keyword for a KV cache: ``cache`` in transformers >= 5.2x (where
+    ``past_key_values`` is deprecated), ``past_key_values`` before. Every caller that feeds a
+    cache to a model asks here."""
     import inspect
 
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
@@ -37,7 +39,7 @@ def _stepper(member, context: torch.Tensor):  # context: [L + 1]
     model = member.model
     device = next(model.parameters()).device
     cache = DynamicCache(config=model.config)
-    key = _cache_kwarg(model)
+    key = cache_kwarg(model)
     ids = context.to(device)
     model(input_ids=ids[None, :-1], use_cache=True, **{key: cache})
     last = ids[None, -1:]
