@@ -7,24 +7,17 @@
 
 import math
 
-import numpy as np
 import pytest
 import torch
 
 from mdboost.md import _search
+from tests._md_pairs import dirichlet_pairs
 from mdboost.md.breakpoints import Breakpoints
 from mdboost.md.divergences import GENERATORS, Divergence
 
 
 def _pairs(rows, n, seed, peaked=False):
-    rng = np.random.default_rng(seed)
-    alpha = 0.05 if peaked else 0.5
-    p = rng.dirichlet([alpha] * n, size=rows)
-    q = rng.dirichlet([alpha] * n, size=rows)
-    p[0, : n // 3] = 0.0  # zeros in p
-    q[1, n // 2:] = 0.0  # zeros in q
-    p, q = p / p.sum(-1, keepdims=True), q / q.sum(-1, keepdims=True)
-    return torch.from_numpy(p), torch.from_numpy(q)
+    return dirichlet_pairs(rows, n, seed, alpha=0.05 if peaked else 0.5)
 
 
 @pytest.mark.parametrize("peaked", [False, True])
