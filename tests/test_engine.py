@@ -271,3 +271,22 @@ def test_stats_are_consistent(target, drafters):
     assert s.time_total >= s.time_drafter + s.time_target + s.time_verify > 0
     assert 0 <= s.mean_divergence <= s.max_divergence <= 0.2 + 1e-5
     assert s.as_dict()["mean_accepted_length"] == s.mean_accepted_length
+
+
+def test_md_solve_modes_give_the_same_tokens(target, drafters):
+    """md_solve only changes where the clamp is computed, never the output for one seed."""
+    ids = prompt(40, 5).repeat(8, 1)
+    outs = {}
+    for md_solve in ("needed", "reached", "all"):
+        outs[md_solve] = generate(target, ids, drafter=drafters["other"], mode="md", max_divergence=0.1, gamma=3,
+                                  max_new_tokens=10, md_solve=md_solve, generator=torch.Generator().manual_seed(4))
+    assert torch.equal(outs["needed"].sequences, outs["reached"].sequences)
+    assert torch.equal(outs["needed"].sequences, outs["all"].sequences)
+    full, fast = outs["reached"].stats, outs["needed"].stats
+    assert full.num_solved_positions == full.num_verified_positions == fast.num_verified_positions
+    assert 0 < fast.num_solved_positions < fast.num_verified_positions
+    counts = full.acceptance_probability_count_per_position
+    assert counts[0] == full.num_drafts and counts == sorted(counts, reverse=True)
+    assert all(0 <= x <= 1 for x in full.expected_acceptance_per_position)
+    with pytest.raises(ValueError, match="md_solve"):
+        generate(target, ids, drafter=drafters["other"], mode="md", max_divergence=0.1, md_solve="lazy")

@@ -27,6 +27,7 @@ from mdboost.engine.drafting import SharedLayersDrafter, as_drafter, sample, sha
 from mdboost.engine.kv import CachedLM, left_pad
 from mdboost.engine.stats import GenerationStats
 from mdboost.md.probs import logits_to_probs
+from mdboost.md.verify import SOLVE
 
 MODES = ("ar", "sd", "md")
 
@@ -111,6 +112,7 @@ def generate(
     min_acceptance: float | None = None,
     divergence="kl",
     md_top_k: int | None = None,
+    md_solve: str = "needed",
     eos_token_id: int | None = None,
     pad_token_id: int | None = None,
     attention_mask: torch.Tensor | None = None,  # [B, T]
@@ -146,6 +148,11 @@ def generate(
     md_top_k : int or None
         Solve MD on the target's top-k tokens only (Lemma 6.1); ``md`` mode only (ignored in
         ``sd``, where it would make verification lossy).
+    md_solve : {"needed", "reached", "all"}, default="needed"
+        Where ``md`` mode computes the clamp (:func:`mdboost.md.verify.verify`'s ``solve``):
+        ``"needed"`` only at drafts SD would reject (fastest; the same tokens), ``"reached"``
+        at every verified position (exact per-position stats: realized divergence and MD
+        acceptance probability everywhere), ``"all"`` also after the first rejection.
     eos_token_id, pad_token_id : int or None
         A row stops after emitting ``eos_token_id``; shorter rows are padded with
         ``pad_token_id`` (default: ``eos_token_id``, else 0).
@@ -167,6 +174,8 @@ def generate(
     GenerationOutput
     """
     _check_args(mode, drafter, gamma, max_new_tokens, max_divergence, min_acceptance)
+    if md_solve not in SOLVE:
+        raise ValueError(f"md_solve must be one of {SOLVE}, got {md_solve!r}")
     if max_gamma is not None and (int(max_gamma) != max_gamma or max_gamma < 1):
         raise ValueError(f"max_gamma must be a positive integer or None, got {max_gamma!r}")
     prompts = _prompts(input_ids, attention_mask)
@@ -176,7 +185,7 @@ def generate(
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     # md_top_k only in md mode: in sd it would replace q by its top-k (lossy)
     md_args = dict(max_divergence=max_divergence, min_acceptance=min_acceptance, divergence=divergence,
-                   top_k=md_top_k if mode == "md" else None)
+                   top_k=md_top_k if mode == "md" else None, solve=md_solve)
     stats = GenerationStats(mode=mode, budget=max_divergence if mode == "md" and max_divergence > 0 else None)
     timer = _Timer(device)
     start = timer.now()
@@ -280,16 +289,20 @@ def _verify(drafts, draft_probs, target_probs, lengths, md_args, generator, stat
 
 
 def _divergence_stats(result, num_accepted, lengths, stats, state) -> None:
-    """Realized divergence and budget-only acceptances at the verified positions of active rows."""
-    divergence = result.divergence.tolist()  # [B, K]
+    """Realized divergence, MD acceptance probability and budget-only acceptances at the
+    verified positions of active rows (divergence and probability where the clamp was solved)."""
+    divergence = result.divergence.tolist()  # [B, K]; NaN where not solved (md_solve)
+    acc_prob = result.acceptance_probability.tolist()  # [B, K]
     by_budget = result.accepted_by_budget.tolist()  # [B, K]
     for b in state.active_rows():
         visited = min(num_accepted[b] + 1, lengths[b])  # positions whose distribution was used
-        row = divergence[b][:visited]
-        stats.num_verified_positions += len(row)
+        stats.num_verified_positions += visited
+        row = [d for d in divergence[b][:visited] if d == d]
+        stats.num_solved_positions += len(row)
         stats.divergence_sum += sum(row)
         stats.max_divergence = max([stats.max_divergence] + row)
         stats.num_budget_accepted += sum(by_budget[b][: num_accepted[b]])
+        stats.add_acceptance_probabilities(acc_prob[b][:visited])
 
 
 class _State:

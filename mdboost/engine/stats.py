@@ -11,7 +11,13 @@ at least one token in one engine step):
 - ``mean_accepted_length = 1 + num_accepted_tokens / num_drafts``: tokens emitted per target
   call on drafted steps (vLLM's "mean acceptance length", bonus token included);
 - ``mean_divergence`` / ``max_divergence``: realized ``D_f(pi || q)`` of the distribution each
-  verified position actually sampled from (0 for standard SD), over verified positions;
+  verified position actually sampled from (0 for standard SD), over the verified positions
+  where the clamp was solved (``num_solved_positions``: all of them with ``md_solve="reached"``;
+  with the default ``"needed"`` only the drafts SD would have rejected);
+- ``acceptance_probability_sum_per_position[j]`` / ``acceptance_probability_count_per_position[j]``:
+  sum and count of verify's acceptance probability ``P_acc(pi)`` (``1 - TV(p, q)`` for SD) at
+  draft position ``j`` over the steps where it was computed; at ``j = 0`` with every position
+  solved it is a low-variance (Rao-Blackwellized) estimate of the position-0 acceptance rate;
 - ``budget_utilization = mean_divergence / budget`` (``None`` without a budget);
 - ``num_budget_accepted``: accepted tokens that standard SD would have rejected with the same
   uniform draw (``u >= q_x / p_x`` but ``u < (1 + a) q_x / p_x``);
@@ -38,6 +44,9 @@ class GenerationStats:
     accepted_tokens_per_position: list[int] = field(default_factory=list)
     budget: float | None = None
     num_verified_positions: int = 0
+    num_solved_positions: int = 0
+    acceptance_probability_sum_per_position: list[float] = field(default_factory=list)
+    acceptance_probability_count_per_position: list[int] = field(default_factory=list)
     divergence_sum: float = 0.0
     max_divergence: float = 0.0
     num_budget_accepted: int = 0
@@ -63,8 +72,25 @@ class GenerationStats:
 
     @property
     def mean_divergence(self) -> float:
-        """Mean realized ``D_f(pi || q)`` over verified positions."""
-        return self.divergence_sum / self.num_verified_positions if self.num_verified_positions else 0.0
+        """Mean realized ``D_f(pi || q)`` over the solved verified positions."""
+        return self.divergence_sum / self.num_solved_positions if self.num_solved_positions else 0.0
+
+    @property
+    def expected_acceptance_per_position(self) -> list[float]:
+        """Mean ``P_acc(pi)`` at each draft position over the steps where it was computed."""
+        return [s / n if n else float("nan") for s, n in zip(self.acceptance_probability_sum_per_position,
+                                                             self.acceptance_probability_count_per_position)]
+
+    def add_acceptance_probabilities(self, probs: list[float]) -> None:
+        """Add one row's per-position acceptance probabilities (NaN = not computed, skipped)."""
+        grow = len(probs) - len(self.acceptance_probability_sum_per_position)
+        if grow > 0:
+            self.acceptance_probability_sum_per_position += [0.0] * grow
+            self.acceptance_probability_count_per_position += [0] * grow
+        for j, value in enumerate(probs):
+            if value == value:
+                self.acceptance_probability_sum_per_position[j] += value
+                self.acceptance_probability_count_per_position[j] += 1
 
     @property
     def budget_utilization(self) -> float | None:
@@ -95,7 +121,7 @@ class GenerationStats:
         """Flat dict of counters and derived rates (for logging by pipelines)."""
         names = (
             "acceptance_rate", "acceptance_rate_per_position", "mean_accepted_length",
-            "mean_divergence", "budget_utilization", "tokens_per_second",
+            "mean_divergence", "budget_utilization", "tokens_per_second", "expected_acceptance_per_position",
         )
         out = {k: v for k, v in self.__dict__.items()}
         out.update({name: getattr(self, name) for name in names})

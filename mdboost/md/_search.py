@@ -308,8 +308,10 @@ def _primal_np(c, bp, budget):
     # bracket: the neighbouring knots around the crossing, by D_f at every STRIDE-th sorted knot
     # (D_f decreases in m), then at every knot of the one stride that holds the crossing
     idx_v, m_a, m_b = idx[:, :v], m_a[:, :v], np.minimum(np.maximum(m_b[:, :v], c.m_end), c.tv)
-    valid = np.concatenate([(idx_v >= c.n_le) & (idx_v < c.j_max), (idx_v >= 1) & (idx_v < c.n_lt)], -1)
-    knots = np.sort(np.where(valid, np.concatenate([m_a, m_b], -1), math.inf), -1)  # [N, 2V] ascending
+    # m_a decreases along the sorted order and m_b increases: reversed A then B is a few sorted
+    # runs, which a stable (tim)sort merges in about linear time
+    valid = np.concatenate([((idx_v >= c.n_le) & (idx_v < c.j_max))[:, ::-1], (idx_v >= 1) & (idx_v < c.n_lt)], -1)
+    knots = np.sort(np.where(valid, np.concatenate([m_a[:, ::-1], m_b], -1), math.inf), -1, kind="stable")  # [N, 2V]
     last = np.maximum(valid.sum(-1, keepdims=True) - 1, 0)
 
     def big_at(cols):

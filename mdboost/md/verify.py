@@ -9,6 +9,14 @@ target at position K. Emitted tokens then follow ``pi(a, b)`` exactly (math note
 the same random draws. ``top_k`` solves on the target's k most likely tokens only
 (paper, Lemma 6.1): ``O(k log k)`` per position instead of ``O(V log V)``.
 
+Fast paths. A deterministic drafter (every ``p`` one-hot: n-gram / prompt lookup, greedy
+drafting) is solved in closed form (:mod:`mdboost.md.onehot`, no sort). ``solve="reached"``
+solves a position only for rows that reached it (all earlier drafts accepted);
+``solve="needed"`` only where the outcome depends on the clamp: a reached position whose draft
+SD would reject (``u >= q_x / p_x``; otherwise it is accepted for every ``a >= 0``), about one
+solve per row and step. Both emit exactly the tokens of ``solve="all"`` for the same uniforms.
+The realized divergence is read off the breakpoints' prefix sums at the solution.
+
 Randomness. Each row consumes exactly ``K + 1`` uniforms, in this order: columns ``0..K-1``
 are the acceptance tests of positions ``0..K-1``, column ``K`` is the single categorical draw
 (the residual resample at the first rejection, or the bonus token), sampled by inverse CDF.
@@ -29,12 +37,14 @@ import torch
 
 from mdboost.md._checks import check_budget, check_probs, check_tokens
 from mdboost.md.breakpoints import Breakpoints
-from mdboost.md.divergences import f_divergence, resolve
+from mdboost.md.divergences import resolve
+from mdboost.md.onehot import one_hot_dual, one_hot_primal
 from mdboost.md.solve import mentored_distribution
 
 __all__ = ["PLACEHOLDER_TOKEN_ID", "VerifyResult", "verify", "draw_uniforms"]
 
 PLACEHOLDER_TOKEN_ID = -1  # pads ``tokens`` after the last emitted token
+SOLVE = ("all", "reached", "needed")
 
 
 @dataclass(frozen=True)
@@ -129,6 +139,7 @@ def verify(
     min_acceptance=None,
     top_k: int | None = None,
     generator=None,
+    solve: str = "all",
     validate: bool = True,
 ) -> VerifyResult:
     """Verify K draft tokens per row with mentored decoding.
@@ -153,6 +164,11 @@ def verify(
         those only (Lemma 6.1).
     generator : torch.Generator or list of B generators, optional
         Source of the ``K + 1`` uniforms per row (see the module docstring).
+    solve : {"all", "reached", "needed"}, default="all"
+        Where the clamp is computed (see the module docstring): every position; positions a
+        row reached; or only reached positions that SD would reject. The same tokens and
+        ``num_accepted`` for the same uniforms; the per-position stats (``a``, ``b``,
+        ``acceptance_probability``, ``divergence``) of unsolved positions are NaN.
     validate : bool, default=True
         Check inputs (raises ValueError naming the argument).
 
@@ -169,6 +185,8 @@ def verify(
             f"{tuple(p.shape)}, got {tuple(q_all.shape)}"
         )
     tokens = check_tokens("draft_tokens", draft_tokens, (batch, num_draft), vocab, validate=validate)
+    if solve not in SOLVE:
+        raise ValueError(f"solve must be one of {SOLVE}, got {solve!r}")
     if top_k is not None and (isinstance(top_k, bool) or int(top_k) != top_k or top_k < 1):
         raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
     dtype = torch.promote_types(p.dtype, q_all.dtype)
@@ -187,32 +205,32 @@ def verify(
     q_x = torch.gather(q_r, -1, pos.unsqueeze(-1)).squeeze(-1)  # [B, K]
 
     sd_only = min_acceptance is None and isinstance(max_divergence, (int, float)) and max_divergence == 0
+    u = draw_uniforms(batch, num_draft, dtype=dtype, device=device, generator=generator)
+    u_acc = u[:, :num_draft]
     if sd_only or num_draft == 0:
         a = b = torch.zeros((batch, num_draft), dtype=dtype, device=device)
         sd_acc = torch.minimum(p_r, q_r).sum(-1)
         acc_prob, div_val = sd_acc, torch.zeros_like(sd_acc)
     else:
-        bp = Breakpoints.build(p_r, q_r, validate=False)
-        if min_acceptance is not None:
-            budget = _position_budget("min_acceptance", min_acceptance, batch, num_draft, device, 1.0, validate)
-            point = bp.for_acceptance(budget, validate=False)
+        dual = min_acceptance is not None
+        name, value = ("min_acceptance", min_acceptance) if dual else ("max_divergence", max_divergence)
+        budget = _position_budget(name, value, batch, num_draft, device, 1.0 if dual else None, validate)
+        sd_acc = torch.minimum(p_r, q_r).sum(-1)
+        if bool((p_x == 1).all()):  # deterministic drafter: closed form, no sort
+            point = (one_hot_dual if dual else one_hot_primal)(q_x.to(torch.float64), budget, div)
+            a, b, acc_prob, div_val = (x.to(dtype) for x in point)
+        elif solve != "all":
+            a, b, acc_prob, div_val = _solve_lazily(p_r, q_r, budget, dual, div, u_acc, p_x, q_x, solve == "needed")
         else:
-            budget = _position_budget("max_divergence", max_divergence, batch, num_draft, device, None, validate)
-            point = bp.for_divergence(budget, div, validate=False)
-        a, b, acc_prob, sd_acc = point.a, point.b, point.acceptance, bp.sd_acceptance
-        p64, q64 = p_r.to(torch.float64), q_r.to(torch.float64)
-        pi64 = mentored_distribution(p64, q64, a.to(torch.float64), b.to(torch.float64))
-        div_val = f_divergence(pi64, q64, div).to(dtype)
+            a, b, acc_prob, div_val = _solve(p_r, q_r, budget, dual, div)
 
-    u = draw_uniforms(batch, num_draft, dtype=dtype, device=device, generator=generator)
-    u_acc = u[:, :num_draft]
-    ratio = torch.where(p_x > 0, (1 + a) * q_x / p_x, (q_x > 0).to(dtype)).clamp(max=1)
-    accepted = u_acc < ratio  # [B, K]
+    # unsolved entries (NaN) are positions after a rejection or ones SD accepts: a = 0 there
+    accepted = u_acc < _accept_ratio(torch.nan_to_num(a, nan=0.0), q_x, p_x)  # [B, K]
     num_accepted = torch.cumprod(accepted.long(), dim=-1).sum(-1)  # [B]
     emitted = torch.arange(num_draft, device=device) < num_accepted.unsqueeze(-1)
-    sd_accepted = u_acc < torch.where(p_x > 0, q_x / p_x, (q_x > 0).to(dtype)).clamp(max=1)
+    sd_accepted = u_acc < _accept_ratio(torch.zeros_like(a), q_x, p_x)
 
-    sampled = _final_token(p_r, q_r, a, b, bonus, ids, num_accepted, u[:, num_draft])
+    sampled = _final_token(p_r, q_r, torch.nan_to_num(a, nan=0.0), torch.nan_to_num(b, nan=0.0), bonus, ids, num_accepted, u[:, num_draft])
     ar = torch.arange(num_draft + 1, device=device)
     pad = torch.full((batch, 1), PLACEHOLDER_TOKEN_ID, dtype=torch.long, device=device)
     out = torch.where(ar < num_accepted.unsqueeze(-1), torch.cat([tokens, pad], dim=1), PLACEHOLDER_TOKEN_ID)
@@ -227,6 +245,48 @@ def verify(
         a=a,
         b=b,
     )
+
+
+def _accept_ratio(a, q_x, p_x):  # [...] x3 -> [...]
+    """``min(1, (1+a) q_x / p_x)``; a draft with ``p_x = 0`` is accepted iff ``q_x > 0``."""
+    return torch.where(p_x > 0, (1 + a) * q_x / p_x, (q_x > 0).to(q_x.dtype)).clamp(max=1)
+
+
+def _solve(p, q, budget, dual, div):  # [N, W], [N, W], [N] -> 4 x [N]
+    """Exact f-MD on every row: ``(a, b, P_acc, D_f(pi || q))`` through the breakpoints.
+
+    The divergence comes from the breakpoints' prefix sums at the solution (``O(log W)``),
+    not from a second pass over the vocabulary.
+    """
+    bp = Breakpoints.build(p, q, validate=False)
+    point = bp.for_acceptance(budget, validate=False) if dual else bp.for_divergence(budget, div, validate=False)
+    return point.a, point.b, point.acceptance, bp.divergence_at(point.acceptance, div)
+
+
+def _solve_lazily(p, q, budget, dual, div, u_acc, p_x, q_x, needed_only):  # [B, K, W] ... -> 4 x [B, K]
+    """:func:`_solve` position by position, only on rows that reached the position.
+
+    Row ``i`` reaches position ``j`` iff ``u_acc[i, :j]`` accepted drafts ``0..j-1`` (the tests
+    :func:`verify` makes afterwards). With ``needed_only`` a reached position is solved only
+    if SD rejects its draft (``u >= q_x / p_x``): for ``a >= 0`` the draft is accepted anyway.
+    Unsolved entries are NaN.
+    """
+    batch, num_draft = u_acc.shape
+    out = [torch.full((batch, num_draft), float("nan"), dtype=u_acc.dtype, device=u_acc.device) for _ in range(4)]
+    zero = torch.zeros_like(u_acc)
+    rows = torch.arange(batch, device=u_acc.device)
+    for j in range(num_draft):
+        if rows.numel() == 0:
+            break
+        sd_ok = u_acc[rows, j] < _accept_ratio(zero[rows, j], q_x[rows, j], p_x[rows, j])
+        todo = rows[~sd_ok] if needed_only else rows
+        if todo.numel():
+            got = _solve(p[todo, j], q[todo, j], budget[todo, j], dual, div)
+            for dst, src in zip(out, got):
+                dst[todo, j] = src.to(dst.dtype)
+        a_j = torch.nan_to_num(out[0][rows, j], nan=0.0)
+        rows = rows[u_acc[rows, j] < _accept_ratio(a_j, q_x[rows, j], p_x[rows, j])]
+    return tuple(out)
 
 
 def _final_token(p_r, q_r, a, b, bonus, ids, num_accepted, u):  # -> [B] token ids
