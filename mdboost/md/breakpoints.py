@@ -280,6 +280,19 @@ class Breakpoints:
         """Conservative primal on the Theorem 3.12 upper bound: ``D_f <= max_divergence`` always."""
         return self._primal(max_divergence, divergence, True, validate)
 
+    def for_divergence_with_value(self, max_divergence, divergence="kl", *,
+                                  validate: bool = True) -> tuple[CurvePoint, torch.Tensor]:
+        """:meth:`for_divergence` and ``D_f(pi || q)`` at the solution, without a second search."""
+        div = resolve(divergence)
+        budget = self._flat(max_divergence, "max_divergence", validate=validate)
+        m, seg = _search.primal(self, budget, div, False)
+        a, b = self.ab(m, seg, self._tv)
+        point = CurvePoint(self._out(a), self._out(b), self._out(1 - m))
+        if "mid" not in seg:  # the small-vocabulary numpy search returns the segment's ends only
+            return point, self.divergence_at(point.acceptance, div)
+        value = torch.where(budget <= 0, 0.0, self.div_on(m, seg, div, False))  # budget 0: pi = q
+        return point, self._out(value)
+
     def _primal(self, max_divergence, divergence, bound, validate) -> CurvePoint:
         div = resolve(divergence)
         budget = self._flat(max_divergence, "max_divergence", validate=validate)

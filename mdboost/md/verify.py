@@ -255,12 +255,15 @@ def _accept_ratio(a, q_x, p_x):  # [...] x3 -> [...]
 def _solve(p, q, budget, dual, div):  # [N, W], [N, W], [N] -> 4 x [N]
     """Exact f-MD on every row: ``(a, b, P_acc, D_f(pi || q))`` through the breakpoints.
 
-    The divergence comes from the breakpoints' prefix sums at the solution (``O(log W)``),
-    not from a second pass over the vocabulary.
+    The divergence comes from the breakpoints' prefix sums at the solution (no second pass
+    over the vocabulary).
     """
     bp = Breakpoints.build(p, q, validate=False)
-    point = bp.for_acceptance(budget, validate=False) if dual else bp.for_divergence(budget, div, validate=False)
-    return point.a, point.b, point.acceptance, bp.divergence_at(point.acceptance, div)
+    if dual:
+        point = bp.for_acceptance(budget, validate=False)
+        return point.a, point.b, point.acceptance, bp.divergence_at(point.acceptance, div)
+    point, value = bp.for_divergence_with_value(budget, div, validate=False)
+    return point.a, point.b, point.acceptance, value
 
 
 def _solve_lazily(p, q, budget, dual, div, u_acc, p_x, q_x, needed_only):  # [B, K, W] ... -> 4 x [B, K]
