@@ -1,29 +1,44 @@
 """Benchmark: AR vs SD vs MD with the engine, side by side with Hugging Face ``generate``.
 
-On the default SmolLM2 pool (CPU by default). For every prompt (batch size 1) and setting it
-times: the engine's AR, SD and MD (KL budgets) for each drafter and gamma, and the peer -- HF
-``generate`` plain AR, assisted generation with the same drafter model (``assistant_model=``)
-and prompt lookup (``prompt_lookup_num_tokens``), all greedy. Reports tokens/s, speedup vs HF
-AR, mean accepted length, whether the engine's greedy SD equals HF assisted generation token
-for token, and MD vs SD at KL 0.05. Results go to the ``generation`` section of
-``bench/RESULTS.md``.
+Resumable grid runner for issue 5's benchmark on the default SmolLM2 pool (CPU by default,
+batch size 1, HumanEval prompts). A *cell* is one configuration -- mode (``sd``, ``md`` at a
+KL budget, or a Hugging Face peer), temperature, drafter, gamma -- at fixed settings (target,
+device, number of prompts, new tokens, seed, torch threads). Cells are measured in *chunks*
+(one drafter x one temperature: the engine's AR plus that drafter's SD/MD cells, configs
+interleaved per prompt so that a change of machine load hits them alike). After every chunk
+its cells are written atomically to the cells file (``bench/generation_cells.json``), each
+with its same-process references: every chunk re-measures AR (and the SD that an MD cell is
+compared with), so a ratio never mixes processes. ``--resume`` skips measured cells,
+``--max-minutes`` stops before a chunk that would not finish (and abandons a chunk whose
+projected end passes the cap, keeping the file consistent). The ``generation`` section of
+``bench/RESULTS.md`` is rebuilt from ALL cells of the file at the current settings.
 
-Quick default (fits ~10 min on a loaded 2-core CPU): 4 prompts x 64 tokens, drafters
-``early_exit:12`` and ``ngram:3``, gamma 4, budgets 0.05, temperatures 0 and 1.0. The issue's
-full grid: ``--prompts 10 --drafters early_exit:12,early_exit:18,early_exit:24,early_exit:27,
-tuned:12,tuned:18,tuned:24,tuned:27,int8,ngram:3 --gammas 2,4,6 --budgets 0.01,0.05,0.2
---temperatures 0,1.0,0.7``.
+The first chunk is the greedy peer comparison: HF plain AR vs the engine's AR, HF assisted
+generation (``assistant_model=``) vs the engine's SD with the same model drafter, and HF prompt
+lookup (``prompt_lookup_num_tokens``) vs the engine's SD with ``ngram:3``, all at gamma 4 with
+token-for-token equality checks. Then chunks by priority: ``ngram:3`` and the tuned drafters
+(highest acceptance in the ``cache`` section) at every temperature, then int8 and plain early
+exits; temperatures in the order given (the grid: 1.0 before 0.7).
 
-    .venv/bin/python bench/generation.py [--prompts 4] [--new-tokens 64] [--no-write]
+Timings are single-threaded by default (``--threads 1``): that is what the report shows.
+
+    .venv/bin/python bench/generation.py --full-grid --resume --max-minutes 120
+    .venv/bin/python bench/generation.py [--prompts 4] [--new-tokens 64] [--cells PATH] [--no-write]
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import itertools
+import json
 import os
+import statistics
 import sys
 import time
+import uuid
 from pathlib import Path
+from typing import NamedTuple
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -33,9 +48,43 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from bench._results import machine_line, update_section  # noqa: E402
+from mdboost._io import atomic_write_text  # noqa: E402
 from mdboost.data import encode_prompt, load_texts  # noqa: E402
 from mdboost.engine import generate  # noqa: E402
-from mdboost.models.pool import build_pool  # noqa: E402
+from mdboost.models.pool import DEFAULT_DRAFTERS, build_pool, parse_drafter  # noqa: E402
+
+CELLS = Path(__file__).with_name("generation_cells.json")
+FORMAT = "mdboost-generation-cells/1"
+# Drafter order: acceptance and cost ratio of the `cache` section through the speed model
+# (tuned:12 cheapest with ~0.4 acceptance, then the deep tuned exits); kinds in FIRST_TIER run
+# at every temperature before the others.
+PRIORITY = ("ngram:3", "tuned:12", "tuned:27", "tuned:24", "tuned:18", "int8",
+            "early_exit:27", "early_exit:24", "early_exit:18", "early_exit:12")
+FIRST_TIER = ("ngram", "tuned")
+FULL_GRID = dict(drafters=",".join(DEFAULT_DRAFTERS), gammas=[2, 4, 6], budgets=[0.01, 0.05, 0.2],
+                 temperatures=[1.0, 0.7], prompts=10, new_tokens=64)
+DEFAULTS = dict(drafters="early_exit:12,ngram:3", gammas=[4], budgets=[0.05], temperatures=[0.0, 1.0],
+                prompts=4, new_tokens=64)
+SETTINGS = ("target", "device", "prompts", "new_tokens", "seed", "threads")
+HF_MODES = ("hf_ar", "hf_assisted", "hf_lookup")
+
+
+class Spec(NamedTuple):
+    """One configuration. ``mode``: ar, sd, md, hf_ar, hf_assisted or hf_lookup."""
+
+    mode: str
+    temperature: float
+    drafter: str | None = None
+    gamma: int | None = None
+    budget: float | None = None
+
+
+class Chunk(NamedTuple):
+    """Cells measured together (interleaved per prompt, with the engine's AR at ``temperature``)."""
+
+    name: str
+    temperature: float
+    cells: tuple
 
 
 def _floats(text):
@@ -49,160 +98,416 @@ def _ints(text):
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="smollm2-135m")
-    ap.add_argument("--drafters", default="early_exit:12,ngram:3")
-    ap.add_argument("--prompts", type=int, default=4)
-    ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--gammas", type=_ints, default=[4])
-    ap.add_argument("--budgets", type=_floats, default=[0.05])
-    ap.add_argument("--temperatures", type=_floats, default=[0.0, 1.0])
-    ap.add_argument("--no-hf", action="store_true", help="skip the Hugging Face peer runs")
+    ap.add_argument("--drafters", help=f"comma-separated specs (default {DEFAULTS['drafters']})")
+    ap.add_argument("--prompts", type=int, help=f"HumanEval prompts (default {DEFAULTS['prompts']})")
+    ap.add_argument("--new-tokens", type=int, help=f"new tokens per prompt (default {DEFAULTS['new_tokens']})")
+    ap.add_argument("--gammas", type=_ints, help="draft lengths (default 4)")
+    ap.add_argument("--budgets", type=_floats, help="MD KL budgets (default 0.05)")
+    ap.add_argument("--temperatures", type=_floats, help="sampling temperatures (default 0,1.0)")
+    ap.add_argument("--full-grid", action="store_true", help="issue 5's grid for every grid flag not given")
+    ap.add_argument("--peer-drafter", help="model drafter for HF assisted generation (default: first by priority)")
+    ap.add_argument("--peer-gamma", type=int, default=4)
+    ap.add_argument("--no-hf", action="store_true", help="skip the Hugging Face peer chunk")
+    ap.add_argument("--cells", type=Path, default=CELLS, help="results file (default bench/generation_cells.json)")
+    ap.add_argument("--resume", action="store_true", help="skip cells already in the cells file")
+    ap.add_argument("--max-minutes", type=float, help="stop before a chunk that would end past this")
+    ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
+    ap.add_argument("--report-only", action="store_true", help="measure nothing, rebuild the report")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-write", action="store_true", help="print only, do not update RESULTS.md")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    for name, value in FULL_GRID.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value if args.full_grid else DEFAULTS[name])
+    _check_args(args)
+    return args
 
+
+def _check_args(args):
+    for name in ("prompts", "new_tokens", "threads", "peer_gamma"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)!r}")
+    if args.max_minutes is not None and not args.max_minutes > 0:
+        raise ValueError(f"--max-minutes must be > 0, got {args.max_minutes!r}")
+    if not args.gammas or min(args.gammas) < 1:
+        raise ValueError(f"--gammas must be positive integers, got {args.gammas!r}")
+    if any(not b > 0 for b in args.budgets) or any(t < 0 for t in args.temperatures):
+        raise ValueError(f"--budgets must be > 0 and --temperatures >= 0, got {args.budgets!r}, {args.temperatures!r}")
+
+
+def settings_of(args) -> dict:
+    return {name: getattr(args, name) for name in SETTINGS}
+
+
+def cell_key(spec: Spec, settings: dict) -> str:
+    """The identity of a cell: its configuration plus every setting that changes its timing."""
+    return "|".join([f"{k}={v}" for k, v in spec._asdict().items()] + [f"{k}={settings[k]}" for k in SETTINGS])
+
+
+# --------------------------------------------------------------------------- planning
+
+def drafter_priority(name: str) -> tuple[int, int]:
+    """``(tier, rank)``: tier 0 for n-gram and tuned drafters; rank from ``PRIORITY``."""
+    tier = 0 if parse_drafter(name)[0] in FIRST_TIER else 1
+    return tier, PRIORITY.index(name) if name in PRIORITY else len(PRIORITY)
+
+
+def plan_chunks(drafters, gammas, budgets, temperatures, hf=True, peer_drafter=None, peer_gamma=4) -> list[Chunk]:
+    """The chunks of a grid in priority order; a cell appears once (in its first chunk)."""
+    drafters = sorted(drafters, key=drafter_priority)
+    chunks = []
+    if hf:
+        lookup = next((d for d in drafters if parse_drafter(d)[0] == "ngram"), None)
+        peer = peer_drafter or next((d for d in drafters if parse_drafter(d)[0] != "ngram"), None)
+        cells = [Spec("hf_ar", 0.0)]
+        for mode, name in (("hf_lookup", lookup), ("hf_assisted", peer)):
+            if name is not None:
+                cells += [Spec(mode, 0.0, name, peer_gamma), Spec("sd", 0.0, name, peer_gamma, 0.0)]
+        chunks.append(Chunk("HF peers (greedy)", 0.0, tuple(cells)))
+    for tier in (0, 1):
+        for temp in temperatures:
+            for name in (d for d in drafters if drafter_priority(d)[0] == tier):
+                cells = []
+                for gamma in gammas:
+                    cells.append(Spec("sd", temp, name, gamma, 0.0))
+                    if temp > 0:  # at temperature 0 q is one-hot and MD reduces to SD
+                        cells += [Spec("md", temp, name, gamma, b) for b in budgets]
+                chunks.append(Chunk(f"{name} T={temp}", temp, tuple(cells)))
+    seen = set()
+
+    def measured_before(spec):
+        found = spec in seen
+        seen.add(spec)
+        return found
+
+    return _pending(chunks, measured_before)
+
+
+def _pending(chunks, done) -> list[Chunk]:
+    out = []
+    for chunk in chunks:
+        cells = tuple(spec for spec in chunk.cells if not done(spec))
+        if cells:
+            out.append(chunk._replace(cells=cells))
+    return out
+
+
+def dependencies(spec: Spec) -> list[tuple[str, Spec]]:
+    """``(role, spec)`` of the configs a cell's ratios need from the same process (besides AR)."""
+    if spec.mode == "md":
+        return [("sd", Spec("sd", spec.temperature, spec.drafter, spec.gamma, 0.0))]
+    if spec.mode in ("hf_assisted", "hf_lookup"):
+        return [("hf_ar", Spec("hf_ar", 0.0)), ("engine", Spec("sd", 0.0, spec.drafter, spec.gamma, 0.0))]
+    return []
+
+
+def chunk_specs(chunk: Chunk) -> list[Spec]:
+    """Everything a chunk runs: AR, then each cell after the configs it depends on."""
+    specs = [Spec("ar", chunk.temperature)]
+    for spec in chunk.cells:
+        specs += [s for _, s in dependencies(spec) if s not in specs] + ([spec] if spec not in specs else [])
+    return specs
+
+
+def grid_keys(args) -> dict[str, str]:
+    """``{key: chunk name}`` of issue 5's grid at the current settings."""
+    chunks = plan_chunks(FULL_GRID["drafters"].split(","), FULL_GRID["gammas"], FULL_GRID["budgets"],
+                         FULL_GRID["temperatures"], True, args.peer_drafter, 4)
+    return {cell_key(s, settings_of(args)): c.name for c in chunks for s in c.cells}
+
+
+# --------------------------------------------------------------------------- cells file
+
+def load_cells(path: Path) -> dict[str, dict]:
+    """``{key: cell}`` from the cells file (empty when it does not exist)."""
+    if not Path(path).exists():
+        return {}
+    try:
+        data = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"cells file {path} is not valid JSON: {err}") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ValueError(f"cells file {path} must have format {FORMAT!r}, got {data.get('format') if isinstance(data, dict) else data!r}")
+    return {cell["key"]: cell for cell in data["cells"]}
+
+
+def save_cells(path: Path, cells: dict[str, dict]) -> None:
+    """Write all cells atomically, one JSON object per line."""
+    body = ",\n".join(json.dumps(cell, sort_keys=True) for cell in cells.values())
+    atomic_write_text(path, f'{{"format": "{FORMAT}", "cells": [\n{body}\n]}}\n')
+
+
+# --------------------------------------------------------------------------- measuring
 
 def _sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize()
 
 
-def run_interleaved(configs, prompts, device):
-    """Time every config on every prompt, configs interleaved per prompt (so that a change of
-    machine load hits all configs alike). Returns per config: tokens, seconds, outputs, stats."""
+def run_interleaved(configs, prompts, device, deadline=None):
+    """Time every config on every prompt, configs interleaved per prompt. Returns per config:
+    tokens, seconds, outputs, stats; ``None`` when after a prompt the projected end of the
+    run (from the prompts so far) passes ``deadline`` (a ``time.monotonic()`` value)."""
     results = {key: dict(tokens=0, seconds=0.0, outs=[], stats=[]) for key, _ in configs}
-    for ids in prompts:
+    start = time.monotonic()
+    for done, ids in enumerate(prompts, 1):
         for key, fn in configs:
             _sync(device)
-            start = time.perf_counter()
-            new, extra = fn(ids)
+            tic = time.perf_counter()
+            new, extra = fn(ids, None)
             _sync(device)
             res = results[key]
-            res["seconds"] += time.perf_counter() - start
+            res["seconds"] += time.perf_counter() - tic
             res["tokens"] += new.numel()
             res["outs"].append(new.tolist())
             if extra is not None:
                 res["stats"].append(extra)
-        print(f"prompt done ({len(configs)} configs)", flush=True)
+        now = time.monotonic()
+        print(f"  prompt {done}/{len(prompts)} done ({len(configs)} configs, {now - start:.0f} s)", flush=True)
+        if deadline is not None and done < len(prompts) and now + (now - start) / done * (len(prompts) - done) > deadline:
+            return None
     return results
 
 
 def hf_runner(target, eos, n, **kwargs):
-    def run(ids):
-        out = target.generate(ids, max_new_tokens=n, do_sample=False, eos_token_id=eos, pad_token_id=eos, **kwargs)
+    def run(ids, max_new=None):
+        out = target.generate(ids, max_new_tokens=max_new or n, do_sample=False, eos_token_id=eos,
+                              pad_token_id=eos, **kwargs)
         return out[0, ids.shape[1]:], None
     return run
 
 
 def engine_runner(target, eos, n, seed, **kwargs):
-    def run(ids):
-        out = generate(target, ids, max_new_tokens=n, eos_token_id=eos,
+    def run(ids, max_new=None):
+        out = generate(target, ids, max_new_tokens=max_new or n, eos_token_id=eos,
                        generator=torch.Generator(device=ids.device).manual_seed(seed), **kwargs)
         return out.sequences[0, ids.shape[1]: ids.shape[1] + out.num_new_tokens[0]], out.stats
     return run
 
 
+def make_runner(spec: Spec, pool, n: int, seed: int):
+    """A ``run(ids, max_new=None) -> (new tokens, stats or None)`` for one config."""
+    target, eos = pool.target.model, pool.target.tokenizer.eos_token_id
+    if spec.mode == "hf_ar":
+        return hf_runner(target, eos, n)
+    if spec.mode == "hf_lookup":
+        return hf_runner(target, eos, n, prompt_lookup_num_tokens=spec.gamma)
+    if spec.mode == "hf_assisted":
+        return hf_runner(target, eos, n, assistant_model=pool[spec.drafter].model, num_assistant_tokens=spec.gamma,
+                         num_assistant_tokens_schedule="constant")
+    kwargs = dict(mode=spec.mode, temperature=spec.temperature)
+    if spec.mode != "ar":
+        member = pool[spec.drafter]
+        kwargs.update(drafter=member.ngram if member.kind == "ngram" else member.model, gamma=spec.gamma)
+    if spec.mode == "md":
+        kwargs["max_divergence"] = spec.budget
+    return engine_runner(target, eos, n, seed, **kwargs)
+
+
+def _timing(res) -> dict:
+    return dict(tokens=res["tokens"], seconds=round(res["seconds"], 4), tok_s=res["tokens"] / res["seconds"])
+
+
+def _stats_fields(stats) -> dict:
+    if not stats:
+        return {}
+    total = {name: sum(getattr(s, name) for s in stats) for name in (
+        "num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_verified_positions", "num_solved_positions",
+        "num_budget_accepted", "time_drafter", "time_target", "time_verify")}
+    drafts, proposed, solved = total["num_drafts"], total["num_draft_tokens"], total["num_solved_positions"]
+    per_position = [[sum(x) for x in itertools.zip_longest(*(getattr(s, name) for s in stats), fillvalue=0)]
+                    for name in ("draft_tokens_per_position", "accepted_tokens_per_position")]
+    return dict(total, mean_accepted_length=1 + total["num_accepted_tokens"] / drafts if drafts else None,
+                acceptance_rate=total["num_accepted_tokens"] / proposed if proposed else None,
+                acceptance_rate_per_position=[a / d if d else None for d, a in zip(*per_position)],
+                mean_kl=sum(s.divergence_sum for s in stats) / solved if solved else 0.0,
+                max_kl=max(s.max_divergence for s in stats))
+
+
+def make_cell(spec: Spec, results: dict, settings: dict, meta: dict) -> dict:
+    """The record of one measured cell, with its same-process references and equality check.
+
+    Fields: the spec and settings; ``tokens``, ``seconds``, ``tok_s`` summed over the prompts;
+    engine counters (mean accepted length, acceptance rate overall and per draft position,
+    ``mean_kl`` = realized KL over the positions where the MD clamp was solved, ``max_kl``,
+    drafter / target / verify seconds); ``references`` (``ar`` always; ``sd`` for MD;
+    ``hf_ar`` and ``engine`` for HF peers: same process); ``speedup_vs_ar``;
+    ``identical_to_engine`` for HF peers; ``run_id``, ``chunk``, ``machine``, ``torch_threads``, ``date``.
+    """
+    res = results[spec]
+    refs = {"ar": _timing(results[Spec("ar", spec.temperature)])}
+    refs.update({role: _timing(results[dep]) for role, dep in dependencies(spec)})
+    cell = dict(key=cell_key(spec, settings), **spec._asdict(), **settings, **_timing(res), **_stats_fields(res["stats"]))
+    cell.update(references=refs, speedup_vs_ar=cell["tok_s"] / refs["ar"]["tok_s"], **meta)
+    same = Spec("ar", 0.0) if spec.mode == "hf_ar" else dict(dependencies(spec)).get("engine")
+    if same is not None:
+        cell["identical_to_engine"] = res["outs"] == results[same]["outs"]
+    return cell
+
+
+def measure_chunk(chunk: Chunk, pool, prompts, args, meta, deadline=None) -> list[dict] | None:
+    """Measure one chunk; its cells, or ``None`` when abandoned at the deadline."""
+    runners = [(spec, make_runner(spec, pool, args.new_tokens, args.seed)) for spec in chunk_specs(chunk)]
+    for _, fn in runners:
+        fn(prompts[0], 2)  # warm-up: first-call costs stay out of the timings
+    results = run_interleaved(runners, prompts, torch.device(args.device), deadline)
+    if results is None:
+        return None
+    return [make_cell(spec, results, settings_of(args), dict(meta, chunk=chunk.name)) for spec in chunk.cells]
+
+
+def run_chunks(chunks, pool, prompts, args, cells, deadline=None) -> int:
+    """Measure ``chunks`` in order, saving ``cells`` after each; returns the number completed."""
+    meta = dict(run_id=f"{datetime.datetime.now():%Y%m%dT%H%M%S}-{os.getpid()}-{uuid.uuid4().hex[:6]}", machine=machine_line(),
+                torch_threads=torch.get_num_threads(), date=f"{datetime.date.today()}")
+    per_config = []  # seconds per (config x prompt) of the chunks so far
+    for done, chunk in enumerate(chunks):
+        size = len(chunk_specs(chunk)) * len(prompts)
+        if deadline is not None and per_config and time.monotonic() + statistics.mean(per_config) * size > deadline:
+            print(f"stopping: chunk {chunk.name!r} would end past --max-minutes", flush=True)
+            return done
+        print(f"chunk {done + 1}/{len(chunks)}: {chunk.name} ({len(chunk.cells)} cells)", flush=True)
+        tic = time.monotonic()
+        new = measure_chunk(chunk, pool, prompts, args, meta, deadline)
+        if new is None:
+            print(f"stopping: chunk {chunk.name!r} abandoned, it would end past --max-minutes", flush=True)
+            return done
+        per_config.append((time.monotonic() - tic) / size)
+        cells.update((cell["key"], cell) for cell in new)
+        save_cells(args.cells, cells)
+    return len(chunks)
+
+
 def main(argv=None):
+    t0 = time.monotonic()
     args = parse_args(argv)
-    device = torch.device(args.device)
-    pool = build_pool(args.target, [d for d in args.drafters.split(",") if d], device=device)
-    target, tok = pool.target.model, pool.target.tokenizer
-    eos = tok.eos_token_id
-    records = load_texts("humaneval", limit=args.prompts)
-    prompts = [encode_prompt(tok, r["prompt"])[None].to(device) for r in records]
-    n = args.new_tokens
-    configs = []
-    greedy = 0.0 in args.temperatures
-    if not args.no_hf and greedy:
-        configs.append((("hf_ar", 0.0, None, None, None), hf_runner(target, eos, n)))
-    for temp in args.temperatures:
-        configs.append((("ar", temp, None, None, None), engine_runner(target, eos, n, args.seed, mode="ar", temperature=temp)))
-        for member in pool.drafters:
-            drafter = member.ngram if member.kind == "ngram" else member.model
-            for gamma in args.gammas:
-                common = dict(drafter=drafter, gamma=gamma, temperature=temp)
-                if temp == 0.0 and not args.no_hf:
-                    peer = dict(prompt_lookup_num_tokens=gamma) if member.kind == "ngram" else dict(
-                        assistant_model=drafter, num_assistant_tokens=gamma, num_assistant_tokens_schedule="constant")
-                    configs.append((("hf_assisted", 0.0, member.name, gamma, None), hf_runner(target, eos, n, **peer)))
-                configs.append((("sd", temp, member.name, gamma, 0.0),
-                                engine_runner(target, eos, n, args.seed, mode="sd", **common)))
-                if temp > 0:  # at temperature 0 q is one-hot and MD reduces to SD
-                    for budget in args.budgets:
-                        configs.append((("md", temp, member.name, gamma, budget), engine_runner(
-                            target, eos, n, args.seed, mode="md", max_divergence=budget, **common)))
-    for fn in (hf_runner(target, eos, 2), engine_runner(target, eos, 2, args.seed, mode="ar")):
-        fn(prompts[0])  # warm-up: first-call costs stay out of the timings
-    results = run_interleaved(configs, prompts, device)
-    rows, outputs = [], {}
-    for key, res in results.items():
-        stats = res["stats"]
-        drafts = sum(s.num_drafts for s in stats)
-        accepted = sum(s.num_accepted_tokens for s in stats)
-        name, temp, drafter, gamma, budget = key
-        rows.append(dict(name=name, temperature=temp, drafter=drafter, gamma=gamma, budget=budget,
-                         tps=res["tokens"] / res["seconds"], tokens=res["tokens"],
-                         mal=1 + accepted / drafts if drafts else float("nan"),
-                         div=max((s.max_divergence for s in stats), default=0.0)))
-        outputs[key] = res["outs"]
-    markdown = report(rows, outputs, args)
+    torch.set_num_threads(args.threads)
+    deadline = None if args.max_minutes is None else t0 + 60 * args.max_minutes
+    settings, cells = settings_of(args), load_cells(args.cells)
+    chunks = plan_chunks([d for d in args.drafters.split(",") if d], args.gammas, args.budgets, args.temperatures,
+                         not args.no_hf, args.peer_drafter, args.peer_gamma)
+    if args.resume:
+        chunks = _pending(chunks, lambda spec: cell_key(spec, settings) in cells)
+    if chunks and not args.report_only:
+        names = sorted({s.drafter for c in chunks for s in chunk_specs(c) if s.drafter}, key=drafter_priority)
+        pool = build_pool(args.target, names, device=torch.device(args.device))
+        prompts = [encode_prompt(pool.target.tokenizer, r["prompt"])[None].to(args.device)
+                   for r in load_texts("humaneval", limit=args.prompts)]
+        done = run_chunks(chunks, pool, prompts, args, cells, deadline)
+        print(f"{done}/{len(chunks)} chunks measured; cells in {args.cells}", flush=True)
+    markdown = report(cells, args)
     print(markdown)
     if not args.no_write:
         update_section("generation", markdown)
 
 
-def report(rows, outputs, args) -> str:
-    base = {r["temperature"]: r["tps"] for r in rows if r["name"] == "hf_ar"}
-    ours_ar = {r["temperature"]: r["tps"] for r in rows if r["name"] == "ar"}
-    lines = [
-        "## Generation engine: AR / SD / MD vs Hugging Face `generate`",
-        "",
-        machine_line(),
-        f"_`bench/generation.py`: target {args.target}, {args.prompts} HumanEval prompts x {args.new_tokens} new "
-        f"tokens (EOS stops), batch 1, drafters {args.drafters}, gammas {args.gammas}, KL budgets {args.budgets}, "
-        f"temperatures {args.temperatures}. Speedups vs HF AR greedy (T=0) and vs the engine's AR "
-        "at the same temperature._",
-        "",
-        "| run | T | drafter | gamma | KL budget | tok/s | vs HF AR | vs engine AR | mean accepted length | max realized KL |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        hf = base.get(0.0)
-        vs_hf = f"{r['tps'] / hf:.2f}x" if hf else "-"
-        lines.append(
-            f"| {r['name']} | {r['temperature']} | {r['drafter'] or '-'} | {r['gamma'] or '-'} | "
-            f"{'-' if r['budget'] is None else r['budget']} | {r['tps']:.2f} | "
-            f"{vs_hf} | {r['tps'] / ours_ar[r['temperature']]:.2f}x | "
-            f"{r['mal']:.2f} | {r['div']:.4f} |"
-        )
-    lines += ["", *summary(rows, outputs)]
-    return "\n".join(lines)
+# --------------------------------------------------------------------------- report
+
+def _mal(cell) -> str:
+    mal = cell.get("mean_accepted_length")
+    return "-" if mal is None else f"{mal:.2f}"
 
 
-def summary(rows, outputs):
+def _fmt(cell) -> str:
+    return "-" if cell is None else f"{cell['speedup_vs_ar']:.2f}x ({_mal(cell)})"
+
+
+def _ar_line(cells, temp) -> str:
+    refs = sorted({(c["run_id"], c["chunk"]): c["references"]["ar"]["tok_s"] for c in cells}.values())
+    return (f"Engine AR at T={temp}: median {statistics.median(refs):.2f} tok/s over {len(refs)} chunk(s) "
+            f"({refs[0]:.2f} to {refs[-1]:.2f}).")
+
+
+def temperature_table(cells, temp) -> list[str]:
+    """Rows drafter x gamma; columns SD and MD per budget: speedup vs same-process AR (MAL)."""
+    mine = [c for c in cells if c["mode"] in ("sd", "md") and c["temperature"] == temp]
+    budgets = sorted({c["budget"] for c in mine if c["mode"] == "md"})
+    index = {(c["drafter"], c["gamma"], c["mode"], c["budget"]): c for c in mine}
+    rows = sorted({(c["drafter"], c["gamma"]) for c in mine}, key=lambda r: (drafter_priority(r[0]), r))
+    head = ["drafter", "gamma", "SD"] + [f"MD KL {b:g}" for b in budgets] + (["MD 0.05 / SD"] if temp > 0 else [])
+    lines = [f"**T = {temp}.** {_ar_line(mine, temp)}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for drafter, gamma in rows:
+        row = [drafter, str(gamma), _fmt(index.get((drafter, gamma, "sd", 0.0)))]
+        row += [_fmt(index.get((drafter, gamma, "md", b))) for b in budgets]
+        if temp > 0:
+            md = index.get((drafter, gamma, "md", 0.05))
+            row.append("-" if md is None else f"{md['tok_s'] / md['references']['sd']['tok_s']:.2f}x")
+        lines.append("| " + " | ".join(row) + " |")
+    return lines + [""]
+
+
+def peer_lines(cells) -> list[str]:
+    """The greedy HF comparisons (ratios and equality checks from one process each)."""
     out = []
-    keys = [k for k in outputs if k[0] == "hf_assisted"]
-    for key in keys:
-        ours = outputs.get(("sd", 0.0, key[2], key[3], 0.0))
-        if ours is not None:
-            same = ours == outputs[key]
-            out.append(f"- Greedy SD vs HF {'assisted' if 'ngram' not in key[2] else 'prompt lookup'} "
-                       f"({key[2]}, gamma {key[3]}): token-for-token identical: **{same}**.")
-    hf_ar = outputs.get(("hf_ar", 0.0, None, None, None))
-    if hf_ar is not None and ("ar", 0.0, None, None, None) in outputs:
-        out.append(f"- Engine greedy AR equals HF greedy AR: **{outputs[('ar', 0.0, None, None, None)] == hf_ar}**.")
-    for r in rows:
-        if r["name"] == "md" and r["budget"] == 0.05:
-            sd = next(s for s in rows if s["name"] == "sd" and s["temperature"] == r["temperature"]
-                      and s["drafter"] == r["drafter"] and s["gamma"] == r["gamma"])
-            out.append(f"- MD (KL 0.05) / SD tok/s at T={r['temperature']}, {r['drafter']}, gamma {r['gamma']}: "
-                       f"**{r['tps'] / sd['tps']:.2f}x** (mean accepted length {r['mal']:.2f} vs {sd['mal']:.2f}).")
-    best = max((r for r in rows if r["name"] in ("sd", "md")), key=lambda r: r["tps"] / next(
-        a["tps"] for a in rows if a["name"] == "ar" and a["temperature"] == r["temperature"]), default=None)
-    if best is not None:
-        out.append(f"- Best configuration vs engine AR at the same temperature: {best['name']} T={best['temperature']} "
-                   f"{best['drafter']} gamma {best['gamma']} budget {best['budget']}.")
+    for c in (c for c in cells if c["mode"] == "hf_ar"):
+        ar = c["references"]["ar"]["tok_s"]
+        out.append(f"- HF greedy AR {c['tok_s']:.2f} tok/s; engine greedy AR {ar:.2f} tok/s = **{ar / c['tok_s']:.2f}x** "
+                   f"HF AR. Engine greedy AR equals HF greedy AR: **{c['identical_to_engine']}**.")
+    for c in (c for c in cells if c["mode"] in ("hf_assisted", "hf_lookup")):
+        what, ref = ("prompt lookup" if c["mode"] == "hf_lookup" else "assisted"), c["references"]
+        out.append(f"- HF {what} ({c['drafter']}, gamma {c['gamma']}): {c['tok_s']:.2f} tok/s = "
+                   f"{c['tok_s'] / ref['hf_ar']['tok_s']:.2f}x HF AR; engine greedy SD, same drafter: "
+                   f"{ref['engine']['tok_s']:.2f} tok/s = **{ref['engine']['tok_s'] / c['tok_s']:.2f}x** HF {what}. "
+                   f"Greedy SD vs HF {what}: token-for-token identical: **{c['identical_to_engine']}**.")
     return out
+
+
+def summary_lines(cells, temps) -> list[str]:
+    """MD (KL 0.05) vs SD win counts and the best configuration per temperature."""
+    out = []
+    for temp in temps:
+        md = [c for c in cells if c["mode"] == "md" and c["temperature"] == temp and c["budget"] == 0.05]
+        if md:
+            wins = sum(c["tok_s"] > c["references"]["sd"]["tok_s"] for c in md)
+            out.append(f"- MD (KL 0.05) faster than SD (same process) at T={temp}: **{wins} of {len(md)}** "
+                       "drafter x gamma pairs.")
+        best = max((c for c in cells if c["mode"] in ("sd", "md") and c["temperature"] == temp),
+                   key=lambda c: c["speedup_vs_ar"])
+        budget = f" KL {best['budget']:g}" if best["mode"] == "md" else ""
+        out.append(f"- Best configuration at T={temp}: {best['mode']} {best['drafter']} gamma {best['gamma']}{budget}: "
+                   f"**{best['speedup_vs_ar']:.2f}x** engine AR ({best['tok_s']:.2f} tok/s, mean accepted length {_mal(best)}).")
+    return out
+
+
+def coverage_line(cells, args) -> str:
+    """How much of issue 5's grid (at the current settings) the cells file holds."""
+    grid, have = grid_keys(args), {c["key"] for c in cells}
+    remaining = {}
+    for key, name in grid.items():
+        if key not in have:
+            remaining[name] = remaining.get(name, 0) + 1
+    at = f"{args.prompts} prompts x {args.new_tokens} tokens, {args.threads} thread(s)"
+    issue = "" if (args.prompts, args.new_tokens) == (10, 64) else " (the issue's grid is at 10 x 64)"
+    text = f"- Issue grid coverage at {at}{issue}: **{len(grid) - sum(remaining.values())}/{len(grid)}** cells"
+    rest = ", ".join(f"{name} ({n})" for name, n in remaining.items())
+    return text + (f"; remaining: {rest}." if rest else "; complete.")
+
+
+def report(cells: dict[str, dict], args) -> str:
+    """The ``generation`` section from every cell of the file at the current settings."""
+    settings = settings_of(args)
+    mine = [c for c in cells.values() if all(c.get(k) == settings[k] for k in SETTINGS)]
+    temps = sorted({c["temperature"] for c in mine if c["mode"] in ("sd", "md")}, reverse=True)
+    machines = "; ".join(sorted({c["machine"].strip("_.").removeprefix("Measured on ") for c in mine})) or "-"
+    dates = sorted(c["date"] for c in mine)
+    lines = [
+        "## Generation engine: AR / SD / MD vs Hugging Face `generate`", "",
+        f"_{len(mine)} cells from {len({c['run_id'] for c in mine})} process(es)"
+        + (f", {dates[0]} to {dates[-1]}" if dates else "") + f"; measured on {machines}._",
+        (f"_`bench/generation.py`: target {args.target}, {args.prompts} HumanEval prompts x {args.new_tokens} new "
+         f"tokens (EOS stops), batch 1, {args.device}, torch threads {args.threads} (single-threaded timings by "
+         f"default), seed {args.seed}. Configs run in chunks (one drafter x one temperature, plus the engine's AR), "
+         "interleaved per prompt; every ratio uses references measured in the same process. Table cells: tok/s "
+         "speedup vs the engine's AR at the same temperature (mean accepted length); MD 0.05 / SD: tok/s ratio. "
+         f"Raw cells: `{args.cells.name}`._"), "",
+    ]
+    for temp in temps:
+        lines += temperature_table(mine, temp)
+    lines += peer_lines(mine) + summary_lines(mine, temps) + [coverage_line(mine, args)]
+    if len(mine) < len(cells):
+        lines.append(f"- {len(cells) - len(mine)} cells at other settings in `{args.cells.name}` are not shown.")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

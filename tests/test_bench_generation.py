@@ -1,0 +1,139 @@
+"""The resumable generation benchmark (``bench/generation.py``) on tiny random models.
+
+Checks the grid plan against an independent enumeration, same-process references, resume,
+interrupted runs and the time cap. Nothing is timed here: only the bookkeeping is asserted.
+"""
+
+import itertools
+import json
+
+import pytest
+import torch
+
+from bench import generation as gen
+
+TINY = ["--target", "tiny", "--drafters", "ngram:3,early_exit:2", "--gammas", "2", "--budgets", "0.05",
+        "--temperatures", "1.0", "--prompts", "1", "--new-tokens", "4", "--no-write"]
+
+
+def test_full_grid_plan_matches_issue_grid():
+    chunks = gen.plan_chunks(gen.DEFAULT_DRAFTERS, [2, 4, 6], [0.01, 0.05, 0.2], [1.0, 0.7])
+    cells = [spec for chunk in chunks for spec in chunk.cells]
+    expected = {gen.Spec(mode, t, d, g, b) for d, g, t in itertools.product(gen.DEFAULT_DRAFTERS, [2, 4, 6], [1.0, 0.7])
+                for mode, b in [("sd", 0.0), ("md", 0.01), ("md", 0.05), ("md", 0.2)]}
+    expected |= {gen.Spec("hf_ar", 0.0), gen.Spec("hf_lookup", 0.0, "ngram:3", 4), gen.Spec("sd", 0.0, "ngram:3", 4, 0.0),
+                 gen.Spec("hf_assisted", 0.0, "tuned:12", 4), gen.Spec("sd", 0.0, "tuned:12", 4, 0.0)}
+    assert len(cells) == len(set(cells)) == len(expected) == 245
+    assert set(cells) == expected
+    assert chunks[0].temperature == 0.0 and {s.mode for s in chunks[0].cells} >= set(gen.HF_MODES)
+    names = [c.name for c in chunks[1:]]
+    assert names[0] == "ngram:3 T=1.0"
+    kinds = [gen.parse_drafter(n.split()[0])[0] for n in names]
+    assert kinds.index("int8") > max(i for i, k in enumerate(kinds) if k in ("ngram", "tuned"))
+    tier0 = [n for n in names if n.startswith(("ngram", "tuned"))]
+    assert all(n.endswith("T=1.0") for n in tier0[:5]) and all(n.endswith("T=0.7") for n in tier0[5:])
+
+
+def test_chunk_specs_put_references_first():
+    chunk = gen.Chunk("x", 1.0, (gen.Spec("md", 1.0, "int8", 4, 0.05), gen.Spec("hf_lookup", 0.0, "ngram:3", 4)))
+    specs = gen.chunk_specs(chunk)
+    assert specs[0] == gen.Spec("ar", 1.0) and len(specs) == len(set(specs))
+    for spec in chunk.cells:
+        assert all(specs.index(dep) < specs.index(spec) for _, dep in gen.dependencies(spec))
+
+
+def test_run_interleaved_stops_at_deadline():
+    calls = []
+
+    def fn(ids, max_new):
+        calls.append(ids)
+        return torch.tensor([1, 2]), None
+
+    configs = [("a", fn), ("b", fn)]
+    assert gen.run_interleaved(configs, [0, 1, 2], torch.device("cpu"), deadline=0.0) is None
+    assert calls == [0, 0]  # abandoned after the first prompt
+    res = gen.run_interleaved(configs, [0, 1], torch.device("cpu"))
+    assert res["a"]["tokens"] == 4 and res["b"]["outs"] == [[1, 2], [1, 2]]
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cells") / "cells.json"
+    gen.main(TINY + ["--cells", str(path)])
+    return path
+
+
+def test_cells_have_same_process_references(measured):
+    cells = gen.load_cells(measured)
+    assert {c["mode"] for c in cells.values()} == {"hf_ar", "hf_lookup", "hf_assisted", "sd", "md"}
+    assert len(cells) == 5 + 4  # peer chunk + (SD, MD) for each drafter at T=1.0
+    for cell in cells.values():
+        ar = cell["references"]["ar"]
+        assert cell["speedup_vs_ar"] == pytest.approx(cell["tok_s"] / ar["tok_s"])
+        assert cell["torch_threads"] == 1 and cell["prompts"] == 1 and cell["new_tokens"] == 4
+        if cell["mode"] == "md":
+            assert "sd" in cell["references"] and cell["mean_kl"] <= cell["max_kl"] <= 0.05 + 1e-6
+        if cell["mode"] in ("sd", "md"):
+            rates = [r for r in cell["acceptance_rate_per_position"] if r is not None]
+            assert all(0 <= r <= 1 for r in rates) and cell["time_target"] <= cell["seconds"]
+        if cell["mode"] in gen.HF_MODES:
+            assert cell["identical_to_engine"] is True  # greedy lossless decoding equals greedy AR
+
+
+def test_resume_measures_only_missing_cells(measured, tmp_path, monkeypatch):
+    path = tmp_path / "cells.json"
+    path.write_text(measured.read_text())
+    before = gen.load_cells(path)
+    gen.main(TINY + ["--cells", str(path), "--resume", "--budgets", "0.05,0.2"])
+    after = gen.load_cells(path)
+    new = set(after) - set(before)
+    assert {(after[k]["mode"], after[k]["budget"]) for k in new} == {("md", 0.2)} and len(new) == 2
+    assert all(after[k] == before[k] for k in before)  # measured cells are kept as they were
+    assert all(after[k]["run_id"] != next(iter(before.values()))["run_id"] for k in new)
+    text = path.read_text()
+    monkeypatch.setattr(gen, "build_pool", lambda *a, **k: pytest.fail("resume rebuilt the pool"))
+    gen.main(TINY + ["--cells", str(path), "--resume", "--budgets", "0.05,0.2"])
+    assert path.read_text() == text
+
+
+def test_interrupted_run_keeps_finished_chunks(tmp_path, monkeypatch):
+    path, real, calls = tmp_path / "cells.json", gen.measure_chunk, []
+
+    def flaky(chunk, *args, **kwargs):
+        calls.append(chunk.name)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(chunk, *args, **kwargs)
+
+    monkeypatch.setattr(gen, "measure_chunk", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        gen.main(TINY + ["--cells", str(path)])
+    cells = gen.load_cells(path)
+    assert {c["chunk"] for c in cells.values()} == {calls[0]}
+    assert [p.name for p in tmp_path.iterdir()] == ["cells.json"]  # no temporary file left behind
+
+
+def test_report_uses_embedded_references(measured):
+    cells = gen.load_cells(measured)
+    args = gen.parse_args(TINY + ["--cells", str(measured)])
+    sd = next(c for c in cells.values() if c["mode"] == "sd" and c["drafter"] == "ngram:3" and c["temperature"] == 1.0)
+    md = next(c for c in cells.values() if c["mode"] == "md" and c["drafter"] == "ngram:3")
+    sd["tok_s"] = 1e9  # another process's SD must not enter the MD / SD ratio
+    row = next(line for line in gen.report(cells, args).splitlines() if line.startswith("| ngram:3 | 2 |"))
+    assert row.endswith(f"| {md['tok_s'] / md['references']['sd']['tok_s']:.2f}x |")
+    # grid cells among the 9: hf_ar, hf_lookup + its greedy SD, ngram:3 SD and MD at T=1.0, gamma 2
+    assert "**5/245** cells" in gen.report(cells, args)
+
+
+def test_bad_inputs_raise(tmp_path):
+    with pytest.raises(ValueError, match="--threads"):
+        gen.parse_args(TINY + ["--threads", "0"])
+    with pytest.raises(ValueError, match="--gammas"):
+        gen.parse_args(TINY + ["--gammas", "0"])
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    with pytest.raises(ValueError, match="bad.json"):
+        gen.load_cells(bad)
+    bad.write_text(json.dumps({"format": "other", "cells": []}))
+    with pytest.raises(ValueError, match="format"):
+        gen.load_cells(bad)
