@@ -230,7 +230,9 @@ class CacheConfig:
     best gamma, ``k``/``eps``/``rho`` diagnostics) come from. ``reference``: the cache above.
     ``sampled``: a second per-member cache of continuations sampled from the target (same
     prompts, ``acceptance_max_new_tokens`` tokens, seeded by ``data.seed``, at ``md.temperature``),
-    the text MD actually decodes; quality (NLL) and boosting stay on the cache above.
+    the text MD actually decodes; the continuations are sampled once and shared by every member's
+    folder; quality (NLL) and boosting stay on the cache above. ``cost_context`` and
+    ``cost_repeats`` also set the target's speed-profile measurement (``mdboost.ranking.speed``).
     """
 
     dir: str = ".mdboost_cache/logits"
@@ -239,7 +241,7 @@ class CacheConfig:
     full_logits: bool = False
     source: Literal["reference", "sampled"] = "reference"
     max_new_tokens: int = 128
-    acceptance_source: Literal["reference", "sampled"] = "reference"
+    acceptance_source: Literal["reference", "sampled"] = "sampled"
     acceptance_max_new_tokens: int = 64
     shard_size: int = 8
     n_jobs: int = 1
@@ -288,10 +290,13 @@ class MDConfig:
 
 @dataclass
 class SpeedConfig:
-    """Speed model (math note section 6): draft lengths searched for the best gamma."""
+    """Speed model (math note section 6; ``mdboost.ranking.speed``): draft lengths searched for
+    the best gamma, and where the engine solves MD (``md_solve``, the engine's argument of the
+    same name; ``mdboost validate`` generates with it)."""
 
     gamma_min: int = 1
     gamma_max: int = 8
+    md_solve: Literal["reached", "needed", "all"] = "reached"
 
     def __post_init__(self):
         _check(1 <= self.gamma_min <= self.gamma_max, "gamma range (1 <= gamma_min <= gamma_max)",

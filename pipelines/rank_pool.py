@@ -8,8 +8,10 @@ into ``output_dir``; log one
 MLflow parent run with a nested run per pair and operating point; print the top pairs.
 
 With ``cache.acceptance_source: sampled`` a second set of per-member folders holds
-continuations sampled from the target; every pair's acceptance-side columns are scored on them
-(quality and boosting stay on the main folders) and each row says so in ``acceptance_source``.
+continuations sampled from the target (sampled once, shared by all members); every pair's
+acceptance-side columns are scored on them (quality and boosting stay on the main folders) and
+each row says so in ``acceptance_source``. Predicted speedups use the target's measured speed
+profile (verification cost table and MD overhead, :mod:`mdboost.ranking.speed`).
 
 Re-running with the same config reuses the cache (same fingerprint, finished shards skipped);
 a config that changes the pool, the data or the cache settings gets a new cache folder, while
@@ -75,7 +77,8 @@ def _score_all(cfg: RankConfig, pc) -> tuple[list[dict], dict]:
         acceptance = None if acc_loader is None else acceptance_members(acc_loader, pc, drafter_name, target_name)
         score = score_pair(draft, target, labels, pc.vocab_size, md=cfg.md, speed=cfg.speed,
                            boosting=cfg.boosting, row_ids=row_ids, acceptance=acceptance,
-                           acceptance_source=cfg.cache.acceptance_source)
+                           acceptance_source=cfg.cache.acceptance_source,
+                           speed_profile=pc.speed_profile(drafter_name, target_name))
         rows.extend(score.rows)
         details[f"{drafter_name} -> {target_name}"] = score
     return rank_rows(rows, cfg.ranking.nll_tolerance), details
@@ -168,7 +171,13 @@ def run(cfg: RankConfig) -> dict:
     summary = {"n_pairs": len(details), "n_rows": len(rows), "seconds_cache": t_cache, "seconds_scoring": t_score,
                "seconds_per_pair": t_score / max(len(details), 1), "cache_dir": cache_info["dir"],
                "cache_reused": cache_info["reused"], "cache_fingerprint": cache_fingerprint(cfg),
-               "acceptance_source": cfg.cache.acceptance_source}
+               "acceptance_source": cfg.cache.acceptance_source,
+               "sampled_continuations": cache_info["sampled_continuations"],
+               "measured_speed_profile": cache_info["measured_speed_profile"]}
+    profile = pc.caches[cfg.pool.target].manifest.get("speed_profile")
+    if profile is not None:  # the speed model's inputs (docs/ranking.md, "Speed model")
+        summary["verify_cost"] = profile["verify_cost"]
+        summary.update({f"md_overhead_{k}": v for k, v in profile["md_overhead"].items()})
     if cfg.tracking.enabled:
         summary["run_id"] = log_mlflow(cfg, rows, paths, summary)
     summary["seconds_total"] = time.perf_counter() - start

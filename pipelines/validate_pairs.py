@@ -15,6 +15,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -45,12 +46,18 @@ class SourceConfig:
 
 @dataclass
 class GenerationConfig:
-    """Generation settings shared by all modes; ``prompts`` held-out prompts per run."""
+    """Generation settings shared by all modes; ``prompts`` held-out prompts per run.
+
+    ``md_solve``: the engine's ``md_solve`` in MD runs; ``null`` (default) takes the ranking's
+    ``speed.md_solve``, the mode its speed model assumed. ``expected_acceptance`` needs
+    ``reached`` or ``all`` (``needed`` leaves ``P_acc`` uncomputed where SD accepts).
+    """
 
     prompts: int = 4
     max_new_tokens: int = 64
     temperature: float = 1.0
     seed: int = 0
+    md_solve: Literal["reached", "needed", "all"] | None = None
 
     def __post_init__(self):
         if self.prompts < 1 or self.max_new_tokens < 2 or self.temperature < 0:
@@ -113,7 +120,21 @@ def _drafter(member):
     return member.ngram if member.kind == "ngram" else member.model
 
 
-def validate_point(row: dict, pool, prompts, ar, cfg: ValidateConfig) -> dict:
+def model_speedup(row: dict, alpha: float, md_solve: str) -> float:
+    """The ranking's speed model at the row's gamma and costs, evaluated at acceptance ``alpha``
+    (a realized one): separates the speed model's error from the acceptance prediction's.
+    Rows of older rankings without ``verify_cost`` / ``md_overhead`` columns use 1 and 0."""
+    from mdboost.ranking.speed import walltime_speedup
+
+    if not 0 <= alpha <= 1:
+        return float("nan")
+    return float(walltime_speedup(alpha, int(row["best_gamma"]), float(row["cost_ratio"]),
+                                  verify_cost=float(row.get("verify_cost") or 1.0),
+                                  md_overhead=float(row.get("md_overhead") or 0.0), md_solve=md_solve,
+                                  sd_acceptance=float(row["sd_acceptance"])))
+
+
+def validate_point(row: dict, pool, prompts, ar, cfg: ValidateConfig, md_solve: str = "reached") -> dict:
     """Realized SD and MD numbers of one ranked operating point (``ar``: the target's AR run)."""
     from mdboost.validation.runs import run_mode, target_nll
 
@@ -124,7 +145,7 @@ def validate_point(row: dict, pool, prompts, ar, cfg: ValidateConfig) -> dict:
     sd = run_mode(target, prompts, drafter=drafter, mode="sd", **common)
     budget = float(row["max_divergence"])
     md = sd if budget == 0 else run_mode(target, prompts, drafter=drafter, mode="md", max_divergence=budget,
-                                         divergence=row["divergence"], **common)
+                                         divergence=row["divergence"], md_solve=md_solve, **common)
     ar_tps = ar.stats.tokens_per_second
     out = {f"md_{k}": v for k, v in md.metrics().items()}
     out.update({f"sd_{k}": v for k, v in sd.metrics().items()})
@@ -135,6 +156,14 @@ def validate_point(row: dict, pool, prompts, ar, cfg: ValidateConfig) -> dict:
                 "nll_target_md_outputs": target_nll(target, prompts, md.outputs),
                 "nll_target_ar_outputs": target_nll(target, prompts, ar.outputs)})
     out["realized_acceptance"] = out["md_realized_acceptance"]
+    out["expected_acceptance"] = out["md_expected_acceptance"]
+    pa = out["predicted_acceptance"]
+    out["acceptance_error"] = abs(pa - out["realized_acceptance"])
+    out["acceptance_error_expected"] = abs(pa - out["expected_acceptance"])
+    out["speedup_error"] = abs(out["predicted_speedup"] - out["realized_speedup"])
+    alpha = out["expected_acceptance"] if out["expected_acceptance"] == out["expected_acceptance"] else out["realized_acceptance"]
+    out["model_speedup_at_realized_acceptance"] = model_speedup(row, alpha, md_solve if budget > 0 else "reached")
+    out["speedup_model_error"] = abs(out["model_speedup_at_realized_acceptance"] - out["realized_speedup"])
     return out
 
 
@@ -151,9 +180,11 @@ def humaneval_pass_at_1(row: dict, pool, rank_cfg: RankConfig, cfg: ValidateConf
     target = pool[row["target"]].model
     runs = {"ar": run_mode(target, prompts, mode="ar", **common)}
     budget = float(row["max_divergence"])
+    md_args = {"max_divergence": budget, "divergence": row["divergence"],
+               "md_solve": cfg.generation.md_solve or rank_cfg.speed.md_solve}
     runs["md"] = run_mode(target, prompts, drafter=_drafter(pool[row["drafter"]]),
                           mode="md" if budget > 0 else "sd", gamma=int(row["best_gamma"]),
-                          **({"max_divergence": budget, "divergence": row["divergence"]} if budget > 0 else {}), **common)
+                          **(md_args if budget > 0 else {}), **common)
     out = {"humaneval_tasks": float(len(records))}
     for mode, run in runs.items():
         completions = {r["id"]: truncate_completion(tok.decode(o)) for r, o in zip(records, run.outputs)}
@@ -214,10 +245,15 @@ def run(cfg: ValidateConfig) -> dict:
     ar = {t: run_mode(pool[t].model, prompts, mode="ar", max_new_tokens=g.max_new_tokens, temperature=g.temperature,
                       seed=g.seed, eos_token_id=pool.target.tokenizer.eos_token_id)
           for t in sorted({r["target"] for r in rows})}
-    points = [(row, validate_point(row, pool, prompts, ar[row["target"]], cfg)) for row in rows]
+    md_solve = g.md_solve or rank_cfg.speed.md_solve
+    points = [(row, validate_point(row, pool, prompts, ar[row["target"]], cfg, md_solve)) for row in rows]
     quality = prediction_quality([m["predicted_acceptance"] for _, m in points], [m["realized_acceptance"] for _, m in points],
                                  [m["predicted_speedup"] for _, m in points], [m["realized_speedup"] for _, m in points],
-                                 tolerance=cfg.tolerance)
+                                 tolerance=cfg.tolerance, expected_acceptance=[m["expected_acceptance"] for _, m in points])
+    model_err = [m["speedup_model_error"] for _, m in points if m["speedup_model_error"] == m["speedup_model_error"]]
+    quality = quality.as_metrics()
+    if model_err:  # the speed model alone, fed the realized acceptance
+        quality.update(speedup_model_mae=sum(model_err) / len(model_err), speedup_model_max_error=max(model_err))
     out = Path(cfg.output_dir)
     labels = [f"{r['drafter']}->{r['target']} {r['divergence']}@{float(r['max_divergence']):g}" for r, _ in points]
     scatter = plot_predicted_vs_realized(labels, [m["predicted_acceptance"] for _, m in points],
@@ -225,8 +261,8 @@ def run(cfg: ValidateConfig) -> dict:
                                          [m["predicted_speedup"] for _, m in points],
                                          [m["realized_speedup"] for _, m in points], out / "predicted_vs_realized.png",
                                          tolerance=cfg.tolerance)
-    summary = {"points": points, "quality": quality.as_metrics(), "scatter": scatter, "labels": labels,
-               "ranking_run_id": rank_run}
+    summary = {"points": points, "quality": quality, "scatter": scatter, "labels": labels,
+               "ranking_run_id": rank_run, "md_solve": md_solve}
     if cfg.humaneval.tasks > 0 and rank_cfg.data.source == "humaneval":
         summary["quality"].update(humaneval_pass_at_1(rows[0], pool, rank_cfg, cfg))
     if cfg.tracking.enabled:
@@ -249,7 +285,7 @@ def log_mlflow(cfg: ValidateConfig, summary: dict, children: dict[tuple, str]) -
                          "mdboost.ranking_run_id": summary["ranking_run_id"] or "",
                          "mlflow.experimentKind": "custom_model_development"})
         mlflow.log_params({"top": cfg.ranking.top, "prompts": cfg.generation.prompts,
-                           "max_new_tokens": cfg.generation.max_new_tokens,
+                           "max_new_tokens": cfg.generation.max_new_tokens, "md_solve": summary["md_solve"],
                            "temperature": cfg.generation.temperature, "tolerance": cfg.tolerance})
         mlflow.log_metrics(finite(summary["quality"]))
         mlflow.log_artifact(str(summary["scatter"]))
@@ -273,8 +309,9 @@ def main(config: str) -> int:
     torch.manual_seed(cfg.generation.seed)
     summary = run(cfg)
     for label, (_, m) in zip(summary["labels"], summary["points"]):
-        print(f"{label:40s} acc pred {m['predicted_acceptance']:.3f} real {m['realized_acceptance']:.3f}  "
-              f"speedup pred {m['predicted_speedup']:.2f} real {m['realized_speedup']:.2f}")
+        print(f"{label:40s} acc pred {m['predicted_acceptance']:.3f} real {m['realized_acceptance']:.3f} "
+              f"expected {m['expected_acceptance']:.3f}  speedup pred {m['predicted_speedup']:.2f} "
+              f"real {m['realized_speedup']:.2f} model@real-acc {m['model_speedup_at_realized_acceptance']:.2f}")
     print({k: round(v, 4) for k, v in summary["quality"].items()})
     if "run_id" in summary:
         print(f"mlflow run: {summary['run_id']}")

@@ -17,6 +17,23 @@ REQUIRED = ["drafter", "target", "divergence", "max_divergence", "sd_acceptance"
             "nll_mentored", "nll_boosted", "rank"]
 
 
+def hand_speedup(alpha: float, gamma: int, c: float, v: float, s: float) -> float:
+    """The speed model written out: E[tokens] / (gamma c + v + s E[solved]), sums not closed forms."""
+    tokens = sum(alpha ** i for i in range(gamma + 1))
+    solved = sum(alpha ** i for i in range(gamma))
+    return tokens / (gamma * c + v + s * solved)
+
+
+def check_speed_columns(r: dict, profile: dict, kind: str, gamma_range) -> None:
+    """``predicted_speedup``/``best_gamma`` of a CSV row against the hand formula and brute force."""
+    alpha, c, g = float(r["md_acceptance"]), float(r["cost_ratio"]), int(r["best_gamma"])
+    s = profile["md_overhead"][kind] if float(r["max_divergence"]) > 0 else 0.0
+    v = profile["verify_cost"]
+    assert float(r["verify_cost"]) == pytest.approx(v[g]) and float(r["md_overhead"]) == pytest.approx(s)
+    assert float(r["predicted_speedup"]) == pytest.approx(hand_speedup(alpha, g, c, v[g], s), rel=1e-6)
+    assert float(r["predicted_speedup"]) == pytest.approx(max(hand_speedup(alpha, k, c, v[k], s) for k in gamma_range), rel=1e-9)
+
+
 def _config(tmp_path, **over) -> RankConfig:
     data = to_dict(load_yaml("configs/tiny.yaml", RankConfig))
     data["pool"].update(drafters=["early_exit:2", "ngram:2"], pairs="all")
@@ -72,9 +89,16 @@ def test_metrics_match_direct_computation_on_cache(first_run):
         assert float(r["nll_target"]) == pytest.approx(float(-q[idx, true].log().mean()), rel=1e-3)
         assert float(r["nll_drafter"]) == pytest.approx(float(-p[idx, true].log().mean()), rel=1e-3)
         assert float(r["cost_ratio"]) == pytest.approx(dc.cost_ratio("early_exit:2"))
-        alpha, c = float(r["md_acceptance"]), float(r["cost_ratio"])
-        g = int(r["best_gamma"])
-        assert float(r["predicted_speedup"]) == pytest.approx((1 - alpha ** (g + 1)) / ((1 - alpha) * (g * c + 1)), rel=1e-6)
+        profile = tc.manifest["speed_profile"]
+        assert profile["verify_cost"][0] == 1.0 and len(profile["verify_cost"]) >= cfg.speed.gamma_max + 1
+        check_speed_columns(r, profile, "dense", range(cfg.speed.gamma_min, cfg.speed.gamma_max + 1))
+    ngram = [r for r in read_csv(tmp_path / "out" / "ranking.csv") if r["drafter"] == "ngram:2" and r["target"] == "tiny"]
+    for r in ngram:  # one-hot drafts use their own MD overhead
+        check_speed_columns(r, tc.manifest["speed_profile"], "onehot", range(cfg.speed.gamma_min, cfg.speed.gamma_max + 1))
+    # a pair whose target is not the pool target has no profile: v = 1, s = 0
+    for r in read_csv(tmp_path / "out" / "ranking.csv"):
+        if r["target"] == "early_exit:2":
+            assert float(r["verify_cost"]) == 1.0 and float(r["md_overhead"]) == 0.0
 
 
 def test_mlflow_runs_hold_the_fields(first_run):

@@ -64,6 +64,16 @@ def test_validation_runs_exist_and_link_to_ranking_runs(validated):
         assert m["realized_speedup"] == pytest.approx(m["md_tokens_per_second"] / m["ar_tokens_per_second"])
         if float(child.data.params["max_divergence"]) == 0.0:
             assert m["md_realized_divergence"] == 0.0
+        # Rao-Blackwellized acceptance (speed.md_solve defaults to "reached": P_acc at every draft)
+        assert 0.0 <= m["expected_acceptance"] <= 1.0
+        assert m["acceptance_error_expected"] == pytest.approx(abs(m["predicted_acceptance"] - m["expected_acceptance"]))
+        assert m["acceptance_error"] == pytest.approx(abs(m["predicted_acceptance"] - m["realized_acceptance"]))
+        # the speed model at the realized acceptance, written out by hand
+        lr = linked.data.metrics
+        alpha, g, c = m["expected_acceptance"], int(child.data.params["best_gamma"]), lr["cost_ratio"]
+        s = lr["md_overhead"]
+        tokens, solved = sum(alpha ** i for i in range(g + 1)), sum(alpha ** i for i in range(g))
+        assert m["model_speedup_at_realized_acceptance"] == pytest.approx(tokens / (g * c + lr["verify_cost"] + s * solved))
 
 
 def test_prediction_metrics_equal_a_direct_computation(validated):
@@ -74,6 +84,11 @@ def test_prediction_metrics_equal_a_direct_computation(validated):
     pa, ra, ps, rs = (np.array([c.data.metrics[k] for c in children]) for k in
                       ("predicted_acceptance", "realized_acceptance", "predicted_speedup", "realized_speedup"))
     m = parent.data.metrics
+    ea = np.array([c.data.metrics["expected_acceptance"] for c in children])
+    assert m["acceptance_mae_expected"] == pytest.approx(np.mean(np.abs(pa - ea)))
+    assert m["acceptance_max_error_expected"] == pytest.approx(np.max(np.abs(pa - ea)))
+    assert m["acceptance_points_expected"] == len(children)
+    assert parent.data.params["md_solve"] == "reached"
     assert m["acceptance_mae"] == pytest.approx(np.mean(np.abs(pa - ra)))
     assert m["acceptance_max_error"] == pytest.approx(np.max(np.abs(pa - ra)))
     assert m["speedup_mae"] == pytest.approx(np.mean(np.abs(ps - rs)))

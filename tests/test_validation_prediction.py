@@ -112,3 +112,24 @@ def test_select_points_dedupes_budget_zero_and_pairs():
     by_pair = select_points(rows, top=10, per_pair=True)
     assert [(r["drafter"], r["rank"]) for r in by_pair] == [("a", "1"), ("b", "4")]
     assert len(select_points(rows, top=1, per_pair=False)) == 1
+
+
+def test_expected_acceptance_metrics_skip_nan_points():
+    pa, ra, ea = [0.5, 0.6, 0.7, 0.8], [0.45, 0.7, 0.7, 0.9], [0.52, float("nan"), 0.69, 0.78]
+    q = prediction_quality(pa, ra, [1.1, 1.2, 1.3, 1.4], [1.0, 1.3, 1.2, 1.5], expected_acceptance=ea)
+    m = q.as_metrics()
+    err = np.abs(np.array([0.5, 0.7, 0.8]) - np.array([0.52, 0.69, 0.78]))
+    assert m["acceptance_mae_expected"] == pytest.approx(err.mean())
+    assert m["acceptance_max_error_expected"] == pytest.approx(err.max())
+    assert m["acceptance_within_tolerance_expected"] == 1.0 and m["acceptance_points_expected"] == 3
+    assert m["acceptance_spearman_expected"] == pytest.approx(stats.spearmanr([0.5, 0.7, 0.8], [0.52, 0.69, 0.78]).statistic)
+    assert m["acceptance_mae"] == pytest.approx(np.mean(np.abs(np.array(pa) - np.array(ra))))
+    none = prediction_quality(pa, ra, [1.1, 1.2, 1.3, 1.4], [1.0, 1.3, 1.2, 1.5], expected_acceptance=[float("nan")] * 4)
+    assert "acceptance_mae_expected" not in none.as_metrics()
+    assert "acceptance_mae_expected" not in prediction_quality(pa, ra, [1, 2, 3, 4], [1, 2, 3, 4]).as_metrics()
+
+
+@pytest.mark.parametrize("ea", [[0.5, 0.5], [0.5, 0.5, 0.5, 1.5]])
+def test_expected_acceptance_bad_input(ea):
+    with pytest.raises(ValueError, match="expected_acceptance"):
+        prediction_quality([0.5] * 4, [0.5] * 4, [1.0] * 4, [1.0] * 4, expected_acceptance=ea)

@@ -12,6 +12,11 @@ Layout: ``manifest.json``, ``tokens.safetensors`` (the token sequences and per-r
 shared by all members) and one ``<member>-<shard>.safetensors`` per member and shard of
 ``shard_size`` sequences. Jobs (member, shard) run through joblib with a configurable backend;
 process-based backends (loky, dask) rebuild members in the workers from ``pool.recipe``.
+
+Shared sampled continuations: :func:`sample_sequences` samples the target's continuations once
+into a token file; ``build_cache(..., sequences=<that file>)`` then teacher-forces a member on
+exactly those sequences (one forward pass per sequence, no sampling) and records the file's
+SHA-256 in the manifest, so folders built on other sequences never pass as the same build.
 """
 
 from __future__ import annotations
@@ -110,6 +115,44 @@ def build_sequences(pool, records, *, source, chat_template, system, max_tokens,
     }
 
 
+def sample_sequences(pool, records, path: str | os.PathLike, *, chat_template: bool = False, system=None,
+                     max_tokens: int = 512, max_new_tokens: int = 128, sample_temperature: float = 1.0,
+                     seed: int = 0, progress: bool = False) -> tuple[Path, str]:
+    """Sample the target's continuations of ``records`` once into the token file ``path``.
+
+    The file holds the shared token tensors of :func:`build_sequences` with ``source="sampled"``
+    (record ``i`` sampled with a ``torch.Generator`` seeded from ``seed`` and its id), written
+    atomically with a ``.sha256`` sidecar. A finished file is reused as is.
+
+    Returns
+    -------
+    (Path, str)
+        ``path`` and the file's SHA-256 (pass ``sequences=path`` to :func:`build_cache`).
+    """
+    from tqdm.auto import tqdm
+
+    path = Path(path)
+    digest = finished_digest(path)
+    if digest is None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        bar = tqdm(records, desc="sampling continuations", disable=not progress or bool(os.environ.get("TQDM_DISABLE")))
+        tokens = build_sequences(pool, bar, source="sampled", chat_template=chat_template, system=system,
+                                 max_tokens=max_tokens, max_new_tokens=max_new_tokens,
+                                 sample_temperature=sample_temperature, seed=seed)
+        digest = atomic_save_tensors(tokens, path)
+    return path, digest
+
+
+def _load_sequences(path, records) -> dict:
+    from safetensors.torch import load_file
+
+    tokens = load_file(str(path))
+    if tokens["seq_offsets"].numel() - 1 != len(records):
+        raise ValueError(f"sequences {str(path)!r} holds {tokens['seq_offsets'].numel() - 1} sequences, "
+                         f"records has {len(records)}")
+    return tokens
+
+
 def split_sequences(tokens: dict) -> list[tuple[torch.Tensor, int]]:
     """``[(ids [T], start), ...]`` from the shared token tensors."""
     off = tokens["seq_offsets"].tolist()
@@ -186,7 +229,7 @@ def _config(pool, records, members, settings, source_opts) -> dict:
 
 
 def _same_build(old: dict, new: dict) -> bool:
-    skip = {"member_costs", "shards", "complete", "num_rows", "num_sequences", "code_version"}
+    skip = {"member_costs", "shards", "complete", "num_rows", "num_sequences", "code_version", "speed_profile"}
     return {k: v for k, v in old.items() if k not in skip} == {k: v for k, v in new.items() if k not in skip}
 
 
@@ -213,6 +256,7 @@ def build_cache(
     ngram_lookahead: int = 4,
     overwrite: bool = False,
     progress: bool = True,
+    sequences: str | os.PathLike | None = None,
 ) -> Path:
     """Build (or resume) the logit cache of ``pool`` over ``records`` in ``out_dir``.
 
@@ -250,6 +294,10 @@ def build_cache(
         Tokens kept of each ``ngram`` proposal (``-1`` padded).
     progress : bool, default=True
         Show a tqdm bar (``TQDM_DISABLE=1`` silences it).
+    sequences : path, optional
+        A finished token file from :func:`sample_sequences` (over the same ``records``) to use
+        instead of building the sequences here; its SHA-256 joins the build configuration
+        (``sequences_sha256``).
 
     Returns
     -------
@@ -271,6 +319,10 @@ def build_cache(
     source_opts = {"source": source, "chat_template": bool(chat_template), "system": system, "max_tokens": max_tokens}
     if source == "sampled":
         source_opts.update(max_new_tokens=max_new_tokens, sample_temperature=sample_temperature, seed=seed)
+    if sequences is not None:
+        source_opts["sequences_sha256"] = finished_digest(sequences)
+        if source_opts["sequences_sha256"] is None:
+            raise ValueError(f"sequences must be a finished token file (with its .sha256), got {str(sequences)!r}")
     config = _config(pool, records, members, settings, source_opts)
     config["shards"], config["complete"] = {}, False
     if (out_dir / "manifest.json").is_file():
@@ -285,7 +337,9 @@ def build_cache(
     tokens_path = out_dir / TOKENS
     from safetensors.torch import load_file
 
-    if finished_digest(tokens_path) is None:
+    if finished_digest(tokens_path) is None and sequences is not None:
+        atomic_save_tensors(_load_sequences(sequences, records), tokens_path)
+    elif finished_digest(tokens_path) is None:
         tokens = build_sequences(pool, records, chat_template=chat_template, system=system, max_tokens=max_tokens,
                                  source=source, max_new_tokens=max_new_tokens,
                                  sample_temperature=sample_temperature, seed=seed)

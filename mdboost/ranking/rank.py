@@ -16,6 +16,10 @@ Acceptance-side columns (``sd_*``, ``md_acceptance*``, ``acceptance_gain``, ``be
 boosting columns: ``score_pair(..., acceptance=(draft, target, labels))`` scores them on, e.g.,
 continuations sampled from the target, the text MD decodes; the ``acceptance_source`` column
 says which.
+
+Predicted speedups and best draft lengths come from :mod:`mdboost.ranking.speed`, fed the
+target's measured verification cost table and MD solve overhead
+(``score_pair(..., speed_profile=...)``; budget-0 points get no MD overhead).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from mdboost.ranking import quality
 from mdboost.ranking.acceptance import md_operating_points, sd_acceptance
 from mdboost.ranking.boosting import boost_greedy, boost_target_first
 from mdboost.ranking.diagnostics import boost_coefficient, pair_diagnostics
-from mdboost.ranking.speed import best_gamma
+from mdboost.ranking.speed import SpeedProfile, best_gamma
 from mdboost.ranking.support import MemberRows, align
 
 
@@ -67,13 +71,14 @@ def _mean(x: torch.Tensor) -> float:
 
 
 def _pair_common(draft: Member, target: Member, aligned, acc_aligned, acc_valid, sd, labels, row_ids,
-                 md: MDConfig, speed: SpeedConfig, boosting: BoostingConfig):
+                 md: MDConfig, speed: SpeedConfig, boosting: BoostingConfig, profile: SpeedProfile):
     valid = draft.rows.valid
     eps, rho = pair_diagnostics(acc_aligned.p, acc_aligned.q, mask=acc_aligned.kept)
     eps, rho = eps[acc_valid].numpy(), rho[acc_valid].numpy()
     boost = boost_target_first(target.hypothesis, draft.hypothesis, row_ids, labels,
                                n_rounds=boosting.n_estimators, thetas=boosting.thetas)
-    sd_gamma, sd_speed = best_gamma(_mean(sd), draft.cost_ratio, speed.gamma_min, speed.gamma_max)
+    sd_gamma, sd_speed = best_gamma(_mean(sd), draft.cost_ratio, speed.gamma_min, speed.gamma_max,
+                                    verify_costs=profile.verify_cost)
     nll_b = quality.nll_boosted(aligned, draft.rows, target.rows, boost.c_target, boost.c_drafter, md.temperature)
     scale, nll_scaled = quality.best_boosted_scale(aligned, draft.rows, target.rows, boost.c_target,
                                                    boost.c_drafter, md.temperature)
@@ -111,7 +116,8 @@ def _acceptance_side(acceptance, draft: Member, aligned, vocab_size: int):
 
 def score_pair(draft: Member, target: Member, labels, vocab_size: int, *, md: MDConfig | None = None,
                speed: SpeedConfig | None = None, boosting: BoostingConfig | None = None,
-               row_ids=None, acceptance: tuple | None = None, acceptance_source: str | None = None) -> PairScore:
+               row_ids=None, acceptance: tuple | None = None, acceptance_source: str | None = None,
+               speed_profile: SpeedProfile | None = None) -> PairScore:
     """All metrics of one ordered pair, one row per (divergence, budget).
 
     Parameters
@@ -132,8 +138,13 @@ def score_pair(draft: Member, target: Member, labels, vocab_size: int, *, md: MD
     acceptance_source : str, optional
         The ``acceptance_source`` column: default ``"reference"`` without ``acceptance``,
         ``"sampled"`` with it.
+    speed_profile : SpeedProfile, optional
+        The target's verification cost table and the MD overhead for this pair's drafts
+        (:mod:`mdboost.ranking.speed`); default: ``v = 1``, ``s = 0`` (Leviathan et al.). The
+        overhead applies to budgets > 0 only.
     """
     md, speed, boosting = md or MDConfig(), speed or SpeedConfig(), boosting or BoostingConfig()
+    profile = speed_profile or SpeedProfile()
     labels = np.asarray(labels)
     row_ids = np.arange(len(labels)) if row_ids is None else np.asarray(row_ids)
     aligned = align(draft.rows, target.rows, vocab_size, torch.as_tensor(labels))
@@ -141,13 +152,16 @@ def score_pair(draft: Member, target: Member, labels, vocab_size: int, *, md: MD
     acc_draft, acc_aligned, acc_valid = _acceptance_side(acceptance, draft, aligned, vocab_size)
     sd = sd_acceptance(acc_aligned, acc_valid)
     common, boost = _pair_common(draft, target, aligned, acc_aligned, acc_valid, sd, labels, row_ids, md, speed,
-                                 boosting)
+                                 boosting, profile)
     common["acceptance_source"] = acceptance_source or ("reference" if acceptance is None else "sampled")
     acc_ops = md_operating_points(acc_aligned, acc_valid, md.divergences, md.budgets, md.mode)
     ref_ops = acc_ops if acceptance is None else md_operating_points(aligned, valid, md.divergences, md.budgets, md.mode)
     rows, md_acc, ks = [], {}, {}
     for op, ref_op in zip(acc_ops, ref_ops, strict=True):
-        gamma, speedup = best_gamma(_mean(op.acceptance), acc_draft.cost_ratio, speed.gamma_min, speed.gamma_max)
+        overhead = profile.md_overhead if op.max_divergence > 0 else 0.0
+        gamma, speedup = best_gamma(_mean(op.acceptance), acc_draft.cost_ratio, speed.gamma_min, speed.gamma_max,
+                                    verify_costs=profile.verify_cost, md_overhead=overhead, md_solve=speed.md_solve,
+                                    sd_acceptance=common["sd_acceptance"])
         k = boost_coefficient(op.a, op.b)[acc_valid].numpy()
         nll_m = _mean(quality.nll_mentored(draft.rows, target.rows, ref_op.a, ref_op.b))
         acc = op.acceptance.numpy()
@@ -158,6 +172,8 @@ def score_pair(draft: Member, target: Member, labels, vocab_size: int, *, md: MD
             "acceptance_gain": float(acc.mean()) - common["sd_acceptance"],
             "achieved_divergence": _mean(op.achieved_divergence[acc_valid]) if bool(acc_valid.any()) else 0.0,
             "best_gamma": int(gamma), "predicted_speedup": float(speedup),
+            "verify_cost": 1.0 if profile.verify_cost is None else float(profile.verify_cost[int(gamma)]),
+            "md_overhead": float(overhead),
             "k_median": _q(k, 0.5), "k_q90": _q(k, 0.9),
             "nll_mentored": nll_m, "beats_target": bool(nll_m < common["nll_target"]),
         })

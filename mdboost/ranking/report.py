@@ -22,7 +22,7 @@ COLUMNS = [
     "mu_target", "mu_drafter", "boosting_advantage", "eps_pq_median", "rho_pq_median", "k_median",
     "nll_target", "nll_drafter", "nll_mentored", "nll_boosted", "beats_target", "quality_ok",
     "md_acceptance_q10", "md_acceptance_median", "md_acceptance_q90", "achieved_divergence",
-    "sd_best_gamma", "sd_speedup", "proposal_rate", "tail_mass", "n_positions", "acceptance_source",
+    "sd_best_gamma", "sd_speedup", "verify_cost", "md_overhead", "proposal_rate", "tail_mass", "n_positions", "acceptance_source",
     "acceptance_positions",
     "c_target", "c_drafter", "nll_boosted_rescaled", "boosted_scale", "margin_median", "eps_pq_q10", "eps_pq_q90", "rho_pq_q10", "rho_pq_q90", "k_q90",
 ]

@@ -1,22 +1,66 @@
-"""Speed model for ranking pairs (math note section 6; Leviathan et al. 2023, Thm 3.8 / Cor 3.11).
+"""Speed model for ranking pairs (math note section 6; Leviathan et al. 2023, Thm 3.8 / Cor 3.11),
+with the measured cost of the target's verification call and of the MD solve.
 
 With a mean per-token acceptance ``alpha`` (assumed i.i.d. over positions), a draft length
-``gamma`` and a cost ratio ``c = drafter step time / target step time``:
+``gamma`` and a cost ratio ``c = drafter step time / target step time``, one draft-and-verify
+block costs, in units of one single-token target decode step,
 
-- expected tokens per target call: ``(1 - alpha^(gamma+1)) / (1 - alpha)``
-  (``gamma + 1`` at ``alpha = 1``);
-- expected walltime speedup over plain decoding with the target:
-  ``(1 - alpha^(gamma+1)) / ((1 - alpha) (gamma c + 1))``.
+    ``gamma c + v(gamma) + s E_solved(alpha, gamma)``
 
-Mentored decoding leaves the per-token cost of SD unchanged (the note, section 4), so the same
-model applies with ``alpha`` = MD acceptance. For a drafter that proposes nothing at some
-positions (prompt-lookup ``ngram``), those positions count as acceptance 0: a block that starts
-there costs one target call and yields one token, which is what ``alpha = 0`` gives.
+and emits ``E_tokens(alpha, gamma) = (1 - alpha^(gamma+1)) / (1 - alpha)`` tokens
+(``gamma + 1`` at ``alpha = 1``), so the predicted walltime speedup over plain decoding with the
+target is
+
+    ``speedup(alpha, gamma) = E_tokens / (gamma c + v(gamma) + s E_solved)``.
+
+- ``v(gamma) = T_target(gamma + 1 tokens) / T_target(1 token)``: the target's forward on the
+  ``gamma + 1`` verified tokens on a KV cache is not free on memory- or compute-bound hardware
+  (measured by :func:`mdboost.models.cost.measure_verify_costs`, stored as a table indexed by
+  ``gamma`` with ``v(0) = 1``). Without a table ``v = 1``: Leviathan et al.'s model.
+- ``s``: the MD solve's extra time per verified position relative to a target step
+  (:func:`mdboost.models.cost.measure_md_overhead`); ``0`` for plain SD (budget 0).
+- ``E_solved``: the expected number of positions MD solves per block, by the engine's
+  ``md_solve`` mode (:func:`expected_solved`): ``"reached"`` solves every reached position,
+  ``sum_{i < gamma} alpha^i = (1 - alpha^gamma) / (1 - alpha)`` (position ``i`` is reached when
+  the ``i`` drafts before it were accepted); ``"needed"`` only reached positions whose draft SD
+  would reject, a further factor ``1 - alpha_SD`` (SD's test fails with probability
+  ``1 - alpha_SD`` independently of the earlier positions); ``"all"``: ``gamma``.
+
+With ``v = 1`` and ``s = 0`` this is exactly ``(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1))``.
+Mentored decoding leaves the per-token *drafting and verifying* cost of SD unchanged (the note,
+section 4); only ``s`` is added. For a drafter that proposes nothing at some positions
+(prompt-lookup ``ngram``), those positions count as acceptance 0: a block that starts there
+costs one target call and yields one token, which is what ``alpha = 0`` gives.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+
+@dataclass(frozen=True)
+class SpeedProfile:
+    """Measured verification and MD costs of a target (relative to its single-token step).
+
+    Attributes
+    ----------
+    verify_cost : tuple of float or None
+        ``verify_cost[g] = T_target(g + 1 tokens) / T_target(1 token)`` for ``g = 0..gamma_max``
+        (``verify_cost[0] == 1``); ``None``: not measured, ``v = 1``.
+    md_overhead : float
+        MD solve time per verified position / target step (``s``), for the pair's kind of draft
+        (dense or one-hot); applied only at budgets > 0.
+    """
+
+    verify_cost: tuple | None = None
+    md_overhead: float = 0.0
+
+    def __post_init__(self):
+        if self.verify_cost is not None:
+            check_verify_costs(self.verify_cost, 0)
+        _check_nonneg("md_overhead", torch.as_tensor(self.md_overhead, dtype=torch.float64))
 
 
 def _check_alpha(alpha: torch.Tensor) -> torch.Tensor:
@@ -24,6 +68,34 @@ def _check_alpha(alpha: torch.Tensor) -> torch.Tensor:
     if torch.isnan(alpha).any() or (alpha < 0).any() or (alpha > 1).any():
         raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
     return alpha
+
+
+def _check_nonneg(name: str, value) -> torch.Tensor:
+    value = torch.as_tensor(value, dtype=torch.float64)
+    if torch.isnan(value).any() or torch.isinf(value).any() or (value < 0).any():
+        raise ValueError(f"{name} must be finite and >= 0, got {value}")
+    return value
+
+
+def _check_gamma(gamma) -> torch.Tensor:
+    gamma = torch.as_tensor(gamma, dtype=torch.float64)
+    if torch.isnan(gamma).any() or (gamma < 0).any():
+        raise ValueError(f"gamma must be >= 0, got {gamma}")
+    return gamma
+
+
+def check_verify_costs(verify_costs, gamma_max: int) -> torch.Tensor:
+    """The table ``verify_costs[g]`` (``g = 0..``) as a float64 tensor, checked.
+
+    It must be 1-D, finite, positive, start with 1 (the single-token step itself) and cover
+    ``gamma_max``; a ``ValueError`` names ``verify_costs`` otherwise.
+    """
+    table = torch.as_tensor(verify_costs, dtype=torch.float64)
+    if table.ndim != 1 or table.numel() < gamma_max + 1:
+        raise ValueError(f"verify_costs must be a 1-D table covering gamma 0..{gamma_max}, got {verify_costs!r}")
+    if not torch.isfinite(table).all() or (table <= 0).any() or abs(float(table[0]) - 1.0) > 1e-9:
+        raise ValueError(f"verify_costs must be finite, > 0 and start with 1.0, got {verify_costs!r}")
+    return table
 
 
 def expected_tokens(alpha, gamma) -> torch.Tensor:
@@ -37,15 +109,47 @@ def expected_tokens(alpha, gamma) -> torch.Tensor:
         Draft length (tokens proposed per target call). Broadcasts against ``alpha``.
     """
     alpha = _check_alpha(alpha)
-    gamma = torch.as_tensor(gamma, dtype=torch.float64)
-    if (gamma < 0).any():
-        raise ValueError(f"gamma must be >= 0, got {gamma}")
+    gamma = _check_gamma(gamma)
     geometric = (1 - alpha ** (gamma + 1)) / (1 - alpha).clamp_min(1e-300)
     return torch.where(alpha >= 1, gamma + 1, geometric)
 
 
-def walltime_speedup(alpha, gamma, cost_ratio) -> torch.Tensor:
-    """Predicted walltime speedup ``expected_tokens / (gamma c + 1)`` over target-only decoding.
+MD_SOLVE = ("reached", "needed", "all")
+
+
+def expected_solved(alpha, gamma, *, md_solve: str = "reached", sd_acceptance=None) -> torch.Tensor:
+    """Expected positions MD solves per block of ``gamma`` drafts (0 at ``gamma = 0``).
+
+    Parameters
+    ----------
+    alpha : float or tensor in [0, 1]
+        MD acceptance.
+    gamma : int or tensor >= 0
+    md_solve : {"reached", "needed", "all"}, default="reached"
+        ``"reached"``: ``sum_{i < gamma} alpha^i``; ``"needed"``: that times
+        ``1 - sd_acceptance``; ``"all"``: ``gamma``.
+    sd_acceptance : float or tensor in [0, 1], optional
+        SD acceptance ``1 - TV(p, q)``; required with ``"needed"``.
+    """
+    if md_solve not in MD_SOLVE:
+        raise ValueError(f"md_solve must be one of {MD_SOLVE}, got {md_solve!r}")
+    gamma = _check_gamma(gamma)
+    if md_solve == "all":
+        return gamma + torch.zeros_like(_check_alpha(alpha))
+    reached = torch.where(gamma > 0, expected_tokens(alpha, (gamma - 1).clamp_min(0)), torch.zeros_like(gamma))
+    if md_solve == "reached":
+        return reached
+    if sd_acceptance is None:
+        raise ValueError("sd_acceptance is required with md_solve='needed', got None")
+    sd = torch.as_tensor(sd_acceptance, dtype=torch.float64)
+    if torch.isnan(sd).any() or (sd < 0).any() or (sd > 1).any():
+        raise ValueError(f"sd_acceptance must lie in [0, 1], got {sd}")
+    return reached * (1 - sd)
+
+
+def walltime_speedup(alpha, gamma, cost_ratio, *, verify_cost=1.0, md_overhead=0.0, md_solve: str = "reached",
+                     sd_acceptance=None) -> torch.Tensor:
+    """Predicted walltime speedup ``E_tokens / (gamma c + v + s E_solved)`` over target-only decoding.
 
     Parameters
     ----------
@@ -55,16 +159,26 @@ def walltime_speedup(alpha, gamma, cost_ratio) -> torch.Tensor:
         Draft length.
     cost_ratio : float or tensor >= 0
         ``c`` = drafter step time / target step time (measured).
+    verify_cost : float or tensor > 0, default=1.0
+        ``v(gamma)``: the target's ``gamma + 1``-token forward over its 1-token step (broadcast
+        against ``gamma``; 1 is Leviathan et al.'s model).
+    md_overhead : float or tensor >= 0, default=0.0
+        ``s``: MD solve time per solved position / target step (0 for plain SD).
+    md_solve, sd_acceptance : see :func:`expected_solved`.
     """
-    c = torch.as_tensor(cost_ratio, dtype=torch.float64)
-    if torch.isnan(c).any() or (c < 0).any():
-        raise ValueError(f"cost_ratio must be >= 0, got {c}")
-    gamma_t = torch.as_tensor(gamma, dtype=torch.float64)
-    return expected_tokens(alpha, gamma) / (gamma_t * c + 1)
+    c = _check_nonneg("cost_ratio", cost_ratio)
+    v = torch.as_tensor(verify_cost, dtype=torch.float64)
+    if not torch.isfinite(v).all() or (v <= 0).any():
+        raise ValueError(f"verify_cost must be finite and > 0, got {v}")
+    s = _check_nonneg("md_overhead", md_overhead)
+    gamma_t = _check_gamma(gamma)
+    solved = expected_solved(alpha, gamma, md_solve=md_solve, sd_acceptance=sd_acceptance)
+    return expected_tokens(alpha, gamma) / (gamma_t * c + v + s * solved)
 
 
-def best_gamma(alpha, cost_ratio, gamma_min: int = 1, gamma_max: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
-    """The draft length in ``[gamma_min, gamma_max]`` that maximizes the predicted speedup.
+def best_gamma(alpha, cost_ratio, gamma_min: int = 1, gamma_max: int = 8, *, verify_costs=None,
+               md_overhead=0.0, md_solve: str = "reached", sd_acceptance=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The draft length in ``[gamma_min, gamma_max]`` that maximizes :func:`walltime_speedup`.
 
     Parameters
     ----------
@@ -72,6 +186,14 @@ def best_gamma(alpha, cost_ratio, gamma_min: int = 1, gamma_max: int = 8) -> tup
     cost_ratio : float or tensor [...] >= 0 (broadcast against ``alpha``)
     gamma_min, gamma_max : int
         Search range, ``1 <= gamma_min <= gamma_max``. Ties go to the smallest gamma.
+    verify_costs : sequence of float, optional
+        ``v`` table indexed by gamma (``verify_costs[0] == 1``, covering ``gamma_max``); default:
+        ``v = 1`` for every gamma.
+    md_overhead : float or tensor [...] >= 0, default=0.0
+        ``s`` (0 for plain SD).
+    md_solve : {"reached", "needed", "all"}, default="reached"
+    sd_acceptance : float or tensor [...] in [0, 1], optional
+        Required with ``md_solve="needed"`` (see :func:`expected_solved`).
 
     Returns
     -------
@@ -82,9 +204,14 @@ def best_gamma(alpha, cost_ratio, gamma_min: int = 1, gamma_max: int = 8) -> tup
     if int(gamma_min) != gamma_min or int(gamma_max) != gamma_max or not 1 <= gamma_min <= gamma_max:
         raise ValueError(f"gamma range must satisfy 1 <= gamma_min <= gamma_max, got {(gamma_min, gamma_max)}")
     alpha = _check_alpha(alpha)
-    c = torch.as_tensor(cost_ratio, dtype=torch.float64)
-    alpha, c = torch.broadcast_tensors(alpha, c)
+    c = _check_nonneg("cost_ratio", cost_ratio)
+    s = _check_nonneg("md_overhead", md_overhead)
+    sd = torch.zeros(()) if sd_acceptance is None else torch.as_tensor(sd_acceptance, dtype=torch.float64)
+    alpha, c, s, sd = torch.broadcast_tensors(alpha, c, s, sd)
     gammas = torch.arange(gamma_min, gamma_max + 1, dtype=torch.float64)  # [G]
-    speed = walltime_speedup(alpha.unsqueeze(-1), gammas, c.unsqueeze(-1))  # [..., G]
+    v = torch.ones_like(gammas) if verify_costs is None else check_verify_costs(verify_costs, gamma_max)[gamma_min:gamma_max + 1]
+    speed = walltime_speedup(alpha.unsqueeze(-1), gammas, c.unsqueeze(-1), verify_cost=v,
+                             md_overhead=s.unsqueeze(-1), md_solve=md_solve,
+                             sd_acceptance=None if sd_acceptance is None else sd.unsqueeze(-1))  # [..., G]
     best = speed.argmax(dim=-1)  # first maximum: the smallest gamma on ties
     return best + gamma_min, speed.gather(-1, best.unsqueeze(-1)).squeeze(-1)

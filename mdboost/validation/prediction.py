@@ -7,10 +7,16 @@ realize both. This module compares them: per-pair absolute errors, Spearman's ra
 across pairs (average ranks for ties, like ``scipy.stats.spearmanr``), and whether the pair
 predicted best is also best in reality. Issue 7's goals: acceptance within 0.03 per pair,
 Spearman >= 0.9, top pair agreement.
+
+Realized acceptance comes in two estimators of the same expectation: the position-0 accept
+rate (``realized_acceptance``) and its Rao-Blackwellized version (``expected_acceptance``, mean
+``P_acc`` over the same drafts); the acceptance metrics are reported for both, the latter with
+the suffix ``_expected``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -77,11 +83,15 @@ class PredictionQuality:
     speedup_spearman: float
     top_pair_agrees: bool
     tolerance: float
+    expected_acceptance_error: np.ndarray | None = None  # [n_finite] |predicted - expected| acceptance
+    expected_acceptance_spearman: float = math.nan
 
     def as_metrics(self) -> dict[str, float]:
         """Flat metric dict for MLflow (NaN Spearman when undefined)."""
         acc, spd = self.acceptance_error, self.speedup_error
-        return {
+        out = {} if self.expected_acceptance_error is None else _acceptance_metrics(
+            self.expected_acceptance_error, self.expected_acceptance_spearman, self.tolerance, "_expected")
+        return out | {
             "acceptance_mae": float(acc.mean()), "acceptance_max_error": float(acc.max()),
             "acceptance_within_tolerance": float(np.mean(acc <= self.tolerance)),
             "speedup_mae": float(spd.mean()), "speedup_max_error": float(spd.max()),
@@ -91,8 +101,14 @@ class PredictionQuality:
         }
 
 
+def _acceptance_metrics(err: np.ndarray, rho: float, tolerance: float, suffix: str) -> dict[str, float]:
+    return {f"acceptance_mae{suffix}": float(err.mean()), f"acceptance_max_error{suffix}": float(err.max()),
+            f"acceptance_within_tolerance{suffix}": float(np.mean(err <= tolerance)),
+            f"acceptance_spearman{suffix}": rho, f"acceptance_points{suffix}": float(err.size)}
+
+
 def prediction_quality(predicted_acceptance, realized_acceptance, predicted_speedup,
-                       realized_speedup, *, tolerance: float = 0.03) -> PredictionQuality:
+                       realized_speedup, *, tolerance: float = 0.03, expected_acceptance=None) -> PredictionQuality:
     """Compare a ranking's predictions with realized runs, pair by pair.
 
     Parameters
@@ -103,6 +119,9 @@ def prediction_quality(predicted_acceptance, realized_acceptance, predicted_spee
         Walltime speedup over autoregressive decoding (> 0).
     tolerance : float
         Absolute acceptance error counted as "within tolerance" (>= 0; issue 7: 0.03).
+    expected_acceptance : array-like of shape (n_pairs,), optional
+        The Rao-Blackwellized realized acceptance; NaN entries (not measurable) are left out of
+        its metrics, which are absent when no entry is finite.
 
     Returns
     -------
@@ -123,7 +142,18 @@ def prediction_quality(predicted_acceptance, realized_acceptance, predicted_spee
     for name, arr in (("predicted_acceptance", pa), ("realized_acceptance", ra)):
         if np.any((arr < 0) | (arr > 1)):
             raise ValueError(f"{name} must lie in [0, 1], got {arr.tolist()}")
+    exp_err, exp_rho = None, math.nan
+    if expected_acceptance is not None:
+        ea = np.asarray(expected_acceptance, dtype=float)
+        if ea.shape != pa.shape:
+            raise ValueError(f"expected_acceptance must have {pa.size} entries, got shape {ea.shape}")
+        keep = np.isfinite(ea)
+        if np.any((ea[keep] < 0) | (ea[keep] > 1)):
+            raise ValueError(f"expected_acceptance must lie in [0, 1], got {ea.tolist()}")
+        if keep.any():
+            exp_err, exp_rho = np.abs(pa[keep] - ea[keep]), spearman(pa[keep], ea[keep])
     return PredictionQuality(
         acceptance_error=np.abs(pa - ra), speedup_error=np.abs(ps - rs),
         acceptance_spearman=spearman(pa, ra), speedup_spearman=spearman(ps, rs),
-        top_pair_agrees=top_pair_agrees(ps, rs), tolerance=float(tolerance))
+        top_pair_agrees=top_pair_agrees(ps, rs), tolerance=float(tolerance),
+        expected_acceptance_error=exp_err, expected_acceptance_spearman=exp_rho)

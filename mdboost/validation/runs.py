@@ -7,6 +7,11 @@ realize them. Definitions used here (counters summed over prompts, batch size 1)
 - ``realized_acceptance``: acceptance rate at draft position 0, accepted / proposed. Under the
   speed model's i.i.d. assumption position ``j`` accepts with ``alpha^(j+1)``, so position 0
   estimates ``alpha`` itself (the all-position rate ``accepted / proposed`` does not);
+- ``expected_acceptance``: the Rao-Blackwellized version, the mean over all position-0 drafts
+  of verify's acceptance probability ``P_acc(pi)`` (``1 - TV`` for SD) instead of the accept /
+  reject outcome: same expectation, far lower variance. Defined only when ``P_acc`` was
+  computed at every position-0 draft (SD; MD with the engine's ``md_solve="reached"`` or
+  ``"all"``), else NaN;
 - ``mean_accepted_length``: ``1 + accepted / drafts`` (tokens per target call when drafting);
 - ``tokens_per_second`` = new tokens / wall seconds; ``speedup`` = MD (or SD) tokens/s over AR's;
 - ``realized_divergence``: mean realized ``D_f(pi || q)`` over verified positions;
@@ -24,8 +29,15 @@ from mdboost.engine import generate
 from mdboost.engine.stats import GenerationStats
 
 _SUMMED = ("num_new_tokens", "num_target_calls", "num_drafts", "num_draft_tokens", "num_accepted_tokens",
-           "num_verified_positions", "divergence_sum", "num_budget_accepted", "time_drafter",
-           "time_target", "time_verify", "time_total")
+           "num_verified_positions", "num_solved_positions", "divergence_sum", "num_budget_accepted",
+           "time_drafter", "time_target", "time_verify", "time_total")
+_PER_POSITION = ("draft_tokens_per_position", "accepted_tokens_per_position",
+                 "acceptance_probability_sum_per_position", "acceptance_probability_count_per_position")
+
+
+def _add_lists(a: list, b: list) -> list:
+    width = max(len(a), len(b))
+    return [x + y for x, y in zip(list(a) + [0] * (width - len(a)), list(b) + [0] * (width - len(b)))]
 
 
 def merge_stats(parts: list[GenerationStats]) -> GenerationStats:
@@ -34,14 +46,28 @@ def merge_stats(parts: list[GenerationStats]) -> GenerationStats:
         raise ValueError("parts must hold at least one GenerationStats, got none")
     out = GenerationStats(mode=parts[0].mode, budget=parts[0].budget)
     for part in parts:
-        for name in _SUMMED:
+        for name in (n for n in _SUMMED if hasattr(out, n)):
             setattr(out, name, getattr(out, name) + getattr(part, name))
         out.max_divergence = max(out.max_divergence, part.max_divergence)
-        width = max(len(out.draft_tokens_per_position), len(part.draft_tokens_per_position))
-        pad = lambda xs: list(xs) + [0] * (width - len(xs))  # noqa: E731
-        out.draft_tokens_per_position = [a + b for a, b in zip(pad(out.draft_tokens_per_position), pad(part.draft_tokens_per_position))]
-        out.accepted_tokens_per_position = [a + b for a, b in zip(pad(out.accepted_tokens_per_position), pad(part.accepted_tokens_per_position))]
+        for name in (n for n in _PER_POSITION if hasattr(out, n)):
+            setattr(out, name, _add_lists(getattr(out, name), getattr(part, name)))
     return out
+
+
+def expected_acceptance(stats: GenerationStats) -> float:
+    """Mean ``P_acc(pi)`` over all position-0 drafts (Rao-Blackwellized position-0 acceptance).
+
+    NaN without drafts, or when ``P_acc`` was not computed at every position-0 draft (the
+    engine's ``md_solve="needed"`` skips drafts SD accepts: averaging the rest would be biased).
+    """
+    sums = getattr(stats, "acceptance_probability_sum_per_position", None)
+    counts = getattr(stats, "acceptance_probability_count_per_position", None)
+    drafts = stats.draft_tokens_per_position
+    if not sums or not drafts or not drafts[0]:
+        return float("nan")
+    if counts is not None and (not counts or counts[0] != drafts[0]):
+        return float("nan")
+    return sums[0] / drafts[0]
 
 
 @dataclass
@@ -55,7 +81,8 @@ class ModeRun:
         s = self.stats
         first = (s.accepted_tokens_per_position[0] / s.draft_tokens_per_position[0]
                  if s.draft_tokens_per_position and s.draft_tokens_per_position[0] else float("nan"))
-        return {"realized_acceptance": first, "acceptance_rate_all_positions": s.acceptance_rate,
+        return {"realized_acceptance": first, "expected_acceptance": expected_acceptance(s),
+                "acceptance_rate_all_positions": s.acceptance_rate,
                 "mean_accepted_length": s.mean_accepted_length, "tokens_per_second": s.tokens_per_second,
                 "realized_divergence": s.mean_divergence, "max_realized_divergence": s.max_divergence,
                 "num_new_tokens": float(s.num_new_tokens), "num_budget_accepted": float(s.num_budget_accepted)}

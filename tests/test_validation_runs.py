@@ -1,0 +1,39 @@
+"""mdboost.validation.runs: merging per-prompt stats and the Rao-Blackwellized acceptance."""
+
+import math
+
+import pytest
+
+from mdboost.engine.stats import GenerationStats
+from mdboost.validation.runs import ModeRun, expected_acceptance, merge_stats
+
+
+def _stats(rows, probs, divergences):
+    """Stats of drafts ``rows = [(drafted, accepted), ...]`` with per-position P_acc lists."""
+    s = GenerationStats(mode="md", budget=0.1)
+    s.add_position_counts([d for d, _ in rows], [a for _, a in rows])
+    for p in probs:
+        s.add_acceptance_probabilities(p)
+    s.num_solved_positions, s.divergence_sum = len(divergences), sum(divergences)
+    return s
+
+
+def test_merge_sums_per_position_lists_of_different_lengths():
+    a = _stats([(2, 1), (2, 2)], [[0.5, 0.4], [0.7, 0.9]], [0.01, 0.03])
+    b = _stats([(3, 0)], [[0.2, float("nan"), float("nan")]], [0.02])
+    m = merge_stats([a, b])
+    assert m.draft_tokens_per_position == [3, 3, 1] and m.accepted_tokens_per_position == [2, 1, 0]
+    assert m.acceptance_probability_sum_per_position == pytest.approx([1.4, 1.3, 0.0])
+    assert m.acceptance_probability_count_per_position == [3, 2, 0]
+    assert m.num_solved_positions == 3 and m.mean_divergence == pytest.approx(0.02)
+    assert expected_acceptance(m) == pytest.approx(1.4 / 3)
+    assert ModeRun(m).metrics()["expected_acceptance"] == pytest.approx(1.4 / 3)
+    assert ModeRun(m).metrics()["realized_acceptance"] == pytest.approx(2 / 3)
+
+
+def test_expected_acceptance_is_nan_when_not_every_first_draft_has_p_acc():
+    partial = _stats([(1, 1), (1, 0)], [[0.6]], [0.01])  # "needed": one draft unsolved
+    assert math.isnan(expected_acceptance(partial))
+    assert math.isnan(expected_acceptance(GenerationStats()))
+    with pytest.raises(ValueError, match="parts"):
+        merge_stats([])
