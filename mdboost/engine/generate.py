@@ -232,14 +232,14 @@ def _step(lm, draft, state, k, sampling, md_args, generator, stats, timer, greed
         chunk = torch.cat([chunk, drafts], dim=1)
         valid = torch.cat([valid, torch.ones_like(drafts, dtype=torch.bool)], dim=1)
     logits = lm.forward(chunk, valid, logits_to_keep=width + 1)  # [B, width + 1, V]
-    if width or not greedy:
+    if not greedy:
         target_probs = logits_to_probs(logits, **sampling)
     t2 = timer.now()
 
-    if width:
+    if greedy:  # the argmax on which logits_to_probs(temperature=0) puts its one-hot
+        num_accepted, new_tokens = _verify_greedy(drafts, logits, lengths, stats, state)
+    elif width:
         num_accepted, new_tokens = _verify(drafts, draft_probs, target_probs, lengths, md_args, generator, stats, state)
-    elif greedy:  # the argmax on which logits_to_probs(temperature=0) puts its one-hot
-        num_accepted, new_tokens = [0] * batch, _argmax(logits[:, 0])
     else:
         num_accepted, new_tokens = [0] * batch, sample(target_probs[:, 0], generator).tolist()
     t3 = timer.now()
@@ -256,11 +256,31 @@ def _step(lm, draft, state, k, sampling, md_args, generator, stats, timer, greed
     return lengths
 
 
-def _argmax(logits: torch.Tensor) -> list[int]:  # [B, V] -> B token ids
-    """Greedy tokens, with :func:`mdboost.logits_to_probs`'s NaN check."""
-    if torch.isnan(logits).any():
+def _verify_greedy(drafts, logits, lengths, stats, state):  # [B, K] or None, [B, K+1, V]
+    """Lossless verification of greedy decoding (temperature 0, no budget) without building ``q``.
+
+    With one-hot ``q`` (the target's argmax) SD accepts a draft iff it equals the argmax, and
+    the correction/bonus token is the argmax at the first mismatch (or at the row's draft
+    length): exactly :func:`verify` at budget 0 on these inputs, without its ``[B, K+1, V]``
+    probabilities or random draws. Stats: acceptance probability 1 on a match, 0 otherwise;
+    divergence 0.
+    """
+    if torch.isnan(logits).any():  # logits_to_probs's check
         raise ValueError("logits contains NaN")
-    return logits.argmax(dim=-1).tolist()
+    best = logits.argmax(dim=-1).tolist()  # [B][K + 1]
+    rows = drafts.tolist() if drafts is not None else [[] for _ in best]
+    num_accepted, new_tokens = [], []
+    for b, (row, top) in enumerate(zip(rows, best)):
+        match = [float(x == y) for x, y in zip(row[: lengths[b]], top)]
+        n = match.index(0.0) if 0.0 in match else len(match)
+        num_accepted.append(n)
+        new_tokens.append(top[n])
+        if state.active[b] and lengths[b]:
+            visited = min(n + 1, lengths[b])
+            stats.num_verified_positions += visited
+            stats.num_solved_positions += visited
+            stats.add_acceptance_probabilities(match[:visited])
+    return num_accepted, new_tokens
 
 
 def _verify(drafts, draft_probs, target_probs, lengths, md_args, generator, stats, state):
