@@ -4,8 +4,8 @@ Build with :func:`build_cache`, read with :meth:`LogitCache.open`. Storage: safe
 shards plus a JSON manifest; resumable, atomic, checksummed.
 """
 
-from .build import build_cache
+from .build import build_cache, sample_sequences
 from .manifest import CacheCorruptionError
 from .reader import LogitCache, PairProbs
 
-__all__ = ["build_cache", "LogitCache", "PairProbs", "CacheCorruptionError"]
+__all__ = ["build_cache", "sample_sequences", "LogitCache", "PairProbs", "CacheCorruptionError"]

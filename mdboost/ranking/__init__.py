@@ -14,6 +14,6 @@ Modules (paper results in their docstrings; metric definitions in ``docs/ranking
 """
 
 from mdboost.ranking.rank import Member, PairScore, rank_rows, score_pair
-from mdboost.ranking.speed import best_gamma, expected_tokens, walltime_speedup
+from mdboost.ranking.speed import SpeedProfile, best_gamma, expected_solved, expected_tokens, walltime_speedup
 
-__all__ = ["Member", "PairScore", "best_gamma", "expected_tokens", "rank_rows", "score_pair", "walltime_speedup"]
+__all__ = ["Member", "PairScore", "SpeedProfile", "best_gamma", "expected_solved", "expected_tokens", "rank_rows", "score_pair", "walltime_speedup"]
