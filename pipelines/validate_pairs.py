@@ -134,18 +134,26 @@ def model_speedup(row: dict, alpha: float, md_solve: str) -> float:
                                   sd_acceptance=float(row["sd_acceptance"])))
 
 
-def validate_point(row: dict, pool, prompts, ar, cfg: ValidateConfig, md_solve: str = "reached") -> dict:
-    """Realized SD and MD numbers of one ranked operating point (``ar``: the target's AR run)."""
-    from mdboost.validation.runs import run_mode, target_nll
+def validate_point(row: dict, pool, prompts, cfg: ValidateConfig, md_solve: str = "reached") -> dict:
+    """Realized AR, SD and MD numbers of one ranked operating point.
+
+    The three modes run interleaved per prompt (:func:`mdboost.validation.runs.run_modes`), so
+    the speedups compare runs made under the same machine load.
+    """
+    from mdboost.validation.runs import run_modes, target_nll
 
     g = cfg.generation
     target, drafter = pool[row["target"]].model, _drafter(pool[row["drafter"]])
     common = dict(max_new_tokens=g.max_new_tokens, temperature=g.temperature, seed=g.seed,
                   gamma=int(row["best_gamma"]), eos_token_id=pool.target.tokenizer.eos_token_id)
-    sd = run_mode(target, prompts, drafter=drafter, mode="sd", **common)
     budget = float(row["max_divergence"])
-    md = sd if budget == 0 else run_mode(target, prompts, drafter=drafter, mode="md", max_divergence=budget,
-                                         divergence=row["divergence"], md_solve=md_solve, **common)
+    modes = {"ar": dict(mode="ar"), "sd": dict(mode="sd", drafter=drafter)}
+    if budget > 0:
+        modes["md"] = dict(mode="md", drafter=drafter, max_divergence=budget, divergence=row["divergence"],
+                           md_solve=md_solve)
+    runs = run_modes(target, prompts, modes, **common)
+    ar, sd = runs["ar"], runs["sd"]
+    md = runs.get("md", sd)
     ar_tps = ar.stats.tokens_per_second
     out = {f"md_{k}": v for k, v in md.metrics().items()}
     out.update({f"sd_{k}": v for k, v in sd.metrics().items()})
@@ -232,7 +240,6 @@ def run(cfg: ValidateConfig) -> dict:
     from mdboost.models.pool import build_pool
     from mdboost.validation import prediction_quality
     from mdboost.validation.plots import plot_predicted_vs_realized
-    from mdboost.validation.runs import run_mode
 
     with tempfile.TemporaryDirectory() as tmp:
         rows, rank_cfg, rank_run = fetch_ranking(cfg.ranking, cfg.tracking, Path(tmp))
@@ -241,12 +248,8 @@ def run(cfg: ValidateConfig) -> dict:
     names = sorted({n for r in rows for n in (r["drafter"], r["target"])} - {pc.target})
     pool = build_pool(pc.target, names, device=pc.device, home=pc.home)
     _, prompts = heldout_prompts(rank_cfg, pool.target.tokenizer, cfg.generation.prompts)
-    g = cfg.generation
-    ar = {t: run_mode(pool[t].model, prompts, mode="ar", max_new_tokens=g.max_new_tokens, temperature=g.temperature,
-                      seed=g.seed, eos_token_id=pool.target.tokenizer.eos_token_id)
-          for t in sorted({r["target"] for r in rows})}
-    md_solve = g.md_solve or rank_cfg.speed.md_solve
-    points = [(row, validate_point(row, pool, prompts, ar[row["target"]], cfg, md_solve)) for row in rows]
+    md_solve = cfg.generation.md_solve or rank_cfg.speed.md_solve
+    points = [(row, validate_point(row, pool, prompts, cfg, md_solve)) for row in rows]
     quality = prediction_quality([m["predicted_acceptance"] for _, m in points], [m["realized_acceptance"] for _, m in points],
                                  [m["predicted_speedup"] for _, m in points], [m["realized_speedup"] for _, m in points],
                                  tolerance=cfg.tolerance, expected_acceptance=[m["expected_acceptance"] for _, m in points])

@@ -37,3 +37,24 @@ def test_expected_acceptance_is_nan_when_not_every_first_draft_has_p_acc():
     assert math.isnan(expected_acceptance(GenerationStats()))
     with pytest.raises(ValueError, match="parts"):
         merge_stats([])
+
+
+def test_interleaved_modes_equal_separate_runs():
+    """run_modes interleaves modes per prompt; each mode's outputs equal a separate run's."""
+    import torch
+
+    from mdboost.models.tiny import tiny_llama
+    from mdboost.validation.runs import run_mode, run_modes
+
+    target, drafter = tiny_llama(seed=0), tiny_llama(seed=1)
+    prompts = [torch.tensor([1, 5, 7]), torch.tensor([2, 9, 4, 3])]
+    common = dict(max_new_tokens=6, temperature=1.0, gamma=2, seed=3)
+    modes = {"ar": dict(mode="ar"), "sd": dict(mode="sd", drafter=drafter),
+             "md": dict(mode="md", drafter=drafter, max_divergence=0.2)}
+    runs = run_modes(target, prompts, modes, **common)
+    for name, kwargs in modes.items():
+        alone = run_mode(target, prompts, **kwargs, **common)
+        assert runs[name].outputs == alone.outputs
+        assert runs[name].stats.num_accepted_tokens == alone.stats.num_accepted_tokens
+    with pytest.raises(ValueError, match="modes"):
+        run_modes(target, prompts, {})
