@@ -6,7 +6,7 @@ PIP := .venv/bin/pip
 STAMP := .venv/.installed
 PYTEST_WORKERS ?= 2
 
-.PHONY: venv run test test-slow bench ui clean
+.PHONY: venv run test test-slow bench bench-grid ui clean
 
 venv: $(STAMP)
 
@@ -33,7 +33,12 @@ bench: venv
 	$(PY) bench/boosting.py
 	$(PY) bench/cache.py
 	$(PY) bench/ranking.py
-	$(PY) bench/generation.py
+	$(PY) bench/generation.py --full-grid --report-only
+
+# Issue 5's generation grid (~245 cells, many hours on a 2-core CPU): resumable, one hour a
+# call; every finished chunk is kept in bench/generation_cells.json.
+bench-grid: venv
+	$(PY) bench/generation.py --full-grid --resume --max-minutes 60
 
 ui: venv
 	$(PY) -m mdboost.cli ui
