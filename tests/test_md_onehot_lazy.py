@@ -110,12 +110,13 @@ def test_verify_rejects_an_unknown_solve_mode():
         verify(tokens, p, q, max_divergence=0.1, solve="lazy")
 
 
+@pytest.mark.parametrize("vocab", [40, 3000])  # the numpy small-vocabulary search, the torch one
 @pytest.mark.parametrize("name", ["kl", "hellinger", "rkl"])
-def test_divergence_with_value_on_a_large_vocabulary(name):
-    """The torch search's segment value equals a direct D_f of the clamp (V > SMALL_VOCAB)."""
+def test_divergence_with_value_equals_a_direct_computation(name, vocab):
+    """The search's value at the solution equals a direct D_f of the clamp."""
     gen = torch.Generator().manual_seed(7)
-    q = torch.softmax(torch.randn(6, 3000, generator=gen, **T64) * 2, -1)
-    p = torch.softmax(torch.log(q) + torch.randn(6, 3000, generator=gen, **T64), -1)
+    q = torch.softmax(torch.randn(6, vocab, generator=gen, **T64) * 2, -1)
+    p = torch.softmax(torch.log(q) + torch.randn(6, vocab, generator=gen, **T64), -1)
     budgets = torch.tensor([0.0, 0.001, 0.05, 0.3, 2.0, math.inf], **T64)
     point, value = Breakpoints.build(p, q).for_divergence_with_value(budgets, name)
     direct = f_divergence(mentored_distribution(p, q, point.a, point.b), q, name)

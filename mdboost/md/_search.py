@@ -333,7 +333,9 @@ def _primal_np(c, bp, budget):
     m = _refine_np(c, seg, m_lo, m_hi, np.where(at_end, budget, inner))
     m = np.where(budget <= 0, c.tv, np.where(at_end, c.m_end, m))
     keys = ("pa", "pb", "inv_qa", "inv_qb", "has_b")
-    return torch.from_numpy(m), {key: torch.from_numpy(seg[key]) for key in keys}
+    out = {key: torch.from_numpy(seg[key]) for key in keys}
+    out["value"] = torch.from_numpy(c.div_on(m, seg))  # D_f at m (what the search kept: <= budget)
+    return torch.from_numpy(m), out
 
 
 def _refine_np(c, seg, lo, hi, budget):

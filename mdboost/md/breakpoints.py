@@ -288,9 +288,8 @@ class Breakpoints:
         m, seg = _search.primal(self, budget, div, False)
         a, b = self.ab(m, seg, self._tv)
         point = CurvePoint(self._out(a), self._out(b), self._out(1 - m))
-        if "mid" not in seg:  # the small-vocabulary numpy search returns the segment's ends only
-            return point, self.divergence_at(point.acceptance, div)
-        value = torch.where(budget <= 0, 0.0, self.div_on(m, seg, div, False))  # budget 0: pi = q
+        value = seg["value"] if "value" in seg else self.div_on(m, seg, div, False)  # numpy search: computed there
+        value = torch.where(budget <= 0, 0.0, value)  # budget 0: pi = q
         return point, self._out(value)
 
     def _primal(self, max_divergence, divergence, bound, validate) -> CurvePoint:
