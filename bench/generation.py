@@ -14,7 +14,9 @@ projected end passes the cap, keeping the file consistent). The ``generation`` s
 ``bench/RESULTS.md`` is rebuilt from ALL cells of the file at the current settings.
 
 The first chunk is the greedy peer comparison: HF plain AR vs the engine's AR, HF assisted
-generation (``assistant_model=``) vs the engine's SD with the same model drafter, and HF prompt
+generation (``assistant_model=``; transformers stops a draft at assistant confidence 0.4 by
+default and adapts that threshold) vs the engine's SD with the same model drafter and a fixed
+``draft_confidence=0.4`` stop, and HF prompt
 lookup (``prompt_lookup_num_tokens``) vs the engine's SD with ``ngram:3``, all at gamma 4 with
 token-for-token equality checks. Then chunks by priority: ``ngram:3`` and the tuned drafters
 (highest acceptance in the ``cache`` section) at every temperature, then int8 and plain early
@@ -67,6 +69,7 @@ DEFAULTS = dict(drafters="early_exit:12,ngram:3", gammas=[4], budgets=[0.05], te
                 prompts=4, new_tokens=64)
 SETTINGS = ("target", "device", "prompts", "new_tokens", "seed", "threads")
 HF_MODES = ("hf_ar", "hf_assisted", "hf_lookup")
+PEER_CONFIDENCE = 0.4  # transformers' default assistant_confidence_threshold
 
 
 class Spec(NamedTuple):
@@ -300,6 +303,10 @@ def make_runner(spec: Spec, pool, n: int, seed: int):
     if spec.mode != "ar":
         member = pool[spec.drafter]
         kwargs.update(drafter=member.ngram if member.kind == "ngram" else member.model, gamma=spec.gamma)
+        if spec.mode == "sd" and spec.temperature == 0 and member.kind != "ngram":
+            # greedy model-drafter SD exists only as HF assisted generation's peer: draft with the
+            # same confidence stop (HF starts from 0.4 and then adapts it by a ROC rule)
+            kwargs["draft_confidence"] = PEER_CONFIDENCE
     if spec.mode == "md":
         kwargs["max_divergence"] = spec.budget
     return engine_runner(target, eos, n, seed, **kwargs)
@@ -447,7 +454,8 @@ def peer_lines(cells) -> list[str]:
     for c in (c for c in cells if c["mode"] in ("hf_assisted", "hf_lookup")):
         what, ref = ("prompt lookup" if c["mode"] == "hf_lookup" else "assisted"), c["references"]
         out.append(f"- HF {what} ({c['drafter']}, gamma {c['gamma']}): {c['tok_s']:.2f} tok/s = "
-                   f"{c['tok_s'] / ref['hf_ar']['tok_s']:.2f}x HF AR; engine greedy SD, same drafter: "
+                   f"{c['tok_s'] / ref['hf_ar']['tok_s']:.2f}x HF AR; engine greedy SD, same drafter"
+                   f"{'' if c['mode'] == 'hf_lookup' else f' and confidence stop {PEER_CONFIDENCE}'}: "
                    f"{ref['engine']['tok_s']:.2f} tok/s = **{ref['engine']['tok_s'] / c['tok_s']:.2f}x** HF {what}. "
                    f"Greedy SD vs HF {what}: token-for-token identical: **{c['identical_to_engine']}**.")
     return out

@@ -132,15 +132,18 @@ def exact_joint(model, ids, **sampling):
     return (q1[:, None] * q2).numpy()
 
 
-@pytest.mark.parametrize("case", ["model", "ngram", "model_topk"])
+@pytest.mark.parametrize("case", ["model", "ngram", "model_topk", "model_confidence"])
 def test_sampled_sd_first_two_tokens_follow_target_joint(case):
     vocab, n = 8, 6000
     target = tiny_llama(vocab_size=vocab, num_layers=2, seed=3)
     drafter = NgramDrafter(1) if case == "ngram" else tiny_llama(vocab_size=vocab, num_layers=1, seed=4)
     ids = torch.tensor([[5, 6, 7, 5, 6]])
     sampling = dict(temperature=0.7, top_k=5) if case == "model_topk" else dict(temperature=1.0)
+    extra = dict(draft_confidence=0.3) if case == "model_confidence" else {}  # rows stop drafting at will
     out = generate(target, ids.repeat(n, 1), drafter=drafter, mode="sd", gamma=2, max_new_tokens=2,
-                   generator=torch.Generator().manual_seed(1), **sampling)
+                   generator=torch.Generator().manual_seed(1), **sampling, **extra)
+    if extra:
+        assert 0 < out.stats.num_draft_tokens < 2 * out.stats.num_drafts  # some rows stopped at one draft
     pairs = out.sequences[:, -2:].numpy()
     counts = np.zeros((vocab, vocab))
     np.add.at(counts, (pairs[:, 0], pairs[:, 1]), 1)
@@ -290,3 +293,18 @@ def test_md_solve_modes_give_the_same_tokens(target, drafters):
     assert all(0 <= x <= 1 for x in full.expected_acceptance_per_position)
     with pytest.raises(ValueError, match="md_solve"):
         generate(target, ids, drafter=drafters["other"], mode="md", max_divergence=0.1, md_solve="lazy")
+
+
+@pytest.mark.parametrize("name", ["other", "shared2"])
+def test_confidence_stop_keeps_greedy_exact_and_drafts_less(target, drafters, name):
+    """draft_confidence (HF's assistant_confidence_threshold rule): fewer drafts, same greedy output."""
+    rows = [prompt(50 + i, n)[0].tolist() for i, n in enumerate([3, 6, 5])]
+    ids, mask = left_pad(rows, 0, torch.device("cpu"))
+    common = dict(attention_mask=mask.long(), drafter=drafters[name], mode="sd", gamma=4, max_new_tokens=14,
+                  temperature=0, eos_token_id=EOS_ID)
+    full = generate(target, ids, **common)
+    stopped = generate(target, ids, draft_confidence=0.5, **common)
+    assert torch.equal(stopped.sequences, full.sequences)
+    assert stopped.stats.num_draft_tokens < full.stats.num_draft_tokens
+    with pytest.raises(ValueError, match="draft_confidence"):
+        generate(target, ids, draft_confidence=1.5, **common)

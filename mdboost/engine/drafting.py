@@ -37,12 +37,17 @@ class ModelDrafter:
     ----------
     model : transformers causal LM
         Must share the target's vocabulary (same logits width).
+    stop_below : float or None
+        Confidence stop: a row stops drafting after a token whose probability under the
+        drafter's raw softmax (temperature 1, no filtering) is below this value (Hugging Face's
+        ``assistant_confidence_threshold`` rule); ``None`` always drafts ``k`` tokens.
     """
 
     kind = "model"
 
-    def __init__(self, model):
+    def __init__(self, model, stop_below: float | None = None):
         self.model = model
+        self.stop_below = stop_below
         self.vocab_size = model.config.get_text_config().vocab_size
         self._lm: CachedLM | None = None
         self._pending: list[list[int]] = []
@@ -67,11 +72,13 @@ class ModelDrafter:
         probs : torch.Tensor of shape (B, k, V)
             The drafter distribution each token was sampled from.
         lengths : list of int
-            Valid drafts per row (always ``k`` here).
+            Valid drafts per row (``k`` unless ``stop_below`` stopped a row earlier; the width
+            is the longest row's).
         """
-        tokens, probs, self._fed_pending = _draft(self._lm, self._pending, k, sampling, generator, self.vocab_size)
+        tokens, probs, self._fed_pending, lengths = _draft(self._lm, self._pending, k, sampling, generator,
+                                                           self.vocab_size, self.stop_below)
         self._drafts = tokens.tolist()
-        return tokens, probs, [k] * len(self._pending)
+        return tokens, probs, lengths
 
     def commit(self, num_accepted: list[int], new_tokens: list[int]) -> None:
         """Keep each row's pending tokens and accepted drafts; drop the rest."""
@@ -90,24 +97,36 @@ class ModelDrafter:
         self._fed_pending = 0
 
 
-def _draft(lm: CachedLM, pending, k, sampling, generator, vocab):
-    """Feed the pending tokens, then sample ``k`` drafts one by one (feeding all but the last).
+def _draft(lm: CachedLM, pending, k, sampling, generator, vocab, stop_below=None):
+    """Feed the pending tokens, then sample up to ``k`` drafts one by one (feeding all but the last).
 
-    Returns ``(tokens [B, k], probs [B, k, V], width of the fed pending chunk or 0)``.
+    With ``stop_below``, a row's drafts end at the first token whose raw-softmax probability is
+    below it (that token included); drafting ends when every row has ended.
+    Returns ``(tokens [B, w], probs [B, w, V], width of the fed pending chunk or 0, lengths)``
+    with ``w <= k`` the longest row's length.
     """
     batch, device = len(pending), lm.valid.device
     tokens = torch.empty(batch, k, dtype=torch.long, device=device)
     if not k:
-        return tokens, torch.empty(batch, 0, vocab, device=device), 0
+        return tokens, torch.empty(batch, 0, vocab, device=device), 0, [0] * batch
     chunk, valid = left_pad(pending, 0, device)
     logits = lm.forward(chunk, valid, logits_to_keep=1)[:, -1]  # [B, V]
+    greedy = sampling.get("temperature") == 0
+    lengths = torch.full((batch,), k, dtype=torch.long, device=device)
     probs = []
     for j in range(k):
         if j:
             logits = lm.forward(tokens[:, j - 1 : j], logits_to_keep=1)[:, -1]
         probs.append(logits_to_probs(logits, **sampling))
-        tokens[:, j] = sample(probs[-1], generator)
-    return tokens, torch.stack(probs, dim=1), chunk.shape[1]
+        # greedy: the argmax on which the one-hot sits (what multinomial would return), cheaper
+        tokens[:, j] = logits.argmax(-1) if greedy else sample(probs[-1], generator)
+        if stop_below is not None:
+            conf = torch.softmax(logits.float(), dim=-1).gather(-1, tokens[:, j : j + 1]).squeeze(-1)  # [B]
+            lengths = torch.where((conf < stop_below) & (lengths == k), j + 1, lengths)
+            if bool((lengths <= j + 1).all()):
+                break
+    width = len(probs)
+    return tokens[:, :width], torch.stack(probs, dim=1), chunk.shape[1], lengths.tolist()
 
 
 class SharedLayersDrafter(ModelDrafter):
@@ -129,8 +148,8 @@ class SharedLayersDrafter(ModelDrafter):
 
     kind = "shared_layers"
 
-    def __init__(self, model, target_lm: CachedLM):
-        super().__init__(model)
+    def __init__(self, model, target_lm: CachedLM, stop_below: float | None = None):
+        super().__init__(model, stop_below)
         self.target_lm = target_lm
         self.num_layers = model.config.num_hidden_layers
 
@@ -145,11 +164,11 @@ class SharedLayersDrafter(ModelDrafter):
         view.valid, view.holes = target.valid.clone(), target.holes
         seen = target.valid.sum(dim=1).tolist()
         pending = [c[n:] for c, n in zip(contexts, seen)]
-        tokens, probs, _ = _draft(view, pending, k, sampling, generator, self.vocab_size)
+        tokens, probs, _, lengths = _draft(view, pending, k, sampling, generator, self.vocab_size, self.stop_below)
         if view.last_fed:
             for layer in view.cache.layers:
                 layer.crop(-view.last_fed)
-        return tokens, probs, [k] * len(contexts)
+        return tokens, probs, lengths
 
     def commit(self, num_accepted: list[int], new_tokens: list[int]) -> None:
         """Nothing to roll back: the target's rollback is the drafter's."""

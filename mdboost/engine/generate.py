@@ -120,6 +120,7 @@ def generate(
     adaptive_gamma: bool = False,
     max_gamma: int | None = None,
     share_kv: bool = True,
+    draft_confidence: float | None = None,
 ) -> GenerationOutput:
     """Generate with ``target``, optionally drafted by ``drafter`` (AR, SD or MD).
 
@@ -168,6 +169,11 @@ def generate(
         When the drafter's embeddings and layers are the target's own modules (an early-exit
         drafter of the pool), draft on top of the target's KV cache instead of a private one
         (:class:`mdboost.engine.drafting.SharedLayersDrafter`).
+    draft_confidence : float or None
+        Model drafters only: a row stops drafting in a step after a token whose probability
+        under the drafter's raw softmax is below this value (Hugging Face's
+        ``assistant_confidence_threshold``, 0.4 by default there); ``None`` (default) always
+        drafts ``gamma`` tokens. Lossless: the stop depends on the drafter's outputs only.
 
     Returns
     -------
@@ -176,6 +182,8 @@ def generate(
     _check_args(mode, drafter, gamma, max_new_tokens, max_divergence, min_acceptance)
     if md_solve not in SOLVE:
         raise ValueError(f"md_solve must be one of {SOLVE}, got {md_solve!r}")
+    if draft_confidence is not None and not 0 <= draft_confidence <= 1:
+        raise ValueError(f"draft_confidence must be in [0, 1] or None, got {draft_confidence!r}")
     if max_gamma is not None and (int(max_gamma) != max_gamma or max_gamma < 1):
         raise ValueError(f"max_gamma must be a positive integer or None, got {max_gamma!r}")
     prompts = _prompts(input_ids, attention_mask)
@@ -192,8 +200,10 @@ def generate(
 
     state = _State(prompts, max_new_tokens, eos_token_id)
     lm = CachedLM(target, len(prompts), device)
-    if share_kv and draft is not None and draft.kind == "model" and shares_layers(draft.model, target):
-        draft = SharedLayersDrafter(draft.model, lm)
+    if draft is not None and draft.kind == "model":
+        if share_kv and shares_layers(draft.model, target):
+            draft = SharedLayersDrafter(draft.model, lm)
+        draft.stop_below = draft_confidence
     if draft is not None:
         draft.start(prompts, device)
     k_now, k_cap = int(gamma), int(max_gamma or 4 * gamma)
