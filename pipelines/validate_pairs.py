@@ -11,6 +11,7 @@ vs MD outputs; log a parent run and one nested run per operating point, tagged
 
 from __future__ import annotations
 
+import math
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -134,12 +135,20 @@ def model_speedup(row: dict, alpha: float, md_solve: str) -> float:
                                   sd_acceptance=float(row["sd_acceptance"])))
 
 
+def _finite(value) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
 def validate_point(row: dict, pool, prompts, cfg: ValidateConfig, md_solve: str = "reached") -> dict:
     """Realized AR, SD and MD numbers of one ranked operating point.
 
     The three modes run interleaved per prompt (:func:`mdboost.validation.runs.run_modes`), so
     the speedups compare runs made under the same machine load.
     """
+    from mdboost.validation.prediction import predicted_acceptance
     from mdboost.validation.runs import run_modes, target_nll
 
     g = cfg.generation
@@ -155,14 +164,18 @@ def validate_point(row: dict, pool, prompts, cfg: ValidateConfig, md_solve: str 
     ar, sd = runs["ar"], runs["sd"]
     md = runs.get("md", sd)
     ar_tps = ar.stats.tokens_per_second
+    predicted, from_process = predicted_acceptance(row)
     out = {f"md_{k}": v for k, v in md.metrics().items()}
     out.update({f"sd_{k}": v for k, v in sd.metrics().items()})
     out.update({"ar_tokens_per_second": ar_tps, "realized_speedup": md.stats.tokens_per_second / ar_tps,
                 "sd_realized_speedup": sd.stats.tokens_per_second / ar_tps,
-                "predicted_acceptance": float(row["md_acceptance"]),
+                "predicted_acceptance": predicted, "predicted_acceptance_iid": float(row["md_acceptance"]),
+                "predicted_acceptance_from_process": float(from_process),
                 "predicted_speedup": float(row["predicted_speedup"]),
                 "nll_target_md_outputs": target_nll(target, prompts, md.outputs),
                 "nll_target_ar_outputs": target_nll(target, prompts, ar.outputs)})
+    if _finite(row.get("predicted_speedup_iid")):
+        out["predicted_speedup_iid"] = float(row["predicted_speedup_iid"])
     out["realized_acceptance"] = out["md_realized_acceptance"]
     out["expected_acceptance"] = out["md_expected_acceptance"]
     pa = out["predicted_acceptance"]
@@ -235,6 +248,18 @@ def select_points(rows: list[dict], top: int, per_pair: bool) -> list[dict]:
     return chosen
 
 
+def iid_acceptance_errors(points: list[tuple[dict, dict]]) -> dict[str, float]:
+    """``acceptance_mae_iid`` / ``acceptance_max_error_iid`` (and ``_expected``): the errors the
+    i.i.d. prediction ``md_acceptance`` would have, for comparison with the compared one."""
+    out = {}
+    for key, suffix in (("realized_acceptance", ""), ("expected_acceptance", "_expected")):
+        pairs = [(m["predicted_acceptance_iid"], m[key]) for _, m in points if _finite(m[key])]
+        if pairs:
+            err = [abs(p - r) for p, r in pairs]
+            out.update({f"acceptance_mae_iid{suffix}": sum(err) / len(err), f"acceptance_max_error_iid{suffix}": max(err)})
+    return out
+
+
 def run(cfg: ValidateConfig) -> dict:
     """Run the validation; returns a summary with per-point metrics and quality metrics."""
     from mdboost.models.pool import build_pool
@@ -255,6 +280,7 @@ def run(cfg: ValidateConfig) -> dict:
                                  tolerance=cfg.tolerance, expected_acceptance=[m["expected_acceptance"] for _, m in points])
     model_err = [m["speedup_model_error"] for _, m in points if m["speedup_model_error"] == m["speedup_model_error"]]
     quality = quality.as_metrics()
+    quality.update(iid_acceptance_errors(points))
     if model_err:  # the speed model alone, fed the realized acceptance
         quality.update(speedup_model_mae=sum(model_err) / len(model_err), speedup_model_max_error=max(model_err))
     out = Path(cfg.output_dir)
@@ -275,8 +301,6 @@ def run(cfg: ValidateConfig) -> dict:
 
 def log_mlflow(cfg: ValidateConfig, summary: dict, children: dict[tuple, str]) -> str:
     """A parent run (config, quality metrics, scatter) and one nested run per operating point."""
-    import math
-
     import mlflow
 
     from mdboost.tracking import setup
@@ -312,7 +336,8 @@ def main(config: str) -> int:
     torch.manual_seed(cfg.generation.seed)
     summary = run(cfg)
     for label, (_, m) in zip(summary["labels"], summary["points"]):
-        print(f"{label:40s} acc pred {m['predicted_acceptance']:.3f} real {m['realized_acceptance']:.3f} "
+        print(f"{label:40s} acc pred {m['predicted_acceptance']:.3f} (iid {m['predicted_acceptance_iid']:.3f}) "
+              f"real {m['realized_acceptance']:.3f} "
               f"expected {m['expected_acceptance']:.3f}  speedup pred {m['predicted_speedup']:.2f} "
               f"real {m['realized_speedup']:.2f} model@real-acc {m['model_speedup_at_realized_acceptance']:.2f}")
     print({k: round(v, 4) for k, v in summary["quality"].items()})

@@ -25,13 +25,17 @@ def hand_speedup(alpha: float, gamma: int, c: float, v: float, s: float) -> floa
 
 
 def check_speed_columns(r: dict, profile: dict, kind: str, gamma_range) -> None:
-    """``predicted_speedup``/``best_gamma`` of a CSV row against the hand formula and brute force."""
-    alpha, c, g = float(r["md_acceptance"]), float(r["cost_ratio"]), int(r["best_gamma"])
+    """The i.i.d. ``predicted_speedup_iid``/``best_gamma_iid`` of a CSV row against the hand formula
+    and brute force; without process columns (``engine_acceptance``) they are the main columns.
+    (Process columns: ``tests/test_ranking_process.py``.)"""
+    alpha, c, g = float(r["md_acceptance"]), float(r["cost_ratio"]), int(r["best_gamma_iid"])
     s = profile["md_overhead"][kind] if float(r["max_divergence"]) > 0 else 0.0
     v = profile["verify_cost"]
-    assert float(r["verify_cost"]) == pytest.approx(v[g]) and float(r["md_overhead"]) == pytest.approx(s)
-    assert float(r["predicted_speedup"]) == pytest.approx(hand_speedup(alpha, g, c, v[g], s), rel=1e-6)
-    assert float(r["predicted_speedup"]) == pytest.approx(max(hand_speedup(alpha, k, c, v[k], s) for k in gamma_range), rel=1e-9)
+    assert float(r["verify_cost"]) == pytest.approx(v[int(r["best_gamma"])]) and float(r["md_overhead"]) == pytest.approx(s)
+    assert float(r["predicted_speedup_iid"]) == pytest.approx(hand_speedup(alpha, g, c, v[g], s), rel=1e-6)
+    assert float(r["predicted_speedup_iid"]) == pytest.approx(max(hand_speedup(alpha, k, c, v[k], s) for k in gamma_range), rel=1e-9)
+    if r.get("engine_acceptance", "") == "":
+        assert (r["best_gamma"], r["predicted_speedup"]) == (r["best_gamma_iid"], r["predicted_speedup_iid"])
 
 
 def _config(tmp_path, **over) -> RankConfig:

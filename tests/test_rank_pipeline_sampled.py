@@ -47,6 +47,7 @@ def test_acceptance_from_sampled_cache_quality_from_reference(sampled_run):
     idx = torch.arange(len(true))
     for r in rows:
         assert r["acceptance_source"] == "sampled"
+        assert 0.0 <= float(r["engine_acceptance"]) <= 1.0 and float(r["engine_mean_accepted_length"]) >= 1.0
         assert int(r["acceptance_positions"]) == smp_t.num_rows and int(r["n_positions"]) == ref_t.num_rows
         budget = float(r["max_divergence"])
         sol_s = solve(ps, qs, max_divergence=budget, divergence=r["divergence"])

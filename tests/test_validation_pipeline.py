@@ -55,7 +55,11 @@ def test_validation_runs_exist_and_link_to_ranking_runs(validated):
         for key in ("drafter", "target", "divergence"):
             assert linked.data.params[key] == child.data.params[key]
         assert float(linked.data.params["max_divergence"]) == float(child.data.params["max_divergence"])
-        assert child.data.metrics["predicted_acceptance"] == pytest.approx(linked.data.metrics["md_acceptance"])
+        # compared: the process's engine_acceptance (sampled acceptance source, the default)
+        lm = linked.data.metrics
+        assert child.data.metrics["predicted_acceptance"] == pytest.approx(lm["engine_acceptance"])
+        assert child.data.metrics["predicted_acceptance_iid"] == pytest.approx(lm["md_acceptance"])
+        assert child.data.metrics["predicted_acceptance_from_process"] == 1.0
         m = child.data.metrics
         for key in ("realized_acceptance", "md_mean_accepted_length", "md_tokens_per_second", "realized_speedup",
                     "md_realized_divergence", "nll_target_md_outputs"):
@@ -90,6 +94,9 @@ def test_prediction_metrics_equal_a_direct_computation(validated):
     assert m["acceptance_points_expected"] == len(children)
     assert parent.data.params["md_solve"] == "reached"
     assert m["acceptance_mae"] == pytest.approx(np.mean(np.abs(pa - ra)))
+    iid = np.array([c.data.metrics["predicted_acceptance_iid"] for c in children])
+    assert m["acceptance_mae_iid"] == pytest.approx(np.mean(np.abs(iid - ra)))
+    assert m["acceptance_max_error_iid_expected"] == pytest.approx(np.max(np.abs(iid - ea)))
     assert m["acceptance_max_error"] == pytest.approx(np.max(np.abs(pa - ra)))
     assert m["speedup_mae"] == pytest.approx(np.mean(np.abs(ps - rs)))
     assert m["top_pair_agrees"] == float(rs[np.argmax(ps)] == rs.max())

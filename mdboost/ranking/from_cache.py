@@ -355,13 +355,17 @@ def pair_members(loader: MemberLoader, drafter: str, target: str):
 
 
 def acceptance_members(loader: MemberLoader, pc: PoolCache, drafter: str, target: str):
-    """``(draft Member, target Member, labels [R'])`` of one pair on ``loader``'s (acceptance) cache.
+    """``(draft Member, target Member, labels [R'], layout)`` of one pair on ``loader``'s (acceptance) cache.
 
     ``loader`` reads the target-sampled caches (``pc.acceptance``); cost ratios come from ``pc``,
-    the main caches, where they were measured.
+    the main caches, where they were measured. ``layout`` groups the rows by sequence for the
+    engine's draft-start process (:func:`mdboost.ranking.process.sequence_layout`).
     """
+    from mdboost.ranking.process import sequence_layout
+
     d_rows, d_hyp = loader(drafter)
     t_rows, t_hyp = loader(target)
     cost = pc.cost_ratio(drafter) / pc.cost_ratio(target)
     labels = loader.pc.true_tokens().numpy()
-    return Member(drafter, d_rows, d_hyp, cost), Member(target, t_rows, t_hyp, 1.0), labels
+    layout = sequence_layout(loader.pc.caches[drafter], drafter)
+    return Member(drafter, d_rows, d_hyp, cost), Member(target, t_rows, t_hyp, 1.0), labels, layout

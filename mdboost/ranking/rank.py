@@ -19,7 +19,13 @@ says which.
 
 Predicted speedups and best draft lengths come from :mod:`mdboost.ranking.speed`, fed the
 target's measured verification cost table and MD solve overhead
-(``score_pair(..., speed_profile=...)``; budget-0 points get no MD overhead).
+(``score_pair(..., speed_profile=...)``; budget-0 points get no MD overhead). When the
+acceptance rows come with their :class:`~mdboost.ranking.process.SequenceLayout`
+(``acceptance=(draft, target, labels, layout)``, the target-sampled cache), the draft-start
+process of :mod:`mdboost.ranking.process` replaces the i.i.d. block: ``best_gamma``,
+``predicted_speedup`` (and ``sd_best_gamma``, ``sd_speedup``) come from it, with
+``engine_acceptance`` (expected acceptance at draft position 0 where the engine drafts),
+``engine_mean_accepted_length`` and friends; the i.i.d. values stay as ``*_iid`` columns.
 """
 
 from __future__ import annotations
@@ -35,6 +41,12 @@ from mdboost.ranking import quality
 from mdboost.ranking.acceptance import md_operating_points, sd_acceptance
 from mdboost.ranking.boosting import boost_greedy, boost_target_first
 from mdboost.ranking.diagnostics import boost_coefficient, pair_diagnostics
+from mdboost.ranking.process import (
+    PointInputs,
+    SequenceLayout,
+    budget_tilt,
+    score_process,
+)
 from mdboost.ranking.speed import SpeedProfile, best_gamma
 from mdboost.ranking.support import MemberRows, align
 
@@ -103,15 +115,50 @@ def _pair_common(draft: Member, target: Member, aligned, acc_aligned, acc_valid,
     return common, boost
 
 
-def _acceptance_side(acceptance, draft: Member, aligned, vocab_size: int):
-    """``(draft Member, Aligned, valid [M])`` the acceptance columns are computed from."""
+@dataclass
+class _AcceptanceSide:
+    """The rows the acceptance columns are computed from (and, when known, their sequences)."""
+
+    draft: Member
+    target: Member
+    labels: torch.Tensor
+    aligned: object
+    layout: SequenceLayout | None = None
+
+    @property
+    def valid(self) -> torch.Tensor:
+        return self.draft.rows.valid
+
+
+def _acceptance_side(acceptance, draft: Member, target: Member, labels, aligned, vocab_size: int) -> _AcceptanceSide:
     if acceptance is None:
-        return draft, aligned, draft.rows.valid
-    if len(acceptance) != 3:
-        raise ValueError(f"acceptance must be (draft, target, labels), got {len(acceptance)} items")
-    a_draft, a_target, a_labels = acceptance
+        return _AcceptanceSide(draft, target, torch.as_tensor(labels), aligned)
+    if len(acceptance) not in (3, 4):
+        raise ValueError(f"acceptance must be (draft, target, labels[, layout]), got {len(acceptance)} items")
+    a_draft, a_target, a_labels = acceptance[:3]
+    layout = acceptance[3] if len(acceptance) == 4 else None
     a_labels = torch.as_tensor(np.asarray(a_labels))
-    return a_draft, align(a_draft.rows, a_target.rows, vocab_size, a_labels), a_draft.rows.valid
+    if layout is not None and torch.as_tensor(layout.sequence).shape != a_labels.shape:
+        raise ValueError(f"acceptance layout covers {torch.as_tensor(layout.sequence).numel()} rows, labels {a_labels.numel()}")
+    return _AcceptanceSide(a_draft, a_target, a_labels, align(a_draft.rows, a_target.rows, vocab_size, a_labels), layout)
+
+
+def _process_scores(side: _AcceptanceSide, ops, sd, speed: SpeedConfig, profile: SpeedProfile):
+    """Process predictions (:mod:`mdboost.ranking.process`): SD first, then one per operating point."""
+    zeros = torch.zeros_like(sd, dtype=torch.float64)
+    p_mass, q_mass = side.aligned.p_mass, side.aligned.q_mass
+    points = [PointInputs(zeros, zeros, sd.double(), 0.0)]
+    points += [PointInputs(op.a, op.b, op.acceptance, profile.md_overhead if op.max_divergence > 0 else 0.0,
+                           budget_tilt(p_mass, q_mass, op.a, op.b, op.acceptance)) for op in ops]
+    return score_process(side.layout, side.draft.rows, side.target.rows, side.labels, points,
+                         range(speed.gamma_min, speed.gamma_max + 1), side.draft.cost_ratio,
+                         verify_costs=profile.verify_cost, md_solve=speed.md_solve, sd_acceptance=sd)
+
+
+def _process_columns(score) -> dict:
+    return {"best_gamma": score.gamma, "predicted_speedup": score.speedup, "engine_acceptance": score.acceptance,
+            "engine_acceptance_conditional": score.acceptance_conditional,
+            "engine_mean_accepted_length": score.mean_accepted_length, "engine_tokens_per_call": score.tokens_per_call}
 
 
 def score_pair(draft: Member, target: Member, labels, vocab_size: int, *, md: MDConfig | None = None,
@@ -131,10 +178,12 @@ def score_pair(draft: Member, target: Member, labels, vocab_size: int, *, md: MD
         Operating points, gamma range, boosting rounds (defaults: the dataclass defaults).
     row_ids : array [N], optional
         Cache row index of each position (the boosting hypotheses' ``X``); default ``arange(N)``.
-    acceptance : (Member, Member, array [M]), optional
+    acceptance : (Member, Member, array [M][, SequenceLayout]), optional
         ``(draft, target, labels)`` on other rows (e.g. target-sampled continuations) to take the
         acceptance-side columns from; the draft's cost ratio is used for the speed model. Default:
-        the rows above.
+        the rows above. With a fourth item, the rows' :class:`~mdboost.ranking.process.SequenceLayout`
+        (:func:`~mdboost.ranking.process.sequence_layout` of the drafter's cache), the speed
+        columns come from the draft-start process and the ``engine_*`` columns are added.
     acceptance_source : str, optional
         The ``acceptance_source`` column: default ``"reference"`` without ``acceptance``,
         ``"sampled"`` with it.
@@ -149,19 +198,29 @@ def score_pair(draft: Member, target: Member, labels, vocab_size: int, *, md: MD
     row_ids = np.arange(len(labels)) if row_ids is None else np.asarray(row_ids)
     aligned = align(draft.rows, target.rows, vocab_size, torch.as_tensor(labels))
     valid = draft.rows.valid
-    acc_draft, acc_aligned, acc_valid = _acceptance_side(acceptance, draft, aligned, vocab_size)
+    side = _acceptance_side(acceptance, draft, target, labels, aligned, vocab_size)
+    acc_aligned, acc_valid = side.aligned, side.valid
     sd = sd_acceptance(acc_aligned, acc_valid)
     common, boost = _pair_common(draft, target, aligned, acc_aligned, acc_valid, sd, labels, row_ids, md, speed,
                                  boosting, profile)
     common["acceptance_source"] = acceptance_source or ("reference" if acceptance is None else "sampled")
+    common.update(sd_best_gamma_iid=common["sd_best_gamma"], sd_speedup_iid=common["sd_speedup"])
     acc_ops = md_operating_points(acc_aligned, acc_valid, md.divergences, md.budgets, md.mode)
     ref_ops = acc_ops if acceptance is None else md_operating_points(aligned, valid, md.divergences, md.budgets, md.mode)
+    process = None if side.layout is None else _process_scores(side, acc_ops, sd, speed, profile)
+    if process is not None:
+        common.update(sd_best_gamma=process[0].gamma, sd_speedup=process[0].speedup,
+                      sd_engine_acceptance=process[0].acceptance)
     rows, md_acc, ks = [], {}, {}
-    for op, ref_op in zip(acc_ops, ref_ops, strict=True):
+    for i, (op, ref_op) in enumerate(zip(acc_ops, ref_ops, strict=True)):
         overhead = profile.md_overhead if op.max_divergence > 0 else 0.0
-        gamma, speedup = best_gamma(_mean(op.acceptance), acc_draft.cost_ratio, speed.gamma_min, speed.gamma_max,
+        gamma, speedup = best_gamma(_mean(op.acceptance), side.draft.cost_ratio, speed.gamma_min, speed.gamma_max,
                                     verify_costs=profile.verify_cost, md_overhead=overhead, md_solve=speed.md_solve,
                                     sd_acceptance=common["sd_acceptance"])
+        point = {"best_gamma": int(gamma), "predicted_speedup": float(speedup)}
+        point.update(best_gamma_iid=point["best_gamma"], predicted_speedup_iid=point["predicted_speedup"])
+        if process is not None:
+            point.update(_process_columns(process[i + 1]))
         k = boost_coefficient(op.a, op.b)[acc_valid].numpy()
         nll_m = _mean(quality.nll_mentored(draft.rows, target.rows, ref_op.a, ref_op.b))
         acc = op.acceptance.numpy()
@@ -171,8 +230,8 @@ def score_pair(draft: Member, target: Member, labels, vocab_size: int, *, md: MD
             "md_acceptance_median": _q(acc, 0.5), "md_acceptance_q90": _q(acc, 0.9),
             "acceptance_gain": float(acc.mean()) - common["sd_acceptance"],
             "achieved_divergence": _mean(op.achieved_divergence[acc_valid]) if bool(acc_valid.any()) else 0.0,
-            "best_gamma": int(gamma), "predicted_speedup": float(speedup),
-            "verify_cost": 1.0 if profile.verify_cost is None else float(profile.verify_cost[int(gamma)]),
+            **point,
+            "verify_cost": 1.0 if profile.verify_cost is None else float(profile.verify_cost[point["best_gamma"]]),
             "md_overhead": float(overhead),
             "k_median": _q(k, 0.5), "k_q90": _q(k, 0.9),
             "nll_mentored": nll_m, "beats_target": bool(nll_m < common["nll_target"]),

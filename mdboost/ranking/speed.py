@@ -215,3 +215,38 @@ def best_gamma(alpha, cost_ratio, gamma_min: int = 1, gamma_max: int = 8, *, ver
                              sd_acceptance=None if sd_acceptance is None else sd.unsqueeze(-1))  # [..., G]
     best = speed.argmax(dim=-1)  # first maximum: the smallest gamma on ties
     return best + gamma_min, speed.gather(-1, best.unsqueeze(-1)).squeeze(-1)
+
+
+def process_speedup(tokens, draft_tokens, steps_by_draft_len, cost_ratio, *, verify_costs=None, md_overhead=0.0,
+                    solved=0.0) -> torch.Tensor:
+    """Walltime speedup from the draft-start process (:mod:`mdboost.ranking.process`).
+
+    The same cost model as :func:`walltime_speedup`, summed over the steps the process expects
+    instead of one i.i.d. block: ``tokens / (c draft_tokens + sum_K v(K) steps_K + s solved)``
+    (an undrafted step costs ``v(0) = 1``; steps near the end draft fewer tokens).
+
+    Parameters
+    ----------
+    tokens : float or tensor [...]
+        Tokens emitted (target-only decoding takes as many single-token steps).
+    draft_tokens : float or tensor [...]
+        Expected drafted tokens.
+    steps_by_draft_len : tensor [..., G + 1]
+        Expected steps with ``K = 0..G`` drafts.
+    cost_ratio : float or tensor [...] >= 0
+    verify_costs : sequence of float, optional
+        ``v`` table covering ``G`` (default ``v = 1``).
+    md_overhead : float or tensor [...] >= 0
+        ``s`` (0 for plain SD).
+    solved : float or tensor [...] >= 0
+        Expected positions MD solves (the process's reached, needed or all positions).
+    """
+    hist = torch.as_tensor(steps_by_draft_len, dtype=torch.float64)
+    g = hist.shape[-1] - 1
+    v = torch.ones(g + 1, dtype=torch.float64) if verify_costs is None else check_verify_costs(verify_costs, g)[:g + 1]
+    c = _check_nonneg("cost_ratio", cost_ratio)
+    s = _check_nonneg("md_overhead", md_overhead)
+    solved = _check_nonneg("solved", solved)
+    draft_tokens = _check_nonneg("draft_tokens", draft_tokens)
+    time = c * draft_tokens + (hist * v).sum(-1) + s * solved
+    return torch.as_tensor(tokens, dtype=torch.float64) / time

@@ -8,7 +8,9 @@ across pairs (average ranks for ties, like ``scipy.stats.spearmanr``), and wheth
 predicted best is also best in reality. Issue 7's goals: acceptance within 0.03 per pair,
 Spearman >= 0.9, top pair agreement.
 
-Realized acceptance comes in two estimators of the same expectation: the position-0 accept
+The predicted acceptance is the ranking's ``engine_acceptance`` (the draft-start process of
+:mod:`mdboost.ranking.process`: position-0 acceptance weighted by where the engine drafts) when
+present, else ``md_acceptance`` (:func:`predicted_acceptance`). Realized acceptance comes in two estimators of the same expectation: the position-0 accept
 rate (``realized_acceptance``) and its Rao-Blackwellized version (``expected_acceptance``, mean
 ``P_acc`` over the same drafts); the acceptance metrics are reported for both, the latter with
 the suffix ``_expected``.
@@ -20,6 +22,26 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
+
+def predicted_acceptance(row: dict) -> tuple[float, bool]:
+    """``(value, from_process)``: the acceptance a ranking row predicts for the engine.
+
+    The draft-start process's ``engine_acceptance`` (expected acceptance at draft position 0
+    where the engine actually drafts; ``docs/ranking.md``) when the row has a finite one, else
+    the i.i.d. mean over all cached positions, ``md_acceptance``. Rows may hold strings (CSV).
+    """
+    value = row.get("engine_acceptance")
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        value = math.nan
+    if math.isfinite(value):
+        return value, True
+    value = float(row["md_acceptance"])
+    if not math.isfinite(value):
+        raise ValueError(f"row must hold a finite md_acceptance, got {row['md_acceptance']!r}")
+    return value, False
 
 
 def _vector(name: str, values) -> np.ndarray:

@@ -1,0 +1,441 @@
+"""Where the speculative decoding loop drafts on a given text: the draft-start process.
+
+The engine (:mod:`mdboost.engine.generate`) does not draft at every position: a step starts
+right after the previous step's emitted tokens. From a start ``s`` with ``K`` drafts, ``n``
+accepted drafts (``n < K``: the ``n + 1``-th is rejected and replaced; ``n = K``: the bonus
+token follows) emit ``n + 1`` tokens and the next step starts at ``s + n + 1``. Acceptance is
+autocorrelated along a text, so draft starts are not uniform over positions: they follow
+rejections, i.e. hard regions, more often than the i.i.d. speed model (note, section 6) assumes.
+
+Given the text ``x`` (the token emitted at every position), the draft at a position ``t`` is
+accepted with the *conditional* acceptance
+
+    ``c_t = P(accepted | emitted x_t) = min(p(x_t), pi(x_t)) / pi(x_t)``
+
+(note, section 2: ``P(accept and emit x) = min(p_x, pi_x)``, and the emitted token is ``~ pi``),
+with ``pi = max{(1-b) q, min{p, (1+a) q}}`` at the MD clamp ``(a, b)`` of the position (note,
+section 4) and ``pi = q`` for SD, where it reads ``min(1, p(x)/q(x))``. Given the text these
+events are independent across positions (each draft is a fresh draw from ``p`` given the
+prefix), so the loop is a Markov chain over start positions and its expectations are an exact
+dynamic program over one sequence of ``L`` positions (:func:`run_process`):
+
+    ``P(start 0) = 1``,  ``P(start s + n + 1) += P(start s) O_s(n)``,
+    ``O_s(n) = prod_{i<n} c_{s,i} (1 - c_{s,n})`` for ``n < K_s``, ``O_s(K_s) = prod_{i<K_s} c_{s,i}``,
+
+with ``K_s = min(gamma, d_s, L - s - 1)`` (the engine's ``min(gamma, remaining - 1)``; ``d_s`` the
+drafts the drafter offers at ``s``: ``gamma`` for a model, the prompt-lookup length for ``ngram``,
+0 where it proposes nothing: that step emits one token undrafted) and ``c_{s,i}`` the acceptance
+of the ``i``-th draft of a step started at ``s``: ``c_{s+i}`` for a model drafter (accepted drafts
+ARE the text, so the drafter's context is the text's prefix), ``1[proposal_s[i] = x_{s+i}]`` for
+prompt lookup (one lookup at ``s`` proposes the whole chain). ``O(L gamma)`` per sequence,
+batched over sequences (and over operating points and gammas stacked in the batch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def conditional_acceptance(draft_logp, target_logp, a=0.0, b=0.0) -> torch.Tensor:  # [N]
+    """``c = min(p(x), pi(x)) / pi(x)`` of the emitted token ``x`` (see the module docstring).
+
+    Parameters
+    ----------
+    draft_logp, target_logp : tensor [N]
+        ``log p(x)`` and ``log q(x)`` of the emitted token (``-inf`` allowed for ``p``).
+    a, b : float or tensor [N]
+        The clamp point (``0, 0``: SD, ``pi = q``).
+
+    Returns
+    -------
+    float64 tensor [N] in [0, 1]: ``min(1, r / max(1 - b, min(r, 1 + a)))`` with ``r = p/q``
+    (0 where ``pi(x) = 0`` or ``q(x) = 0``).
+    """
+    lp = torch.as_tensor(draft_logp, dtype=torch.float64)
+    lq = torch.as_tensor(target_logp, dtype=torch.float64)
+    a = torch.as_tensor(a, dtype=torch.float64)
+    b = torch.as_tensor(b, dtype=torch.float64)
+    if (a < 0).any() or (b < 0).any() or (b > 1).any():
+        raise ValueError(f"the clamp needs a >= 0 and 0 <= b <= 1, got a={a}, b={b}")
+    r = torch.exp(lp - lq)  # p(x) / q(x)
+    pi_over_q = torch.maximum(1 - b, torch.minimum(r, 1 + a))
+    c = torch.minimum(torch.ones_like(r), r / pi_over_q)
+    ok = torch.isfinite(lq) & (pi_over_q > 0) & ~torch.isnan(c)
+    return torch.where(ok, c, torch.zeros_like(c))
+
+
+def chain_from_positions(accept: torch.Tensor, width: int) -> torch.Tensor:  # [B, L] -> [B, L, width]
+    """``chain[b, s, i] = accept[b, s + i]`` (0 past the end): a model drafter's chain."""
+    accept = torch.as_tensor(accept, dtype=torch.float64)
+    n, length = accept.shape
+    padded = torch.cat([accept, accept.new_zeros(n, width)], dim=1)  # [B, L + width]
+    return padded.unfold(1, width, 1)[:, :length]
+
+
+def chain_from_proposals(proposals: torch.Tensor, tokens: torch.Tensor, width: int):
+    """A prompt-lookup drafter's chain and draft lengths.
+
+    Parameters
+    ----------
+    proposals : LongTensor [B, L, J]
+        Drafts offered at a start ``s`` (``-1`` padded; a row of ``-1``: no proposal), ``J >= width``.
+    tokens : LongTensor [B, L]
+        The text (``x_t``; padding arbitrary).
+    width : int
+        Chain width (the largest gamma).
+
+    Returns
+    -------
+    chain : float64 [B, L, width]
+        ``1[proposals[s, i] == x_{s+i}]`` (0 past the end).
+    draft_len : LongTensor [B, L]
+        Offered drafts per start (the valid prefix of the proposal, capped at ``width``).
+    """
+    if proposals.shape[-1] < width:
+        raise ValueError(f"proposals must hold >= {width} drafts per start, got {proposals.shape[-1]}")
+    props = proposals[..., :width].long()
+    n, length = tokens.shape
+    ahead = torch.cat([tokens.long(), tokens.new_full((n, width), -2).long()], dim=1).unfold(1, width, 1)[:, :length]
+    chain = ((props == ahead) & (props >= 0)).double()
+    draft_len = (props >= 0).long().cumprod(-1).sum(-1)
+    return chain, draft_len
+
+
+@dataclass
+class ProcessResult:
+    """Expectations of the draft-start process, per batch row (see :func:`run_process`).
+
+    Attributes
+    ----------
+    start_prob : [B, L]
+        ``P(a step starts at s)`` (0 at and past the row's length).
+    visit_prob : [B, L]
+        Expected times position ``t`` is verified as a draft (``P(t is a reached draft position)``).
+    draft_len : LongTensor [B, L]
+        ``K_s``, drafts of a step started at ``s`` (0: undrafted step).
+    accepted : [B]
+        Expected accepted draft tokens.
+    steps_by_draft_len : [B, G + 1]
+        Expected steps with ``K`` drafts, ``K = 0..G``.
+    lengths : LongTensor [B]
+        Tokens emitted (the row's length).
+    """
+
+    start_prob: torch.Tensor
+    visit_prob: torch.Tensor
+    draft_len: torch.Tensor
+    accepted: torch.Tensor
+    steps_by_draft_len: torch.Tensor
+    lengths: torch.Tensor
+
+    @property
+    def steps(self) -> torch.Tensor:  # [B]
+        """Expected steps (= target calls)."""
+        return self.start_prob.sum(-1)
+
+    @property
+    def drafted_steps(self) -> torch.Tensor:  # [B]
+        """Expected steps with at least one draft (the engine's ``num_drafts``)."""
+        return (self.start_prob * (self.draft_len > 0)).sum(-1)
+
+    @property
+    def draft_tokens(self) -> torch.Tensor:  # [B]
+        """Expected drafted tokens (``num_draft_tokens``)."""
+        return (self.start_prob * self.draft_len).sum(-1)
+
+    def position0(self, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(sum_s P(start s) values[s], sum_s P(start s))`` over drafted starts, each [B].
+
+        Their ratio is the expected acceptance at draft position 0 (``values`` = the conditional
+        acceptance ``c_s``, or the unconditional ``P_acc`` at ``s``: the same expectation, see
+        ``docs/ranking.md``). Pool rows by summing numerators and denominators.
+        """
+        weight = self.start_prob * (self.draft_len > 0)
+        return (weight * torch.as_tensor(values, dtype=weight.dtype)).sum(-1), weight.sum(-1)
+
+
+def _draft_lengths(gamma, offered, lengths, n: int, length: int) -> torch.Tensor:  # [B, L]
+    gamma = torch.as_tensor(gamma, dtype=torch.long)
+    if (gamma < 0).any():
+        raise ValueError(f"gamma must be >= 0, got {gamma}")
+    gamma = gamma.expand(n) if gamma.ndim == 0 else gamma
+    if gamma.shape != (n,):
+        raise ValueError(f"gamma must be an int or a LongTensor [{n}], got shape {tuple(gamma.shape)}")
+    pos = torch.arange(length)
+    remaining = (lengths[:, None] - pos[None, :] - 1).clamp_min(0)  # the engine's remaining - 1
+    k = torch.minimum(gamma[:, None].expand(n, length), remaining)
+    return k if offered is None else torch.minimum(k, torch.as_tensor(offered, dtype=torch.long).clamp_min(0))
+
+
+def run_process(chain: torch.Tensor, gamma, *, draft_len=None, lengths=None) -> ProcessResult:
+    """Exact expectations of the engine's draft/verify loop on fixed texts (module docstring).
+
+    Parameters
+    ----------
+    chain : tensor [B, L, W]
+        ``chain[b, s, i]`` in [0, 1]: acceptance of the ``i``-th draft of a step started at ``s``
+        (:func:`chain_from_positions`, :func:`chain_from_proposals`); ``W >= max(gamma)``.
+    gamma : int or LongTensor [B]
+        Draft length (per row: stack operating points and gammas in the batch).
+    draft_len : LongTensor [B, L], optional
+        Drafts the drafter offers at each start (default: unlimited, i.e. ``gamma``).
+    lengths : LongTensor [B], optional
+        Positions per row (default ``L``); positions past it are padding.
+
+    Returns
+    -------
+    ProcessResult
+    """
+    chain = torch.as_tensor(chain, dtype=torch.float64)
+    if chain.ndim != 3:
+        raise ValueError(f"chain must be [B, L, W], got shape {tuple(chain.shape)}")
+    if torch.isnan(chain).any() or (chain < 0).any() or (chain > 1).any():
+        raise ValueError("chain must hold probabilities in [0, 1]")
+    n, length, width = chain.shape
+    lengths = torch.full((n,), length, dtype=torch.long) if lengths is None else torch.as_tensor(lengths, dtype=torch.long)
+    if lengths.shape != (n,) or (lengths < 0).any() or (lengths > length).any():
+        raise ValueError(f"lengths must be a LongTensor [{n}] in [0, {length}], got {lengths}")
+    if int(torch.as_tensor(gamma).max()) > width:
+        raise ValueError(f"chain width {width} is below the largest gamma {int(torch.as_tensor(gamma).max())}")
+    k = _draft_lengths(gamma, draft_len, lengths, n, length)  # [B, L]
+    g = max(width, 1)
+    idx = torch.arange(g + 1)
+    padded = torch.cat([chain, chain.new_zeros(n, length, g + 1 - width)], dim=-1)  # [B, L, G + 1]
+    live = torch.where(idx < k[..., None], padded, torch.zeros(()))  # acceptance of the draft, 0 at n = K
+    surv = torch.cat([torch.ones_like(live[..., :1]), live.cumprod(-1)[..., :-1]], dim=-1)  # P(first n accepted)
+    outcome = surv * (1 - live)  # [B, L, G + 1]: P(exactly n accepted)
+    inside = torch.arange(length)[None, :] < lengths[:, None]  # [B, L]
+    outcome = outcome * inside[..., None]
+    start = torch.zeros(n, length + g + 2, dtype=torch.float64)
+    start[:, 0] = (lengths > 0).double()
+    for s in range(length):  # next start s + n + 1
+        start[:, s + 1:s + g + 2] += start[:, s:s + 1] * outcome[:, s]
+    start_prob = start[:, :length] * inside
+    reach = surv[..., :g] * (idx[:g] < k[..., None])  # [B, L, G]: draft i of a step at s is verified
+    visit = torch.zeros(n, length + g, dtype=torch.float64)
+    for i in range(g):
+        visit[:, i:i + length] += start_prob * reach[..., i]
+    accepted = (start_prob * surv[..., 1:].mul(idx[1:] <= k[..., None]).sum(-1)).sum(-1)
+    hist = torch.zeros(n, g + 1, dtype=torch.float64).scatter_add_(1, k, start_prob)
+    return ProcessResult(start_prob, visit[:, :length], k * inside, accepted, hist, lengths)
+
+
+# ---- rows of a cache, grouped by sequence --------------------------------------------------------
+def padded_index(sequence) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(index [B, L], lengths [B])`` putting rows ``[M]`` into per-sequence rows.
+
+    ``sequence[r]`` is the sequence of row ``r``; a sequence's rows must be contiguous and in
+    text order (as in :class:`mdboost.cache.LogitCache`). ``index[b, t]`` is the row of position
+    ``t`` of the ``b``-th sequence, ``-1`` past its length.
+    """
+    seq = torch.as_tensor(sequence, dtype=torch.long)
+    if seq.ndim != 1:
+        raise ValueError(f"sequence must be 1-D [M], got shape {tuple(seq.shape)}")
+    if seq.numel() == 0:
+        return torch.zeros(0, 0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
+    _, counts = torch.unique_consecutive(seq, return_counts=True)
+    if torch.unique(seq).numel() != counts.numel():
+        raise ValueError("sequence must keep each sequence's rows contiguous, got interleaved sequence ids")
+    offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)[:-1]])
+    pos = torch.arange(int(counts.max()))
+    index = offsets[:, None] + pos[None, :]
+    return torch.where(pos[None, :] < counts[:, None], index, torch.full_like(index, -1)), counts
+
+
+def gather_rows(values: torch.Tensor, index: torch.Tensor, fill=0) -> torch.Tensor:  # [M, ...] -> [B, L, ...]
+    """``values[index]`` with ``fill`` where ``index == -1``."""
+    out = values[index.clamp_min(0)]
+    mask = (index < 0).reshape(*index.shape, *([1] * (values.ndim - 1)))
+    return torch.where(mask, torch.full_like(out, fill), out)
+
+
+@dataclass
+class SequenceLayout:
+    """Which sequence each cached row belongs to, and a prompt-lookup drafter's full drafts.
+
+    ``sequence`` [M]: the rows' sequence ids (contiguous, in text order). ``cache`` and
+    ``member`` let :meth:`proposals` read (or recompute) an ``ngram`` member's drafts.
+    """
+
+    sequence: torch.Tensor
+    cache: object = None
+    member: str | None = None
+
+    def proposals(self, width: int) -> torch.Tensor:  # [M, width]
+        """The ``ngram`` member's ``width`` drafts per row (``-1`` = none).
+
+        Read from the cache when it kept enough (``ngram_lookahead``), else recomputed on the
+        cached sequences with the member's :class:`~mdboost.models.ngram.NgramDrafter` (checked
+        against the cached prefix).
+        """
+        from mdboost.models.ngram import NgramDrafter
+        from mdboost.models.pool import parse_drafter
+
+        cached = self.cache.ngram_proposals(self.member).long()  # [M, J]
+        if cached.shape[1] >= width:
+            return cached[:, :width]
+        kind, n = parse_drafter(self.member)
+        if kind != "ngram":
+            raise ValueError(f"member {self.member!r} is not an ngram drafter")
+        drafter, rows = NgramDrafter(n), []
+        for index in range(self.cache.num_sequences):
+            ids, start = self.cache.sequence(index)
+            for t in range(start, ids.numel()):
+                draft = drafter.propose(ids[:t], width)
+                rows.append(torch.cat([draft, draft.new_full((width - draft.numel(),), -1)]))
+        out = torch.stack(rows) if rows else cached.new_zeros(0, width)
+        if out.shape[0] != cached.shape[0] or not torch.equal(out[:, :cached.shape[1]], cached):
+            raise ValueError(f"recomputed proposals of {self.member!r} disagree with the cache")
+        return out
+
+
+def sequence_layout(cache, member: str | None = None) -> SequenceLayout:
+    """The :class:`SequenceLayout` of a :class:`~mdboost.cache.LogitCache` (``member``: the drafter)."""
+    ngram = member is not None and cache.kind(member) == "ngram"
+    return SequenceLayout(cache.row_sequence(), cache if ngram else None, member if ngram else None)
+
+
+# ---- one pair: every operating point and gamma in one batch ----------------------------------------
+@dataclass
+class ProcessScore:
+    """The process's prediction for one operating point at its best gamma.
+
+    ``acceptance``: expected position-0 acceptance with ``P_acc`` as the value at each start
+    (what the engine's ``expected_acceptance`` averages); ``acceptance_conditional``: the same
+    with ``c_s``; ``mean_accepted_length``: ``1 + accepted / drafted steps``;
+    ``tokens_per_call``: tokens / steps (undrafted steps included); ``speedups``: per gamma.
+    """
+
+    gamma: int
+    speedup: float
+    acceptance: float
+    acceptance_conditional: float
+    mean_accepted_length: float
+    tokens_per_call: float
+    speedups: list
+
+
+@dataclass
+class PointInputs:
+    """Per-row inputs of one operating point: clamp ``(a, b)`` [M], ``P_acc`` [M], overhead ``s``."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    acceptance: torch.Tensor
+    md_overhead: float = 0.0
+    tilt: torch.Tensor | None = None  # [M] budget_tilt; None: 0
+
+
+def budget_tilt(p_mass: torch.Tensor, q_mass: torch.Tensor, a, b, acceptance) -> torch.Tensor:  # [M, S] -> [M]
+    """``delta = (P_acc - E_q[c]) / (1 - E_q[c])`` in [0, 1]: the acceptance MD adds on ``q``-sampled text.
+
+    The cached text is sampled from ``q``, MD emits from ``pi``: ``E_{x~q}[c(x)] = sum_i
+    q_i min(1, p_i / pi_i)`` falls short of ``P_acc(pi) = E_{x~pi}[c(x)]`` (by ``b (p(B)/(1-b) -
+    q(B))``; 0 for SD). The process's chain uses ``c + (1 - c) delta``, which has the right mean
+    ``P_acc`` at every position and keeps the text's autocorrelation. ``p_mass``, ``q_mass``: the
+    pair on a common support (:class:`~mdboost.ranking.support.Aligned` masses).
+    """
+    a = torch.as_tensor(a, dtype=torch.float64)[..., None]
+    b = torch.as_tensor(b, dtype=torch.float64)[..., None]
+    pi = torch.maximum((1 - b) * q_mass, torch.minimum(p_mass, (1 + a) * q_mass))  # [M, S]
+    ratio = torch.where(pi > 0, p_mass / pi.clamp_min(1e-300), torch.zeros_like(pi)).clamp_max(1.0)
+    expected = (q_mass * ratio).sum(-1)
+    delta = (torch.as_tensor(acceptance, dtype=torch.float64) - expected) / (1 - expected).clamp_min(1e-12)
+    return delta.clamp(0.0, 1.0)
+
+
+def _tilted(chain, delta, same=None):  # [B, L, W], [B, L, W], [B, L, W] bool or None
+    extra = (1 - chain) * delta
+    return chain + (extra if same is None else extra * same)
+
+
+def _chains(layout: SequenceLayout, draft_rows, target_rows, labels, points, width: int):
+    """``(chains [P, B, L, W], raw chains, offered [B, L] or None, index [B, L], lengths [B])``.
+
+    ``raw``: the conditional acceptance ``c``; ``chains``: tilted by each point's
+    :func:`budget_tilt` (a prompt-lookup chain only where the draft is the position's own proposal).
+    """
+    index, lengths = padded_index(layout.sequence)
+    tilts = [torch.zeros(index.shape, dtype=torch.float64) if pt.tilt is None else gather_rows(pt.tilt.double(), index)
+             for pt in points]
+    if draft_rows.one_hot:
+        props = gather_rows(layout.proposals(width), index, -1)  # [B, L, W]
+        chain, offered = chain_from_proposals(props, gather_rows(torch.as_tensor(labels).long(), index, -1), width)
+        first = chain_from_positions(props[..., 0].double(), width)  # the proposal at s + i
+        same = (props.double() == first) & (props >= 0)
+        tilted = [_tilted(chain, chain_from_positions(t, width), same) for t in tilts]
+        return torch.stack(tilted), chain.expand(len(points), *chain.shape), offered, index, lengths
+    raw, tilted = [], []
+    for pt, t in zip(points, tilts):
+        c = conditional_acceptance(draft_rows.true_logp, target_rows.true_logp, pt.a, pt.b)
+        c = chain_from_positions(gather_rows(torch.where(draft_rows.valid, c, torch.zeros_like(c)), index), width)
+        raw.append(c)
+        tilted.append(_tilted(c, chain_from_positions(t, width)))
+    return torch.stack(tilted), torch.stack(raw), None, index, lengths
+
+
+def score_process(layout: SequenceLayout, draft_rows, target_rows, labels, points: list[PointInputs], gammas,
+                  cost_ratio: float, *, verify_costs=None, md_solve: str = "reached",
+                  sd_acceptance=None) -> list[ProcessScore]:
+    """Best gamma, speedup and engine-side acceptance of every operating point of a pair.
+
+    Parameters
+    ----------
+    layout : SequenceLayout
+        Sequence of each of the ``M`` rows (the acceptance cache's).
+    draft_rows, target_rows : MemberRows
+        The pair on those rows (``true_logp``: exact log-probabilities of the text token).
+    labels : array [M]
+        The text (for prompt-lookup chains).
+    points : list of PointInputs
+    gammas : sequence of int
+        Candidate draft lengths.
+    cost_ratio : float
+    verify_costs : sequence of float, optional
+        The ``v`` table (covering ``max(gammas)``).
+    md_solve : {"reached", "needed", "all"}
+    sd_acceptance : tensor [M], optional
+        SD's ``P_acc`` per row (``needed``: a reached position is solved when SD would reject).
+    """
+    from mdboost.ranking.speed import MD_SOLVE, process_speedup
+
+    if md_solve not in MD_SOLVE:
+        raise ValueError(f"md_solve must be one of {MD_SOLVE}, got {md_solve!r}")
+    gammas = [int(g) for g in gammas]
+    if not gammas or min(gammas) < 1:
+        raise ValueError(f"gammas must be a non-empty list of ints >= 1, got {gammas!r}")
+    n_p, n_g = len(points), len(gammas)
+    chains, raw, offered, index, lengths = _chains(layout, draft_rows, target_rows, labels, points, max(gammas))
+    n_b, length, width = chains.shape[1:]
+    batch = chains[:, None].expand(n_p, n_g, n_b, length, width).reshape(-1, length, width)
+    gamma = torch.tensor(gammas)[None, :, None].expand(n_p, n_g, n_b).reshape(-1)
+    res = run_process(batch, gamma, draft_len=None if offered is None else offered.repeat(n_p * n_g, 1),
+                      lengths=lengths.repeat(n_p * n_g))
+
+    def pooled(x):  # [P * G * B, ...] -> [P, G, ...] summed over sequences
+        return x.reshape(n_p, n_g, n_b, *x.shape[1:]).sum(2)
+
+    if md_solve == "all":
+        solved = pooled(res.draft_tokens)
+    else:
+        weight = torch.ones(()) if md_solve == "reached" else 1 - gather_rows(torch.as_tensor(sd_acceptance).double(), index)
+        solved = pooled((res.visit_prob.reshape(n_p * n_g, n_b, length) * weight).sum(-1).reshape(-1))
+    overhead = torch.tensor([pt.md_overhead for pt in points], dtype=torch.float64)[:, None]
+    speed = process_speedup(float(lengths.sum()), pooled(res.draft_tokens), pooled(res.steps_by_draft_len), cost_ratio,
+                            verify_costs=verify_costs, md_overhead=overhead, solved=solved)  # [P, G]
+    best = speed.argmax(-1)  # first maximum: the smallest gamma on ties
+    values = torch.stack([gather_rows(pt.acceptance.double(), index) for pt in points])  # [P, B, L]
+    cond = raw[..., 0]  # [P, B, L]
+    start = res.start_prob.reshape(n_p, n_g, n_b, length)
+    drafted = (res.draft_len.reshape(n_p, n_g, n_b, length) > 0) * start
+    accepted, steps = pooled(res.accepted), pooled(res.steps)
+    out = []
+    for i, g in enumerate(best.tolist()):
+        den = float(drafted[i, g].sum())
+        num = [float((drafted[i, g] * values[i]).sum()), float((drafted[i, g] * cond[i]).sum()), float(accepted[i, g])]
+        acc, acc_c, acc_n = (x / den if den > 0 else float("nan") for x in num)
+        out.append(ProcessScore(gammas[g], float(speed[i, g]), acc, acc_c, 1 + acc_n,
+                                float(lengths.sum() / steps[i, g]), speed[i].tolist()))
+    return out

@@ -1,0 +1,305 @@
+"""The draft-start process (mdboost.ranking.process): exact against an exhaustive enumeration of
+accept/reject outcomes, the i.i.d. closed form on long sequences, a Monte Carlo of the engine's
+loop on real token draws, and the ranking columns it feeds on a tiny target-sampled cache."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from mdboost.ranking.process import (
+    budget_tilt,
+    chain_from_positions,
+    chain_from_proposals,
+    conditional_acceptance,
+    gather_rows,
+    padded_index,
+    run_process,
+)
+from mdboost.ranking.speed import SpeedProfile, process_speedup, walltime_speedup
+
+
+def _loop(outcome, length, gamma, offered):
+    """The engine's loop on a fixed outcome table ``outcome[s][i]`` (draft i of a step at s accepted)."""
+    s, starts, visits, accepted, hist = 0, [], [], 0, {}
+    while s < length:
+        k = min(gamma, offered[s], length - s - 1)
+        starts.append((s, k))
+        hist[k] = hist.get(k, 0) + 1
+        n = 0
+        while n < k and outcome[s][n]:
+            n += 1
+        visits += [s + i for i in range(min(n + 1, k))]
+        accepted += n
+        s += n + 1
+    return starts, visits, accepted, hist
+
+
+def _enumerate(chain, gamma, offered, length):
+    """Exact expectations by summing over every outcome table (2^(length * width) of them)."""
+    width = chain.shape[1]
+    start, visit = np.zeros(length), np.zeros(length)
+    acc, hist, first = 0.0, np.zeros(width + 1), 0.0
+    for bits in itertools.product((0, 1), repeat=length * width):
+        table = np.array(bits).reshape(length, width)
+        prob = float(np.prod(np.where(table == 1, chain[:length], 1 - chain[:length])))
+        if prob == 0:
+            continue
+        starts, visits, accepted, h = _loop(table, length, gamma, offered)
+        for s, k in starts:
+            start[s] += prob
+            first += prob * (k > 0) * chain[s, 0]
+        for t in visits:
+            visit[t] += prob
+        acc += prob * accepted
+        for k, c in h.items():
+            hist[k] += prob * c
+    return start, visit, acc, hist, first
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 3])
+def test_process_equals_exhaustive_enumeration(gamma):
+    gen = torch.Generator().manual_seed(gamma)
+    length, width = 5, 3
+    chain = torch.rand(3, length + 1, width, generator=gen, dtype=torch.float64)
+    chain[0, 2, 0] = 1.0  # certain accept and certain reject entries
+    chain[1, 1, 1] = 0.0
+    offered = torch.randint(0, width + 1, (3, length + 1), generator=gen)
+    offered[2] = width  # a model drafter: always offers
+    lengths = torch.tensor([length, length - 1, length])
+    res = run_process(chain, gamma, draft_len=offered, lengths=lengths)
+    for b in range(3):
+        n = int(lengths[b])
+        start, visit, acc, hist, first = _enumerate(chain[b].numpy(), gamma, offered[b].tolist(), n)
+        np.testing.assert_allclose(res.start_prob[b, :n].numpy(), start, atol=1e-12)
+        assert float(res.start_prob[b, n:].abs().sum()) == 0.0
+        np.testing.assert_allclose(res.visit_prob[b, :n].numpy(), visit, atol=1e-12)
+        assert float(res.accepted[b]) == pytest.approx(acc, abs=1e-12)
+        np.testing.assert_allclose(res.steps_by_draft_len[b, :width + 1].numpy(), hist, atol=1e-12)
+        num, _ = res.position0(chain[b:b + 1, :, 0].expand(3, -1))
+        assert float(num[b]) == pytest.approx(first, abs=1e-12)
+        # every path ends exactly at the last token: tokens = steps + accepted
+        assert float(res.steps[b] + res.accepted[b]) == pytest.approx(n, abs=1e-12)
+
+
+def test_constant_acceptance_matches_the_iid_closed_form():
+    a, g, length = 0.7, 4, 20000
+    chain = torch.full((1, length, g), a, dtype=torch.float64)
+    res = run_process(chain, g)
+    closed = (1 - a ** (g + 1)) / (1 - a)
+    mean_len = 1 + float(res.accepted / res.drafted_steps)
+    assert mean_len == pytest.approx(closed, rel=1e-3)
+    assert length / float(res.steps) == pytest.approx(closed, rel=1e-3)
+    num, den = res.position0(chain[..., 0])
+    assert float(num / den) == pytest.approx(a, abs=1e-12)
+    # the process speedup tends to the i.i.d. speed model (v = 1, s = 0)
+    speed = process_speedup(length, res.draft_tokens, res.steps_by_draft_len, 0.1)
+    assert float(speed) == pytest.approx(float(walltime_speedup(a, g, 0.1)), rel=1e-3)
+
+
+def test_monte_carlo_of_the_loop_agrees():
+    gen = torch.Generator().manual_seed(7)
+    length, gamma = 12, 3
+    c = torch.rand(1, length, generator=gen, dtype=torch.float64)
+    chain = chain_from_positions(c, gamma)
+    res = run_process(chain, gamma)
+    rng = np.random.default_rng(0)
+    draws = 20000
+    counts, first_acc, first_n = np.zeros(length), 0, 0
+    for _ in range(draws):
+        table = rng.random((length, gamma)) < chain[0].numpy()
+        starts, *_ = _loop(table, length, gamma, [gamma] * length)
+        for s, k in starts:
+            counts[s] += 1
+            if k:
+                first_n += 1
+                first_acc += table[s, 0]
+    np.testing.assert_allclose(counts / draws, res.start_prob[0].numpy(), atol=0.015)
+    num, den = res.position0(c)
+    assert first_acc / first_n == pytest.approx(float(num / den), abs=0.01)
+
+
+def test_draft_starts_are_biased_towards_hard_positions():
+    # alternating easy/hard regions: starts land after rejections, so the start-weighted
+    # acceptance is below the plain mean (the bias the process corrects)
+    c = torch.tensor([[0.95] * 8 + [0.1] * 8] * 1, dtype=torch.float64).repeat(1, 4)
+    res = run_process(chain_from_positions(c, 4), 4)
+    num, den = res.position0(c)
+    assert float(num / den) < float(c.mean()) - 0.05
+
+
+def test_chain_helpers():
+    c = torch.tensor([[0.1, 0.2, 0.3]], dtype=torch.float64)
+    assert chain_from_positions(c, 2).tolist() == [[[0.1, 0.2], [0.2, 0.3], [0.3, 0.0]]]
+    tokens = torch.tensor([[5, 6, 7, 8]])
+    props = torch.tensor([[[5, 6], [6, 9], [-1, -1], [8, 1]]])
+    chain, offered = chain_from_proposals(props, tokens, 2)
+    assert chain.tolist() == [[[1.0, 1.0], [1.0, 0.0], [0.0, 0.0], [1.0, 0.0]]]
+    assert offered.tolist() == [[2, 2, 0, 2]]
+    index, lengths = padded_index(torch.tensor([0, 0, 0, 3, 3]))
+    assert index.tolist() == [[0, 1, 2], [3, 4, -1]] and lengths.tolist() == [3, 2]
+    assert gather_rows(torch.arange(5.0), index, -1.0).tolist() == [[0, 1, 2], [3, 4, -1]]
+    with pytest.raises(ValueError, match="contiguous"):
+        padded_index(torch.tensor([0, 1, 0]))
+    with pytest.raises(ValueError, match="chain"):
+        run_process(torch.full((1, 3, 2), 1.5), 1)
+    with pytest.raises(ValueError, match="width"):
+        run_process(torch.full((1, 3, 2), 0.5), 3)
+
+
+def test_conditional_acceptance_is_the_posterior_of_acceptance():
+    """sum_x pi(x) c(x) = P_acc(pi) = sum_x min(p, pi), for SD (pi = q) and for an MD clamp."""
+    from mdboost.md.solve import solve
+
+    gen = torch.Generator().manual_seed(3)
+    p = torch.softmax(torch.randn(4, 9, generator=gen, dtype=torch.float64) * 2, -1)
+    q = torch.softmax(torch.randn(4, 9, generator=gen, dtype=torch.float64) * 2, -1)
+    sol = solve(p, q, max_divergence=0.1, divergence="kl")
+    for a, b in ((torch.zeros(4), torch.zeros(4)), (sol.a.double(), sol.b.double())):
+        pi = torch.maximum((1 - b)[:, None] * q, torch.minimum(p, (1 + a)[:, None] * q))
+        c = conditional_acceptance(p.log(), q.log(), a[:, None], b[:, None])  # [4, 9]
+        assert torch.allclose((pi * c).sum(-1), torch.minimum(p, pi).sum(-1), atol=1e-10)
+    assert torch.allclose(conditional_acceptance(p.log(), q.log()), torch.clamp(p / q, max=1.0))
+    # one-hot drafter: accepted iff the emitted token is the proposal
+    hit = conditional_acceptance(torch.tensor([0.0, -math.inf]), torch.tensor([-2.0, -1.0]), 0.3, 0.2)
+    assert hit.tolist() == [1.0, 0.0]
+
+
+def test_score_process_on_a_tiny_sampled_cache(tmp_path):
+    """score_pair with a layout: process columns equal a per-sequence re-computation."""
+    from mdboost.ranking.from_cache import (
+        MemberLoader,
+        acceptance_members,
+        open_or_build_cache,
+    )
+    from mdboost.ranking.process import sequence_layout
+    from mdboost.ranking.rank import score_pair
+    from tests.test_rank_pipeline_sampled import _config
+
+    cfg = _config(tmp_path, tracking={"enabled": False}, md={"divergences": ["kl"], "budgets": [0.0, 0.3]})
+    pc, _ = open_or_build_cache(cfg)
+    loader = MemberLoader(pc.acceptance, cfg.md.temperature)
+    profile = SpeedProfile(tuple(1.0 + 0.2 * g for g in range(cfg.speed.gamma_max + 1)), 0.3)
+    for drafter in ("early_exit:2", "ngram:2"):
+        draft, target, labels = acceptance_members(loader, pc, drafter, "tiny")[:3]
+        layout = sequence_layout(pc.acceptance.caches[drafter], drafter)
+        if drafter.startswith("ngram"):  # gamma_max > the cached lookahead: drafts recomputed, prefix kept
+            cached = pc.acceptance.caches[drafter].ngram_proposals(drafter)
+            assert cfg.speed.gamma_max > cached.shape[1]
+            assert torch.equal(layout.proposals(cfg.speed.gamma_max)[:, :cached.shape[1]], cached)
+        res = score_pair(draft, target, labels, pc.vocab_size, md=cfg.md, speed=cfg.speed, boosting=cfg.boosting,
+                         acceptance=(draft, target, labels, layout), speed_profile=profile)
+        plain = score_pair(draft, target, labels, pc.vocab_size, md=cfg.md, speed=cfg.speed, boosting=cfg.boosting,
+                           acceptance=(draft, target, labels), speed_profile=profile)
+        for row, old in zip(res.rows, plain.rows):
+            assert row["md_acceptance"] == old["md_acceptance"] and row["predicted_speedup_iid"] == old["predicted_speedup"]
+            assert "engine_acceptance" not in old and old["best_gamma_iid"] == old["best_gamma"]
+            assert 0 <= row["engine_acceptance"] <= 1 and 1 <= row["engine_mean_accepted_length"] <= row["best_gamma"] + 1
+            _check_row(row, draft, target, labels, layout, cfg, pc.vocab_size, profile)
+
+
+def _check_row(row, draft, target, labels, layout, cfg, vocab_size, profile):
+    """Recompute one row's process columns sequence by sequence (md_solve 'reached': solved = visits)."""
+    from mdboost.ranking.acceptance import md_operating_points, sd_acceptance
+    from mdboost.ranking.support import align
+
+    aligned = align(draft.rows, target.rows, vocab_size, torch.as_tensor(labels))
+    sd = sd_acceptance(aligned, draft.rows.valid)
+    op = next(iter(md_operating_points(aligned, draft.rows.valid, [row["divergence"]], [row["max_divergence"]])))
+    width = cfg.speed.gamma_max
+    labels = torch.as_tensor(labels)
+    c = conditional_acceptance(draft.rows.true_logp, target.rows.true_logp, op.a, op.b)
+    delta = budget_tilt(aligned.p_mass, aligned.q_mass, op.a, op.b, op.acceptance)
+    if float(row["max_divergence"]) == 0:
+        assert float(delta.max()) < 1e-9  # SD: E_q[c] = P_acc, nothing to tilt
+    stats = {}
+    for g in range(cfg.speed.gamma_min, width + 1):
+        tot = dict.fromkeys(("tokens", "steps", "drafted", "accepted", "num", "cond", "cost"), 0.0)
+        for sid in torch.unique(layout.sequence):
+            rows = (layout.sequence == sid).nonzero().squeeze(-1)
+            if draft.rows.one_hot:
+                props = layout.proposals(width)[rows]  # [n, W]
+                raw, offered = chain_from_proposals(props[None], labels[rows][None], width)
+                chain = raw.clone()
+                for s0 in range(rows.numel()):  # the tilt applies where the draft is the position's own proposal
+                    for i in range(width):
+                        if s0 + i < rows.numel() and props[s0, i] >= 0 and props[s0, i] == props[s0 + i, 0]:
+                            chain[0, s0, i] = raw[0, s0, i] + (1 - raw[0, s0, i]) * delta[rows[s0 + i]]
+            else:
+                raw, offered = chain_from_positions(c[rows][None], width), None
+                chain = chain_from_positions((c + (1 - c) * delta)[rows][None], width)
+            res = run_process(chain, g, draft_len=offered)
+            num, den = res.position0(op.acceptance[rows][None])
+            tot["num"] += float(num)
+            tot["cond"] += float(res.position0(raw[..., 0])[0])
+            tot["tokens"] += rows.numel()
+            tot["steps"] += float(res.steps)
+            tot["drafted"] += float(den)
+            tot["accepted"] += float(res.accepted)
+            v = torch.tensor(profile.verify_cost, dtype=torch.float64)[res.draft_len]  # [1, L]
+            s = profile.md_overhead if float(row["max_divergence"]) > 0 else 0.0
+            tot["cost"] += float(draft.cost_ratio * res.draft_tokens + (res.start_prob * v).sum() + s * res.visit_prob.sum())
+        stats[g] = tot
+    best = max(stats, key=lambda g: (stats[g]["tokens"] / stats[g]["cost"], -g))
+    t = stats[best]
+    assert row["best_gamma"] == best
+    assert row["predicted_speedup"] == pytest.approx(t["tokens"] / t["cost"], rel=1e-9)
+    assert row["engine_acceptance"] == pytest.approx(t["num"] / t["drafted"], rel=1e-9)
+    assert row["engine_acceptance_conditional"] == pytest.approx(t["cond"] / t["drafted"], rel=1e-9)
+    assert row["engine_tokens_per_call"] == pytest.approx(t["tokens"] / t["steps"], rel=1e-9)
+    assert row["engine_mean_accepted_length"] == pytest.approx(1 + t["accepted"] / t["drafted"], rel=1e-9)
+    if float(row["max_divergence"]) == 0:
+        assert row["sd_engine_acceptance"] == pytest.approx(row["engine_acceptance"])
+        assert torch.allclose(op.acceptance, sd)
+
+
+def test_budget_tilt_restores_the_mean_acceptance_on_target_text():
+    """With ``c~ = c + (1 - c) delta``: ``E_{x~q}[c~] = P_acc(pi)`` per position; SD: ``delta = 0``."""
+    from mdboost.md.solve import solve
+
+    gen = torch.Generator().manual_seed(5)
+    p = torch.softmax(torch.randn(6, 11, generator=gen, dtype=torch.float64) * 2, -1)
+    q = torch.softmax(torch.randn(6, 11, generator=gen, dtype=torch.float64) * 2, -1)
+    p[0] = torch.nn.functional.one_hot(torch.tensor(3), 11).double()  # a one-hot drafter row
+    for budget in (0.0, 0.05, 0.5):
+        sol = solve(p, q, max_divergence=budget, divergence="kl")
+        a, b = sol.a.double(), sol.b.double()
+        pi = torch.maximum((1 - b)[:, None] * q, torch.minimum(p, (1 + a)[:, None] * q))
+        p_acc = torch.minimum(p, pi).sum(-1)
+        delta = budget_tilt(p, q, a, b, p_acc)
+        c = conditional_acceptance(p.log(), q.log(), a[:, None], b[:, None])
+        assert torch.allclose((q * (c + (1 - c) * delta[:, None])).sum(-1), p_acc, atol=1e-10)
+        if budget == 0:
+            assert float(delta.abs().max()) < 1e-12
+        else:
+            assert float(delta[0]) > 0
+
+
+def test_validation_compares_engine_acceptance_when_the_ranking_has_it():
+    from mdboost.validation.prediction import predicted_acceptance
+
+    assert predicted_acceptance({"md_acceptance": "0.6", "engine_acceptance": "0.55"}) == (0.55, True)
+    assert predicted_acceptance({"md_acceptance": "0.6", "engine_acceptance": ""}) == (0.6, False)
+    assert predicted_acceptance({"md_acceptance": 0.6, "engine_acceptance": float("nan")}) == (0.6, False)
+    assert predicted_acceptance({"md_acceptance": 0.6}) == (0.6, False)
+    with pytest.raises(ValueError, match="md_acceptance"):
+        predicted_acceptance({"md_acceptance": "nan"})
+
+
+def test_process_speedup_with_a_profile_matches_the_hand_sum():
+    gen = torch.Generator().manual_seed(11)
+    c = torch.rand(2, 9, generator=gen, dtype=torch.float64)
+    table, s, cost = [1.0, 1.3, 1.5, 1.8], 0.2, 0.25
+    for g in (1, 2, 3):
+        res = run_process(chain_from_positions(c, 3), g, lengths=torch.tensor([9, 6]))
+        speed = process_speedup(res.lengths.sum(), res.draft_tokens.sum(), res.steps_by_draft_len.sum(0), cost,
+                                verify_costs=table, md_overhead=s, solved=res.visit_prob.sum())
+        k = res.draft_len  # [B, L]
+        time = (res.start_prob * (cost * k + torch.tensor(table, dtype=torch.float64)[k])).sum() + s * res.visit_prob.sum()
+        assert float(speed) == pytest.approx(15 / float(time), rel=1e-12)
+        # reached positions = accepted drafts + the rejected ones: visits = accepted + drafted steps - full accepts
+        assert float(res.visit_prob.sum()) <= float(res.accepted.sum() + res.drafted_steps.sum()) + 1e-12
