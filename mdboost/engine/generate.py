@@ -202,8 +202,9 @@ def generate(
     lm = CachedLM(target, len(prompts), device)
     if draft is not None and draft.kind == "model":
         if share_kv and shares_layers(draft.model, target):
-            draft = SharedLayersDrafter(draft.model, lm)
-        draft.stop_below = draft_confidence
+            draft = SharedLayersDrafter(draft.model, lm, draft.stop_below)
+        if draft_confidence is not None:  # else keep a given adapter's own setting
+            draft.stop_below = draft_confidence
     if draft is not None:
         draft.start(prompts, device)
     k_now, k_cap = int(gamma), int(max_gamma or 4 * gamma)

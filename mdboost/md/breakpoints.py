@@ -283,21 +283,21 @@ class Breakpoints:
     def for_divergence_with_value(self, max_divergence, divergence="kl", *,
                                   validate: bool = True) -> tuple[CurvePoint, torch.Tensor]:
         """:meth:`for_divergence` and ``D_f(pi || q)`` at the solution, without a second search."""
-        div = resolve(divergence)
-        budget = self._flat(max_divergence, "max_divergence", validate=validate)
-        m, seg = _search.primal(self, budget, div, False)
-        a, b = self.ab(m, seg, self._tv)
-        point = CurvePoint(self._out(a), self._out(b), self._out(1 - m))
+        point, (div, budget, m, seg) = self._primal_search(max_divergence, divergence, False, validate)
         value = seg["value"] if "value" in seg else self.div_on(m, seg, div, False)  # numpy search: computed there
         value = torch.where(budget <= 0, 0.0, value)  # budget 0: pi = q
         return point, self._out(value)
 
     def _primal(self, max_divergence, divergence, bound, validate) -> CurvePoint:
+        return self._primal_search(max_divergence, divergence, bound, validate)[0]
+
+    def _primal_search(self, max_divergence, divergence, bound, validate):
+        """The primal point and what located it: ``(point, (div, budget, m, segment))``."""
         div = resolve(divergence)
         budget = self._flat(max_divergence, "max_divergence", validate=validate)
         m, seg = _search.primal(self, budget, div, bound)
         a, b = self.ab(m, seg, self._tv)
-        return CurvePoint(self._out(a), self._out(b), self._out(1 - m))
+        return CurvePoint(self._out(a), self._out(b), self._out(1 - m)), (div, budget, m, seg)
 
     def divergence_at(self, acceptance, divergence="kl", *, bound: bool = False) -> torch.Tensor:
         """``D_f(pi || q)`` (or its Thm 3.12 upper bound) at the curve point of given acceptance.

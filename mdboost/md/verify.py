@@ -207,15 +207,14 @@ def verify(
     sd_only = min_acceptance is None and isinstance(max_divergence, (int, float)) and max_divergence == 0
     u = draw_uniforms(batch, num_draft, dtype=dtype, device=device, generator=generator)
     u_acc = u[:, :num_draft]
+    sd_acc = torch.minimum(p_r, q_r).sum(-1)  # [B, K]
     if sd_only or num_draft == 0:
         a = b = torch.zeros((batch, num_draft), dtype=dtype, device=device)
-        sd_acc = torch.minimum(p_r, q_r).sum(-1)
         acc_prob, div_val = sd_acc, torch.zeros_like(sd_acc)
     else:
         dual = min_acceptance is not None
         name, value = ("min_acceptance", min_acceptance) if dual else ("max_divergence", max_divergence)
         budget = _position_budget(name, value, batch, num_draft, device, 1.0 if dual else None, validate)
-        sd_acc = torch.minimum(p_r, q_r).sum(-1)
         if bool((p_x == 1).all()):  # deterministic drafter: closed form, no sort
             point = (one_hot_dual if dual else one_hot_primal)(q_x.to(torch.float64), budget, div)
             a, b, acc_prob, div_val = (x.to(dtype) for x in point)
@@ -225,12 +224,13 @@ def verify(
             a, b, acc_prob, div_val = _solve(p_r, q_r, budget, dual, div)
 
     # unsolved entries (NaN) are positions after a rejection or ones SD accepts: a = 0 there
-    accepted = u_acc < _accept_ratio(torch.nan_to_num(a, nan=0.0), q_x, p_x)  # [B, K]
+    a0, b0 = torch.nan_to_num(a, nan=0.0), torch.nan_to_num(b, nan=0.0)
+    accepted = u_acc < _accept_ratio(a0, q_x, p_x)  # [B, K]
     num_accepted = torch.cumprod(accepted.long(), dim=-1).sum(-1)  # [B]
     emitted = torch.arange(num_draft, device=device) < num_accepted.unsqueeze(-1)
     sd_accepted = u_acc < _accept_ratio(torch.zeros_like(a), q_x, p_x)
 
-    sampled = _final_token(p_r, q_r, torch.nan_to_num(a, nan=0.0), torch.nan_to_num(b, nan=0.0), bonus, ids, num_accepted, u[:, num_draft])
+    sampled = _final_token(p_r, q_r, a0, b0, bonus, ids, num_accepted, u[:, num_draft])
     ar = torch.arange(num_draft + 1, device=device)
     pad = torch.full((batch, 1), PLACEHOLDER_TOKEN_ID, dtype=torch.long, device=device)
     out = torch.where(ar < num_accepted.unsqueeze(-1), torch.cat([tokens, pad], dim=1), PLACEHOLDER_TOKEN_ID)

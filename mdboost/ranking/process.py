@@ -426,16 +426,18 @@ def score_process(layout: SequenceLayout, draft_rows, target_rows, labels, point
     speed = process_speedup(float(lengths.sum()), pooled(res.draft_tokens), pooled(res.steps_by_draft_len), cost_ratio,
                             verify_costs=verify_costs, md_overhead=overhead, solved=solved)  # [P, G]
     best = speed.argmax(-1)  # first maximum: the smallest gamma on ties
+    def per_row(x):  # [P, B, L] -> [P * G * B, L], the batch order of run_process
+        return x[:, None].expand(n_p, n_g, n_b, length).reshape(-1, length)
+
     values = torch.stack([gather_rows(pt.acceptance.double(), index) for pt in points])  # [P, B, L]
-    cond = raw[..., 0]  # [P, B, L]
-    start = res.start_prob.reshape(n_p, n_g, n_b, length)
-    drafted = (res.draft_len.reshape(n_p, n_g, n_b, length) > 0) * start
+    num_v, den = (pooled(x) for x in res.position0(per_row(values)))
+    num_c = pooled(res.position0(per_row(raw[..., 0]))[0])
     accepted, steps = pooled(res.accepted), pooled(res.steps)
     out = []
     for i, g in enumerate(best.tolist()):
-        den = float(drafted[i, g].sum())
-        num = [float((drafted[i, g] * values[i]).sum()), float((drafted[i, g] * cond[i]).sum()), float(accepted[i, g])]
-        acc, acc_c, acc_n = (x / den if den > 0 else float("nan") for x in num)
+        d = float(den[i, g])
+        num = [float(num_v[i, g]), float(num_c[i, g]), float(accepted[i, g])]
+        acc, acc_c, acc_n = (x / d if d > 0 else float("nan") for x in num)
         out.append(ProcessScore(gammas[g], float(speed[i, g]), acc, acc_c, 1 + acc_n,
                                 float(lengths.sum() / steps[i, g]), speed[i].tolist()))
     return out
