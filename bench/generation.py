@@ -32,10 +32,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import itertools
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 import uuid
@@ -45,7 +47,8 @@ from typing import NamedTuple
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TQDM_DISABLE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
@@ -340,7 +343,8 @@ def make_cell(spec: Spec, results: dict, settings: dict, meta: dict) -> dict:
     ``mean_kl`` = realized KL over the positions where the MD clamp was solved, ``max_kl``,
     drafter / target / verify seconds); ``references`` (``ar`` always; ``sd`` for MD;
     ``hf_ar`` and ``engine`` for HF peers: same process); ``speedup_vs_ar``;
-    ``identical_to_engine`` for HF peers; ``run_id``, ``chunk``, ``machine``, ``torch_threads``, ``date``.
+    ``identical_to_engine`` for HF peers; ``run_id``, ``chunk``, ``machine``, ``torch_threads``, ``date``,
+    ``commit`` (short hash, ``+`` for local changes), ``loadavg`` (1-minute load when the chunk started).
     """
     res = results[spec]
     refs = {"ar": _timing(results[Spec("ar", spec.temperature)])}
@@ -355,19 +359,31 @@ def make_cell(spec: Spec, results: dict, settings: dict, meta: dict) -> dict:
 
 def measure_chunk(chunk: Chunk, pool, prompts, args, meta, deadline=None) -> list[dict] | None:
     """Measure one chunk; its cells, or ``None`` when abandoned at the deadline."""
+    load = os.getloadavg()[0]  # 1-minute load at the start: other processes sharing the cores
     runners = [(spec, make_runner(spec, pool, args.new_tokens, args.seed)) for spec in chunk_specs(chunk)]
     for _, fn in runners:
         fn(prompts[0], 2)  # warm-up: first-call costs stay out of the timings
     results = run_interleaved(runners, prompts, torch.device(args.device), deadline)
     if results is None:
         return None
-    return [make_cell(spec, results, settings_of(args), dict(meta, chunk=chunk.name)) for spec in chunk.cells]
+    meta = dict(meta, chunk=chunk.name, loadavg=round(load, 2))
+    return [make_cell(spec, results, settings_of(args), meta) for spec in chunk.cells]
+
+
+def _commit() -> str | None:
+    """The checkout's short commit (``+`` when it has local changes), or None outside git."""
+    try:
+        run = functools.partial(subprocess.run, capture_output=True, text=True, check=True, cwd=ROOT)
+        head = run(["git", "rev-parse", "--short", "HEAD"]).stdout.strip()
+        return head + ("+" if run(["git", "status", "--porcelain", "--untracked-files=no"]).stdout.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return None
 
 
 def run_chunks(chunks, pool, prompts, args, cells, deadline=None) -> int:
     """Measure ``chunks`` in order, saving ``cells`` after each; returns the number completed."""
     meta = dict(run_id=f"{datetime.datetime.now():%Y%m%dT%H%M%S}-{os.getpid()}-{uuid.uuid4().hex[:6]}", machine=machine_line(),
-                torch_threads=torch.get_num_threads(), date=f"{datetime.date.today()}")
+                torch_threads=torch.get_num_threads(), date=f"{datetime.date.today()}", commit=_commit())
     per_config = []  # seconds per (config x prompt) of the chunks so far
     for done, chunk in enumerate(chunks):
         size = len(chunk_specs(chunk)) * len(prompts)

@@ -69,6 +69,16 @@ def test_greedy_ar_equals_target_greedy(target):
         assert out.stats.num_target_calls == out.num_new_tokens.item()
 
 
+@pytest.mark.parametrize("name", ["other", "shared2"])
+def test_outputs_are_ordinary_tensors(target, drafters, name):
+    """The loop runs in inference mode; what it returns must still be editable and usable in autograd code."""
+    out = generate(target, prompt(1, 5), drafter=drafters[name], mode="sd", max_new_tokens=6, temperature=1.0,
+                   generator=torch.Generator().manual_seed(0))
+    assert not out.sequences.is_inference() and not out.num_new_tokens.is_inference()
+    out.sequences[0, 0] = 1  # an in-place write on an inference tensor would raise here
+    assert out.sequences[0, 0].item() == 1
+
+
 def test_greedy_ar_takes_argmax_without_the_generator(target):
     """Deterministic decoding never draws: the generator's state is untouched, NaN still raises."""
     ids = prompt(7, 6)

@@ -210,12 +210,15 @@ def generate(
     k_now, k_cap = int(gamma), int(max_gamma or 4 * gamma)
     # deterministic decoding (greedy, no budget): an undrafted step takes the argmax directly
     greedy = temperature == 0 and max_divergence == 0 and min_acceptance is None
-    while state.active_rows():
-        k = 0 if draft is None else min(k_now, state.max_remaining() - 1)
-        lengths = _step(lm, draft, state, k, sampling, md_args, generator, stats, timer, greedy)
-        if adaptive_gamma and k:
-            full = all(state.last_accepted[b] == k == lengths[b] for b in state.last_active)
-            k_now = min(k_now + 2, k_cap) if full else max(1, k_now - 1)
+    # inference mode, not just no_grad: no version counters or view tracking on the cache
+    # tensors (about 6% per CPU forward of SmolLM2-135M); nothing created here leaks out
+    with torch.inference_mode():
+        while state.active_rows():
+            k = 0 if draft is None else min(k_now, state.max_remaining() - 1)
+            lengths = _step(lm, draft, state, k, sampling, md_args, generator, stats, timer, greedy)
+            if adaptive_gamma and k:
+                full = all(state.last_accepted[b] == k == lengths[b] for b in state.last_active)
+                k_now = min(k_now + 2, k_cap) if full else max(1, k_now - 1)
 
     stats.time_total = timer.now() - start
     pad = pad_token_id if pad_token_id is not None else (eos_token_id if eos_token_id is not None else 0)
