@@ -23,6 +23,8 @@ token-for-token equality checks. Then chunks by priority: ``ngram:3`` and the tu
 exits; temperatures in the order given (the grid: 1.0 before 0.7).
 
 Timings are single-threaded by default (``--threads 1``): that is what the report shows.
+The grid and the cells file live in ``bench/_generation_grid.py``, the report in
+``bench/_generation_report.py``; this script measures.
 
     .venv/bin/python bench/generation.py --full-grid --resume --max-minutes 120
     .venv/bin/python bench/generation.py [--prompts 4] [--new-tokens 64] [--cells PATH] [--no-write]
@@ -34,7 +36,6 @@ import argparse
 import datetime
 import functools
 import itertools
-import json
 import os
 import statistics
 import subprocess
@@ -42,7 +43,6 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import NamedTuple
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -52,45 +52,15 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from bench._generation_grid import (  # noqa: E402,F401  (re-exported: the grid is part of this script's API)
+    CELLS, DEFAULT_DRAFTERS, DEFAULTS, FULL_GRID, HF_MODES, PEER_CONFIDENCE, SETTINGS, Chunk, Spec, cell_key,
+    chunk_specs, dependencies, drafter_priority, grid_keys, load_cells, plan_chunks, save_cells, settings_of, _pending,
+)
+from bench._generation_report import report  # noqa: E402
 from bench._results import machine_line, update_section  # noqa: E402
-from mdboost._io import atomic_write_text  # noqa: E402
 from mdboost.data import encode_prompt, load_texts  # noqa: E402
 from mdboost.engine import generate  # noqa: E402
-from mdboost.models.pool import DEFAULT_DRAFTERS, build_pool, parse_drafter  # noqa: E402
-
-CELLS = Path(__file__).with_name("generation_cells.json")
-FORMAT = "mdboost-generation-cells/1"
-# Drafter order: acceptance and cost ratio of the `cache` section through the speed model
-# (tuned:12 cheapest with ~0.4 acceptance, then the deep tuned exits); kinds in FIRST_TIER run
-# at every temperature before the others.
-PRIORITY = ("ngram:3", "tuned:12", "tuned:27", "tuned:24", "tuned:18", "int8",
-            "early_exit:27", "early_exit:24", "early_exit:18", "early_exit:12")
-FIRST_TIER = ("ngram", "tuned")
-FULL_GRID = dict(drafters=",".join(DEFAULT_DRAFTERS), gammas=[2, 4, 6], budgets=[0.01, 0.05, 0.2],
-                 temperatures=[1.0, 0.7], prompts=10, new_tokens=64)
-DEFAULTS = dict(drafters="early_exit:12,ngram:3", gammas=[4], budgets=[0.05], temperatures=[0.0, 1.0],
-                prompts=4, new_tokens=64)
-SETTINGS = ("target", "device", "prompts", "new_tokens", "seed", "threads")
-HF_MODES = ("hf_ar", "hf_assisted", "hf_lookup")
-PEER_CONFIDENCE = 0.4  # transformers' default assistant_confidence_threshold
-
-
-class Spec(NamedTuple):
-    """One configuration. ``mode``: ar, sd, md, hf_ar, hf_assisted or hf_lookup."""
-
-    mode: str
-    temperature: float
-    drafter: str | None = None
-    gamma: int | None = None
-    budget: float | None = None
-
-
-class Chunk(NamedTuple):
-    """Cells measured together (interleaved per prompt, with the engine's AR at ``temperature``)."""
-
-    name: str
-    temperature: float
-    cells: tuple
+from mdboost.models.pool import build_pool, parse_drafter  # noqa: E402,F401
 
 
 def _floats(text):
@@ -140,108 +110,6 @@ def _check_args(args):
         raise ValueError(f"--gammas must be positive integers, got {args.gammas!r}")
     if any(not b > 0 for b in args.budgets) or any(t < 0 for t in args.temperatures):
         raise ValueError(f"--budgets must be > 0 and --temperatures >= 0, got {args.budgets!r}, {args.temperatures!r}")
-
-
-def settings_of(args) -> dict:
-    return {name: getattr(args, name) for name in SETTINGS}
-
-
-def cell_key(spec: Spec, settings: dict) -> str:
-    """The identity of a cell: its configuration plus every setting that changes its timing."""
-    return "|".join([f"{k}={v}" for k, v in spec._asdict().items()] + [f"{k}={settings[k]}" for k in SETTINGS])
-
-
-# --------------------------------------------------------------------------- planning
-
-def drafter_priority(name: str) -> tuple[int, int]:
-    """``(tier, rank)``: tier 0 for n-gram and tuned drafters; rank from ``PRIORITY``."""
-    tier = 0 if parse_drafter(name)[0] in FIRST_TIER else 1
-    return tier, PRIORITY.index(name) if name in PRIORITY else len(PRIORITY)
-
-
-def plan_chunks(drafters, gammas, budgets, temperatures, hf=True, peer_drafter=None, peer_gamma=4) -> list[Chunk]:
-    """The chunks of a grid in priority order; a cell appears once (in its first chunk)."""
-    drafters = sorted(drafters, key=drafter_priority)
-    chunks = []
-    if hf:
-        lookup = next((d for d in drafters if parse_drafter(d)[0] == "ngram"), None)
-        peer = peer_drafter or next((d for d in drafters if parse_drafter(d)[0] != "ngram"), None)
-        cells = [Spec("hf_ar", 0.0)]
-        for mode, name in (("hf_lookup", lookup), ("hf_assisted", peer)):
-            if name is not None:
-                cells += [Spec(mode, 0.0, name, peer_gamma), Spec("sd", 0.0, name, peer_gamma, 0.0)]
-        chunks.append(Chunk("HF peers (greedy)", 0.0, tuple(cells)))
-    for tier in (0, 1):
-        for temp in temperatures:
-            for name in (d for d in drafters if drafter_priority(d)[0] == tier):
-                cells = []
-                for gamma in gammas:
-                    cells.append(Spec("sd", temp, name, gamma, 0.0))
-                    if temp > 0:  # at temperature 0 q is one-hot and MD reduces to SD
-                        cells += [Spec("md", temp, name, gamma, b) for b in budgets]
-                chunks.append(Chunk(f"{name} T={temp}", temp, tuple(cells)))
-    seen = set()
-
-    def measured_before(spec):
-        found = spec in seen
-        seen.add(spec)
-        return found
-
-    return _pending(chunks, measured_before)
-
-
-def _pending(chunks, done) -> list[Chunk]:
-    out = []
-    for chunk in chunks:
-        cells = tuple(spec for spec in chunk.cells if not done(spec))
-        if cells:
-            out.append(chunk._replace(cells=cells))
-    return out
-
-
-def dependencies(spec: Spec) -> list[tuple[str, Spec]]:
-    """``(role, spec)`` of the configs a cell's ratios need from the same process (besides AR)."""
-    if spec.mode == "md":
-        return [("sd", Spec("sd", spec.temperature, spec.drafter, spec.gamma, 0.0))]
-    if spec.mode in ("hf_assisted", "hf_lookup"):
-        return [("hf_ar", Spec("hf_ar", 0.0)), ("engine", Spec("sd", 0.0, spec.drafter, spec.gamma, 0.0))]
-    return []
-
-
-def chunk_specs(chunk: Chunk) -> list[Spec]:
-    """Everything a chunk runs: AR, then each cell after the configs it depends on."""
-    specs = [Spec("ar", chunk.temperature)]
-    for spec in chunk.cells:
-        specs += [s for _, s in dependencies(spec) if s not in specs] + ([spec] if spec not in specs else [])
-    return specs
-
-
-def grid_keys(args) -> dict[str, str]:
-    """``{key: chunk name}`` of issue 5's grid at the current settings."""
-    chunks = plan_chunks(FULL_GRID["drafters"].split(","), FULL_GRID["gammas"], FULL_GRID["budgets"],
-                         FULL_GRID["temperatures"], True, args.peer_drafter, 4)
-    return {cell_key(s, settings_of(args)): c.name for c in chunks for s in c.cells}
-
-
-# --------------------------------------------------------------------------- cells file
-
-def load_cells(path: Path) -> dict[str, dict]:
-    """``{key: cell}`` from the cells file (empty when it does not exist)."""
-    if not Path(path).exists():
-        return {}
-    try:
-        data = json.loads(Path(path).read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"cells file {path} is not valid JSON: {err}") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ValueError(f"cells file {path} must have format {FORMAT!r}, got {data.get('format') if isinstance(data, dict) else data!r}")
-    return {cell["key"]: cell for cell in data["cells"]}
-
-
-def save_cells(path: Path, cells: dict[str, dict]) -> None:
-    """Write all cells atomically, one JSON object per line."""
-    body = ",\n".join(json.dumps(cell, sort_keys=True) for cell in cells.values())
-    atomic_write_text(path, f'{{"format": "{FORMAT}", "cells": [\n{body}\n]}}\n')
 
 
 # --------------------------------------------------------------------------- measuring
@@ -423,115 +291,6 @@ def main(argv=None):
     print(markdown)
     if not args.no_write:
         update_section("generation", markdown)
-
-
-# --------------------------------------------------------------------------- report
-
-def _mal(cell) -> str:
-    mal = cell.get("mean_accepted_length")
-    return "-" if mal is None else f"{mal:.2f}"
-
-
-def _fmt(cell) -> str:
-    return "-" if cell is None else f"{cell['speedup_vs_ar']:.2f}x ({_mal(cell)})"
-
-
-def _ar_line(cells, temp) -> str:
-    refs = sorted({(c["run_id"], c["chunk"]): c["references"]["ar"]["tok_s"] for c in cells}.values())
-    return (f"Engine AR at T={temp}: median {statistics.median(refs):.2f} tok/s over {len(refs)} chunk(s) "
-            f"({refs[0]:.2f} to {refs[-1]:.2f}).")
-
-
-def temperature_table(cells, temp) -> list[str]:
-    """Rows drafter x gamma; columns SD and MD per budget: speedup vs same-process AR (MAL)."""
-    mine = [c for c in cells if c["mode"] in ("sd", "md") and c["temperature"] == temp]
-    budgets = sorted({c["budget"] for c in mine if c["mode"] == "md"})
-    index = {(c["drafter"], c["gamma"], c["mode"], c["budget"]): c for c in mine}
-    rows = sorted({(c["drafter"], c["gamma"]) for c in mine}, key=lambda r: (drafter_priority(r[0]), r))
-    head = ["drafter", "gamma", "SD"] + [f"MD KL {b:g}" for b in budgets] + (["MD 0.05 / SD"] if temp > 0 else [])
-    lines = [f"**T = {temp}.** {_ar_line(mine, temp)}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for drafter, gamma in rows:
-        row = [drafter, str(gamma), _fmt(index.get((drafter, gamma, "sd", 0.0)))]
-        row += [_fmt(index.get((drafter, gamma, "md", b))) for b in budgets]
-        if temp > 0:
-            md = index.get((drafter, gamma, "md", 0.05))
-            row.append("-" if md is None else f"{md['tok_s'] / md['references']['sd']['tok_s']:.2f}x")
-        lines.append("| " + " | ".join(row) + " |")
-    return lines + [""]
-
-
-def peer_lines(cells) -> list[str]:
-    """The greedy HF comparisons (ratios and equality checks from one process each)."""
-    out = []
-    for c in (c for c in cells if c["mode"] == "hf_ar"):
-        ar = c["references"]["ar"]["tok_s"]
-        out.append(f"- HF greedy AR {c['tok_s']:.2f} tok/s; engine greedy AR {ar:.2f} tok/s = **{ar / c['tok_s']:.2f}x** "
-                   f"HF AR. Engine greedy AR equals HF greedy AR: **{c['identical_to_engine']}**.")
-    for c in (c for c in cells if c["mode"] in ("hf_assisted", "hf_lookup")):
-        what, ref = ("prompt lookup" if c["mode"] == "hf_lookup" else "assisted"), c["references"]
-        out.append(f"- HF {what} ({c['drafter']}, gamma {c['gamma']}): {c['tok_s']:.2f} tok/s = "
-                   f"{c['tok_s'] / ref['hf_ar']['tok_s']:.2f}x HF AR; engine greedy SD, same drafter"
-                   f"{'' if c['mode'] == 'hf_lookup' else f' and confidence stop {PEER_CONFIDENCE}'}: "
-                   f"{ref['engine']['tok_s']:.2f} tok/s = **{ref['engine']['tok_s'] / c['tok_s']:.2f}x** HF {what}. "
-                   f"Greedy SD vs HF {what}: token-for-token identical: **{c['identical_to_engine']}**.")
-    return out
-
-
-def summary_lines(cells, temps) -> list[str]:
-    """MD (KL 0.05) vs SD win counts and the best configuration per temperature."""
-    out = []
-    for temp in temps:
-        md = [c for c in cells if c["mode"] == "md" and c["temperature"] == temp and c["budget"] == 0.05]
-        if md:
-            wins = sum(c["tok_s"] > c["references"]["sd"]["tok_s"] for c in md)
-            out.append(f"- MD (KL 0.05) faster than SD (same process) at T={temp}: **{wins} of {len(md)}** "
-                       "drafter x gamma pairs.")
-        best = max((c for c in cells if c["mode"] in ("sd", "md") and c["temperature"] == temp),
-                   key=lambda c: c["speedup_vs_ar"])
-        budget = f" KL {best['budget']:g}" if best["mode"] == "md" else ""
-        out.append(f"- Best configuration at T={temp}: {best['mode']} {best['drafter']} gamma {best['gamma']}{budget}: "
-                   f"**{best['speedup_vs_ar']:.2f}x** engine AR ({best['tok_s']:.2f} tok/s, mean accepted length {_mal(best)}).")
-    return out
-
-
-def coverage_line(cells, args) -> str:
-    """How much of issue 5's grid (at the current settings) the cells file holds."""
-    grid, have = grid_keys(args), {c["key"] for c in cells}
-    remaining = {}
-    for key, name in grid.items():
-        if key not in have:
-            remaining[name] = remaining.get(name, 0) + 1
-    at = f"{args.prompts} prompts x {args.new_tokens} tokens, {args.threads} thread(s)"
-    issue = "" if (args.prompts, args.new_tokens) == (10, 64) else " (the issue's grid is at 10 x 64)"
-    text = f"- Issue grid coverage at {at}{issue}: **{len(grid) - sum(remaining.values())}/{len(grid)}** cells"
-    rest = ", ".join(f"{name} ({n})" for name, n in remaining.items())
-    return text + (f"; remaining: {rest}." if rest else "; complete.")
-
-
-def report(cells: dict[str, dict], args) -> str:
-    """The ``generation`` section from every cell of the file at the current settings."""
-    settings = settings_of(args)
-    mine = [c for c in cells.values() if all(c.get(k) == settings[k] for k in SETTINGS)]
-    temps = sorted({c["temperature"] for c in mine if c["mode"] in ("sd", "md")}, reverse=True)
-    machines = "; ".join(sorted({c["machine"].strip("_.").removeprefix("Measured on ") for c in mine})) or "-"
-    dates = sorted(c["date"] for c in mine)
-    lines = [
-        "## Generation engine: AR / SD / MD vs Hugging Face `generate`", "",
-        f"_{len(mine)} cells from {len({c['run_id'] for c in mine})} process(es)"
-        + (f", {dates[0]} to {dates[-1]}" if dates else "") + f"; measured on {machines}._",
-        (f"_`bench/generation.py`: target {args.target}, {args.prompts} HumanEval prompts x {args.new_tokens} new "
-         f"tokens (EOS stops), batch 1, {args.device}, torch threads {args.threads} (single-threaded timings by "
-         f"default), seed {args.seed}. Configs run in chunks (one drafter x one temperature, plus the engine's AR), "
-         "interleaved per prompt; every ratio uses references measured in the same process. Table cells: tok/s "
-         "speedup vs the engine's AR at the same temperature (mean accepted length); MD 0.05 / SD: tok/s ratio. "
-         f"Raw cells: `{args.cells.name}`._"), "",
-    ]
-    for temp in temps:
-        lines += temperature_table(mine, temp)
-    lines += peer_lines(mine) + summary_lines(mine, temps) + [coverage_line(mine, args)]
-    if len(mine) < len(cells):
-        lines.append(f"- {len(cells) - len(mine)} cells at other settings in `{args.cells.name}` are not shown.")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":
