@@ -11,13 +11,12 @@ import numpy as np
 import pytest
 import torch
 
+from mdboost.ranking.layout import gather_rows, padded_index
 from mdboost.ranking.process import (
     budget_tilt,
     chain_from_positions,
     chain_from_proposals,
     conditional_acceptance,
-    gather_rows,
-    padded_index,
     run_process,
 )
 from mdboost.ranking.speed import SpeedProfile, process_speedup, walltime_speedup
@@ -176,7 +175,7 @@ def test_score_process_on_a_tiny_sampled_cache(tmp_path):
         acceptance_members,
         open_or_build_cache,
     )
-    from mdboost.ranking.process import sequence_layout
+    from mdboost.ranking.layout import sequence_layout
     from mdboost.ranking.rank import score_pair
     from tests.test_rank_pipeline_sampled import _config
 

@@ -6,6 +6,7 @@ Modules (paper results in their docstrings; metric definitions in ``docs/ranking
 - :mod:`~mdboost.ranking.acceptance` -- SD ``1 - TV`` and optimal MD acceptance per budget;
 - :mod:`~mdboost.ranking.speed` -- the speed model (tokens per target call, walltime speedup);
 - :mod:`~mdboost.ranking.process` -- the engine's draft-start process (exact DP over sequences);
+- :mod:`~mdboost.ranking.layout` -- cached rows grouped by sequence (what the process runs on);
 - :mod:`~mdboost.ranking.diagnostics` -- ``eps_pq``, ``rho_pq`` and ``k = sqrt((1+a)/(1-b))``;
 - :mod:`~mdboost.ranking.quality` -- teacher-forced NLL of q, p, mentored and boosted;
 - :mod:`~mdboost.ranking.boosting` -- cache-backed pool members and the pair boosting runs;
@@ -14,8 +15,15 @@ Modules (paper results in their docstrings; metric definitions in ``docs/ranking
 - :mod:`~mdboost.ranking.report` -- ``ranking.csv``, HTML and terminal tables.
 """
 
-from mdboost.ranking.process import conditional_acceptance, run_process, sequence_layout
+from mdboost.ranking.layout import sequence_layout
+from mdboost.ranking.process import conditional_acceptance, run_process
 from mdboost.ranking.rank import Member, PairScore, rank_rows, score_pair
-from mdboost.ranking.speed import SpeedProfile, best_gamma, expected_solved, expected_tokens, walltime_speedup
+from mdboost.ranking.speed import (
+    SpeedProfile,
+    best_gamma,
+    expected_solved,
+    expected_tokens,
+    walltime_speedup,
+)
 
 __all__ = ["Member", "PairScore", "SpeedProfile", "conditional_acceptance", "run_process", "sequence_layout", "best_gamma", "expected_solved", "expected_tokens", "rank_rows", "score_pair", "walltime_speedup"]

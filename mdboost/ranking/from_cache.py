@@ -359,9 +359,9 @@ def acceptance_members(loader: MemberLoader, pc: PoolCache, drafter: str, target
 
     ``loader`` reads the target-sampled caches (``pc.acceptance``); cost ratios come from ``pc``,
     the main caches, where they were measured. ``layout`` groups the rows by sequence for the
-    engine's draft-start process (:func:`mdboost.ranking.process.sequence_layout`).
+    engine's draft-start process (:func:`mdboost.ranking.layout.sequence_layout`).
     """
-    from mdboost.ranking.process import sequence_layout
+    from mdboost.ranking.layout import sequence_layout
 
     d_rows, d_hyp = loader(drafter)
     t_rows, t_hyp = loader(target)

@@ -37,6 +37,8 @@ from dataclasses import dataclass
 
 import torch
 
+from mdboost.ranking.layout import SequenceLayout, gather_rows, padded_index
+
 
 def conditional_acceptance(draft_logp, target_logp, a=0.0, b=0.0) -> torch.Tensor:  # [N]
     """``c = min(p(x), pi(x)) / pi(x)`` of the emitted token ``x`` (see the module docstring).
@@ -220,81 +222,6 @@ def run_process(chain: torch.Tensor, gamma, *, draft_len=None, lengths=None) -> 
     accepted = (start_prob * surv[..., 1:].mul(idx[1:] <= k[..., None]).sum(-1)).sum(-1)
     hist = torch.zeros(n, g + 1, dtype=torch.float64).scatter_add_(1, k, start_prob)
     return ProcessResult(start_prob, visit[:, :length], k * inside, accepted, hist, lengths)
-
-
-# ---- rows of a cache, grouped by sequence --------------------------------------------------------
-def padded_index(sequence) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(index [B, L], lengths [B])`` putting rows ``[M]`` into per-sequence rows.
-
-    ``sequence[r]`` is the sequence of row ``r``; a sequence's rows must be contiguous and in
-    text order (as in :class:`mdboost.cache.LogitCache`). ``index[b, t]`` is the row of position
-    ``t`` of the ``b``-th sequence, ``-1`` past its length.
-    """
-    seq = torch.as_tensor(sequence, dtype=torch.long)
-    if seq.ndim != 1:
-        raise ValueError(f"sequence must be 1-D [M], got shape {tuple(seq.shape)}")
-    if seq.numel() == 0:
-        return torch.zeros(0, 0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
-    _, counts = torch.unique_consecutive(seq, return_counts=True)
-    if torch.unique(seq).numel() != counts.numel():
-        raise ValueError("sequence must keep each sequence's rows contiguous, got interleaved sequence ids")
-    offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)[:-1]])
-    pos = torch.arange(int(counts.max()))
-    index = offsets[:, None] + pos[None, :]
-    return torch.where(pos[None, :] < counts[:, None], index, torch.full_like(index, -1)), counts
-
-
-def gather_rows(values: torch.Tensor, index: torch.Tensor, fill=0) -> torch.Tensor:  # [M, ...] -> [B, L, ...]
-    """``values[index]`` with ``fill`` where ``index == -1``."""
-    out = values[index.clamp_min(0)]
-    mask = (index < 0).reshape(*index.shape, *([1] * (values.ndim - 1)))
-    return torch.where(mask, torch.full_like(out, fill), out)
-
-
-@dataclass
-class SequenceLayout:
-    """Which sequence each cached row belongs to, and a prompt-lookup drafter's full drafts.
-
-    ``sequence`` [M]: the rows' sequence ids (contiguous, in text order). ``cache`` and
-    ``member`` let :meth:`proposals` read (or recompute) an ``ngram`` member's drafts.
-    """
-
-    sequence: torch.Tensor
-    cache: object = None
-    member: str | None = None
-
-    def proposals(self, width: int) -> torch.Tensor:  # [M, width]
-        """The ``ngram`` member's ``width`` drafts per row (``-1`` = none).
-
-        Read from the cache when it kept enough (``ngram_lookahead``), else recomputed on the
-        cached sequences with the member's :class:`~mdboost.models.ngram.NgramDrafter` (checked
-        against the cached prefix).
-        """
-        from mdboost.models.ngram import NgramDrafter
-        from mdboost.models.pool import parse_drafter
-
-        cached = self.cache.ngram_proposals(self.member).long()  # [M, J]
-        if cached.shape[1] >= width:
-            return cached[:, :width]
-        kind, n = parse_drafter(self.member)
-        if kind != "ngram":
-            raise ValueError(f"member {self.member!r} is not an ngram drafter")
-        drafter, rows = NgramDrafter(n), []
-        for index in range(self.cache.num_sequences):
-            ids, start = self.cache.sequence(index)
-            for t in range(start, ids.numel()):
-                draft = drafter.propose(ids[:t], width)
-                rows.append(torch.cat([draft, draft.new_full((width - draft.numel(),), -1)]))
-        out = torch.stack(rows) if rows else cached.new_zeros(0, width)
-        if out.shape[0] != cached.shape[0] or not torch.equal(out[:, :cached.shape[1]], cached):
-            raise ValueError(f"recomputed proposals of {self.member!r} disagree with the cache")
-        return out
-
-
-def sequence_layout(cache, member: str | None = None) -> SequenceLayout:
-    """The :class:`SequenceLayout` of a :class:`~mdboost.cache.LogitCache` (``member``: the drafter)."""
-    ngram = member is not None and cache.kind(member) == "ngram"
-    return SequenceLayout(cache.row_sequence(), cache if ngram else None, member if ngram else None)
 
 
 # ---- one pair: every operating point and gamma in one batch ----------------------------------------

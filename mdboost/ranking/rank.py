@@ -20,7 +20,7 @@ says which.
 Predicted speedups and best draft lengths come from :mod:`mdboost.ranking.speed`, fed the
 target's measured verification cost table and MD solve overhead
 (``score_pair(..., speed_profile=...)``; budget-0 points get no MD overhead). When the
-acceptance rows come with their :class:`~mdboost.ranking.process.SequenceLayout`
+acceptance rows come with their :class:`~mdboost.ranking.layout.SequenceLayout`
 (``acceptance=(draft, target, labels, layout)``, the target-sampled cache), the draft-start
 process of :mod:`mdboost.ranking.process` replaces the i.i.d. block: ``best_gamma``,
 ``predicted_speedup`` (and ``sd_best_gamma``, ``sd_speedup``) come from it, with
@@ -41,12 +41,8 @@ from mdboost.ranking import quality
 from mdboost.ranking.acceptance import md_operating_points, sd_acceptance
 from mdboost.ranking.boosting import boost_greedy, boost_target_first
 from mdboost.ranking.diagnostics import boost_coefficient, pair_diagnostics
-from mdboost.ranking.process import (
-    PointInputs,
-    SequenceLayout,
-    budget_tilt,
-    score_process,
-)
+from mdboost.ranking.layout import SequenceLayout
+from mdboost.ranking.process import PointInputs, budget_tilt, score_process
 from mdboost.ranking.speed import SpeedProfile, best_gamma
 from mdboost.ranking.support import MemberRows, align
 
@@ -181,8 +177,8 @@ def score_pair(draft: Member, target: Member, labels, vocab_size: int, *, md: MD
     acceptance : (Member, Member, array [M][, SequenceLayout]), optional
         ``(draft, target, labels)`` on other rows (e.g. target-sampled continuations) to take the
         acceptance-side columns from; the draft's cost ratio is used for the speed model. Default:
-        the rows above. With a fourth item, the rows' :class:`~mdboost.ranking.process.SequenceLayout`
-        (:func:`~mdboost.ranking.process.sequence_layout` of the drafter's cache), the speed
+        the rows above. With a fourth item, the rows' :class:`~mdboost.ranking.layout.SequenceLayout`
+        (:func:`~mdboost.ranking.layout.sequence_layout` of the drafter's cache), the speed
         columns come from the draft-start process and the ``engine_*`` columns are added.
     acceptance_source : str, optional
         The ``acceptance_source`` column: default ``"reference"`` without ``acceptance``,
