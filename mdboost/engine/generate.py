@@ -291,9 +291,7 @@ def _verify_greedy(drafts, logits, lengths, stats, state):  # [B, K] or None, [B
         new_tokens.append(top[n])
         if state.active[b] and lengths[b]:
             visited = min(n + 1, lengths[b])
-            stats.num_verified_positions += visited
-            stats.num_solved_positions += visited
-            stats.add_acceptance_probabilities(match[:visited])
+            stats.add_verified([0.0] * visited, match[:visited])
     return num_accepted, new_tokens
 
 
@@ -330,13 +328,7 @@ def _divergence_stats(result, num_accepted, lengths, stats, state) -> None:
     by_budget = result.accepted_by_budget.tolist()  # [B, K]
     for b in state.active_rows():
         visited = min(num_accepted[b] + 1, lengths[b])  # positions whose distribution was used
-        stats.num_verified_positions += visited
-        row = [d for d in divergence[b][:visited] if d == d]
-        stats.num_solved_positions += len(row)
-        stats.divergence_sum += sum(row)
-        stats.max_divergence = max([stats.max_divergence] + row)
-        stats.num_budget_accepted += sum(by_budget[b][: num_accepted[b]])
-        stats.add_acceptance_probabilities(acc_prob[b][:visited])
+        stats.add_verified(divergence[b][:visited], acc_prob[b][:visited], sum(by_budget[b][: num_accepted[b]]))
 
 
 class _State:

@@ -92,6 +92,24 @@ class GenerationStats:
                 self.acceptance_probability_sum_per_position[j] += value
                 self.acceptance_probability_count_per_position[j] += 1
 
+    def add_verified(self, divergences: list[float], acceptance_probs: list[float], budget_accepted: int = 0) -> None:
+        """Add one row's verified positions of one step.
+
+        ``divergences[j]``: realized ``D_f(pi || q)`` at the row's ``j``-th verified position
+        (NaN where the clamp was not solved); ``acceptance_probs[j]``: its ``P_acc(pi)`` (NaN
+        where not computed); ``budget_accepted``: the row's tokens accepted only thanks to the budget.
+        """
+        if len(divergences) != len(acceptance_probs):
+            raise ValueError(f"divergences and acceptance_probs must have one entry per verified position, "
+                             f"got {len(divergences)} and {len(acceptance_probs)}")
+        solved = [d for d in divergences if d == d]
+        self.num_verified_positions += len(divergences)
+        self.num_solved_positions += len(solved)
+        self.divergence_sum += sum(solved)
+        self.max_divergence = max([self.max_divergence] + solved)
+        self.num_budget_accepted += int(budget_accepted)
+        self.add_acceptance_probabilities(acceptance_probs)
+
     @property
     def budget_utilization(self) -> float | None:
         """``mean_divergence / budget``; ``None`` when there is no positive budget."""
