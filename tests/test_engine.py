@@ -325,11 +325,12 @@ def test_stats_add_verified_counts_solved_positions_only():
 
     stats = GenerationStats(mode="md", budget=0.2)
     stats.add_verified([0.1, float("nan")], [0.5, 0.7], budget_accepted=1)
-    stats.add_verified([0.3], [float("nan")])
-    assert (stats.num_verified_positions, stats.num_solved_positions, stats.num_budget_accepted) == (3, 2, 1)
+    stats.add_verified([0.3], [0.3])
+    stats.add_verified([float("nan")], [float("nan")])  # verified, neither solved nor computed
+    assert (stats.num_verified_positions, stats.num_solved_positions, stats.num_budget_accepted) == (4, 2, 1)
     assert stats.divergence_sum == pytest.approx(0.4) and stats.max_divergence == pytest.approx(0.3)
     assert stats.mean_divergence == pytest.approx(0.2) and stats.budget_utilization == pytest.approx(1.0)
     assert stats.acceptance_probability_count_per_position == [2, 1]
-    assert stats.expected_acceptance_per_position == pytest.approx([0.55, 0.7])
+    assert stats.expected_acceptance_per_position == pytest.approx([0.4, 0.7])
     with pytest.raises(ValueError, match="divergences and acceptance_probs"):
         stats.add_verified([0.1], [0.5, 0.5])
