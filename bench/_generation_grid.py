@@ -7,7 +7,9 @@ the cells file (``bench/generation_cells.json``) holds every measured cell, writ
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 from pathlib import Path
 from typing import NamedTuple
 
@@ -149,3 +151,39 @@ def save_cells(path: Path, cells: dict[str, dict]) -> None:
     """Write all cells atomically, one JSON object per line."""
     body = ",\n".join(json.dumps(cell, sort_keys=True) for cell in cells.values())
     atomic_write_text(path, f'{{"format": "{FORMAT}", "cells": [\n{body}\n]}}\n')
+
+
+def merge_cells(path: Path, new: dict[str, dict]) -> dict[str, dict]:
+    """Add ``new`` cells to the file (a new cell replaces one with the same key); returns all cells.
+
+    The read-merge-write holds an exclusive ``flock`` on the file's folder, so processes that
+    measure different chunks into the same file (``--shard``) never drop each other's cells
+    (and no lock file is left behind).
+    """
+    path = Path(path)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        cells = load_cells(path)
+        cells.update(new)
+        save_cells(path, cells)
+    finally:
+        os.close(folder)  # releases the lock
+    return cells
+
+
+def shard(chunks: list, spec: str | None) -> list:
+    """The chunks of shard ``"I/N"`` (every ``N``-th chunk from the ``I``-th, 0-based); all for None.
+
+    Applied to the whole plan (before ``--resume`` drops measured cells), so concurrent processes
+    get disjoint chunks whenever each of them starts.
+    """
+    if spec is None:
+        return chunks
+    try:
+        index, count = (int(x) for x in spec.split("/"))
+    except ValueError:
+        index, count = -1, 0
+    if not 0 <= index < count:
+        raise ValueError(f"--shard must be I/N with 0 <= I < N, got {spec!r}")
+    return chunks[index::count]

@@ -54,7 +54,7 @@ import torch  # noqa: E402
 
 from bench._generation_grid import (  # noqa: E402,F401  (re-exported: the grid is part of this script's API)
     CELLS, DEFAULT_DRAFTERS, DEFAULTS, FULL_GRID, HF_MODES, PEER_CONFIDENCE, SETTINGS, Chunk, Spec, cell_key,
-    chunk_specs, dependencies, drafter_priority, grid_keys, load_cells, plan_chunks, save_cells, settings_of, _pending,
+    chunk_specs, dependencies, drafter_priority, grid_keys, load_cells, merge_cells, plan_chunks, save_cells, settings_of, shard, _pending,
 )
 from bench._generation_report import report  # noqa: E402
 from bench._results import machine_line, update_section  # noqa: E402
@@ -86,6 +86,8 @@ def parse_args(argv=None):
     ap.add_argument("--no-hf", action="store_true", help="skip the Hugging Face peer chunk")
     ap.add_argument("--cells", type=Path, default=CELLS, help="results file (default bench/generation_cells.json)")
     ap.add_argument("--resume", action="store_true", help="skip cells already in the cells file")
+    ap.add_argument("--shard", help="I/N: measure every N-th chunk of the plan from the I-th (0-based), so that N "
+                    "processes can share one cells file")
     ap.add_argument("--max-minutes", type=float, help="stop before a chunk that would end past this")
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     ap.add_argument("--report-only", action="store_true", help="measure nothing, rebuild the report")
@@ -265,8 +267,7 @@ def run_chunks(chunks, pool, prompts, args, cells, deadline=None) -> int:
             print(f"stopping: chunk {chunk.name!r} abandoned, it would end past --max-minutes", flush=True)
             return done
         per_config.append((time.monotonic() - tic) / size)
-        cells.update((cell["key"], cell) for cell in new)
-        save_cells(args.cells, cells)
+        cells.update(merge_cells(args.cells, {cell["key"]: cell for cell in new}))
     return len(chunks)
 
 
@@ -278,6 +279,7 @@ def main(argv=None):
     settings, cells = settings_of(args), load_cells(args.cells)
     chunks = plan_chunks([d for d in args.drafters.split(",") if d], args.gammas, args.budgets, args.temperatures,
                          not args.no_hf, args.peer_drafter, args.peer_gamma)
+    chunks = shard(chunks, args.shard)  # of the whole plan: the same split whenever each process starts
     if args.resume:
         chunks = _pending(chunks, lambda spec: cell_key(spec, settings) in cells)
     if chunks and not args.report_only:

@@ -137,3 +137,23 @@ def test_bad_inputs_raise(tmp_path):
     bad.write_text(json.dumps({"format": "other", "cells": []}))
     with pytest.raises(ValueError, match="format"):
         gen.load_cells(bad)
+
+
+def test_merge_cells_keeps_other_writers_cells(tmp_path):
+    path = tmp_path / "cells.json"
+    gen.save_cells(path, {"a": {"key": "a", "v": 1}})
+    other = {"b": {"key": "b", "v": 2}}
+    merged = gen.merge_cells(path, other)  # written by a second process meanwhile
+    assert gen.load_cells(path) == merged == {"a": {"key": "a", "v": 1}, "b": {"key": "b", "v": 2}}
+    assert gen.merge_cells(path, {"a": {"key": "a", "v": 3}})["a"]["v"] == 3  # same key: the new cell wins
+    assert [p.name for p in tmp_path.iterdir()] == ["cells.json"]
+
+
+def test_shards_partition_the_chunks():
+    chunks = gen.plan_chunks(gen.DEFAULT_DRAFTERS, [2, 4, 6], [0.05], [1.0, 0.7])
+    parts = [gen.shard(chunks, f"{i}/3") for i in range(3)]
+    assert sorted((c.name for part in parts for c in part), key=[c.name for c in chunks].index) == [c.name for c in chunks]
+    assert parts[0][0] == chunks[0] and gen.shard(chunks, None) == chunks
+    for bad in ("3/3", "1", "a/b", "-1/2"):
+        with pytest.raises(ValueError, match="--shard must be I/N"):
+            gen.shard(chunks, bad)
