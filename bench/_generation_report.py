@@ -94,6 +94,18 @@ def coverage_line(cells, args) -> str:
     return text + (f"; remaining: {rest}." if rest else "; complete.")
 
 
+def load_line(cells) -> str:
+    """How many cells were measured while other processes shared the cores (from their ``loadavg``)."""
+    known = [c for c in cells if c.get("loadavg") is not None]
+    if not known:
+        return "_Machine load was not recorded for these cells._"
+    shared = sum(c["loadavg"] >= 1.5 for c in known)
+    return (f"_Load: {shared} of the {len(known)} cells with a recorded load were measured while another process "
+            "kept a core busy (1-minute load >= 1.5 when the chunk started, e.g. two grid shards): their absolute "
+            "tok/s are lower (memory bandwidth is shared); their ratios are still within one process"
+            + (f"; {len(cells) - len(known)} older cells have no record" if len(known) < len(cells) else "") + "._")
+
+
 def report(cells: dict[str, dict], args) -> str:
     """The ``generation`` section from every cell of the file at the current settings."""
     settings = settings_of(args)
@@ -110,7 +122,7 @@ def report(cells: dict[str, dict], args) -> str:
          f"default), seed {args.seed}. Configs run in chunks (one drafter x one temperature, plus the engine's AR), "
          "interleaved per prompt; every ratio uses references measured in the same process. Table cells: tok/s "
          "speedup vs the engine's AR at the same temperature (mean accepted length); MD 0.05 / SD: tok/s ratio. "
-         f"Raw cells: `{args.cells.name}`._"), "",
+         f"Raw cells: `{args.cells.name}`._"), load_line(mine), "",
     ]
     for temp in temps:
         lines += temperature_table(mine, temp)

@@ -157,3 +157,16 @@ def test_shards_partition_the_chunks():
     for bad in ("3/3", "1", "a/b", "-1/2"):
         with pytest.raises(ValueError, match="--shard must be I/N"):
             gen.shard(chunks, bad)
+
+
+def test_report_counts_cells_measured_under_load(measured):
+    cells = gen.load_cells(measured)
+    args = gen.parse_args(TINY + ["--cells", str(measured)])
+    assert all(c["loadavg"] >= 0 and (c["commit"] is None or isinstance(c["commit"], str)) for c in cells.values())
+    first, second, *rest = cells
+    cells[first]["loadavg"], cells[second]["loadavg"] = 1.9, 0.2
+    for key in rest:
+        cells[key]["loadavg"] = 0.5
+    del cells[rest[0]]["loadavg"]
+    line = next(x for x in gen.report(cells, args).splitlines() if x.startswith("_Load:"))
+    assert line.startswith(f"_Load: 1 of the {len(cells) - 1} cells") and "1 older cells have no record" in line
