@@ -96,13 +96,14 @@ def coverage_line(cells, args) -> str:
 
 def load_line(cells) -> str:
     """How many cells were measured while other processes shared the cores (from their ``loadavg``)."""
-    known = [c for c in cells if c.get("loadavg") is not None]
+    known = [c for c in cells if c.get("loadavg") is not None or c.get("shards") is not None]
     if not known:
         return "_Machine load was not recorded for these cells._"
-    shared = sum(c["loadavg"] >= 1.5 for c in known)
+    shared = sum((c.get("shards") or 1) > 1 or (c.get("loadavg") or 0) >= 1.5 for c in known)
     return (f"_Load: {shared} of the {len(known)} cells with a recorded load were measured while another process "
-            "kept a core busy (1-minute load >= 1.5 when the chunk started, e.g. two grid shards): their absolute "
-            "tok/s are lower (memory bandwidth is shared); their ratios are still within one process"
+            "kept a core busy (grid shards run concurrently, or a 1-minute load >= 1.5 at the chunk's start or "
+            "end): their absolute tok/s are lower (memory bandwidth is shared); their ratios are still within one "
+            "process"
             + (f"; {len(cells) - len(known)} older cells have no record" if len(known) < len(cells) else "") + "._")
 
 

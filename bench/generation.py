@@ -214,7 +214,8 @@ def make_cell(spec: Spec, results: dict, settings: dict, meta: dict) -> dict:
     drafter / target / verify seconds); ``references`` (``ar`` always; ``sd`` for MD;
     ``hf_ar`` and ``engine`` for HF peers: same process); ``speedup_vs_ar``;
     ``identical_to_engine`` for HF peers; ``run_id``, ``chunk``, ``machine``, ``torch_threads``, ``date``,
-    ``commit`` (short hash, ``+`` for local changes), ``loadavg`` (1-minute load when the chunk started).
+    ``commit`` (short hash, ``+`` for local changes), ``loadavg`` (the larger 1-minute load of the
+    chunk's start and end), ``shards`` (N of ``--shard I/N``: processes sharing the machine by design).
     """
     res = results[spec]
     refs = {"ar": _timing(results[Spec("ar", spec.temperature)])}
@@ -229,14 +230,14 @@ def make_cell(spec: Spec, results: dict, settings: dict, meta: dict) -> dict:
 
 def measure_chunk(chunk: Chunk, pool, prompts, args, meta, deadline=None) -> list[dict] | None:
     """Measure one chunk; its cells, or ``None`` when abandoned at the deadline."""
-    load = os.getloadavg()[0]  # 1-minute load at the start: other processes sharing the cores
+    load = os.getloadavg()[0]  # 1-minute load: other processes sharing the cores
     runners = [(spec, make_runner(spec, pool, args.new_tokens, args.seed)) for spec in chunk_specs(chunk)]
     for _, fn in runners:
         fn(prompts[0], 2)  # warm-up: first-call costs stay out of the timings
     results = run_interleaved(runners, prompts, torch.device(args.device), deadline)
     if results is None:
         return None
-    meta = dict(meta, chunk=chunk.name, loadavg=round(load, 2))
+    meta = dict(meta, chunk=chunk.name, loadavg=round(max(load, os.getloadavg()[0]), 2))
     return [make_cell(spec, results, settings_of(args), meta) for spec in chunk.cells]
 
 
@@ -253,7 +254,8 @@ def _commit() -> str | None:
 def run_chunks(chunks, pool, prompts, args, cells, deadline=None) -> int:
     """Measure ``chunks`` in order, saving ``cells`` after each; returns the number completed."""
     meta = dict(run_id=f"{datetime.datetime.now():%Y%m%dT%H%M%S}-{os.getpid()}-{uuid.uuid4().hex[:6]}", machine=machine_line(),
-                torch_threads=torch.get_num_threads(), date=f"{datetime.date.today()}", commit=_commit())
+                torch_threads=torch.get_num_threads(), date=f"{datetime.date.today()}", commit=_commit(),
+                shards=int(args.shard.split("/")[1]) if args.shard else 1)
     per_config = []  # seconds per (config x prompt) of the chunks so far
     for done, chunk in enumerate(chunks):
         size = len(chunk_specs(chunk)) * len(prompts)

@@ -162,11 +162,12 @@ def test_shards_partition_the_chunks():
 def test_report_counts_cells_measured_under_load(measured):
     cells = gen.load_cells(measured)
     args = gen.parse_args(TINY + ["--cells", str(measured)])
-    assert all(c["loadavg"] >= 0 and (c["commit"] is None or isinstance(c["commit"], str)) for c in cells.values())
-    first, second, *rest = cells
-    cells[first]["loadavg"], cells[second]["loadavg"] = 1.9, 0.2
+    assert all(c["loadavg"] >= 0 and c["shards"] == 1 for c in cells.values())
+    assert all(c["commit"] is None or isinstance(c["commit"], str) for c in cells.values())
+    first, second, third, *rest = cells
+    cells[first]["loadavg"], cells[second]["loadavg"], cells[third]["shards"] = 1.9, 0.2, 2
     for key in rest:
         cells[key]["loadavg"] = 0.5
-    del cells[rest[0]]["loadavg"]
+    del cells[rest[0]]["loadavg"], cells[rest[0]]["shards"]
     line = next(x for x in gen.report(cells, args).splitlines() if x.startswith("_Load:"))
-    assert line.startswith(f"_Load: 1 of the {len(cells) - 1} cells") and "1 older cells have no record" in line
+    assert line.startswith(f"_Load: 2 of the {len(cells) - 1} cells") and "1 older cells have no record" in line
