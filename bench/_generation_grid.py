@@ -172,18 +172,24 @@ def merge_cells(path: Path, new: dict[str, dict]) -> dict[str, dict]:
     return cells
 
 
-def shard(chunks: list, spec: str | None) -> list:
-    """The chunks of shard ``"I/N"`` (every ``N``-th chunk from the ``I``-th, 0-based); all for None.
-
-    Applied to the whole plan (before ``--resume`` drops measured cells), so concurrent processes
-    get disjoint chunks whenever each of them starts.
-    """
-    if spec is None:
-        return chunks
+def parse_shard(spec: str) -> tuple[int, int]:
+    """``"I/N"`` -> ``(I, N)`` with ``0 <= I < N``."""
     try:
         index, count = (int(x) for x in spec.split("/"))
     except ValueError:
         index, count = -1, 0
     if not 0 <= index < count:
         raise ValueError(f"--shard must be I/N with 0 <= I < N, got {spec!r}")
+    return index, count
+
+
+def shard(chunks: list, part: tuple[int, int] | None) -> list:
+    """The chunks of shard ``(I, N)`` (every ``N``-th chunk from the ``I``-th, 0-based); all for None.
+
+    Applied to the whole plan (before ``--resume`` drops measured cells), so concurrent processes
+    get disjoint chunks whenever each of them starts.
+    """
+    if part is None:
+        return chunks
+    index, count = part
     return chunks[index::count]

@@ -54,7 +54,7 @@ import torch  # noqa: E402
 
 from bench._generation_grid import (  # noqa: E402,F401  (re-exported: the grid is part of this script's API)
     CELLS, DEFAULT_DRAFTERS, DEFAULTS, FULL_GRID, HF_MODES, PEER_CONFIDENCE, SETTINGS, Chunk, Spec, cell_key,
-    chunk_specs, dependencies, drafter_priority, grid_keys, load_cells, merge_cells, plan_chunks, save_cells, settings_of, shard, _pending,
+    chunk_specs, dependencies, drafter_priority, grid_keys, load_cells, merge_cells, plan_chunks, save_cells, settings_of, shard, parse_shard, _pending,
 )
 from bench._generation_report import report  # noqa: E402
 from bench._results import machine_line, update_section  # noqa: E402
@@ -99,6 +99,7 @@ def parse_args(argv=None):
         if getattr(args, name) is None:
             setattr(args, name, value if args.full_grid else DEFAULTS[name])
     _check_args(args)
+    args.shard = None if args.shard is None else parse_shard(args.shard)
     return args
 
 
@@ -255,7 +256,7 @@ def run_chunks(chunks, pool, prompts, args, cells, deadline=None) -> int:
     """Measure ``chunks`` in order, saving ``cells`` after each; returns the number completed."""
     meta = dict(run_id=f"{datetime.datetime.now():%Y%m%dT%H%M%S}-{os.getpid()}-{uuid.uuid4().hex[:6]}", machine=machine_line(),
                 torch_threads=torch.get_num_threads(), date=f"{datetime.date.today()}", commit=_commit(),
-                shards=int(args.shard.split("/")[1]) if args.shard else 1)
+                shards=args.shard[1] if args.shard else 1)
     per_config = []  # seconds per (config x prompt) of the chunks so far
     for done, chunk in enumerate(chunks):
         size = len(chunk_specs(chunk)) * len(prompts)

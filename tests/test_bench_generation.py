@@ -151,12 +151,12 @@ def test_merge_cells_keeps_other_writers_cells(tmp_path):
 
 def test_shards_partition_the_chunks():
     chunks = gen.plan_chunks(gen.DEFAULT_DRAFTERS, [2, 4, 6], [0.05], [1.0, 0.7])
-    parts = [gen.shard(chunks, f"{i}/3") for i in range(3)]
+    parts = [gen.shard(chunks, gen.parse_shard(f"{i}/3")) for i in range(3)]
     assert sorted((c.name for part in parts for c in part), key=[c.name for c in chunks].index) == [c.name for c in chunks]
     assert parts[0][0] == chunks[0] and gen.shard(chunks, None) == chunks
     for bad in ("3/3", "1", "a/b", "-1/2"):
         with pytest.raises(ValueError, match="--shard must be I/N"):
-            gen.shard(chunks, bad)
+            gen.parse_args([f"--shard={bad}"])
 
 
 def test_report_counts_cells_measured_under_load(measured):
