@@ -121,3 +121,20 @@ def test_int8_quantizes_a_copy(target):
         a, b = quant(IDS).logits.flatten(), target(IDS).logits.flatten()
     assert torch.isfinite(a).all()
     assert torch.corrcoef(torch.stack([a, b]))[0, 1] > 0.95
+
+
+def test_int8_shares_the_unquantized_parameters_of_a_float32_target(target):
+    quant = int8_model(target)
+    assert quant.model.embed_tokens.weight is target.model.embed_tokens.weight
+    assert quant.model.norm.weight is target.model.norm.weight
+    assert quant.model.layers[0].input_layernorm.weight is target.model.layers[0].input_layernorm.weight
+    target_params = {id(p) for p in target.parameters()}
+    assert all(id(p) in target_params for p in quant.parameters())  # packed Linear weights are not parameters
+
+
+def test_int8_copies_a_target_in_another_dtype():
+    bf16 = tiny_llama(num_layers=2, seed=5).to(torch.bfloat16)
+    quant = int8_model(bf16)
+    assert quant.model.embed_tokens.weight.dtype == torch.float32
+    assert bf16.model.embed_tokens.weight.dtype == torch.bfloat16  # the target is not cast
+    assert quant.model.embed_tokens.weight.data_ptr() != bf16.model.embed_tokens.weight.data_ptr()

@@ -150,19 +150,36 @@ def tuned_translators(target, depths, sequences_fn, store: str | os.PathLike | N
     return {n: result[n].to(device=param.device, dtype=param.dtype).eval() for n in depths}
 
 
+def _shared_parameters(target) -> dict:
+    """``deepcopy`` memo that makes the copy hold the target's own parameters (float32 only).
+
+    Quantization builds new packed weights from the ``nn.Linear`` ones and leaves the float
+    parameters untouched, so only what stays unquantized (embedding table, norms) remains
+    shared after it, and no transient float copy of the Linear weights is made. Empty for a
+    non-float32 target, whose copy ``.float()`` casts (in place, were it shared).
+    """
+    params = list(target.parameters())
+    if any(p.dtype != torch.float32 for p in params):
+        return {}
+    return {id(p): p for p in params}
+
+
 def int8_model(target):
     """A dynamically int8-quantized copy of ``target`` (``nn.Linear`` layers only), on CPU.
 
     Uses ``torch.ao.quantization.quantize_dynamic``: deprecated in torch 2.13 in favour of
-    torchao, but still working; its deprecation warnings are silenced here. Tied embeddings
-    stay float32 (only ``nn.Linear`` modules are quantized; a tied LM head is quantized as a
-    copy, leaving the embedding table as is).
+    torchao, but still working; its deprecation warnings are silenced here. Only ``nn.Linear``
+    modules are quantized; the rest (embedding table, norms) is what the drafter shares with
+    the target. For a float32 target those parameters are the target's own (no copy: for
+    SmolLM2-135M that is the 49152 x 576 embedding table, 113 MB); a target in another dtype
+    is copied and cast to float32. A tied LM head is quantized as a copy, leaving the
+    embedding table as is.
     """
     from torch.ao.quantization import quantize_dynamic
 
     if next(target.parameters()).device.type != "cpu":
         raise ValueError("int8 drafters need a CPU target (dynamic quantization kernels are CPU-only)")
-    model = copy.deepcopy(target).float()
+    model = copy.deepcopy(target, memo=_shared_parameters(target)).float()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=True)
