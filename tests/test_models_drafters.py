@@ -5,7 +5,14 @@ import torch
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
-from mdboost.models.drafters import early_exit_model, fit_translator, hidden_pairs, int8_model, tuned_translators
+from mdboost.models.cost import cache_kwarg
+from mdboost.models.drafters import (
+    early_exit_model,
+    fit_translator,
+    hidden_pairs,
+    int8_model,
+    tuned_translators,
+)
 from mdboost.models.tiny import tiny_llama
 
 IDS = torch.tensor([[1, 9, 4, 12, 30, 7, 22, 5]])
@@ -46,8 +53,8 @@ def test_early_exit_kv_cache_and_assisted_generation(target):
     draft = early_exit_model(target, 2)
     with torch.no_grad():
         cache = DynamicCache(config=draft.config)
-        first = draft(input_ids=IDS[:, :5], past_key_values=cache, use_cache=True).logits
-        rest = draft(input_ids=IDS[:, 5:], past_key_values=cache, use_cache=True).logits
+        first = draft(input_ids=IDS[:, :5], use_cache=True, **{cache_kwarg(draft): cache}).logits
+        rest = draft(input_ids=IDS[:, 5:], use_cache=True, **{cache_kwarg(draft): cache}).logits
         torch.testing.assert_close(torch.cat([first, rest], 1), draft(IDS).logits, atol=1e-5, rtol=1e-5)
         plain = target.generate(IDS, max_new_tokens=6, do_sample=False, pad_token_id=0)
         assisted = target.generate(IDS, assistant_model=draft, max_new_tokens=6, do_sample=False, pad_token_id=0)

@@ -4,6 +4,7 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from mdboost.models.cost import cache_kwarg
 from mdboost.models.tiny import BOS_ID, EOS_ID, PAD_ID, tiny_llama, tiny_tokenizer
 
 
@@ -51,8 +52,8 @@ def test_tiny_llama_kv_cache_matches_full_forward():
     with torch.no_grad():
         full = model(ids).logits
         cache = DynamicCache(config=model.config)
-        first = model(input_ids=ids[:, :4], past_key_values=cache, use_cache=True).logits
-        rest = model(input_ids=ids[:, 4:], past_key_values=cache, use_cache=True).logits
+        first = model(input_ids=ids[:, :4], use_cache=True, **{cache_kwarg(model): cache}).logits
+        rest = model(input_ids=ids[:, 4:], use_cache=True, **{cache_kwarg(model): cache}).logits
     torch.testing.assert_close(torch.cat([first, rest], 1), full, atol=1e-5, rtol=1e-5)
 
 
