@@ -1,16 +1,19 @@
 """The ``generation`` section of ``bench/RESULTS.md``, built from the cells of ``bench/generation.py``.
 
 Tables per temperature (drafter x gamma: speedup vs the same process's AR, mean accepted
-length), the greedy Hugging Face peer lines, MD-vs-SD win counts, the best configuration per
-temperature and the coverage of issue 5's grid. Pure functions of the cells file: nothing here
+length), the greedy Hugging Face peer lines, MD-vs-SD win counts (per temperature, and per
+drafter kind with geometric means), the best configuration per temperature and the coverage
+of issue 5's grid. Pure functions of the cells file: nothing here
 measures anything (``bench/generation.py --report-only`` rebuilds the section).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 
 from bench._generation_grid import PEER_CONFIDENCE, SETTINGS, drafter_priority, grid_keys, settings_of
+from mdboost.models.pool import parse_drafter
 
 
 def _mal(cell) -> str:
@@ -80,6 +83,25 @@ def summary_lines(cells, temps) -> list[str]:
     return out
 
 
+def md_vs_sd_line(cells) -> str | None:
+    """MD (KL 0.05) / SD tok/s over every temperature: wins and geometric mean, in all and per drafter kind."""
+    md = [c for c in cells if c["mode"] == "md" and c["budget"] == 0.05]
+    if not md:
+        return None
+    kinds = {}
+    for c in sorted(md, key=lambda c: drafter_priority(c["drafter"])):
+        kinds.setdefault(parse_drafter(c["drafter"])[0], []).append(c["tok_s"] / c["references"]["sd"]["tok_s"])
+
+    def counts(ratios):
+        mean = math.exp(sum(map(math.log, ratios)) / len(ratios))
+        return f"faster in {sum(r > 1 for r in ratios)} of {len(ratios)}, geometric mean {mean:.3f}x"
+
+    every = [r for ratios in kinds.values() for r in ratios]
+    per_kind = "; ".join(f"{kind}: {counts(ratios)}" for kind, ratios in kinds.items())
+    return (f"- MD (KL 0.05) / SD tok/s, every temperature: **{counts(every)}** (by drafter kind: {per_kind}); "
+            f"lowest {min(every):.2f}x.")
+
+
 def coverage_line(cells, args) -> str:
     """How much of issue 5's grid (at the current settings) the cells file holds."""
     grid, have = grid_keys(args), {c["key"] for c in cells}
@@ -127,7 +149,8 @@ def report(cells: dict[str, dict], args) -> str:
     ]
     for temp in temps:
         lines += temperature_table(mine, temp)
-    lines += peer_lines(mine) + summary_lines(mine, temps) + [coverage_line(mine, args)]
+    lines += peer_lines(mine) + summary_lines(mine, temps) + [x for x in (md_vs_sd_line(mine),) if x]
+    lines.append(coverage_line(mine, args))
     if len(mine) < len(cells):
         lines.append(f"- {len(cells) - len(mine)} cells at other settings in `{args.cells.name}` are not shown.")
     return "\n".join(lines)

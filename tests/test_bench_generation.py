@@ -171,3 +171,20 @@ def test_report_counts_cells_measured_under_load(measured):
     del cells[rest[0]]["loadavg"], cells[rest[0]]["shards"]
     line = next(x for x in gen.report(cells, args).splitlines() if x.startswith("_Load:"))
     assert line.startswith(f"_Load: 2 of the {len(cells) - 1} cells") and "1 older cells have no record" in line
+
+
+def test_md_vs_sd_line_counts_wins_and_geometric_means_per_kind():
+    from bench._generation_report import md_vs_sd_line
+
+    def cell(drafter, md_tok_s, sd_tok_s, budget=0.05):
+        return {"mode": "md", "budget": budget, "drafter": drafter, "tok_s": md_tok_s,
+                "references": {"sd": {"tok_s": sd_tok_s}}}
+
+    cells = [cell("ngram:3", 2.0, 1.0), cell("early_exit:12", 1.0, 2.0), cell("early_exit:18", 4.0, 2.0),
+             cell("ngram:3", 9.0, 1.0, budget=0.2), {"mode": "sd", "budget": 0.0, "drafter": "ngram:3"}]
+    # ratios 2, 0.5, 2: geometric mean (2 * 0.5 * 2) ** (1/3) = 2 ** (1/3) = 1.260; early exits: 1.000
+    assert md_vs_sd_line(cells) == (
+        "- MD (KL 0.05) / SD tok/s, every temperature: **faster in 2 of 3, geometric mean 1.260x** (by drafter "
+        "kind: ngram: faster in 1 of 1, geometric mean 2.000x; early_exit: faster in 1 of 2, geometric mean "
+        "1.000x); lowest 0.50x.")
+    assert md_vs_sd_line(cells[3:]) is None
