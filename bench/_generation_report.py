@@ -3,8 +3,8 @@
 Tables per temperature (drafter x gamma: speedup vs the same process's AR, mean accepted
 length), the greedy Hugging Face peer lines, MD-vs-SD win counts (per temperature, and per
 drafter kind with geometric means), the best configuration per temperature and the coverage
-of issue 5's grid. Pure functions of the cells file: nothing here
-measures anything (``bench/generation.py --report-only`` rebuilds the section).
+of issue 5's grid. Pure functions of the cells file: nothing here measures anything
+(``bench/generation.py --report-only`` rebuilds the section).
 """
 
 from __future__ import annotations
@@ -149,8 +149,8 @@ def report(cells: dict[str, dict], args) -> str:
     ]
     for temp in temps:
         lines += temperature_table(mine, temp)
-    lines += peer_lines(mine) + summary_lines(mine, temps) + [x for x in (md_vs_sd_line(mine),) if x]
-    lines.append(coverage_line(mine, args))
+    md_line = md_vs_sd_line(mine)
+    lines += peer_lines(mine) + summary_lines(mine, temps) + ([md_line] if md_line else []) + [coverage_line(mine, args)]
     if len(mine) < len(cells):
         lines.append(f"- {len(cells) - len(mine)} cells at other settings in `{args.cells.name}` are not shown.")
     return "\n".join(lines)
