@@ -9,7 +9,6 @@ of issue 5's grid. Pure functions of the cells file: nothing here measures anyth
 
 from __future__ import annotations
 
-import math
 import statistics
 
 from bench._generation_grid import PEER_CONFIDENCE, SETTINGS, drafter_priority, grid_keys, settings_of
@@ -19,6 +18,11 @@ from mdboost.models.pool import parse_drafter
 def _mal(cell) -> str:
     mal = cell.get("mean_accepted_length")
     return "-" if mal is None else f"{mal:.2f}"
+
+
+def _over_sd(cell) -> float:
+    """An MD cell's tok/s over the SD of the same drafter, gamma and process."""
+    return cell["tok_s"] / cell["references"]["sd"]["tok_s"]
 
 
 def _fmt(cell) -> str:
@@ -44,7 +48,7 @@ def temperature_table(cells, temp) -> list[str]:
         row += [_fmt(index.get((drafter, gamma, "md", b))) for b in budgets]
         if temp > 0:
             md = index.get((drafter, gamma, "md", 0.05))
-            row.append("-" if md is None else f"{md['tok_s'] / md['references']['sd']['tok_s']:.2f}x")
+            row.append("-" if md is None else f"{_over_sd(md):.2f}x")
         lines.append("| " + " | ".join(row) + " |")
     return lines + [""]
 
@@ -72,7 +76,7 @@ def summary_lines(cells, temps) -> list[str]:
     for temp in temps:
         md = [c for c in cells if c["mode"] == "md" and c["temperature"] == temp and c["budget"] == 0.05]
         if md:
-            wins = sum(c["tok_s"] > c["references"]["sd"]["tok_s"] for c in md)
+            wins = sum(_over_sd(c) > 1 for c in md)
             out.append(f"- MD (KL 0.05) faster than SD (same process) at T={temp}: **{wins} of {len(md)}** "
                        "drafter x gamma pairs.")
         best = max((c for c in cells if c["mode"] in ("sd", "md") and c["temperature"] == temp),
@@ -90,11 +94,11 @@ def md_vs_sd_line(cells) -> str | None:
         return None
     kinds = {}
     for c in sorted(md, key=lambda c: drafter_priority(c["drafter"])):
-        kinds.setdefault(parse_drafter(c["drafter"])[0], []).append(c["tok_s"] / c["references"]["sd"]["tok_s"])
+        kinds.setdefault(parse_drafter(c["drafter"])[0], []).append(_over_sd(c))
 
     def counts(ratios):
-        mean = math.exp(sum(map(math.log, ratios)) / len(ratios))
-        return f"faster in {sum(r > 1 for r in ratios)} of {len(ratios)}, geometric mean {mean:.3f}x"
+        return (f"faster in {sum(r > 1 for r in ratios)} of {len(ratios)}, "
+                f"geometric mean {statistics.geometric_mean(ratios):.3f}x")
 
     every = [r for ratios in kinds.values() for r in ratios]
     per_kind = "; ".join(f"{kind}: {counts(ratios)}" for kind, ratios in kinds.items())
