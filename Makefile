@@ -35,7 +35,7 @@ bench: venv
 	$(PY) bench/ranking.py
 	$(PY) bench/generation.py --full-grid --report-only
 
-# Issue 5's generation grid (~245 cells, many hours on a 2-core CPU): resumable, one hour a
+# The generation grid (~245 cells, many hours on a 2-core CPU): resumable, one hour a
 # call; every finished chunk is kept in bench/generation_cells.json. GRID_SHARDS processes
 # (one torch thread each) measure disjoint chunks into the same file, then the report is rebuilt.
 GRID_SHARDS ?= 2

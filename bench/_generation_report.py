@@ -3,7 +3,7 @@
 Tables per temperature (drafter x gamma: speedup vs the same process's AR, mean accepted
 length), the greedy Hugging Face peer lines, MD-vs-SD win counts (per temperature, and per
 drafter kind with geometric means), the best configuration per temperature and the coverage
-of issue 5's grid. Pure functions of the cells file: nothing here measures anything
+of the generation grid. Pure functions of the cells file: nothing here measures anything
 (``bench/generation.py --report-only`` rebuilds the section).
 """
 
@@ -107,15 +107,15 @@ def md_vs_sd_line(cells) -> str | None:
 
 
 def coverage_line(cells, args) -> str:
-    """How much of issue 5's grid (at the current settings) the cells file holds."""
+    """How much of the generation grid (at the current settings) the cells file holds."""
     grid, have = grid_keys(args), {c["key"] for c in cells}
     remaining = {}
     for key, name in grid.items():
         if key not in have:
             remaining[name] = remaining.get(name, 0) + 1
     at = f"{args.prompts} prompts x {args.new_tokens} tokens, {args.threads} thread(s)"
-    issue = "" if (args.prompts, args.new_tokens) == (10, 64) else " (the issue's grid is at 10 x 64)"
-    text = f"- Issue grid coverage at {at}{issue}: **{len(grid) - sum(remaining.values())}/{len(grid)}** cells"
+    full_at = "" if (args.prompts, args.new_tokens) == (10, 64) else " (the generation grid is at 10 x 64)"
+    text = f"- Generation grid coverage at {at}{full_at}: **{len(grid) - sum(remaining.values())}/{len(grid)}** cells"
     rest = ", ".join(f"{name} ({n})" for name, n in remaining.items())
     return text + (f"; remaining: {rest}." if rest else "; complete.")
 

@@ -4,13 +4,13 @@ Both use depth-1 trees and 100 rounds; 5-fold stratified CV on digits, wine, bre
 iris, repeated over ``--cv-repeats`` shuffles (seed 0; default 5). One 5-fold split of iris
 moves accuracy by 0.67 points per misclassified example, so a single split cannot resolve the
 1-point goal; repeating the split (same folds for every model) can. Reports mean test accuracy and fit time per fold (best of ``--repeats``
-interleaved runs) and their ratios, checks the issue's goals (accuracy not below AdaBoost's by
+interleaved runs) and their ratios, checks its goals (accuracy not below AdaBoost's by
 more than 1 point on any dataset; fit time <= 1.2x), and plots the cumulative distribution of
 normalized training margins (``bench/boosting_margins.png``).
 
 Margin definition for both models: ``y_i^T F(x_i) / sum_t |alpha_t| h*_t`` with the label
-coding of note section 5. For AdaBoost the hypotheses are SAMME's class codes ``c_t(x)``
-(1 on the predicted class, ``-1/(n-1)`` elsewhere), ``h*_t = n/(n-1)``, and this margin equals
+coding of ``docs/theory.md``, "Multiclass self-normalized boosting". For AdaBoost the hypotheses
+are SAMME's class codes ``c_t(x)`` (1 on the predicted class, ``-1/(n-1)`` elsewhere), ``h*_t = n/(n-1)``, and this margin equals
 its normalized ``decision_function`` at the true class (binary: ``+-d/2``).
 
 Run: ``.venv/bin/python bench/boosting.py [--repeats 3]``.
@@ -130,7 +130,7 @@ def report(results, curves, cv_repeats):
             delta = "" if name == "AdaBoost" else f"{100 * (m - a_acc):+.2f}"
             ratio = "" if name == "AdaBoost" else f"{t / a_t:.2f}x"
             lines.append(f"| {ds} | {name} | {100 * m:.2f} ({100 * s:.1f}) | {delta} | {t:.3f} | {ratio} | {r:.0f} |")
-    lines += ["", "Goals (issue 3): accuracy not below AdaBoost's by more than 1 point on any dataset; "
+    lines += ["", "Goals: accuracy not below AdaBoost's by more than 1 point on any dataset; "
               "fit time <= 1.2x.", ""]
     for name in ours:
         worst = min(100 * (res[name][0] - res["AdaBoost"][0]) for res in results.values())

@@ -61,7 +61,7 @@ def notebook_baseline(p_row, q_row, budget, tol=1e-7):
     then the full divergence of the clamp. Returns the acceptance probability.
 
     ``tol = 1e-7`` on ``b`` (and relative on ``a``) puts its acceptance within ~1e-7 of the
-    optimum, i.e. the issue's 1e-6 exactness; the table reports the measured difference."""
+    optimum, i.e. the benchmark's 1e-6 exactness goal; the table reports the measured difference."""
 
     def clamp(a, b):
         return torch.maximum((1 - b) * q_row, torch.minimum(p_row, (1 + a) * q_row))

@@ -1,4 +1,6 @@
-"""Multiclass self-normalized boosting (paper Section 4; note section 5).
+"""Multiclass self-normalized boosting (paper Section 4).
+
+Definitions: ``docs/theory.md``, "Multiclass self-normalized boosting".
 
 - :mod:`mdboost.boosting.labels` -- label coding ``y_ij`` and label scores ``y_i^T h``.
 - :mod:`mdboost.boosting.margins` -- one boosting round, the margin bound and risk.

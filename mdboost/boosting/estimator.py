@@ -1,7 +1,8 @@
 """Multiclass self-normalized boosting as a scikit-learn classifier (paper Section 4).
 
-The multiclass extension of Nock & Nielsen's (2007) self-normalized boosting that the note's
-section 5 fixes: real-valued hypotheses ``h_t(x) in R^n``, the label coding of
+The multiclass extension of Nock & Nielsen's (2007) self-normalized boosting of
+``docs/theory.md``, "Multiclass self-normalized boosting": real-valued hypotheses
+``h_t(x) in R^n``, the label coding of
 :mod:`mdboost.boosting.labels`, edges ``mu_t``, leveraging coefficients ``alpha_t`` and the
 self-normalized weight update of :mod:`mdboost.boosting.margins`. The combination
 ``H_T = sum_t alpha_t h_t`` gives ``predict_proba = softmax(H_T)``. Two modes:

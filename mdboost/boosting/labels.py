@@ -1,4 +1,6 @@
-"""Label coding of multiclass self-normalized boosting (paper Section 4, note section 5).
+"""Label coding of multiclass self-normalized boosting (paper Section 4).
+
+Definitions: ``docs/theory.md``, "Multiclass self-normalized boosting".
 
 Each example ``i`` has a set ``Y_i`` of ``n_i >= 1`` potential labels (potential next tokens)
 among ``n`` classes. Following Zhu et al. (2009), it is coded as the vector

@@ -1,4 +1,6 @@
-"""One self-normalized boosting round and the margin bound (paper Section 4, note section 5).
+"""One self-normalized boosting round and the margin bound (paper Section 4).
+
+Definitions: ``docs/theory.md``, "Multiclass self-normalized boosting".
 
 Given label scores ``g_i = y_i^T h_t(x_i)`` and weights ``w_t`` in the simplex:
 

@@ -1,7 +1,7 @@
 """f-divergence generators and the batched divergence ``D_f(pi || q)``.
 
 ``D_f(pi || q) = sum_i q_i f(pi_i / q_i)`` for a convex generator ``f`` with ``f(1) = 0``
-(math note, section 1). Shipped generators: ``kl`` (KL(pi||q)), ``rkl`` (KL(q||pi)),
+(``docs/theory.md``, "Notation"). Shipped generators: ``kl`` (KL(pi||q)), ``rkl`` (KL(q||pi)),
 ``hellinger``, ``pearson``, ``neyman``, ``tv``, ``js`` and the Amari family :func:`alpha`.
 Any convex callable can be used too (:func:`from_callable`).
 

@@ -2,7 +2,8 @@
 
 A drafter that puts all its mass on one token ``x`` (prompt lookup / n-gram drafters, any
 drafter at temperature 0) has ratios ``r_x = 1 / q_x`` and ``r_i = 0`` elsewhere, so the curve
-C(p, q) of the math note (section 4) is a single segment. Parametrise it by ``t = pi_x``:
+C(p, q) (``docs/theory.md``, "The clamp solution and the curve C(p, q)") is a single segment.
+Parametrise it by ``t = pi_x``:
 
 - ``pi_x = (1 + a) q_x = t`` and ``pi_i = (1 - b) q_i`` for ``i != x`` with
   ``1 - b = (1 - t) / (1 - q_x)``, for ``t`` from ``q_x`` (``pi = q``) to 1 (``pi = p``);

@@ -1,7 +1,7 @@
 """Logits to distributions: the one place where both models' logits become probabilities.
 
 Drafter and target go through the same function with the same settings, so that p and q are
-comparable (the math note, section 1).
+comparable (``docs/theory.md``, "Notation").
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Per draft position the optimal clamp ``(a, b)`` is solved on (``p`` = drafter, `
 with that position's budget; draft token ``x`` is accepted with probability
 ``min(1, (1+a) q_x / p_x)``; at the first rejection a token is drawn from
 ``((1-b) q - p)_+`` normalised; if all K drafts are accepted, a bonus token is drawn from the
-target at position K. Emitted tokens then follow ``pi(a, b)`` exactly (math note, section 4).
+target at position K. Emitted tokens then follow ``pi(a, b)`` exactly
+(``docs/theory.md``, "Sampling at (a, b)").
 ``max_divergence = 0`` gives ``a = b = 0`` exactly, i.e. standard speculative decoding with
 the same random draws. ``top_k`` solves on the target's k most likely tokens only
 (paper, Lemma 6.1): ``O(k log k)`` per position instead of ``O(V log V)``.

@@ -1,4 +1,6 @@
-"""Decode costs for the speed model (math note section 6), relative to one target step.
+"""Decode costs for the speed model, relative to one target step.
+
+Definitions: ``docs/theory.md``, "Speed model for ranking".
 
 - :func:`measure_cost_ratio`: ``c`` = drafter step / target step. Prefill a KV cache with a
   fixed context, then time single-token decode steps (cropping the cache back after each),

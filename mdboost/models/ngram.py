@@ -3,7 +3,8 @@
 The draft continues the most recent earlier occurrence of the context's last ``n`` tokens
 (falling back to shorter suffixes, down to one token). It is deterministic, so its draft
 distribution is one-hot; mentored decoding accepts the proposed token ``x`` with probability
-``min(1, (1 + a) q_x)`` (the math note, section 4, with ``p_x = 1``). It costs almost nothing,
+``min(1, (1 + a) q_x)`` (``docs/theory.md``, "Sampling at (a, b)", with
+``p_x = 1``). It costs almost nothing,
 which makes it the pool member most likely to give real speedups on CPU, especially on code.
 """
 

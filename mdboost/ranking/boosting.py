@@ -3,7 +3,8 @@
 Pool members here are frozen LLMs (or the prompt-lookup drafter) read from the logit cache;
 ``X`` holds row indices into the cache (shape ``(m, 1)``) and the labels are the true next
 tokens. Label scores need only two cached numbers per row: with ``S`` the full-vocabulary
-logit sum, ``y^T h = h_j - (S - h_j) / (n - 1)`` (note, section 5).
+logit sum, ``y^T h = h_j - (S - h_j) / (n - 1)``
+(``docs/theory.md``, "Multiclass self-normalized boosting").
 
 Two runs per pair:
 

@@ -1,5 +1,6 @@
-"""Speed model for ranking pairs (math note section 6; Leviathan et al. 2023, Thm 3.8 / Cor 3.11),
-with the measured cost of the target's verification call and of the MD solve.
+"""Speed model for ranking pairs (Leviathan et al. 2023, Thm 3.8 / Cor 3.11), with the measured
+cost of the target's verification call and of the MD solve (``docs/theory.md``, "Speed model for
+ranking").
 
 With a mean per-token acceptance ``alpha`` (assumed i.i.d. over positions), a draft length
 ``gamma`` and a cost ratio ``c = drafter step time / target step time``, one draft-and-verify
@@ -27,10 +28,10 @@ target is
   ``1 - alpha_SD`` independently of the earlier positions); ``"all"``: ``gamma``.
 
 With ``v = 1`` and ``s = 0`` this is exactly ``(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1))``.
-Mentored decoding leaves the per-token *drafting and verifying* cost of SD unchanged (the note,
-section 4); only ``s`` is added. For a drafter that proposes nothing at some positions
-(prompt-lookup ``ngram``), those positions count as acceptance 0: a block that starts there
-costs one target call and yields one token, which is what ``alpha = 0`` gives.
+Mentored decoding leaves the per-token *drafting and verifying* cost of SD unchanged
+(``docs/theory.md``, "Sampling at (a, b)"); only ``s`` is added. For a drafter that proposes
+nothing at some positions (prompt-lookup ``ngram``), those positions count as acceptance 0: a
+block that starts there costs one target call and yields one token, which is what ``alpha = 0`` gives.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Two panels, acceptance and speedup: one labelled point per pair (x = predicted by the ranking,
 y = realized by real generation), the identity line, and for acceptance a +-tolerance band
-(issue 7's 0.03 goal). Saved atomically as PNG for MLflow artifacts.
+(the validation goal of 0.03, ``docs/validation.md``, "Prediction quality"). Saved atomically
+as PNG for MLflow artifacts.
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 """Prediction quality of a ranking: predicted vs realized acceptance and speedup per pair.
 
 The ranking predicts, per drafter/target pair and operating point, the mean acceptance
-(exact f-MD solution over cached logits, the curve C(p, q) of the note, section 4) and the
-walltime speedup (Leviathan et al.'s speed model, note section 6). Real mentored decoding runs
-realize both. This module compares them: per-pair absolute errors, Spearman's rank correlation
-across pairs (average ranks for ties, like ``scipy.stats.spearmanr``), and whether the pair
-predicted best is also best in reality. Issue 7's goals: acceptance within 0.03 per pair,
-Spearman >= 0.9, top pair agreement.
+(exact f-MD solution over cached logits, the curve C(p, q) of
+``docs/theory.md``, "The clamp solution and the curve C(p, q)") and the walltime speedup
+(Leviathan et al.'s speed model, ``docs/theory.md``, "Speed model for ranking"). Real mentored
+decoding runs realize both. This module compares them: per-pair absolute errors, Spearman's
+rank correlation across pairs (average ranks for ties, like ``scipy.stats.spearmanr``), and
+whether the pair predicted best is also best in reality. Validation goals (``docs/validation.md``, "Prediction
+quality"): acceptance within 0.03 per pair, Spearman >= 0.9, top pair agreement.
 
 The predicted acceptance is the ranking's ``engine_acceptance`` (the draft-start process of
 :mod:`mdboost.ranking.process`: position-0 acceptance weighted by where the engine drafts) when
@@ -140,7 +141,7 @@ def prediction_quality(predicted_acceptance, realized_acceptance, predicted_spee
     predicted_speedup, realized_speedup : array-like of shape (n_pairs,)
         Walltime speedup over autoregressive decoding (> 0).
     tolerance : float
-        Absolute acceptance error counted as "within tolerance" (>= 0; issue 7: 0.03).
+        Absolute acceptance error counted as "within tolerance" (>= 0; the validation goal is 0.03).
     expected_acceptance : array-like of shape (n_pairs,), optional
         The Rao-Blackwellized realized acceptance; NaN entries (not measurable) are left out of
         its metrics, which are absent when no entry is finite.

@@ -1,7 +1,8 @@
 """Realized numbers of one operating point: AR / SD / MD generation over held-out prompts.
 
-The ranking predicts per-token acceptance ``alpha`` (f-MD over cached logits, math note
-section 4) and the speed model's speedup (section 6). Real runs of :func:`mdboost.engine.generate`
+The ranking predicts per-token acceptance ``alpha`` (f-MD over cached logits,
+``docs/theory.md``, "The clamp solution and the curve C(p, q)") and the speed model's speedup
+(``docs/theory.md``, "Speed model for ranking"). Real runs of :func:`mdboost.engine.generate`
 realize them. Definitions used here (counters summed over prompts, batch size 1):
 
 - ``realized_acceptance``: acceptance rate at draft position 0, accepted / proposed. Under the
