@@ -10,8 +10,8 @@ normalized training margins (``bench/boosting_margins.png``).
 
 Margin definition for both models: ``y_i^T F(x_i) / sum_t |alpha_t| h*_t`` with the label
 coding of ``docs/theory.md``, "Multiclass self-normalized boosting". For AdaBoost the hypotheses
-are SAMME's class codes ``c_t(x)`` (1 on the predicted class, ``-1/(n-1)`` elsewhere), ``h*_t = n/(n-1)``, and this margin equals
-its normalized ``decision_function`` at the true class (binary: ``+-d/2``).
+are SAMME's class codes ``c_t(x)`` (1 on the predicted class, ``-1/(n-1)`` elsewhere),
+``h*_t = n/(n-1)``, and this margin equals its normalized ``decision_function`` at the true class (binary: ``+-d/2``).
 
 Run: ``.venv/bin/python bench/boosting.py [--repeats 3]``.
 """
