@@ -1,16 +1,24 @@
-"""Cost measurements of the speed model on the tiny pool: shapes, invariants, argument checks.
+"""Cost measurements of the speed model: what they measure, shapes, argument checks.
 
-Times are never asserted (a shared machine); the tests check what the measurement guarantees
-whatever the timings: ``v(0) = 1``, a non-decreasing table, non-negative overheads, and that
-the KV cache the timed steps run on is restored after every step."""
+The verification ratios are checked against a fake target whose forward sleeps a known time
+per input token, so its true ratios are known (a wrong chunk size, a swapped ratio or a clamp
+in the measurement would fail). On the tiny pool's real model no time is asserted (a shared
+machine): only shapes, the method string and that the KV cache the timed steps run on is
+restored after every step."""
+
+import time
+from types import SimpleNamespace
 
 import pytest
 import torch
+from transformers import DynamicCache, LlamaConfig
 
 from mdboost.models.cost import (
     _chunk_steppers,
     measure_md_overhead,
     measure_verify_costs,
+    measure_verify_ratios,
+    verify_cost_table,
 )
 from mdboost.models.pool import build_pool
 
@@ -20,10 +28,66 @@ def pool():
     return build_pool("tiny", ["ngram:2"])
 
 
-def test_verify_cost_table(pool):
-    table, method = measure_verify_costs(pool.target, gamma_max=4, context_len=8, repeats=2, warmup=1)
-    assert len(table) == 5 and table[0] == 1.0
-    assert all(b >= a for a, b in zip(table, table[1:]))  # running maximum
+class SleepyLM(torch.nn.Module):
+    """A causal-LM stand-in whose forward costs ``seconds(n)`` for ``n`` input tokens (a sleep),
+    appending ``n`` positions to the KV cache it is given like a real model."""
+
+    def __init__(self, seconds, vocab_size=16):
+        super().__init__()
+        self.config = LlamaConfig(num_hidden_layers=1, hidden_size=4, num_attention_heads=1,
+                                  num_key_value_heads=1, intermediate_size=4, vocab_size=vocab_size)
+        self.anchor = torch.nn.Parameter(torch.zeros(1))  # the device is read from a parameter
+        self.seconds = seconds
+        self.calls = []  # input lengths of every forward
+
+    def forward(self, input_ids, cache=None, use_cache=True):  # input_ids: [1, n]
+        n = input_ids.shape[1]
+        self.calls.append(n)
+        if cache is not None:
+            kv = torch.zeros(1, 1, n, 4)  # [B, heads, n, head_dim]
+            cache.update(kv, kv, 0)
+        time.sleep(self.seconds(n))
+        return SimpleNamespace(logits=torch.zeros(1, n, self.config.vocab_size))
+
+
+def sleepy_target(seconds):
+    model = SleepyLM(seconds)
+    return SimpleNamespace(model=model, tokenizer=range(model.config.vocab_size), kind="model")
+
+
+def test_verify_ratios_measure_the_forward_time():
+    """Forward time ``base + per_token * n``: the ratio for ``g`` is ``(base + per_token (g + 1))
+    / (base + per_token)``, here ``1 + (g / 2)``, measured within a sleep's jitter."""
+    target = sleepy_target(lambda n: 0.010 + 0.010 * n)
+    ratios, method = measure_verify_ratios(target, gamma_max=3, context_len=5, repeats=3, warmup=0)
+    assert ratios[0] == 1.0
+    for g, ratio in enumerate(ratios):
+        assert ratio == pytest.approx(1 + g / 2, rel=0.15), (g, ratios)
+    # the prefill of the context, then each round forwards chunks of 1..gamma_max + 1 tokens in turn
+    assert target.model.calls == [5] + [1, 2, 3, 4] * 3
+    assert "1..4 tokens" in method and "context 5" in method
+
+
+def test_verify_ratios_are_not_clamped_but_the_table_is():
+    """A target whose longer chunks cost less (not a real model, but a real measurement) shows
+    ratios below 1; the speed model's table raises them to the running maximum."""
+    target = sleepy_target(lambda n: {1: 0.030, 2: 0.015, 3: 0.045}[n])
+    ratios, _ = measure_verify_ratios(target, gamma_max=2, context_len=3, repeats=3, warmup=0)
+    assert ratios[1] == pytest.approx(0.5, rel=0.2) and ratios[2] == pytest.approx(1.5, rel=0.15)
+    assert verify_cost_table(ratios) == [1.0, 1.0, ratios[2]]
+    table, _ = measure_verify_costs(target, gamma_max=2, context_len=3, repeats=3, warmup=0)
+    assert table[:2] == [1.0, 1.0] and table[2] == pytest.approx(1.5, rel=0.15)
+
+
+def test_verify_cost_table_is_a_running_maximum():
+    assert verify_cost_table([1.0, 1.4, 1.3, 2.0, 1.9]) == [1.0, 1.4, 1.4, 2.0, 2.0]
+    assert verify_cost_table([1.0, 0.8, 0.9]) == [1.0, 1.0, 1.0]
+    assert verify_cost_table([1.0]) == [1.0]
+
+
+def test_verify_costs_on_a_real_model(pool):
+    ratios, method = measure_verify_ratios(pool.target, gamma_max=4, context_len=8, repeats=2, warmup=1)
+    assert len(ratios) == 5 and ratios[0] == 1.0 and all(r > 0 for r in ratios)
     assert "1..5 tokens" in method and "context 8" in method
 
 

@@ -7,9 +7,10 @@ Definitions: ``docs/theory.md``, "Speed model for ranking".
   alternating drafter and target steps so both see the same machine load; ``c`` = median
   drafter step / median target step. For the ``ngram`` drafter a step is one prompt-lookup
   proposal over the same context.
-- :func:`measure_verify_costs`: ``v(g) = T_target(g + 1 tokens) / T_target(1 token)``, the
+- :func:`measure_verify_ratios`: ``T_target(g + 1 tokens) / T_target(1 token)``, the
   verification forward of a ``g``-token draft on the same KV cache (same alternating method,
-  all chunk sizes in turn in each round).
+  all chunk sizes in turn in each round), as timed; :func:`measure_verify_costs`: the table
+  ``v(g)`` the speed model uses (:func:`verify_cost_table`: a running maximum of the ratios).
 - :func:`measure_md_overhead`: ``s`` = extra time of :func:`mdboost.md.verify.verify` with one
   draft at a KL budget over the same call at budget 0 (plain SD), per target step, for dense
   and one-hot (``ngram``) drafts.
@@ -133,7 +134,7 @@ def measure_cost_ratio(
 
 
 @torch.no_grad()
-def measure_verify_costs(
+def measure_verify_ratios(
     target,
     gamma_max: int = 8,
     context_len: int = 128,
@@ -141,12 +142,13 @@ def measure_verify_costs(
     warmup: int = 3,
     seed: int = 0,
 ) -> tuple[list[float], str]:
-    """Measure ``v(g) = T_target(g + 1 tokens) / T_target(1 token)`` for ``g = 0..gamma_max``.
+    """Measure ``T_target(g + 1 tokens) / T_target(1 token)`` for ``g = 0..gamma_max``, as timed.
 
     Each round times, in turn, the target's forward of a 1-, 2-, ..., ``gamma_max + 1``-token
-    chunk on a KV cache of ``context_len`` random tokens (cropped back after each call); ``v(g)``
-    is the ratio of medians, made non-decreasing in ``g`` (a running maximum: a longer chunk
-    never costs less, a dip is timing noise), so ``v(g) >= v(0) = 1``.
+    chunk on a KV cache of ``context_len`` random tokens (cropped back after each call); the
+    ratio for ``g`` is the median time of the ``g + 1``-token chunk over the median time of the
+    1-token chunk. Nothing is clamped: a ratio can dip below an earlier one through timing noise
+    (:func:`verify_cost_table` makes the table the speed model uses).
 
     Parameters
     ----------
@@ -159,7 +161,7 @@ def measure_verify_costs(
     Returns
     -------
     (list of float, str)
-        The table ``[1.0, v(1), ..., v(gamma_max)]`` and the method string.
+        The ratios ``[1.0, r(1), ..., r(gamma_max)]`` and the method string.
     """
     _check_counts(context_len, repeats)
     if int(gamma_max) != gamma_max or gamma_max < 1:
@@ -173,12 +175,58 @@ def measure_verify_costs(
     steps = dict(enumerate(_chunk_steppers(target.model, prefix, chunks)[0]))
     device = next(target.model.parameters()).device
     times = _time_alternating(steps, device, repeats, warmup)
-    table = [1.0]
-    for g in range(1, gamma_max + 1):  # more tokens never cost less: a dip below is timing noise
-        table.append(max(table[-1], times[g] / times[0]))
+    ratios = [times[g] / times[0] for g in range(gamma_max + 1)]  # ratios[0] == 1.0 exactly
     method = (f"median of {repeats} rounds (after {warmup} warm-up) timing target forwards of 1..{gamma_max + 1} "
               f"tokens in turn, KV cache at context {context_len}, {device.type}, {torch.get_num_threads()} threads")
-    return table, method
+    return ratios, method
+
+
+def verify_cost_table(ratios) -> list[float]:
+    """The verification cost table ``v`` of measured ratios: ``v(0) = 1``, then a running maximum.
+
+    A longer chunk never costs less, so a ratio below an earlier one is timing noise and is
+    raised to it; hence ``v(g) >= v(0) = 1``.
+
+    Parameters
+    ----------
+    ratios : sequence of float
+        ``ratios[g] = T_target(g + 1 tokens) / T_target(1 token)`` (``ratios[0]`` is ignored).
+
+    Returns
+    -------
+    list of float
+
+    Examples
+    --------
+    >>> verify_cost_table([1.0, 1.4, 1.3, 2.0])
+    [1.0, 1.4, 1.4, 2.0]
+    >>> verify_cost_table([1.0, 0.9, 1.2])
+    [1.0, 1.0, 1.2]
+    """
+    table = [1.0]
+    for ratio in ratios[1:]:
+        table.append(max(table[-1], ratio))
+    return table
+
+
+def measure_verify_costs(
+    target,
+    gamma_max: int = 8,
+    context_len: int = 128,
+    repeats: int = 21,
+    warmup: int = 3,
+    seed: int = 0,
+) -> tuple[list[float], str]:
+    """Measure the table ``v(g)`` for ``g = 0..gamma_max``: :func:`verify_cost_table` of
+    :func:`measure_verify_ratios` (same arguments).
+
+    Returns
+    -------
+    (list of float, str)
+        The table ``[1.0, v(1), ..., v(gamma_max)]`` and the method string.
+    """
+    ratios, method = measure_verify_ratios(target, gamma_max, context_len, repeats, warmup, seed)
+    return verify_cost_table(ratios), method
 
 
 def _verify_inputs(logits: torch.Tensor, one_hot: bool):  # logits: [2, V] (two nearby positions)
