@@ -6,6 +6,7 @@ interrupted runs and the time cap. Nothing is timed here: only the bookkeeping i
 
 import itertools
 import json
+import re
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ TINY = ["--target", "tiny", "--drafters", "ngram:3,early_exit:2", "--gammas", "2
         "--temperatures", "1.0", "--prompts", "1", "--new-tokens", "4", "--no-write"]
 
 
-def test_full_grid_plan_matches_issue_grid():
+def test_full_grid_plan_matches_the_generation_grid():
     chunks = gen.plan_chunks(gen.DEFAULT_DRAFTERS, [2, 4, 6], [0.01, 0.05, 0.2], [1.0, 0.7])
     cells = [spec for chunk in chunks for spec in chunk.cells]
     expected = {gen.Spec(mode, t, d, g, b) for d, g, t in itertools.product(gen.DEFAULT_DRAFTERS, [2, 4, 6], [1.0, 0.7])
@@ -54,6 +55,28 @@ def test_run_interleaved_stops_at_deadline():
     assert calls == [0, 0]  # abandoned after the first prompt
     res = gen.run_interleaved(configs, [0, 1], torch.device("cpu"))
     assert res["a"]["tokens"] == 4 and res["b"]["outs"] == [[1, 2], [1, 2]]
+
+
+def numbers(pattern: str, text: str) -> list[float]:
+    """The groups of the first match of ``pattern`` in ``text``, as numbers."""
+    match = re.search(pattern, text)
+    assert match, (pattern, text)
+    return [float(g) for g in match.groups()]
+
+
+def markdown_rows(text: str) -> list[dict[str, str]]:
+    """Every body row of every markdown table in ``text``, keyed by its table's header."""
+    rows, header = [], None
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            header = None
+            continue
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if header is None:
+            header = cells
+        elif not set(line) <= set("|-"):
+            rows.append(dict(zip(header, cells)))
+    return rows
 
 
 @pytest.fixture(scope="module")
@@ -119,10 +142,11 @@ def test_report_uses_embedded_references(measured):
     sd = next(c for c in cells.values() if c["mode"] == "sd" and c["drafter"] == "ngram:3" and c["temperature"] == 1.0)
     md = next(c for c in cells.values() if c["mode"] == "md" and c["drafter"] == "ngram:3")
     sd["tok_s"] = 1e9  # another process's SD must not enter the MD / SD ratio
-    row = next(line for line in gen.report(cells, args).splitlines() if line.startswith("| ngram:3 | 2 |"))
-    assert row.endswith(f"| {md['tok_s'] / md['references']['sd']['tok_s']:.2f}x |")
+    text = gen.report(cells, args)
+    row = next(r for r in markdown_rows(text) if r["drafter"] == "ngram:3" and r["gamma"] == "2")
+    assert float(row["MD 0.05 / SD"].rstrip("x")) == pytest.approx(md["tok_s"] / md["references"]["sd"]["tok_s"], abs=0.005)
     # grid cells among the 9: hf_ar, hf_lookup + its greedy SD, ngram:3 SD and MD at T=1.0, gamma 2
-    assert "**5/245** cells" in gen.report(cells, args)
+    assert numbers(r"grid coverage at [^:]*: \*\*(\d+)/(\d+)\*\* cells", text) == [5, 245]
 
 
 def test_bad_inputs_raise(tmp_path):
@@ -169,8 +193,9 @@ def test_report_counts_cells_measured_under_load(measured):
     for key in rest:
         cells[key]["loadavg"] = 0.5
     del cells[rest[0]]["loadavg"], cells[rest[0]]["shards"]
-    line = next(x for x in gen.report(cells, args).splitlines() if x.startswith("_Load:"))
-    assert line.startswith(f"_Load: 2 of the {len(cells) - 1} cells") and "1 older cells have no record" in line
+    text = gen.report(cells, args)
+    assert numbers(r"_Load: (\d+) of the (\d+) cells", text) == [2, len(cells) - 1]
+    assert numbers(r"(\d+) older cells have no record", text) == [1]
 
 
 def test_md_vs_sd_line_counts_wins_and_geometric_means_per_kind():
@@ -183,8 +208,13 @@ def test_md_vs_sd_line_counts_wins_and_geometric_means_per_kind():
     cells = [cell("ngram:3", 2.0, 1.0), cell("early_exit:12", 1.0, 2.0), cell("early_exit:18", 4.0, 2.0),
              cell("ngram:3", 9.0, 1.0, budget=0.2), {"mode": "sd", "budget": 0.0, "drafter": "ngram:3"}]
     # ratios 2, 0.5, 2: geometric mean (2 * 0.5 * 2) ** (1/3) = 2 ** (1/3) = 1.260; early exits: 1.000
-    assert md_vs_sd_line(cells) == (
-        "- MD (KL 0.05) / SD tok/s, every temperature: **faster in 2 of 3, geometric mean 1.260x** (by drafter "
-        "kind: ngram: faster in 1 of 1, geometric mean 2.000x; early_exit: faster in 1 of 2, geometric mean "
-        "1.000x); lowest 0.50x.")
+    line = md_vs_sd_line(cells)
+    wins, n, mean = numbers(r"\*\*faster in (\d+) of (\d+), geometric mean ([\d.]+)x\*\*", line)
+    assert (wins, n) == (2, 3) and mean == pytest.approx(2 ** (1 / 3), abs=5e-4)
+    by_kind = line[line.index("(by drafter kind:"):]
+    kinds = {kind: (int(w), int(k), float(m))
+             for kind, w, k, m in re.findall(r"(\w+): faster in (\d+) of (\d+), geometric mean ([\d.]+)x", by_kind)}
+    assert list(kinds) == ["ngram", "early_exit"]  # drafter priority order
+    assert kinds["ngram"] == (1, 1, 2.0) and kinds["early_exit"] == (1, 2, 1.0)
+    assert numbers(r"lowest ([\d.]+)x", line) == [0.5]
     assert md_vs_sd_line(cells[3:]) is None

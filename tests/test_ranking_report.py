@@ -4,7 +4,7 @@ import pytest
 
 from mdboost.config import RankConfig, from_dict
 from mdboost.ranking.from_cache import member_cache_dir, select_pairs
-from mdboost.ranking.report import COLUMNS, format_table, read_csv, write_csv, write_html
+from mdboost.ranking.report import COLUMNS, TABLE_COLUMNS, format_table, read_csv, write_csv, write_html
 
 
 def test_member_cache_dir_keys():
@@ -56,16 +56,63 @@ def test_select_pairs():
         select_pairs(pc, "some")
 
 
+def _html_rows(page: str) -> list[list[str]]:
+    """The cell texts of every ``<tr>`` of an HTML table, header row included."""
+    from html.parser import HTMLParser
+
+    class Rows(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.rows, self.cell = [], None
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "tr":
+                self.rows.append([])
+            elif tag in ("td", "th"):
+                self.cell = ""
+
+        def handle_endtag(self, tag):
+            if tag in ("td", "th"):
+                self.rows[-1].append(self.cell)
+                self.cell = None
+
+        def handle_data(self, data):
+            if self.cell is not None:
+                self.cell += data
+
+    parser = Rows()
+    parser.feed(page)
+    return parser.rows
+
+
+def _fixed_width_rows(text: str) -> list[list[str]]:
+    """Header and body cells of a fixed-width table, cut at the column spans of its dashes line."""
+    lines = text.splitlines()
+    spans, start = [], None
+    for i, ch in enumerate(lines[1] + " "):
+        if ch == "-" and start is None:
+            start = i
+        elif ch != "-" and start is not None:
+            spans.append((start, i))
+            start = None
+    return [[line[a:b].strip() for a, b in spans] for line in [lines[0]] + lines[2:]]
+
+
 def test_writers_round_trip(tmp_path):
     rows = [{"rank": 1, "drafter": "a", "target": "t", "md_acceptance": 0.5, "extra": float("inf"), "quality_ok": True},
             {"rank": 2, "drafter": "b", "target": "t", "md_acceptance": 0.25, "extra": 1.0, "quality_ok": False}]
     path = write_csv(rows, tmp_path / "r.csv")
     back = read_csv(path)
     assert list(back[0]) == ["rank", "drafter", "target", "md_acceptance", "quality_ok", "extra"]
-    assert back[1]["md_acceptance"] == "0.25" and back[0]["extra"] == "inf"
+    assert [float(r["md_acceptance"]) for r in back] == [0.5, 0.25]
+    assert [float(r["extra"]) for r in back] == [float("inf"), 1.0] and [int(r["rank"]) for r in back] == [1, 2]
     assert not list(tmp_path.glob(".*tmp"))  # atomic write leaves no temp file
-    html = write_html(rows, tmp_path / "r.html").read_text()
-    assert html.count("<tr>") == 3 and "<td>a</td>" in html
-    table = format_table(rows, top=1).splitlines()
-    assert len(table) == 3 and "MD acc" in table[0] and table[2].split()[0] == "1"
+    head, *body = _html_rows(write_html(rows, tmp_path / "r.html").read_text())
+    assert head == list(back[0]) and len(body) == 2
+    assert [dict(zip(head, r))["drafter"] for r in body] == ["a", "b"]
+    assert [float(dict(zip(head, r))["md_acceptance"]) for r in body] == [0.5, 0.25]
+    head, *body = _fixed_width_rows(format_table(rows, top=1))
+    assert head == [label for _, label in TABLE_COLUMNS] and len(body) == 1
+    shown = dict(zip(head, body[0]))
+    assert int(shown["rank"]) == 1 and shown["drafter"] == "a" and float(shown["MD acc"]) == 0.5
     assert COLUMNS[:3] == ["rank", "drafter", "target"]
