@@ -3,7 +3,7 @@
 On the aligned support of :mod:`mdboost.ranking.support` (probability masses ``p * count``,
 ``q * count``):
 
-- SD acceptance ``1 - TV(p, q) = sum_i min(p_i, q_i)`` (note, section 2);
+- SD acceptance ``1 - TV(p, q) = sum_i min(p_i, q_i)`` (``docs/theory.md`` section 2);
 - MD acceptance at budget ``D`` for generator ``f``: the optimum of (f-MD-1),
   ``P_acc(pi(a, b)) = 1 - E(a)``, from :func:`mdboost.solve` (exact primal by default, or the
   conservative Theorem 3.12 bound), with the operating point ``(a, b)`` kept per position for

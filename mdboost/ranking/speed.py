@@ -1,5 +1,5 @@
-"""Speed model for ranking pairs (math note section 6; Leviathan et al. 2023, Thm 3.8 / Cor 3.11),
-with the measured cost of the target's verification call and of the MD solve.
+"""Speed model for ranking pairs (``docs/ranking.md``, "Speed model"; Leviathan et al. 2023,
+Thm 3.8 / Cor 3.11), with the measured cost of the target's verification call and of the MD solve.
 
 With a mean per-token acceptance ``alpha`` (assumed i.i.d. over positions), a draft length
 ``gamma`` and a cost ratio ``c = drafter step time / target step time``, one draft-and-verify
@@ -27,8 +27,8 @@ target is
   ``1 - alpha_SD`` independently of the earlier positions); ``"all"``: ``gamma``.
 
 With ``v = 1`` and ``s = 0`` this is exactly ``(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1))``.
-Mentored decoding leaves the per-token *drafting and verifying* cost of SD unchanged (the note,
-section 4); only ``s`` is added. For a drafter that proposes nothing at some positions
+Mentored decoding leaves the per-token *drafting and verifying* cost of SD unchanged
+(``docs/theory.md`` section 5); only ``s`` is added. For a drafter that proposes nothing at some positions
 (prompt-lookup ``ngram``), those positions count as acceptance 0: a block that starts there
 costs one target call and yields one token, which is what ``alpha = 0`` gives.
 """
@@ -38,6 +38,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from mdboost.md.verify import SOLVE
 
 
 @dataclass(frozen=True)
@@ -114,9 +116,6 @@ def expected_tokens(alpha, gamma) -> torch.Tensor:
     return torch.where(alpha >= 1, gamma + 1, geometric)
 
 
-MD_SOLVE = ("reached", "needed", "all")
-
-
 def expected_solved(alpha, gamma, *, md_solve: str = "reached", sd_acceptance=None) -> torch.Tensor:
     """Expected positions MD solves per block of ``gamma`` drafts (0 at ``gamma = 0``).
 
@@ -131,8 +130,8 @@ def expected_solved(alpha, gamma, *, md_solve: str = "reached", sd_acceptance=No
     sd_acceptance : float or tensor in [0, 1], optional
         SD acceptance ``1 - TV(p, q)``; required with ``"needed"``.
     """
-    if md_solve not in MD_SOLVE:
-        raise ValueError(f"md_solve must be one of {MD_SOLVE}, got {md_solve!r}")
+    if md_solve not in SOLVE:
+        raise ValueError(f"md_solve must be one of {SOLVE}, got {md_solve!r}")
     gamma = _check_gamma(gamma)
     if md_solve == "all":
         return gamma + torch.zeros_like(_check_alpha(alpha))
