@@ -14,9 +14,9 @@ accepted with the *conditional* acceptance
 
 (``docs/theory.md`` section 2: ``P(accept and emit x) = min(p_x, pi_x)``, and the emitted token
 is ``~ pi``), with ``pi = max{(1-b) q, min{p, (1+a) q}}`` at the MD clamp ``(a, b)`` of the
-position (``docs/theory.md`` section 4) and ``pi = q`` for SD, where it reads ``min(1, p(x)/q(x))``. Given the text these
-events are independent across positions (each draft is a fresh draw from ``p`` given the
-prefix), so the loop is a Markov chain over start positions and its expectations are an exact
+position (``docs/theory.md`` section 4) and ``pi = q`` for SD, where it reads
+``min(1, p(x)/q(x))``. Given the text these events are independent across positions (each draft
+is a fresh draw from ``p`` given the prefix), so the loop is a Markov chain over start positions and its expectations are an exact
 dynamic program over one sequence of ``L`` positions (:func:`run_process`):
 
     ``P(start 0) = 1``,  ``P(start s + n + 1) += P(start s) O_s(n)``,
