@@ -4,7 +4,7 @@ Drafter specs: ``early_exit:N``, ``tuned:N``, ``int8``, ``ngram:N`` (see
 :mod:`mdboost.models.drafters` and :mod:`mdboost.models.ngram`) or another model name / path.
 Every member records a vocabulary fingerprint; a drafter/target pair with different
 vocabularies is refused (no silent mis-mapping of token ids). Cost ratios ``c`` (drafter
-step time / target step time, the speed model of the math note, section 6) are measured by
+step time / target step time, the speed model of ``docs/ranking.md``) are measured by
 :func:`mdboost.models.cost.measure_cost_ratio`.
 """
 
