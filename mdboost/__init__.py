@@ -9,7 +9,9 @@ Layout (the folder structure is the architecture):
 - :mod:`mdboost.data` -- prompt/text datasets (bundled offline default: HumanEval).
 - :mod:`mdboost.cache` -- top-k compressed logit cache over a pool and a dataset.
 - :mod:`mdboost.engine` -- AR / SD / MD generation with KV caches.
-- :mod:`mdboost.ranking` -- pair scores: acceptance, speed model, boosting complementarity.
+- :mod:`mdboost.ranking` -- pair scores: acceptance, speed model, boosting complementarity, plots.
+- :mod:`mdboost.validation` -- real runs of ranked pairs against the prediction, HumanEval.
+- :mod:`mdboost.tracking` -- the MLflow store and ``mdboost ui`` (pipelines and CLI only).
 
 Public names are imported lazily so that ``import mdboost`` stays cheap.
 """
@@ -45,6 +47,7 @@ _EXPORTS = {
     "LogitCache": "mdboost.cache",
     # learning
     "SelfNormalizedBoostClassifier": "mdboost.boosting.estimator",
+    "FixedScorer": "mdboost.boosting.scorers",
 }
 
 __all__ = sorted(_EXPORTS)

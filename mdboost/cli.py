@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     ui.add_argument("--tracking-uri", default=None, help="default: sqlite:///mlruns/mlflow.db")
     ui.add_argument("--port", type=int, default=5000)
     ui.add_argument("--host", default="127.0.0.1")
-    ui.set_defaults(target="mdboost.ui:main")
+    ui.set_defaults(target="mdboost.tracking.ui:main")
     return parser
 
 

@@ -86,7 +86,7 @@ def _score_all(cfg: RankConfig, pc) -> tuple[list[dict], dict]:
 
 def write_outputs(cfg: RankConfig, rows: list[dict], details: dict, out: Path) -> dict[str, Path]:
     """CSV, HTML, plots and the resolved config into ``out`` (all atomic)."""
-    from mdboost import plots
+    from mdboost.ranking import plots
 
     paths = {
         "csv": report.write_csv(rows, out / "ranking.csv"),

@@ -190,7 +190,7 @@ def validate_point(row: dict, pool, prompts, cfg: ValidateConfig, md_solve: str 
 
 def humaneval_pass_at_1(row: dict, pool, rank_cfg: RankConfig, cfg: ValidateConfig) -> dict:
     """pass@1 of AR and MD completions on the first held-out HumanEval tasks."""
-    from mdboost import humaneval
+    from mdboost.validation import humaneval
     from mdboost.validation.runs import run_mode, truncate_completion
 
     h, tok = cfg.humaneval, pool.target.tokenizer

@@ -1,11 +1,11 @@
-"""Pool-mode boosting: fixed members, best-|edge| picks, the label_scores fast path."""
+"""Pool-mode boosting: fixed scorers, best-|edge| picks, the label_scores fast path."""
 
 import numpy as np
 import pytest
 from sklearn.datasets import make_classification
 from sklearn.linear_model import LogisticRegression
 
-from mdboost.boosting import LabelSets, ScoreTableMember, SelfNormalizedBoostClassifier, encode_labels
+from mdboost.boosting import LabelSets, TableScorer, SelfNormalizedBoostClassifier, encode_labels
 
 
 class _Columns:
@@ -21,17 +21,17 @@ class _Columns:
 
 
 class _NoLabelScores:
-    """The same table member without the label_scores fast path."""
+    """The same table scorer without the label_scores fast path."""
 
     def __init__(self, table):
-        self.inner = ScoreTableMember(table)
+        self.inner = TableScorer(table)
         self.classes_ = self.inner.classes_
 
     def decision_function(self, X):
         return self.inner.decision_function(X)
 
 
-class _NoDense(ScoreTableMember):
+class _NoDense(TableScorer):
     """Refuses to materialize [m, n_classes]: fitting and margins must use label_scores only."""
 
     def decision_function(self, X):
@@ -72,14 +72,14 @@ def test_pool_of_fitted_classifiers_picks_best_edge_first():
 
 def test_label_scores_path_equals_dense_path_and_never_materializes():
     X, y, tables = _tables()
-    fast = SelfNormalizedBoostClassifier(n_estimators=6, pool=[ScoreTableMember(t) for t in tables])
+    fast = SelfNormalizedBoostClassifier(n_estimators=6, pool=[TableScorer(t) for t in tables])
     slow = SelfNormalizedBoostClassifier(n_estimators=6, pool=[_NoLabelScores(t) for t in tables])
     fast.fit(X, y)
     slow.fit(X, y)
     np.testing.assert_allclose(fast.edges_, slow.edges_, rtol=1e-10)
     np.testing.assert_allclose(fast.estimator_weights_, slow.estimator_weights_, rtol=1e-10)
     np.testing.assert_allclose(fast.predict_proba(X), slow.predict_proba(X), atol=1e-10)
-    np.testing.assert_array_equal(fast.classes_, np.arange(50))  # from members, not from y
+    np.testing.assert_array_equal(fast.classes_, np.arange(50))  # from the scorers, not from y
     no_dense = SelfNormalizedBoostClassifier(n_estimators=6, pool=[_NoDense(t) for t in tables])
     history = list(no_dense._iter_fit(X, y))
     assert all(abs(w.sum() - 1) < 1e-12 and w.min() >= 0 for w in history)
@@ -92,8 +92,8 @@ def test_adding_a_constant_to_scores_changes_nothing():
     X, y, tables = _tables(1)
     rng = np.random.RandomState(1)
     shifted = [t + rng.randn(t.shape[0], 1) * 50 + 7.0 for t in tables]
-    a = SelfNormalizedBoostClassifier(n_estimators=6, pool=[ScoreTableMember(t) for t in tables]).fit(X, y)
-    b = SelfNormalizedBoostClassifier(n_estimators=6, pool=[ScoreTableMember(t) for t in shifted]).fit(X, y)
+    a = SelfNormalizedBoostClassifier(n_estimators=6, pool=[TableScorer(t) for t in tables]).fit(X, y)
+    b = SelfNormalizedBoostClassifier(n_estimators=6, pool=[TableScorer(t) for t in shifted]).fit(X, y)
     picks = lambda clf: [clf.pool.index(e) for e in clf.estimators_]  # noqa: E731
     assert picks(a) == picks(b)
     np.testing.assert_allclose(a.edges_, b.edges_, rtol=1e-9)
@@ -102,10 +102,10 @@ def test_adding_a_constant_to_scores_changes_nothing():
     np.testing.assert_allclose(a.margins(X, y), b.margins(X, y), atol=1e-9)
 
 
-def test_negative_edge_member_gets_negative_alpha():
+def test_negative_edge_scorer_gets_negative_alpha():
     X, y, tables = _tables(2, k=1)
-    pos = SelfNormalizedBoostClassifier(n_estimators=3, pool=[ScoreTableMember(tables[0])]).fit(X, y)
-    neg = SelfNormalizedBoostClassifier(n_estimators=3, pool=[ScoreTableMember(-tables[0])]).fit(X, y)
+    pos = SelfNormalizedBoostClassifier(n_estimators=3, pool=[TableScorer(tables[0])]).fit(X, y)
+    neg = SelfNormalizedBoostClassifier(n_estimators=3, pool=[TableScorer(-tables[0])]).fit(X, y)
     assert pos.edges_[0] > 0 and neg.edges_[0] < 0
     np.testing.assert_allclose(neg.estimator_weights_, -pos.estimator_weights_)
     np.testing.assert_allclose(neg.predict_proba(X), pos.predict_proba(X), atol=1e-12)
@@ -117,13 +117,13 @@ def test_pool_indicator_labels_and_stop_reasons():
     ind = np.eye(8, dtype=int)[y]
     rows = np.arange(0, len(y), 3)
     ind[rows, (y[rows] + 1) % 8] = 1
-    clf = SelfNormalizedBoostClassifier(n_estimators=5, pool=[ScoreTableMember(t) for t in tables]).fit(X, ind)
+    clf = SelfNormalizedBoostClassifier(n_estimators=5, pool=[TableScorer(t) for t in tables]).fit(X, ind)
     g = LabelSets(8, indicator=ind.astype(bool)).scores(clf.decision_function(X))
     np.testing.assert_allclose(clf.margins(X, ind, normalized=False), g, atol=1e-10)
-    perfect = SelfNormalizedBoostClassifier(pool=[ScoreTableMember(np.eye(8)[y] * 3.0)]).fit(X, y)
+    perfect = SelfNormalizedBoostClassifier(pool=[TableScorer(np.eye(8)[y] * 3.0)]).fit(X, y)
     assert perfect.stop_reason_.startswith("round 0: perfect") and len(perfect.estimators_) == 1
     assert perfect.score(X, y) == 1.0 and np.isfinite(perfect.estimator_weights_).all()
-    useless = SelfNormalizedBoostClassifier(pool=[ScoreTableMember(np.ones((len(y), 8)))]).fit(X, y)
+    useless = SelfNormalizedBoostClassifier(pool=[TableScorer(np.ones((len(y), 8)))]).fit(X, y)
     assert "useless" in useless.stop_reason_ and useless.estimators_ == []
     np.testing.assert_allclose(useless.predict_proba(X), 1 / 8)
     assert useless.margin_bound(0.0) == 1.0
@@ -131,15 +131,15 @@ def test_pool_indicator_labels_and_stop_reasons():
 
 def test_pool_validation():
     X, y, tables = _tables(4, k=2)
-    member = ScoreTableMember(tables[0])
+    scorer = TableScorer(tables[0])
     with pytest.raises(ValueError, match="pool"):
         SelfNormalizedBoostClassifier(pool=[]).fit(X, y)
     with pytest.raises(ValueError, match="estimator must be None"):
         from sklearn.tree import DecisionTreeClassifier
-        SelfNormalizedBoostClassifier(DecisionTreeClassifier(), pool=[member]).fit(X, y)
+        SelfNormalizedBoostClassifier(DecisionTreeClassifier(), pool=[scorer]).fit(X, y)
     with pytest.raises(ValueError, match=r"pool\[1\]"):
-        SelfNormalizedBoostClassifier(pool=[member, object()]).fit(X, y)
+        SelfNormalizedBoostClassifier(pool=[scorer, object()]).fit(X, y)
     with pytest.raises(ValueError, match=r"pool\[1\].classes_"):
-        SelfNormalizedBoostClassifier(pool=[member, ScoreTableMember(tables[1][:, :10])]).fit(X, y)
+        SelfNormalizedBoostClassifier(pool=[scorer, TableScorer(tables[1][:, :10])]).fit(X, y)
     with pytest.raises(ValueError, match="not in classes_"):
-        SelfNormalizedBoostClassifier(pool=[member]).fit(X, y + 100)
+        SelfNormalizedBoostClassifier(pool=[scorer]).fit(X, y + 100)

@@ -38,7 +38,7 @@ def test_sklearn_compatible_estimator(estimator, check):
     check(estimator)
 
 
-@pytest.mark.parametrize("module", ["labels", "margins", "pool", "estimator"])
+@pytest.mark.parametrize("module", ["labels", "margins", "scorers", "estimator"])
 def test_doctests(module):
     mod = importlib.import_module(f"mdboost.boosting.{module}")
     result = doctest.testmod(mod, optionflags=doctest.NORMALIZE_WHITESPACE)

@@ -1,7 +1,7 @@
 """End to end: the MLflow UI shows validation pair runs side by side in headless Chromium.
 
 Builds a temporary store (a parent run and nested "pair" runs with drafter/target params and
-acceptance metrics), serves it with :func:`mdboost.ui.running_server`, opens the experiment's
+acceptance metrics), serves it with :func:`mdboost.tracking.ui.running_server`, opens the experiment's
 runs table, expands the parent, ticks the pair runs, presses Compare and checks the compare
 page. Uses the system Chromium and chromedriver only (never downloads a browser).
 Set ``MDBOOST_DOCS_SCREENSHOT=1`` to also write ``docs/img/mlflow_compare.png``.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mdboost.ui import running_server
+from mdboost.tracking.ui import running_server
 
 pytestmark = pytest.mark.browser
 

@@ -1,4 +1,4 @@
-"""mdboost.humaneval: our sandboxed runner of the HumanEval checks, and pass@k."""
+"""mdboost.validation.humaneval: our sandboxed runner of the HumanEval checks, and pass@k."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from mdboost import humaneval as he
+from mdboost.validation import humaneval as he
 
 SUBSET = ["HumanEval/0", "HumanEval/2", "HumanEval/10", "HumanEval/32", "HumanEval/53",
           "HumanEval/100", "HumanEval/163"]

@@ -1,4 +1,4 @@
-"""mdboost.ui: the mlflow server command, argument checks, and a real background server."""
+"""mdboost.tracking.ui: the mlflow server command, argument checks, and a real background server."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from mdboost import ui
+from mdboost.tracking import ui
 from mdboost.tracking import DEFAULT_TRACKING_URI
 
 

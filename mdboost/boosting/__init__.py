@@ -4,22 +4,22 @@ Definitions: ``docs/theory.md``, "Multiclass self-normalized boosting".
 
 - :mod:`mdboost.boosting.labels` -- label coding ``y_ij`` and label scores ``y_i^T h``.
 - :mod:`mdboost.boosting.margins` -- one boosting round, the margin bound and risk.
-- :mod:`mdboost.boosting.pool` -- the protocol of fixed pool members (LLMs over a logit cache).
+- :mod:`mdboost.boosting.scorers` -- the fixed scorers of pool mode (LLMs over a logit cache).
 - :mod:`mdboost.boosting.estimator` -- :class:`SelfNormalizedBoostClassifier`.
 """
 
 from mdboost.boosting.estimator import LOG_PROBA_FLOOR, SelfNormalizedBoostClassifier
 from mdboost.boosting.labels import LabelSets, encode_labels, label_scores, label_scores_from_sums
 from mdboost.boosting.margins import EDGE_EPS, edge_step, margin_bound, margin_risk
-from mdboost.boosting.pool import PoolMember, ScoreTableMember
+from mdboost.boosting.scorers import FixedScorer, TableScorer
 
 __all__ = [
     "EDGE_EPS",
     "LOG_PROBA_FLOOR",
+    "FixedScorer",
     "LabelSets",
-    "PoolMember",
-    "ScoreTableMember",
     "SelfNormalizedBoostClassifier",
+    "TableScorer",
     "edge_step",
     "encode_labels",
     "label_scores",

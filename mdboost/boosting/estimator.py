@@ -9,7 +9,7 @@ self-normalized weight update of :mod:`mdboost.boosting.margins`. The combinatio
 
 - estimator mode: each round fits a clone of ``estimator`` (default: a depth-1 tree) on the
   weighted sample and uses its ``predict_proba`` (or clipped log-probabilities) as ``h_t``;
-- pool mode: each round picks, among fixed pre-trained members (:mod:`mdboost.boosting.pool`),
+- pool mode: each round picks, among fixed pre-trained scorers (:mod:`mdboost.boosting.scorers`),
   the one with the largest ``|mu|`` under the current weights.
 """
 
@@ -34,7 +34,7 @@ from sklearn.utils.validation import (
 
 from mdboost.boosting.labels import encode_labels
 from mdboost.boosting.margins import edge_step, margin_bound, margin_risk
-from mdboost.boosting.pool import check_pool, member_label_scores, member_scores
+from mdboost.boosting.scorers import check_pool, label_scores_of, scores_of
 
 __all__ = ["SelfNormalizedBoostClassifier", "LOG_PROBA_FLOOR"]
 
@@ -63,24 +63,24 @@ class SelfNormalizedBoostClassifier(ClassifierMixin, BaseEstimator):
         Maximum number of rounds, in ``[1, inf)``. Boosting stops earlier on a perfect
         (``|mu| = 1``, alpha capped via ``EDGE_EPS``) or useless (``h* = 0``, or ``mu <= 0`` in
         estimator mode) hypothesis; ``stop_reason_`` says which.
-    pool : list of pool members, default=None
-        Pool mode: fixed pre-trained scorers (see :mod:`mdboost.boosting.pool`), never cloned or
-        refitted; each round picks the member of largest ``|mu|`` (it may be picked again). A
+    pool : list of fixed scorers, default=None
+        Pool mode: fixed pre-trained scorers (:class:`~mdboost.boosting.scorers.FixedScorer`),
+        never cloned or refitted; each round picks the scorer of largest ``|mu|`` (it may be picked again). A
         negative edge gives a negative ``alpha`` (the round uses ``-h``), which is fine. ``X``
-        is validated with ``dtype=None, ensure_all_finite=False`` and handed to the members:
+        is validated with ``dtype=None, ensure_all_finite=False`` and handed to the scorers:
         any 2-D array they accept, e.g. row indices of shape (m, 1) into a logit cache.
     hypothesis : {"proba", "log_proba", "predict"}, default="proba"
         Estimator mode: ``h_t`` is the weak learner's ``predict_proba`` mapped to ``classes_``
         (unseen classes score 0), its log clipped at ``LOG_PROBA_FLOOR``, or the one-hot code
         of its ``predict`` (discrete hypotheses, as in SAMME). Ignored in pool mode, where
-        members' ``decision_function`` / ``label_scores`` are used.
+        scorers' ``decision_function`` / ``label_scores`` are used.
     random_state : int, RandomState instance or None, default=None
         Seeds the ``random_state`` of each weak learner clone.
 
     Attributes
     ----------
     estimators_ : list
-        The hypotheses ``h_t`` (fitted clones, or pool members by reference).
+        The hypotheses ``h_t`` (fitted clones, or pool scorers by reference).
     estimator_weights_ : ndarray of shape (T,)
         ``alpha_t``.
     edges_ : ndarray of shape (T,)
@@ -92,7 +92,7 @@ class SelfNormalizedBoostClassifier(ClassifierMixin, BaseEstimator):
     boosting_advantage_ : float
         ``sum_t mu_t^2``.
     classes_ : ndarray of shape (n_classes,)
-        Class labels; ``arange(n_columns)`` for an indicator ``y``; the members' ``classes_``
+        Class labels; ``arange(n_columns)`` for an indicator ``y``; the scorers' ``classes_``
         in pool mode.
     n_features_in_ : int
         Number of features (columns of ``X``) seen during fit.
@@ -152,7 +152,7 @@ class SelfNormalizedBoostClassifier(ClassifierMixin, BaseEstimator):
         X, y = validate_data(self, X, y, multi_output=True, **self._x_kwargs())
         if y.ndim == 2 and y.shape[1] == 1:
             y = column_or_1d(y, warn=True)
-        if self.pool is not None:  # labels are checked against the members' classes_
+        if self.pool is not None:  # labels are checked against the scorers' classes_
             if self.estimator is not None:
                 raise ValueError(f"estimator must be None in pool mode, got {self.estimator!r}")
             classes, labels = encode_labels(y, classes=check_pool(self.pool))
@@ -172,7 +172,7 @@ class SelfNormalizedBoostClassifier(ClassifierMixin, BaseEstimator):
         Parameters
         ----------
         X : {array-like, sparse matrix} of shape (n_samples, n_features)
-            Training inputs (pool mode: whatever the members accept, e.g. row indices).
+            Training inputs (pool mode: whatever the scorers accept, e.g. row indices).
         y : array-like of shape (n_samples,) or (n_samples, n_classes)
             Class labels, or a 0/1 indicator of the potential labels of each example (every row
             needs at least one 1 and one 0); then ``classes_ = arange(n_classes)``.
@@ -222,8 +222,8 @@ class SelfNormalizedBoostClassifier(ClassifierMixin, BaseEstimator):
         """One round: returns ``(hypothesis, Step)``; ``Step.weights`` is None if rejected.
 
         Estimator mode fits a weak learner (a label set ``Y_i`` is expanded into one row per
-        potential label with weight ``w_i / n_i``); pool mode picks the best ``|edge|`` member
-        from the precomputed label scores ``pool_g`` of shape (n_members, m).
+        potential label with weight ``w_i / n_i``); pool mode picks the best ``|edge|`` scorer
+        from the precomputed label scores ``pool_g`` of shape (n_scorers, m).
         """
         if pool_g is not None:
             support = sample_weight > 0
@@ -233,7 +233,7 @@ class SelfNormalizedBoostClassifier(ClassifierMixin, BaseEstimator):
             k = int(np.argmax(np.abs(edges)))
             step = edge_step(pool_g[k], sample_weight)
             if step.weights is not None and step.edge == 0.0:
-                step = type(step)(None, 0.0, 0.0, step.normalizer, "no pool member has a nonzero edge")
+                step = type(step)(None, 0.0, 0.0, step.normalizer, "no pool scorer has a nonzero edge")
             return self.pool[k], step
         estimator = self._make_estimator(random_state)
         rows, cols, share = labels.expand()
@@ -254,7 +254,7 @@ class SelfNormalizedBoostClassifier(ClassifierMixin, BaseEstimator):
         return estimator
 
     def _pool_label_scores(self, X, labels):
-        return np.stack([member_label_scores(m, X, labels) for m in self.pool])  # [K, m]
+        return np.stack([label_scores_of(s, X, labels) for s in self.pool])  # [K, m]
 
     def _weak_scores(self, estimator, X, n_classes):
         if self.hypothesis == "predict":
@@ -271,20 +271,25 @@ class SelfNormalizedBoostClassifier(ClassifierMixin, BaseEstimator):
 
     def _scores(self, hyp, X):
         if self.pool is not None:
-            return member_scores(hyp, X, len(self.classes_))
+            return scores_of(hyp, X, len(self.classes_))
         return self._weak_scores(hyp, X, len(self.classes_))
 
     # ------------------------------------------------------------------ prediction
-    def _staged_H(self, X):
+    def _staged_H(self, X, copy=True):
+        """Yield ``H_t = sum_{s <= t} alpha_s h_s(X)``, shape (m, n_classes), after each round.
+
+        ``copy=False`` yields the one accumulator, updated in place (for :meth:`_H`).
+        """
         H = np.zeros((X.shape[0], len(self.classes_)))
         for hyp, alpha in zip(self.estimators_, self.estimator_weights_):
             H += alpha * self._scores(hyp, X)
-            yield H.copy()
+            yield H.copy() if copy else H
 
     def _H(self, X):
+        """``H_T``, the last of :meth:`_staged_H` (zeros for an empty ensemble)."""
         H = np.zeros((X.shape[0], len(self.classes_)))
-        for hyp, alpha in zip(self.estimators_, self.estimator_weights_):
-            H += alpha * self._scores(hyp, X)
+        for H in self._staged_H(X, copy=False):
+            pass
         return H
 
     def _decision(self, H):
@@ -371,7 +376,7 @@ class SelfNormalizedBoostClassifier(ClassifierMixin, BaseEstimator):
         _, labels = encode_labels(np.asarray(y), classes=self.classes_)
         margin = np.zeros(labels.n_samples)
         for hyp, alpha in zip(self.estimators_, self.estimator_weights_):
-            g = member_label_scores(hyp, X, labels) if self.pool is not None else labels.scores(self._scores(hyp, X))
+            g = label_scores_of(hyp, X, labels) if self.pool is not None else labels.scores(self._scores(hyp, X))
             margin += alpha * g
         if not normalized:
             return margin

@@ -1,9 +1,8 @@
 """Label coding of multiclass self-normalized boosting (paper Section 4).
 
-Definitions: ``docs/theory.md``, "Multiclass self-normalized boosting".
-
-Each example ``i`` has a set ``Y_i`` of ``n_i >= 1`` potential labels (potential next tokens)
-among ``n`` classes. Following Zhu et al. (2009), it is coded as the vector
+Definitions in ``docs/boosting.md`` ("Label coding"). Each example ``i`` has a set ``Y_i`` of
+``n_i >= 1`` potential labels (potential next tokens) among ``n`` classes. Following Zhu et al.
+(2009), it is coded as the vector
 
     y_ij = 1 / n_i          if j in Y_i,
     y_ij = -1 / (n - n_i)   otherwise,

@@ -1,8 +1,7 @@
 """One self-normalized boosting round and the margin bound (paper Section 4).
 
-Definitions: ``docs/theory.md``, "Multiclass self-normalized boosting".
-
-Given label scores ``g_i = y_i^T h_t(x_i)`` and weights ``w_t`` in the simplex:
+Definitions in ``docs/boosting.md`` ("The algorithm"). Given label scores
+``g_i = y_i^T h_t(x_i)`` and weights ``w_t`` in the simplex:
 
 - normalizer ``h*_t = max_i |g_i|`` over the support of the weights (``w_1i > 0``);
 - ``u_ti = g_i / h*_t`` in [-1, 1] on the support; edge ``mu_t = sum_i w_ti u_ti``;

@@ -36,9 +36,11 @@ TAILS = ("drop", "uniform", "full")
 class PairProbs:
     """Sparse (drafter, target) distributions on the union of their cached supports.
 
-    ``support`` [R, U] token ids (``-1`` = padding, probability 0); ``draft_probs`` and
-    ``target_probs`` [R, U + 1], the last column being the mass of every other token;
-    ``valid`` [R] is False where the drafter has no draft (an ``ngram`` without a match).
+    ``support`` [R, U] token ids (``-1`` = padding, probability 0; the target's kept ids first,
+    then the drafter's others); ``draft_probs`` and ``target_probs`` [R, U + 1] (float32), the
+    last column being the mass of every other token; ``valid`` [R] is False where the drafter
+    has no draft (an ``ngram`` without a match). Built by
+    :func:`mdboost.ranking.support.align_topk`, the ranking's common support.
     """
 
     support: torch.Tensor
@@ -179,33 +181,31 @@ class LogitCache:
         return dense.scatter_(1, ids, kept)
 
     def pair_probs(self, drafter: str, target: str, rows=None, temperature: float = 1.0, tail: str = "drop") -> PairProbs:
-        """Sparse union-of-supports distributions of a (drafter, target) pair."""
+        """Sparse union-of-supports distributions of a (drafter, target) pair.
+
+        ``tail="drop"``: each member's top-k renormalized, nothing outside it; ``"uniform"``: the
+        exact kept probabilities and the tail mass spread over the other tokens. The union is
+        :func:`mdboost.ranking.support.align_topk` (the ranking's support), its masses in float32.
+        """
+        from mdboost.ranking.support import align_topk
+
         if tail not in ("drop", "uniform"):
             raise ValueError(f"tail must be 'drop' or 'uniform' for pair_probs, got {tail!r}")
-        sides = []
-        for member in (drafter, target):
-            if self.kind(member) == "ngram":
-                first = self.ngram_proposals(member, rows)[:, :1]
-                sides.append((first.clamp_min(0), (first >= 0).float(), torch.zeros(first.shape[0]), first[:, 0] >= 0))
-            else:
-                ids, kept, rest = self.kept_probs(member, rows, temperature, tail)
-                sides.append((ids, kept, rest, torch.ones(ids.shape[0], dtype=torch.bool)))
-        support = _union(sides[0][0], sides[1][0])  # [R, U]
-        columns = [self._on_support(support, ids, kept, rest, tail) for ids, kept, rest, _ in sides]
-        return PairProbs(support, columns[0], columns[1], sides[0][3] & sides[1][3])
+        (d_ids, d_logp, d_tail, d_valid), (t_ids, t_logp, t_tail, t_valid) = (
+            self._sparse(member, rows, temperature, tail) for member in (drafter, target))
+        aligned = align_topk(d_ids, d_logp, d_tail, t_ids, t_logp, t_tail, self.vocab_size)
+        return PairProbs(aligned.ids[:, :-1], aligned.p_mass.float(), aligned.q_mass.float(), d_valid & t_valid)
 
-    def _on_support(self, support, ids, kept, rest, tail):
-        sorted_ids, order = ids.sort(dim=1)  # [R, k]
-        pos = torch.searchsorted(sorted_ids, support).clamp_max(ids.shape[1] - 1)  # [R, U]
-        hit = (sorted_ids.gather(1, pos) == support) & (support >= 0)  # token in this member's top-k
-        probs = torch.where(hit, kept.gather(1, order).gather(1, pos), torch.zeros(()))  # [R, U]
-        other = rest.clone()
-        if tail == "uniform":
-            hidden = (support >= 0) & ~hit  # in the union but outside this member's top-k
-            each = rest / max(self.vocab_size - ids.shape[1], 1)
-            probs = probs + hidden * each[:, None]
-            other = rest - hidden.sum(-1) * each
-        return torch.cat([probs, other.clamp_min(0.0)[:, None]], dim=1)
+    def _sparse(self, member: str, rows, temperature: float, tail: str):
+        """``(ids [R, k], log-probs [R, k], tail mass [R], valid [R])``; an ngram is one-hot on its
+        first proposal (``-1``, invalid: no proposal)."""
+        if self.kind(member) == "ngram":
+            first = self.ngram_proposals(member, rows)[:, :1]  # [R, 1]
+            logp = torch.where(first >= 0, 0.0, float("-inf")).double()
+            return first, logp, torch.zeros(first.shape[0], dtype=torch.float64), first[:, 0] >= 0
+        ids, kept, rest = self.kept_probs(member, rows, temperature, tail)
+        spread = rest if tail == "uniform" else torch.zeros_like(rest)
+        return ids, kept.double().log(), spread.double(), torch.ones(ids.shape[0], dtype=torch.bool)
 
     # ---- internals ------------------------------------------------------------------------
     def _info(self, member: str) -> dict:
@@ -236,11 +236,3 @@ def _as_index(rows, total: int):
     if index.numel() and (index.min() < -total or index.max() >= total):
         raise ValueError(f"rows must index [0, {total}), got values in [{int(index.min())}, {int(index.max())}]")
     return index
-
-
-def _union(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # [R, ka], [R, kb] -> [R, ka + kb]
-    """Row-wise union of token ids, sorted, duplicates replaced by ``-1``."""
-    ids, _ = torch.cat([a, b], dim=1).sort(dim=1)
-    dup = torch.zeros_like(ids, dtype=torch.bool)
-    dup[:, 1:] = ids[:, 1:] == ids[:, :-1]
-    return ids.masked_fill(dup, -1)

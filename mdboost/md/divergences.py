@@ -1,8 +1,9 @@
 """f-divergence generators and the batched divergence ``D_f(pi || q)``.
 
 ``D_f(pi || q) = sum_i q_i f(pi_i / q_i)`` for a convex generator ``f`` with ``f(1) = 0``
-(``docs/theory.md``, "Notation"). Shipped generators: ``kl`` (KL(pi||q)), ``rkl`` (KL(q||pi)),
-``hellinger``, ``pearson``, ``neyman``, ``tv``, ``js`` and the Amari family :func:`alpha`.
+(``docs/theory.md``, "Notation"). Shipped generators (:data:`DIVERGENCES`, in this order): ``kl``
+(KL(pi||q)), ``rkl`` (KL(q||pi)), ``hellinger``, ``pearson``, ``neyman``, ``tv``, ``js``; plus the
+Amari family :func:`alpha`.
 Any convex callable can be used too (:func:`from_callable`).
 
 Limits (documented in ``docs/theory.md``):
@@ -26,6 +27,7 @@ from typing import Callable
 import torch
 
 __all__ = [
+    "DIVERGENCES",
     "Divergence",
     "GENERATORS",
     "alpha",
@@ -108,10 +110,13 @@ GENERATORS: dict[str, Divergence] = {
     "js": Divergence("js", _js, 0.0, math.log(2.0) / 2.0),
 }
 
+DIVERGENCES: tuple[str, ...] = tuple(GENERATORS)
+"""Names of the shipped generators, in the order of :data:`GENERATORS`."""
+
 
 def names() -> list[str]:
     """Names accepted by :func:`resolve` (plus ``"alpha:<a>"``)."""
-    return sorted(GENERATORS) + ["alpha:<a>"]
+    return sorted(DIVERGENCES) + ["alpha:<a>"]
 
 
 def alpha(a: float) -> Divergence:

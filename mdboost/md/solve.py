@@ -3,12 +3,13 @@
 Paper results implemented here (definitions in ``docs/theory.md``):
 
 - Theorem 3.7 / Corollary 3.10: the optimum is the clamp ``pi(a, b) = max{(1-b) q, min{p, (1+a) q}}``
-  (:func:`mentored_distribution`);
+  (:func:`clamp` elementwise, :func:`mentored_distribution` on ``[..., V]`` rows);
 - Definition 3.11 / Theorem 3.13: the optimal couples form one f-independent curve C(p, q),
   searched through :class:`~mdboost.md.breakpoints.Breakpoints` (:func:`solve`);
 - Theorem 3.12: the conservative ``mode="bound"``.
 
-``P_acc(pi) = sum_i min(pi_i, p_i)`` is :func:`acceptance_probability`.
+``P_acc(pi) = sum_i min(pi_i, p_i)`` is :func:`acceptance_probability`; the boosting coefficient
+``k = sqrt((1+a) / (1-b))`` of Table 5 / Theorem 4.8 is :func:`boost_coefficient`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from mdboost.md._checks import check_pair, check_probs
 from mdboost.md.breakpoints import Breakpoints
 from mdboost.md.divergences import f_divergence, resolve
 
-__all__ = ["MDSolution", "solve", "mentored_distribution", "acceptance_probability"]
+__all__ = ["MDSolution", "solve", "clamp", "mentored_distribution", "acceptance_probability", "boost_coefficient"]
 
 MODES = ("exact", "bound")
 
@@ -50,13 +51,69 @@ class MDSolution:
 
     @property
     def boost_coefficient(self) -> torch.Tensor:
-        """``k = sqrt((1+a) / (1-b))`` (paper, Table 5 / Theorem 4.8); ``inf`` when ``b = 1``."""
-        return torch.sqrt((1 + self.a) / (1 - self.b))
+        """``k = sqrt((1+a) / (1-b))`` at the solution (:func:`boost_coefficient`)."""
+        return boost_coefficient(self.a, self.b, validate=False)
+
+
+def boost_coefficient(a, b, *, validate: bool = True) -> torch.Tensor:
+    """The boosting coefficient ``k = sqrt((1 + a) / (1 - b))`` (paper, Table 5 / Theorem 4.8).
+
+    Parameters
+    ----------
+    a, b : float or tensor, broadcastable
+        A clamp point: ``a >= 0``, ``0 <= b <= 1``.
+    validate : bool, default=True
+        Check the ranges (a device synchronisation); False for points from :func:`solve`.
+
+    Returns
+    -------
+    torch.Tensor
+        ``k >= 1``, in ``a``'s float dtype (float64 for integer ``a``); ``inf`` where ``b = 1``.
+
+    Examples
+    --------
+    >>> float(boost_coefficient(0.0, 0.75))
+    2.0
+    """
+    a = torch.as_tensor(a)
+    b = torch.as_tensor(b, dtype=a.dtype if a.is_floating_point() else torch.float64)
+    if validate and ((a < 0).any() or (b < 0).any() or (b > 1).any()):
+        raise ValueError(f"boost_coefficient needs a >= 0 and 0 <= b <= 1, got a={a}, b={b}")
+    return torch.sqrt((1 + a) / (1 - b))
 
 
 def _expand(x, like: torch.Tensor) -> torch.Tensor:  # [...] -> [..., 1]
     t = torch.as_tensor(x, dtype=like.dtype, device=like.device)
     return t.unsqueeze(-1) if t.ndim else t
+
+
+def clamp(draft_probs, target_probs, a, b) -> torch.Tensor:
+    """The clamp ``max{(1-b) q, min{p, (1+a) q}}`` elementwise (``docs/theory.md`` section 4).
+
+    The one implementation of the clamp: :func:`mentored_distribution` applies it to whole rows,
+    the ranking to single tokens (:func:`mdboost.ranking.quality.mentored_true_prob`), to a
+    common top-k support with its tail bucket (:func:`mdboost.ranking.process.budget_tilt`) and
+    to ratios ``p / q`` with ``q = 1`` (:func:`mdboost.ranking.process.conditional_acceptance`).
+
+    Parameters
+    ----------
+    draft_probs, target_probs : tensor or float
+        ``p`` and ``q`` (probabilities, masses or ratios); at least one argument is a tensor.
+    a, b : float or tensor
+        Clamp parameters, ``a >= 0``, ``0 <= b <= 1`` (not checked). All four broadcast together:
+        give ``a``, ``b`` a trailing axis of size 1 to clamp ``[..., V]`` rows per ``(...)``.
+
+    Returns
+    -------
+    torch.Tensor
+        The broadcast shape; no renormalisation.
+
+    Examples
+    --------
+    >>> clamp(torch.tensor([0.7, 0.2, 0.1]), torch.tensor([0.2, 0.3, 0.5]), 1.0, 0.5)
+    tensor([0.4000, 0.2000, 0.2500])
+    """
+    return torch.maximum((1 - b) * target_probs, torch.minimum(draft_probs, (1 + a) * target_probs))
 
 
 def mentored_distribution(
@@ -71,15 +128,14 @@ def mentored_distribution(
     """
     p = check_probs("draft_probs", draft_probs, validate=False)
     q = check_probs("target_probs", target_probs, validate=False)
-    a, b = _expand(a, p), _expand(b, p)
-    return torch.maximum((1 - b) * q, torch.minimum(p, (1 + a) * q))
+    return clamp(p, q, _expand(a, p), _expand(b, p))
 
 
 def acceptance_probability(
     draft_probs: torch.Tensor,  # [..., V]
     output_probs: torch.Tensor,  # [..., V]
 ) -> torch.Tensor:  # [...]
-    """``P_acc(pi) = sum_i min(pi_i, p_i) = 1 - TV(pi, p)`` for SD towards ``pi`` (math note, s.2).
+    """``P_acc(pi) = sum_i min(pi_i, p_i) = 1 - TV(pi, p)`` for SD towards ``pi`` (``docs/theory.md`` section 2).
 
     ``output_probs = target_probs`` gives the acceptance of standard SD.
     """

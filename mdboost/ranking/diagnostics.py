@@ -1,4 +1,4 @@
-"""Drafter/target diagnostics of the paper's Section 4.3 (definitions reconstructed in the note).
+"""Drafter/target diagnostics of the paper's Section 4.3 (definitions reconstructed from it).
 
 Per position, over the coordinates where the drafter ``p`` and the target ``q`` differ, with
 ``ratio_i = q_i / p_i``:
@@ -6,7 +6,8 @@ Per position, over the coordinates where the drafter ``p`` and the target ``q`` 
 - ``eps_pq = min_i |ratio_i - 1|`` (how close the most similar coordinate is);
 - ``rho_pq = min(min_i ratio_i, 1 / max_i ratio_i)`` (ratios lie in ``[rho_pq, 1/rho_pq]``);
 - the boosting coefficient of Theorem 4.8 / Table 5 at an operating point ``(a, b)`` of the
-  curve C(p, q): ``k = sqrt((1 + a) / (1 - b))``.
+  curve C(p, q): ``k = sqrt((1 + a) / (1 - b))`` (:func:`mdboost.md.solve.boost_coefficient`,
+  re-exported here beside the other diagnostics).
 
 Coordinates where both are zero are ignored; ``p_i = 0 < q_i`` gives ``ratio = inf`` (so
 ``rho_pq = 0``); ``q_i = 0 < p_i`` gives ``ratio = 0`` (also ``rho_pq = 0``). A position with
@@ -17,6 +18,10 @@ All functions are batched over leading dims and keep the input's device.
 from __future__ import annotations
 
 import torch
+
+from mdboost.md.solve import boost_coefficient
+
+__all__ = ["boost_coefficient", "pair_diagnostics"]
 
 
 def _check_pair(draft_probs: torch.Tensor, target_probs: torch.Tensor) -> None:
@@ -63,11 +68,3 @@ def pair_diagnostics(
     nan = torch.full_like(eps, float("nan"))
     return torch.where(none, nan, eps), torch.where(none, nan, rho)
 
-
-def boost_coefficient(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Table 5's ``k = sqrt((1 + a) / (1 - b))`` (``inf`` at ``b = 1``); ``a >= 0``, ``0 <= b <= 1``."""
-    a = torch.as_tensor(a)
-    b = torch.as_tensor(b, dtype=a.dtype if a.is_floating_point() else torch.float64)
-    if (a < 0).any() or (b < 0).any() or (b > 1).any():
-        raise ValueError("a must be >= 0 and b in [0, 1]")
-    return torch.sqrt((1 + a) / (1 - b))

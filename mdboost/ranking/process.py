@@ -5,18 +5,18 @@ right after the previous step's emitted tokens. From a start ``s`` with ``K`` dr
 accepted drafts (``n < K``: the ``n + 1``-th is rejected and replaced; ``n = K``: the bonus
 token follows) emit ``n + 1`` tokens and the next step starts at ``s + n + 1``. Acceptance is
 autocorrelated along a text, so draft starts are not uniform over positions: they follow
-rejections, i.e. hard regions, more often than the i.i.d. speed model (note, section 6) assumes.
+rejections, i.e. hard regions, more often than the i.i.d. speed model (``docs/ranking.md``, "Speed model") assumes.
 
 Given the text ``x`` (the token emitted at every position), the draft at a position ``t`` is
 accepted with the *conditional* acceptance
 
     ``c_t = P(accepted | emitted x_t) = min(p(x_t), pi(x_t)) / pi(x_t)``
 
-(note, section 2: ``P(accept and emit x) = min(p_x, pi_x)``, and the emitted token is ``~ pi``),
-with ``pi = max{(1-b) q, min{p, (1+a) q}}`` at the MD clamp ``(a, b)`` of the position (note,
-section 4) and ``pi = q`` for SD, where it reads ``min(1, p(x)/q(x))``. Given the text these
-events are independent across positions (each draft is a fresh draw from ``p`` given the
-prefix), so the loop is a Markov chain over start positions and its expectations are an exact
+(``docs/theory.md`` section 2: ``P(accept and emit x) = min(p_x, pi_x)``, and the emitted token
+is ``~ pi``), with ``pi = max{(1-b) q, min{p, (1+a) q}}`` at the MD clamp ``(a, b)`` of the
+position (``docs/theory.md`` section 4) and ``pi = q`` for SD, where it reads
+``min(1, p(x)/q(x))``. Given the text these events are independent across positions (each draft
+is a fresh draw from ``p`` given the prefix), so the loop is a Markov chain over start positions and its expectations are an exact
 dynamic program over one sequence of ``L`` positions (:func:`run_process`):
 
     ``P(start 0) = 1``,  ``P(start s + n + 1) += P(start s) O_s(n)``,
@@ -37,6 +37,8 @@ from dataclasses import dataclass
 
 import torch
 
+from mdboost.md.solve import clamp
+from mdboost.md.verify import SOLVE
 from mdboost.ranking.layout import SequenceLayout, gather_rows, padded_index
 
 
@@ -62,7 +64,7 @@ def conditional_acceptance(draft_logp, target_logp, a=0.0, b=0.0) -> torch.Tenso
     if (a < 0).any() or (b < 0).any() or (b > 1).any():
         raise ValueError(f"the clamp needs a >= 0 and 0 <= b <= 1, got a={a}, b={b}")
     r = torch.exp(lp - lq)  # p(x) / q(x)
-    pi_over_q = torch.maximum(1 - b, torch.minimum(r, 1 + a))
+    pi_over_q = clamp(r, 1.0, a, b)  # pi(x) / q(x)
     c = torch.minimum(torch.ones_like(r), r / pi_over_q)
     ok = torch.isfinite(lq) & (pi_over_q > 0) & ~torch.isnan(c)
     return torch.where(ok, c, torch.zeros_like(c))
@@ -266,7 +268,7 @@ def budget_tilt(p_mass: torch.Tensor, q_mass: torch.Tensor, a, b, acceptance) ->
     """
     a = torch.as_tensor(a, dtype=torch.float64)[..., None]
     b = torch.as_tensor(b, dtype=torch.float64)[..., None]
-    pi = torch.maximum((1 - b) * q_mass, torch.minimum(p_mass, (1 + a) * q_mass))  # [M, S]
+    pi = clamp(p_mass, q_mass, a, b)  # [M, S]
     ratio = torch.where(pi > 0, p_mass / pi.clamp_min(1e-300), torch.zeros_like(pi)).clamp_max(1.0)
     expected = (q_mass * ratio).sum(-1)
     delta = (torch.as_tensor(acceptance, dtype=torch.float64) - expected) / (1 - expected).clamp_min(1e-12)
@@ -326,10 +328,10 @@ def score_process(layout: SequenceLayout, draft_rows, target_rows, labels, point
     sd_acceptance : tensor [M], optional
         SD's ``P_acc`` per row (``needed``: a reached position is solved when SD would reject).
     """
-    from mdboost.ranking.speed import MD_SOLVE, process_speedup
+    from mdboost.ranking.speed import process_speedup
 
-    if md_solve not in MD_SOLVE:
-        raise ValueError(f"md_solve must be one of {MD_SOLVE}, got {md_solve!r}")
+    if md_solve not in SOLVE:
+        raise ValueError(f"md_solve must be one of {SOLVE}, got {md_solve!r}")
     gammas = [int(g) for g in gammas]
     if not gammas or min(gammas) < 1:
         raise ValueError(f"gammas must be a non-empty list of ints >= 1, got {gammas!r}")

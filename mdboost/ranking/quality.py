@@ -5,7 +5,7 @@ Per position ``i`` with true next token ``j`` (reference text), the negative log
 
 - target ``q`` and drafter ``p``: exact (the cache keeps the true token's logit and the
   full-vocabulary normalizer). A one-hot drafter gives ``inf`` on a miss or no proposal.
-- mentored ``pi(a, b) = max{(1-b) q, min{p, (1+a) q}}`` (note, section 4) at the operating
+- mentored ``pi(a, b) = max{(1-b) q, min{p, (1+a) q}}`` (``docs/theory.md`` section 4) at the operating
   point ``(a, b)`` found per position: ``pi_j`` needs only ``p_j``, ``q_j``, ``a``, ``b``, so it
   is exact given ``(a, b)``; the ``(a, b)`` themselves come from the solver on the aligned
   support (:mod:`mdboost.ranking.support`, uniform-tail approximation unless full logits).
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import torch
 
+from mdboost.md.solve import clamp
 from mdboost.ranking.support import Aligned, MemberRows
 
 
@@ -37,9 +38,7 @@ def nll(rows: MemberRows) -> torch.Tensor:  # [N]
 
 def mentored_true_prob(draft: MemberRows, target: MemberRows, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``pi_j`` of the true token at per-position ``(a, b)`` ([N] each); returns [N]."""
-    p_j = draft.true_logp.double().exp()
-    q_j = target.true_logp.double().exp()
-    return torch.maximum((1 - b) * q_j, torch.minimum(p_j, (1 + a) * q_j))
+    return clamp(draft.true_logp.double().exp(), target.true_logp.double().exp(), a, b)
 
 
 def nll_mentored(draft: MemberRows, target: MemberRows, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # [N]

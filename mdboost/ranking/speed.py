@@ -40,6 +40,8 @@ from dataclasses import dataclass
 
 import torch
 
+from mdboost.md.verify import SOLVE
+
 
 @dataclass(frozen=True)
 class SpeedProfile:
@@ -115,9 +117,6 @@ def expected_tokens(alpha, gamma) -> torch.Tensor:
     return torch.where(alpha >= 1, gamma + 1, geometric)
 
 
-MD_SOLVE = ("reached", "needed", "all")
-
-
 def expected_solved(alpha, gamma, *, md_solve: str = "reached", sd_acceptance=None) -> torch.Tensor:
     """Expected positions MD solves per block of ``gamma`` drafts (0 at ``gamma = 0``).
 
@@ -132,8 +131,8 @@ def expected_solved(alpha, gamma, *, md_solve: str = "reached", sd_acceptance=No
     sd_acceptance : float or tensor in [0, 1], optional
         SD acceptance ``1 - TV(p, q)``; required with ``"needed"``.
     """
-    if md_solve not in MD_SOLVE:
-        raise ValueError(f"md_solve must be one of {MD_SOLVE}, got {md_solve!r}")
+    if md_solve not in SOLVE:
+        raise ValueError(f"md_solve must be one of {SOLVE}, got {md_solve!r}")
     gamma = _check_gamma(gamma)
     if md_solve == "all":
         return gamma + torch.zeros_like(_check_alpha(alpha))

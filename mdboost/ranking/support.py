@@ -20,12 +20,14 @@ a deterministic (one-hot) drafter against a full target, nothing is approximated
 
 A support of ``S = 2k + 1`` slots is returned with per-token values and multiplicities
 ``count`` (1 on ``U``, ``V - |U|`` on the bucket, 0 on padding slots that held a duplicate id);
-the probability mass of a slot is ``value * count``.
+the probability mass of a slot is ``value * count``. :func:`align_topk` is the one
+implementation of this union (the ranking's :func:`align` and the cache reader's
+:meth:`~mdboost.cache.reader.LogitCache.pair_probs` both build on it).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -81,6 +83,7 @@ class Aligned:
     log_p: torch.Tensor
     log_q: torch.Tensor
     bucket: bool = False  # the last slot is the tail bucket (top-k path)
+    ids: torch.Tensor | None = None  # [N, S] token id of each slot (top-k path; -1 on padding and the bucket)
     true_log_p: torch.Tensor | None = None  # [N] per-token log-value of the true token on this support
     true_log_q: torch.Tensor | None = None  # (kept value, else the tail level: consistent with the slots)
 
@@ -143,13 +146,46 @@ def align(draft: MemberRows, target: MemberRows, vocab_size: int, true_ids: torc
         raise ValueError(f"draft and target rows differ: {draft.ids.shape[0]} vs {target.ids.shape[0]}")
     if target.full_logp is not None and (draft.one_hot or draft.full_logp is not None):
         return _full(draft, target, vocab_size)
-    kq, kp = target.k, draft.k
-    q_lp, p_lp = target.logp.double(), draft.logp.double()  # [N, kq], [N, kp]
-    tq = _tail_log_level(target.tail.double(), vocab_size - kq)  # [N]
-    tp = _tail_log_level(draft.tail.double(), vocab_size - kp)  # [N]
-    match = target.ids[:, :, None] == draft.ids[:, None, :]  # [N, kq, kp]
+    aligned = align_topk(draft.ids, draft.logp, draft.tail, target.ids, target.logp, target.tail, vocab_size)
+    if true_ids is None:
+        return aligned
+    tq = _tail_log_level(target.tail.double(), vocab_size - target.k)  # [N]
+    tp = _tail_log_level(draft.tail.double(), vocab_size - draft.k)  # [N]
+    t = torch.as_tensor(true_ids, dtype=torch.long)[:, None]
+    return replace(aligned, true_log_q=torch.where((target.ids == t).any(-1), target.true_logp.double(), tq),
+                   true_log_p=torch.where((draft.ids == t).any(-1), draft.true_logp.double(), tp))
+
+
+def align_topk(draft_ids, draft_logp, draft_tail, target_ids, target_logp, target_tail, vocab_size: int) -> Aligned:
+    """Two top-k distributions on the union of their kept ids plus one tail bucket.
+
+    Parameters
+    ----------
+    draft_ids, target_ids : LongTensor [N, k_p], [N, k_q]
+        Kept token ids of ``p`` and ``q`` (``-1``: no id, e.g. a one-hot drafter without a
+        proposal; such a slot holds nothing).
+    draft_logp, target_logp : tensor [N, k_p], [N, k_q]
+        Their log-probabilities (``-inf`` allowed).
+    draft_tail, target_tail : tensor [N]
+        Mass outside the kept ids, spread uniformly over the other ``V - k`` tokens (0: none).
+    vocab_size : int
+        ``V``.
+
+    Returns
+    -------
+    Aligned
+        ``[N, S]`` float64 tensors, ``S = k_q + k_p + 1``: the target's ids, the drafter's ids
+        not among them (a duplicate becomes an empty slot), the bucket; ``ids`` names the slots.
+    """
+    if draft_ids.shape[0] != target_ids.shape[0]:
+        raise ValueError(f"draft and target rows differ: {draft_ids.shape[0]} vs {target_ids.shape[0]}")
+    kq, kp = target_ids.shape[-1], draft_ids.shape[-1]
+    q_lp, p_lp = target_logp.double(), draft_logp.double()  # [N, kq], [N, kp]
+    tq = _tail_log_level(target_tail.double(), vocab_size - kq)  # [N]
+    tp = _tail_log_level(draft_tail.double(), vocab_size - kp)  # [N]
+    match = target_ids[:, :, None] == draft_ids[:, None, :]  # [N, kq, kp]
     in_p = match.any(-1)  # [N, kq]: target id kept by the drafter too
-    dup = match.any(1) | (draft.ids < 0)  # [N, kp]: already among the target's, or no id
+    dup = match.any(1) | (draft_ids < 0)  # [N, kp]: already among the target's, or no id
     p_on_q = torch.where(match, p_lp[:, None, :], torch.tensor(float("-inf"), dtype=p_lp.dtype)).amax(-1)
     p_on_q = torch.where(in_p, p_on_q, tp[:, None].expand_as(p_on_q))
     neg_inf = torch.full_like(p_lp, float("-inf"))
@@ -163,12 +199,9 @@ def align(draft: MemberRows, target: MemberRows, vocab_size: int, true_ids: torc
     log_q = torch.where(count > 0, log_q, torch.full_like(log_q, float("-inf")))
     log_p = torch.where(count > 0, log_p, torch.full_like(log_p, float("-inf")))
     p, q = _renormalize(log_p, count).exp(), _renormalize(log_q, count).exp()
-    true_lp = true_lq = None
-    if true_ids is not None:
-        t = torch.as_tensor(true_ids, dtype=torch.long)[:, None]
-        true_lq = torch.where((target.ids == t).any(-1), target.true_logp.double(), tq)
-        true_lp = torch.where((draft.ids == t).any(-1), draft.true_logp.double(), tp)
-    return Aligned(p, q, count, log_p, log_q, bucket=True, true_log_p=true_lp, true_log_q=true_lq)
+    no_id = torch.full_like(bucket, -1, dtype=torch.long)[:, None]  # the bucket slot
+    ids = torch.cat([target_ids.long(), draft_ids.long().masked_fill(dup, -1), no_id], dim=1)  # [N, S]
+    return Aligned(p, q, count, log_p, log_q, bucket=True, ids=ids)
 
 
 def _renormalize(log_v: torch.Tensor, count: torch.Tensor) -> torch.Tensor:  # [N, S]

@@ -1,11 +1,11 @@
-"""The pool-member protocol of pool-mode boosting (paper Section 4: select from a pool).
+"""Fixed scorers: the hypotheses of pool-mode boosting (paper Section 4: select from a pool).
 
 In pool mode the hypotheses are fixed, already-trained scorers (fitted sklearn classifiers,
 frozen LLMs over a logit cache). :class:`SelfNormalizedBoostClassifier` never clones or refits
-them. A member must expose
+them. A scorer (the :class:`FixedScorer` protocol) must expose
 
 - ``classes_`` : ndarray of shape (n_classes,), sorted -- the class of each score column
-  (an LLM member: ``np.arange(vocab_size)``); all members of a pool must agree;
+  (an LLM: ``np.arange(vocab_size)``); all scorers of a pool must agree;
 - ``decision_function(X) -> ndarray of shape (m, n_classes)`` -- real scores ``h(x_i)``
   (logits, log-probabilities, margins). Shape ``(m,)`` is accepted for 2 classes (sklearn's
   binary convention) and read as scores ``(-d/2, d/2)``.
@@ -16,14 +16,14 @@ and MAY expose
   directly. ``Y`` is either an int array of shape (m,) holding each example's label as a
   column index into ``classes_``, or a bool indicator of shape (m, n_classes). For one label
   ``j``: ``y^T h = h_j - (S - h_j) / (n - 1)`` with ``S`` the score sum
-  (:func:`mdboost.boosting.labels.label_scores_from_sums`), so an LLM member needs only the
+  (:func:`mdboost.boosting.labels.label_scores_from_sums`), so an LLM scorer needs only the
   cached true-token logit and logit sum. When present the estimator uses it for edges and
   margins and never builds the ``[m, n_classes]`` score matrix there; ``decision_function`` is
   then only needed by ``predict``/``predict_proba``/``decision_function``.
 
-``X`` is whatever the members accept after ``validate_data(dtype=None,
+``X`` is whatever the scorers accept after ``validate_data(dtype=None,
 ensure_all_finite=False)``: any 2-D array, e.g. row indices into a logit cache of shape (m, 1).
-:class:`ScoreTableMember` is a reference member of that kind.
+:class:`TableScorer` is a reference scorer of that kind.
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ import numpy as np
 
 from mdboost.boosting.labels import LabelSets, label_scores, label_scores_from_sums
 
-__all__ = ["PoolMember", "ScoreTableMember", "check_pool", "member_scores", "member_label_scores"]
+__all__ = ["FixedScorer", "TableScorer", "check_pool", "scores_of", "label_scores_of"]
 
 
 @runtime_checkable
-class PoolMember(Protocol):
+class FixedScorer(Protocol):
     """A fixed scorer usable in pool mode (see the module docstring for the full contract)."""
 
     classes_: np.ndarray
@@ -50,53 +50,53 @@ class PoolMember(Protocol):
 def check_pool(pool) -> np.ndarray:
     """Validate a pool and return its shared ``classes_``."""
     if len(pool) == 0:
-        raise ValueError("pool must hold at least one member, got an empty pool")
+        raise ValueError("pool must hold at least one scorer, got an empty pool")
     classes = None
-    for k, member in enumerate(pool):
-        if not callable(getattr(member, "decision_function", None)) or not hasattr(member, "classes_"):
+    for k, scorer in enumerate(pool):
+        if not callable(getattr(scorer, "decision_function", None)) or not hasattr(scorer, "classes_"):
             raise ValueError(
-                f"pool[{k}] ({type(member).__name__}) must expose decision_function(X) and classes_"
+                f"pool[{k}] ({type(scorer).__name__}) must expose decision_function(X) and classes_"
             )
-        mine = np.asarray(member.classes_)
+        mine = np.asarray(scorer.classes_)
         if classes is None:
             classes = mine
         elif mine.shape != classes.shape or not np.array_equal(mine, classes):
             raise ValueError(f"pool[{k}].classes_ differs from pool[0].classes_")
     if len(classes) < 2:
-        raise ValueError(f"pool members must score at least 2 classes, got classes_={classes}")
+        raise ValueError(f"pool scorers must score at least 2 classes, got classes_={classes}")
     return classes
 
 
-def member_scores(member, X, n_classes: int) -> np.ndarray:
-    """``member.decision_function(X)`` as a float array of shape (m, n_classes)."""
-    scores = np.asarray(member.decision_function(X), dtype=np.float64)
+def scores_of(scorer, X, n_classes: int) -> np.ndarray:
+    """``scorer.decision_function(X)`` as a float array of shape (m, n_classes)."""
+    scores = np.asarray(scorer.decision_function(X), dtype=np.float64)
     if scores.ndim == 1 and n_classes == 2:
         scores = np.column_stack([-scores / 2.0, scores / 2.0])
     if scores.ndim != 2 or scores.shape[1] != n_classes:
         raise ValueError(
-            f"{type(member).__name__}.decision_function returned shape {scores.shape}, "
+            f"{type(scorer).__name__}.decision_function returned shape {scores.shape}, "
             f"expected (m, {n_classes})"
         )
     return scores
 
 
-def member_label_scores(member, X, labels: LabelSets) -> np.ndarray:
-    """``y_i^T h(x_i)`` of a member, shape (m,): its ``label_scores`` if any, else from scores."""
-    if callable(getattr(member, "label_scores", None)):
-        g = np.asarray(member.label_scores(X, labels.payload), dtype=np.float64)
+def label_scores_of(scorer, X, labels: LabelSets) -> np.ndarray:
+    """``y_i^T h(x_i)`` of a scorer, shape (m,): its ``label_scores`` if any, else from scores."""
+    if callable(getattr(scorer, "label_scores", None)):
+        g = np.asarray(scorer.label_scores(X, labels.payload), dtype=np.float64)
         if g.shape != (labels.n_samples,):
             raise ValueError(
-                f"{type(member).__name__}.label_scores returned shape {g.shape}, "
+                f"{type(scorer).__name__}.label_scores returned shape {g.shape}, "
                 f"expected ({labels.n_samples},)"
             )
         return g
-    return labels.scores(member_scores(member, X, labels.n_classes))
+    return labels.scores(scores_of(scorer, X, labels.n_classes))
 
 
-class ScoreTableMember:
-    """A pool member over a precomputed score table; ``X`` holds row indices.
+class TableScorer:
+    """A fixed scorer over a precomputed score table; ``X`` holds row indices.
 
-    The reference implementation of the protocol for cache-backed members: ``label_scores``
+    The reference implementation of :class:`FixedScorer` for cache-backed scorers: ``label_scores``
     of single labels uses only the true label's score and the row's score sum.
 
     Parameters
@@ -108,8 +108,8 @@ class ScoreTableMember:
 
     Examples
     --------
-    >>> member = ScoreTableMember([[2.0, 1.0, 0.0], [0.0, 0.0, 3.0]])
-    >>> member.label_scores(np.array([[0], [1]]), np.array([0, 2]))
+    >>> scorer = TableScorer([[2.0, 1.0, 0.0], [0.0, 0.0, 3.0]])
+    >>> scorer.label_scores(np.array([[0], [1]]), np.array([0, 2]))
     array([1.5, 3. ])
     """
 

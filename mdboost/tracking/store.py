@@ -1,4 +1,4 @@
-"""MLflow at the edges: where the project's store lives and how pipelines open it.
+"""The project's MLflow store: where it lives and how pipelines open it.
 
 Library functions never import this module; pipelines do. Default store:
 ``sqlite:///mlruns/mlflow.db`` with artifacts under ``mlruns/artifacts`` (MLflow 3 refuses

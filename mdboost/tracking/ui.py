@@ -2,7 +2,7 @@
 
 ``main`` runs ``mlflow server`` in the foreground on localhost over the project's tracking
 store (default ``sqlite:///mlruns/mlflow.db``, artifacts under ``mlruns/artifacts``, see
-:mod:`mdboost.tracking`). :func:`running_server` starts the same server in the background on a
+:mod:`mdboost.tracking.store`). :func:`running_server` starts the same server in the background on a
 free port, waits until it answers ``/health`` and stops it on exit; the browser test and any
 script that wants to look at runs programmatically use it.
 
@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from mdboost.tracking import DEFAULT_ARTIFACT_ROOT, DEFAULT_TRACKING_URI, sqlite_path
+from mdboost.tracking.store import DEFAULT_ARTIFACT_ROOT, DEFAULT_TRACKING_URI, sqlite_path
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 

@@ -13,8 +13,8 @@ the same way the harness builds the program (prompt + completion + test + ``chec
 
 This is a guard against accidents (infinite loops, runaway memory), not a security sandbox:
 run only completions you would run yourself. Used by the validation pipeline to compare pass@1
-of autoregressive and mentored decoding outputs (issue 7; pass@k is Chen et al. 2021's unbiased
-estimator).
+of autoregressive and mentored decoding outputs (``docs/validation.md``, "HumanEval"; pass@k is
+Chen et al. 2021's unbiased estimator).
 """
 
 from __future__ import annotations
