@@ -5,8 +5,9 @@ from typing import Literal
 
 import pytest
 
-from mdboost.config import (
-    CacheConfig, MDConfig, RankConfig, fingerprint, from_dict, load_yaml, to_dict,
+from mdboost.cache.keys import fingerprint
+from pipelines.config import (
+    CacheConfig, GenerationConfig, MDConfig, RankConfig, ValidateConfig, from_dict, load_yaml, to_dict,
 )
 
 
@@ -39,6 +40,8 @@ def test_unknown_key_names_key_and_path():
     ({"pool": {"device": 3}}, "pool.device"),
     ({"pool": "tiny"}, "pool"),
     ({"boosting": {"orders": ["target_first", "random"]}}, r"boosting.orders\[1\]"),
+    ({"md": {"divergences": ["kl", "bogus"]}}, r"md.divergences\[1\]"),
+    ({"speed": {"md_solve": "some"}}, "speed.md_solve"),
 ])
 def test_type_errors_name_the_path(data, where):
     with pytest.raises(ValueError, match=f"config error at '{where}'"):
