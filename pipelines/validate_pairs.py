@@ -87,9 +87,9 @@ def run(cfg: ValidateConfig) -> dict:
                "ranking_run_id": rank_run, "md_solve": md_solve}
     if cfg.humaneval.tasks > 0 and rank_cfg.data.source == "humaneval":
         h = cfg.humaneval
-        summary["quality"].update(humaneval_pass_at_1(rows[0], pool, text, tasks=h.tasks, max_new_tokens=h.max_new_tokens,
-                                                      temperature=g.temperature, seed=g.seed, timeout=h.timeout,
-                                                      md_solve=md_solve))
+        summary["quality"].update(humaneval_pass_at_1(
+            rows[0], pool, text, tasks=h.tasks, max_new_tokens=h.max_new_tokens, temperature=g.temperature,
+            seed=g.seed, timeout=h.timeout, md_solve=md_solve))
     if cfg.tracking.enabled:
         summary["run_id"] = log_mlflow(cfg, summary, ranking_children(rank_run, cfg.tracking))
     return summary

@@ -91,8 +91,9 @@ class PairRows:
         n = (self.draft.rows.valid.numel(), self.target.rows.valid.numel(), labels.shape[0])
         if len(set(n)) != 1:
             raise ValueError(f"draft rows, target rows and labels must cover the same positions, got {n}")
-        if self.layout is not None and torch.as_tensor(self.layout.sequence).shape != labels.shape:
-            raise ValueError(f"layout covers {torch.as_tensor(self.layout.sequence).numel()} rows, labels {labels.size}")
+        sequence = None if self.layout is None else torch.as_tensor(self.layout.sequence)
+        if sequence is not None and sequence.shape != labels.shape:
+            raise ValueError(f"layout covers {sequence.numel()} rows, labels {labels.size}")
 
     @property
     def positions(self) -> np.ndarray:  # [N]
