@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -170,3 +171,33 @@ def fit_sequences(tokenizer, source: str = "humaneval", limit: int | None = None
     records = load_texts(source, split="cache", limit=limit)
     return [encode_record(tokenizer, r, max_tokens=max_tokens)[0] for r in records]
 
+
+@dataclass(frozen=True)
+class TextSource:
+    """Which records a cache or a validation run reads, and how they are truncated.
+
+    The fields are :func:`load_texts`'s arguments plus the prompt formatting
+    (``chat_template``) and the sequence budget ``max_tokens`` (:func:`encode_record`). Cache
+    folder keys hash these fields (:mod:`mdboost.cache.keys`): renaming one moves every folder.
+    """
+
+    source: str = "humaneval"
+    split: str = "cache"
+    limit: int = 16
+    max_tokens: int = 384
+    prompt_field: str = "prompt"
+    reference_field: str | None = None
+    chat_template: bool = False
+    heldout_fraction: float = 0.25
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {self.split!r}")
+        object.__setattr__(self, "heldout_fraction", float(self.heldout_fraction))
+
+    def load(self, split: str | None = None, limit: int | None = None) -> list[dict]:
+        """The records of ``split`` (default: this source's) up to ``limit`` (default: its own)."""
+        return load_texts(self.source, self.split if split is None else split, self.limit if limit is None else limit,
+                          prompt_field=self.prompt_field, reference_field=self.reference_field,
+                          heldout_fraction=self.heldout_fraction, seed=self.seed)

@@ -1,7 +1,8 @@
 """``mdboost rank --config X``: rank the drafter/target pairs of a pool from its logit cache.
 
-Steps: load and validate the YAML config (:class:`mdboost.config.RankConfig`); build the pool
-and the records; build (or reuse) the logit cache in ``<cache.dir>/<fingerprint>``; score every
+Steps: load and validate the YAML config (:class:`pipelines.config.RankConfig`); open (or build:
+pool, records, cost ratios, logits) the members' cache folders ``<cache.dir>/<member>-<fingerprint>``
+(:func:`mdboost.cache.open_or_build_cache` on :meth:`RankConfig.cache_spec`); score every
 ordered pair (:func:`mdboost.ranking.rank.score_pair`); apply the ranking rule; write
 ``ranking.csv`` + ``ranking.html`` + plots + the resolved config + ``summary.json`` (timings)
 into ``output_dir``; log one
@@ -29,17 +30,11 @@ from pathlib import Path
 import torch
 import yaml
 
-from mdboost.config import RankConfig, load_yaml, to_dict
+from mdboost.cache import open_or_build_cache
 from mdboost.ranking import report
-from mdboost.ranking.from_cache import (
-    MemberLoader,
-    acceptance_members,
-    cache_fingerprint,
-    open_or_build_cache,
-    pair_members,
-    select_pairs,
-)
 from mdboost.ranking.rank import rank_rows, score_pair
+from mdboost.ranking.rows import MemberLoader, acceptance_rows, pair_rows, select_pairs, speed_profile
+from pipelines.config import RankConfig, load_yaml, to_dict
 
 
 def _progress(iterable, enabled: bool, **kwargs):
@@ -68,17 +63,15 @@ def score_all(cfg: RankConfig, pc) -> tuple[list[dict], dict]:
 
 
 def _score_all(cfg: RankConfig, pc) -> tuple[list[dict], dict]:
-    rows, details = [], {}
+    rows, details, settings = [], {}, cfg.score_settings()
     loader = MemberLoader(pc, cfg.md.temperature)
     acc_loader = None if pc.acceptance is None else MemberLoader(pc.acceptance, cfg.md.temperature)
     pairs = select_pairs(pc, cfg.pool.pairs)
     for drafter_name, target_name in _progress(pairs, cfg.progress, desc="scoring pairs", unit="pair"):
-        draft, target, labels, row_ids = pair_members(loader, drafter_name, target_name)
-        acceptance = None if acc_loader is None else acceptance_members(acc_loader, pc, drafter_name, target_name)
-        score = score_pair(draft, target, labels, pc.vocab_size, md=cfg.md, speed=cfg.speed,
-                           boosting=cfg.boosting, row_ids=row_ids, acceptance=acceptance,
-                           acceptance_source=cfg.cache.acceptance_source,
-                           speed_profile=pc.speed_profile(drafter_name, target_name))
+        acceptance = None if acc_loader is None else acceptance_rows(acc_loader, pc, drafter_name, target_name)
+        score = score_pair(pair_rows(loader, drafter_name, target_name), pc.vocab_size, settings=settings,
+                           acceptance=acceptance, acceptance_source=cfg.cache.acceptance_source,
+                           speed_profile=speed_profile(pc, drafter_name, target_name))
         rows.extend(score.rows)
         details[f"{drafter_name} -> {target_name}"] = score
     return rank_rows(rows, cfg.ranking.nll_tolerance), details
@@ -162,19 +155,20 @@ def log_mlflow(cfg: RankConfig, rows: list[dict], paths: dict[str, Path], summar
 def run(cfg: RankConfig) -> dict:
     """Run the whole pipeline for a validated config; returns a summary dict."""
     start = time.perf_counter()
-    pc, cache_info = open_or_build_cache(cfg)
+    spec = cfg.cache_spec()
+    pc, cache_info = open_or_build_cache(spec, progress=cfg.progress)
     t_cache = time.perf_counter() - start
     rows, details = score_all(cfg, pc)
     t_score = time.perf_counter() - start - t_cache
     out = Path(cfg.output_dir)
     paths = write_outputs(cfg, rows, details, out)
     summary = {"n_pairs": len(details), "n_rows": len(rows), "seconds_cache": t_cache, "seconds_scoring": t_score,
-               "seconds_per_pair": t_score / max(len(details), 1), "cache_dir": cache_info["dir"],
-               "cache_reused": cache_info["reused"], "cache_fingerprint": cache_fingerprint(cfg),
+               "seconds_per_pair": t_score / max(len(details), 1), "cache_dir": cache_info.dir,
+               "cache_reused": cache_info.reused, "cache_fingerprint": spec.fingerprint(),
                "acceptance_source": cfg.cache.acceptance_source,
-               "sampled_continuations": cache_info["sampled_continuations"],
-               "measured_speed_profile": cache_info["measured_speed_profile"]}
-    profile = pc.caches[cfg.pool.target].manifest.get("speed_profile")
+               "sampled_continuations": cache_info.sampled_continuations,
+               "measured_speed_profile": cache_info.measured_speed_profile}
+    profile = pc.speed_profile_info(cfg.pool.target)
     if profile is not None:  # the speed model's inputs (docs/ranking.md, "Speed model")
         summary["verify_cost"] = profile["verify_cost"]
         summary.update({f"md_overhead_{k}": v for k, v in profile["md_overhead"].items()})

@@ -76,23 +76,20 @@ def test_sequences_argument_errors(pool, tmp_path):
 
 
 def test_pipeline_samples_once_and_reuses(tmp_path, monkeypatch):
-    from mdboost.ranking.from_cache import (
-        continuations_path,
-        member_cache_dir,
-        open_or_build_cache,
-    )
+    from mdboost.cache import open_or_build_cache
 
     cfg = rank_config(tmp_path, pool={"pairs": "target"}, data={"limit": 2},
                       cache={"acceptance_source": "sampled", "acceptance_max_new_tokens": 5})
+    spec = cfg.cache_spec()
     calls = _count_sampling(monkeypatch)
-    pc, info = open_or_build_cache(cfg)
+    pc, info = open_or_build_cache(spec)
     assert len(calls) == 2  # one continuation per record, not per member
-    assert info["sampled_continuations"] == 1 and sorted(info["built_acceptance"]) == sorted(["tiny", *cfg.pool.drafters])
-    stored = load_file(str(continuations_path(cfg, 5)))
+    assert info.sampled_continuations == 1 and sorted(info.built_acceptance) == sorted(["tiny", *cfg.pool.drafters])
+    stored = load_file(str(spec.continuations_path(5)))
     rows = {name: c.true_tokens() for name, c in pc.acceptance.caches.items()}
     assert all(torch.equal(r, stored["true_next"]) for r in rows.values())
-    _, info2 = open_or_build_cache(cfg)
-    assert len(calls) == 2 and info2["reused"] and not info2["measured_speed_profile"]
+    _, info2 = open_or_build_cache(spec)
+    assert len(calls) == 2 and info2.reused and not info2.measured_speed_profile
     # other sequences under the same key (e.g. another torch's sampler): every acceptance folder is rebuilt
     tokens = dict(stored)
     tokens["true_next"] = tokens["true_next"].flip(0)
@@ -101,8 +98,8 @@ def test_pipeline_samples_once_and_reuses(tmp_path, monkeypatch):
         tokens["ids"][a + s:b] = tokens["ids"][a + s:b].flip(0)
     tokens["true_next"] = torch.cat([tokens["ids"][a + s:b] for a, b, s in zip(
         tokens["seq_offsets"][:-1].tolist(), tokens["seq_offsets"][1:].tolist(), tokens["starts"].tolist())])
-    atomic_save_tensors(tokens, continuations_path(cfg, 5))
-    pc3, info3 = open_or_build_cache(cfg)
-    assert sorted(info3["built_acceptance"]) == sorted(["tiny", *cfg.pool.drafters]) and info3["built"] == []
+    atomic_save_tensors(tokens, spec.continuations_path(5))
+    pc3, info3 = open_or_build_cache(spec)
+    assert sorted(info3.built_acceptance) == sorted(["tiny", *cfg.pool.drafters]) and info3.built == ()
     assert torch.equal(pc3.acceptance.true_tokens(), tokens["true_next"])
-    assert member_cache_dir(cfg, "tiny", acceptance=True).is_dir()
+    assert spec.member_dir("tiny", acceptance=True).is_dir()

@@ -5,8 +5,9 @@ from typing import Literal
 
 import pytest
 
-from mdboost.config import (
-    CacheConfig, MDConfig, RankConfig, fingerprint, from_dict, load_yaml, to_dict,
+from mdboost.cache.keys import fingerprint
+from pipelines.config import (
+    CacheConfig, GenerationConfig, MDConfig, RankConfig, ValidateConfig, from_dict, load_yaml, to_dict,
 )
 
 
@@ -39,6 +40,8 @@ def test_unknown_key_names_key_and_path():
     ({"pool": {"device": 3}}, "pool.device"),
     ({"pool": "tiny"}, "pool"),
     ({"boosting": {"orders": ["target_first", "random"]}}, r"boosting.orders\[1\]"),
+    ({"md": {"divergences": ["kl", "bogus"]}}, r"md.divergences\[1\]"),
+    ({"speed": {"md_solve": "some"}}, "speed.md_solve"),
 ])
 def test_type_errors_name_the_path(data, where):
     with pytest.raises(ValueError, match=f"config error at '{where}'"):
@@ -113,3 +116,23 @@ def test_shipped_configs_load(name):
     assert cfg.name == name
     if name == "default":  # the YAML spells out the library defaults (plus the CPU device int8 needs)
         assert to_dict(cfg) | {"pool": to_dict(cfg)["pool"] | {"device": None}} == to_dict(RankConfig())
+
+
+@pytest.mark.parametrize("name", ["validate_default", "validate_tiny"])
+def test_shipped_validate_configs_load(name):
+    cfg = load_yaml(f"configs/{name}.yaml", ValidateConfig)
+    assert cfg.ranking.top >= 1
+    with pytest.raises(ValueError, match=r"config error at 'generation.md_solve'"):
+        from_dict(ValidateConfig, {"generation": {"md_solve": "sometimes"}})
+    assert from_dict(GenerationConfig, {"md_solve": None}).md_solve is None
+
+
+def test_wiring_hands_the_library_the_same_values():
+    cfg = load_yaml("configs/tiny.yaml", RankConfig)
+    text, spec, settings = cfg.data.text_source(), cfg.cache_spec(), cfg.score_settings()
+    assert to_dict(cfg)["data"] == {k: getattr(text, k) for k in to_dict(cfg)["data"]}
+    assert spec.text == text and spec.names == [cfg.pool.target, *cfg.pool.drafters]
+    assert (spec.folders.k, spec.folders.full_logits, spec.acceptance_source) == (16, True, "reference")
+    assert (spec.cost_repeats, spec.cost_context, spec.gamma_max) == (3, 16, 6)
+    assert settings.divergences == ("kl", "tv") and settings.budgets == (0.0, 0.1, 0.5)
+    assert (settings.gamma_min, settings.gamma_max, settings.md_solve, settings.n_estimators) == (1, 6, "reached", 2)

@@ -7,9 +7,9 @@ import pytest
 import torch
 import yaml
 
-from mdboost.config import RankConfig, from_dict, load_yaml, to_dict
 from mdboost.md.solve import solve
 from mdboost.ranking.report import read_csv
+from pipelines.config import RankConfig, from_dict, load_yaml, to_dict
 
 REQUIRED = ["drafter", "target", "divergence", "max_divergence", "sd_acceptance", "md_acceptance",
             "acceptance_gain", "cost_ratio", "best_gamma", "predicted_speedup", "mu_target", "mu_drafter",
@@ -77,11 +77,10 @@ def test_csv_has_required_fields_and_ranks(first_run):
 
 def test_metrics_match_direct_computation_on_cache(first_run):
     from mdboost.cache import LogitCache
-    from mdboost.ranking.from_cache import member_cache_dir
-
     tmp_path, cfg, _ = first_run
     rows = [r for r in read_csv(tmp_path / "out" / "ranking.csv") if r["drafter"] == "early_exit:2" and r["target"] == "tiny"]
-    tc, dc = LogitCache.open(member_cache_dir(cfg, "tiny")), LogitCache.open(member_cache_dir(cfg, "early_exit:2"))
+    spec = cfg.cache_spec()
+    tc, dc = LogitCache.open(spec.member_dir("tiny")), LogitCache.open(spec.member_dir("early_exit:2"))
     true = tc.true_tokens()
     q = torch.softmax(tc.full_logits("tiny").double(), -1)
     p = torch.softmax(dc.full_logits("early_exit:2").double(), -1)

@@ -4,9 +4,9 @@ cache, quality columns from the reference cache, both checked against direct com
 import pytest
 import torch
 
-from mdboost.config import RankConfig
 from mdboost.md.solve import solve
 from mdboost.ranking.report import read_csv
+from pipelines.config import RankConfig
 from tests.test_rank_pipeline import _config as rank_config
 from tests.test_rank_pipeline import check_speed_columns
 
@@ -33,12 +33,12 @@ def _probs(cache, name):  # [R, V]
 def test_acceptance_from_sampled_cache_quality_from_reference(sampled_run):
     from mdboost.cache import LogitCache
     from mdboost.ranking.diagnostics import boost_coefficient
-    from mdboost.ranking.from_cache import member_cache_dir
 
     tmp_path, cfg, _ = sampled_run
     rows = [r for r in read_csv(tmp_path / "out" / "ranking.csv") if r["drafter"] == "early_exit:2"]
-    ref_t, ref_d = (LogitCache.open(member_cache_dir(cfg, m)) for m in ("tiny", "early_exit:2"))
-    smp_t, smp_d = (LogitCache.open(member_cache_dir(cfg, m, acceptance=True)) for m in ("tiny", "early_exit:2"))
+    spec = cfg.cache_spec()
+    ref_t, ref_d = (LogitCache.open(spec.member_dir(m)) for m in ("tiny", "early_exit:2"))
+    smp_t, smp_d = (LogitCache.open(spec.member_dir(m, acceptance=True)) for m in ("tiny", "early_exit:2"))
     assert smp_t.manifest["source"] == "sampled" and ref_t.manifest["source"] == "reference"
     assert 0 < smp_t.num_rows <= 3 * 12 and smp_t.num_rows != ref_t.num_rows
     q, p = _probs(ref_t, "tiny"), _probs(ref_d, "early_exit:2")

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from mdboost.config import RankConfig, from_dict, load_yaml, to_dict
 from mdboost.ranking.report import read_csv
+from pipelines.config import RankConfig, from_dict, load_yaml, to_dict
 
 pytestmark = pytest.mark.slow
 

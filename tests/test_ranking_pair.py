@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from mdboost.config import BoostingConfig, MDConfig, SpeedConfig
 from mdboost.md.solve import solve
 from mdboost.ranking.boosting import CachedLogitsHypothesis, ProposalHypothesis
-from mdboost.ranking.rank import Member, rank_rows, score_pair
+from mdboost.ranking.rank import PairRows, PairSide, ScoreSettings, rank_rows, score_pair
+from mdboost.ranking.scores import score_rows
 from mdboost.ranking.speed import best_gamma
 from mdboost.ranking.support import rows_from_logits, rows_from_proposals
 
 V, N = 32, 40
-MD = MDConfig(divergences=["kl", "tv"], budgets=[0.0, 0.1, 0.5])
+MD = ScoreSettings(divergences=("kl", "tv"), budgets=(0.0, 0.1, 0.5))
 
 
 def _member(name, logits, true, k, full, cost):
@@ -22,7 +22,7 @@ def _member(name, logits, true, k, full, cost):
     idx = torch.arange(len(true))
     hyp = CachedLogitsHypothesis(true, logits[idx, true], logits.sum(-1), V, full_logits=logits if full else None,
                                  topk_ids=rows.ids, topk_logits=logits.gather(-1, rows.ids), name=name)
-    return Member(name, rows, hyp, cost)
+    return PairSide(name, rows, hyp, cost)
 
 
 @pytest.fixture
@@ -37,8 +37,9 @@ def pair():
 def test_score_pair_full_matches_direct(pair):
     lp, lq, true = pair
     d, t = _member("d", lp, true, 4, True, 0.2), _member("t", lq, true, 4, True, 1.0)
-    res = score_pair(d, t, true.numpy(), V, md=MD, speed=SpeedConfig(1, 6), boosting=BoostingConfig())
-    assert len(res.rows) == 6
+    settings = ScoreSettings(divergences=("kl", "tv"), budgets=(0.0, 0.1, 0.5), gamma_min=1, gamma_max=6)
+    res = score_pair(PairRows(d, t, true.numpy()), V, settings=settings)
+    assert len(res.rows) == 6 and len(res.points) == 6
     p, q = torch.softmax(lp, -1), torch.softmax(lq, -1)
     sd = torch.minimum(p, q).sum(-1)
     idx = torch.arange(N)
@@ -80,8 +81,10 @@ def test_score_pair_full_matches_direct(pair):
 
 def test_score_pair_topk_within_tail_of_full(pair):
     lp, lq, true = pair
-    full = score_pair(_member("d", lp, true, 8, True, 0.2), _member("t", lq, true, 8, True, 1.0), true.numpy(), V, md=MD)
-    topk = score_pair(_member("d", lp, true, 8, False, 0.2), _member("t", lq, true, 8, False, 1.0), true.numpy(), V, md=MD)
+    full = score_pair(PairRows(_member("d", lp, true, 8, True, 0.2), _member("t", lq, true, 8, True, 1.0), true.numpy()),
+                      V, settings=MD)
+    topk = score_pair(PairRows(_member("d", lp, true, 8, False, 0.2), _member("t", lq, true, 8, False, 1.0), true.numpy()),
+                      V, settings=MD)
     for a, b in zip(full.rows, topk.rows):
         assert abs(a["md_acceptance"] - b["md_acceptance"]) <= b["tail_mass"] + 1e-9
         assert a["sd_acceptance"] - b["sd_acceptance"] <= b["tail_mass"] + 1e-9
@@ -92,9 +95,9 @@ def test_score_pair_topk_within_tail_of_full(pair):
 def test_score_pair_ngram(pair):
     _, lq, true = pair
     props = torch.where(torch.arange(N) % 4 == 0, -1, torch.where(torch.arange(N) % 2 == 0, true, (true + 1) % V))
-    d = Member("ngram:2", rows_from_proposals(props, true), ProposalHypothesis(props.numpy(), V), 0.0)
+    d = PairSide("ngram:2", rows_from_proposals(props, true), ProposalHypothesis(props.numpy(), V), 0.0)
     t = _member("t", lq, true, V - 1, False, 1.0)
-    res = score_pair(d, t, true.numpy(), V, md=MD)
+    res = score_pair(PairRows(d, t, true.numpy()), V, settings=MD)
     q = torch.softmax(lq, -1)
     ok = props >= 0
     q_x = torch.where(ok, q[torch.arange(N), props.clamp_min(0)], torch.zeros(N, dtype=torch.float64))
@@ -107,6 +110,35 @@ def test_score_pair_ngram(pair):
         assert np.all(acc[~ok.numpy()] == 0)
         assert math.isfinite(row["nll_mentored"])
     assert row0["cost_ratio"] == 0.0 and row0["best_gamma"] == 8  # free drafter: longest draft
+
+
+def test_rows_are_the_named_results(pair):
+    """Each CSV row is its PointScore and the pair's stats; the *_iid columns are the i.i.d. choice."""
+    lp, lq, true = pair
+    res = score_pair(PairRows(_member("d", lp, true, 4, True, 0.2), _member("t", lq, true, 4, True, 1.0), true.numpy()),
+                     V, settings=MD, acceptance_source="custom")
+    rows = score_rows(res)
+    assert [(r["divergence"], r["max_divergence"]) for r in rows] == [(p.divergence, p.max_divergence) for p in res.points]
+    for row, point in zip(rows, res.points):
+        assert row["md_acceptance"] == pytest.approx(float(point.acceptance.mean()))
+        assert row["best_gamma"] == row["best_gamma_iid"] == point.iid.gamma == point.gamma  # no layout: no process
+        assert row["predicted_speedup"] == row["predicted_speedup_iid"] == point.iid.speedup
+        assert row["nll_mentored"] == point.nll_mentored and "engine_acceptance" not in row
+        assert row["sd_best_gamma"] == row["sd_best_gamma_iid"] == res.sd_iid.gamma
+        assert row["nll_target"] == res.stats.nll_target and row["acceptance_source"] == "custom"
+    assert res.sd_acceptance.shape == (N,) and res.margins is res.stats.boost.margins
+
+
+def test_pair_rows_and_settings_reject_bad_input(pair):
+    lp, lq, true = pair
+    d, t = _member("d", lp, true, 4, False, 0.2), _member("t", lq, true, 4, False, 1.0)
+    with pytest.raises(ValueError, match="same positions"):
+        PairRows(d, t, true.numpy()[:-1])
+    for bad, name in (({"divergences": ("kl", "bogus")}, "divergences"), ({"md_solve": "some"}, "md_solve"),
+                      ({"gamma_min": 3, "gamma_max": 2}, "gamma_min"), ({"n_estimators": 1}, "n_estimators")):
+        with pytest.raises(ValueError, match=name):
+            ScoreSettings(**bad)
+    assert ScoreSettings(budgets=(0, 1)).budgets == (0.0, 1.0)
 
 
 def test_rank_rule():

@@ -170,30 +170,29 @@ def test_conditional_acceptance_is_the_posterior_of_acceptance():
 
 def test_score_process_on_a_tiny_sampled_cache(tmp_path):
     """score_pair with a layout: process columns equal a per-sequence re-computation."""
-    from mdboost.ranking.from_cache import (
-        MemberLoader,
-        acceptance_members,
-        open_or_build_cache,
-    )
+    from mdboost.cache import open_or_build_cache
     from mdboost.ranking.layout import sequence_layout
-    from mdboost.ranking.rank import score_pair
+    from mdboost.ranking.rank import PairRows, score_pair
+    from mdboost.ranking.rows import MemberLoader, acceptance_rows
     from tests.test_rank_pipeline_sampled import _config
 
     cfg = _config(tmp_path, tracking={"enabled": False}, md={"divergences": ["kl"], "budgets": [0.0, 0.3]})
-    pc, _ = open_or_build_cache(cfg)
+    pc, _ = open_or_build_cache(cfg.cache_spec())
     loader = MemberLoader(pc.acceptance, cfg.md.temperature)
     profile = SpeedProfile(tuple(1.0 + 0.2 * g for g in range(cfg.speed.gamma_max + 1)), 0.3)
     for drafter in ("early_exit:2", "ngram:2"):
-        draft, target, labels = acceptance_members(loader, pc, drafter, "tiny")[:3]
+        rows = acceptance_rows(loader, pc, drafter, "tiny")
+        draft, target, labels = rows.draft, rows.target, rows.labels
         layout = sequence_layout(pc.acceptance.caches[drafter], drafter)
         if drafter.startswith("ngram"):  # gamma_max > the cached lookahead: drafts recomputed, prefix kept
             cached = pc.acceptance.caches[drafter].ngram_proposals(drafter)
             assert cfg.speed.gamma_max > cached.shape[1]
             assert torch.equal(layout.proposals(cfg.speed.gamma_max)[:, :cached.shape[1]], cached)
-        res = score_pair(draft, target, labels, pc.vocab_size, md=cfg.md, speed=cfg.speed, boosting=cfg.boosting,
-                         acceptance=(draft, target, labels, layout), speed_profile=profile)
-        plain = score_pair(draft, target, labels, pc.vocab_size, md=cfg.md, speed=cfg.speed, boosting=cfg.boosting,
-                           acceptance=(draft, target, labels), speed_profile=profile)
+        pair, settings = PairRows(draft, target, labels), cfg.score_settings()
+        res = score_pair(pair, pc.vocab_size, settings=settings, acceptance=PairRows(draft, target, labels, layout=layout),
+                         speed_profile=profile)
+        plain = score_pair(pair, pc.vocab_size, settings=settings, acceptance=PairRows(draft, target, labels),
+                           speed_profile=profile)
         for row, old in zip(res.rows, plain.rows):
             assert row["md_acceptance"] == old["md_acceptance"] and row["predicted_speedup_iid"] == old["predicted_speedup"]
             assert "engine_acceptance" not in old and old["best_gamma_iid"] == old["best_gamma"]

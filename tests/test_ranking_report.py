@@ -2,8 +2,9 @@
 
 import pytest
 
-from mdboost.config import RankConfig, from_dict
-from mdboost.ranking.from_cache import member_cache_dir, select_pairs
+from mdboost.cache.pool_cache import PoolCache
+from mdboost.ranking.rows import select_pairs
+from pipelines.config import RankConfig, from_dict
 from mdboost.ranking.report import COLUMNS, TABLE_COLUMNS, format_table, read_csv, write_csv, write_html
 
 
@@ -15,10 +16,10 @@ def test_member_cache_dir_keys():
                                       "cache": {"n_jobs": 2}})
     other_k = from_dict(RankConfig, {"pool": {"target": "tiny", "drafters": ["ngram:2"]}, "cache": {"k": 7}})
     for name in ("tiny", "ngram:2"):
-        assert member_cache_dir(base, name) == member_cache_dir(more, name) == member_cache_dir(rescored, name)
-        assert member_cache_dir(base, name) != member_cache_dir(other_k, name)
-    assert member_cache_dir(base, "tiny") != member_cache_dir(base, "ngram:2")
-    assert member_cache_dir(base, "ngram:2").name.startswith("ngram_2-")
+        assert base.cache_spec().member_dir(name) == more.cache_spec().member_dir(name) == rescored.cache_spec().member_dir(name)
+        assert base.cache_spec().member_dir(name) != other_k.cache_spec().member_dir(name)
+    assert base.cache_spec().member_dir("tiny") != base.cache_spec().member_dir("ngram:2")
+    assert base.cache_spec().member_dir("ngram:2").name.startswith("ngram_2-")
 
 
 def test_acceptance_cache_dir_keys():
@@ -31,10 +32,10 @@ def test_acceptance_cache_dir_keys():
                                   "cache": {"source": "sampled", "max_new_tokens": 64}})
     for name in ("tiny", "ngram:2"):
         # the switch never moves the main folders; the acceptance folder is a sampled cache
-        assert member_cache_dir(base, name) == member_cache_dir(sampled, name)
-        assert member_cache_dir(sampled, name, acceptance=True) != member_cache_dir(sampled, name)
-        assert member_cache_dir(sampled, name, acceptance=True) != member_cache_dir(longer, name, acceptance=True)
-        assert member_cache_dir(sampled, name, acceptance=True) == member_cache_dir(same, name)
+        assert base.cache_spec().member_dir(name) == sampled.cache_spec().member_dir(name)
+        assert sampled.cache_spec().member_dir(name, acceptance=True) != sampled.cache_spec().member_dir(name)
+        assert sampled.cache_spec().member_dir(name, acceptance=True) != longer.cache_spec().member_dir(name, acceptance=True)
+        assert sampled.cache_spec().member_dir(name, acceptance=True) == same.cache_spec().member_dir(name)
 
 
 class _Cache:
@@ -46,8 +47,6 @@ class _Cache:
 
 
 def test_select_pairs():
-    from mdboost.ranking.from_cache import PoolCache
-
     pc = PoolCache({"t": _Cache("hf", "v"), "e": _Cache("early_exit", "v"), "n": _Cache("ngram", "v"),
                     "x": _Cache("hf", "other")}, "t")
     assert select_pairs(pc, "target") == [("e", "t"), ("n", "t")]

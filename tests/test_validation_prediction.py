@@ -99,7 +99,7 @@ def test_scatter_plot_rejects_mismatched_lengths(tmp_path):
 
 
 def test_select_points_dedupes_budget_zero_and_pairs():
-    from pipelines.validate_pairs import select_points
+    from mdboost.validation.points import select_points
 
     def row(rank, drafter, f, budget, target="t"):
         return {"rank": str(rank), "drafter": drafter, "target": target, "divergence": f, "max_divergence": str(budget)}

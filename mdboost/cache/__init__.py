@@ -1,11 +1,16 @@
 """Top-k compressed logit cache over a model pool and a dataset.
 
-Build with :func:`build_cache`, read with :meth:`LogitCache.open`. Storage: safetensors
-shards plus a JSON manifest; resumable, atomic, checksummed.
+Build one folder with :func:`build_cache`, read it with :meth:`LogitCache.open`. A pool's
+folders (one per member, keyed by content: :mod:`mdboost.cache.keys`) are opened, and built
+where missing, by :func:`open_or_build_cache` (:mod:`mdboost.cache.pool_cache`). Storage:
+safetensors shards plus a JSON manifest; resumable, atomic, checksummed.
 """
 
 from .build import build_cache, sample_sequences
+from .keys import FolderSettings, PoolCacheSpec, fingerprint
 from .manifest import CacheCorruptionError
+from .pool_cache import BuildInfo, PoolCache, open_or_build_cache
 from .reader import LogitCache, PairProbs
 
-__all__ = ["build_cache", "sample_sequences", "LogitCache", "PairProbs", "CacheCorruptionError"]
+__all__ = ["build_cache", "sample_sequences", "LogitCache", "PairProbs", "CacheCorruptionError", "FolderSettings",
+           "PoolCacheSpec", "fingerprint", "BuildInfo", "PoolCache", "open_or_build_cache"]

@@ -257,6 +257,7 @@ def build_cache(
     overwrite: bool = False,
     progress: bool = True,
     sequences: str | os.PathLike | None = None,
+    member_costs: dict | None = None,
 ) -> Path:
     """Build (or resume) the logit cache of ``pool`` over ``records`` in ``out_dir``.
 
@@ -298,6 +299,9 @@ def build_cache(
         A finished token file from :func:`sample_sequences` (over the same ``records``) to use
         instead of building the sequences here; its SHA-256 joins the build configuration
         (``sequences_sha256``).
+    member_costs : dict, optional
+        ``{member: (cost_ratio, method)}`` measured by the caller for the manifest's
+        ``member_costs``; other members record their ``PoolMember.cost_ratio`` / ``cost_method``.
 
     Returns
     -------
@@ -324,6 +328,7 @@ def build_cache(
         if source_opts["sequences_sha256"] is None:
             raise ValueError(f"sequences must be a finished token file (with its .sha256), got {str(sequences)!r}")
     config = _config(pool, records, members, settings, source_opts)
+    config["member_costs"].update({m: list(c) for m, c in (member_costs or {}).items() if m in members})
     config["shards"], config["complete"] = {}, False
     if (out_dir / "manifest.json").is_file():
         old = read_manifest(out_dir)

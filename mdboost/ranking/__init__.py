@@ -10,14 +10,18 @@ Modules (paper results in their docstrings; metric definitions in ``docs/ranking
 - :mod:`~mdboost.ranking.diagnostics` -- ``eps_pq``, ``rho_pq`` and ``k = sqrt((1+a)/(1-b))``;
 - :mod:`~mdboost.ranking.quality` -- teacher-forced NLL of q, p, mentored and boosted;
 - :mod:`~mdboost.ranking.boosting` -- cache-backed pool members and the pair boosting runs;
-- :mod:`~mdboost.ranking.rank` -- one pair's rows and the ranking rule;
-- :mod:`~mdboost.ranking.from_cache` -- per-member cache folders, pairs, cached rows;
+- :mod:`~mdboost.ranking.rank` -- one pair's scores (:func:`score_pair`) and the ranking rule;
+- :mod:`~mdboost.ranking.scores` -- what ``score_pair`` returns, and its CSV rows;
+- :mod:`~mdboost.ranking.rows` -- members' rows and pairs read from an opened pool cache;
 - :mod:`~mdboost.ranking.report` -- ``ranking.csv``, HTML and terminal tables.
+
+The cache folders the rows come from are built and opened by :mod:`mdboost.cache`.
 """
 
 from mdboost.ranking.layout import sequence_layout
 from mdboost.ranking.process import conditional_acceptance, run_process
-from mdboost.ranking.rank import Member, PairScore, rank_rows, score_pair
+from mdboost.ranking.rank import PairRows, PairSide, ScoreSettings, rank_rows, score_pair
+from mdboost.ranking.scores import PairScore, PointScore, score_rows
 from mdboost.ranking.speed import (
     SpeedProfile,
     best_gamma,
@@ -26,4 +30,6 @@ from mdboost.ranking.speed import (
     walltime_speedup,
 )
 
-__all__ = ["Member", "PairScore", "SpeedProfile", "conditional_acceptance", "run_process", "sequence_layout", "best_gamma", "expected_solved", "expected_tokens", "rank_rows", "score_pair", "walltime_speedup"]
+__all__ = ["PairRows", "PairScore", "PairSide", "PointScore", "ScoreSettings", "SpeedProfile",
+           "conditional_acceptance", "run_process", "sequence_layout", "best_gamma", "expected_solved",
+           "expected_tokens", "rank_rows", "score_pair", "score_rows", "walltime_speedup"]

@@ -1,6 +1,6 @@
 """Ranking outputs: ``ranking.csv`` (atomic), an HTML table and a terminal table of top pairs.
 
-``COLUMNS`` lists the CSV columns in order: the required ones first, then the extra
+``COLUMNS`` lists the CSV columns in order: the core ranking columns first, then the extra
 diagnostics (definitions of all of them: ``docs/ranking.md``). Columns present in the rows but
 not listed are appended in sorted order so nothing computed is dropped.
 """

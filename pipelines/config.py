@@ -1,32 +1,44 @@
-"""Pipeline configuration: nested dataclasses with defaults, and a strict YAML loader.
+"""Pipeline configuration: nested dataclasses with defaults, a strict YAML loader, and the wiring
+from config sections to the library's own arguments.
 
-The project keeps three layers of configuration (style note, habit 5): library functions and
-estimators take plain keyword arguments; pipelines group them in the dataclasses below (every
-field has a default, so an empty YAML file is a valid config); YAML files in ``configs/`` only
-override those defaults. There is no global config object.
+The project keeps three layers of configuration: library functions and estimators take plain
+keyword arguments or their own small frozen settings objects; the pipelines group them in the
+dataclasses below (every field has a default, so an empty YAML file is a valid config); YAML
+files in ``configs/`` only override those defaults. There is no global config object, and
+nothing under ``mdboost/`` imports this module: :meth:`RankConfig.cache_spec`,
+:meth:`RankConfig.score_settings` and :meth:`DataConfig.text_source` hand the library what it
+takes. Option lists are the library's own (``Literal[SOLVE]`` is
+:data:`mdboost.md.verify.SOLVE`, divergence names are :data:`mdboost.md.divergences.GENERATORS`,
+...), so the loader and the library cannot disagree.
 
 The loader is strict: an unknown key raises ``ValueError`` naming the key and its dotted path
 (``unknown key 'budgts' at 'md'``, with the allowed keys), and every value is type-checked
 against the dataclass annotation (``int``, ``float``, ``str``, ``bool``, ``Literal``,
-``Optional``, ``list``/``tuple``, ``dict[str, X]`` and nested dataclasses). The validation
-pipeline reuses :func:`from_dict`, :func:`load_yaml`, :func:`to_dict` and the shared sections
-(:class:`PoolConfig`, :class:`DataConfig`, :class:`CacheConfig`, :class:`TrackingConfig`).
+``Optional``, ``list``/``tuple``, ``dict[str, X]`` and nested dataclasses). ``mdboost rank``
+reads :class:`RankConfig`, ``mdboost validate`` :class:`ValidateConfig`; they share
+:class:`PoolConfig`, :class:`DataConfig`, :class:`CacheConfig` and :class:`TrackingConfig`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
 
-T = TypeVar("T")
+from mdboost.cache.build import DTYPES, SOURCES
+from mdboost.cache.keys import ACCEPTANCE_SOURCES, FolderSettings, PoolCacheSpec
+from mdboost.data import SPLITS, TextSource
+from mdboost.md.divergences import GENERATORS
+from mdboost.md.verify import SOLVE
+from mdboost.ranking.rank import BOOSTING_ORDERS, MD_MODES, ScoreSettings
+from mdboost.ranking.rows import PAIR_MODES
 
-DIVERGENCE_NAMES = ("kl", "rkl", "hellinger", "pearson", "neyman", "tv", "js")
+T = TypeVar("T")
+_DIVERGENCES = tuple(GENERATORS)
+_DTYPES = tuple(DTYPES)
 
 
 # --------------------------------------------------------------------------- strict loader
@@ -153,13 +165,6 @@ def to_dict(config) -> dict:
     return plain(dataclasses.asdict(config))
 
 
-def fingerprint(*parts) -> str:
-    """A short, stable hash of JSON-able parts (dataclasses are converted with :func:`to_dict`)."""
-    plain = [to_dict(p) if dataclasses.is_dataclass(p) else p for p in parts]
-    blob = json.dumps(plain, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
 def _check(cond: bool, name: str, value) -> None:
     if not cond:
         raise ValueError(f"invalid {name}: {value!r}")
@@ -181,7 +186,7 @@ class PoolConfig:
     drafters: list[str] = field(default_factory=lambda: [
         "early_exit:12", "early_exit:18", "early_exit:24", "early_exit:27",
         "tuned:12", "tuned:18", "tuned:24", "tuned:27", "int8", "ngram:3"])
-    pairs: Literal["target", "all"] = "target"
+    pairs: Literal[PAIR_MODES] = "target"
     device: str | None = None
     home: str | None = None
 
@@ -201,7 +206,7 @@ class DataConfig:
     """
 
     source: str = "humaneval"
-    split: Literal["all", "cache", "heldout"] = "cache"
+    split: Literal[SPLITS] = "cache"
     limit: int = 16
     max_tokens: int = 384
     prompt_field: str = "prompt"
@@ -215,10 +220,14 @@ class DataConfig:
         _check(self.max_tokens >= 2, "max_tokens (>= 2)", self.max_tokens)
         _check(0.0 <= self.heldout_fraction <= 1.0, "heldout_fraction (in [0, 1])", self.heldout_fraction)
 
+    def text_source(self) -> TextSource:
+        """The library's :class:`~mdboost.data.TextSource` with the same fields."""
+        return TextSource(**dataclasses.asdict(self))
+
 
 @dataclass
 class CacheConfig:
-    """The logit cache (``mdboost.cache.build_cache``) and the cost-ratio measurement.
+    """The logit cache (``mdboost.cache.open_or_build_cache``) and the cost-ratio measurement.
 
     Each pool member gets its own cache folder ``<dir>/<fingerprint>``, the fingerprint covering
     the data section, the target, that member and the settings below (``n_jobs``/``backend``
@@ -237,11 +246,11 @@ class CacheConfig:
 
     dir: str = ".mdboost_cache/logits"
     k: int = 128
-    dtype: Literal["float16", "bfloat16", "float32"] = "float16"
+    dtype: Literal[_DTYPES] = "float16"
     full_logits: bool = False
-    source: Literal["reference", "sampled"] = "reference"
+    source: Literal[SOURCES] = "reference"
     max_new_tokens: int = 128
-    acceptance_source: Literal["reference", "sampled"] = "sampled"
+    acceptance_source: Literal[ACCEPTANCE_SOURCES] = "sampled"
     acceptance_max_new_tokens: int = 64
     shard_size: int = 8
     n_jobs: int = 1
@@ -275,14 +284,12 @@ class TrackingConfig:
 class MDConfig:
     """Operating points: each divergence crossed with each budget (``max_divergence``)."""
 
-    divergences: list[str] = field(default_factory=lambda: ["kl", "tv", "hellinger"])
+    divergences: list[Literal[_DIVERGENCES]] = field(default_factory=lambda: ["kl", "tv", "hellinger"])
     budgets: list[float] = field(default_factory=lambda: [0.0, 0.05, 0.2, 1.0])
-    mode: Literal["exact", "bound"] = "exact"
+    mode: Literal[MD_MODES] = "exact"
     temperature: float = 1.0
 
     def __post_init__(self):
-        for d in self.divergences:
-            _check(d in DIVERGENCE_NAMES, f"divergence (one of {list(DIVERGENCE_NAMES)})", d)
         _check(len(self.divergences) >= 1, "divergences (need at least one)", self.divergences)
         _check(len(self.budgets) >= 1 and all(b >= 0 for b in self.budgets), "budgets (>= 0)", self.budgets)
         _check(self.temperature > 0, "temperature (> 0)", self.temperature)
@@ -290,13 +297,13 @@ class MDConfig:
 
 @dataclass
 class SpeedConfig:
-    """Speed model (math note section 6; ``mdboost.ranking.speed``): draft lengths searched for
-    the best gamma, and where the engine solves MD (``md_solve``, the engine's argument of the
-    same name; ``mdboost validate`` generates with it)."""
+    """Speed model (``docs/theory.md``, "Speed model for ranking"; ``mdboost.ranking.speed``):
+    draft lengths searched for the best gamma, and where the engine solves MD (``md_solve``, the
+    engine's argument of the same name; ``mdboost validate`` generates with it)."""
 
     gamma_min: int = 1
     gamma_max: int = 8
-    md_solve: Literal["reached", "needed", "all"] = "reached"
+    md_solve: Literal[SOLVE] = "reached"
 
     def __post_init__(self):
         _check(1 <= self.gamma_min <= self.gamma_max, "gamma range (1 <= gamma_min <= gamma_max)",
@@ -308,7 +315,7 @@ class BoostingConfig:
     """Pair boosting over cached logits: rounds, orders, and the margin thetas reported."""
 
     n_estimators: int = 2
-    orders: list[Literal["target_first", "greedy"]] = field(default_factory=lambda: ["target_first", "greedy"])
+    orders: list[Literal[BOOSTING_ORDERS]] = field(default_factory=lambda: ["target_first", "greedy"])
     thetas: list[float] = field(default_factory=lambda: [0.0, 0.1])
 
     def __post_init__(self):
@@ -343,4 +350,90 @@ class RankConfig:
     boosting: BoostingConfig = field(default_factory=BoostingConfig)
     ranking: RuleConfig = field(default_factory=RuleConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    progress: bool = True
+
+    def cache_spec(self) -> PoolCacheSpec:
+        """Where the pool's member caches live and what they hold (:mod:`mdboost.cache.keys`)."""
+        c = self.cache
+        folders = FolderSettings(k=c.k, dtype=c.dtype, full_logits=c.full_logits, source=c.source,
+                                 max_new_tokens=c.max_new_tokens, shard_size=c.shard_size)
+        return PoolCacheSpec(dir=c.dir, text=self.data.text_source(), target=self.pool.target,
+                             drafters=tuple(self.pool.drafters), temperature=self.md.temperature, folders=folders,
+                             acceptance_source=c.acceptance_source,
+                             acceptance_max_new_tokens=c.acceptance_max_new_tokens, device=self.pool.device,
+                             home=self.pool.home, n_jobs=c.n_jobs, backend=c.backend, cost_context=c.cost_context,
+                             cost_repeats=c.cost_repeats, gamma_max=self.speed.gamma_max)
+
+    def score_settings(self) -> ScoreSettings:
+        """:func:`mdboost.ranking.rank.score_pair`'s settings from the md, speed and boosting sections."""
+        md, sp, b = self.md, self.speed, self.boosting
+        return ScoreSettings(divergences=tuple(md.divergences), budgets=tuple(md.budgets), mode=md.mode,
+                             temperature=md.temperature, gamma_min=sp.gamma_min, gamma_max=sp.gamma_max,
+                             md_solve=sp.md_solve, n_estimators=b.n_estimators, orders=tuple(b.orders),
+                             thetas=tuple(b.thetas))
+
+
+# --------------------------------------------------------------------------- validation sections
+
+@dataclass
+class SourceConfig:
+    """Which ranking: a folder holding ``ranking.csv`` or an MLflow parent run id; top-N rows.
+
+    ``per_pair``: take each pair's best-ranked operating point only (top-N distinct pairs);
+    otherwise the top-N operating points. Either way a budget-0 point is run once per pair
+    (it is plain SD whatever the divergence).
+    """
+
+    ranking_dir: str | None = None
+    ranking_run_id: str | None = None
+    top: int = 3
+    per_pair: bool = True
+
+    def __post_init__(self):
+        if (self.ranking_dir is None) == (self.ranking_run_id is None):
+            raise ValueError(f"set exactly one of ranking_dir / ranking_run_id, got {self.ranking_dir!r}, {self.ranking_run_id!r}")
+        if self.top < 1:
+            raise ValueError(f"top must be >= 1, got {self.top!r}")
+
+
+@dataclass
+class GenerationConfig:
+    """Generation settings shared by all modes; ``prompts`` held-out prompts per run.
+
+    ``md_solve``: the engine's ``md_solve`` in MD runs; ``null`` (default) takes the ranking's
+    ``speed.md_solve``, the mode its speed model assumed. ``expected_acceptance`` needs
+    ``reached`` or ``all`` (``needed`` leaves ``P_acc`` uncomputed where SD accepts).
+    """
+
+    prompts: int = 4
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    seed: int = 0
+    md_solve: Literal[SOLVE] | None = None
+
+    def __post_init__(self):
+        if self.prompts < 1 or self.max_new_tokens < 2 or self.temperature < 0:
+            raise ValueError(f"need prompts >= 1, max_new_tokens >= 2, temperature >= 0, got {self}")
+
+
+@dataclass
+class HumanEvalConfig:
+    """HumanEval pass@1 of AR vs MD completions (held-out tasks); off when ``tasks: 0``."""
+
+    tasks: int = 4
+    max_new_tokens: int = 128
+    timeout: float = 10.0
+
+
+@dataclass
+class ValidateConfig:
+    """Everything ``mdboost validate`` needs (``pipelines/validate_pairs.py``)."""
+
+    name: str = "default"
+    output_dir: str = "outputs/validate"
+    ranking: SourceConfig = field(default_factory=lambda: SourceConfig(ranking_dir="outputs/rank"))
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    humaneval: HumanEvalConfig = field(default_factory=HumanEvalConfig)
+    tolerance: float = 0.03
+    tracking: TrackingConfig = field(default_factory=lambda: TrackingConfig(experiment="mdboost-validate"))
     progress: bool = True

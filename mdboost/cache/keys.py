@@ -1,0 +1,169 @@
+"""Content keys of a pool's cache folders: which folder holds which member, built on what.
+
+Each pool member is cached in its own folder ``<dir>/<slug>-<fingerprint>``
+(:meth:`PoolCacheSpec.member_dir`). The fingerprint covers the text source (records,
+truncation, seed), the folder's stored-value settings (:class:`FolderSettings`: ``k``,
+``dtype``, ``full_logits``, ``source``, ``max_new_tokens``, ``shard_size``), the target spec,
+the member spec and the temperature. So an unchanged spec opens every folder without loading a
+model; adding a drafter builds only that drafter's folder; changing ``k`` or the text rebuilds
+all; build options (jobs, backend, cost measurement) never move a folder.
+
+*Acceptance* folders (``acceptance=True``) hold the same prompts with continuations sampled
+from the target (``source="sampled"``, ``acceptance_max_new_tokens`` tokens, seeded by the text
+source's ``seed``, at ``temperature``). The continuations are sampled once into a shared token
+file (:meth:`PoolCacheSpec.continuations_path`, keyed by text, target, temperature, token
+count and :data:`SAMPLER`); a sampled folder's fingerprint includes that key.
+
+The keys are a compatibility contract: the same spec must give byte-identical folder names
+across versions (users' caches are found by them), so :func:`fingerprint` hashes the same JSON
+parts in the same order as the builds that made them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mdboost.data import TextSource
+
+# how continuations are sampled (part of their key): change it when the sampling code changes
+SAMPLER = "build_sequences/v1: per-record torch.Generator seeded by sha256(seed:id), KV-cached multinomial"
+ACCEPTANCE_SOURCES = ("reference", "sampled")
+
+
+def fingerprint(*parts) -> str:
+    """A short, stable hash (16 hex digits) of JSON-able parts; dataclasses go through
+    :func:`dataclasses.asdict` (tuples serialize as lists).
+
+    >>> fingerprint({"k": 16}, "tiny") == fingerprint({"k": 16}, "tiny")
+    True
+    >>> len(fingerprint(1.0))
+    16
+    """
+    plain = [dataclasses.asdict(p) if dataclasses.is_dataclass(p) else p for p in parts]
+    blob = json.dumps(plain, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class FolderSettings:
+    """The build settings that change a folder's stored values (all part of its key).
+
+    ``source``: teacher-forced ``"reference"`` text or ``"sampled"`` target continuations of
+    ``max_new_tokens`` tokens (ignored for reference folders, but keyed).
+    """
+
+    k: int = 128
+    dtype: str = "float16"
+    full_logits: bool = False
+    source: str = "reference"
+    max_new_tokens: int = 128
+    shard_size: int = 8
+
+    @property
+    def sampled(self) -> bool:
+        return self.source == "sampled"
+
+
+@dataclass(frozen=True)
+class PoolCacheSpec:
+    """Where a pool's member caches live and what they are built on.
+
+    Parameters
+    ----------
+    dir : str
+        Parent folder of all member folders and shared continuation files.
+    text : TextSource
+        The records cached (:class:`mdboost.data.TextSource`).
+    target : str
+        The pool target's spec; ``drafters``: the drafter specs (``early_exit:12``, ...).
+    temperature : float, > 0
+        Sampling temperature of continuations; its ``logsumexp`` is stored in every folder.
+    folders : FolderSettings
+        The main folders' settings.
+    acceptance_source : {"reference", "sampled"}
+        ``"sampled"``: every member also gets an acceptance folder of target-sampled
+        continuations with ``acceptance_max_new_tokens`` new tokens.
+    device, home : where models load (``mdboost.models.pool.build_pool``); not keyed.
+    n_jobs, backend : the build's joblib jobs; not keyed.
+    cost_context, cost_repeats : the cost-ratio and speed-profile measurements
+        (:mod:`mdboost.models.cost`); not keyed.
+    gamma_max : int
+        The speed profile's ``v(g)`` table covers ``g <= max(gamma_max, 8)``; not keyed.
+    """
+
+    dir: str
+    text: TextSource
+    target: str
+    drafters: tuple[str, ...]
+    temperature: float = 1.0
+    folders: FolderSettings = field(default_factory=FolderSettings)
+    acceptance_source: str = "reference"
+    acceptance_max_new_tokens: int = 64
+    device: str | None = None
+    home: str | None = None
+    n_jobs: int = 1
+    backend: str = "loky"
+    cost_context: int = 128
+    cost_repeats: int = 21
+    gamma_max: int = 8
+
+    def __post_init__(self):
+        if self.acceptance_source not in ACCEPTANCE_SOURCES:
+            raise ValueError(f"acceptance_source must be one of {ACCEPTANCE_SOURCES}, got {self.acceptance_source!r}")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature!r}")
+        object.__setattr__(self, "drafters", tuple(self.drafters))
+        object.__setattr__(self, "temperature", float(self.temperature))
+
+    @property
+    def names(self) -> list[str]:
+        """The target, then the drafters."""
+        return [self.target, *self.drafters]
+
+    @property
+    def sampled_acceptance(self) -> bool:
+        return self.acceptance_source == "sampled"
+
+    def settings(self, acceptance: bool = False) -> FolderSettings:
+        """The main folders' settings, or those of the acceptance folders."""
+        if not acceptance:
+            return self.folders
+        return dataclasses.replace(self.folders, source="sampled", max_new_tokens=self.acceptance_max_new_tokens)
+
+    def folder_sets(self) -> list[bool]:
+        """The folder sets in use, as their ``acceptance`` flag: main, then (if sampled) acceptance."""
+        return [False, True] if self.sampled_acceptance else [False]
+
+    def continuations_key(self, max_new_tokens: int) -> str:
+        return fingerprint(self.text, self.target, self.temperature, max_new_tokens, SAMPLER)
+
+    def continuations_path(self, max_new_tokens: int) -> Path:
+        """The token file of the target's sampled continuations shared by every member's folder.
+
+        Keyed by the text source (records, truncation, seed), the target, ``temperature``,
+        ``max_new_tokens`` and :data:`SAMPLER`.
+        """
+        return Path(self.dir) / f"continuations-{self.continuations_key(max_new_tokens)}" / "tokens.safetensors"
+
+    def member_dir(self, member: str, acceptance: bool = False) -> Path:
+        """The cache folder of one pool member.
+
+        ``acceptance=True``: the member's folder of target-sampled continuations; it coincides
+        with the main folder when the main folders are themselves sampled with the same number
+        of new tokens. A sampled folder's key includes the shared continuations' key.
+        """
+        settings = self.settings(acceptance)
+        parts = (self.text, settings, self.target, member, self.temperature)
+        if settings.sampled:
+            parts += (self.continuations_key(settings.max_new_tokens),)
+        slug = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in member)
+        return Path(self.dir) / f"{slug}-{fingerprint(*parts)}"
+
+    def fingerprint(self) -> str:
+        """One fingerprint over all member folders in use (for reports)."""
+        dirs = [str(self.member_dir(m, acc)) for acc in self.folder_sets() for m in self.names]
+        return fingerprint(*dirs)

@@ -1,0 +1,108 @@
+"""The ranking's view of an opened pool cache: members' rows, the pairs and their speed profiles.
+
+The cache folders themselves (keys, building, opening) belong to :mod:`mdboost.cache`
+(:func:`~mdboost.cache.pool_cache.open_or_build_cache`); this module only reads the opened
+:class:`~mdboost.cache.pool_cache.PoolCache`: :func:`member_rows` turns one member's cached
+logits into :class:`~mdboost.ranking.support.MemberRows` and a boosting hypothesis,
+:func:`pair_rows` / :func:`acceptance_rows` assemble one ordered pair's
+:class:`~mdboost.ranking.rank.PairRows`, :func:`speed_profile` reads the target's measured
+speed profile.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mdboost.cache.pool_cache import PoolCache
+from mdboost.ranking.boosting import CachedLogitsHypothesis, ProposalHypothesis
+from mdboost.ranking.layout import sequence_layout
+from mdboost.ranking.rank import PairRows, PairSide
+from mdboost.ranking.speed import SpeedProfile
+from mdboost.ranking.support import MemberRows, rows_from_proposals
+
+PAIR_MODES = ("target", "all")
+
+
+def select_pairs(pc: PoolCache, mode: str = "target") -> list[tuple[str, str]]:
+    """Ordered (drafter, target) pairs: every drafter against the target, or all ordered pairs.
+
+    With ``mode="all"`` any non-``ngram`` member can be the target; vocabularies are checked
+    through the members' fingerprints in the cache manifests.
+    """
+    if mode not in PAIR_MODES:
+        raise ValueError(f"mode must be 'target' or 'all', got {mode!r}")
+    targets = [pc.target] if mode == "target" else [n for n in pc.names if pc.kind(n) != "ngram"]
+    fp = {n: pc.caches[n].manifest["tokenizer_fingerprint"] for n in pc.names}
+    return [(d, t) for t in targets for d in pc.names if d != t and fp[d] == fp[t]]
+
+
+def speed_profile(pc: PoolCache, drafter: str, target: str) -> SpeedProfile:
+    """The speed model's ``v`` table and MD overhead for the pair (defaults when ``target`` has
+    no measured profile: ``v = 1``, ``s = 0``). One-hot (``ngram``) drafts use their own overhead."""
+    info = pc.speed_profile_info(target)
+    if info is None:
+        return SpeedProfile()
+    kind = "onehot" if pc.kind(drafter) == "ngram" else "dense"
+    return SpeedProfile(tuple(info["verify_cost"]), float(info["md_overhead"][kind]))
+
+
+def member_rows(cache, name: str, temperature: float) -> tuple[MemberRows, object]:
+    """``(MemberRows, boosting hypothesis)`` of one member over all cache rows."""
+    true = cache.true_tokens()
+    vocab = cache.vocab_size
+    if cache.kind(name) == "ngram":
+        props = cache.ngram_proposals(name)[:, 0]
+        return rows_from_proposals(props, true), ProposalHypothesis(props.numpy(), vocab, name=name)
+    ids, logits = cache.topk(name)
+    lse = cache.logsumexp(name, temperature=temperature).double()
+    logp = logits.double() / temperature - lse[:, None]
+    tail = (1 - logp.exp().sum(-1)).clamp_min(0.0)
+    true_logit = cache.true_logit(name).double()
+    full = cache.full_logits(name).double() if cache.manifest["keep_full"] else None
+    full_logp = torch.log_softmax(full / temperature, dim=-1) if full is not None else None
+    rows = MemberRows(ids, logp, tail, true_logit / temperature - lse, torch.ones(len(true), dtype=torch.bool), full_logp)
+    hyp = CachedLogitsHypothesis(true.numpy(), true_logit.numpy(), cache.logit_sum(name).double().numpy(), vocab,
+                                 topk_ids=ids.numpy(), topk_logits=logits.double().numpy(),
+                                 full_logits=None if full is None else full.numpy(), name=name)
+    return rows, hyp
+
+
+class MemberLoader:
+    """Memoized :func:`member_rows` over a :class:`~mdboost.cache.pool_cache.PoolCache` (each
+    member is read once)."""
+
+    def __init__(self, pc: PoolCache, temperature: float):
+        self.pc, self.temperature, self._memo = pc, temperature, {}
+
+    def __call__(self, name: str) -> tuple[MemberRows, object]:
+        if name not in self._memo:
+            self._memo[name] = member_rows(self.pc.caches[name], name, self.temperature)
+        return self._memo[name]
+
+
+def _sides(loader: MemberLoader, costs: PoolCache, drafter: str, target: str) -> tuple[PairSide, PairSide]:
+    """The pair's two sides; the drafter's cost ratio is ``c_drafter / c_target``, both measured
+    against the pool target and read from ``costs`` (the main caches)."""
+    d_rows, d_hyp = loader(drafter)
+    t_rows, t_hyp = loader(target)
+    cost = costs.cost_ratio(drafter) / costs.cost_ratio(target)
+    return PairSide(drafter, d_rows, d_hyp, cost), PairSide(target, t_rows, t_hyp, 1.0)
+
+
+def pair_rows(loader: MemberLoader, drafter: str, target: str) -> PairRows:
+    """One ordered pair over all rows of ``loader``'s cache (``row_ids``: the cache rows)."""
+    draft, tgt = _sides(loader, loader.pc, drafter, target)
+    labels = loader.pc.true_tokens().numpy()
+    return PairRows(draft, tgt, labels, torch.arange(len(labels)).numpy())
+
+
+def acceptance_rows(loader: MemberLoader, pc: PoolCache, drafter: str, target: str) -> PairRows:
+    """One ordered pair on ``loader``'s (acceptance) cache, with its sequence layout.
+
+    ``loader`` reads the target-sampled caches (``pc.acceptance``); cost ratios come from ``pc``,
+    the main caches, where they were measured. The layout groups the rows by sequence for the
+    engine's draft-start process (:func:`mdboost.ranking.layout.sequence_layout`).
+    """
+    draft, tgt = _sides(loader, pc, drafter, target)
+    labels = loader.pc.true_tokens().numpy()
+    return PairRows(draft, tgt, labels, layout=sequence_layout(loader.pc.caches[drafter], drafter))

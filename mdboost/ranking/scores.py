@@ -1,0 +1,195 @@
+"""What :func:`mdboost.ranking.rank.score_pair` computes, as named types, and its CSV rows.
+
+A :class:`PairScore` holds the pair-level results (:class:`PairStats`: quality, boosting,
+diagnostics), the plain-SD speed choice and one :class:`PointScore` per (divergence, budget).
+Speed predictions come in two kinds: the i.i.d. speed model's :class:`SpeedChoice`
+(``docs/theory.md``, "Speed model for ranking") and, when the acceptance rows come with their
+sequence layout, the draft-start process's :class:`~mdboost.ranking.process.ProcessScore`.
+:func:`score_rows` is the one place that turns them into ``ranking.csv`` rows: ``best_gamma``
+/ ``predicted_speedup`` (and ``sd_best_gamma`` / ``sd_speedup``) are the process's when there
+is one, else the i.i.d. model's; the i.i.d. values are always in the ``*_iid`` columns.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from mdboost.ranking.boosting import PairBoost
+from mdboost.ranking.process import ProcessScore
+
+
+def quantile(x, level: float) -> float:
+    """The ``level`` quantile of the non-NaN values of ``x`` (``method="nearest"``); NaN if none."""
+    x = np.asarray(x, dtype=np.float64)
+    x = x[~np.isnan(x)]
+    return float(np.quantile(x, level, method="nearest")) if x.size else math.nan
+
+
+@dataclass(frozen=True)
+class Quantiles:
+    """The 10%, 50% and 90% quantiles of a per-position quantity (:func:`quantile`)."""
+
+    q10: float
+    median: float
+    q90: float
+
+    @classmethod
+    def of(cls, x) -> Quantiles:
+        return cls(quantile(x, 0.1), quantile(x, 0.5), quantile(x, 0.9))
+
+
+@dataclass(frozen=True)
+class SpeedChoice:
+    """The i.i.d. speed model's best draft length and its predicted walltime speedup."""
+
+    gamma: int
+    speedup: float
+
+
+@dataclass(frozen=True, eq=False)
+class PairStats:
+    """Pair-level results, the same for every operating point.
+
+    ``n_positions``: rows of the quality/boosting side; ``acceptance_positions`` and
+    ``proposal_rate`` (share of rows where the drafter has a distribution): the acceptance side;
+    ``sd_acceptance``: mean SD acceptance ``sum_x min(p_x, q_x)`` there; ``eps_pq`` / ``rho_pq``:
+    :func:`mdboost.ranking.diagnostics.pair_diagnostics` quantiles; ``boost``: the target-first
+    boosting run; ``greedy``: the greedy run's columns (``None`` when not asked); NLLs in nats
+    per token.
+    """
+
+    n_positions: int
+    acceptance_positions: int
+    proposal_rate: float
+    tail_mass: float
+    sd_acceptance: float
+    cost_ratio: float
+    boost: PairBoost
+    greedy: dict | None
+    eps_pq: Quantiles
+    rho_pq: Quantiles
+    nll_target: float
+    nll_drafter: float
+    nll_boosted: float
+    boosted_scale: float
+    nll_boosted_rescaled: float
+
+
+@dataclass(frozen=True, eq=False)
+class PointScore:
+    """One operating point (divergence, budget ``max_divergence``).
+
+    ``acceptance`` [M] and ``k`` [M]: per acceptance-side position, the MD acceptance and the
+    boost coefficient ``k = sqrt((1 + a) / (1 - b))``; ``iid``: the i.i.d. speed model's choice;
+    ``process``: the draft-start process's (or None); ``verify_cost``: ``v`` at the chosen
+    gamma; ``md_overhead``: the ``s`` the speed model used (0 at budget 0).
+    """
+
+    divergence: str
+    max_divergence: float
+    acceptance: np.ndarray
+    k: np.ndarray
+    achieved_divergence: float
+    nll_mentored: float
+    iid: SpeedChoice
+    process: ProcessScore | None
+    verify_cost: float
+    md_overhead: float
+
+    @property
+    def gamma(self) -> int:
+        """The chosen draft length: the process's when there is one."""
+        return self.iid.gamma if self.process is None else self.process.gamma
+
+
+@dataclass(frozen=True, eq=False)
+class PairScore:
+    """Everything :func:`~mdboost.ranking.rank.score_pair` computes for one ordered pair.
+
+    ``sd_acceptance`` [M]: per-position SD acceptance; ``sd_iid`` / ``sd_process``: plain SD's
+    speed choice (i.i.d. model, draft-start process or None); ``points``: one per operating
+    point, divergences outer, budgets inner.
+    """
+
+    drafter: str
+    target: str
+    acceptance_source: str
+    stats: PairStats
+    sd_acceptance: np.ndarray
+    sd_iid: SpeedChoice
+    sd_process: ProcessScore | None
+    points: tuple[PointScore, ...]
+
+    @property
+    def margins(self) -> np.ndarray:  # [N]
+        """Normalized boosting margins of the target-first run (for the margin CDF plot)."""
+        return self.stats.boost.margins
+
+    @property
+    def md_acceptance(self) -> dict:
+        """``(divergence, budget) -> acceptance [M]``."""
+        return {(p.divergence, p.max_divergence): p.acceptance for p in self.points}
+
+    @property
+    def rows(self) -> list[dict]:
+        """The ``ranking.csv`` rows (:func:`score_rows`)."""
+        return score_rows(self)
+
+
+def _pair_columns(score: PairScore) -> dict:
+    s, boost = score.stats, score.stats.boost
+    sd = score.sd_iid if score.sd_process is None else SpeedChoice(score.sd_process.gamma, score.sd_process.speedup)
+    columns = {
+        "drafter": score.drafter, "target": score.target, "n_positions": s.n_positions,
+        "acceptance_positions": s.acceptance_positions, "proposal_rate": s.proposal_rate, "tail_mass": s.tail_mass,
+        "sd_acceptance": s.sd_acceptance, "sd_best_gamma": int(sd.gamma), "sd_speedup": float(sd.speedup),
+        "cost_ratio": s.cost_ratio,
+        "mu_target": boost.mu_target, "mu_drafter": boost.mu_drafter, "boosting_advantage": boost.advantage,
+        "c_target": boost.c_target, "c_drafter": boost.c_drafter,
+        "margin_median": quantile(boost.margins, 0.5),
+        **{f"margin_bound_{t:g}": v for t, v in boost.bound.items()},
+        **{f"margin_risk_{t:g}": v for t, v in boost.risk.items()},
+        "eps_pq_q10": s.eps_pq.q10, "eps_pq_median": s.eps_pq.median, "eps_pq_q90": s.eps_pq.q90,
+        "rho_pq_q10": s.rho_pq.q10, "rho_pq_median": s.rho_pq.median, "rho_pq_q90": s.rho_pq.q90,
+        "nll_target": s.nll_target, "nll_drafter": s.nll_drafter, "nll_boosted": s.nll_boosted,
+        "boosted_scale": s.boosted_scale, "nll_boosted_rescaled": s.nll_boosted_rescaled,
+        **(s.greedy or {}),
+        "acceptance_source": score.acceptance_source,
+        "sd_best_gamma_iid": int(score.sd_iid.gamma), "sd_speedup_iid": float(score.sd_iid.speedup),
+    }
+    if score.sd_process is not None:
+        columns["sd_engine_acceptance"] = score.sd_process.acceptance
+    return columns
+
+
+def _speed_columns(point: PointScore) -> dict:
+    iid = {"best_gamma_iid": int(point.iid.gamma), "predicted_speedup_iid": float(point.iid.speedup)}
+    p = point.process
+    if p is None:
+        return {"best_gamma": iid["best_gamma_iid"], "predicted_speedup": iid["predicted_speedup_iid"], **iid}
+    return {"best_gamma": p.gamma, "predicted_speedup": p.speedup, **iid, "engine_acceptance": p.acceptance,
+            "engine_acceptance_conditional": p.acceptance_conditional,
+            "engine_mean_accepted_length": p.mean_accepted_length, "engine_tokens_per_call": p.tokens_per_call}
+
+
+def score_rows(score: PairScore) -> list[dict]:
+    """One ``ranking.csv`` row per operating point (column definitions: ``docs/ranking.md``)."""
+    common = _pair_columns(score)
+    rows = []
+    for point in score.points:
+        acc, k = point.acceptance, point.k
+        rows.append({
+            **common, "divergence": point.divergence, "max_divergence": point.max_divergence,
+            "md_acceptance": float(acc.mean()), "md_acceptance_q10": quantile(acc, 0.1),
+            "md_acceptance_median": quantile(acc, 0.5), "md_acceptance_q90": quantile(acc, 0.9),
+            "acceptance_gain": float(acc.mean()) - common["sd_acceptance"],
+            "achieved_divergence": point.achieved_divergence,
+            **_speed_columns(point),
+            "verify_cost": point.verify_cost, "md_overhead": point.md_overhead,
+            "k_median": quantile(k, 0.5), "k_q90": quantile(k, 0.9),
+            "nll_mentored": point.nll_mentored, "beats_target": bool(point.nll_mentored < common["nll_target"]),
+        })
+    return rows

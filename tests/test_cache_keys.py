@@ -1,0 +1,105 @@
+"""Cache folder keys are a compatibility contract: the names below were computed by the code that
+built users' caches (``mdboost/ranking/from_cache.py`` before the cache keys moved to
+``mdboost/cache/keys.py``); a change here means every existing cache gets rebuilt."""
+
+import dataclasses
+
+import pytest
+
+from mdboost.cache.keys import SAMPLER, fingerprint
+from pipelines.config import RankConfig, load_yaml
+
+PINNED = {
+    "tiny": {
+        "main": {
+            "tiny": "tiny-1dc11f20b1956b24",
+            "early_exit:2": "early_exit_2-29cb75f4c9627adb",
+            "tuned:2": "tuned_2-ca561fea5fd13ad4",
+            "int8": "int8-653f42c994a2c439",
+            "ngram:2": "ngram_2-eef45966168bdf49",
+        },
+        "acceptance": {
+            "tiny": "tiny-3b2ed4c9935e2dd4",
+            "early_exit:2": "early_exit_2-9e1884be8b31f52a",
+            "tuned:2": "tuned_2-b828c9f9f7c609d7",
+            "int8": "int8-16361f4c78d2daae",
+            "ngram:2": "ngram_2-49a74f088bc7e18f",
+        },
+        "continuations": {
+            "16": "continuations-1f862031c8eb4c0a",
+            "128": "continuations-942b48715d250384",
+        },
+        "fingerprint": "69c01aeba0b24bb3",
+    },
+    "default": {
+        "main": {
+            "smollm2-135m": "smollm2-135m-5820dabd2c1c9369",
+            "early_exit:12": "early_exit_12-684c6461b255f3da",
+            "early_exit:18": "early_exit_18-7112b26790859c29",
+            "early_exit:24": "early_exit_24-2c597acf76a5b6c0",
+            "early_exit:27": "early_exit_27-de4b3e4178416845",
+            "tuned:12": "tuned_12-52f09a486948a715",
+            "tuned:18": "tuned_18-d34d3ea90dbfce7f",
+            "tuned:24": "tuned_24-06461b09b2505dcd",
+            "tuned:27": "tuned_27-91ec7f05e294285a",
+            "int8": "int8-571398a5c0ae923e",
+            "ngram:3": "ngram_3-2f0fedbe72f00eea",
+        },
+        "acceptance": {
+            "smollm2-135m": "smollm2-135m-3fac8f1eb7834cf3",
+            "early_exit:12": "early_exit_12-2e9967035116a610",
+            "early_exit:18": "early_exit_18-0f1e89719c5da289",
+            "early_exit:24": "early_exit_24-201d46fc37047160",
+            "early_exit:27": "early_exit_27-bfd81fc581b40337",
+            "tuned:12": "tuned_12-0bd091e2359b1ee5",
+            "tuned:18": "tuned_18-b1d501772e81c3b8",
+            "tuned:24": "tuned_24-cf9b8098dd9fb069",
+            "tuned:27": "tuned_27-3167f6ac593b7330",
+            "int8": "int8-268f820c535488fd",
+            "ngram:3": "ngram_3-80d4d7e59f4f5dc7",
+        },
+        "continuations": {
+            "64": "continuations-f01eac56b4ec8498",
+            "128": "continuations-35c58d29960aef07",
+        },
+        "fingerprint": "f5dfeb3239be850e",
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(PINNED))
+def test_shipped_configs_keep_their_folder_names(name):
+    spec = load_yaml(f"configs/{name}.yaml", RankConfig).cache_spec()
+    pins = PINNED[name]
+    assert {m: spec.member_dir(m).name for m in spec.names} == pins["main"]
+    assert {m: spec.member_dir(m, acceptance=True).name for m in spec.names} == pins["acceptance"]
+    assert {str(n): spec.continuations_path(n).parent.name for n in map(int, pins["continuations"])} == pins["continuations"]
+    assert spec.fingerprint() == pins["fingerprint"]
+    assert all(spec.member_dir(m).parent == spec.continuations_path(1).parent.parent for m in spec.names)
+
+
+def test_sampler_key_unchanged():
+    assert SAMPLER == "build_sequences/v1: per-record torch.Generator seeded by sha256(seed:id), KV-cached multinomial"
+
+
+def test_keys_follow_the_stored_values_only():
+    base = load_yaml("configs/tiny.yaml", RankConfig)
+    spec = base.cache_spec()
+    rebuilt = dataclasses.replace(spec, n_jobs=4, backend="threading", cost_repeats=1, gamma_max=3, device="meta")
+    assert [rebuilt.member_dir(m) for m in spec.names] == [spec.member_dir(m) for m in spec.names]
+    other_k = dataclasses.replace(spec, folders=dataclasses.replace(spec.folders, k=spec.folders.k + 1))
+    assert all(other_k.member_dir(m) != spec.member_dir(m) for m in spec.names)
+    warmer = dataclasses.replace(spec, temperature=0.7)
+    assert warmer.continuations_path(16) != spec.continuations_path(16)
+    # an int temperature keys like the float the YAML loader gives
+    assert dataclasses.replace(spec, temperature=1).member_dir("tiny") == spec.member_dir("tiny")
+
+
+def test_fingerprint_hashes_dataclasses_as_their_fields():
+    from mdboost.data import TextSource
+
+    text = TextSource(limit=3)
+    assert fingerprint(text) == fingerprint(dataclasses.asdict(text))
+    assert fingerprint(text) != fingerprint(TextSource(limit=4))
+    assert fingerprint((1, 2)) == fingerprint([1, 2])
+
