@@ -1,0 +1,102 @@
+"""One segment of the curve C(p, q): its constants and ``D_f`` on it, in any array namespace.
+
+Between two neighbouring breakpoints the sets ``A``, ``B``, ``M`` of docs/theory.md (section 4)
+are fixed, so ``(a, b)`` and ``D_f`` are closed forms in the excess mass ``m``: ``O(1)`` per
+point once :func:`make_segment` has read the segment's sums. The same functions serve the
+torch queries of :class:`mdboost.md.breakpoints.Breakpoints` and the numpy rounds of the exact
+primal search (:mod:`mdboost.md._search`, namespaces in :mod:`mdboost.md._xp`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from mdboost.md.divergences import Divergence
+
+# the stacked (A, B) rows of a segment: u = (ends + SIGN m) inv_q, z = clip(u, z_low, Z_HIGH)
+_SIGN_HIGH = torch.tensor([[-1.0, 1.0], [math.inf, 1.0]], dtype=torch.float64)
+_CONSTS: dict = {}
+
+
+def _consts(xp, m):
+    """``(SIGN, Z_HIGH)`` = ``((-1, 1), (inf, 1))`` in ``xp``, shaped [2, 1, ...] to broadcast against [2, *m.shape]."""
+    key = (xp.name, getattr(m, "device", None), m.ndim)
+    if key not in _CONSTS:
+        c = xp.constant(_SIGN_HIGH, m).reshape((2, 2) + (1,) * m.ndim)
+        _CONSTS[key] = (c[0], c[1])
+    return _CONSTS[key]
+
+
+class Segment(NamedTuple):
+    """Constants of one segment of C(p, q): ``A`` = sorted positions ``[j, V)``, ``B`` = ``[0, k)``.
+
+    float64 arrays of one namespace (torch tensors or numpy arrays; :mod:`mdboost.md._xp`). ``S``
+    is the shape of ``j`` ([N, ...]); the stacked fields hold the A row, then the B row. On the
+    segment, at excess mass ``m`` (docs/theory.md, section 4),
+    ``(1 + a, 1 - b) = clip(((p(A) - m) / q(A), (p(B) + m) / q(B)), z_low, (inf, 1))``.
+    """
+
+    ends: object  # [2, *S]: (p(A), p(B))
+    inv_q: object  # [2, *S]: (1 / q(A), 1 / q(B)), 0 for an empty set (so an empty A gives a = 0)
+    q: object  # [2, *S]: (q(A), q(B))
+    z_low: object  # [2, *S]: lower clamp of (1 + a, 1 - b): (1, 0), or (1, 1) for an empty B (b = 0)
+    rest: object  # [*S] or None: sum of q_i g(r_i) over M (exact), q(M) (Thm 3.12 bound), None (no divergence)
+
+
+class SortedSums(NamedTuple):
+    """The sums of :class:`Breakpoints` in one array namespace (numpy views share the memory)."""
+
+    cp: object  # [N, V + 1] float64: sum_{i < k} p_i at index k
+    cq: object  # [N, V + 1] float64: sum_{i < k} q_i
+    rp: object  # [N, V + 1] float64: sum_{i >= j} p_i at index V - j
+    rq: object  # [N, V + 1] float64: sum_{i >= j} q_i at index V - j
+    ratio: object  # [N, V] float64: r_i (inf where q_i = 0 < p_i)
+    n_lt: object  # [N, 1] long: number of r < 1
+    n_le: object  # [N, 1] long: number of r <= 1
+    j_max: object  # [N, 1] long: the last A segment (the end)
+    tv: object  # [N, 1] float64: TV(p, q), the excess mass at the start
+    m_end: object  # [N, 1] float64: p(q = 0), the excess mass at the end
+
+
+def make_segment(xp, sums: SortedSums, j, k, mid=None, bound: bool = False) -> Segment:
+    """The :class:`Segment` of ``A = [j, V)``, ``B = [0, k)`` (``j``, ``k`` long [N, ...] in ``xp``).
+
+    ``rest`` is ``q(M)`` if ``bound``, else the M-set sum read from ``mid`` (see
+    :meth:`Breakpoints.prefix`) if given, else None.
+    """
+    vocab = sums.ratio.shape[1]
+    pa, qa = xp.take(sums.rp, vocab - j), xp.take(sums.rq, vocab - j)
+    pb, qb = xp.take(sums.cp, k), xp.take(sums.cq, k)
+    q = xp.stack([qa, qb])
+    with xp.errstate():
+        inv_q = xp.where(q > 0, 1 / q, 0.0)  # 1/0 = inf is discarded
+    z_low = xp.stack([xp.ones_like(qb), xp.where(qb > 0, xp.zeros_like(qb), xp.ones_like(qb))])
+    if bound:
+        rest = xp.take(sums.cq, j) - qb
+    elif mid is not None:
+        rest = xp.take(mid, k) + xp.take(mid, j)
+    else:
+        rest = None
+    return Segment(xp.stack([pa, pb]), inv_q, q, z_low, rest)
+
+
+def z_on(xp, m, seg: Segment):
+    """``(1 + a, 1 - b)`` [2, ...] at excess mass ``m`` on a segment."""
+    sign, high = _consts(xp, m)
+    return xp.minimum(xp.maximum((seg.ends + sign * m) * seg.inv_q, seg.z_low), high)
+
+
+def divergence_on(xp, m, seg: Segment, div: Divergence, bound: bool):
+    """``D_f`` (or the Thm 3.12 upper bound) at ``m`` on a segment, ``O(1)`` per point.
+
+    ``q(A) g(1 + a) + q(B) g(1 - b)`` plus the M-set sum (exact) or ``q(M) max(g(1 + a), g(1 - b))``
+    (bound); docs/theory.md, section 4. Empty sets have ``1 + a = 1 - b = 1`` and ``g(1) = 0``.
+    """
+    g = xp.g(div, z_on(xp, m, seg))  # one generator call on the stacked rows
+    total = (seg.q * g).sum(0)
+    if bound:
+        return total + xp.where(seg.rest > 0, seg.rest * xp.maximum(g[0], g[1]), 0.0)
+    return total + seg.rest
