@@ -16,17 +16,17 @@ import torch
 
 from mdboost.md.divergences import Divergence
 
-# the stacked (A, B) rows of a segment: u = (ends + SIGN m) inv_q, z = clip(u, z_low, Z_HIGH)
+# the stacked (A, B) rows of a segment: SIGN = (-1, 1) (how m enters each row), AB_HIGH = (inf, 1)
 _SIGN_HIGH = torch.tensor([[-1.0, 1.0], [math.inf, 1.0]], dtype=torch.float64)
 _CONSTS: dict = {}
 
 
 def _consts(xp, m):
-    """``(SIGN, Z_HIGH)`` = ``((-1, 1), (inf, 1))`` in ``xp``, shaped [2, 1, ...] to broadcast against [2, *m.shape]."""
+    """``(SIGN, AB_HIGH)`` in ``xp``, shaped [2, 1, ...] to broadcast against [2, *m.shape]."""
     key = (xp.name, getattr(m, "device", None), m.ndim)
     if key not in _CONSTS:
         c = xp.constant(_SIGN_HIGH, m).reshape((2, 2) + (1,) * m.ndim)
-        _CONSTS[key] = (c[0], c[1])
+        _CONSTS[key] = (c[0], c[1], xp.zeros_like(c[0]))
     return _CONSTS[key]
 
 
@@ -36,18 +36,19 @@ class Segment(NamedTuple):
     float64 arrays of one namespace (torch tensors or numpy arrays; :mod:`mdboost.md._xp`). ``S``
     is the shape of ``j`` ([N, ...]); the stacked fields hold the A row, then the B row. On the
     segment, at excess mass ``m`` (docs/theory.md, section 4),
-    ``(1 + a, 1 - b) = clip(((p(A) - m) / q(A), (p(B) + m) / q(B)), z_low, (inf, 1))``.
+    ``a = (p(A) - m) / q(A) - 1`` and ``b = 1 - (p(B) + m) / q(B)``, clamped to ``a >= 0`` and
+    ``0 <= b <= 1``; :func:`ab_on` computes both rows in one expression.
     """
 
     ends: object  # [2, *S]: (p(A), p(B))
-    inv_q: object  # [2, *S]: (1 / q(A), 1 / q(B)), 0 for an empty set (so an empty A gives a = 0)
+    inv_q: object  # [2, *S]: (1 / q(A), -1 / q(B)), 0 for an empty set (the B row negated: one expression)
     q: object  # [2, *S]: (q(A), q(B))
-    z_low: object  # [2, *S]: lower clamp of (1 + a, 1 - b): (1, 0), or (1, 1) for an empty B (b = 0)
+    has: object  # [2, *S]: (1, 1 if q(B) > 0 else 0): an empty B gives b = 0 (an empty A gives a = 0 by inv_q)
     rest: object  # [*S] or None: sum of q_i g(r_i) over M (exact), q(M) (Thm 3.12 bound), None (no divergence)
 
 
 class SortedSums(NamedTuple):
-    """The sums of :class:`Breakpoints` in one array namespace (numpy views share the memory)."""
+    """The sums of :class:`~mdboost.md.breakpoints.Breakpoints` in one array namespace (numpy views share the memory)."""
 
     cp: object  # [N, V + 1] float64: sum_{i < k} p_i at index k
     cq: object  # [N, V + 1] float64: sum_{i < k} q_i
@@ -65,28 +66,27 @@ def make_segment(xp, sums: SortedSums, j, k, mid=None, bound: bool = False) -> S
     """The :class:`Segment` of ``A = [j, V)``, ``B = [0, k)`` (``j``, ``k`` long [N, ...] in ``xp``).
 
     ``rest`` is ``q(M)`` if ``bound``, else the M-set sum read from ``mid`` (see
-    :meth:`Breakpoints.prefix`) if given, else None.
+    :meth:`~mdboost.md.breakpoints.Breakpoints.prefix`) if given, else None.
     """
     vocab = sums.ratio.shape[1]
     pa, qa = xp.take(sums.rp, vocab - j), xp.take(sums.rq, vocab - j)
     pb, qb = xp.take(sums.cp, k), xp.take(sums.cq, k)
-    q = xp.stack([qa, qb])
     with xp.errstate():
-        inv_q = xp.where(q > 0, 1 / q, 0.0)  # 1/0 = inf is discarded
-    z_low = xp.stack([xp.ones_like(qb), xp.where(qb > 0, xp.zeros_like(qb), xp.ones_like(qb))])
+        inv_qa, inv_qb = xp.where(qa > 0, 1 / qa, 0.0), xp.where(qb > 0, -1 / qb, 0.0)  # 1/0 = inf is discarded
+    has = xp.stack([xp.ones_like(qb), xp.where(qb > 0, xp.ones_like(qb), xp.zeros_like(qb))])
     if bound:
         rest = xp.take(sums.cq, j) - qb
     elif mid is not None:
         rest = xp.take(mid, k) + xp.take(mid, j)
     else:
         rest = None
-    return Segment(xp.stack([pa, pb]), inv_q, q, z_low, rest)
+    return Segment(xp.stack([pa, pb]), xp.stack([inv_qa, inv_qb]), xp.stack([qa, qb]), has, rest)
 
 
-def z_on(xp, m, seg: Segment):
-    """``(1 + a, 1 - b)`` [2, ...] at excess mass ``m`` on a segment."""
-    sign, high = _consts(xp, m)
-    return xp.minimum(xp.maximum((seg.ends + sign * m) * seg.inv_q, seg.z_low), high)
+def ab_on(xp, m, seg: Segment):
+    """``(a, b)`` stacked [2, ...] at excess mass ``m`` on a segment."""
+    sign, high, low = _consts(xp, m)
+    return xp.minimum(xp.maximum(((seg.ends + sign * m) * seg.inv_q + sign) * seg.has, low), high)
 
 
 def divergence_on(xp, m, seg: Segment, div: Divergence, bound: bool):
@@ -95,7 +95,8 @@ def divergence_on(xp, m, seg: Segment, div: Divergence, bound: bool):
     ``q(A) g(1 + a) + q(B) g(1 - b)`` plus the M-set sum (exact) or ``q(M) max(g(1 + a), g(1 - b))``
     (bound); docs/theory.md, section 4. Empty sets have ``1 + a = 1 - b = 1`` and ``g(1) = 0``.
     """
-    g = xp.g(div, z_on(xp, m, seg))  # one generator call on the stacked rows
+    sign = _consts(xp, m)[0]
+    g = xp.g(div, 1 - sign * ab_on(xp, m, seg))  # (1 + a, 1 - b): one generator call on the stacked rows
     total = (seg.q * g).sum(0)
     if bound:
         return total + xp.where(seg.rest > 0, seg.rest * xp.maximum(g[0], g[1]), 0.0)

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from mdboost.md import _search
-from mdboost.md._segment import Segment, SortedSums, divergence_on, make_segment, z_on
+from mdboost.md._segment import Segment, SortedSums, divergence_on, make_segment, ab_on
 from mdboost.md._xp import TORCH
 from mdboost.md._checks import check_budget, check_pair
 from mdboost.md.divergences import GENERATORS, Divergence, resolve
@@ -181,8 +181,7 @@ class Breakpoints:
     @staticmethod
     def ab(m, seg: Segment, tv=None):
         """``(a, b)`` at excess mass ``m`` on a segment; exactly ``(0, 0)`` at ``m >= tv`` if given."""
-        z = z_on(TORCH, m, seg)
-        a, b = z[0] - 1, 1 - z[1]
+        a, b = ab_on(TORCH, m, seg)
         if tv is None:
             return a, b
         at_sd = m >= tv
