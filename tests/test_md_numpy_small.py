@@ -22,9 +22,10 @@ def _pairs(rows, n, seed, peaked=False):
 
 def _point(bp, budget, div, bound, xp):
     """``(a, b, acceptance, D_f)`` at the primal solution found in namespace ``xp``."""
-    m, seg = _search.primal(bp, budget.reshape(-1, 1).double(), div, bound, xp)
+    m, seg, value = _search.primal(bp, budget.reshape(-1, 1).double(), div, bound, xp, with_value=True)
     a, b = bp.ab(m, seg, bp._tv)
-    return a, b, 1 - m, bp.div_on(m, seg, div, bound)
+    torch.testing.assert_close(value, bp.div_on(m, seg, div, bound), atol=1e-15, rtol=1e-14)
+    return a, b, 1 - m, value
 
 
 @pytest.mark.parametrize("bound", [False, True])

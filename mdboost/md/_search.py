@@ -221,17 +221,19 @@ def refine(xp, seg: Segment, lo, hi, budget, div, bound: bool):
     return hi
 
 
-def primal(bp, budget: torch.Tensor, div, bound: bool, xp=None):
+def primal(bp, budget: torch.Tensor, div, bound: bool, xp=None, with_value: bool = False):
     """Largest-acceptance point with ``D_f`` (or its bound) ``<= budget``; budget of shape [N, 1].
 
     ``xp`` is the array namespace of the small bracket and the refinement (default: the rule of
-    :func:`mdboost.md._xp.namespace_for`). Returns the excess mass ``m`` [N, 1] float64 and the
-    :class:`Segment` of its point, as torch tensors.
+    :func:`mdboost.md._xp.namespace_for`). Returns, as torch tensors, the excess mass ``m``
+    [N, 1] float64, the :class:`Segment` of its point and, if ``with_value``, ``D_f`` (or the
+    bound) at ``m`` on that segment [N, 1] (else None).
     """
     xp = namespace_for(bp._r) if xp is None else xp
     with xp.errstate():
         m, seg = _primal(xp, bp, xp.asarray(budget.to(torch.float64)), div, bound)
-    return xp.to_torch(m), Segment(*(None if x is None else xp.to_torch(x) for x in seg))
+        value = xp.to_torch(divergence_on(xp, m, seg, div, bound)) if with_value else None
+    return xp.to_torch(m), Segment(*(None if x is None else xp.to_torch(x) for x in seg)), value
 
 
 def _primal(xp, bp, budget, div, bound):

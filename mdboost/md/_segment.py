@@ -21,12 +21,12 @@ _SIGN_HIGH = torch.tensor([[-1.0, 1.0], [math.inf, 1.0]], dtype=torch.float64)
 _CONSTS: dict = {}
 
 
-def _consts(xp, m):
-    """``(SIGN, AB_HIGH)`` in ``xp``, shaped [2, 1, ...] to broadcast against [2, *m.shape]."""
-    key = (xp.name, getattr(m, "device", None), m.ndim)
+def _consts(xp, like):
+    """``(SIGN, AB_HIGH, 0, -SIGN)`` in ``xp``, shaped [2, 1, ...] to broadcast against [2, *like.shape]."""
+    key = (xp.name, xp.device(like), like.ndim)
     if key not in _CONSTS:
-        c = xp.constant(_SIGN_HIGH, m).reshape((2, 2) + (1,) * m.ndim)
-        _CONSTS[key] = (c[0], c[1], xp.zeros_like(c[0]))
+        c = xp.constant(_SIGN_HIGH, like).reshape((2, 2) + (1,) * like.ndim)
+        _CONSTS[key] = (c[0], c[1], xp.zeros_like(c[0]), -c[0])
     return _CONSTS[key]
 
 
@@ -43,7 +43,7 @@ class Segment(NamedTuple):
     ends: object  # [2, *S]: (p(A), p(B))
     inv_q: object  # [2, *S]: (1 / q(A), -1 / q(B)), 0 for an empty set (the B row negated: one expression)
     q: object  # [2, *S]: (q(A), q(B))
-    has: object  # [2, *S]: (1, 1 if q(B) > 0 else 0): an empty B gives b = 0 (an empty A gives a = 0 by inv_q)
+    offset: object  # [2, *S]: (-1, 1), 0 for an empty set (so that an empty A or B gives a = 0 or b = 0)
     rest: object  # [*S] or None: sum of q_i g(r_i) over M (exact), q(M) (Thm 3.12 bound), None (no divergence)
 
 
@@ -66,27 +66,29 @@ def make_segment(xp, sums: SortedSums, j, k, mid=None, bound: bool = False) -> S
     """The :class:`Segment` of ``A = [j, V)``, ``B = [0, k)`` (``j``, ``k`` long [N, ...] in ``xp``).
 
     ``rest`` is ``q(M)`` if ``bound``, else the M-set sum read from ``mid`` (see
-    :meth:`~mdboost.md.breakpoints.Breakpoints.prefix`) if given, else None.
+    :meth:`~mdboost.md.breakpoints.Breakpoints.prefix`) if given, else None. With numpy, call it
+    inside ``xp.errstate()`` (``1 / 0`` is computed, then discarded).
     """
     vocab = sums.ratio.shape[1]
-    pa, qa = xp.take(sums.rp, vocab - j), xp.take(sums.rq, vocab - j)
-    pb, qb = xp.take(sums.cp, k), xp.take(sums.cq, k)
-    with xp.errstate():
-        inv_qa, inv_qb = xp.where(qa > 0, 1 / qa, 0.0), xp.where(qb > 0, -1 / qb, 0.0)  # 1/0 = inf is discarded
-    has = xp.stack([xp.ones_like(qb), xp.where(qb > 0, xp.ones_like(qb), xp.zeros_like(qb))])
+    qb = xp.take(sums.cq, k)
+    q = xp.stack2(xp.take(sums.rq, vocab - j), qb)
+    sign, _, _, neg_sign = _consts(xp, j)
+    nonempty = q > 0
+    inv_q = xp.where(nonempty, neg_sign / q, 0.0)  # 1/0 = inf is discarded
     if bound:
         rest = xp.take(sums.cq, j) - qb
     elif mid is not None:
         rest = xp.take(mid, k) + xp.take(mid, j)
     else:
         rest = None
-    return Segment(xp.stack([pa, pb]), xp.stack([inv_qa, inv_qb]), xp.stack([qa, qb]), has, rest)
+    ends = xp.stack2(xp.take(sums.rp, vocab - j), xp.take(sums.cp, k))
+    return Segment(ends, inv_q, q, xp.where(nonempty, sign, 0.0), rest)
 
 
 def ab_on(xp, m, seg: Segment):
     """``(a, b)`` stacked [2, ...] at excess mass ``m`` on a segment."""
-    sign, high, low = _consts(xp, m)
-    return xp.minimum(xp.maximum(((seg.ends + sign * m) * seg.inv_q + sign) * seg.has, low), high)
+    sign, high, low, _ = _consts(xp, m)
+    return xp.minimum(xp.maximum((seg.ends + sign * m) * seg.inv_q + seg.offset, low), high)
 
 
 def divergence_on(xp, m, seg: Segment, div: Divergence, bound: bool):

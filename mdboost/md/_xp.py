@@ -39,6 +39,15 @@ class TorchOps:
         return t
 
     @staticmethod
+    def device(x: torch.Tensor):
+        return x.device
+
+    @staticmethod
+    def stack2(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """``[a, b]`` stacked on a new leading axis."""
+        return torch.stack([a, b])
+
+    @staticmethod
     def to_torch(x: torch.Tensor) -> torch.Tensor:
         return x
 
@@ -105,6 +114,17 @@ class NumpyOps:
         return t.numpy()
 
     @staticmethod
+    def device(x: np.ndarray):
+        return None
+
+    @staticmethod
+    def stack2(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """``[a, b]`` stacked on a new leading axis (cheaper than ``np.stack`` for tiny arrays)."""
+        out = np.empty((2,) + a.shape, dtype=np.result_type(a, b))
+        out[0], out[1] = a, b
+        return out
+
+    @staticmethod
     def to_torch(x: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.asarray(x))
 
@@ -120,6 +140,8 @@ class NumpyOps:
     def take(arr: np.ndarray, idx: np.ndarray) -> np.ndarray:
         """``arr[n, idx[n, ...]]`` for a C-contiguous ``arr`` [N, L]: one flat take."""
         rows, width = arr.shape
+        if rows == 1:
+            return np.take(arr, idx)
         offsets = np.arange(0, rows * width, width).reshape((rows,) + (1,) * (idx.ndim - 1))
         return np.take(arr, idx + offsets)
 

@@ -233,29 +233,25 @@ class Breakpoints:
 
         Budgets at or above ``D_f`` at the curve's end give the end point.
         """
-        return self._primal(max_divergence, divergence, False, validate)
+        return self._primal(max_divergence, divergence, False, validate)[0]
 
     def for_divergence_bound(self, max_divergence, divergence="kl", *, validate: bool = True) -> CurvePoint:
         """Conservative primal on the Theorem 3.12 upper bound: ``D_f <= max_divergence`` always."""
-        return self._primal(max_divergence, divergence, True, validate)
+        return self._primal(max_divergence, divergence, True, validate)[0]
 
     def for_divergence_with_value(self, max_divergence, divergence="kl", *,
                                   validate: bool = True) -> tuple[CurvePoint, torch.Tensor]:
         """:meth:`for_divergence` and ``D_f(pi || q)`` at the solution, without a second search."""
-        point, (div, budget, m, seg) = self._primal_search(max_divergence, divergence, False, validate)
-        value = torch.where(budget <= 0, 0.0, self.div_on(m, seg, div, False))  # budget 0: pi = q
-        return point, self._out(value)
+        point, budget, value = self._primal(max_divergence, divergence, False, validate, with_value=True)
+        return point, self._out(torch.where(budget <= 0, 0.0, value))  # budget 0: pi = q
 
-    def _primal(self, max_divergence, divergence, bound, validate) -> CurvePoint:
-        return self._primal_search(max_divergence, divergence, bound, validate)[0]
-
-    def _primal_search(self, max_divergence, divergence, bound, validate):
-        """The primal point and what located it: ``(point, (div, budget, m, segment))``."""
+    def _primal(self, max_divergence, divergence, bound, validate, with_value=False):
+        """The primal point, the flat budget [N, 1] and ``D_f`` at the point (if ``with_value``)."""
         div = resolve(divergence)
         budget = self._flat(max_divergence, "max_divergence", validate=validate)
-        m, seg = _search.primal(self, budget, div, bound)
+        m, seg, value = _search.primal(self, budget, div, bound, with_value=with_value)
         a, b = self.ab(m, seg, self._tv)
-        return CurvePoint(self._out(a), self._out(b), self._out(1 - m)), (div, budget, m, seg)
+        return CurvePoint(self._out(a), self._out(b), self._out(1 - m)), budget, value
 
     def divergence_at(self, acceptance, divergence="kl", *, bound: bool = False) -> torch.Tensor:
         """``D_f(pi || q)`` (or its Thm 3.12 upper bound) at the curve point of given acceptance.
