@@ -131,7 +131,7 @@ def _bracket_large(bp, budget, div, bound, kb):
 
 
 def _bracket_small(xp, sums, kb, budget, div, bound, mid):
-    """Neighbouring breakpoints around the crossing, from every breakpoint value sorted; ``(m_lo, m_hi, j, k)``.
+    """``(m_lo, m_hi, j, k)``: the neighbouring breakpoints around the crossing, all values sorted.
 
     ``D_f`` decreases in ``m``: it is evaluated at every ``STRIDE``-th sorted breakpoint, then at
     every breakpoint of the one stride that holds the crossing.

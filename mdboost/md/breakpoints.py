@@ -31,9 +31,9 @@ import numpy as np
 import torch
 
 from mdboost.md import _search
-from mdboost.md._segment import Segment, SortedSums, divergence_on, make_segment, ab_on
-from mdboost.md._xp import TORCH
 from mdboost.md._checks import check_budget, check_pair
+from mdboost.md._segment import Segment, SortedSums, ab_on, divergence_on, make_segment
+from mdboost.md._xp import TORCH
 from mdboost.md.divergences import GENERATORS, Divergence, resolve
 
 ACC_DTYPE = torch.float64
@@ -377,11 +377,6 @@ def _prefix_sums(r, q, ratio, n_lt, n_le, div: Divergence) -> torch.Tensor:  # [
         high = torch.where((rh > 1) & (rh < math.inf), terms[:, hi_s:], 0.0)
         mid[blk, hi_s + 1:] += torch.cumsum(high, -1)  # [j] = sum_{n_le <= i < j}, 0 up to n_le
     return mid
-
-
-def _take(arr: torch.Tensor, idx2: torch.Tensor, shape) -> torch.Tensor:
-    """``arr[n, idx2[n, :]]`` for idx2 [N, Q], reshaped to ``shape``."""
-    return torch.gather(arr, 1, idx2).reshape(shape)
 
 
 def _bcast(col: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
