@@ -1,43 +1,49 @@
 """Batched searches over the breakpoints of C(p, q) (used by :mod:`mdboost.md.breakpoints`).
 
 Searches run on every row at once (the segment searches a fixed number of iterations; the
-secant refinement checks convergence once per round):
+in-segment refinement checks convergence once per round):
 
 - :func:`first_true`: a ``FANOUT``-ary search over sorted positions, ``O(log V)`` iterations of
   tiny tensor ops; it locates the segment containing an excess mass ``m`` without any O(V)
   auxiliary array (:func:`locate_j`, :func:`locate_k`).
-- :func:`primal`: the segment where ``D_f`` crosses the budget. For small vocabularies
-  (``<= SMALL_VOCAB``, e.g. a top-k restriction, Lemma 6.1) ``D_f`` is evaluated at every
-  breakpoint at once (one batched call, two ``searchsorted``); above, a ``LARGE_FANOUT``-ary
-  search over the A-breakpoints, each knot's B segment found by one ``searchsorted`` on the
-  precomputed B-breakpoint values, then the same search over the B-breakpoints inside it.
-  Inside the segment ``D_f`` is an ``O(1)`` closed form; :func:`_refine` finds the crossing by a
-  bracketed, safeguarded secant search (a first uniform grid, then secant + ladder + midpoint
-  rounds) down to 2^-50 of the segment, keeping the side with ``D_f <= budget``.
-- :func:`_primal_small_np`: the exact primal of a small vocabulary on CPU (e.g. ``verify`` with
-  ``top_k``) in float64 numpy, where a tiny op costs far less than in torch: ``D_f`` at every
-  ``STRIDE``-th sorted breakpoint, then at every breakpoint of the stride holding the crossing,
-  then :func:`_refine`'s rounds (:func:`_refine_np`). Other devices and the bound use torch.
+- :func:`primal`: the point where ``D_f`` crosses the budget (``D_f`` grows along the curve,
+  docs/theory.md section 4). First the bracket, the pair of neighbouring breakpoints around the
+  crossing. For small vocabularies (``<= SMALL_VOCAB``, e.g. a top-k restriction, Lemma 6.1)
+  :func:`_bracket_small` sorts all breakpoint values and evaluates ``D_f`` at every
+  ``STRIDE``-th, then at every breakpoint of the stride holding the crossing; above,
+  :func:`_bracket_large` runs a ``LARGE_FANOUT``-ary search over the A-breakpoints (each knot's
+  B segment by one ``searchsorted`` on the precomputed B-breakpoint values), then the same search
+  over the B-breakpoints inside. Inside the segment ``D_f`` is an ``O(1)`` closed form
+  (:mod:`mdboost.md._segment`); :func:`refine` finds the crossing by a bracketed, safeguarded
+  secant search (a first uniform grid, then secant + ladder + midpoint rounds) down to 2^-50 of
+  the segment, keeping the side with ``D_f <= budget``.
+
+The small bracket and the refinement are written once over an array namespace ``xp``
+(:mod:`mdboost.md._xp`): numpy views on CPU (a tiny op costs a fraction of torch's), torch on
+other devices or with autograd, by the rule of :func:`mdboost.md._xp.namespace_for`. The large
+bracket runs in torch.
 """
 
 from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 
-from mdboost.md.divergences import GENERATORS
+from mdboost.md._segment import Segment, divergence_on, make_segment
+from mdboost.md._xp import namespace_for
 
 FANOUT = 16
 LARGE_FANOUT = 64  # primal segment search: fewer rounds of slightly wider tiny ops
-GRID = 32  # _refine: uniform points of its first round
-MAX_ROUNDS = 64  # _refine: the midpoint alone halves the bracket, so 2^-50 is reached well before
-LADDER = 12  # _refine: probes at x +- width * 4^-i, i = 1..LADDER, around the secant point x
+GRID = 32  # refine: uniform points of its first round
+MAX_ROUNDS = 64  # refine: the midpoint alone halves the bracket, so 2^-50 is reached well before
+LADDER = 12  # refine: probes at x +- width * 4^-i, i = 1..LADDER, around the secant point x
 _LADDER = 4.0 ** -torch.arange(1, LADDER + 1, dtype=torch.float64)
-SMALL_VOCAB = 2048
-STRIDE = 16  # numpy small path: coarse stride of the knot search
-NUMPY_SMALL = True  # exact primal of a small CPU vocabulary in numpy float64 (cheap per-op cost)
+_PROBES = torch.cat([-_LADDER, _LADDER, torch.zeros(1, dtype=torch.float64)])  # [2 LADDER + 1]
+_GRID = torch.linspace(0, 1, GRID + 1, dtype=torch.float64)
+_EPS = torch.finfo(torch.float64).eps
+SMALL_VOCAB = 2048  # primal: the sorted-breakpoint bracket up to this vocabulary, the fanout search above
+STRIDE = 16  # small bracket: coarse stride over the sorted breakpoints
 
 
 def _iters(vocab: int, fanout: int = FANOUT) -> int:
@@ -124,44 +130,57 @@ def _bracket_large(bp, budget, div, bound, kb):
     return torch.minimum(torch.maximum(bot, m_lo), top), top, (j, k)
 
 
-def _sorted_knots(bp):
-    """Breakpoint values at every position, and monotone copies for ``searchsorted``."""
-    n, vocab = bp._r.shape
-    idx = torch.arange(vocab + 1, device=bp._r.device).expand(n, vocab + 1)
-    m_a, m_b = bp.knot_a(idx), bp.knot_b(idx)  # [N, V+1]
-    kb = torch.cummax(torch.where(idx > bp._n_lt, math.inf, m_b), -1).values.contiguous()
-    neg = torch.where(idx < bp._n_le, -math.inf, torch.where(idx > bp._j_max, math.inf, -m_a))
-    return idx[:, :vocab], m_a[:, :vocab], m_b[:, :vocab], kb, torch.cummax(neg, -1).values.contiguous()
+def _bracket_small(xp, sums, kb, budget, div, bound, mid):
+    """``(m_lo, m_hi, j, k)``: the neighbouring breakpoints around the crossing, all values sorted.
 
-
-def _sorted_locate(bp, kb, neg_ka, m):
-    """``(j, k)`` of ``m`` [N, Q] by ``searchsorted`` on the monotone breakpoint arrays."""
-    k = torch.minimum(torch.searchsorted(kb, m.contiguous()).clamp(min=1), bp._n_lt)
-    j = torch.searchsorted(neg_ka, (-m).contiguous())
-    return torch.minimum(torch.maximum(j, bp._n_le), bp._j_max), k
-
-
-def _bracket_small(bp, knots, budget, div, bound):
-    """``D_f`` at every breakpoint at once; the bracket is the pair of neighbouring knots.
-
-    A- and B-knots go through one concatenated ``div_at`` call [N, 2V] (fewer tiny ops).
+    ``D_f`` decreases in ``m``: it is evaluated at every ``STRIDE``-th sorted breakpoint, then at
+    every breakpoint of the one stride that holds the crossing.
     """
-    idx, m_a, m_b, kb, neg_ka = knots
-    m_b = torch.minimum(torch.maximum(m_b, bp._m_end), bp._tv)
-    k_a = torch.minimum(torch.searchsorted(kb, m_a.contiguous()).clamp(min=1), bp._n_lt)
-    j_b = torch.minimum(torch.maximum(torch.searchsorted(neg_ka, (-m_b).contiguous()), bp._n_le), bp._j_max)
-    m_all = torch.cat([m_a, m_b], -1)  # [N, 2V]
-    valid = torch.cat([(idx >= bp._n_le) & (idx < bp._j_max), (idx >= 1) & (idx < bp._n_lt)], -1)
-    big = bp.div_at(m_all, torch.cat([idx, j_b], -1), torch.cat([k_a, idx], -1), div, bound) > budget
-    m_lo = torch.where(valid & big, m_all, -math.inf).max(-1, keepdim=True).values
-    m_hi = torch.where(valid & ~big, m_all, math.inf).min(-1, keepdim=True).values
-    m_lo = torch.maximum(bp._m_end, m_lo)
-    m_hi = torch.minimum(bp._tv, m_hi)
-    m_lo = torch.minimum(m_lo, m_hi)
-    return m_lo, m_hi, _sorted_locate(bp, kb, neg_ka, (m_lo + m_hi) / 2)
+    n, v = sums.ratio.shape
+    idx = xp.arange(v + 1, sums.ratio)  # [V + 1], broadcast against the [N, 1] counts
+    ratio = xp.concatenate([sums.ratio, sums.ratio[:, -1:]], axis=-1)  # knot_a / knot_b at every index, by slices
+    m_a = xp.where(idx >= sums.j_max, sums.m_end, xp.flip(sums.rp) - ratio * xp.flip(sums.rq))  # [N, V + 1]
+    m_a = xp.minimum(xp.maximum(m_a, sums.m_end), sums.tv)
+    neg_ka = xp.cummax(xp.where(idx < sums.n_le, -math.inf, xp.where(idx > sums.j_max, math.inf, -m_a)))
+
+    def locate(m):
+        k = xp.minimum(xp.clip(xp.searchsorted(kb, m), 1, None), sums.n_lt)
+        j = xp.minimum(xp.maximum(xp.searchsorted(neg_ka, -m), sums.n_le), sums.j_max)
+        return j, k
+
+    idx_v, m_a = idx[:v], m_a[:, :v]
+    m_b = xp.minimum(xp.maximum(xp.where(idx_v >= sums.n_lt, sums.tv, ratio[:, :v] * sums.cq[:, :v] - sums.cp[:, :v]),
+                                sums.m_end), sums.tv)
+    # m_a decreases along the sorted order and m_b increases: reversed A then B is a few sorted
+    # runs, which a stable (tim)sort merges in about linear time
+    valid = xp.concatenate([xp.flip((idx_v >= sums.n_le) & (idx_v < sums.j_max)),
+                            (idx_v >= 1) & (idx_v < sums.n_lt)], axis=-1)
+    knots = xp.sort(xp.where(valid, xp.concatenate([xp.flip(m_a), m_b], axis=-1), math.inf))  # [N, 2V]
+    last = xp.clip(xp.sum(valid, axis=-1, keepdims=True) - 1, 0, None)
+
+    def big_at(cols):
+        m = xp.where(xp.isfinite(knots[:, :1]), xp.take(knots, xp.minimum(cols, last)), sums.tv)
+        return m, divergence_on(xp, m, make_segment(xp, sums, *locate(m), mid, bound), div, bound) > budget
+
+    steps = xp.arange(2 * v + STRIDE, sums.ratio, STRIDE)
+    _, big = big_at(xp.broadcast_to(steps, (n, steps.shape[0])))
+    start = steps[xp.clip(xp.sum(big, axis=-1, keepdims=True) - 1, 0, None)]
+    m_fine, big = big_at(start + xp.arange(STRIDE + 1, sums.ratio))
+    m_lo = xp.maximum(sums.m_end, xp.amax(xp.where(big, m_fine, -math.inf), axis=-1, keepdims=True))
+    m_hi = xp.minimum(sums.tv, xp.amin(xp.where(big, math.inf, m_fine), axis=-1, keepdims=True))
+    m_lo = xp.minimum(m_lo, m_hi)
+    return (m_lo, m_hi) + locate((m_lo + m_hi) / 2)
 
 
-def _refine(bp, seg, lo, hi, budget, div, bound):
+def _small_b_knots(xp, sums):
+    """Monotone B-breakpoint values [N, V + 1] for ``searchsorted`` (``+inf`` after ``n_lt``)."""
+    idx = xp.arange(sums.ratio.shape[1] + 1, sums.ratio)
+    ratio = xp.concatenate([sums.ratio, sums.ratio[:, -1:]], axis=-1)
+    m_b = xp.where(idx >= sums.n_lt, sums.tv, ratio * sums.cq - sums.cp)
+    return xp.cummax(xp.where(idx > sums.n_lt, math.inf, m_b))
+
+
+def refine(xp, seg: Segment, lo, hi, budget, div, bound: bool):
     """Bracketed secant search for the crossing inside one segment; returns the ``D <= budget`` side.
 
     ``h(m) = D(m) - budget`` decreases in ``m``; the bracket ``[lo, hi]`` keeps ``h(lo) > 0 >= h(hi)``.
@@ -172,198 +191,68 @@ def _refine(bp, seg, lo, hi, budget, div, bound):
     its width is then within a factor 4 of the secant's error, so the next secant is much better
     (superlinear, like the secant method), while the midpoint guarantees at least halving.
     Stops once every row is within ``2^-50`` of its segment or a few ulps of ``m``.
+    All arrays [N, 1] float64 in the namespace ``xp``.
     """
-    tol = torch.maximum((hi - lo) * 2.0 ** -50, hi.abs() * 8 * torch.finfo(hi.dtype).eps)
-    h_lo, h_hi = torch.ones_like(lo), -torch.ones_like(hi)  # placeholders until a point is kept
-    ladder = torch.cat([-_LADDER, _LADDER, torch.zeros(1, dtype=torch.float64)]).to(lo.device, lo.dtype)
-    grid = torch.linspace(0, 1, GRID + 1, dtype=lo.dtype, device=lo.device)
+    tol = xp.maximum((hi - lo) * 2.0 ** -50, xp.abs(hi) * (8 * _EPS))
+    h_lo, h_hi = xp.ones_like(lo), -xp.ones_like(hi)  # placeholders until a point is kept
+    probes, grid = xp.constant(_PROBES, lo), xp.constant(_GRID, lo)
     for rnd in range(MAX_ROUNDS):
         width = hi - lo
         if rnd == 0:
-            pts = torch.where(grid < 1, lo + width * grid, hi)  # [N, GRID + 1], exact ends
+            pts = xp.where(grid < 1, lo + width * grid, hi)  # [N, GRID + 1], exact ends
         else:
-            if bool((width <= tol).all()):
+            if bool(xp.all(width <= tol)):
                 break
             x = lo + width * (h_lo / (h_lo - h_hi))
-            x = torch.where(torch.isfinite(x), x, lo + width / 2)
-            pts = torch.cat([x + width * ladder, lo + width / 2], -1).clamp(min=lo, max=hi)  # [N, 2 LADDER + 2]
-        h = bp.div_on(pts, seg, div, bound) - budget
+            x = xp.where(xp.isfinite(x), x, lo + width / 2)
+            pts = xp.clip(xp.concatenate([x + width * probes, lo + width / 2], axis=-1), lo, hi)  # [N, 2 LADDER + 2]
+        h = divergence_on(xp, pts, seg, div, bound) - budget
         above = h > 0
-        new_lo, i_lo = torch.where(above, pts, -math.inf).max(-1, keepdim=True)
-        new_hi, i_hi = torch.where(above, math.inf, pts).min(-1, keepdim=True)
+        cand_lo, cand_hi = xp.where(above, pts, -math.inf), xp.where(above, math.inf, pts)
+        i_lo = xp.argmax(cand_lo, axis=-1, keepdims=True)
+        i_hi = xp.argmin(cand_hi, axis=-1, keepdims=True)
+        new_lo, new_hi = xp.take(cand_lo, i_lo), xp.take(cand_hi, i_hi)
         take_lo, take_hi = new_lo >= lo, new_hi <= hi
-        lo = torch.where(take_lo, new_lo, lo)
-        h_lo = torch.where(take_lo, h.gather(-1, i_lo), h_lo)
-        hi = torch.where(take_hi, new_hi, hi)
-        h_hi = torch.where(take_hi, h.gather(-1, i_hi), h_hi)
+        lo, h_lo = xp.where(take_lo, new_lo, lo), xp.where(take_lo, xp.take(h, i_lo), h_lo)
+        hi, h_hi = xp.where(take_hi, new_hi, hi), xp.where(take_hi, xp.take(h, i_hi), h_hi)
         if rnd == 0:
-            hi = torch.where(above.all(-1, keepdim=True), lo, hi)  # nothing fits: the answer is hi
-            lo = torch.where(above.any(-1, keepdim=True), lo, hi)  # everything fits: the answer is lo
+            hi = xp.where(xp.all(above, axis=-1, keepdims=True), lo, hi)  # nothing fits: the answer is hi
+            lo = xp.where(xp.any(above, axis=-1, keepdims=True), lo, hi)  # everything fits: the answer is lo
     return hi
 
 
-def primal(bp, budget: torch.Tensor, div, bound: bool):
+def primal(bp, budget: torch.Tensor, div, bound: bool, xp=None, with_value: bool = False):
     """Largest-acceptance point with ``D_f`` (or its bound) ``<= budget``; budget of shape [N, 1].
 
-    Returns the excess mass ``m`` [N, 1] and the constants of its segment.
+    ``xp`` is the array namespace of the small bracket and the refinement (default: the rule of
+    :func:`mdboost.md._xp.namespace_for`). Returns, as torch tensors, the excess mass ``m``
+    [N, 1] float64, the :class:`Segment` of its point and, if ``with_value``, ``D_f`` (or the
+    bound) at ``m`` on that segment [N, 1] (else None).
     """
-    m_end, tv = bp._m_end, bp._tv
+    xp = namespace_for(bp._r) if xp is None else xp
+    with xp.errstate():
+        m, seg = _primal(xp, bp, xp.asarray(budget.to(torch.float64)), div, bound)
+        value = xp.to_torch(divergence_on(xp, m, seg, div, bound)) if with_value else None
+    return xp.to_torch(m), Segment(*(None if x is None else xp.to_torch(x) for x in seg)), value
+
+
+def _primal(xp, bp, budget, div, bound):
+    sums = bp.arrays(xp)
+    mid = None if bound else xp.asarray(bp.prefix(div))
     small = bp.vocab <= SMALL_VOCAB
-    if small and NUMPY_SMALL and not bound and bp._r.device.type == "cpu" and not bp._cp.requires_grad:
-        return _primal_small_np(bp, budget, div)
-    knots = _sorted_knots(bp) if small else None
-    kb = knots[3] if small else _b_knots(bp)
-    k_end = _locate_k_sorted(bp, kb, m_end)
-    d_end = bp.div_at(m_end, bp._j_max, k_end, div, bound)
-    inner = torch.where((budget > 0) & (budget < d_end), budget, d_end / 2)  # keeps the search well posed
+    kb_torch = None if small else _b_knots(bp)
+    kb = _small_b_knots(xp, sums) if small else xp.asarray(kb_torch)
+    k_end = xp.minimum(xp.clip(xp.searchsorted(kb, sums.m_end), 1, None), sums.n_lt)
+    d_end = divergence_on(xp, sums.m_end, make_segment(xp, sums, sums.j_max, k_end, mid, bound), div, bound)
+    inner = xp.where((budget > 0) & (budget < d_end), budget, d_end / 2)  # keeps the search well posed
     if small:
-        m_lo, m_hi, (j, k) = _bracket_small(bp, knots, inner, div, bound)
+        m_lo, m_hi, j, k = _bracket_small(xp, sums, kb, inner, div, bound, mid)
     else:
-        m_lo, m_hi, (j, k) = _bracket_large(bp, inner, div, bound, kb)
+        m_lo, m_hi, (j, k) = _bracket_large(bp, xp.to_torch(inner), div, bound, kb_torch)
+        m_lo, m_hi, j, k = (xp.asarray(x) for x in (m_lo, m_hi, j, k))
     at_end = (budget >= d_end) & (budget > 0)  # the end fits: a one-point bracket on its segment
-    m_lo, m_hi = torch.where(at_end, m_end, m_lo), torch.where(at_end, m_end, m_hi)
-    j, k = torch.where(at_end, bp._j_max, j), torch.where(at_end, k_end, k)
-    seg = bp.segment(j, k, div, bound)
-    m = _refine(bp, seg, m_lo, m_hi, torch.where(at_end, budget, inner), div, bound)
-    return torch.where(budget <= 0, tv, torch.where(at_end, m_end, m)), seg
-
-
-def _np_take(arr, idx):
-    """``arr[n, idx[n, :]]`` for a C-contiguous ``arr`` [N, L] (one flat take, no per-call index grids)."""
-    rows, width = arr.shape
-    return np.take(arr, idx + np.arange(0, rows * width, width)[:, None])
-
-
-class _NpCurve:
-    """Float64 numpy views of a CPU :class:`Breakpoints` (small vocabularies: per-op overhead dominates)."""
-
-    def __init__(self, bp, div):
-        self.v = bp.vocab
-        self.cp, self.cq, self.rp, self.rq = (x.numpy() for x in (bp._cp, bp._cq, bp._rp, bp._rq))
-        self.ratio = bp._ratio.to(torch.float64).numpy()
-        self.n_lt, self.n_le, self.j_max = bp._n_lt.numpy(), bp._n_le.numpy(), bp._j_max.numpy()
-        self.tv, self.m_end = bp._tv.numpy(), bp._m_end.numpy()
-        self.mid = bp.prefix(div).numpy()
-        self.div = div
-        kl = GENERATORS["kl"]  # the built-in KL: its g(z) = z log z - (z - 1) directly in numpy
-        self.kl = div.f is kl.f and div.fprime_one == kl.fprime_one and div.standardize
-
-    def segment(self, j, k):
-        qa, qb = _np_take(self.rq, self.v - j), _np_take(self.cq, k)
-        with np.errstate(divide="ignore"):
-            inv_qa, inv_qb = np.where(qa > 0, 1 / qa, 0.0), np.where(qb > 0, 1 / qb, 0.0)
-        return {"pa": _np_take(self.rp, self.v - j), "pb": _np_take(self.cp, k), "qa": qa, "qb": qb,
-                "inv_qa": inv_qa, "inv_qb": inv_qb, "has_b": (qb > 0).astype(np.float64),
-                "mid": _np_take(self.mid, k) + _np_take(self.mid, j)}
-
-    def div_on(self, m, seg):
-        a = np.maximum((seg["pa"] - m) * seg["inv_qa"] - 1, 0.0)
-        b = np.clip((1 - (m + seg["pb"]) * seg["inv_qb"]) * seg["has_b"], 0.0, 1.0)
-        z = np.stack([1 + a, 1 - b])
-        if self.kl:
-            g = np.where(z > 0, z * np.log(z), 0.0) - (z - 1.0)
-        else:
-            g = self.div.g(torch.from_numpy(z)).numpy()
-        with np.errstate(invalid="ignore"):
-            ta = np.where(seg["qa"] > 0, seg["qa"] * g[0], 0.0)
-            tb = np.where(seg["qb"] > 0, seg["qb"] * g[1], 0.0)
-        return ta + tb + seg["mid"]
-
-    def div_at(self, m, j, k):
-        return self.div_on(m, self.segment(j, k))
-
-
-def _ss(sorted_arr, x):  # row-wise searchsorted (left) through torch: numpy has no batched one
-    return torch.searchsorted(torch.from_numpy(sorted_arr), torch.from_numpy(np.ascontiguousarray(x))).numpy()
-
-
-def _primal_small_np(bp, budget, div):
-    """:func:`primal` (exact mode) for a small vocabulary on CPU, in float64 numpy.
-
-    Same steps as the torch path (``D_f`` at every breakpoint, then :func:`_refine`'s rounds),
-    with numpy's much cheaper per-op cost on these [N, ~2V] arrays.
-    """
-    with np.errstate(divide="ignore", invalid="ignore"):  # inf budgets / inf terms, as in torch
-        return _primal_np(_NpCurve(bp, div), bp, budget.to(torch.float64).numpy())
-
-
-def _primal_np(c, bp, budget):
-    n, v = bp._r.shape
-    idx = np.broadcast_to(np.arange(v + 1), (n, v + 1))
-    ratio = np.concatenate([c.ratio, c.ratio[:, -1:]], 1)  # knot_a / knot_b at every index, by slices
-    m_a = np.where(idx >= c.j_max, c.m_end, c.rp[:, ::-1] - ratio * c.rq[:, ::-1])
-    m_a = np.minimum(np.maximum(m_a, c.m_end), c.tv)
-    m_b = np.where(idx >= c.n_lt, c.tv, ratio * c.cq - c.cp)
-    kb = np.maximum.accumulate(np.where(idx > c.n_lt, math.inf, m_b), 1)
-    neg_ka = np.maximum.accumulate(np.where(idx < c.n_le, -math.inf, np.where(idx > c.j_max, math.inf, -m_a)), 1)
-
-    def locate(m):
-        k = np.minimum(np.maximum(_ss(kb, m), 1), c.n_lt)
-        j = np.minimum(np.maximum(_ss(neg_ka, -m), c.n_le), c.j_max)
-        return j, k
-
-    k_end = np.minimum(np.maximum(_ss(kb, c.m_end), 1), c.n_lt)
-    d_end = c.div_at(c.m_end, c.j_max, k_end)
-    inner = np.where((budget > 0) & (budget < d_end), budget, d_end / 2)
-    # bracket: the neighbouring knots around the crossing, by D_f at every STRIDE-th sorted knot
-    # (D_f decreases in m), then at every knot of the one stride that holds the crossing
-    idx_v, m_a, m_b = idx[:, :v], m_a[:, :v], np.minimum(np.maximum(m_b[:, :v], c.m_end), c.tv)
-    # m_a decreases along the sorted order and m_b increases: reversed A then B is a few sorted
-    # runs, which a stable (tim)sort merges in about linear time
-    valid = np.concatenate([((idx_v >= c.n_le) & (idx_v < c.j_max))[:, ::-1], (idx_v >= 1) & (idx_v < c.n_lt)], -1)
-    knots = np.sort(np.where(valid, np.concatenate([m_a[:, ::-1], m_b], -1), math.inf), -1, kind="stable")  # [N, 2V]
-    last = np.maximum(valid.sum(-1, keepdims=True) - 1, 0)
-
-    def big_at(cols):
-        m = np.where(np.isfinite(knots[:, :1]), _np_take(knots, np.minimum(cols, last)), c.tv)
-        return m, c.div_at(m, *locate(m)) > inner
-
-    steps = np.arange(0, 2 * v + STRIDE, STRIDE)
-    _, big = big_at(np.broadcast_to(steps, (n, steps.size)))
-    start = steps[np.maximum(big.sum(-1, keepdims=True) - 1, 0)]
-    m_fine, big = big_at(start + np.arange(STRIDE + 1))
-    m_lo = np.maximum(c.m_end, np.where(big, m_fine, -math.inf).max(-1, keepdims=True))
-    m_hi = np.minimum(c.tv, np.where(big, math.inf, m_fine).min(-1, keepdims=True))
-    m_lo = np.minimum(m_lo, m_hi)
-    j, k = locate((m_lo + m_hi) / 2)
-    at_end = (budget >= d_end) & (budget > 0)
-    m_lo, m_hi = np.where(at_end, c.m_end, m_lo), np.where(at_end, c.m_end, m_hi)
-    j, k = np.where(at_end, c.j_max, j), np.where(at_end, k_end, k)
-    seg = c.segment(j, k)
-    m = _refine_np(c, seg, m_lo, m_hi, np.where(at_end, budget, inner))
-    m = np.where(budget <= 0, c.tv, np.where(at_end, c.m_end, m))
-    keys = ("pa", "pb", "inv_qa", "inv_qb", "has_b")
-    out = {key: torch.from_numpy(seg[key]) for key in keys}
-    out["value"] = torch.from_numpy(c.div_on(m, seg))  # D_f at m (what the search kept: <= budget)
-    return torch.from_numpy(m), out
-
-
-def _refine_np(c, seg, lo, hi, budget):
-    """:func:`_refine` in numpy (same rounds, same bracket rules)."""
-    tol = np.maximum((hi - lo) * 2.0 ** -50, np.abs(hi) * 8 * np.finfo(np.float64).eps)
-    h_lo, h_hi = np.ones_like(lo), -np.ones_like(hi)
-    ladder = np.concatenate([-_LADDER.numpy(), _LADDER.numpy(), [0.0]])
-    grid = np.linspace(0, 1, GRID + 1)
-    for rnd in range(MAX_ROUNDS):
-        width = hi - lo
-        if rnd == 0:
-            pts = np.where(grid < 1, lo + width * grid, hi)
-        else:
-            if (width <= tol).all():
-                break
-            with np.errstate(divide="ignore", invalid="ignore"):
-                x = lo + width * (h_lo / (h_lo - h_hi))
-            x = np.where(np.isfinite(x), x, lo + width / 2)
-            pts = np.clip(np.concatenate([x + width * ladder, lo + width / 2], -1), lo, hi)
-        h = c.div_on(pts, seg) - budget
-        above = h > 0
-        cand_lo, cand_hi = np.where(above, pts, -math.inf), np.where(above, math.inf, pts)
-        i_lo, i_hi = cand_lo.argmax(-1)[:, None], cand_hi.argmin(-1)[:, None]
-        new_lo, new_hi = _np_take(cand_lo, i_lo), _np_take(cand_hi, i_hi)
-        take_lo, take_hi = new_lo >= lo, new_hi <= hi
-        lo, h_lo = np.where(take_lo, new_lo, lo), np.where(take_lo, _np_take(h, i_lo), h_lo)
-        hi, h_hi = np.where(take_hi, new_hi, hi), np.where(take_hi, _np_take(h, i_hi), h_hi)
-        if rnd == 0:
-            hi = np.where(above.all(-1, keepdims=True), lo, hi)
-            lo = np.where(above.any(-1, keepdims=True), lo, hi)
-    return hi
+    m_lo, m_hi = xp.where(at_end, sums.m_end, m_lo), xp.where(at_end, sums.m_end, m_hi)
+    j, k = xp.where(at_end, sums.j_max, j), xp.where(at_end, k_end, k)
+    seg = make_segment(xp, sums, j, k, mid, bound)
+    m = refine(xp, seg, m_lo, m_hi, xp.where(at_end, budget, inner), div, bound)
+    return xp.where(budget <= 0, sums.tv, xp.where(at_end, sums.m_end, m)), seg

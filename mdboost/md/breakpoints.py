@@ -32,26 +32,12 @@ import torch
 
 from mdboost.md import _search
 from mdboost.md._checks import check_budget, check_pair
+from mdboost.md._segment import Segment, SortedSums, ab_on, divergence_on, make_segment
+from mdboost.md._xp import TORCH
 from mdboost.md.divergences import GENERATORS, Divergence, resolve
 
 ACC_DTYPE = torch.float64
 _KL_F = GENERATORS["kl"].f
-# div_on: the A row of z = (p(A) - m) / q(A) >= 1, the B row (m + p(B)) / q(B) in [0, 1]
-_Z_CONSTS = torch.tensor([[-1.0, 1.0], [1.0, -1.0], [0.0, 0.0], [math.inf, 1.0]], dtype=torch.float64)
-
-
-_Z_CACHE: dict = {}
-
-
-def _z_consts(m: torch.Tensor):
-    """``(sign, (1, -1), lower clamp, upper clamp)`` for the stacked (A, B) rows, shaped to broadcast against [2, *m.shape]."""
-    key = (m.device, m.ndim)
-    if key not in _Z_CACHE:
-        c = _Z_CONSTS.to(m.device).view((4, 2) + (1,) * m.ndim)
-        _Z_CACHE[key] = (c[0], c[1], c[2], c[3])
-    return _Z_CACHE[key]
-
-
 class CurvePoint(NamedTuple):
     """A point ``(a, b)`` of C(p, q) and its acceptance probability ``1 - E(a)``."""
 
@@ -109,7 +95,7 @@ class Breakpoints:
         self._tv = self.q_pre(self._n_lt) - self.p_pre(self._n_lt)  # [N, 1] = F(0) = TV(p, q)
         self._m_end = torch.minimum(self.p_suf(self._n_fin), self._tv)  # [N, 1] = p(q = 0)
         self._prefix_cache: dict = {}
-        self._arrays = None
+        self._arrays: dict = {}  # namespace name -> SortedSums
 
     # ------------------------------------------------------------------ build
     @classmethod
@@ -176,61 +162,34 @@ class Breakpoints:
             self._prefix_cache[div] = _prefix_sums(self._r, self._q, self._ratio, self._n_lt, self._n_le, div)
         return self._prefix_cache[div]
 
-    def segment(self, j, k, div: Divergence | None, bound: bool):
-        """Constants of the segment with ``A = [j, V)`` and ``B = [0, k)`` (shapes of ``j``).
+    def arrays(self, xp=TORCH) -> SortedSums:
+        """The sorted sums in the namespace ``xp`` (numpy: zero-copy views, made once)."""
+        if xp.name not in self._arrays:
+            t = (self._cp, self._cq, self._rp, self._rq, self._ratio, self._n_lt, self._n_le, self._j_max,
+                 self._tv, self._m_end)
+            self._arrays[xp.name] = SortedSums(*(xp.asarray(x) for x in t))
+        return self._arrays[xp.name]
 
-        ``inv_qa``/``inv_qb`` are ``1 / q(A)``, ``1 / q(B)`` (0 for an empty set), so that
-        :meth:`ab` needs no branches: an empty A gives ``a = 0``, an empty B ``b = 0``.
+    def segment(self, j, k, div: Divergence | None, bound: bool) -> Segment:
+        """The :class:`Segment` with ``A = [j, V)`` and ``B = [0, k)`` (shapes of ``j``).
+
+        ``div=None`` leaves ``rest`` empty (enough for :meth:`ab`).
         """
-        shape = j.shape
-        j2, k2 = j.reshape(shape[0], -1), k.reshape(shape[0], -1)
-        vj = self.vocab - j2
-        pb, qb = _take(self._cp, k2, shape), _take(self._cq, k2, shape)
-        pa, qa = _take(self._rp, vj, shape), _take(self._rq, vj, shape)
-        seg = {
-            "pa": pa,
-            "pb": pb,
-            "qa": qa,
-            "qb": qb,
-            "inv_qa": torch.where(qa > 0, qa.reciprocal(), 0.0),  # 1/0 = inf is discarded
-            "inv_qb": torch.where(qb > 0, qb.reciprocal(), 0.0),
-            "has_b": (qb > 0).to(ACC_DTYPE),
-        }
-        if div is None:
-            return seg
-        # stacked (A, B) constants for div_on, the same arithmetic as ab():
-        # (a, b) = clamp(((ends + sign m) inv2 + (-1, 1)) (1, has_b))
-        seg["ends"] = torch.stack([pa, pb])
-        seg["inv2"] = torch.stack([seg["inv_qa"], -seg["inv_qb"]])
-        seg["hb"] = torch.stack([torch.ones_like(qb), seg["has_b"]])
-        seg["qq"] = torch.stack([qa, qb])
-        if bound:
-            seg["qm"] = self.q_pre(j) - qb
-            return seg
-        mid = self.prefix(div)
-        seg["mid"] = _take(mid, k2, shape) + _take(mid, j2, shape)
-        return seg
+        mid = None if div is None or bound else self.prefix(div)
+        return make_segment(TORCH, self.arrays(), j, k, mid, bound)
 
     @staticmethod
-    def ab(m, seg, tv=None):
+    def ab(m, seg: Segment, tv=None):
         """``(a, b)`` at excess mass ``m`` on a segment; exactly ``(0, 0)`` at ``m >= tv`` if given."""
-        a = ((seg["pa"] - m) * seg["inv_qa"] - 1).clamp(min=0)
-        b = ((1 - (m + seg["pb"]) * seg["inv_qb"]) * seg["has_b"]).clamp(0, 1)
+        a, b = ab_on(TORCH, m, seg)
         if tv is None:
             return a, b
         at_sd = m >= tv
         return torch.where(at_sd, 0.0, a), torch.where(at_sd, 0.0, b)
 
-    def div_on(self, m, seg, div: Divergence, bound: bool):
-        """``D_f`` (or the Thm 3.12 upper bound) at ``m`` on a segment, ``O(1)`` per point."""
-        sign, one, low, high = _z_consts(m)
-        ab = (((seg["ends"] + sign * m) * seg["inv2"] + sign) * seg["hb"]).clamp(min=low, max=high)  # [2, ...]
-        z = 1 + one * ab  # (1 + a, 1 - b), one generator call
-        g = div.g(z)
-        total = (seg["qq"] * g).sum(0)  # empty sets have 1 + a = 1 / 1 - b = 1 and g(1) = 0
-        if bound:
-            return total + torch.where(seg["qm"] > 0, seg["qm"] * torch.maximum(g[0], g[1]), 0.0)
-        return total + seg["mid"]
+    def div_on(self, m, seg: Segment, div: Divergence, bound: bool):
+        """``D_f`` (or the Thm 3.12 upper bound) at ``m`` on a segment (:func:`divergence_on`)."""
+        return divergence_on(TORCH, m, seg, div, bound)
 
     def div_at(self, m, j, k, div: Divergence, bound: bool):
         return self.div_on(m, self.segment(j, k, div, bound), div, bound)
@@ -274,30 +233,25 @@ class Breakpoints:
 
         Budgets at or above ``D_f`` at the curve's end give the end point.
         """
-        return self._primal(max_divergence, divergence, False, validate)
+        return self._primal(max_divergence, divergence, False, validate)[0]
 
     def for_divergence_bound(self, max_divergence, divergence="kl", *, validate: bool = True) -> CurvePoint:
         """Conservative primal on the Theorem 3.12 upper bound: ``D_f <= max_divergence`` always."""
-        return self._primal(max_divergence, divergence, True, validate)
+        return self._primal(max_divergence, divergence, True, validate)[0]
 
     def for_divergence_with_value(self, max_divergence, divergence="kl", *,
                                   validate: bool = True) -> tuple[CurvePoint, torch.Tensor]:
         """:meth:`for_divergence` and ``D_f(pi || q)`` at the solution, without a second search."""
-        point, (div, budget, m, seg) = self._primal_search(max_divergence, divergence, False, validate)
-        value = seg["value"] if "value" in seg else self.div_on(m, seg, div, False)  # numpy search: computed there
-        value = torch.where(budget <= 0, 0.0, value)  # budget 0: pi = q
-        return point, self._out(value)
+        point, budget, value = self._primal(max_divergence, divergence, False, validate, with_value=True)
+        return point, self._out(torch.where(budget <= 0, 0.0, value))  # budget 0: pi = q
 
-    def _primal(self, max_divergence, divergence, bound, validate) -> CurvePoint:
-        return self._primal_search(max_divergence, divergence, bound, validate)[0]
-
-    def _primal_search(self, max_divergence, divergence, bound, validate):
-        """The primal point and what located it: ``(point, (div, budget, m, segment))``."""
+    def _primal(self, max_divergence, divergence, bound, validate, with_value=False):
+        """The primal point, the flat budget [N, 1] and ``D_f`` at the point (if ``with_value``)."""
         div = resolve(divergence)
         budget = self._flat(max_divergence, "max_divergence", validate=validate)
-        m, seg = _search.primal(self, budget, div, bound)
+        m, seg, value = _search.primal(self, budget, div, bound, with_value=with_value)
         a, b = self.ab(m, seg, self._tv)
-        return CurvePoint(self._out(a), self._out(b), self._out(1 - m)), (div, budget, m, seg)
+        return CurvePoint(self._out(a), self._out(b), self._out(1 - m)), budget, value
 
     def divergence_at(self, acceptance, divergence="kl", *, bound: bool = False) -> torch.Tensor:
         """``D_f(pi || q)`` (or its Thm 3.12 upper bound) at the curve point of given acceptance.
@@ -423,11 +377,6 @@ def _prefix_sums(r, q, ratio, n_lt, n_le, div: Divergence) -> torch.Tensor:  # [
         high = torch.where((rh > 1) & (rh < math.inf), terms[:, hi_s:], 0.0)
         mid[blk, hi_s + 1:] += torch.cumsum(high, -1)  # [j] = sum_{n_le <= i < j}, 0 up to n_le
     return mid
-
-
-def _take(arr: torch.Tensor, idx2: torch.Tensor, shape) -> torch.Tensor:
-    """``arr[n, idx2[n, :]]`` for idx2 [N, Q], reshaped to ``shape``."""
-    return torch.gather(arr, 1, idx2).reshape(shape)
 
 
 def _bcast(col: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

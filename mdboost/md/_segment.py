@@ -1,0 +1,105 @@
+"""One segment of the curve C(p, q): its constants and ``D_f`` on it, in any array namespace.
+
+Between two neighbouring breakpoints the sets ``A``, ``B``, ``M`` of docs/theory.md (section 4)
+are fixed, so ``(a, b)`` and ``D_f`` are closed forms in the excess mass ``m``: ``O(1)`` per
+point once :func:`make_segment` has read the segment's sums. The same functions serve the
+torch queries of :class:`mdboost.md.breakpoints.Breakpoints` and the numpy rounds of the exact
+primal search (:mod:`mdboost.md._search`, namespaces in :mod:`mdboost.md._xp`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from mdboost.md.divergences import Divergence
+
+# the stacked (A, B) rows of a segment: SIGN = (-1, 1) (how m enters each row), AB_HIGH = (inf, 1)
+_SIGN_HIGH = torch.tensor([[-1.0, 1.0], [math.inf, 1.0]], dtype=torch.float64)
+_CONSTS: dict = {}
+
+
+def _consts(xp, like):
+    """``(SIGN, AB_HIGH, 0, -SIGN)`` in ``xp``, shaped [2, 1, ...] to broadcast against [2, *like.shape]."""
+    key = (xp.name, xp.device(like), like.ndim)
+    if key not in _CONSTS:
+        c = xp.constant(_SIGN_HIGH, like).reshape((2, 2) + (1,) * like.ndim)
+        _CONSTS[key] = (c[0], c[1], xp.zeros_like(c[0]), -c[0])
+    return _CONSTS[key]
+
+
+class Segment(NamedTuple):
+    """Constants of one segment of C(p, q): ``A`` = sorted positions ``[j, V)``, ``B`` = ``[0, k)``.
+
+    float64 arrays of one namespace (torch tensors or numpy arrays; :mod:`mdboost.md._xp`). ``S``
+    is the shape of ``j`` ([N, ...]); the stacked fields hold the A row, then the B row. On the
+    segment, at excess mass ``m`` (docs/theory.md, section 4),
+    ``a = (p(A) - m) / q(A) - 1`` and ``b = 1 - (p(B) + m) / q(B)``, clamped to ``a >= 0`` and
+    ``0 <= b <= 1``; :func:`ab_on` computes both rows in one expression.
+    """
+
+    ends: object  # [2, *S]: (p(A), p(B))
+    inv_q: object  # [2, *S]: (1 / q(A), -1 / q(B)), 0 for an empty set (the B row negated: one expression)
+    q: object  # [2, *S]: (q(A), q(B))
+    offset: object  # [2, *S]: (-1, 1), 0 for an empty set (so that an empty A or B gives a = 0 or b = 0)
+    rest: object  # [*S] or None: sum of q_i g(r_i) over M (exact), q(M) (Thm 3.12 bound), None (no divergence)
+
+
+class SortedSums(NamedTuple):
+    """The sums of :class:`~mdboost.md.breakpoints.Breakpoints` in one array namespace (numpy views share the memory)."""
+
+    cp: object  # [N, V + 1] float64: sum_{i < k} p_i at index k
+    cq: object  # [N, V + 1] float64: sum_{i < k} q_i
+    rp: object  # [N, V + 1] float64: sum_{i >= j} p_i at index V - j
+    rq: object  # [N, V + 1] float64: sum_{i >= j} q_i at index V - j
+    ratio: object  # [N, V] float64: r_i (inf where q_i = 0 < p_i)
+    n_lt: object  # [N, 1] long: number of r < 1
+    n_le: object  # [N, 1] long: number of r <= 1
+    j_max: object  # [N, 1] long: the last A segment (the end)
+    tv: object  # [N, 1] float64: TV(p, q), the excess mass at the start
+    m_end: object  # [N, 1] float64: p(q = 0), the excess mass at the end
+
+
+def make_segment(xp, sums: SortedSums, j, k, mid=None, bound: bool = False) -> Segment:
+    """The :class:`Segment` of ``A = [j, V)``, ``B = [0, k)`` (``j``, ``k`` long [N, ...] in ``xp``).
+
+    ``rest`` is ``q(M)`` if ``bound``, else the M-set sum read from ``mid`` (see
+    :meth:`~mdboost.md.breakpoints.Breakpoints.prefix`) if given, else None. With numpy, call it
+    inside ``xp.errstate()`` (``1 / 0`` is computed, then discarded).
+    """
+    vocab = sums.ratio.shape[1]
+    qb = xp.take(sums.cq, k)
+    q = xp.stack2(xp.take(sums.rq, vocab - j), qb)
+    sign, _, _, neg_sign = _consts(xp, j)
+    nonempty = q > 0
+    inv_q = xp.where(nonempty, neg_sign / q, 0.0)  # 1/0 = inf is discarded
+    if bound:
+        rest = xp.take(sums.cq, j) - qb
+    elif mid is not None:
+        rest = xp.take(mid, k) + xp.take(mid, j)
+    else:
+        rest = None
+    ends = xp.stack2(xp.take(sums.rp, vocab - j), xp.take(sums.cp, k))
+    return Segment(ends, inv_q, q, xp.where(nonempty, sign, 0.0), rest)
+
+
+def ab_on(xp, m, seg: Segment):
+    """``(a, b)`` stacked [2, ...] at excess mass ``m`` on a segment."""
+    sign, high, low, _ = _consts(xp, m)
+    return xp.minimum(xp.maximum((seg.ends + sign * m) * seg.inv_q + seg.offset, low), high)
+
+
+def divergence_on(xp, m, seg: Segment, div: Divergence, bound: bool):
+    """``D_f`` (or the Thm 3.12 upper bound) at ``m`` on a segment, ``O(1)`` per point.
+
+    ``q(A) g(1 + a) + q(B) g(1 - b)`` plus the M-set sum (exact) or ``q(M) max(g(1 + a), g(1 - b))``
+    (bound); docs/theory.md, section 4. Empty sets have ``1 + a = 1 - b = 1`` and ``g(1) = 0``.
+    """
+    sign = _consts(xp, m)[0]
+    g = xp.g(div, 1 - sign * ab_on(xp, m, seg))  # (1 + a, 1 - b): one generator call on the stacked rows
+    total = (seg.q * g).sum(0)
+    if bound:
+        return total + xp.where(seg.rest > 0, seg.rest * xp.maximum(g[0], g[1]), 0.0)
+    return total + seg.rest
