@@ -4,7 +4,7 @@ For every pool member and every cached position (each token of the reference / s
 continuation, predicted from its prefix) the cache stores: the top-``k`` token ids and logits,
 the full-vocabulary ``logsumexp`` (so kept probabilities are exact), the true next token's
 logit and the full-vocabulary logit sum (boosting's ``y^T h = h_true - (S - h_true)/(n - 1)``,
-the math note, section 5); optionally the full logits (fp16); for ``ngram`` members their
+``docs/boosting.md``, "Label coding"); optionally the full logits (fp16); for ``ngram`` members their
 proposals. Logits are those of temperature 1; ``temperatures`` adds the exact
 ``logsumexp(logits / T)`` per temperature (the top-k set is the same for every ``T > 0``).
 
@@ -31,8 +31,8 @@ import torch
 from mdboost.data import dataset_fingerprint, encode_prompt, encode_record
 from mdboost.md.probs import logits_to_probs
 
-from .manifest import (TOKENS, atomic_save_tensors, code_version, finished_digest, read_manifest, shard_name,
-                       write_manifest, FORMAT)
+from .manifest import (FORMAT, TOKENS, atomic_save_tensors, code_version, finished_digest, lse_key, read_manifest,
+                       shard_name, write_manifest)
 
 SOURCES = ("reference", "sampled")
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -53,18 +53,13 @@ def _check_args(k, dtype, source, shard_size, temperatures):
             raise ValueError(f"temperatures must be > 0 (logits are cached at temperature 1), got {t!r}")
 
 
-def lse_key(temperature: float) -> str:
-    """Tensor name of ``logsumexp(logits / temperature)`` in a member shard."""
-    return "logsumexp" if float(temperature) == 1.0 else f"logsumexp@{float(temperature):g}"
-
-
 @torch.no_grad()
 def sample_continuation(model, prompt: torch.Tensor, max_new_tokens: int, temperature: float,
                         generator: torch.Generator, eos_token_id: int | None = None) -> torch.Tensor:  # [P] -> [N]
     """Sample up to ``max_new_tokens`` tokens from ``model`` after ``prompt`` (KV cache, stops at EOS)."""
     from transformers import DynamicCache
 
-    from mdboost.models.cost import cache_kwarg
+    from mdboost.models.loading import cache_kwarg
 
     device = next(model.parameters()).device
     cache, key = DynamicCache(config=model.config), cache_kwarg(model)

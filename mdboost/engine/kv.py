@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from mdboost.models.cost import cache_kwarg
+from mdboost.models.loading import cache_kwarg
 
 
 class CachedLM:

@@ -1,4 +1,4 @@
-"""Decode costs for the speed model (math note section 6), relative to one target step.
+"""Decode costs for the speed model (``docs/ranking.md``, "Speed model"), relative to one target step.
 
 - :func:`measure_cost_ratio`: ``c`` = drafter step / target step. Prefill a KV cache with a
   fixed context, then time single-token decode steps (cropping the cache back after each),
@@ -22,14 +22,7 @@ import time
 
 import torch
 
-
-def cache_kwarg(model) -> str:
-    """The forward keyword for a KV cache: ``cache`` in transformers >= 5.2x (where
-    ``past_key_values`` is deprecated), ``past_key_values`` before. Every caller that feeds a
-    cache to a model asks here."""
-    import inspect
-
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+from .loading import cache_kwarg
 
 
 def _sync(device: torch.device) -> None:
