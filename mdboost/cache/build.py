@@ -29,7 +29,6 @@ from pathlib import Path
 import torch
 
 from mdboost.data import dataset_fingerprint, encode_prompt, encode_record
-from mdboost.md.probs import logits_to_probs
 
 from .manifest import (FORMAT, TOKENS, atomic_save_tensors, code_version, finished_digest, lse_key, read_manifest,
                        shard_name, write_manifest)
@@ -53,26 +52,20 @@ def _check_args(k, dtype, source, shard_size, temperatures):
             raise ValueError(f"temperatures must be > 0 (logits are cached at temperature 1), got {t!r}")
 
 
-@torch.no_grad()
 def sample_continuation(model, prompt: torch.Tensor, max_new_tokens: int, temperature: float,
                         generator: torch.Generator, eos_token_id: int | None = None) -> torch.Tensor:  # [P] -> [N]
-    """Sample up to ``max_new_tokens`` tokens from ``model`` after ``prompt`` (KV cache, stops at EOS)."""
-    from transformers import DynamicCache
+    """Sample up to ``max_new_tokens`` tokens from ``model`` after ``prompt`` (stops after EOS).
 
-    from mdboost.models.loading import cache_kwarg
+    The engine's AR loop (:func:`mdboost.engine.generate` without a drafter): KV-cached, one
+    multinomial draw per token from ``generator`` (a CPU generator draws on the CPU whatever
+    the model's device); ``temperature=0`` is greedy and draws nothing.
+    """
+    from mdboost.engine import GenerationSettings, generate
 
     device = next(model.parameters()).device
-    cache, key = DynamicCache(config=model.config), cache_kwarg(model)
-    step_ids, out = prompt.to(device)[None], []
-    for _ in range(max_new_tokens):
-        logits = model(input_ids=step_ids, use_cache=True, **{key: cache}).logits[0, -1]  # [V]
-        probs = logits_to_probs(logits.float().cpu(), temperature)
-        token = int(torch.multinomial(probs, 1, generator=generator)) if temperature > 0 else int(probs.argmax())
-        out.append(token)
-        if token == eos_token_id:
-            break
-        step_ids = torch.tensor([[token]], device=device)
-    return torch.tensor(out, dtype=torch.long)
+    settings = GenerationSettings(max_new_tokens=max_new_tokens, temperature=temperature, eos_token_id=eos_token_id)
+    out = generate(model, prompt.to(device)[None], settings, generator=generator)
+    return out.sequences[0, prompt.numel(): prompt.numel() + int(out.num_new_tokens[0])].cpu()
 
 
 def _record_seed(seed: int, record_id: str) -> int:
