@@ -126,7 +126,7 @@ def chunk_specs(chunk: Chunk) -> list[Spec]:
 
 
 def grid_keys(args) -> dict[str, str]:
-    """``{key: chunk name}`` of issue 5's grid at the current settings."""
+    """``{key: chunk name}`` of the full grid (FULL_GRID) at the current settings."""
     chunks = plan_chunks(FULL_GRID["drafters"].split(","), FULL_GRID["gammas"], FULL_GRID["budgets"],
                          FULL_GRID["temperatures"], True, args.peer_drafter, 4)
     return {cell_key(s, settings_of(args)): c.name for c in chunks for s in c.cells}

@@ -1,6 +1,6 @@
 """Benchmark: AR vs SD vs MD with the engine, side by side with Hugging Face ``generate``.
 
-Resumable grid runner for issue 5's benchmark on the default SmolLM2 pool (CPU by default,
+Resumable grid runner for the generation benchmark on the default SmolLM2 pool (CPU by default,
 batch size 1, HumanEval prompts). A *cell* is one configuration -- mode (``sd``, ``md`` at a
 KL budget, or a Hugging Face peer), temperature, drafter, gamma -- at fixed settings (target,
 device, number of prompts, new tokens, seed, torch threads). Cells are measured in *chunks*
@@ -81,7 +81,7 @@ def parse_args(argv=None):
     ap.add_argument("--gammas", type=_ints, help="draft lengths (default 4)")
     ap.add_argument("--budgets", type=_floats, help="MD KL budgets (default 0.05)")
     ap.add_argument("--temperatures", type=_floats, help="sampling temperatures (default 0,1.0)")
-    ap.add_argument("--full-grid", action="store_true", help="issue 5's grid for every grid flag not given")
+    ap.add_argument("--full-grid", action="store_true", help="the full grid (FULL_GRID) for every grid flag not given")
     ap.add_argument("--peer-drafter", help="model drafter for HF assisted generation (default: first by priority)")
     ap.add_argument("--peer-gamma", type=int, default=4)
     ap.add_argument("--no-hf", action="store_true", help="skip the Hugging Face peer chunk")
