@@ -132,18 +132,19 @@ def generate(
     session = drafter.start(prompts, lm, settings) if drafter is not None else None
     # deterministic decoding (greedy, no budget): an undrafted step takes the argmax directly
     greedy = settings.temperature == 0 and mode != "md"
+    sampling, md_args = settings.sampling, settings.verify_args
     # inference mode, not just no_grad: no version counters or view tracking on the cache
     # tensors (about 6% per CPU forward of SmolLM2-135M); nothing created here leaks out
     with torch.inference_mode():
         while state.active_rows():
             limit = 0 if session is None else state.max_remaining() - 1
-            _step(lm, session, state, limit, settings, generator, stats, timer, greedy)
+            _step(lm, session, state, limit, sampling, md_args, generator, stats, timer, greedy)
 
     stats.time_total = timer.now() - start
     return state.output(input_ids, settings.pad_id, stats)
 
 
-def _step(lm, session, state, limit, settings, generator, stats, timer, greedy=False) -> None:
+def _step(lm, session, state, limit, sampling, md_args, generator, stats, timer, greedy=False) -> None:
     """One draft / score / verify / roll back step; ``limit`` caps the drafts (0: none).
 
     ``greedy``: the output is deterministic (temperature 0, no budget), so a step without
@@ -165,14 +166,13 @@ def _step(lm, session, state, limit, settings, generator, stats, timer, greedy=F
         valid = torch.cat([valid, torch.ones_like(drafts, dtype=torch.bool)], dim=1)
     logits = lm.forward(chunk, valid, logits_to_keep=width + 1)  # [B, width + 1, V]
     if not greedy:
-        target_probs = logits_to_probs(logits, **settings.sampling)
+        target_probs = logits_to_probs(logits, **sampling)
     t2 = timer.now()
 
     if greedy:  # the argmax on which logits_to_probs(temperature=0) puts its one-hot
         num_accepted, new_tokens = _verify_greedy(drafts, logits, lengths, stats, state)
     elif width:
-        num_accepted, new_tokens = _verify(drafts, draft_probs, target_probs, lengths, settings.verify_args,
-                                           generator, stats, state)
+        num_accepted, new_tokens = _verify(drafts, draft_probs, target_probs, lengths, md_args, generator, stats, state)
     else:
         num_accepted, new_tokens = [0] * batch, sample(target_probs[:, 0], generator).tolist()
     t3 = timer.now()
