@@ -16,7 +16,7 @@ projected end passes the cap, keeping the file consistent). The ``generation`` s
 The first chunk is the greedy peer comparison: HF plain AR vs the engine's AR, HF assisted
 generation (``assistant_model=``; transformers stops a draft at assistant confidence 0.4 by
 default and adapts that threshold) vs the engine's SD with the same model drafter and a fixed
-``draft_confidence=0.4`` stop, and HF prompt
+``ConfidenceStop(0.4)``, and HF prompt
 lookup (``prompt_lookup_num_tokens``) vs the engine's SD with ``ngram:3``, all at gamma 4 with
 token-for-token equality checks. Then chunks by priority: ``ngram:3`` and the tuned drafters
 (highest acceptance in the ``cache`` section) at every temperature, then int8 and plain early
@@ -33,6 +33,7 @@ The grid and the cells file live in ``bench/_generation_grid.py``, the report in
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import functools
 import itertools
@@ -59,7 +60,7 @@ from bench._generation_grid import (  # noqa: E402,F401  (re-exported: the grid 
 from bench._generation_report import report  # noqa: E402
 from bench._results import machine_line, update_section  # noqa: E402
 from mdboost.data import encode_prompt, load_texts  # noqa: E402
-from mdboost.engine import generate  # noqa: E402
+from mdboost.engine import ConfidenceStop, GenerationSettings, ModelDrafter, NgramAdapter, generate  # noqa: E402
 from mdboost.models.pool import build_pool, parse_drafter  # noqa: E402,F401
 
 
@@ -155,10 +156,10 @@ def hf_runner(target, eos, n, **kwargs):
     return run
 
 
-def engine_runner(target, eos, n, seed, **kwargs):
+def engine_runner(target, settings: GenerationSettings, seed, drafter=None):
     def run(ids, max_new=None):
-        out = generate(target, ids, max_new_tokens=max_new or n, eos_token_id=eos,
-                       generator=torch.Generator(device=ids.device).manual_seed(seed), **kwargs)
+        this = settings if max_new is None else dataclasses.replace(settings, max_new_tokens=max_new)
+        out = generate(target, ids, this, drafter=drafter, generator=torch.Generator(device=ids.device).manual_seed(seed))
         return out.sequences[0, ids.shape[1]: ids.shape[1] + out.num_new_tokens[0]], out.stats
     return run
 
@@ -173,17 +174,19 @@ def make_runner(spec: Spec, pool, n: int, seed: int):
     if spec.mode == "hf_assisted":
         return hf_runner(target, eos, n, assistant_model=pool[spec.drafter].model, num_assistant_tokens=spec.gamma,
                          num_assistant_tokens_schedule="constant")
-    kwargs = dict(mode=spec.mode, temperature=spec.temperature)
-    if spec.mode != "ar":
-        member = pool[spec.drafter]
-        kwargs.update(drafter=member.ngram if member.kind == "ngram" else member.model, gamma=spec.gamma)
-        if spec.mode == "sd" and spec.temperature == 0 and member.kind != "ngram":
-            # greedy model-drafter SD exists only as HF assisted generation's peer: draft with the
-            # same confidence stop (HF starts from 0.4 and then adapts it by a ROC rule)
-            kwargs["draft_confidence"] = PEER_CONFIDENCE
-    if spec.mode == "md":
-        kwargs["max_divergence"] = spec.budget
-    return engine_runner(target, eos, n, seed, **kwargs)
+    settings = GenerationSettings(max_new_tokens=n, eos_token_id=eos, temperature=spec.temperature,
+                                  max_divergence=spec.budget if spec.mode == "md" else 0.0)
+    if spec.mode == "ar":
+        return engine_runner(target, settings, seed)
+    member = pool[spec.drafter]
+    if member.ngram is not None:
+        drafter = NgramAdapter(member.ngram)
+    else:
+        # greedy model-drafter SD exists only as HF assisted generation's peer: draft with the
+        # same confidence stop (HF starts from 0.4 and then adapts it by a ROC rule)
+        peer = spec.mode == "sd" and spec.temperature == 0
+        drafter = ModelDrafter(member.model, confidence_stop=ConfidenceStop(PEER_CONFIDENCE) if peer else None)
+    return engine_runner(target, dataclasses.replace(settings, gamma=spec.gamma), seed, drafter)
 
 
 def _timing(res) -> dict:

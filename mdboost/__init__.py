@@ -35,6 +35,7 @@ _EXPORTS = {
     # generation
     "generate": "mdboost.engine.generate",
     "GenerationOutput": "mdboost.engine.generate",
+    "GenerationSettings": "mdboost.engine.settings",
     "GenerationStats": "mdboost.engine.stats",
     # models, data, cache
     "build_pool": "mdboost.models",

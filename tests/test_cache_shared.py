@@ -103,3 +103,26 @@ def test_pipeline_samples_once_and_reuses(tmp_path, monkeypatch):
     assert sorted(info3.built_acceptance) == sorted(["tiny", *cfg.pool.drafters]) and info3.built == ()
     assert torch.equal(pc3.acceptance.true_tokens(), tokens["true_next"])
     assert spec.member_dir("tiny", acceptance=True).is_dir()
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_sample_continuation_equals_a_no_cache_reference(pool, temperature):
+    """The engine's AR loop draws what a plain loop (full forward per token, one multinomial per
+    token from the same CPU generator) draws, and stops after EOS."""
+    from mdboost.md.probs import logits_to_probs
+
+    model, prompt = pool.target.model, torch.tensor([5, 9, 14, 3, 22])
+    eos = int(model(prompt[None]).logits[0, -1].argmax())  # greedy: EOS on the first token
+    for stop in (None, eos):
+        gen, ref_gen = torch.Generator().manual_seed(11), torch.Generator().manual_seed(11)
+        out = build_module.sample_continuation(model, prompt, 12, temperature, gen, stop)
+        ids, ref = prompt.clone(), []
+        with torch.no_grad():
+            while len(ref) < 12 and (not ref or ref[-1] != stop):
+                probs = logits_to_probs(model(ids[None]).logits[0, -1], temperature)
+                token = int(probs.argmax()) if temperature == 0 else int(torch.multinomial(probs, 1, generator=ref_gen))
+                ref.append(token)
+                ids = torch.cat([ids, torch.tensor([token])])
+        assert out.tolist() == ref
+        assert torch.equal(gen.get_state(), ref_gen.get_state())
+    assert build_module.sample_continuation(model, prompt, 12, 0.0, gen, eos).tolist() == [eos]

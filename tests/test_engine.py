@@ -1,12 +1,14 @@
 """Engine tests: exact greedy equality with the target's own ``generate``, the first two tokens'
-joint distribution under lossless SD, the MD budget, determinism, and KV rollback."""
+joint distribution under lossless SD, the MD budget, determinism, KV rollback and the shared-layer
+view, the settings' validation, and the drafter interface (schedules, no mutation)."""
 
 import numpy as np
 import pytest
 import torch
 from scipy import stats as sps
 
-from mdboost.engine import CachedLM, generate
+from mdboost.engine import (AdaptiveDraftLength, CachedLM, ConfidenceStop, GenerationSettings, ModelDrafter,
+                            NgramAdapter, as_drafter, generate)
 from mdboost.engine.kv import left_pad
 from mdboost.md.probs import logits_to_probs
 from mdboost.models.drafters import early_exit_model
@@ -31,11 +33,15 @@ def early_exit(target, layers=1, vocab=V):
 @pytest.fixture(scope="module")
 def drafters(target):
     return {
-        "other": tiny_llama(vocab_size=V, num_layers=1, seed=1),
-        "exit1": early_exit(target),
-        "ngram": NgramDrafter(2),
-        "shared2": early_exit_model(target, 2),  # modules ARE the target's: drafts on its KV cache
+        "other": ModelDrafter(tiny_llama(vocab_size=V, num_layers=1, seed=1)),
+        "exit1": ModelDrafter(early_exit(target)),
+        "ngram": NgramAdapter(NgramDrafter(2)),
+        "shared2": ModelDrafter(early_exit_model(target, 2)),  # modules ARE the target's: drafts on its KV cache
     }
+
+
+def settings(**kwargs):
+    return GenerationSettings(**kwargs)
 
 
 def prompt(seed, length, vocab=V):
@@ -55,8 +61,8 @@ def test_greedy_sd_equals_target_greedy(target, drafters, name, gamma):
         if name == "ngram":  # a repetitive prompt so that prompt lookup proposes something
             ids = torch.cat([ids, ids, ids[:, :2]], dim=1)
         ref = hf_greedy(target, ids, 24)
-        out = generate(target, ids, drafter=drafters[name], mode="sd", gamma=gamma,
-                       max_new_tokens=24, temperature=0, eos_token_id=EOS_ID)
+        out = generate(target, ids, settings(gamma=gamma, max_new_tokens=24, temperature=0, eos_token_id=EOS_ID),
+                       drafter=drafters[name])
         assert torch.equal(out.sequences, ref)
         assert out.stats.num_accepted_tokens <= out.stats.num_draft_tokens
 
@@ -64,7 +70,7 @@ def test_greedy_sd_equals_target_greedy(target, drafters, name, gamma):
 def test_greedy_ar_equals_target_greedy(target):
     for seed in range(3):
         ids = prompt(seed, 5 + seed)
-        out = generate(target, ids, mode="ar", max_new_tokens=20, temperature=0, eos_token_id=EOS_ID)
+        out = generate(target, ids, settings(max_new_tokens=20, temperature=0, eos_token_id=EOS_ID))
         assert torch.equal(out.sequences, hf_greedy(target, ids, 20))
         assert out.stats.num_target_calls == out.num_new_tokens.item()
 
@@ -72,7 +78,7 @@ def test_greedy_ar_equals_target_greedy(target):
 @pytest.mark.parametrize("name", ["other", "shared2"])
 def test_outputs_are_ordinary_tensors(target, drafters, name):
     """The loop runs in inference mode; what it returns must still be editable and usable in autograd code."""
-    out = generate(target, prompt(1, 5), drafter=drafters[name], mode="sd", max_new_tokens=6, temperature=1.0,
+    out = generate(target, prompt(1, 5), settings(max_new_tokens=6), drafter=drafters[name],
                    generator=torch.Generator().manual_seed(0))
     assert not out.sequences.is_inference() and not out.num_new_tokens.is_inference()
     out.sequences[0, 0] = 1  # an in-place write on an inference tensor would raise here
@@ -84,14 +90,14 @@ def test_greedy_ar_takes_argmax_without_the_generator(target):
     ids = prompt(7, 6)
     gen = torch.Generator().manual_seed(5)
     before = gen.get_state()
-    out = generate(target, ids, mode="ar", max_new_tokens=12, temperature=0, generator=gen)
+    out = generate(target, ids, settings(max_new_tokens=12, temperature=0), generator=gen)
     assert torch.equal(gen.get_state(), before)
     assert torch.equal(out.sequences, hf_greedy(target, ids, 12))
     broken = tiny_llama(vocab_size=V, num_layers=1, seed=2)
     with torch.no_grad():
         broken.lm_head.weight.fill_(float("nan"))
     with pytest.raises(ValueError, match="NaN"):
-        generate(broken, ids, mode="ar", max_new_tokens=2, temperature=0)
+        generate(broken, ids, settings(max_new_tokens=2, temperature=0))
 
 
 @pytest.mark.parametrize("name", ["exit1", "ngram", "shared2"])
@@ -99,8 +105,8 @@ def test_greedy_batched_rows_equal_single_rows(target, drafters, name):
     rows = [prompt(10 + i, n)[0].tolist() for i, n in enumerate([3, 6, 5, 4])]
     rows[1] = rows[1] + rows[1][:4]  # repetition for prompt lookup
     ids, mask = left_pad(rows, 0, torch.device("cpu"))
-    out = generate(target, ids, attention_mask=mask.long(), drafter=drafters[name], mode="sd", gamma=3,
-                   max_new_tokens=16, temperature=0, eos_token_id=EOS_ID)
+    out = generate(target, ids, settings(gamma=3, max_new_tokens=16, temperature=0, eos_token_id=EOS_ID),
+                   attention_mask=mask.long(), drafter=drafters[name])
     for b, row in enumerate(rows):
         ref = hf_greedy(target, torch.tensor([row]), 16)[0, len(row):]
         n = out.num_new_tokens[b].item()
@@ -111,8 +117,8 @@ def test_greedy_batched_rows_equal_single_rows(target, drafters, name):
 def test_drafter_equal_to_target_accepts_everything(target):
     ids = prompt(0, 6).repeat(3, 1)
     for temperature in (0.0, 1.0):
-        out = generate(target, ids, drafter=target, mode="sd", gamma=4, max_new_tokens=11,
-                       temperature=temperature, generator=torch.Generator().manual_seed(0))
+        out = generate(target, ids, settings(gamma=4, max_new_tokens=11, temperature=temperature),
+                       drafter=ModelDrafter(target), generator=torch.Generator().manual_seed(0))
         s = out.stats
         assert s.num_accepted_tokens == s.num_draft_tokens > 0
         assert s.mean_accepted_length == 5.0  # 4 drafts + bonus per call (the last call drafts 1)
@@ -123,9 +129,10 @@ def test_drafter_equal_to_target_accepts_everything(target):
 def test_shared_kv_drafter_equals_private_cache_drafter(target, drafters):
     rows = [prompt(20 + i, n)[0].tolist() for i, n in enumerate([5, 3, 7])]
     ids, mask = left_pad(rows, 0, torch.device("cpu"))
+    model = drafters["shared2"].model
     runs = [
-        generate(target, ids, attention_mask=mask.long(), drafter=drafters["shared2"], mode="md", max_divergence=0.1,
-                 gamma=3, max_new_tokens=14, generator=torch.Generator().manual_seed(4), share_kv=share)
+        generate(target, ids, settings(max_divergence=0.1, gamma=3, max_new_tokens=14), attention_mask=mask.long(),
+                 drafter=ModelDrafter(model, share_kv=share), generator=torch.Generator().manual_seed(4))
         for share in (True, False)
     ]
     assert torch.equal(runs[0].sequences, runs[1].sequences)
@@ -146,13 +153,14 @@ def exact_joint(model, ids, **sampling):
 def test_sampled_sd_first_two_tokens_follow_target_joint(case):
     vocab, n = 8, 6000
     target = tiny_llama(vocab_size=vocab, num_layers=2, seed=3)
-    drafter = NgramDrafter(1) if case == "ngram" else tiny_llama(vocab_size=vocab, num_layers=1, seed=4)
+    stop = ConfidenceStop(0.3) if case == "model_confidence" else None  # rows stop drafting at will
+    drafter = (NgramAdapter(NgramDrafter(1)) if case == "ngram"
+               else ModelDrafter(tiny_llama(vocab_size=vocab, num_layers=1, seed=4), confidence_stop=stop))
     ids = torch.tensor([[5, 6, 7, 5, 6]])
     sampling = dict(temperature=0.7, top_k=5) if case == "model_topk" else dict(temperature=1.0)
-    extra = dict(draft_confidence=0.3) if case == "model_confidence" else {}  # rows stop drafting at will
-    out = generate(target, ids.repeat(n, 1), drafter=drafter, mode="sd", gamma=2, max_new_tokens=2,
-                   generator=torch.Generator().manual_seed(1), **sampling, **extra)
-    if extra:
+    out = generate(target, ids.repeat(n, 1), settings(gamma=2, max_new_tokens=2, **sampling), drafter=drafter,
+                   generator=torch.Generator().manual_seed(1))
+    if stop is not None:
         assert 0 < out.stats.num_draft_tokens < 2 * out.stats.num_drafts  # some rows stopped at one draft
     pairs = out.sequences[:, -2:].numpy()
     counts = np.zeros((vocab, vocab))
@@ -168,10 +176,11 @@ def test_sampled_sd_first_two_tokens_follow_target_joint(case):
 def test_md_respects_budget_and_accepts_more(target, drafters):
     ids = prompt(5, 6).repeat(64, 1)
     runs = {}
-    for mode, budget in (("sd", 0.0), ("md", 0.05), ("md", 0.5)):
-        out = generate(target, ids, drafter=drafters["other"], mode=mode, max_divergence=budget, gamma=3,
-                       max_new_tokens=12, generator=torch.Generator().manual_seed(2))
+    for budget in (0.0, 0.05, 0.5):
+        out = generate(target, ids, settings(max_divergence=budget, gamma=3, max_new_tokens=12),
+                       drafter=drafters["other"], generator=torch.Generator().manual_seed(2))
         s = out.stats
+        assert s.mode == ("md" if budget else "sd")
         assert s.max_divergence <= budget + 1e-5
         assert s.num_budget_accepted <= s.num_accepted_tokens
         if budget:
@@ -183,9 +192,10 @@ def test_md_respects_budget_and_accepts_more(target, drafters):
 
 def test_min_acceptance_mode_runs_and_accepts_more(target, drafters):
     ids = prompt(6, 6).repeat(32, 1)
-    common = dict(drafter=drafters["other"], gamma=2, max_new_tokens=8)
-    sd = generate(target, ids, mode="sd", generator=torch.Generator().manual_seed(0), **common)
-    md = generate(target, ids, mode="md", min_acceptance=0.9, generator=torch.Generator().manual_seed(0), **common)
+    sd = generate(target, ids, settings(gamma=2, max_new_tokens=8), drafter=drafters["other"],
+                  generator=torch.Generator().manual_seed(0))
+    md = generate(target, ids, settings(gamma=2, max_new_tokens=8, min_acceptance=0.9), drafter=drafters["other"],
+                  generator=torch.Generator().manual_seed(0))
     assert md.stats.acceptance_rate > sd.stats.acceptance_rate
     assert md.stats.acceptance_rate > 0.8
 
@@ -193,8 +203,8 @@ def test_min_acceptance_mode_runs_and_accepts_more(target, drafters):
 @pytest.mark.parametrize("mode", ["ar", "sd", "md"])
 def test_same_seed_same_output(target, drafters, mode):
     ids = prompt(7, 5).repeat(4, 1)
-    kw = dict(mode=mode, drafter=None if mode == "ar" else drafters["other"], max_new_tokens=10,
-              max_divergence=0.1 if mode == "md" else 0.0)
+    kw = dict(settings=settings(max_new_tokens=10, max_divergence=0.1 if mode == "md" else 0.0),
+              drafter=None if mode == "ar" else drafters["other"])
     a = generate(target, ids, generator=torch.Generator().manual_seed(0), **kw)
     b = generate(target, ids, generator=torch.Generator().manual_seed(0), **kw)
     c = generate(target, ids, generator=torch.Generator().manual_seed(1), **kw)
@@ -228,8 +238,8 @@ def test_cache_rollback_matches_fresh_forward(target):
 def test_eos_stops_rows_and_pads(target):
     ids = prompt(1, 4)
     ref = hf_greedy(target, ids, 40)
-    out = generate(target, ids, drafter=target, mode="sd", max_new_tokens=40, temperature=0,
-                   eos_token_id=EOS_ID, pad_token_id=0)
+    out = generate(target, ids, settings(max_new_tokens=40, temperature=0, eos_token_id=EOS_ID, pad_token_id=0),
+                   drafter=ModelDrafter(target))
     assert torch.equal(out.sequences, ref)
     if EOS_ID in ref[0, 4:].tolist():
         assert out.sequences[0, -1].item() == EOS_ID
@@ -237,8 +247,9 @@ def test_eos_stops_rows_and_pads(target):
 
 def test_adaptive_gamma_keeps_greedy_exact(target, drafters):
     ids = prompt(2, 7)
-    out = generate(target, ids, drafter=drafters["exit1"], mode="sd", gamma=2, adaptive_gamma=True,
-                   max_new_tokens=20, temperature=0, eos_token_id=EOS_ID)
+    drafter = ModelDrafter(drafters["exit1"].model, schedule=AdaptiveDraftLength())
+    out = generate(target, ids, settings(gamma=2, max_new_tokens=20, temperature=0, eos_token_id=EOS_ID),
+                   drafter=drafter)
     assert torch.equal(out.sequences, hf_greedy(target, ids, 20))
     assert len(out.stats.draft_tokens_per_position) >= 2
 
@@ -246,35 +257,73 @@ def test_adaptive_gamma_keeps_greedy_exact(target, drafters):
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(mode="beam"), "mode"),
-        (dict(mode="sd"), "drafter"),
-        (dict(mode="sd", drafter="d", max_divergence=0.1), "lossless"),
-        (dict(mode="md", drafter="d"), "max_divergence"),
-        (dict(mode="ar", gamma=0), "gamma"),
-        (dict(mode="ar", max_new_tokens=0), "max_new_tokens"),
-        (dict(mode="md", drafter="d", max_divergence=-1.0), "max_divergence"),
-        (dict(mode="md", drafter="d", min_acceptance=1.5), "min_acceptance"),
+        (dict(max_new_tokens=0), "max_new_tokens must be a positive integer, got 0"),
+        (dict(max_new_tokens=2.5), "max_new_tokens must be a positive integer, got 2.5"),
+        (dict(gamma=0), "gamma must be a positive integer, got 0"),
+        (dict(gamma=True), "gamma must be a positive integer, got True"),
+        (dict(temperature=-1.0), "temperature must be a number >= 0, got -1.0"),
+        (dict(temperature=float("nan")), "temperature must be a number >= 0, got nan"),
+        (dict(top_k=0), "top_k must be a positive integer or None, got 0"),
+        (dict(top_p=1.5), r"top_p must be in \(0, 1\] or None, got 1.5"),
+        (dict(max_divergence=-1.0), "max_divergence must be a number >= 0, got -1.0"),
+        (dict(max_divergence="0.1"), "max_divergence must be a number >= 0, got '0.1'"),
+        (dict(min_acceptance=1.5), r"min_acceptance must be in \[0, 1\] or None, got 1.5"),
+        (dict(max_divergence=0.1, min_acceptance=0.5), "give max_divergence or min_acceptance, not both"),
+        (dict(divergence="kullback"), "divergence: divergence must be one of"),
+        (dict(md_top_k=-2), "md_top_k must be a positive integer or None, got -2"),
+        (dict(md_solve="lazy"), "md_solve must be one of .*, got 'lazy'"),
+        (dict(eos_token_id=-1), r"eos_token_id must be a token id \(an integer >= 0\) or None, got -1"),
+        (dict(pad_token_id=1.0), r"pad_token_id must be a token id \(an integer >= 0\) or None, got 1.0"),
     ],
 )
-def test_bad_arguments_raise(target, kwargs, match):
+def test_settings_name_the_bad_field_and_value(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        generate(target, prompt(0, 3), **kwargs)
+        GenerationSettings(**kwargs)
+
+
+def test_settings_are_frozen_and_revalidated_on_replace():
+    import dataclasses
+
+    s = GenerationSettings(max_divergence=0.1, md_top_k=4)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.gamma = 8
+    with pytest.raises(ValueError, match="gamma"):
+        dataclasses.replace(s, gamma=0)
+    assert s.lossy and s.verify_args["top_k"] == 4
+    lossless = dataclasses.replace(s, max_divergence=0.0)
+    assert not lossless.lossy and lossless.verify_args["top_k"] is None  # md_top_k would make SD lossy
+    assert GenerationSettings(eos_token_id=7).pad_id == 7 and GenerationSettings(pad_token_id=3).pad_id == 3
+    assert GenerationSettings().pad_id == 0
 
 
 def test_bad_inputs_raise(target):
     with pytest.raises(ValueError, match="input_ids"):
         generate(target, torch.tensor([1, 2, 3]))
     with pytest.raises(ValueError, match="vocab_size"):
-        generate(target, prompt(0, 3), drafter=tiny_llama(vocab_size=V + 1, num_layers=1), mode="sd")
+        generate(target, prompt(0, 3), drafter=ModelDrafter(tiny_llama(vocab_size=V + 1, num_layers=1)))
     with pytest.raises(ValueError, match="attention_mask"):
         generate(target, prompt(0, 3), attention_mask=torch.ones(1, 4, dtype=torch.long))
+    with pytest.raises(TypeError, match="settings must be a GenerationSettings, got dict"):
+        generate(target, prompt(0, 3), dict(max_new_tokens=2))
+    with pytest.raises(TypeError, match="drafter must be a Drafter or None .*, got LlamaForCausalLM"):
+        generate(target, prompt(0, 3), drafter=target)
+
+
+def test_as_drafter_converts_pool_members_explicitly(target):
+    model, ngram = tiny_llama(vocab_size=V, num_layers=1, seed=1), NgramDrafter(2)
+    assert isinstance(as_drafter(model), ModelDrafter) and as_drafter(model).model is model
+    assert isinstance(as_drafter(ngram), NgramAdapter) and as_drafter(ngram).ngram is ngram
+    drafter = ModelDrafter(model)
+    assert as_drafter(drafter) is drafter
+    with pytest.raises(TypeError, match="drafter must be a Drafter, a transformers PreTrainedModel or an NgramDrafter, got str"):
+        as_drafter("early_exit:2")
 
 
 def test_stats_are_consistent(target, drafters):
     rows = [prompt(30 + i, n)[0].tolist() for i, n in enumerate([4, 6])]
     ids, mask = left_pad(rows, 0, torch.device("cpu"))
-    out = generate(target, ids, attention_mask=mask.long(), drafter=drafters["other"], mode="md", max_divergence=0.2,
-                   gamma=3, max_new_tokens=13, generator=torch.Generator().manual_seed(0))
+    out = generate(target, ids, settings(max_divergence=0.2, gamma=3, max_new_tokens=13), attention_mask=mask.long(),
+                   drafter=drafters["other"], generator=torch.Generator().manual_seed(0))
     s = out.stats
     assert s.num_new_tokens == out.num_new_tokens.sum().item() == 26
     assert sum(s.draft_tokens_per_position) == s.num_draft_tokens
@@ -291,8 +340,8 @@ def test_md_solve_modes_give_the_same_tokens(target, drafters):
     ids = prompt(40, 5).repeat(8, 1)
     outs = {}
     for md_solve in ("needed", "reached", "all"):
-        outs[md_solve] = generate(target, ids, drafter=drafters["other"], mode="md", max_divergence=0.1, gamma=3,
-                                  max_new_tokens=10, md_solve=md_solve, generator=torch.Generator().manual_seed(4))
+        outs[md_solve] = generate(target, ids, settings(max_divergence=0.1, gamma=3, max_new_tokens=10, md_solve=md_solve),
+                                  drafter=drafters["other"], generator=torch.Generator().manual_seed(4))
     assert torch.equal(outs["needed"].sequences, outs["reached"].sequences)
     assert torch.equal(outs["needed"].sequences, outs["all"].sequences)
     full, fast = outs["reached"].stats, outs["needed"].stats
@@ -301,23 +350,20 @@ def test_md_solve_modes_give_the_same_tokens(target, drafters):
     counts = full.acceptance_probability_count_per_position
     assert counts[0] == full.num_drafts and counts == sorted(counts, reverse=True)
     assert all(0 <= x <= 1 for x in full.expected_acceptance_per_position)
-    with pytest.raises(ValueError, match="md_solve"):
-        generate(target, ids, drafter=drafters["other"], mode="md", max_divergence=0.1, md_solve="lazy")
 
 
 @pytest.mark.parametrize("name", ["other", "shared2"])
 def test_confidence_stop_keeps_greedy_exact_and_drafts_less(target, drafters, name):
-    """draft_confidence (HF's assistant_confidence_threshold rule): fewer drafts, same greedy output."""
+    """ConfidenceStop (HF's assistant_confidence_threshold rule): fewer drafts, same greedy output."""
     rows = [prompt(50 + i, n)[0].tolist() for i, n in enumerate([3, 6, 5])]
     ids, mask = left_pad(rows, 0, torch.device("cpu"))
-    common = dict(attention_mask=mask.long(), drafter=drafters[name], mode="sd", gamma=4, max_new_tokens=14,
-                  temperature=0, eos_token_id=EOS_ID)
-    full = generate(target, ids, **common)
-    stopped = generate(target, ids, draft_confidence=0.5, **common)
+    common = dict(attention_mask=mask.long())
+    s = settings(gamma=4, max_new_tokens=14, temperature=0, eos_token_id=EOS_ID)
+    full = generate(target, ids, s, drafter=drafters[name], **common)
+    stopping = ModelDrafter(drafters[name].model, confidence_stop=ConfidenceStop(0.5))
+    stopped = generate(target, ids, s, drafter=stopping, **common)
     assert torch.equal(stopped.sequences, full.sequences)
     assert stopped.stats.num_draft_tokens < full.stats.num_draft_tokens
-    with pytest.raises(ValueError, match="draft_confidence"):
-        generate(target, ids, draft_confidence=1.5, **common)
 
 
 def test_stats_add_verified_counts_solved_positions_only():
@@ -334,3 +380,158 @@ def test_stats_add_verified_counts_solved_positions_only():
     assert stats.expected_acceptance_per_position == pytest.approx([0.4, 0.7])
     with pytest.raises(ValueError, match="divergences and acceptance_probs"):
         stats.add_verified([0.1], [0.5, 0.5])
+
+
+# --------------------------------------------------------------------------- drafter interface
+
+
+def test_a_drafter_passed_in_is_not_mutated(target, drafters):
+    """generate keeps its per-call state in the drafter's session: the drafter's fields stay the
+    same objects, and a reused drafter gives what a fresh one gives."""
+    import dataclasses
+
+    ids = prompt(60, 6).repeat(3, 1)
+    s = settings(gamma=3, max_new_tokens=12, max_divergence=0.1)
+    model = drafters["other"].model
+    drafter = ModelDrafter(model, schedule=AdaptiveDraftLength(max_length=5), confidence_stop=ConfidenceStop(0.2))
+    before = {f.name: getattr(drafter, f.name) for f in dataclasses.fields(drafter)}
+    runs = [generate(target, ids, s, drafter=drafter, generator=torch.Generator().manual_seed(3)) for _ in range(2)]
+    fresh = generate(target, ids, s, drafter=ModelDrafter(model, schedule=AdaptiveDraftLength(max_length=5),
+                                                          confidence_stop=ConfidenceStop(0.2)),
+                     generator=torch.Generator().manual_seed(3))
+    assert all(getattr(drafter, name) is value for name, value in before.items())
+    assert vars(drafter).keys() == before.keys()
+    assert torch.equal(runs[0].sequences, runs[1].sequences) and torch.equal(runs[0].sequences, fresh.sequences)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        drafter.confidence_stop = None
+
+
+def test_fixed_and_adaptive_draft_length_rules():
+    from mdboost.engine import FixedDraftLength
+
+    assert FixedDraftLength().next_length(7, 4, 7, [0], [0]) == 4
+    rule = AdaptiveDraftLength()
+    # every active row accepted every draft: +2, capped at 4 * gamma
+    assert rule.next_length(4, 4, 4, [4, 4], [4, 4]) == 6
+    assert rule.next_length(15, 4, 15, [15], [15]) == 16
+    assert rule.next_length(16, 4, 16, [16], [16]) == 16
+    # one row short (fewer accepted, or a shorter draft): -1, down to 1
+    assert rule.next_length(4, 4, 4, [4, 4], [4, 3]) == 3
+    assert rule.next_length(4, 4, 4, [4, 2], [4, 2]) == 3
+    assert rule.next_length(1, 4, 1, [1], [0]) == 1
+    # near the end fewer tokens were asked: all of them accepted still counts as full
+    assert rule.next_length(6, 4, 2, [2], [2]) == 8
+    assert AdaptiveDraftLength(max_length=5).next_length(4, 4, 4, [4], [4]) == 5
+    with pytest.raises(ValueError, match="max_length must be a positive integer or None, got 0"):
+        AdaptiveDraftLength(max_length=0)
+
+
+def test_adaptive_draft_length_grows_while_everything_is_accepted(target):
+    """A drafter equal to the target accepts every draft: lengths 2, 4, 6, 8 (the cap 4 * gamma),
+    8, then what is left."""
+    s = settings(gamma=2, max_new_tokens=40, temperature=0)
+    out = generate(target, prompt(3, 5), s, drafter=ModelDrafter(target, schedule=AdaptiveDraftLength()))
+    # emitted per call: 3, 5, 7, 9, 9 (33 tokens), then min(8, 40 - 33 - 1) = 6 drafts + bonus
+    assert out.stats.num_target_calls == 6 and out.num_new_tokens.item() == 40
+    assert out.stats.draft_tokens_per_position == [6, 6, 5, 5, 4, 4, 2, 2]  # drafts of 2, 4, 6, 8, 8, 6
+    fixed = generate(target, prompt(3, 5), s, drafter=ModelDrafter(target))
+    assert fixed.stats.num_target_calls == 14 and torch.equal(fixed.sequences, out.sequences)
+
+
+def test_confidence_stop_rule():
+    logits = torch.tensor([[3.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, 1.0, -5.0, -5.0]])
+    tokens = torch.tensor([0, 2, 1])
+    confidence = torch.softmax(logits, -1)[torch.arange(3), tokens]  # 0.87, 0.25, ~0.5
+    for threshold in (0.0, 0.3, 0.6, 1.0):
+        assert ConfidenceStop(threshold).stops(logits, tokens).tolist() == (confidence < threshold).tolist()
+    with pytest.raises(ValueError, match=r"threshold must be in \[0, 1\], got 1.5"):
+        ConfidenceStop(1.5)
+
+
+def test_update_hook_sees_each_drafted_step_of_the_active_rows(target, drafters):
+    """A user-defined Drafter: generate calls propose / commit / update in that order, update
+    with the rows still generating, and never on an undrafted last step."""
+    from mdboost.engine import Drafter, DraftSession
+
+    class Recording(Drafter):
+        def __init__(self, inner):
+            self.inner, self.calls = inner, []
+
+        def start(self, prompts, lm, settings):
+            inner, calls = self.inner.start(prompts, lm, settings), self.calls
+
+            class Session(DraftSession):
+                def propose(self, contexts, max_tokens, generator):
+                    calls.append(("propose", max_tokens))
+                    return inner.propose(contexts, max_tokens, generator)
+
+                def commit(self, num_accepted, new_tokens):
+                    calls.append(("commit", len(num_accepted)))
+                    inner.commit(num_accepted, new_tokens)
+
+                def update(self, num_accepted, lengths):
+                    calls.append(("update", len(num_accepted)))
+                    inner.update(num_accepted, lengths)
+
+            return Session()
+
+    rows = [prompt(70, 4)[0].tolist(), prompt(71, 6)[0].tolist()]
+    ids, mask = left_pad(rows, 0, torch.device("cpu"))
+    recording = Recording(drafters["exit1"])
+    s = settings(gamma=3, max_new_tokens=9, temperature=0)
+    out = generate(target, ids, s, attention_mask=mask.long(), drafter=recording)
+    plain = generate(target, ids, s, attention_mask=mask.long(), drafter=drafters["exit1"])
+    assert torch.equal(out.sequences, plain.sequences)
+    kinds = [c[0] for c in recording.calls]
+    assert kinds.count("commit") == out.stats.num_target_calls
+    drafted = [i for i, k in enumerate(kinds) if k == "propose"]
+    assert all(kinds[i + 1: i + 3] == ["commit", "update"] for i in drafted)
+    limits = [c[1] for c in recording.calls if c[0] == "propose"]  # tokens the longest row can still use - 1
+    assert limits[0] == 8 and limits == sorted(limits, reverse=True) and min(limits) >= 1
+    assert all(1 <= c[1] <= 2 for c in recording.calls if c[0] == "update")
+
+
+def test_layer_view_continues_the_target_cache(target):
+    """The view of the first N layers gives the early-exit drafter's fresh-forward logits over each
+    row's own tokens (holes included), and keep([0] * B) hands the target its cache back unchanged."""
+    gen = torch.Generator().manual_seed(1)
+    cpu = torch.device("cpu")
+    drafter = early_exit_model(target, 2)
+    lm = CachedLM(target, 3, cpu)
+    cached = [[], [], []]
+    pending = [[5, 6, 7], [8, 9, 10, 11, 12], [13]]
+    for _ in range(3):  # random per-row rollbacks leave holes
+        chunk, valid = left_pad(pending, 0, cpu)
+        extra = torch.randint(4, V, (3, 3), generator=gen)
+        lm.forward(torch.cat([chunk, extra], 1), torch.cat([valid, torch.ones_like(extra, dtype=torch.bool)], 1))
+        kept = torch.randint(0, 4, (3,), generator=gen).tolist()
+        lm.keep([chunk.shape[1] + k for k in kept])
+        for b in range(3):
+            cached[b] += pending[b] + extra[b, : kept[b]].tolist()
+        pending = [[t] for t in torch.randint(4, V, (3,), generator=gen).tolist()]
+    assert lm.holes
+    slots, valid_before = lm.cache.get_seq_length(), lm.valid.clone()
+    keys_before = lm.cache.layers[0].keys.clone()
+
+    view = lm.layer_view(drafter)
+    assert view.cache.layers[0] is lm.cache.layers[0] and len(view.cache.layers) == 2
+    chunk, valid = left_pad(pending, 0, cpu)
+    logits = view.forward(chunk, valid)
+    more = view.forward(torch.tensor([[4], [5], [6]]))
+    for b in range(3):
+        fresh = drafter(torch.tensor([cached[b] + pending[b] + [4 + b]])).logits[0]
+        assert torch.allclose(logits[b, -1], fresh[-2], atol=1e-4)
+        assert torch.allclose(more[b, -1], fresh[-1], atol=1e-4)
+    view.keep([0, 0, 0])
+    assert lm.cache.get_seq_length() == slots and torch.equal(lm.valid, valid_before)
+    assert torch.equal(lm.cache.layers[0].keys, keys_before)
+    # the target itself continues as if the view had never drafted
+    logits = lm.forward(chunk, valid)
+    for b in range(3):
+        fresh = target(torch.tensor([cached[b] + pending[b]])).logits[0, -1]
+        assert torch.allclose(logits[b, -1], fresh, atol=1e-4)
+    with pytest.raises(RuntimeError, match="keep"):
+        lm.layer_view(drafter)  # columns fed since the last keep
+    lm.keep([chunk.shape[1]] * 3)
+    with pytest.raises(ValueError, match="decoder layers"):
+        lm.layer_view(target)

@@ -19,7 +19,7 @@ def pool():
 
 
 def test_greedy_sd_and_md_match_hf(pool):
-    from mdboost.engine import generate
+    from mdboost.engine import GenerationSettings, as_drafter, generate
 
     target, tok = pool.target.model, pool.target.tokenizer
     ids = tok("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n", return_tensors="pt").input_ids
@@ -29,18 +29,19 @@ def test_greedy_sd_and_md_match_hf(pool):
     assisted = target.generate(ids, max_new_tokens=16, do_sample=False, eos_token_id=eos, pad_token_id=eos,
                                assistant_model=exit12, num_assistant_tokens=4, num_assistant_tokens_schedule="constant")
     for drafter in (exit12, pool["ngram:3"].ngram):
-        out = generate(target, ids, drafter=drafter, mode="sd", gamma=4, max_new_tokens=16, temperature=0,
-                       eos_token_id=eos)
+        settings = GenerationSettings(gamma=4, max_new_tokens=16, temperature=0, eos_token_id=eos)
+        out = generate(target, ids, settings, drafter=as_drafter(drafter))
         assert torch.equal(out.sequences, ref)
     assert torch.equal(assisted, ref)
 
 
 def test_sampled_md_respects_budget(pool):
-    from mdboost.engine import generate
+    from mdboost.engine import GenerationSettings, ModelDrafter, generate
 
     target, tok = pool.target.model, pool.target.tokenizer
     ids = tok("def add(a, b):\n", return_tensors="pt").input_ids
-    out = generate(target, ids, drafter=pool["early_exit:12"].model, mode="md", max_divergence=0.05, gamma=3,
-                   max_new_tokens=12, generator=torch.Generator().manual_seed(0), md_top_k=256)
+    settings = GenerationSettings(max_divergence=0.05, gamma=3, max_new_tokens=12, md_top_k=256)
+    out = generate(target, ids, settings, drafter=ModelDrafter(pool["early_exit:12"].model),
+                   generator=torch.Generator().manual_seed(0))
     assert out.stats.max_divergence <= 0.05 + 1e-4
     assert out.stats.num_verified_positions > 0

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
-from mdboost.models.cost import cache_kwarg
+from mdboost.models.loading import cache_kwarg
 from mdboost.models.drafters import (
     early_exit_model,
     fit_translator,

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from mdboost.models.cost import cache_kwarg
+from mdboost.models.loading import cache_kwarg
 from mdboost.models.tiny import BOS_ID, EOS_ID, PAD_ID, tiny_llama, tiny_tokenizer
 
 

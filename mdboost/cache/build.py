@@ -4,7 +4,7 @@ For every pool member and every cached position (each token of the reference / s
 continuation, predicted from its prefix) the cache stores: the top-``k`` token ids and logits,
 the full-vocabulary ``logsumexp`` (so kept probabilities are exact), the true next token's
 logit and the full-vocabulary logit sum (boosting's ``y^T h = h_true - (S - h_true)/(n - 1)``,
-the math note, section 5); optionally the full logits (fp16); for ``ngram`` members their
+``docs/boosting.md``, "Label coding"); optionally the full logits (fp16); for ``ngram`` members their
 proposals. Logits are those of temperature 1; ``temperatures`` adds the exact
 ``logsumexp(logits / T)`` per temperature (the top-k set is the same for every ``T > 0``).
 
@@ -29,10 +29,9 @@ from pathlib import Path
 import torch
 
 from mdboost.data import dataset_fingerprint, encode_prompt, encode_record
-from mdboost.md.probs import logits_to_probs
 
-from .manifest import (TOKENS, atomic_save_tensors, code_version, finished_digest, read_manifest, shard_name,
-                       write_manifest, FORMAT)
+from .manifest import (FORMAT, TOKENS, atomic_save_tensors, code_version, finished_digest, lse_key, read_manifest,
+                       shard_name, write_manifest)
 
 SOURCES = ("reference", "sampled")
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -53,31 +52,20 @@ def _check_args(k, dtype, source, shard_size, temperatures):
             raise ValueError(f"temperatures must be > 0 (logits are cached at temperature 1), got {t!r}")
 
 
-def lse_key(temperature: float) -> str:
-    """Tensor name of ``logsumexp(logits / temperature)`` in a member shard."""
-    return "logsumexp" if float(temperature) == 1.0 else f"logsumexp@{float(temperature):g}"
-
-
-@torch.no_grad()
 def sample_continuation(model, prompt: torch.Tensor, max_new_tokens: int, temperature: float,
                         generator: torch.Generator, eos_token_id: int | None = None) -> torch.Tensor:  # [P] -> [N]
-    """Sample up to ``max_new_tokens`` tokens from ``model`` after ``prompt`` (KV cache, stops at EOS)."""
-    from transformers import DynamicCache
+    """Sample up to ``max_new_tokens`` tokens from ``model`` after ``prompt`` (stops after EOS).
 
-    from mdboost.models.cost import cache_kwarg
+    The engine's AR loop (:func:`mdboost.engine.generate` without a drafter): KV-cached, one
+    multinomial draw per token from ``generator`` (a CPU generator draws on the CPU whatever
+    the model's device); ``temperature=0`` is greedy and draws nothing.
+    """
+    from mdboost.engine import GenerationSettings, generate
 
     device = next(model.parameters()).device
-    cache, key = DynamicCache(config=model.config), cache_kwarg(model)
-    step_ids, out = prompt.to(device)[None], []
-    for _ in range(max_new_tokens):
-        logits = model(input_ids=step_ids, use_cache=True, **{key: cache}).logits[0, -1]  # [V]
-        probs = logits_to_probs(logits.float().cpu(), temperature)
-        token = int(torch.multinomial(probs, 1, generator=generator)) if temperature > 0 else int(probs.argmax())
-        out.append(token)
-        if token == eos_token_id:
-            break
-        step_ids = torch.tensor([[token]], device=device)
-    return torch.tensor(out, dtype=torch.long)
+    settings = GenerationSettings(max_new_tokens=max_new_tokens, temperature=temperature, eos_token_id=eos_token_id)
+    out = generate(model, prompt.to(device)[None], settings, generator=generator)
+    return out.sequences[0, prompt.numel(): prompt.numel() + int(out.num_new_tokens[0])].cpu()
 
 
 def _record_seed(seed: int, record_id: str) -> int:

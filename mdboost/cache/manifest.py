@@ -25,6 +25,11 @@ MANIFEST = "manifest.json"
 TOKENS = "tokens.safetensors"
 
 
+def lse_key(temperature: float) -> str:
+    """Tensor name of ``logsumexp(logits / temperature)`` in a member shard."""
+    return "logsumexp" if float(temperature) == 1.0 else f"logsumexp@{float(temperature):g}"
+
+
 class CacheCorruptionError(ValueError):
     """A shard is missing, truncated, or does not match its recorded checksum."""
 

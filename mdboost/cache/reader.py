@@ -26,8 +26,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from .build import lse_key
-from .manifest import TOKENS, CacheCorruptionError, read_manifest, shard_name, verify_shards
+from .manifest import TOKENS, CacheCorruptionError, lse_key, read_manifest, shard_name, verify_shards
 
 TAILS = ("drop", "uniform", "full")
 

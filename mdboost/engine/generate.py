@@ -2,18 +2,21 @@
 
 One engine step (Leviathan et al. 2023; Chen et al. 2023; the paper's Section 5 for MD):
 
-1. the drafter proposes ``K`` tokens with distributions ``p`` (``K = 0`` in ``ar`` mode, or
-   when prompt lookup finds nothing);
+1. the drafter proposes up to ``K`` tokens with distributions ``p`` (none without a drafter,
+   or when prompt lookup finds nothing);
 2. ONE target forward over ``[pending tokens, d_1..d_K]`` gives ``q`` at the ``K + 1``
    positions (both through :func:`mdboost.logits_to_probs` with the same settings);
 3. :func:`mdboost.md.verify.verify` accepts a prefix of the drafts with the MD clamp
-   (``max_divergence = 0``: standard SD) and emits one more token (correction or bonus);
-   with ``K = 0`` the token is sampled from ``q`` directly;
-4. both KV caches are rolled back to the accepted prefix (:class:`mdboost.engine.kv.CachedLM`).
+   (budget 0: standard SD) and emits one more token (correction or bonus); with ``K = 0``
+   the token is sampled from ``q`` directly;
+4. both KV caches are rolled back to the accepted prefix (:class:`mdboost.engine.kv.CachedLM`,
+   the drafter's :meth:`~mdboost.engine.drafting.DraftSession.commit`), and the drafter's
+   schedule sees the outcome (:meth:`~mdboost.engine.drafting.DraftSession.update`).
 
-Modes: ``ar`` target only; ``sd`` lossless (budget 0: output distributed exactly as the
-target's, and identical to target greedy decoding at temperature 0); ``md`` a divergence
-budget ``max_divergence`` or an acceptance floor ``min_acceptance``.
+Modes follow from the arguments: no drafter is AR (target only); a drafter with no budget in
+the settings is lossless SD (output distributed exactly as the target's, and identical to
+target greedy decoding at temperature 0); a drafter with ``max_divergence > 0`` or
+``min_acceptance`` is MD.
 """
 
 from __future__ import annotations
@@ -23,13 +26,13 @@ from dataclasses import dataclass
 
 import torch
 
-from mdboost.engine.drafting import SharedLayersDrafter, as_drafter, sample, shares_layers
+from mdboost.engine.drafting import Drafter, sample
 from mdboost.engine.kv import CachedLM, left_pad
+from mdboost.engine.settings import GenerationSettings
 from mdboost.engine.stats import GenerationStats
 from mdboost.md.probs import logits_to_probs
-from mdboost.md.verify import SOLVE
 
-MODES = ("ar", "sd", "md")
+DEFAULT_SETTINGS = GenerationSettings()
 
 
 @dataclass
@@ -77,156 +80,72 @@ def _prompts(input_ids, attention_mask) -> list[list[int]]:
     return rows
 
 
-def _check_args(mode, drafter, gamma, max_new_tokens, max_divergence, min_acceptance):
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if mode != "ar" and drafter is None:
-        raise ValueError(f"mode={mode!r} needs a drafter, got drafter=None")
-    if int(gamma) != gamma or gamma < 1:
-        raise ValueError(f"gamma must be a positive integer, got {gamma!r}")
-    if int(max_new_tokens) != max_new_tokens or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-    if max_divergence is None or not max_divergence >= 0:
-        raise ValueError(f"max_divergence must be >= 0, got {max_divergence!r}")
-    if min_acceptance is not None and not 0 <= min_acceptance <= 1:
-        raise ValueError(f"min_acceptance must be in [0, 1] or None, got {min_acceptance!r}")
-    lossy = max_divergence > 0 or min_acceptance is not None
-    if mode == "sd" and lossy:
-        raise ValueError(f"mode='sd' is lossless: max_divergence must be 0 and min_acceptance None, got {max_divergence!r}, {min_acceptance!r}")
-    if mode == "md" and not lossy:
-        raise ValueError("mode='md' needs max_divergence > 0 or min_acceptance (use mode='sd' for budget 0)")
-
-
 def generate(
     target,
     input_ids: torch.Tensor,  # [B, T]
+    settings: GenerationSettings = DEFAULT_SETTINGS,
     *,
-    drafter=None,
-    mode: str = "ar",
-    max_new_tokens: int = 32,
-    gamma: int = 4,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    max_divergence: float = 0.0,
-    min_acceptance: float | None = None,
-    divergence="kl",
-    md_top_k: int | None = None,
-    md_solve: str = "needed",
-    eos_token_id: int | None = None,
-    pad_token_id: int | None = None,
+    drafter: Drafter | None = None,
     attention_mask: torch.Tensor | None = None,  # [B, T]
     generator: torch.Generator | None = None,
-    adaptive_gamma: bool = False,
-    max_gamma: int | None = None,
-    share_kv: bool = True,
-    draft_confidence: float | None = None,
 ) -> GenerationOutput:
-    """Generate with ``target``, optionally drafted by ``drafter`` (AR, SD or MD).
+    """Generate with ``target``, drafted by ``drafter`` (SD or MD) or alone (AR).
 
     Parameters
     ----------
     target : transformers causal LM
-        The model whose distribution ``q`` is reproduced (``sd``) or approximated (``md``).
+        The model whose distribution ``q`` is reproduced (SD) or approximated (MD).
     input_ids : torch.LongTensor of shape (B, T)
         Prompts; rows may be left-padded (pass ``attention_mask``).
-    drafter : causal LM, n-gram drafter (``propose(ids, k)``), drafter adapter, or None
-        Must share the target's vocabulary. Ignored in ``ar`` mode.
-    mode : {"ar", "sd", "md"}
-    max_new_tokens : int
-        New tokens per row, ``>= 1``.
-    gamma : int, default=4
-        Draft length per step (the initial one when ``adaptive_gamma``).
-    temperature, top_k, top_p
-        Sampling settings for both models (:func:`mdboost.logits_to_probs`); ``temperature=0``
-        is greedy (one-hot ``p`` and ``q``; SD then accepts exactly the matching drafts).
-    max_divergence : float, default=0.0
-        MD budget ``D`` on ``D_f(pi || q)`` per position (``md`` mode).
-    min_acceptance : float or None
-        MD acceptance floor (the dual problem) instead of a budget.
-    divergence : str or callable, default="kl"
-        The f-divergence of the budget (see :mod:`mdboost.md.divergences`).
-    md_top_k : int or None
-        Solve MD on the target's top-k tokens only (Lemma 6.1); ``md`` mode only (ignored in
-        ``sd``, where it would make verification lossy).
-    md_solve : {"needed", "reached", "all"}, default="needed"
-        Where ``md`` mode computes the clamp (:func:`mdboost.md.verify.verify`'s ``solve``):
-        ``"needed"`` only at drafts SD would reject (fastest; the same tokens), ``"reached"``
-        at every verified position (exact per-position stats: realized divergence and MD
-        acceptance probability everywhere), ``"all"`` also after the first rejection.
-    eos_token_id, pad_token_id : int or None
-        A row stops after emitting ``eos_token_id``; shorter rows are padded with
-        ``pad_token_id`` (default: ``eos_token_id``, else 0).
+    settings : GenerationSettings, default=GenerationSettings()
+        Sampling, MD budget, draft length, new tokens, EOS / pad ids (validated when built).
+        Without a drafter the budget does not apply (the same settings serve an AR baseline).
+    drafter : Drafter or None
+        A :class:`~mdboost.engine.drafting.ModelDrafter`, an
+        :class:`~mdboost.engine.drafting.NgramAdapter` or any :class:`Drafter` (convert a pool
+        member with :func:`~mdboost.engine.drafting.as_drafter`); it must share the target's
+        vocabulary. ``None``: AR decoding. It is not changed: its state for this call comes
+        from its ``start``.
     attention_mask : torch.Tensor of shape (B, T) or None
         1 for prompt tokens, 0 for padding.
     generator : torch.Generator or None
         The only source of randomness (same seed, same output).
-    adaptive_gamma : bool, default=False
-        After each drafted step: ``gamma += 2`` if every row accepted every draft, else
-        ``gamma = max(1, gamma - 1)`` (Hugging Face's "heuristic" schedule), capped at
-        ``max_gamma`` (default ``4 * gamma``).
-    share_kv : bool, default=True
-        When the drafter's embeddings and layers are the target's own modules (an early-exit
-        drafter of the pool), draft on top of the target's KV cache instead of a private one
-        (:class:`mdboost.engine.drafting.SharedLayersDrafter`).
-    draft_confidence : float or None
-        Model drafters only: a row stops drafting in a step after a token whose probability
-        under the drafter's raw softmax is below this value (Hugging Face's
-        ``assistant_confidence_threshold``, 0.4 by default there); ``None`` (default) always
-        drafts ``gamma`` tokens. Lossless: the stop depends on the drafter's outputs only.
 
     Returns
     -------
     GenerationOutput
     """
-    _check_args(mode, drafter, gamma, max_new_tokens, max_divergence, min_acceptance)
-    if md_solve not in SOLVE:
-        raise ValueError(f"md_solve must be one of {SOLVE}, got {md_solve!r}")
-    if draft_confidence is not None and not 0 <= draft_confidence <= 1:
-        raise ValueError(f"draft_confidence must be in [0, 1] or None, got {draft_confidence!r}")
-    if max_gamma is not None and (int(max_gamma) != max_gamma or max_gamma < 1):
-        raise ValueError(f"max_gamma must be a positive integer or None, got {max_gamma!r}")
+    if not isinstance(settings, GenerationSettings):
+        raise TypeError(f"settings must be a GenerationSettings, got {type(settings).__name__}")
+    if drafter is not None and not isinstance(drafter, Drafter):
+        raise TypeError(f"drafter must be a Drafter or None (convert a model or n-gram drafter with as_drafter), "
+                        f"got {type(drafter).__name__}")
     prompts = _prompts(input_ids, attention_mask)
     device = input_ids.device
-    vocab = target.config.get_text_config().vocab_size
-    draft = as_drafter(drafter, vocab) if mode != "ar" else None
-    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
-    # md_top_k only in md mode: in sd it would replace q by its top-k (lossy)
-    md_args = dict(max_divergence=max_divergence, min_acceptance=min_acceptance, divergence=divergence,
-                   top_k=md_top_k if mode == "md" else None, solve=md_solve)
-    stats = GenerationStats(mode=mode, budget=max_divergence if mode == "md" and max_divergence > 0 else None)
+    mode = "ar" if drafter is None else ("md" if settings.lossy else "sd")
+    stats = GenerationStats(mode=mode, budget=settings.max_divergence if mode == "md" and settings.max_divergence > 0 else None)
     timer = _Timer(device)
     start = timer.now()
 
-    state = _State(prompts, max_new_tokens, eos_token_id)
+    state = _State(prompts, settings.max_new_tokens, settings.eos_token_id)
     lm = CachedLM(target, len(prompts), device)
-    if draft is not None and draft.kind == "model":
-        if share_kv and shares_layers(draft.model, target):
-            draft = SharedLayersDrafter(draft.model, lm, draft.stop_below)
-        if draft_confidence is not None:  # else keep a given adapter's own setting
-            draft.stop_below = draft_confidence
-    if draft is not None:
-        draft.start(prompts, device)
-    k_now, k_cap = int(gamma), int(max_gamma or 4 * gamma)
+    session = drafter.start(prompts, lm, settings) if drafter is not None else None
     # deterministic decoding (greedy, no budget): an undrafted step takes the argmax directly
-    greedy = temperature == 0 and max_divergence == 0 and min_acceptance is None
+    greedy = settings.temperature == 0 and mode != "md"
+    sampling, md_args = settings.sampling, settings.verify_args
     # inference mode, not just no_grad: no version counters or view tracking on the cache
     # tensors (about 6% per CPU forward of SmolLM2-135M); nothing created here leaks out
     with torch.inference_mode():
         while state.active_rows():
-            k = 0 if draft is None else min(k_now, state.max_remaining() - 1)
-            lengths = _step(lm, draft, state, k, sampling, md_args, generator, stats, timer, greedy)
-            if adaptive_gamma and k:
-                full = all(state.last_accepted[b] == k == lengths[b] for b in state.last_active)
-                k_now = min(k_now + 2, k_cap) if full else max(1, k_now - 1)
+            limit = 0 if session is None else state.max_remaining() - 1
+            _step(lm, session, state, limit, sampling, md_args, generator, stats, timer, greedy)
 
     stats.time_total = timer.now() - start
-    pad = pad_token_id if pad_token_id is not None else (eos_token_id if eos_token_id is not None else 0)
-    return state.output(input_ids, pad, stats)
+    return state.output(input_ids, settings.pad_id, stats)
 
 
-def _step(lm, draft, state, k, sampling, md_args, generator, stats, timer, greedy=False) -> list[int]:
-    """One draft / score / verify / roll back step; returns the per-row draft lengths.
+def _step(lm, session, state, limit, sampling, md_args, generator, stats, timer, greedy=False) -> None:
+    """One draft / score / verify / roll back step; ``limit`` caps the drafts (0: none).
 
     ``greedy``: the output is deterministic (temperature 0, no budget), so a step without
     drafts takes the target's argmax (what sampling its one-hot ``q`` gives) without building
@@ -234,14 +153,14 @@ def _step(lm, draft, state, k, sampling, md_args, generator, stats, timer, greed
     """
     batch = len(state.pending)
     t0 = timer.now()
-    if k:
-        drafts, draft_probs, lengths = draft.propose(k, sampling, generator, state.contexts())
+    if limit:
+        drafts, draft_probs, lengths = session.propose(state.contexts(), limit, generator)
     else:
         drafts, draft_probs, lengths = None, None, [0] * batch
     width = drafts.shape[1] if drafts is not None else 0
     t1 = timer.now()
 
-    chunk, valid = left_pad(state.pending, 0, lm.valid.device)
+    chunk, valid = left_pad(state.pending, 0, lm.device)
     if width:
         chunk = torch.cat([chunk, drafts], dim=1)
         valid = torch.cat([valid, torch.ones_like(drafts, dtype=torch.bool)], dim=1)
@@ -259,15 +178,16 @@ def _step(lm, draft, state, k, sampling, md_args, generator, stats, timer, greed
     t3 = timer.now()
 
     lm.keep([chunk.shape[1] - width + n for n in num_accepted])
-    if draft is not None:
-        draft.commit(num_accepted, new_tokens)
+    if session is not None:
+        session.commit(num_accepted, new_tokens)
     stats.num_target_calls += 1
     stats.time_drafter += t1 - t0
     stats.time_target += t2 - t1
     stats.time_verify += t3 - t2
     draft_rows = drafts.tolist() if width else [[]] * batch
     stats.num_new_tokens += state.append(draft_rows, num_accepted, new_tokens, lengths, stats)
-    return lengths
+    if limit:
+        session.update([num_accepted[b] for b in state.last_active], [lengths[b] for b in state.last_active])
 
 
 def _verify_greedy(drafts, logits, lengths, stats, state):  # [B, K] or None, [B, K+1, V]

@@ -14,14 +14,18 @@ rule used here:
 So every row attends to exactly its own accepted tokens at their true positions, which is
 what a fresh forward over the row's token sequence computes. With one row there are never
 holes (the crop is exact) and no attention mask is passed at all.
+
+:meth:`CachedLM.layer_view` lends the first ``N`` cache layers to a model whose first ``N``
+decoder layers are this model's own (an early-exit drafter): it drafts on top of the
+target's cache instead of a cache of its own, and gives the entries back with ``keep``.
 """
 
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
+from transformers import Cache, DynamicCache
 
-from mdboost.models.cost import cache_kwarg
+from mdboost.models.loading import cache_kwarg
 
 
 class CachedLM:
@@ -40,7 +44,7 @@ class CachedLM:
 
     def __init__(self, model, batch_size: int, device: torch.device):
         self.model = model
-        self.cache = DynamicCache(config=model.config)
+        self.cache: Cache = DynamicCache(config=model.config)
         self._cache_key = cache_kwarg(model)
         self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)  # [B, S]
         self.holes = False  # any invalid slot so far (then an attention mask is required)
@@ -50,6 +54,47 @@ class CachedLM:
     def num_slots(self) -> int:
         """Slots in the cache (valid or not)."""
         return self.valid.shape[1]
+
+    @property
+    def batch_size(self) -> int:
+        return self.valid.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the token tensors."""
+        return self.valid.device
+
+    @property
+    def vocab_size(self) -> int:
+        """Width of the model's logits."""
+        return self.model.config.get_text_config().vocab_size
+
+    def layer_view(self, model) -> CachedLM:
+        """A ``CachedLM`` over ``model`` whose cache layers ARE this cache's first ``N``.
+
+        ``model`` has ``N`` decoder layers (its config's ``num_hidden_layers``, fewer than
+        this model's) that must be this model's first ``N`` layers, with the same embeddings
+        (an early-exit drafter, :func:`mdboost.models.drafters.early_exit_model`): then this
+        cache's first ``N`` layers hold exactly the keys and values ``model`` would compute
+        for the tokens fed so far, and the view continues from them. The view starts with a
+        copy of this slot mask (holes included, so it sees each row's own tokens only).
+
+        Feeding the view appends entries to the shared layers; give them back with
+        ``view.keep([0] * batch_size)`` (which crops them off) before this ``CachedLM`` is
+        fed or rolled back again. Tested: the view's logits equal a fresh forward of
+        ``model`` over each row's tokens, and this cache is unchanged after the view's keep.
+        """
+        num_layers = model.config.get_text_config().num_hidden_layers
+        if not 1 <= num_layers < len(self.cache.layers):
+            raise ValueError(f"model must have between 1 and {len(self.cache.layers) - 1} decoder layers "
+                             f"(fewer than this cache's), got {num_layers}")
+        if self.last_fed:
+            raise RuntimeError(f"call keep() before layer_view(): {self.last_fed} columns fed since the last keep")
+        view = CachedLM(model, self.batch_size, self.device)
+        # transformers' documented Cache(layers=...) constructor over the same layer objects
+        view.cache = Cache(layers=list(self.cache.layers[:num_layers]))
+        view.valid, view.holes = self.valid.clone(), self.holes
+        return view
 
     @torch.no_grad()
     def forward(

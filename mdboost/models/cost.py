@@ -25,14 +25,7 @@ import time
 
 import torch
 
-
-def cache_kwarg(model) -> str:
-    """The forward keyword for a KV cache: ``cache`` in transformers >= 5.2x (where
-    ``past_key_values`` is deprecated), ``past_key_values`` before. Every caller that feeds a
-    cache to a model asks here."""
-    import inspect
-
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+from .loading import cache_kwarg
 
 
 def _sync(device: torch.device) -> None:

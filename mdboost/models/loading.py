@@ -47,6 +47,15 @@ def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
     return value
 
 
+def cache_kwarg(model) -> str:
+    """The forward keyword for a KV cache: ``cache`` in transformers >= 5.2x (where
+    ``past_key_values`` is deprecated), ``past_key_values`` before. Every caller that feeds a
+    cache to a model asks here."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def load_model(
     name: str,
     device: str | torch.device | None = None,

@@ -26,8 +26,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mdboost.engine import generate
+from mdboost.engine import GenerationSettings, as_drafter, generate
 from mdboost.engine.stats import GenerationStats
+
+MODES = ("ar", "sd", "md")
 
 _SUMMED = ("num_new_tokens", "num_target_calls", "num_drafts", "num_draft_tokens", "num_accepted_tokens",
            "num_verified_positions", "num_solved_positions", "divergence_sum", "num_budget_accepted",
@@ -89,12 +91,37 @@ class ModeRun:
                 "num_new_tokens": float(s.num_new_tokens), "num_budget_accepted": float(s.num_budget_accepted)}
 
 
+def _mode_arguments(kwargs: dict):
+    """``(settings, drafter)`` of :func:`mdboost.engine.generate` for one mode's keyword arguments.
+
+    ``mode`` (``"ar"``, ``"sd"`` or ``"md"``) and ``drafter`` (a pool member's model or n-gram
+    drafter, or a :class:`~mdboost.engine.drafting.Drafter`); the rest are
+    :class:`~mdboost.engine.settings.GenerationSettings` fields. ``ar`` ignores the drafter,
+    ``sd`` needs a drafter and no budget, ``md`` a drafter and a budget.
+    """
+    kwargs = dict(kwargs)
+    mode, drafter = kwargs.pop("mode", "ar"), kwargs.pop("drafter", None)
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    settings = GenerationSettings(**kwargs)
+    if mode == "ar":
+        return settings, None
+    if drafter is None:
+        raise ValueError(f"mode={mode!r} needs a drafter, got drafter=None")
+    if mode == "sd" and settings.lossy:
+        raise ValueError(f"mode='sd' is lossless: max_divergence must be 0 and min_acceptance None, "
+                         f"got {settings.max_divergence!r}, {settings.min_acceptance!r}")
+    if mode == "md" and not settings.lossy:
+        raise ValueError("mode='md' needs max_divergence > 0 or min_acceptance (use mode='sd' for budget 0)")
+    return settings, as_drafter(drafter)
+
+
 def run_mode(target, prompts: list[torch.Tensor], *, drafter=None, mode: str = "ar", seed: int = 0,
              **gen_kwargs) -> ModeRun:
     """Generate for every prompt (``[T]`` each, batch 1) in one mode; merge the stats.
 
-    ``gen_kwargs`` go to :func:`mdboost.engine.generate` (gamma, temperature, max_new_tokens,
-    max_divergence, divergence, eos_token_id, ...). Prompt ``i`` uses seed ``seed + i``.
+    ``gen_kwargs`` are :class:`mdboost.engine.GenerationSettings` fields (gamma, temperature,
+    max_new_tokens, max_divergence, divergence, eos_token_id, ...). Prompt ``i`` uses seed ``seed + i``.
     """
     return run_modes(target, prompts, {mode: dict(drafter=drafter, mode=mode)}, seed=seed, **gen_kwargs)[mode]
 
@@ -104,21 +131,22 @@ def run_modes(target, prompts: list[torch.Tensor], modes: dict[str, dict], *, se
     """Several modes interleaved per prompt: prompt ``i`` runs every mode in turn.
 
     A change of machine load during the run then hits every mode alike, so speedups (ratios
-    of tokens/s between modes) stay fair. ``modes`` maps a name to the mode's own
-    :func:`mdboost.engine.generate` arguments (``mode``, ``drafter``, ``max_divergence``, ...),
-    merged over ``common``. Prompt ``i`` uses seed ``seed + i`` in every mode.
+    of tokens/s between modes) stay fair. ``modes`` maps a name to the mode's own arguments
+    (``mode``, ``drafter``, ``max_divergence``, ...: see :func:`_mode_arguments`), merged over
+    ``common``. Prompt ``i`` uses seed ``seed + i`` in every mode.
     """
     if not prompts:
         raise ValueError("prompts must hold at least one prompt, got none")
     if not modes:
         raise ValueError("modes must name at least one mode, got none")
+    arguments = {name: _mode_arguments({**common, **kwargs}) for name, kwargs in modes.items()}
     device = next(target.parameters()).device
     stats = {name: [] for name in modes}
     outputs = {name: [] for name in modes}
     for i, ids in enumerate(prompts):
-        for name, kwargs in modes.items():
+        for name, (settings, drafter) in arguments.items():
             gen = torch.Generator(device=device).manual_seed(seed + i)
-            out = generate(target, ids.view(1, -1).to(device), generator=gen, **{**common, **kwargs})
+            out = generate(target, ids.view(1, -1).to(device), settings, drafter=drafter, generator=gen)
             n = int(out.num_new_tokens[0])
             outputs[name].append(out.sequences[0, ids.numel(): ids.numel() + n].tolist())
             stats[name].append(out.stats)

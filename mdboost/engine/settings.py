@@ -1,0 +1,155 @@
+"""What one :func:`mdboost.engine.generate` call does, as one frozen, validated object.
+
+:class:`GenerationSettings` holds the sampling settings (shared by drafter and target: both
+go through :func:`mdboost.logits_to_probs` with them, ``docs/theory.md`` section 1), the MD
+budget of verification (section 3: a divergence budget ``max_divergence`` or its dual, an
+acceptance floor ``min_acceptance``; budget 0 is lossless SD), the draft length and the
+stopping rule. Which drafter drafts, and how it schedules its drafts, is the drafter's
+business (:mod:`mdboost.engine.drafting`), not a setting.
+
+Every field is checked when the object is built; an error names the field and its value.
+Change a field with :func:`dataclasses.replace`, which validates again.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import Callable
+
+from mdboost.md.divergences import resolve
+from mdboost.md.verify import SOLVE
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _positive_int(name: str, value, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if not _is_int(value) or value < 1:
+        extra = " or None" if optional else ""
+        raise ValueError(f"{name} must be a positive integer{extra}, got {value!r}")
+
+
+def _token_id(name: str, value) -> None:
+    if value is not None and (not _is_int(value) or value < 0):
+        raise ValueError(f"{name} must be a token id (an integer >= 0) or None, got {value!r}")
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """Sampling, MD budget, draft length and stopping rule of one generation.
+
+    Parameters
+    ----------
+    max_new_tokens : int, default=32
+        New tokens per row, ``>= 1``.
+    gamma : int, default=4
+        Draft length per step, ``>= 1`` (where a drafter's schedule starts; see
+        :class:`mdboost.engine.schedule.AdaptiveDraftLength`). A step never drafts more than
+        the row that needs the most tokens can still use, minus one.
+    temperature : float, default=1.0
+        Softmax temperature of both models, ``>= 0``; ``0`` is greedy (one-hot ``p`` and
+        ``q``: SD then reproduces the target's greedy decoding token for token).
+    top_k, top_p : int or None, float or None
+        Filtering of both models' distributions (:func:`mdboost.logits_to_probs`).
+    max_divergence : float, default=0.0
+        MD budget ``D`` on ``D_f(pi || q)`` per verified position, ``>= 0``
+        (``docs/theory.md`` section 3); ``0`` with ``min_acceptance=None`` is lossless SD.
+    min_acceptance : float or None, default=None
+        The dual budget, an acceptance floor in ``[0, 1]``, instead of ``max_divergence``
+        (give one of the two).
+    divergence : str or callable, default="kl"
+        The f-divergence of the budget (a name of :mod:`mdboost.md.divergences` or a
+        generator ``f``).
+    md_top_k : int or None, default=None
+        Solve MD on the target's top-k tokens only (Lemma 6.1). Used only with a budget (in
+        lossless SD it would make verification lossy).
+    md_solve : {"needed", "reached", "all"}, default="needed"
+        Where verification solves the clamp (:func:`mdboost.md.verify.verify`'s ``solve``):
+        ``"needed"`` only at drafts SD would reject (fastest; the same tokens), ``"reached"``
+        at every verified position (exact per-position stats), ``"all"`` also after the
+        first rejection.
+    eos_token_id : int or None, default=None
+        A row stops after emitting it.
+    pad_token_id : int or None, default=None
+        Pads rows that stopped early (default: ``eos_token_id``, else 0).
+
+    Examples
+    --------
+    >>> settings = GenerationSettings(max_new_tokens=16, temperature=0.0)
+    >>> settings.lossy, settings.sampling
+    (False, {'temperature': 0.0, 'top_k': None, 'top_p': None})
+    >>> GenerationSettings(gamma=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: gamma must be a positive integer, got 0
+    """
+
+    max_new_tokens: int = 32
+    gamma: int = 4
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    max_divergence: float = 0.0
+    min_acceptance: float | None = None
+    divergence: str | Callable = "kl"
+    md_top_k: int | None = None
+    md_solve: str = "needed"
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
+
+    def __post_init__(self):
+        _positive_int("max_new_tokens", self.max_new_tokens)
+        _positive_int("gamma", self.gamma)
+        if not _is_real(self.temperature) or not self.temperature >= 0:
+            raise ValueError(f"temperature must be a number >= 0, got {self.temperature!r}")
+        _positive_int("top_k", self.top_k, optional=True)
+        if self.top_p is not None and not (_is_real(self.top_p) and 0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be in (0, 1] or None, got {self.top_p!r}")
+        if not _is_real(self.max_divergence) or not self.max_divergence >= 0:
+            raise ValueError(f"max_divergence must be a number >= 0, got {self.max_divergence!r}")
+        if self.min_acceptance is not None:
+            if not (_is_real(self.min_acceptance) and 0 <= self.min_acceptance <= 1):
+                raise ValueError(f"min_acceptance must be in [0, 1] or None, got {self.min_acceptance!r}")
+            if self.max_divergence != 0:
+                raise ValueError(f"give max_divergence or min_acceptance, not both: max_divergence="
+                                 f"{self.max_divergence!r}, min_acceptance={self.min_acceptance!r}")
+        try:
+            resolve(self.divergence)
+        except ValueError as err:
+            raise ValueError(f"divergence: {err}") from err
+        _positive_int("md_top_k", self.md_top_k, optional=True)
+        if self.md_solve not in SOLVE:
+            raise ValueError(f"md_solve must be one of {SOLVE}, got {self.md_solve!r}")
+        _token_id("eos_token_id", self.eos_token_id)
+        _token_id("pad_token_id", self.pad_token_id)
+
+    @property
+    def lossy(self) -> bool:
+        """True with a budget (``max_divergence > 0`` or ``min_acceptance``): MD, else SD."""
+        return self.max_divergence > 0 or self.min_acceptance is not None
+
+    @property
+    def sampling(self) -> dict:
+        """Keyword arguments of :func:`mdboost.logits_to_probs` for both models."""
+        return dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+
+    @property
+    def verify_args(self) -> dict:
+        """Keyword arguments of :func:`mdboost.md.verify.verify` (``md_top_k`` only when lossy)."""
+        return dict(max_divergence=self.max_divergence, min_acceptance=self.min_acceptance,
+                    divergence=self.divergence, top_k=self.md_top_k if self.lossy else None, solve=self.md_solve)
+
+    @property
+    def pad_id(self) -> int:
+        """The pad token actually used: ``pad_token_id``, else ``eos_token_id``, else 0."""
+        if self.pad_token_id is not None:
+            return self.pad_token_id
+        return self.eos_token_id if self.eos_token_id is not None else 0
