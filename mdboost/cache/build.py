@@ -155,11 +155,35 @@ def _logits_kwargs(model, keep: int) -> dict:
 
 @torch.no_grad()
 def member_logits(model, ids: torch.Tensor, start: int) -> torch.Tensor:  # [T] -> [T - start, V]
-    """Float32 logits predicting ``ids[start:]`` from their prefixes (one forward pass)."""
-    device = next(model.parameters()).device
+    """Float32 logits predicting ``ids[start:]`` from their prefixes, as the engine computes them.
+
+    One forward pass over the sequence, except for models whose outputs at a position depend
+    on the other tokens of the same forward (:func:`mdboost.models.drafters.mixes_positions`:
+    dynamically quantized layers take one activation scale per input tensor). Those are run
+    the way the engine's drafter runs them: the prefix ``ids[:start]`` in one forward, then one
+    token per forward on a KV cache (:func:`_stepwise_logits`).
+    """
+    from mdboost.models.drafters import mixes_positions
+
     rows = ids.numel() - start
+    if mixes_positions(model) and rows:
+        return _stepwise_logits(model, ids, start)
+    device = next(model.parameters()).device
     out = model(input_ids=ids[None].to(device), use_cache=False, **_logits_kwargs(model, rows + 1)).logits[0]
     return out[-rows - 1:-1].float() if rows else out[:0].float()
+
+
+def _stepwise_logits(model, ids: torch.Tensor, start: int) -> torch.Tensor:  # [T] -> [T - start, V]
+    """The prefix in one forward, then one token per forward (the engine's drafting path)."""
+    from mdboost.engine.kv import CachedLM
+
+    device = next(model.parameters()).device
+    ids = ids.to(device)
+    lm = CachedLM(model, 1, device)
+    out = [lm.forward(ids[None, :start], logits_to_keep=1)[0, -1]]
+    for t in range(start, ids.numel() - 1):
+        out.append(lm.forward(ids[None, t:t + 1], logits_to_keep=1)[0, -1])
+    return torch.stack(out).float()
 
 
 @torch.no_grad()

@@ -164,6 +164,19 @@ def _shared_parameters(target) -> dict:
     return {id(p): p for p in params}
 
 
+def mixes_positions(model) -> bool:
+    """True when ``model``'s output at one position depends on the other tokens of its forward.
+
+    Dynamically quantized ``Linear`` layers (:func:`int8_model`) quantize their input with one
+    activation scale per call, taken over every token of the forward: the logits of a position
+    then differ between a whole-sequence forward and the engine's one-token draft steps. Such
+    models must be cached the way the engine runs them (:func:`mdboost.cache.build.member_logits`).
+    """
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+
+    return any(isinstance(m, DynamicLinear) for m in model.modules())
+
+
 def int8_model(target):
     """A dynamically int8-quantized copy of ``target`` (``nn.Linear`` layers only), on CPU.
 

@@ -227,23 +227,58 @@ def run_process(chain: torch.Tensor, gamma, *, draft_len=None, lengths=None) -> 
 
 
 # ---- one pair: every operating point and gamma in one batch ----------------------------------------
+FIGURES = ("speedup", "acceptance", "acceptance_conditional", "mean_accepted_length", "tokens_per_call")
+
+
 @dataclass
 class ProcessScore:
-    """The process's prediction for one operating point at its best gamma.
+    """The process's predictions for one operating point at every candidate gamma.
 
-    ``acceptance``: expected position-0 acceptance with ``P_acc`` as the value at each start
-    (what the engine's ``expected_acceptance`` averages); ``acceptance_conditional``: the same
-    with ``c_s``; ``mean_accepted_length``: ``1 + accepted / drafted steps``;
-    ``tokens_per_call``: tokens / steps (undrafted steps included); ``speedups``: per gamma.
+    Figures (each a float64 tensor ``[G]`` over ``gammas``, in ``values``; their bootstrap
+    interval over prompts in ``lo`` / ``hi``, :mod:`mdboost.ranking.uncertainty`):
+    ``speedup``; ``acceptance``: expected position-0 acceptance with ``P_acc`` as the value at
+    each start (what the engine's ``expected_acceptance`` averages); ``acceptance_conditional``:
+    the same with ``c_s``; ``mean_accepted_length``: ``1 + accepted / drafted steps``;
+    ``tokens_per_call``: tokens / steps (undrafted steps included). ``best``: index of the gamma
+    with the largest predicted speedup (the smallest such gamma on ties).
     """
 
-    gamma: int
-    speedup: float
-    acceptance: float
-    acceptance_conditional: float
-    mean_accepted_length: float
-    tokens_per_call: float
-    speedups: list
+    gammas: list
+    values: dict
+    lo: dict
+    hi: dict
+    best: int
+
+    @property
+    def gamma(self) -> int:
+        return self.gammas[self.best]
+
+    def at_best(self, figure: str) -> float:
+        return float(self.values[figure][self.best])
+
+    @property
+    def speedup(self) -> float:
+        return self.at_best("speedup")
+
+    @property
+    def acceptance(self) -> float:
+        return self.at_best("acceptance")
+
+    @property
+    def acceptance_conditional(self) -> float:
+        return self.at_best("acceptance_conditional")
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return self.at_best("mean_accepted_length")
+
+    @property
+    def tokens_per_call(self) -> float:
+        return self.at_best("tokens_per_call")
+
+    @property
+    def speedups(self) -> list:
+        return self.values["speedup"].tolist()
 
 
 @dataclass
@@ -307,7 +342,7 @@ def _chains(layout: SequenceLayout, draft_rows, target_rows, labels, points, wid
 
 def score_process(layout: SequenceLayout, draft_rows, target_rows, labels, points: list[PointInputs], gammas,
                   cost_ratio: float, *, verify_costs=None, md_solve: str = "reached",
-                  sd_acceptance=None) -> list[ProcessScore]:
+                  sd_acceptance=None, bootstrap=None, cost_samples=None) -> list[ProcessScore]:
     """Best gamma, speedup and engine-side acceptance of every operating point of a pair.
 
     Parameters
@@ -327,6 +362,15 @@ def score_process(layout: SequenceLayout, draft_rows, target_rows, labels, point
     md_solve : {"reached", "needed", "all"}
     sd_acceptance : tensor [M], optional
         SD's ``P_acc`` per row (``needed``: a reached position is solved when SD would reject).
+    bootstrap : BootstrapSettings, optional
+        Intervals over prompts (:mod:`mdboost.ranking.uncertainty`); default: none (NaN bounds).
+    cost_samples : sequence of float, optional
+        Repeated measurements of ``cost_ratio``: each resample also draws one of them.
+
+    Returns
+    -------
+    list of ProcessScore
+        One per point, every figure at every gamma with its interval.
     """
     from mdboost.ranking.speed import process_speedup
 
@@ -343,8 +387,17 @@ def score_process(layout: SequenceLayout, draft_rows, target_rows, labels, point
     res = run_process(batch, gamma, draft_len=None if offered is None else offered.repeat(n_p * n_g, 1),
                       lengths=lengths.repeat(n_p * n_g))
 
-    def pooled(x):  # [P * G * B, ...] -> [P, G, ...] summed over sequences
-        return x.reshape(n_p, n_g, n_b, *x.shape[1:]).sum(2)
+    from mdboost.ranking.uncertainty import BootstrapSettings, percentile_interval, prompt_weights, resample_values
+
+    boot = bootstrap or BootstrapSettings(num_resamples=0)
+    # resample 0 is the full sample (every prompt once), then the bootstrap resamples of the prompts
+    weights = torch.ones(1, n_b, dtype=torch.float64)
+    if boot.num_resamples:
+        weights = torch.cat([weights, prompt_weights(n_b, boot)])
+
+    def pooled(x):  # [P * G * B, ...] -> [R, P, G, ...]: weighted sums over the sequences
+        x = x.reshape(n_p, n_g, n_b, *x.shape[1:]).movedim(2, -1)
+        return torch.einsum("rb,...b->r...", weights, x.double())
 
     if md_solve == "all":
         solved = pooled(res.draft_tokens)
@@ -352,21 +405,24 @@ def score_process(layout: SequenceLayout, draft_rows, target_rows, labels, point
         weight = torch.ones(()) if md_solve == "reached" else 1 - gather_rows(torch.as_tensor(sd_acceptance).double(), index)
         solved = pooled((res.visit_prob.reshape(n_p * n_g, n_b, length) * weight).sum(-1).reshape(-1))
     overhead = torch.tensor([pt.md_overhead for pt in points], dtype=torch.float64)[:, None]
-    speed = process_speedup(float(lengths.sum()), pooled(res.draft_tokens), pooled(res.steps_by_draft_len), cost_ratio,
-                            verify_costs=verify_costs, md_overhead=overhead, solved=solved)  # [P, G]
-    best = speed.argmax(-1)  # first maximum: the smallest gamma on ties
+    cost = torch.full((len(weights), 1, 1), float(cost_ratio), dtype=torch.float64)
+    if cost_samples is not None and boot.num_resamples:
+        cost[1:, 0, 0] = resample_values(cost_samples, boot.num_resamples, boot.seed)
+    tokens = (weights @ lengths.double())[:, None, None]  # [R, 1, 1]
+    speed = process_speedup(tokens, pooled(res.draft_tokens), pooled(res.steps_by_draft_len), cost,
+                            verify_costs=verify_costs, md_overhead=overhead, solved=solved)  # [R, P, G]
+
     def per_row(x):  # [P, B, L] -> [P * G * B, L], the batch order of run_process
         return x[:, None].expand(n_p, n_g, n_b, length).reshape(-1, length)
 
     values = torch.stack([gather_rows(pt.acceptance.double(), index) for pt in points])  # [P, B, L]
     num_v, den = (pooled(x) for x in res.position0(per_row(values)))
     num_c = pooled(res.position0(per_row(raw[..., 0]))[0])
-    accepted, steps = pooled(res.accepted), pooled(res.steps)
-    out = []
-    for i, g in enumerate(best.tolist()):
-        d = float(den[i, g])
-        num = [float(num_v[i, g]), float(num_c[i, g]), float(accepted[i, g])]
-        acc, acc_c, acc_n = (x / d if d > 0 else float("nan") for x in num)
-        out.append(ProcessScore(gammas[g], float(speed[i, g]), acc, acc_c, 1 + acc_n,
-                                float(lengths.sum() / steps[i, g]), speed[i].tolist()))
-    return out
+    drafted = torch.where(den > 0, den, torch.full_like(den, float("nan")))
+    figures = {"speedup": speed, "acceptance": num_v / drafted, "acceptance_conditional": num_c / drafted,
+               "mean_accepted_length": 1 + pooled(res.accepted) / drafted,
+               "tokens_per_call": tokens / pooled(res.steps)}  # each [R, P, G]
+    bounds = {name: percentile_interval(x[1:], boot.level) for name, x in figures.items()}
+    best = speed[0].argmax(-1)  # first maximum: the smallest gamma on ties
+    return [ProcessScore(gammas, {f: x[0, i] for f, x in figures.items()}, {f: b[0][i] for f, b in bounds.items()},
+                         {f: b[1][i] for f, b in bounds.items()}, int(best[i])) for i in range(n_p)]

@@ -1,0 +1,124 @@
+"""One recommendation from a ranking: which pair, at which settings, how fast, how sure.
+
+The rule (documented in ``docs/ranking.md``, section "The recommendation"), over the ranking's
+rows, one per (drafter, target, temperature, divergence, budget, gamma):
+
+1. *eligible* rows are those whose mentored NLL stays within the tolerance of the target's
+   (``quality_ok``); if no row is eligible, every row is considered (and the verdict says so);
+2. a row *beats plain decoding* when the lower end of its predicted speedup interval is above 1
+   (``predicted_speedup_lo > 1``): a point whose interval reaches 1 is not called faster;
+3. among eligible rows that beat plain decoding, the largest predicted speedup wins (ties: the
+   larger lower bound, then the smaller gamma, then the smaller budget);
+4. when none beats plain decoding, the recommendation is plain decoding with the target, and
+   it names the best speculative point by the same order (its figures, ``beats_plain_decoding``
+   false) so the user sees how far it is.
+
+Rows are plain dicts (CSV rows may hold strings): this module reads them, nothing else.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+FIELDS = ("drafter", "target", "temperature", "divergence", "max_divergence", "gamma", "predicted_speedup",
+          "predicted_speedup_lo", "predicted_speedup_hi", "beats_plain_decoding")
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The ranking's answer (the first ten fields are ``summary.json``'s ``recommendation``).
+
+    ``beats_plain_decoding`` false means: decode with the target alone; the other fields then
+    describe the best speculative point, for reference.
+    """
+
+    drafter: str
+    target: str
+    temperature: float
+    divergence: str
+    max_divergence: float
+    gamma: int
+    predicted_speedup: float
+    predicted_speedup_lo: float
+    predicted_speedup_hi: float
+    beats_plain_decoding: bool
+    quality_ok: bool
+    nll_target: float
+    nll_mentored: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def point(self) -> str:
+        """``"ngram:3 -> smollm2-135m, T=0.7, kl <= 0.2, gamma 4"`` (budget 0: ``SD``)."""
+        budget = "SD" if self.max_divergence == 0 else f"{self.divergence} <= {self.max_divergence:g}"
+        return f"{self.drafter} -> {self.target}, T={self.temperature:g}, {budget}, gamma {self.gamma}"
+
+    @property
+    def interval(self) -> str:
+        return (f"{self.predicted_speedup:.2f}x [{self.predicted_speedup_lo:.2f}, "
+                f"{self.predicted_speedup_hi:.2f}]")
+
+    def verdict(self) -> str:
+        """One line: the recommendation, or that plain decoding is fastest.
+
+        >>> r = Recommendation("ngram:3", "t", 0.7, "kl", 0.2, 4, 0.86, 0.8, 0.92, False, True, 1.0, 1.01)
+        >>> r.verdict()
+        'plain decoding is fastest here; the best speculative point is ngram:3 -> t, T=0.7, kl <= 0.2, gamma 4 at 0.86x [0.80, 0.92]'
+        """
+        quality = "" if self.quality_ok else " (no point met the quality tolerance)"
+        if not self.beats_plain_decoding:
+            return f"plain decoding is fastest here; the best speculative point is {self.point} at {self.interval}{quality}"
+        return f"recommended: {self.point}: predicted speedup {self.interval} over plain decoding{quality}"
+
+
+def _float(row: dict, key: str) -> float:
+    try:
+        return float(row[key])
+    except (KeyError, TypeError, ValueError):
+        return math.nan
+
+
+def _bool(value) -> bool:
+    return value is True or str(value).strip().lower() in ("true", "1", "yes")
+
+
+def beats_plain_decoding(row: dict) -> bool:
+    """``predicted_speedup_lo > 1`` (a NaN bound, e.g. no bootstrap, never counts as faster)."""
+    lo = _float(row, "predicted_speedup_lo")
+    return math.isfinite(lo) and lo > 1.0
+
+
+def _order(row: dict):
+    neg = lambda key: -_float(row, key) if math.isfinite(_float(row, key)) else math.inf  # noqa: E731
+    return neg("predicted_speedup"), neg("predicted_speedup_lo"), int(float(row["gamma"])), _float(row, "max_divergence")
+
+
+def recommend(rows: list[dict]) -> Recommendation:
+    """Apply the module's rule to ranking rows (with ``quality_ok`` set, e.g. by ``rank_rows``).
+
+    Parameters
+    ----------
+    rows : list of dict
+        Ranking rows with the fields of :data:`FIELDS` (but ``beats_plain_decoding``), plus
+        ``quality_ok``, ``nll_target`` and ``nll_mentored``.
+
+    Returns
+    -------
+    Recommendation
+    """
+    if not rows:
+        raise ValueError("rows must hold at least one ranking row, got none")
+    eligible = [r for r in rows if _bool(r.get("quality_ok"))]
+    pool = eligible or list(rows)
+    winners = [r for r in pool if beats_plain_decoding(r)]
+    best = min(winners or pool, key=_order)
+    return Recommendation(
+        drafter=str(best["drafter"]), target=str(best["target"]), temperature=_float(best, "temperature"),
+        divergence=str(best["divergence"]), max_divergence=_float(best, "max_divergence"),
+        gamma=int(float(best["gamma"])), predicted_speedup=_float(best, "predicted_speedup"),
+        predicted_speedup_lo=_float(best, "predicted_speedup_lo"),
+        predicted_speedup_hi=_float(best, "predicted_speedup_hi"), beats_plain_decoding=bool(winners),
+        quality_ok=bool(eligible), nll_target=_float(best, "nll_target"), nll_mentored=_float(best, "nll_mentored"))

@@ -1,0 +1,78 @@
+"""Are the ranking's intervals and its pick right? Coverage, errors, rank correlation, regret.
+
+Over a set of validated cells (operating points run for real), each with a predicted value, its
+predicted interval ``[lo, hi]`` and the realized value:
+
+- **coverage**: the share of realized values inside their predicted interval (a calibrated 90%
+  interval covers about 90% of cells; far less means over-confident, far more too wide);
+- **MAE** and **Spearman** of predicted vs realized (:mod:`mdboost.validation.prediction`);
+- **regret of the pick**: ``1 - realized[pick] / max(realized)``, with ``pick`` the cell with the
+  largest predicted value: 0 when the predicted-best cell is also the realized best among the
+  validated cells, 0.2 when it realizes 20% less than the best one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from mdboost.validation.prediction import spearman
+
+
+def _arrays(**named) -> list[np.ndarray]:
+    out = [np.asarray(v, dtype=float).reshape(-1) for v in named.values()]
+    sizes = {name: a.size for name, a in zip(named, out)}
+    if len(set(sizes.values())) != 1 or not next(iter(sizes.values())):
+        raise ValueError(f"{', '.join(named)} must be non-empty and of one length, got sizes {sizes}")
+    return out
+
+
+def coverage(realized, lo, hi) -> float:
+    """Share of ``realized`` values with ``lo <= realized <= hi`` (NaN bounds count as misses).
+
+    >>> coverage([1.0, 2.0, 3.0, 4.0], [0.5, 2.5, 2.0, 3.0], [1.5, 3.0, 3.5, 5.0])
+    0.75
+    """
+    r, a, b = _arrays(realized=realized, lo=lo, hi=hi)
+    if np.isnan(r).any():
+        raise ValueError(f"realized must be finite, got {r.tolist()}")
+    return float(np.mean((a <= r) & (r <= b)))
+
+
+def regret(predicted, realized) -> float:
+    """``1 - realized[argmax predicted] / max(realized)`` (first maximum on ties).
+
+    >>> regret([1.1, 1.3, 0.9], [1.2, 1.0, 0.8])
+    0.16666666666666663
+    """
+    p, r = _arrays(predicted=predicted, realized=realized)
+    if not (np.isfinite(p).all() and np.isfinite(r).all()) or r.max() <= 0:
+        raise ValueError(f"predicted and realized must be finite with a positive realized maximum, got {p.tolist()}, {r.tolist()}")
+    return float(1 - r[int(np.argmax(p))] / r.max())
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Prediction quality of one figure over the validated cells."""
+
+    cells: int
+    coverage: float
+    mae: float
+    max_error: float
+    spearman: float
+    regret: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def calibration(predicted, lo, hi, realized) -> Calibration:
+    """All metrics of the module docstring for one figure (e.g. the speedup).
+
+    Spearman is NaN with fewer than two cells or constant values.
+    """
+    p, a, b, r = _arrays(predicted=predicted, lo=lo, hi=hi, realized=realized)
+    err = np.abs(p - r)
+    rho = spearman(p, r)
+    return Calibration(int(p.size), coverage(r, a, b), float(err.mean()), float(err.max()), rho, regret(p, r))
