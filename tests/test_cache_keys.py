@@ -1,6 +1,8 @@
 """Cache folder keys are a compatibility contract: the names below were computed by the code that
 built users' caches (``mdboost/ranking/from_cache.py`` before the cache keys moved to
-``mdboost/cache/keys.py``); a change here means every existing cache gets rebuilt."""
+``mdboost/cache/keys.py``); a change here means every existing cache gets rebuilt. Only the
+``int8`` folders moved since: their rows are now computed as the engine drafts
+(``mdboost.models.pool.ROW_REVISIONS``), so caches of the older rows must not be reused."""
 
 import dataclasses
 
@@ -15,21 +17,21 @@ PINNED = {
             "tiny": "tiny-1dc11f20b1956b24",
             "early_exit:2": "early_exit_2-29cb75f4c9627adb",
             "tuned:2": "tuned_2-ca561fea5fd13ad4",
-            "int8": "int8-653f42c994a2c439",
+            "int8": "int8-1c4fb1fb29c84044",
             "ngram:2": "ngram_2-eef45966168bdf49",
         },
         "acceptance": {
             "tiny": "tiny-3b2ed4c9935e2dd4",
             "early_exit:2": "early_exit_2-9e1884be8b31f52a",
             "tuned:2": "tuned_2-b828c9f9f7c609d7",
-            "int8": "int8-16361f4c78d2daae",
+            "int8": "int8-93876ec43e113d0e",
             "ngram:2": "ngram_2-49a74f088bc7e18f",
         },
         "continuations": {
             "16": "continuations-1f862031c8eb4c0a",
             "128": "continuations-942b48715d250384",
         },
-        "fingerprint": "69c01aeba0b24bb3",
+        "fingerprint": "75cb20e59a4606fe",
     },
     "default": {
         "main": {
@@ -42,7 +44,7 @@ PINNED = {
             "tuned:18": "tuned_18-d34d3ea90dbfce7f",
             "tuned:24": "tuned_24-06461b09b2505dcd",
             "tuned:27": "tuned_27-91ec7f05e294285a",
-            "int8": "int8-571398a5c0ae923e",
+            "int8": "int8-6327ab94a164d094",
             "ngram:3": "ngram_3-2f0fedbe72f00eea",
         },
         "acceptance": {
@@ -55,14 +57,14 @@ PINNED = {
             "tuned:18": "tuned_18-b1d501772e81c3b8",
             "tuned:24": "tuned_24-cf9b8098dd9fb069",
             "tuned:27": "tuned_27-3167f6ac593b7330",
-            "int8": "int8-268f820c535488fd",
+            "int8": "int8-086b864d6321d29c",
             "ngram:3": "ngram_3-80d4d7e59f4f5dc7",
         },
         "continuations": {
             "64": "continuations-f01eac56b4ec8498",
             "128": "continuations-35c58d29960aef07",
         },
-        "fingerprint": "f5dfeb3239be850e",
+        "fingerprint": "40487ff0c96e1fe9",
     },
 }
 
@@ -103,3 +105,13 @@ def test_fingerprint_hashes_dataclasses_as_their_fields():
     assert fingerprint(text) != fingerprint(TextSource(limit=4))
     assert fingerprint((1, 2)) == fingerprint([1, 2])
 
+
+
+def test_a_row_revision_moves_only_that_members_folders(monkeypatch):
+    from mdboost.models import pool
+
+    spec = load_yaml("configs/tiny.yaml", RankConfig).cache_spec()
+    before = {m: spec.member_dir(m).name for m in spec.names}
+    monkeypatch.setitem(pool.ROW_REVISIONS, "tuned", "rows: test revision")
+    after = {m: spec.member_dir(m).name for m in spec.names}
+    assert {m for m in spec.names if before[m] != after[m]} == {"tuned:2"}

@@ -4,7 +4,8 @@ Each pool member is cached in its own folder ``<dir>/<slug>-<fingerprint>``
 (:meth:`PoolCacheSpec.member_dir`). The fingerprint covers the text source (records,
 truncation, seed), the folder's stored-value settings (:class:`FolderSettings`: ``k``,
 ``dtype``, ``full_logits``, ``source``, ``max_new_tokens``, ``shard_size``), the target spec,
-the member spec and the temperature. So an unchanged spec opens every folder without loading a
+the member spec, the temperature and, for kinds whose rows are computed differently since
+caches were first keyed, that revision (:data:`mdboost.models.pool.ROW_REVISIONS`). So an unchanged spec opens every folder without loading a
 model; adding a drafter builds only that drafter's folder; changing ``k`` or the text rebuilds
 all; build options (jobs, backend, cost measurement) never move a folder.
 
@@ -156,10 +157,14 @@ class PoolCacheSpec:
         with the main folder when the main folders are themselves sampled with the same number
         of new tokens. A sampled folder's key includes the shared continuations' key.
         """
+        from mdboost.models.pool import row_revision
+
         settings = self.settings(acceptance)
         parts = (self.text, settings, self.target, member, self.temperature)
         if settings.sampled:
             parts += (self.continuations_key(settings.max_new_tokens),)
+        if row_revision(member) is not None:  # rows computed differently since first keyed
+            parts += (row_revision(member),)
         slug = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in member)
         return Path(self.dir) / f"{slug}-{fingerprint(*parts)}"
 

@@ -141,6 +141,16 @@ def parse_drafter(spec: str) -> tuple[str, int | None]:
     return match.group(1), int(match.group(2))
 
 
+# How a kind's cached rows are computed, where it changed since caches were first keyed: part of
+# the member's cache-folder key (mdboost.cache.keys), so a cache built the older way is rebuilt.
+ROW_REVISIONS = {"int8": "rows: prefix forward, then one token per forward (as the engine drafts)"}
+
+
+def row_revision(spec: str) -> str | None:
+    """The :data:`ROW_REVISIONS` entry of a member spec's kind, or None (the original rows)."""
+    return ROW_REVISIONS.get(parse_drafter(spec)[0])
+
+
 def _tuned_store(target_name: str, home) -> str | None:
     if target_name.startswith("tiny"):
         return None  # random tiny models: fitting is instant, nothing worth storing
