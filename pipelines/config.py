@@ -377,43 +377,55 @@ class RankConfig:
 
 @dataclass
 class SourceConfig:
-    """Which ranking: a folder holding ``ranking.csv`` or an MLflow parent run id; top-N rows.
+    """Which ranking, and how many of its cells to validate.
 
-    ``per_pair``: take each pair's best-ranked operating point only (top-N distinct pairs);
-    otherwise the top-N operating points. Either way a budget-0 point is run once per pair
-    (it is plain SD whatever the divergence).
+    ``ranking_dir``: a folder holding ``ranking.csv`` and ``config.resolved.yaml`` (and the
+    ranking's ``summary.json`` when it has one), or ``ranking_run_id``: an MLflow parent run
+    holding them as artifacts. ``cells``: further cells validated after the recommendation's,
+    spread over temperatures, SD / MD, drafters, gammas and budgets
+    (:func:`mdboost.validation.cells.select_cells`).
     """
 
     ranking_dir: str | None = None
     ranking_run_id: str | None = None
-    top: int = 3
-    per_pair: bool = True
+    cells: int = 12
 
     def __post_init__(self):
         if (self.ranking_dir is None) == (self.ranking_run_id is None):
             raise ValueError(f"set exactly one of ranking_dir / ranking_run_id, got {self.ranking_dir!r}, {self.ranking_run_id!r}")
-        if self.top < 1:
-            raise ValueError(f"top must be >= 1, got {self.top!r}")
+        if self.cells < 0:
+            raise ValueError(f"cells must be >= 0, got {self.cells!r}")
 
 
 @dataclass
 class GenerationConfig:
-    """Generation settings shared by all modes; ``prompts`` held-out prompts per run.
+    """Generation settings of the validation runs; ``prompts`` held-out prompts per cell.
 
-    ``md_solve``: the engine's ``md_solve`` in MD runs; ``null`` (default) takes the ranking's
-    ``speed.md_solve``, the mode its speed model assumed. ``expected_acceptance`` needs
-    ``reached`` or ``all`` (``needed`` leaves ``P_acc`` uncomputed where SD accepts).
+    Sampling settings come from the ranking (each cell runs at its row's temperature, with the
+    ranking's ``top_k`` / ``top_p``); ``null`` (the default) takes them. A value set here must
+    agree with the ranking (:func:`mdboost.validation.cells.resolve_sampling`), else the run is
+    refused: ``temperature`` must be one the ranking predicted for (only its cells are then
+    validated), ``top_k`` / ``top_p`` must equal the ranking's. Likewise ``md_solve`` (the
+    engine's argument in MD runs) must equal the one the ranking's speed model assumed.
     """
 
     prompts: int = 4
     max_new_tokens: int = 64
-    temperature: float = 1.0
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
     seed: int = 0
     md_solve: Literal[SOLVE] | None = None
 
     def __post_init__(self):
-        if self.prompts < 1 or self.max_new_tokens < 2 or self.temperature < 0:
-            raise ValueError(f"need prompts >= 1, max_new_tokens >= 2, temperature >= 0, got {self}")
+        if self.prompts < 1 or self.max_new_tokens < 2:
+            raise ValueError(f"need prompts >= 1 and max_new_tokens >= 2, got {self.prompts!r}, {self.max_new_tokens!r}")
+        if self.temperature is not None and not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0 or null, got {self.temperature!r}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1 or null, got {self.top_k!r}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1] or null, got {self.top_p!r}")
 
 
 @dataclass

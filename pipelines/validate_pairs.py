@@ -1,54 +1,172 @@
-"""``mdboost validate --config X``: real AR / SD / MD runs on the top pairs of a ranking.
+"""``mdboost validate --config X``: real runs of a ranking's cells, predicted vs realized.
 
-Steps: read ``ranking.csv`` and ``config.resolved.yaml`` (from a folder, or downloaded from the
-ranking's MLflow parent run); rebuild the pool; take the top-N operating points; generate on
-HELD-OUT prompts (``mdboost.data`` split ``heldout``, never cached or ranked on) in AR, SD and MD
-modes at each point's ``best_gamma`` and budget; compare predicted and realized acceptance and
-speedup (:mod:`mdboost.validation.prediction`, scatter plot); optionally HumanEval pass@1 of AR
-vs MD outputs; log a parent run and one nested run per operating point, tagged
-``mdboost.ranking_run_id`` (the matching nested ranking run) and with the same params.
+Steps: read ``ranking.csv``, ``config.resolved.yaml`` and (when there) ``summary.json`` from a
+folder, or download them from the ranking's MLflow parent run; take the ranking's sampling
+settings and refuse a validation config that contradicts them
+(:func:`mdboost.validation.cells.resolve_sampling`, :func:`~mdboost.validation.cells.check_md_solve`);
+pick the recommendation's cell and ``ranking.cells`` more across the space
+(:func:`~mdboost.validation.cells.select_cells`); rebuild the pool; generate on HELD-OUT prompts
+(``mdboost.data`` split ``heldout``, never cached or ranked on), every cell at its own
+temperature, gamma, divergence, budget and ``md_solve``, interleaved per prompt with AR
+(:func:`mdboost.validation.points.realize_cells`); compare predicted (with intervals) and
+realized (:mod:`mdboost.validation.report`); write ``validation.csv``, ``summary.json`` and the
+scatter plot to ``output_dir``; optionally HumanEval pass@1 of AR vs the recommendation; log a
+parent run and one nested run per cell, tagged ``mdboost.ranking_run_id``.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import yaml
 
 from mdboost.ranking.report import read_csv
-from mdboost.validation.points import (
-    heldout_prompts,
-    humaneval_pass_at_1,
-    point_key,
-    points_quality,
-    select_points,
-    validate_point,
+from mdboost.validation.cells import check_md_solve, complete_rows, resolve_sampling, select_cells
+from mdboost.validation.points import heldout_prompts, humaneval_pass_at_1, realize_cells
+from mdboost.validation.report import (
+    cell_record,
+    format_table,
+    summarize,
+    verdict,
+    write_summary_json,
+    write_validation_csv,
 )
-from pipelines.config import RankConfig, SourceConfig, TrackingConfig, ValidateConfig, load_yaml, to_dict
+from pipelines.config import RankConfig, SourceConfig, TrackingConfig, ValidateConfig, from_dict, to_dict
+
+RANKING_FILES = ("ranking.csv", "config.resolved.yaml")
 
 
-def fetch_ranking(src: SourceConfig, tracking: TrackingConfig, tmp: Path) -> tuple[list[dict], RankConfig, str | None]:
-    """``(rows, rank config, ranking parent run id)`` from a folder or an MLflow run."""
+@dataclass
+class Ranking:
+    """What validation reads of a ranking."""
+
+    rows: list[dict]
+    config: RankConfig
+    summary: dict | None  # the ranking's summary.json, when it has one
+    run_id: str | None
+    sampling: dict        # {temperatures, top_k, top_p}
+    md_solve: str
+
+
+def _ranking_sampling(summary: dict | None, md_section: dict) -> dict:
+    """The ranking's sampling settings: ``summary.json`` ``sampling``, else its config's ``md``."""
+    if summary and summary.get("sampling"):
+        return dict(summary["sampling"])
+    temps = md_section.get("temperatures")
+    if temps is None:
+        temps = [md_section.get("temperature", 1.0)]
+    temps = temps if isinstance(temps, (list, tuple)) else [temps]
+    return {"temperatures": [float(t) for t in temps], "top_k": md_section.get("top_k"),
+            "top_p": md_section.get("top_p")}
+
+
+def fetch_ranking(src: SourceConfig, tracking: TrackingConfig, tmp: Path) -> Ranking:
+    """The ranking from a folder or an MLflow run (``summary.json`` optional)."""
     folder, run_id = (Path(src.ranking_dir) if src.ranking_dir else None), src.ranking_run_id
     if run_id is not None:
         import mlflow
 
         mlflow.set_tracking_uri(tracking.tracking_uri)
         folder = tmp / "ranking"
-        for name in ("ranking.csv", "config.resolved.yaml"):
-            mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=name, dst_path=str(folder))
-    for name in ("ranking.csv", "config.resolved.yaml"):
+        for name in (*RANKING_FILES, "summary.json"):
+            try:
+                mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=name, dst_path=str(folder))
+            except Exception:  # noqa: BLE001 -- a missing artifact: the check below names it
+                pass
+    for name in RANKING_FILES:
         if not (folder / name).is_file():
             raise ValueError(f"ranking_dir must hold {name}, not found in {str(folder)!r}")
+    raw = yaml.safe_load((folder / "config.resolved.yaml").read_text()) or {}
+    config = from_dict(RankConfig, raw)
+    summary = json.loads((folder / "summary.json").read_text()) if (folder / "summary.json").is_file() else None
     rows = sorted(read_csv(folder / "ranking.csv"), key=lambda r: int(r["rank"]))
-    return rows, load_yaml(folder / "config.resolved.yaml", RankConfig), run_id
+    md_solve = (summary or {}).get("md_solve") or config.speed.md_solve
+    return Ranking(rows, config, summary, run_id, _ranking_sampling(summary, raw.get("md") or {}), md_solve)
+
+
+@dataclass
+class Plan:
+    """The cells to validate and the settings they run with."""
+
+    ranking: Ranking
+    cells: list[dict]
+    sampling: dict
+
+
+def plan(cfg: ValidateConfig) -> Plan:
+    """Read the ranking, check the config against it, pick the cells (``ValueError`` on a contradiction)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ranking = fetch_ranking(cfg.ranking, cfg.tracking, Path(tmp))
+    g = cfg.generation
+    sampling = resolve_sampling(ranking.sampling, temperature=g.temperature, top_k=g.top_k, top_p=g.top_p)
+    temps = ranking.sampling["temperatures"]
+    rows = complete_rows(ranking.rows, temperature=float(temps[0]) if len(temps) == 1 else None,
+                         md_solve=ranking.md_solve)
+    check_md_solve(rows, g.md_solve)
+    recommendation = (ranking.summary or {}).get("recommendation")
+    cells = select_cells(rows, recommendation, cells=cfg.ranking.cells, temperatures=sampling["temperatures"])
+    return Plan(ranking, cells, sampling)
+
+
+def _label(rec: dict) -> str:
+    point = "SD" if rec["max_divergence"] == 0 else f"{rec['divergence']}@{rec['max_divergence']:g}"
+    return f"{rec['cell']}:{rec['drafter']} T{rec['temperature']:g} g{rec['gamma']} {point}"
+
+
+def run(cfg: ValidateConfig, the_plan: Plan | None = None) -> dict:
+    """Run the validation; returns the summary written to ``summary.json`` (plus ``records``)."""
+    from mdboost.models.pool import build_pool
+    from mdboost.validation.plots import plot_predicted_vs_realized
+
+    p = the_plan or plan(cfg)
+    rank_cfg, g, sampling = p.ranking.config, cfg.generation, p.sampling
+    pc, text = rank_cfg.pool, rank_cfg.data.text_source()
+    names = sorted({n for r in p.cells for n in (r["drafter"], r["target"])} - {pc.target})
+    pool = build_pool(pc.target, names, device=pc.device, home=pc.home)
+    _, prompts = heldout_prompts(text, pool.target.tokenizer, g.prompts)
+    realized = realize_cells(p.cells, pool, prompts, max_new_tokens=g.max_new_tokens, seed=g.seed,
+                             top_k=sampling["top_k"], top_p=sampling["top_p"])
+    records = [cell_record(i, "recommendation" if i == 0 else "sample", row, real, top_k=sampling["top_k"],
+                           top_p=sampling["top_p"]) for i, (row, real) in enumerate(zip(p.cells, realized))]
+    metrics = summarize(records)
+    out = Path(cfg.output_dir)
+    col = lambda key: [r[key] for r in records]  # noqa: E731
+    scatter = plot_predicted_vs_realized(
+        [_label(r) for r in records], col("predicted_acceptance"), col("realized_acceptance"), col("predicted_speedup"),
+        col("realized_speedup"), out / "predicted_vs_realized.png", tolerance=cfg.tolerance,
+        acceptance_interval=(col("predicted_acceptance_lo"), col("predicted_acceptance_hi")),
+        speedup_interval=(col("predicted_speedup_lo"), col("predicted_speedup_hi")))
+    summary = {"verdict": verdict(metrics), "metrics": metrics, "sampling": sampling,
+               "md_solve": sorted({r["md_solve"] for r in records}),
+               "generation": {"prompts": len(prompts), "max_new_tokens": g.max_new_tokens, "seed": g.seed},
+               "ranking": {"ranking_dir": cfg.ranking.ranking_dir, "ranking_run_id": p.ranking.run_id},
+               "cells": records}
+    if cfg.humaneval.tasks > 0 and rank_cfg.data.source == "humaneval":
+        h = cfg.humaneval
+        summary["humaneval"] = humaneval_pass_at_1(p.cells[0], pool, text, tasks=h.tasks, max_new_tokens=h.max_new_tokens,
+                                                   seed=g.seed, timeout=h.timeout, top_k=sampling["top_k"],
+                                                   top_p=sampling["top_p"])
+    summary["files"] = {"validation_csv": str(write_validation_csv(records, out / "validation.csv")),
+                        "plot": str(scatter), "summary_json": str(out / "summary.json")}
+    write_summary_json(summary, out / "summary.json")
+    if cfg.tracking.enabled:
+        summary["run_id"] = log_mlflow(cfg, summary, ranking_children(p.ranking.run_id, cfg.tracking))
+    return summary
+
+
+def _child_key(params: dict, temperature: float | None) -> tuple:
+    budget = round(float(params["max_divergence"]), 12)
+    return (params["drafter"], params["target"], "none" if budget == 0 else params["divergence"], budget, temperature)
 
 
 def ranking_children(parent_run_id: str | None, tracking: TrackingConfig) -> dict[tuple, str]:
-    """Nested ranking runs keyed by (drafter, target, divergence, max_divergence)."""
+    """Nested ranking runs keyed by (drafter, target, divergence, budget, temperature or None)."""
     if parent_run_id is None:
         return {}
     from mlflow.tracking import MlflowClient
@@ -57,87 +175,82 @@ def ranking_children(parent_run_id: str | None, tracking: TrackingConfig) -> dic
     parent = client.get_run(parent_run_id)
     runs = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent_run_id}'",
                               max_results=5000)
-    return {point_key(r.data.params): r.info.run_id for r in runs}
+    out = {}
+    for r in runs:
+        t = r.data.params.get("temperature")
+        out[_child_key(r.data.params, None if t is None else round(float(t), 12))] = r.info.run_id
+    return out
 
 
-def run(cfg: ValidateConfig) -> dict:
-    """Run the validation; returns a summary with per-point metrics and quality metrics."""
-    from mdboost.models.pool import build_pool
-    from mdboost.validation.plots import plot_predicted_vs_realized
-
-    with tempfile.TemporaryDirectory() as tmp:
-        rows, rank_cfg, rank_run = fetch_ranking(cfg.ranking, cfg.tracking, Path(tmp))
-    rows = select_points(rows, cfg.ranking.top, cfg.ranking.per_pair)
-    pc, text, g = rank_cfg.pool, rank_cfg.data.text_source(), cfg.generation
-    names = sorted({n for r in rows for n in (r["drafter"], r["target"])} - {pc.target})
-    pool = build_pool(pc.target, names, device=pc.device, home=pc.home)
-    _, prompts = heldout_prompts(text, pool.target.tokenizer, g.prompts)
-    md_solve = g.md_solve or rank_cfg.speed.md_solve
-    points = [(row, validate_point(row, pool, prompts, max_new_tokens=g.max_new_tokens, temperature=g.temperature,
-                                   seed=g.seed, md_solve=md_solve)) for row in rows]
-    quality = points_quality(points, cfg.tolerance)
-    out = Path(cfg.output_dir)
-    labels = [f"{r['drafter']}->{r['target']} {r['divergence']}@{float(r['max_divergence']):g}" for r, _ in points]
-    scatter = plot_predicted_vs_realized(labels, [m["predicted_acceptance"] for _, m in points],
-                                         [m["realized_acceptance"] for _, m in points],
-                                         [m["predicted_speedup"] for _, m in points],
-                                         [m["realized_speedup"] for _, m in points], out / "predicted_vs_realized.png",
-                                         tolerance=cfg.tolerance)
-    summary = {"points": points, "quality": quality, "scatter": scatter, "labels": labels,
-               "ranking_run_id": rank_run, "md_solve": md_solve}
-    if cfg.humaneval.tasks > 0 and rank_cfg.data.source == "humaneval":
-        h = cfg.humaneval
-        summary["quality"].update(humaneval_pass_at_1(
-            rows[0], pool, text, tasks=h.tasks, max_new_tokens=h.max_new_tokens, temperature=g.temperature,
-            seed=g.seed, timeout=h.timeout, md_solve=md_solve))
-    if cfg.tracking.enabled:
-        summary["run_id"] = log_mlflow(cfg, summary, ranking_children(rank_run, cfg.tracking))
-    return summary
+def _flat_metrics(metrics: dict) -> dict[str, float]:
+    out = {}
+    for figure, m in metrics.items():
+        for key, value in (m or {}).items():
+            if isinstance(value, bool):
+                value = float(value)
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                out[f"{figure}_{key}"] = float(value)
+    return out
 
 
 def log_mlflow(cfg: ValidateConfig, summary: dict, children: dict[tuple, str]) -> str:
-    """A parent run (config, quality metrics, scatter) and one nested run per operating point."""
+    """A parent run (config, metrics, verdict, files) and one nested run per cell."""
     import mlflow
 
     from mdboost.tracking import setup
 
     setup(cfg.tracking.experiment, cfg.tracking.tracking_uri, cfg.tracking.artifact_root)
-    finite = lambda d: {k: float(v) for k, v in d.items() if math.isfinite(float(v))}  # noqa: E731
+    sampling = summary["sampling"]
     with mlflow.start_run(run_name=f"validate:{cfg.name}") as parent:
         mlflow.set_tags({"mdboost.pipeline": "validate_pairs",
-                         "mdboost.ranking_run_id": summary["ranking_run_id"] or "",
-                         "mlflow.experimentKind": "custom_model_development"})
-        mlflow.log_params({"top": cfg.ranking.top, "prompts": cfg.generation.prompts,
-                           "max_new_tokens": cfg.generation.max_new_tokens, "md_solve": summary["md_solve"],
-                           "temperature": cfg.generation.temperature, "tolerance": cfg.tolerance})
-        mlflow.log_metrics(finite(summary["quality"]))
-        mlflow.log_artifact(str(summary["scatter"]))
+                         "mdboost.ranking_run_id": summary["ranking"]["ranking_run_id"] or "",
+                         "mlflow.experimentKind": "custom_model_development",
+                         "mlflow.note.content": f"**{summary['verdict']}**"})
+        mlflow.log_params({"cells": len(summary["cells"]), "prompts": summary["generation"]["prompts"],
+                           "max_new_tokens": cfg.generation.max_new_tokens, "md_solve": ",".join(summary["md_solve"]),
+                           "temperatures": ",".join(f"{t:g}" for t in sampling["temperatures"]),
+                           "top_k": sampling["top_k"], "top_p": sampling["top_p"], "tolerance": cfg.tolerance})
+        mlflow.log_metrics(_flat_metrics(summary["metrics"]))
+        if "humaneval" in summary:
+            mlflow.log_metrics({k: float(v) for k, v in summary["humaneval"].items()})
+        for path in summary["files"].values():
+            mlflow.log_artifact(path)
         mlflow.log_dict(to_dict(cfg), "config.resolved.json")
-        for label, (row, metrics) in zip(summary["labels"], summary["points"]):
-            params = {k: row[k] for k in ("drafter", "target", "divergence", "max_divergence", "best_gamma")}
-            with mlflow.start_run(run_name=label, nested=True):
+        for rec in summary["cells"]:
+            params = {k: rec[k] for k in ("role", "drafter", "target", "temperature", "divergence", "max_divergence",
+                                          "gamma", "md_solve")}
+            t = round(rec["temperature"], 12)
+            child = children.get(_child_key(rec, t)) or children.get(_child_key(rec, None), "")
+            with mlflow.start_run(run_name=_label(rec), nested=True):
                 mlflow.log_params(params)
-                mlflow.set_tag("mdboost.ranking_run_id", children.get(point_key(row), ""))
-                mlflow.log_metrics(finite(metrics))
+                mlflow.set_tag("mdboost.ranking_run_id", child)
+                mlflow.log_metrics({k: float(v) for k, v in rec.items() if k not in params and k != "cell"
+                                    and isinstance(v, (int, float)) and v is not None and math.isfinite(float(v))})
         return parent.info.run_id
 
 
 def main(config: str) -> int:
-    """CLI entry point: ``mdboost validate --config <yaml>``; returns the exit status."""
+    """CLI entry point: ``mdboost validate --config <yaml>``; returns the exit status.
+
+    A config error, or a config that contradicts the ranking, prints one line and returns 2.
+    """
+    from pipelines.config import load_yaml
+
     try:
         cfg = load_yaml(config, ValidateConfig)
+        the_plan = plan(cfg)
     except ValueError as err:
         print(f"mdboost validate: {err}", file=sys.stderr)
         return 2
     torch.manual_seed(cfg.generation.seed)
-    summary = run(cfg)
-    for label, (_, m) in zip(summary["labels"], summary["points"]):
-        print(f"{label:40s} acc pred {m['predicted_acceptance']:.3f} (iid {m['predicted_acceptance_iid']:.3f}) "
-              f"real {m['realized_acceptance']:.3f} "
-              f"expected {m['expected_acceptance']:.3f}  speedup pred {m['predicted_speedup']:.2f} "
-              f"real {m['realized_speedup']:.2f} model@real-acc {m['model_speedup_at_realized_acceptance']:.2f}")
-    print({k: round(v, 4) for k, v in summary["quality"].items()})
+    summary = run(cfg, the_plan)
+    print(format_table(summary["cells"]))
+    if "humaneval" in summary:
+        h = summary["humaneval"]
+        print(f"HumanEval pass@1 over {h['humaneval_tasks']:g} tasks: AR {h['humaneval_pass_at_1_ar']:.2f}, "
+              f"cell 0 {h['humaneval_pass_at_1_md']:.2f}")
+    print(f"files: {summary['files']['validation_csv']}, {summary['files']['summary_json']}, {summary['files']['plot']}")
     if "run_id" in summary:
         print(f"mlflow run: {summary['run_id']}")
+    print(summary["verdict"])
     return 0
-

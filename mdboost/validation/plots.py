@@ -1,9 +1,10 @@
 """Predicted-vs-realized scatter plot of a validation run (matplotlib, Agg backend).
 
-Two panels, acceptance and speedup: one labelled point per pair (x = predicted by the ranking,
-y = realized by real generation), the identity line, and for acceptance a +-tolerance band
-(the validation goal of 0.03, ``docs/validation.md``, "Prediction quality"). Saved atomically
-as PNG for MLflow artifacts.
+Two panels, acceptance and speedup: one labelled point per cell (x = predicted by the ranking,
+y = realized by real generation), the predicted 90% interval as a horizontal bar where the
+ranking has one, the identity line, and for acceptance a +-tolerance band (the validation
+goal of 0.03, ``docs/validation.md``, "Prediction quality"). Saved atomically as PNG, next to
+``validation.csv`` and for MLflow artifacts.
 """
 
 from __future__ import annotations
@@ -25,15 +26,21 @@ def _plt():
     return plt
 
 
-def _panel(ax, predicted, realized, labels, title, tolerance=None) -> None:
-    lo = float(min(predicted.min(), realized.min()))
-    hi = float(max(predicted.max(), realized.max()))
+def _panel(ax, predicted, realized, labels, title, tolerance=None, interval=None) -> None:
+    lo_b, hi_b = interval if interval is not None else (np.full_like(predicted, np.nan),) * 2
+    has = np.isfinite(lo_b) & np.isfinite(hi_b)
+    values = np.concatenate([predicted, realized, lo_b[has], hi_b[has]])
+    lo, hi = float(values.min()), float(values.max())
     pad = 0.05 * (hi - lo) if hi > lo else 0.05
     line = np.array([lo - pad, hi + pad])
     ax.plot(line, line, color="grey", lw=0.8, ls="--", label="predicted = realized")
     if tolerance is not None:
         ax.fill_between(line, line - tolerance, line + tolerance, color="grey", alpha=0.15,
                         label=f"+-{tolerance:g}")
+    if has.any():
+        err = np.vstack([predicted[has] - lo_b[has], hi_b[has] - predicted[has]])  # [2, n_with_interval]
+        ax.errorbar(predicted[has], realized[has], xerr=np.clip(err, 0, None), fmt="none", ecolor="tab:blue",
+                    alpha=0.5, lw=0.8, label="predicted 90% interval")
     ax.scatter(predicted, realized, s=18, zorder=3)
     for x, y, label in zip(predicted, realized, labels):
         ax.annotate(label, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
@@ -47,7 +54,7 @@ def _panel(ax, predicted, realized, labels, title, tolerance=None) -> None:
 
 def plot_predicted_vs_realized(labels: Sequence[str], predicted_acceptance, realized_acceptance,
                                predicted_speedup, realized_speedup, path, *,
-                               tolerance: float = 0.03) -> Path:
+                               tolerance: float = 0.03, acceptance_interval=None, speedup_interval=None) -> Path:
     """Save the two-panel scatter (acceptance, speedup) to ``path``; returns the path.
 
     Parameters
@@ -60,6 +67,8 @@ def plot_predicted_vs_realized(labels: Sequence[str], predicted_acceptance, real
         PNG file to write (parent folders are created).
     tolerance : float
         Half-width of the acceptance band around the identity line.
+    acceptance_interval, speedup_interval : (lo, hi) of array-likes of shape (n_pairs,), optional
+        The predicted intervals, drawn as horizontal bars (NaN bounds: no bar).
     """
     arrays = [np.asarray(a, dtype=float) for a in
               (predicted_acceptance, realized_acceptance, predicted_speedup, realized_speedup)]
@@ -72,8 +81,10 @@ def plot_predicted_vs_realized(labels: Sequence[str], predicted_acceptance, real
             raise ValueError(f"{name} must be {n} finite numbers (one per label), got {arr.tolist()}")
     plt = _plt()
     fig, (ax_acc, ax_spd) = plt.subplots(1, 2, figsize=(9, 4.2))
-    _panel(ax_acc, arrays[0], arrays[1], labels, "mean acceptance", tolerance)
-    _panel(ax_spd, arrays[2], arrays[3], labels, "speedup vs AR")
+    bounds = [None if b is None else tuple(np.asarray(x, dtype=float).reshape(n) for x in b)
+              for b in (acceptance_interval, speedup_interval)]
+    _panel(ax_acc, arrays[0], arrays[1], labels, "acceptance", tolerance, bounds[0])
+    _panel(ax_spd, arrays[2], arrays[3], labels, "speedup vs AR", interval=bounds[1])
     fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=110)

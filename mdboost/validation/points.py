@@ -1,13 +1,13 @@
-"""Real runs of ranked operating points: AR, SD and MD generation compared with the prediction.
+"""Real runs of ranking cells: AR and SD / MD generation compared with the prediction.
 
-A ranked *operating point* is one row of ``ranking.csv`` (drafter, target, divergence, budget,
-best gamma, predicted acceptance and speedup). :func:`select_points` takes the top ones,
-:func:`heldout_prompts` the held-out prompts (never cached or ranked on), :func:`validate_point`
-generates on them in AR, SD and MD modes and measures realized acceptance and speedup;
+A *cell* is one row of ``ranking.csv`` (drafter, target, temperature, divergence, budget,
+gamma, with its predictions; :mod:`mdboost.validation.cells` picks which).
+:func:`heldout_prompts` gives the held-out prompts (never cached or ranked on),
+:func:`realize_cells` generates on them, every cell interleaved per prompt with the AR run of
+its target and temperature, and measures realized acceptance, accepted length and speedup;
 :func:`model_speedup` evaluates the ranking's speed model at a realized acceptance, which
-separates the speed model's error from the acceptance prediction's; :func:`points_quality`
-summarizes predicted vs realized over all points (:mod:`mdboost.validation.prediction`);
-:func:`humaneval_pass_at_1` compares AR and MD completions on HumanEval tasks.
+separates the speed model's error from the acceptance prediction's;
+:func:`humaneval_pass_at_1` compares AR and a cell's completions on HumanEval tasks.
 
 Rows are ``ranking.csv`` rows as read back (strings); everything else is a plain argument.
 """
@@ -28,35 +28,12 @@ def _finite(value) -> bool:
         return False
 
 
+def _float_or_nan(value) -> float:
+    return float(value) if _finite(value) else math.nan
+
+
 def _drafter(member):
     return member.ngram if member.kind == "ngram" else member.model
-
-
-def point_key(row: dict) -> tuple:
-    """``(drafter, target, divergence, max_divergence)`` of a ranking row or run params."""
-    return (row["drafter"], row["target"], row["divergence"], round(float(row["max_divergence"]), 12))
-
-
-def select_points(rows: list[dict], top: int, per_pair: bool) -> list[dict]:
-    """The first ``top`` distinct operating points (or pairs) of ranking rows sorted by rank.
-
-    Pairs whose target is an ``ngram`` member are skipped; a budget-0 point counts once per pair
-    whatever its divergence (it is plain SD).
-    """
-    rows = sorted(rows, key=lambda r: int(r["rank"]))
-    chosen, seen = [], set()
-    for r in rows:
-        if r["target"] == "ngram" or r["target"].startswith("ngram:"):
-            continue
-        budget = round(float(r["max_divergence"]), 12)
-        key = (r["drafter"], r["target"]) if per_pair else (
-            r["drafter"], r["target"], "sd" if budget == 0 else r["divergence"], budget)
-        if key not in seen:
-            seen.add(key)
-            chosen.append(r)
-        if len(chosen) == top:
-            break
-    return chosen
 
 
 def heldout_prompts(text: TextSource, tokenizer, n: int) -> tuple[list[dict], list[torch.Tensor]]:
@@ -70,116 +47,93 @@ def heldout_prompts(text: TextSource, tokenizer, n: int) -> tuple[list[dict], li
 
 
 def model_speedup(row: dict, alpha: float, md_solve: str) -> float:
-    """The ranking's speed model at the row's gamma and costs, evaluated at acceptance ``alpha``
-    (a realized one): separates the speed model's error from the acceptance prediction's.
-    Rows of older rankings without ``verify_cost`` / ``md_overhead`` columns use 1 and 0."""
+    """The ranking's i.i.d. speed model at the row's ``gamma`` and costs, evaluated at acceptance
+    ``alpha`` (a realized one): separates the speed model's error from the acceptance
+    prediction's (``docs/theory.md``, "Speed model for ranking"). Rows of older rankings without
+    ``verify_cost`` / ``md_overhead`` columns use 1 and 0; NaN without ``sd_acceptance`` where
+    ``md_solve="needed"`` needs it."""
     from mdboost.ranking.speed import walltime_speedup
 
     if not 0 <= alpha <= 1:
         return float("nan")
-    return float(walltime_speedup(alpha, int(row["best_gamma"]), float(row["cost_ratio"]),
+    sd_acceptance = _float_or_nan(row.get("sd_acceptance"))
+    if md_solve == "needed" and not math.isfinite(sd_acceptance):
+        return float("nan")
+    return float(walltime_speedup(alpha, int(float(row["gamma"])), float(row["cost_ratio"]),
                                   verify_cost=float(row.get("verify_cost") or 1.0),
                                   md_overhead=float(row.get("md_overhead") or 0.0), md_solve=md_solve,
-                                  sd_acceptance=float(row["sd_acceptance"])))
+                                  sd_acceptance=sd_acceptance))
 
 
-def validate_point(row: dict, pool, prompts, *, max_new_tokens: int = 64, temperature: float = 1.0, seed: int = 0,
-                   md_solve: str = "reached") -> dict:
-    """Realized AR, SD and MD numbers of one ranked operating point.
+def _cell_modes(row: dict, pool) -> dict:
+    """The engine arguments of one cell: SD at budget 0, else MD with its divergence and budget."""
+    drafter, budget = _drafter(pool[row["drafter"]]), float(row["max_divergence"])
+    mode = dict(mode="sd", drafter=drafter, gamma=int(float(row["gamma"])))
+    if budget > 0:
+        mode.update(mode="md", max_divergence=budget, divergence=row["divergence"], md_solve=row["md_solve"])
+    return mode
 
-    The three modes run interleaved per prompt (:func:`mdboost.validation.runs.run_modes`), so
-    the speedups compare runs made under the same machine load. A budget-0 point runs SD only
-    (its MD numbers are SD's).
+
+def realize_cells(rows: list[dict], pool, prompts, *, max_new_tokens: int = 64, seed: int = 0,
+                  top_k: int | None = None, top_p: float | None = None) -> list[dict]:
+    """Realized numbers of ranking cells, one dict per row (same order).
+
+    Each row runs at its own ``temperature``, ``gamma``, divergence, budget ``max_divergence``
+    and ``md_solve`` (a budget-0 row is SD); ``top_k`` / ``top_p`` are the ranking's. Cells of
+    one target and temperature run interleaved per prompt with one AR run of that target
+    (:func:`mdboost.validation.runs.run_modes`): prompt ``i`` runs AR, then every cell, so every
+    speedup divides by the same AR reference made under the same machine load.
+
+    Returns
+    -------
+    list of dict
+        Per row: :meth:`~mdboost.validation.runs.ModeRun.metrics` (``realized_acceptance``,
+        ``expected_acceptance``, ``mean_accepted_length``, ``tokens_per_second``, ...), plus
+        ``ar_tokens_per_second``, ``realized_speedup`` (cell tokens/s over AR's),
+        ``nll_target_outputs`` / ``nll_target_ar_outputs`` (:func:`~mdboost.validation.runs.target_nll`)
+        and ``model_speedup_at_realized_acceptance`` (:func:`model_speedup`).
     """
-    from mdboost.validation.prediction import predicted_acceptance
     from mdboost.validation.runs import run_modes, target_nll
 
-    target, drafter = pool[row["target"]].model, _drafter(pool[row["drafter"]])
-    common = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                  gamma=int(row["best_gamma"]), eos_token_id=pool.target.tokenizer.eos_token_id)
-    budget = float(row["max_divergence"])
-    modes = {"ar": dict(mode="ar"), "sd": dict(mode="sd", drafter=drafter)}
-    if budget > 0:
-        modes["md"] = dict(mode="md", drafter=drafter, max_divergence=budget, divergence=row["divergence"],
-                           md_solve=md_solve)
-    runs = run_modes(target, prompts, modes, **common)
-    ar, sd = runs["ar"], runs["sd"]
-    md = runs.get("md", sd)
-    ar_tps = ar.stats.tokens_per_second
-    predicted, from_process = predicted_acceptance(row)
-    out = {f"md_{k}": v for k, v in md.metrics().items()}
-    out.update({f"sd_{k}": v for k, v in sd.metrics().items()})
-    out.update({"ar_tokens_per_second": ar_tps, "realized_speedup": md.stats.tokens_per_second / ar_tps,
-                "sd_realized_speedup": sd.stats.tokens_per_second / ar_tps,
-                "predicted_acceptance": predicted, "predicted_acceptance_iid": float(row["md_acceptance"]),
-                "predicted_acceptance_from_process": float(from_process),
-                "predicted_speedup": float(row["predicted_speedup"]),
-                "nll_target_md_outputs": target_nll(target, prompts, md.outputs),
-                "nll_target_ar_outputs": target_nll(target, prompts, ar.outputs)})
-    if _finite(row.get("predicted_speedup_iid")):
-        out["predicted_speedup_iid"] = float(row["predicted_speedup_iid"])
-    out["realized_acceptance"] = out["md_realized_acceptance"]
-    out["expected_acceptance"] = out["md_expected_acceptance"]
-    pa = out["predicted_acceptance"]
-    out["acceptance_error"] = abs(pa - out["realized_acceptance"])
-    out["acceptance_error_expected"] = abs(pa - out["expected_acceptance"])
-    out["speedup_error"] = abs(out["predicted_speedup"] - out["realized_speedup"])
-    alpha = out["realized_acceptance"] if math.isnan(out["expected_acceptance"]) else out["expected_acceptance"]
-    out["model_speedup_at_realized_acceptance"] = model_speedup(row, alpha, md_solve if budget > 0 else "reached")
-    out["speedup_model_error"] = abs(out["model_speedup_at_realized_acceptance"] - out["realized_speedup"])
+    groups: dict[tuple, list[int]] = {}
+    for i, r in enumerate(rows):
+        groups.setdefault((r["target"], float(r["temperature"])), []).append(i)
+    out: list[dict] = [{} for _ in rows]
+    eos = pool.target.tokenizer.eos_token_id
+    for (target_name, temperature), members in groups.items():
+        target = pool[target_name].model
+        modes = {"ar": dict(mode="ar")} | {f"cell{i}": _cell_modes(rows[i], pool) for i in members}
+        runs = run_modes(target, prompts, modes, seed=seed, max_new_tokens=max_new_tokens, temperature=temperature,
+                         top_k=top_k, top_p=top_p, eos_token_id=eos)
+        ar = runs["ar"]
+        ar_tps, ar_nll = ar.stats.tokens_per_second, target_nll(target, prompts, ar.outputs)
+        for i in members:
+            run = runs[f"cell{i}"]
+            m = run.metrics()
+            m.update(ar_tokens_per_second=ar_tps, realized_speedup=m["tokens_per_second"] / ar_tps,
+                     nll_target_outputs=target_nll(target, prompts, run.outputs), nll_target_ar_outputs=ar_nll)
+            alpha = m["realized_acceptance"] if math.isnan(m["expected_acceptance"]) else m["expected_acceptance"]
+            budget = float(rows[i]["max_divergence"])
+            m["model_speedup_at_realized_acceptance"] = model_speedup(
+                rows[i], alpha, rows[i]["md_solve"] if budget > 0 else "reached")
+            out[i] = m
     return out
-
-
-def iid_acceptance_errors(points: list[tuple[dict, dict]]) -> dict[str, float]:
-    """``acceptance_mae_iid`` / ``acceptance_max_error_iid`` (and ``_expected``): the errors the
-    i.i.d. prediction ``md_acceptance`` would have, for comparison with the compared one."""
-    out = {}
-    for key, suffix in (("realized_acceptance", ""), ("expected_acceptance", "_expected")):
-        pairs = [(m["predicted_acceptance_iid"], m[key]) for _, m in points if _finite(m[key])]
-        if pairs:
-            err = [abs(p - r) for p, r in pairs]
-            out.update({f"acceptance_mae_iid{suffix}": sum(err) / len(err), f"acceptance_max_error_iid{suffix}": max(err)})
-    return out
-
-
-def points_quality(points: list[tuple[dict, dict]], tolerance: float) -> dict[str, float]:
-    """Prediction-quality metrics over ``(row, validate_point result)`` pairs.
-
-    :func:`mdboost.validation.prediction.prediction_quality`'s metrics, plus
-    :func:`iid_acceptance_errors` and the speed model's own error fed the realized acceptance
-    (``speedup_model_mae`` / ``speedup_model_max_error``).
-    """
-    from mdboost.validation.prediction import prediction_quality
-
-    column = lambda key: [m[key] for _, m in points]  # noqa: E731
-    quality = prediction_quality(column("predicted_acceptance"), column("realized_acceptance"),
-                                 column("predicted_speedup"), column("realized_speedup"), tolerance=tolerance,
-                                 expected_acceptance=column("expected_acceptance")).as_metrics()
-    quality.update(iid_acceptance_errors(points))
-    model_err = [e for e in column("speedup_model_error") if not math.isnan(e)]
-    if model_err:
-        quality.update(speedup_model_mae=sum(model_err) / len(model_err), speedup_model_max_error=max(model_err))
-    return quality
 
 
 def humaneval_pass_at_1(row: dict, pool, text: TextSource, *, tasks: int = 4, max_new_tokens: int = 128,
-                        temperature: float = 1.0, seed: int = 0, timeout: float = 10.0,
-                        md_solve: str = "reached") -> dict:
-    """pass@1 of AR and MD completions (SD at budget 0) on the first ``tasks`` held-out HumanEval tasks."""
+                        seed: int = 0, timeout: float = 10.0, top_k: int | None = None,
+                        top_p: float | None = None) -> dict:
+    """pass@1 of AR and the cell's completions (MD, or SD at budget 0) on the first ``tasks``
+    held-out HumanEval tasks, at the row's ``temperature``, ``gamma``, budget and ``md_solve``."""
     from mdboost.validation import humaneval
-    from mdboost.validation.runs import run_mode, truncate_completion
+    from mdboost.validation.runs import run_modes, truncate_completion
 
     tok = pool.target.tokenizer
     records, prompts = heldout_prompts(text, tok, tasks)
     problems = humaneval.load_problems()
-    common = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, eos_token_id=tok.eos_token_id)
-    target = pool[row["target"]].model
-    runs = {"ar": run_mode(target, prompts, mode="ar", **common)}
-    budget = float(row["max_divergence"])
-    md_args = {"max_divergence": budget, "divergence": row["divergence"], "md_solve": md_solve}
-    runs["md"] = run_mode(target, prompts, drafter=_drafter(pool[row["drafter"]]),
-                          mode="md" if budget > 0 else "sd", gamma=int(row["best_gamma"]),
-                          **(md_args if budget > 0 else {}), **common)
+    runs = run_modes(pool[row["target"]].model, prompts, {"ar": dict(mode="ar"), "md": _cell_modes(row, pool)},
+                     seed=seed, max_new_tokens=max_new_tokens, temperature=float(row["temperature"]), top_k=top_k,
+                     top_p=top_p, eos_token_id=tok.eos_token_id)
     out = {"humaneval_tasks": float(len(records))}
     for mode, run in runs.items():
         completions = {r["id"]: truncate_completion(tok.decode(o)) for r, o in zip(records, run.outputs)}

@@ -1,0 +1,270 @@
+"""A validation's results: one record per cell, metrics over cells, a verdict, files and a table.
+
+:func:`cell_record` joins a ranking row (its predictions, each with its 90% interval where the
+ranking has one) with the realized numbers of :func:`mdboost.validation.points.realize_cells`.
+:func:`summarize` computes, per figure (speedup, acceptance, mean accepted length), the metrics
+of :mod:`mdboost.validation.calibration` over the cells: coverage of the intervals, MAE, max
+error, Spearman, and for the speedup the regret of the pick; plus whether the recommendation's
+realized speedup lies inside its interval. :func:`verdict` turns them into one line by the rule
+below; :func:`write_validation_csv`, :func:`write_summary_json` and :func:`format_table` write
+and show them.
+
+The verdict rule (``docs/validation.md``, "The verdict"): the predictions *hold* when the
+speedup intervals cover at least ``MIN_COVERAGE`` (80%) of the cells, the regret of the pick is
+at most ``MAX_REGRET`` (5%) and the recommendation's realized speedup lies inside its interval;
+otherwise they *do not hold*, and the line names each failed condition. Without intervals in
+the ranking the coverage cannot be checked and the line says so. Coverage above
+``WIDE_COVERAGE`` (97%) is noted (the intervals may be wider than 90%), not failed: over a dozen
+cells, a calibrated 90% interval covers all of them one time in four.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+
+from mdboost._io import atomic_write_text
+from mdboost.validation.calibration import calibration, coverage
+from mdboost.validation.prediction import predicted_acceptance
+
+MIN_COVERAGE = 0.80
+MAX_REGRET = 0.05
+WIDE_COVERAGE = 0.97
+
+CELL_FIELDS = ("drafter", "target", "temperature", "divergence", "max_divergence", "gamma", "md_solve")
+
+#: figure -> (predicted column, realized column) of a record
+FIGURES = {"speedup": ("predicted_speedup", "realized_speedup"),
+           "acceptance": ("predicted_acceptance", "realized_acceptance"),
+           "mean_accepted_length": ("predicted_mean_accepted_length", "realized_mean_accepted_length")}
+
+COLUMNS = [
+    "cell", "role", *CELL_FIELDS, "top_k", "top_p", "rank", "quality_ok",
+    "predicted_speedup", "predicted_speedup_lo", "predicted_speedup_hi", "realized_speedup", "speedup_inside",
+    "predicted_acceptance", "predicted_acceptance_lo", "predicted_acceptance_hi", "realized_acceptance",
+    "acceptance_inside", "expected_acceptance", "predicted_acceptance_from_process",
+    "predicted_mean_accepted_length", "predicted_mean_accepted_length_lo", "predicted_mean_accepted_length_hi",
+    "realized_mean_accepted_length", "mean_accepted_length_inside",
+    "ar_tokens_per_second", "tokens_per_second", "model_speedup_at_realized_acceptance", "realized_divergence",
+    "max_realized_divergence", "acceptance_rate_all_positions", "num_new_tokens", "num_budget_accepted",
+    "nll_target_outputs", "nll_target_ar_outputs",
+]
+
+
+def _float(value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _bool(value) -> bool:
+    return value is True or str(value).strip().lower() in ("true", "1", "yes")
+
+
+def _inside(value: float, lo: float, hi: float) -> bool | None:
+    """``lo <= value <= hi``; ``None`` when the interval or the value is missing."""
+    if not all(math.isfinite(x) for x in (value, lo, hi)):
+        return None
+    return bool(lo <= value <= hi)
+
+
+def cell_record(index: int, role: str, row: dict, realized: dict, *, top_k=None, top_p=None) -> dict:
+    """One validated cell: the ranking row's predictions next to the realized numbers.
+
+    Parameters
+    ----------
+    index : int
+        The cell's number in the validation (0 for the recommendation).
+    role : str
+        ``"recommendation"`` or ``"sample"``.
+    row : dict
+        The ranking row (strings or numbers), with ``temperature``, ``gamma`` and ``md_solve``.
+    realized : dict
+        The row's entry of :func:`mdboost.validation.points.realize_cells`.
+    top_k, top_p : int or None, float or None
+        The sampling settings the cell ran with (the ranking's).
+
+    Returns
+    -------
+    dict
+        The fields of :data:`COLUMNS`; a missing interval has NaN bounds and ``*_inside`` None.
+    """
+    acc, from_process = predicted_acceptance(row)
+    acc_lo, acc_hi = ((_float(row.get("engine_acceptance_lo")), _float(row.get("engine_acceptance_hi")))
+                      if from_process else (math.nan, math.nan))
+    rec = {"cell": int(index), "role": role, "drafter": str(row["drafter"]), "target": str(row["target"]),
+           "temperature": _float(row["temperature"]), "divergence": str(row["divergence"]),
+           "max_divergence": _float(row["max_divergence"]), "gamma": int(_float(row["gamma"])),
+           "md_solve": str(row["md_solve"]), "top_k": top_k, "top_p": top_p, "rank": _float(row.get("rank")),
+           "quality_ok": _bool(row.get("quality_ok")),
+           "predicted_speedup": _float(row["predicted_speedup"]),
+           "predicted_speedup_lo": _float(row.get("predicted_speedup_lo")),
+           "predicted_speedup_hi": _float(row.get("predicted_speedup_hi")),
+           "realized_speedup": float(realized["realized_speedup"]),
+           "predicted_acceptance": acc, "predicted_acceptance_lo": acc_lo, "predicted_acceptance_hi": acc_hi,
+           "realized_acceptance": float(realized["realized_acceptance"]),
+           "expected_acceptance": float(realized["expected_acceptance"]),
+           "predicted_acceptance_from_process": bool(from_process),
+           "predicted_mean_accepted_length": _float(row.get("engine_mean_accepted_length")),
+           "predicted_mean_accepted_length_lo": _float(row.get("engine_mean_accepted_length_lo")),
+           "predicted_mean_accepted_length_hi": _float(row.get("engine_mean_accepted_length_hi")),
+           "realized_mean_accepted_length": float(realized["mean_accepted_length"])}
+    for key in ("ar_tokens_per_second", "tokens_per_second", "model_speedup_at_realized_acceptance",
+                "realized_divergence", "max_realized_divergence", "acceptance_rate_all_positions", "num_new_tokens",
+                "num_budget_accepted", "nll_target_outputs", "nll_target_ar_outputs"):
+        rec[key] = float(realized[key])
+    for figure, (pred, real) in FIGURES.items():
+        rec[f"{figure}_inside"] = _inside(rec[real], rec[f"{pred}_lo"], rec[f"{pred}_hi"])
+    return rec
+
+
+def figure_metrics(records: list[dict], figure: str) -> dict | None:
+    """Metrics of one figure of :data:`FIGURES` over the records where it is finite.
+
+    ``cells`` (records compared), ``with_interval`` (of those, with a finite interval),
+    ``covered``, ``coverage`` (``covered / with_interval``, None without intervals), ``mae``,
+    ``max_error``, ``spearman`` (NaN when undefined) and, for the speedup, ``regret``
+    (:func:`mdboost.validation.calibration.regret`). None when no record has the figure.
+    """
+    pred, real = FIGURES[figure]
+    use = [r for r in records if math.isfinite(r[pred]) and math.isfinite(r[real])]
+    if not use:
+        return None
+    p, r = np.array([x[pred] for x in use]), np.array([x[real] for x in use])
+    lo, hi = np.array([x[f"{pred}_lo"] for x in use]), np.array([x[f"{pred}_hi"] for x in use])
+    has = np.isfinite(lo) & np.isfinite(hi)
+    cal = calibration(p, lo, hi, r).to_dict()
+    out = {"cells": cal["cells"], "with_interval": int(has.sum()),
+           "covered": int(np.sum(has & (lo <= r) & (r <= hi))),
+           "coverage": coverage(r[has], lo[has], hi[has]) if has.any() else None,
+           "mae": cal["mae"], "max_error": cal["max_error"], "spearman": cal["spearman"]}
+    if figure == "speedup":
+        out["regret"] = cal["regret"]
+    return out
+
+
+def summarize(records: list[dict]) -> dict:
+    """Metrics over the validated cells: one :func:`figure_metrics` entry per figure, and
+    ``recommendation``: the first record's cell, predicted speedup with interval, realized
+    speedup, ``inside`` (None without an interval) and ``regret`` (``1 - realized / best
+    realized`` among the validated cells)."""
+    if not records:
+        raise ValueError("records must hold at least one validated cell, got none")
+    metrics = {figure: figure_metrics(records, figure) for figure in FIGURES}
+    rec = records[0]
+    best = max(r["realized_speedup"] for r in records)
+    metrics["recommendation"] = {
+        **{k: rec[k] for k in CELL_FIELDS}, "role": rec["role"],
+        **{k: rec[k] for k in ("predicted_speedup", "predicted_speedup_lo", "predicted_speedup_hi",
+                               "realized_speedup")},
+        "inside": rec["speedup_inside"], "regret": float(1 - rec["realized_speedup"] / best) if best > 0 else math.nan}
+    return metrics
+
+
+def verdict(metrics: dict) -> str:
+    """One line: the speedup figures and whether the predictions hold (module rule).
+
+    >>> m = {"speedup": {"cells": 12, "with_interval": 12, "covered": 11, "coverage": 11 / 12, "mae": 0.04,
+    ...      "max_error": 0.1, "spearman": 0.9, "regret": 0.03},
+    ...      "recommendation": {"realized_speedup": 1.12, "predicted_speedup_lo": 1.05,
+    ...                         "predicted_speedup_hi": 1.2, "inside": True}}
+    >>> verdict(m)
+    'intervals cover 11 of 12 cells (92%), Spearman 0.90, MAE 0.040, regret 3%, recommendation 1.12x inside [1.05, 1.20]: predictions hold'
+    """
+    s, rec = metrics["speedup"], metrics["recommendation"]
+    rho = "n/a" if s["spearman"] is None or not math.isfinite(s["spearman"]) else f"{s['spearman']:.2f}"
+    where = {True: "inside", False: "outside", None: "without interval"}[rec["inside"]]
+    bounds = "" if rec["inside"] is None else f" [{rec['predicted_speedup_lo']:.2f}, {rec['predicted_speedup_hi']:.2f}]"
+    cover = ("no predicted intervals" if s["coverage"] is None else
+             f"intervals cover {s['covered']} of {s['with_interval']} cells ({s['coverage']:.0%})")
+    head = (f"{cover}, Spearman {rho}, MAE {s['mae']:.3f}, regret {s['regret']:.0%}, "
+            f"recommendation {rec['realized_speedup']:.2f}x {where}{bounds}")
+    problems = []
+    if s["coverage"] is not None and s["coverage"] < MIN_COVERAGE:
+        problems.append(f"intervals cover less than {MIN_COVERAGE:.0%} (too narrow)")
+    if s["regret"] > MAX_REGRET:
+        problems.append(f"the predicted-best cell realizes {s['regret']:.0%} below the best validated cell "
+                        f"(> {MAX_REGRET:.0%})")
+    if rec["inside"] is False:
+        problems.append("the recommendation's realized speedup lies outside its interval")
+    if problems:
+        return f"{head}: predictions do not hold: {'; '.join(problems)}"
+    if s["coverage"] is None or rec["inside"] is None:
+        return f"{head}: intervals not checked (the ranking has none); point predictions within the regret limit"
+    wide = (f" (coverage above {WIDE_COVERAGE:.0%}: the intervals may be wider than 90%)"
+            if s["coverage"] > WIDE_COVERAGE else "")
+    return f"{head}: predictions hold{wide}"
+
+
+def _csv_value(value):
+    if value is None:
+        return ""
+    if isinstance(value, float) and math.isnan(value):
+        return "nan"
+    return value
+
+
+def write_validation_csv(records: list[dict], path: str | os.PathLike) -> Path:
+    """``validation.csv``: one row per cell, the columns of :data:`COLUMNS` (atomic)."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows({k: _csv_value(v) for k, v in r.items()} for r in records)
+    return atomic_write_text(path, buf.getvalue())
+
+
+def json_ready(value):
+    """``value`` with NaN / inf floats as None and tuples as lists (strict JSON)."""
+    if isinstance(value, dict):
+        return {str(k): json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.bool_):
+        return bool(value)
+    return value
+
+
+def write_summary_json(summary: dict, path: str | os.PathLike) -> Path:
+    """``summary.json`` (strict JSON: NaN written as null), atomically."""
+    return atomic_write_text(path, json.dumps(json_ready(summary), indent=2, allow_nan=False) + "\n")
+
+
+def _num(value, fmt: str) -> str:
+    return "-" if value is None or not math.isfinite(value) else format(value, fmt)
+
+
+def _interval(rec: dict, pred: str, fmt: str) -> str:
+    lo, hi = rec[f"{pred}_lo"], rec[f"{pred}_hi"]
+    bounds = f" [{_num(lo, fmt)}, {_num(hi, fmt)}]" if math.isfinite(lo) and math.isfinite(hi) else ""
+    return _num(rec[pred], fmt) + bounds
+
+
+def format_table(records: list[dict]) -> str:
+    """A fixed-width table of the cells: predicted (with interval) vs realized, ``*`` = outside."""
+    mark = {True: " ", False: "*", None: " "}
+    head = (f"{'#':>2} {'drafter':<14} {'target':<14} {'T':>4} {'point':<14} {'g':>2} "
+            f"{'speedup pred [90%]':<22} {'real':>6}  {'accept pred [90%]':<22} {'real':>6}  "
+            f"{'length pred [90%]':<22} {'real':>6}")
+    lines = [head, "-" * len(head)]
+    for r in records:
+        point = "SD" if r["max_divergence"] == 0 else f"{r['divergence']}<={r['max_divergence']:g}"
+        lines.append(
+            f"{r['cell']:>2} {r['drafter'][:14]:<14} {r['target'][:14]:<14} {r['temperature']:>4g} {point[:14]:<14} "
+            f"{r['gamma']:>2} {_interval(r, 'predicted_speedup', '.2f'):<22} {_num(r['realized_speedup'], '.2f'):>6}"
+            f"{mark[r['speedup_inside']]} {_interval(r, 'predicted_acceptance', '.3f'):<22} "
+            f"{_num(r['realized_acceptance'], '.3f'):>6}{mark[r['acceptance_inside']]} "
+            f"{_interval(r, 'predicted_mean_accepted_length', '.2f'):<22} "
+            f"{_num(r['realized_mean_accepted_length'], '.2f'):>6}{mark[r['mean_accepted_length_inside']]}")
+    lines.append("cell 0 is the recommendation; * = realized outside the predicted 90% interval")
+    return "\n".join(lines)

@@ -1,0 +1,115 @@
+"""mdboost.validation.report: per-cell records, coverage / regret against a direct computation,
+the verdict rule, validation.csv / summary.json and the terminal table."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from mdboost.validation.report import (
+    COLUMNS,
+    cell_record,
+    format_table,
+    summarize,
+    verdict,
+    write_summary_json,
+    write_validation_csv,
+)
+from tests._validation_rows import ranking_rows
+
+
+def _realized(speedup, acceptance, length):
+    return {"realized_speedup": speedup, "realized_acceptance": acceptance, "expected_acceptance": math.nan,
+            "mean_accepted_length": length, "ar_tokens_per_second": 10.0, "tokens_per_second": 10.0 * speedup,
+            "model_speedup_at_realized_acceptance": speedup, "realized_divergence": 0.0,
+            "max_realized_divergence": 0.0, "acceptance_rate_all_positions": acceptance, "num_new_tokens": 32.0,
+            "num_budget_accepted": 0.0, "nll_target_outputs": 1.0, "nll_target_ar_outputs": 1.0}
+
+
+@pytest.fixture
+def records():
+    rng = np.random.default_rng(0)
+    rows = [r for r in ranking_rows() if r["target"] == "t"][::7][:9]
+    out = []
+    for i, row in enumerate(rows):
+        s = float(row["predicted_speedup"]) + rng.normal(0, 0.05)
+        a = float(row["engine_acceptance"]) + rng.normal(0, 0.03)
+        n = float(row["engine_mean_accepted_length"]) + rng.normal(0, 0.1)
+        out.append(cell_record(i, "recommendation" if i == 0 else "sample", row, _realized(s, a, n)))
+    return out
+
+
+def test_metrics_equal_a_direct_computation(records):
+    m = summarize(records)
+    col = lambda k: np.array([r[k] for r in records])  # noqa: E731
+    for figure, pred, real in (("speedup", "predicted_speedup", "realized_speedup"),
+                               ("acceptance", "predicted_acceptance", "realized_acceptance"),
+                               ("mean_accepted_length", "predicted_mean_accepted_length", "realized_mean_accepted_length")):
+        p, r, lo, hi = col(pred), col(real), col(f"{pred}_lo"), col(f"{pred}_hi")
+        inside = [lo[i] <= r[i] <= hi[i] for i in range(len(r))]
+        assert m[figure]["covered"] == sum(inside) and m[figure]["with_interval"] == len(r) == m[figure]["cells"]
+        assert m[figure]["coverage"] == pytest.approx(sum(inside) / len(r))
+        assert [x[f"{figure}_inside"] for x in records] == inside
+        assert m[figure]["mae"] == pytest.approx(np.mean(np.abs(p - r)))
+        assert m[figure]["max_error"] == pytest.approx(np.max(np.abs(p - r)))
+        assert m[figure]["spearman"] == pytest.approx(stats.spearmanr(p, r).statistic)
+    p, r = col("predicted_speedup"), col("realized_speedup")
+    assert m["speedup"]["regret"] == pytest.approx(1 - r[int(np.argmax(p))] / r.max())
+    assert "regret" not in m["acceptance"]
+    rec = m["recommendation"]
+    assert rec["realized_speedup"] == r[0] and rec["regret"] == pytest.approx(1 - r[0] / r.max())
+    assert rec["inside"] == bool(records[0]["predicted_speedup_lo"] <= r[0] <= records[0]["predicted_speedup_hi"])
+
+
+def test_coverage_skips_cells_without_interval(records):
+    for r in records[:3]:
+        r["predicted_acceptance_lo"] = math.nan
+    m = summarize(records)["acceptance"]
+    assert m["with_interval"] == len(records) - 3 and m["cells"] == len(records)
+    rest = records[3:]
+    assert m["coverage"] == pytest.approx(np.mean([r["predicted_acceptance_lo"] <= r["realized_acceptance"]
+                                                   <= r["predicted_acceptance_hi"] for r in rest]))
+
+
+def _metrics(coverage=11 / 12, regret=0.03, inside=True, covered=11, with_interval=12):
+    return {"speedup": {"cells": 12, "with_interval": with_interval, "covered": covered, "coverage": coverage,
+                        "mae": 0.04, "max_error": 0.1, "spearman": 0.9, "regret": regret},
+            "recommendation": {"realized_speedup": 1.12, "predicted_speedup_lo": 1.05, "predicted_speedup_hi": 1.2,
+                               "inside": inside}}
+
+
+def test_verdict_rule():
+    assert verdict(_metrics()).endswith(": predictions hold")
+    assert "intervals cover 11 of 12 cells (92%)" in verdict(_metrics())
+    low = verdict(_metrics(coverage=9 / 12, covered=9))
+    assert "predictions do not hold: intervals cover less than 80% (too narrow)" in low
+    assert "realizes 6% below the best validated cell" in verdict(_metrics(regret=0.06))
+    out = verdict(_metrics(inside=False))
+    assert "recommendation 1.12x outside [1.05, 1.20]" in out and "lies outside its interval" in out
+    assert "may be wider than 90%" in verdict(_metrics(coverage=1.0, covered=12))
+    none = verdict(_metrics(coverage=None, covered=0, with_interval=0, inside=None))
+    assert none.startswith("no predicted intervals") and "intervals not checked" in none
+
+
+def test_files_and_table(records, tmp_path):
+    row = {**[r for r in ranking_rows() if r["target"] == "t"][5], "predicted_speedup_hi": ""}
+    records[1] = cell_record(1, "sample", row, _realized(1.0, 0.5, 2.0))
+    path = write_validation_csv(records, tmp_path / "out" / "validation.csv")
+    with open(path, newline="") as fh:
+        back = list(csv.DictReader(fh))
+    assert len(back) == len(records) and list(back[0]) == COLUMNS
+    assert back[0]["role"] == "recommendation" and float(back[2]["realized_speedup"]) == records[2]["realized_speedup"]
+    assert back[1]["predicted_speedup_hi"] == "nan" and back[1]["speedup_inside"] == ""
+    summary = {"verdict": verdict(summarize(records)), "metrics": summarize(records), "cells": records}
+    text = write_summary_json(summary, tmp_path / "out" / "summary.json").read_text()
+    loaded = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+    assert loaded["cells"][1]["predicted_speedup_hi"] is None and loaded["verdict"] == summary["verdict"]
+    assert not [p for p in (tmp_path / "out").iterdir() if p.name.startswith(".")]
+    table = format_table(records).splitlines()
+    assert len(table) == len(records) + 3 and len({len(line) for line in table[2:-1]}) == 1
+    assert "speedup pred [90%]" in table[0]
