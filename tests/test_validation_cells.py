@@ -114,7 +114,7 @@ def test_validate_cli_refuses_a_temperature_mismatch(tmp_path, capsys):
     assert validate_pairs.main(str(tmp_path / "val.yaml")) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0
-    assert err.startswith("mdboost validate: generation.temperature is 1 but the ranking predicts at temperature 0.5")
+    assert err.startswith("mdboost validate: generation.temperature is 1.0 but the ranking predicts at temperature 0.5")
     assert not (tmp_path / "val").exists()
 
 

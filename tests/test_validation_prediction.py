@@ -98,22 +98,6 @@ def test_scatter_plot_rejects_mismatched_lengths(tmp_path):
                                    tmp_path / "x.png")
 
 
-def test_select_points_dedupes_budget_zero_and_pairs():
-    from mdboost.validation.points import select_points
-
-    def row(rank, drafter, f, budget, target="t"):
-        return {"rank": str(rank), "drafter": drafter, "target": target, "divergence": f, "max_divergence": str(budget)}
-
-    rows = [row(4, "b", "kl", 0.05), row(1, "a", "kl", 0.0), row(2, "a", "tv", 0.0), row(3, "a", "kl", 0.2),
-            row(5, "c", "kl", 0.0, target="ngram:3"), row(6, "b", "tv", 0.05)]
-    by_point = select_points(rows, top=10, per_pair=False)
-    assert [(r["drafter"], r["divergence"], r["max_divergence"]) for r in by_point] == [
-        ("a", "kl", "0.0"), ("a", "kl", "0.2"), ("b", "kl", "0.05"), ("b", "tv", "0.05")]
-    by_pair = select_points(rows, top=10, per_pair=True)
-    assert [(r["drafter"], r["rank"]) for r in by_pair] == [("a", "1"), ("b", "4")]
-    assert len(select_points(rows, top=1, per_pair=False)) == 1
-
-
 def test_expected_acceptance_metrics_skip_nan_points():
     pa, ra, ea = [0.5, 0.6, 0.7, 0.8], [0.45, 0.7, 0.7, 0.9], [0.52, float("nan"), 0.69, 0.78]
     q = prediction_quality(pa, ra, [1.1, 1.2, 1.3, 1.4], [1.0, 1.3, 1.2, 1.5], expected_acceptance=ea)

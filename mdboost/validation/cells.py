@@ -132,8 +132,8 @@ def resolve_sampling(ranking: dict, *, temperature: float | None = None, top_k: 
     rk = None if rk is None else int(rk)
     rp = None if rp is None else float(rp)
     if temperature is not None and not any(math.isclose(float(temperature), t, abs_tol=1e-9) for t in temps):
-        shown = f"temperature {temps[0]:g}" if len(temps) == 1 else f"temperatures {[float(f'{t:g}') for t in temps]}"
-        raise ValueError(f"generation.temperature is {float(temperature):g} but the ranking predicts at {shown}: "
+        shown = f"temperature {temps[0]}" if len(temps) == 1 else f"temperatures {temps}"
+        raise ValueError(f"generation.temperature is {float(temperature)} but the ranking predicts at {shown}: "
                          "validating at another temperature would count the difference as prediction error "
                          "(set generation.temperature to null to take the ranking's)")
     for key, mine, theirs in (("top_k", top_k, rk), ("top_p", top_p, rp)):
