@@ -13,7 +13,7 @@ def ranking_rows(drafters=("a", "b", "c"), temperatures=(0.7, 1.0), gammas=(1, 2
     target (never a validation cell).
     """
     rows = []
-    for d, (di, drafter) in zip(drafters, enumerate(drafters)):
+    for di, drafter in enumerate(drafters):
         for t, (f, budget), g in itertools.product(temperatures, points, gammas):
             acc = min(0.95, 0.3 + 0.1 * di + 0.5 * budget + 0.05 * (t < 1))
             speed = 0.8 + 0.1 * di + 0.3 * budget - 0.02 * abs(g - 3) + 0.05 * (t < 1)
