@@ -13,8 +13,8 @@ RANK = {
     "name": "tiny-e2e", "pool": {"target": "tiny", "drafters": ["int8", "ngram:2"], "pairs": "target", "device": "cpu"},
     "data": {"source": "humaneval", "split": "cache", "limit": 2, "max_tokens": 32},
     "cache": {"k": 16, "full_logits": True, "shard_size": 2, "cost_repeats": 1, "cost_context": 8},
-    "md": {"divergences": ["kl"], "budgets": [0.0, 0.2]},
-    "speed": {"gamma_min": 1, "gamma_max": 3}, "boosting": {"n_estimators": 2, "orders": ["target_first"]},
+    "md": {"divergences": ["kl"], "budgets": [0.0, 0.2], "temperatures": [1.0]},
+    "speed": {"gamma_min": 1, "gamma_max": 3, "md_solve": "reached"}, "boosting": {"n_estimators": 2, "orders": ["target_first"]},
     "progress": False,
 }
 
@@ -68,7 +68,7 @@ def test_validation_runs_exist_and_link_to_ranking_runs(validated):
         assert m["realized_speedup"] == pytest.approx(m["md_tokens_per_second"] / m["ar_tokens_per_second"])
         if float(child.data.params["max_divergence"]) == 0.0:
             assert m["md_realized_divergence"] == 0.0
-        # Rao-Blackwellized acceptance (speed.md_solve defaults to "reached": P_acc at every draft)
+        # Rao-Blackwellized acceptance (the ranking's speed.md_solve is "reached": P_acc at every draft)
         assert 0.0 <= m["expected_acceptance"] <= 1.0
         assert m["acceptance_error_expected"] == pytest.approx(abs(m["predicted_acceptance"] - m["expected_acceptance"]))
         assert m["acceptance_error"] == pytest.approx(abs(m["predicted_acceptance"] - m["realized_acceptance"]))
