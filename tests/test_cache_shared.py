@@ -78,7 +78,7 @@ def test_tokens_file_argument_errors(pool, tmp_path):
     path, _ = sample_sequences(pool, RECORDS[:2], tmp_path / "t.safetensors", _sampled(4))
     with pytest.raises(ValueError, match="holds 2 sequences, records has 3"):
         build_cache(pool, RECORDS, tmp_path / "b", sequences=_sampled(4), members=["tiny"], tokens_file=path)
-    with pytest.raises(ValueError, match="settings.source must be 'sampled'.*got 'reference'"):
+    with pytest.raises(ValueError, match="sequences.source must be 'sampled'.*got 'reference'"):
         sample_sequences(pool, RECORDS, tmp_path / "r.safetensors", SequenceSettings())
 
 

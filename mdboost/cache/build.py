@@ -63,23 +63,22 @@ def _record_seed(seed: int, record_id: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{record_id}".encode()).digest()[:8], "big") >> 1
 
 
-def build_sequences(pool, records, settings: SequenceSettings) -> dict:
-    """The token tensors shared by every member (``tokens.safetensors``), made as ``settings`` says."""
-    tok = pool.target.tokenizer
+def build_sequences(pool, records, sequences: SequenceSettings) -> dict:
+    """The token tensors shared by every member (``tokens.safetensors``), made as ``sequences`` says."""
+    tok, opts = pool.target.tokenizer, sequences
     seqs, starts = [], []
     for record in records:
-        s = settings
-        if not s.sampled:
-            ids, start = encode_record(tok, record, s.chat_template, s.system, s.max_tokens)
+        if not opts.sampled:
+            ids, start = encode_record(tok, record, opts.chat_template, opts.system, opts.max_tokens)
         else:
-            prompt = encode_prompt(tok, record["prompt"], s.chat_template, s.system)
+            prompt = encode_prompt(tok, record["prompt"], opts.chat_template, opts.system)
             if prompt.numel() == 0:
                 raise ValueError(f"record {record['id']!r} has an empty prompt; source='sampled' needs one")
-            prompt = prompt[-max(s.max_tokens - s.max_new_tokens, s.max_tokens // 2):]  # room for the continuation
-            gen = torch.Generator().manual_seed(_record_seed(s.seed, record["id"]))
-            cont = sample_continuation(pool.target.model, prompt, s.max_new_tokens, s.sample_temperature, gen,
+            prompt = prompt[-max(opts.max_tokens - opts.max_new_tokens, opts.max_tokens // 2):]  # room for the continuation
+            gen = torch.Generator().manual_seed(_record_seed(opts.seed, record["id"]))
+            cont = sample_continuation(pool.target.model, prompt, opts.max_new_tokens, opts.sample_temperature, gen,
                                        tok.eos_token_id)
-            ids, start = torch.cat([prompt, cont])[:s.max_tokens], prompt.numel()
+            ids, start = torch.cat([prompt, cont])[:opts.max_tokens], prompt.numel()
         seqs.append(ids)
         starts.append(min(start, ids.numel()))
     lengths = torch.tensor([s.numel() for s in seqs], dtype=torch.long)
@@ -95,12 +94,12 @@ def build_sequences(pool, records, settings: SequenceSettings) -> dict:
     }
 
 
-def sample_sequences(pool, records, path: str | os.PathLike, settings: SequenceSettings, *,
+def sample_sequences(pool, records, path: str | os.PathLike, sequences: SequenceSettings, *,
                      progress: bool = False) -> tuple[Path, str]:
     """Sample the target's continuations of ``records`` once into the token file ``path``.
 
     The file holds the shared token tensors of :func:`build_sequences` (record ``i`` sampled
-    with a ``torch.Generator`` seeded from ``settings.seed`` and its id), written atomically
+    with a ``torch.Generator`` seeded from ``sequences.seed`` and its id), written atomically
     with a ``.sha256`` sidecar. A finished file is reused as is.
 
     Parameters
@@ -109,8 +108,8 @@ def sample_sequences(pool, records, path: str | os.PathLike, settings: SequenceS
     records : list of dict
     path : path
         The token file (its folder is created).
-    settings : SequenceSettings
-        With ``source="sampled"``.
+    sequences : SequenceSettings
+        How the sequences are made, with ``source="sampled"``.
     progress : bool, default=False
         Show a tqdm bar (``TQDM_DISABLE=1`` silences it).
 
@@ -121,14 +120,14 @@ def sample_sequences(pool, records, path: str | os.PathLike, settings: SequenceS
     """
     from tqdm.auto import tqdm
 
-    if not settings.sampled:
-        raise ValueError(f"settings.source must be 'sampled' to sample continuations, got {settings.source!r}")
+    if not sequences.sampled:
+        raise ValueError(f"sequences.source must be 'sampled' to sample continuations, got {sequences.source!r}")
     path = Path(path)
     digest = finished_digest(path)
     if digest is None:
         path.parent.mkdir(parents=True, exist_ok=True)
         bar = tqdm(records, desc="sampling continuations", disable=not progress or bool(os.environ.get("TQDM_DISABLE")))
-        digest = atomic_save_tensors(build_sequences(pool, bar, settings), path)
+        digest = atomic_save_tensors(build_sequences(pool, bar, sequences), path)
     return path, digest
 
 
