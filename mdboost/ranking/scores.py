@@ -150,7 +150,7 @@ class PairScore:
 
 def _pair_columns(score: PairScore) -> dict:
     s, boost = score.stats, score.stats.boost
-    sd = score.sd_iid if score.sd_process is None else SpeedChoice(score.sd_process.gamma, score.sd_process.speedup)
+    sd = score.sd_iid if score.sd_process is None else SpeedChoice(score.sd_process.gamma, score.sd_process.at_best("speedup"))
     columns = {
         "drafter": score.drafter, "target": score.target, "n_positions": s.n_positions,
         "acceptance_positions": s.acceptance_positions, "proposal_rate": s.proposal_rate, "tail_mass": s.tail_mass,
@@ -170,7 +170,7 @@ def _pair_columns(score: PairScore) -> dict:
         "sd_best_gamma_iid": int(score.sd_iid.gamma), "sd_speedup_iid": float(score.sd_iid.speedup),
     }
     if score.sd_process is not None:
-        columns["sd_engine_acceptance"] = score.sd_process.acceptance
+        columns["sd_engine_acceptance"] = score.sd_process.at_best("acceptance")
     return columns
 
 
