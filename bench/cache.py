@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 from _results import machine_line, update_section  # noqa: E402
-from mdboost.cache import LogitCache, build_cache  # noqa: E402
+from mdboost.cache import LogitCache, SequenceSettings, StoreSettings, build_cache  # noqa: E402
 from mdboost.cache.build import member_logits, split_sequences  # noqa: E402
 from mdboost.data import load_texts  # noqa: E402
 from mdboost.models.loading import load_model  # noqa: E402
@@ -53,9 +53,9 @@ def throughput(pool, records, out_dir, k: int) -> dict:
     """Wall time of the cache build vs a bare forward loop (same sequences, same members)."""
     from safetensors.torch import load_file
 
-    build_cache(pool, records[:1], Path(out_dir) / "warm", k=k)  # warm-up (allocations, caches)
+    build_cache(pool, records[:1], Path(out_dir) / "warm", StoreSettings(k=k))  # warm-up (allocations, caches)
     start = time.perf_counter()
-    build_cache(pool, records, Path(out_dir) / "main", k=k)
+    build_cache(pool, records, Path(out_dir) / "main", StoreSettings(k=k))
     cache_time = time.perf_counter() - start
     seqs = split_sequences(load_file(str(Path(out_dir) / "main" / "tokens.safetensors")))
     start = time.perf_counter()
@@ -76,7 +76,8 @@ def throughput(pool, records, out_dir, k: int) -> dict:
 
 
 def acceptance(pool, records, out_dir, new_tokens: int) -> dict:
-    build_cache(pool, records, out_dir, k=32, source="sampled", max_new_tokens=new_tokens, keep_full=True)
+    build_cache(pool, records, out_dir, StoreSettings(k=32, keep_full=True),
+                SequenceSettings(source="sampled", max_new_tokens=new_tokens))
     cache = LogitCache.open(out_dir)
     target = cache.probs(TARGET, tail="full")
     result = {}

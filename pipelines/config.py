@@ -31,10 +31,12 @@ from typing import Any, Literal, TypeVar, Union
 from mdboost.cache.build import DTYPES, SOURCES
 from mdboost.cache.keys import ACCEPTANCE_SOURCES, FolderSettings, PoolCacheSpec
 from mdboost.data import SPLITS, TextSource
+from mdboost.engine.settings import DEFAULT_MD_SOLVE
 from mdboost.md.divergences import GENERATORS
 from mdboost.md.verify import SOLVE
 from mdboost.ranking.rank import BOOSTING_ORDERS, MD_MODES, ScoreSettings
 from mdboost.ranking.rows import PAIR_MODES
+from mdboost.ranking.uncertainty import DEFAULT_LEVEL, DEFAULT_RESAMPLES, BootstrapSettings
 
 T = TypeVar("T")
 _DIVERGENCES = tuple(GENERATORS)
@@ -238,7 +240,7 @@ class CacheConfig:
     ``acceptance_source``: which cache the ranking's acceptance-side columns (acceptance, speedup,
     best gamma, ``k``/``eps``/``rho`` diagnostics) come from. ``reference``: the cache above.
     ``sampled``: a second per-member cache of continuations sampled from the target (same
-    prompts, ``acceptance_max_new_tokens`` tokens, seeded by ``data.seed``, at ``md.temperature``),
+    prompts, ``acceptance_max_new_tokens`` tokens, seeded by ``data.seed``, at each of ``md.temperatures``),
     the text MD actually decodes; the continuations are sampled once and shared by every member's
     folder; quality (NLL) and boosting stay on the cache above. ``cost_context`` and
     ``cost_repeats`` also set the target's speed-profile measurement (``mdboost.ranking.speed``).
@@ -282,17 +284,38 @@ class TrackingConfig:
 
 @dataclass
 class MDConfig:
-    """Operating points: each divergence crossed with each budget (``max_divergence``)."""
+    """Operating points: each divergence crossed with each budget (``max_divergence``), at each
+    sampling temperature.
+
+    ``temperatures``: the sampling temperatures to predict for (default ``[0.7, 1.0]``); a
+    scalar ``temperature`` is accepted instead (give one of the two). Each temperature gets its
+    own cache folders (its continuations are sampled at it) and its own rows.
+    """
 
     divergences: list[Literal[_DIVERGENCES]] = field(default_factory=lambda: ["kl", "tv", "hellinger"])
     budgets: list[float] = field(default_factory=lambda: [0.0, 0.05, 0.2, 1.0])
     mode: Literal[MD_MODES] = "exact"
-    temperature: float = 1.0
+    temperature: float | None = None
+    temperatures: list[float] | None = None
 
     def __post_init__(self):
         _check(len(self.divergences) >= 1, "divergences (need at least one)", self.divergences)
         _check(len(self.budgets) >= 1 and all(b >= 0 for b in self.budgets), "budgets (>= 0)", self.budgets)
-        _check(self.temperature > 0, "temperature (> 0)", self.temperature)
+        if self.temperature is not None and self.temperatures is not None:
+            raise ValueError(f"md: give temperature or temperatures, not both, got temperature={self.temperature!r}, "
+                             f"temperatures={self.temperatures!r}")
+        temps = self.sampling_temperatures
+        _check(len(temps) >= 1 and all(t > 0 for t in temps) and len(set(temps)) == len(temps),
+               "temperatures (distinct, > 0; greedy 0 is not supported by the ranking yet)", temps)
+
+    @property
+    def sampling_temperatures(self) -> list[float]:
+        """The temperatures to rank at, in the given order."""
+        if self.temperatures is not None:
+            return [float(t) for t in self.temperatures]
+        if self.temperature is not None:
+            return [float(self.temperature)]
+        return [0.7, 1.0]
 
 
 @dataclass
@@ -303,7 +326,7 @@ class SpeedConfig:
 
     gamma_min: int = 1
     gamma_max: int = 8
-    md_solve: Literal[SOLVE] = "reached"
+    md_solve: Literal[SOLVE] = DEFAULT_MD_SOLVE
 
     def __post_init__(self):
         _check(1 <= self.gamma_min <= self.gamma_max, "gamma range (1 <= gamma_min <= gamma_max)",
@@ -326,14 +349,24 @@ class BoostingConfig:
 
 @dataclass
 class RuleConfig:
-    """The ranking rule: quality tolerance (nats per token) over the target's NLL."""
+    """The ranking rule: quality tolerance (nats per token) over the target's NLL; the rows shown;
+    the intervals: ``resamples`` bootstrap resamples of the prompts (0: no intervals) at
+    ``level`` coverage, seeded by ``seed`` (``mdboost.ranking.uncertainty``)."""
 
     nll_tolerance: float = 0.05
     top: int = 12
+    resamples: int = DEFAULT_RESAMPLES
+    level: float = DEFAULT_LEVEL
+    seed: int = 0
 
     def __post_init__(self):
         _check(self.nll_tolerance >= 0, "nll_tolerance (>= 0)", self.nll_tolerance)
         _check(self.top >= 1, "top (>= 1)", self.top)
+        _check(self.resamples >= 0, "resamples (>= 0)", self.resamples)
+        _check(0 < self.level < 1, "level (in (0, 1))", self.level)
+
+    def bootstrap(self) -> BootstrapSettings:
+        return BootstrapSettings(num_resamples=self.resamples, level=float(self.level), seed=self.seed)
 
 
 @dataclass
@@ -352,25 +385,29 @@ class RankConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     progress: bool = True
 
-    def cache_spec(self) -> PoolCacheSpec:
-        """Where the pool's member caches live and what they hold (:mod:`mdboost.cache.keys`)."""
+    def cache_spec(self, temperature: float | None = None) -> PoolCacheSpec:
+        """Where the pool's member caches live and what they hold (:mod:`mdboost.cache.keys`), for
+        one of ``md.temperatures`` (default: the first)."""
+        temperature = self.md.sampling_temperatures[0] if temperature is None else temperature
         c = self.cache
         folders = FolderSettings(k=c.k, dtype=c.dtype, full_logits=c.full_logits, source=c.source,
                                  max_new_tokens=c.max_new_tokens, shard_size=c.shard_size)
         return PoolCacheSpec(dir=c.dir, text=self.data.text_source(), target=self.pool.target,
-                             drafters=tuple(self.pool.drafters), temperature=self.md.temperature, folders=folders,
+                             drafters=tuple(self.pool.drafters), temperature=temperature, folders=folders,
                              acceptance_source=c.acceptance_source,
                              acceptance_max_new_tokens=c.acceptance_max_new_tokens, device=self.pool.device,
                              home=self.pool.home, n_jobs=c.n_jobs, backend=c.backend, cost_context=c.cost_context,
                              cost_repeats=c.cost_repeats, gamma_max=self.speed.gamma_max)
 
-    def score_settings(self) -> ScoreSettings:
-        """:func:`mdboost.ranking.rank.score_pair`'s settings from the md, speed and boosting sections."""
+    def score_settings(self, temperature: float | None = None) -> ScoreSettings:
+        """:func:`mdboost.ranking.rank.score_pair`'s settings from the md, speed, boosting and
+        ranking sections, at one of ``md.temperatures`` (default: the first)."""
         md, sp, b = self.md, self.speed, self.boosting
+        temperature = md.sampling_temperatures[0] if temperature is None else temperature
         return ScoreSettings(divergences=tuple(md.divergences), budgets=tuple(md.budgets), mode=md.mode,
-                             temperature=md.temperature, gamma_min=sp.gamma_min, gamma_max=sp.gamma_max,
+                             temperature=temperature, gamma_min=sp.gamma_min, gamma_max=sp.gamma_max,
                              md_solve=sp.md_solve, n_estimators=b.n_estimators, orders=tuple(b.orders),
-                             thetas=tuple(b.thetas))
+                             thetas=tuple(b.thetas), bootstrap=self.ranking.bootstrap())
 
 
 # --------------------------------------------------------------------------- validation sections

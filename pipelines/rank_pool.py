@@ -4,9 +4,13 @@ Steps: load and validate the YAML config (:class:`pipelines.config.RankConfig`);
 pool, records, cost ratios, logits) the members' cache folders ``<cache.dir>/<member>-<fingerprint>``
 (:func:`mdboost.cache.open_or_build_cache` on :meth:`RankConfig.cache_spec`); score every
 ordered pair (:func:`mdboost.ranking.rank.score_pair`); apply the ranking rule; write
-``ranking.csv`` + ``ranking.html`` + plots + the resolved config + ``summary.json`` (timings)
-into ``output_dir``; log one
-MLflow parent run with a nested run per pair and operating point; print the top pairs.
+``ranking.csv`` (one row per pair, temperature, operating point and gamma, with 90% intervals)
++ ``ranking.html`` (best gamma per point) + plots + the resolved config + ``summary.json``
+(timings, the bootstrap, the recommendation) into ``output_dir``; log one MLflow parent run
+(its description: the recommendation, in markdown) with a nested run per pair, temperature and
+operating point at its best gamma; print the top points and, last, the recommendation with a
+ready-to-run engine call. Every temperature of ``md.temperatures`` is ranked on its own cache
+folders (continuations are sampled at it), all rows in one ranking.
 
 With ``cache.acceptance_source: sampled`` a second set of per-member folders holds
 continuations sampled from the target (sampled once, shared by all members); every pair's
@@ -22,6 +26,7 @@ changes to budgets, gamma range, boosting or the ranking rule only re-score from
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from contextlib import contextmanager
@@ -32,7 +37,8 @@ import yaml
 
 from mdboost.cache import open_or_build_cache
 from mdboost.ranking import report
-from mdboost.ranking.rank import rank_rows, score_pair
+from mdboost.ranking.rank import PLAIN_SD, rank_rows, score_pair
+from mdboost.ranking.recommend import Recommendation, recommend
 from mdboost.ranking.rows import MemberLoader, acceptance_rows, pair_rows, select_pairs, speed_profile
 from pipelines.config import RankConfig, load_yaml, to_dict
 
@@ -56,37 +62,53 @@ def single_thread():
         torch.set_num_threads(before)
 
 
-def score_all(cfg: RankConfig, pc) -> tuple[list[dict], dict]:
-    """Score every selected pair from the cache; returns (ranked rows, per-pair details)."""
+def score_all(cfg: RankConfig, pc, temperature: float) -> tuple[list[dict], dict]:
+    """Score every selected pair from the cache at one temperature; returns (rows, per-pair details)."""
     with single_thread():
-        return _score_all(cfg, pc)
+        return _score_all(cfg, pc, temperature)
 
 
-def _score_all(cfg: RankConfig, pc) -> tuple[list[dict], dict]:
-    rows, details, settings = [], {}, cfg.score_settings()
-    loader = MemberLoader(pc, cfg.md.temperature)
-    acc_loader = None if pc.acceptance is None else MemberLoader(pc.acceptance, cfg.md.temperature)
+def _score_all(cfg: RankConfig, pc, temperature: float) -> tuple[list[dict], dict]:
+    rows, details, settings = [], {}, cfg.score_settings(temperature)
+    loader = MemberLoader(pc, temperature)
+    acc_loader = None if pc.acceptance is None else MemberLoader(pc.acceptance, temperature)
     pairs = select_pairs(pc, cfg.pool.pairs)
-    for drafter_name, target_name in _progress(pairs, cfg.progress, desc="scoring pairs", unit="pair"):
+    for drafter_name, target_name in _progress(pairs, cfg.progress, desc=f"scoring pairs (T={temperature:g})",
+                                               unit="pair"):
         acceptance = None if acc_loader is None else acceptance_rows(acc_loader, pc, drafter_name, target_name)
         score = score_pair(pair_rows(loader, drafter_name, target_name), pc.vocab_size, settings=settings,
                            acceptance=acceptance, acceptance_source=cfg.cache.acceptance_source,
                            speed_profile=speed_profile(pc, drafter_name, target_name))
         rows.extend(score.rows)
-        details[f"{drafter_name} -> {target_name}"] = score
-    return rank_rows(rows, cfg.ranking.nll_tolerance), details
+        details[f"{drafter_name} -> {target_name} (T={temperature:g})"] = score
+    return rows, details
+
+
+def best_gamma_rows(rows: list[dict]) -> list[dict]:
+    """The compact view: each operating point at its best gamma, in rank order."""
+    return [r for r in rows if r["is_best_gamma"]]
+
+
+def _plot_rows(rows: list[dict], divergences: list[str]) -> list[dict]:
+    """Best-gamma rows with the plain-SD point repeated under each divergence (its budget-0 end)."""
+    out = []
+    for r in best_gamma_rows(rows):
+        out += [dict(r, divergence=d) for d in divergences] if r["divergence"] == PLAIN_SD else [r]
+    return out
 
 
 def write_outputs(cfg: RankConfig, rows: list[dict], details: dict, out: Path) -> dict[str, Path]:
     """CSV, HTML, plots and the resolved config into ``out`` (all atomic)."""
     from mdboost.ranking import plots
 
+    compact = best_gamma_rows(rows)
+    plot_rows = _plot_rows(rows, list(cfg.md.divergences))
     paths = {
         "csv": report.write_csv(rows, out / "ranking.csv"),
-        "html": report.write_html(rows, out / "ranking.html", title=f"mdboost pool ranking: {cfg.name}"),
+        "html": report.write_html(compact, out / "ranking.html", title=f"mdboost pool ranking: {cfg.name}"),
         "config": report.atomic_write_text(out / "config.resolved.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False)),
-        "acceptance_vs_budget": plots.plot_acceptance_vs_budget(rows, out / "plots" / "acceptance_vs_budget.png"),
-        "k_vs_acceptance": plots.plot_k_vs_acceptance(rows, out / "plots" / "k_vs_acceptance.png"),
+        "acceptance_vs_budget": plots.plot_acceptance_vs_budget(plot_rows, out / "plots" / "acceptance_vs_budget.png"),
+        "k_vs_acceptance": plots.plot_k_vs_acceptance(plot_rows, out / "plots" / "k_vs_acceptance.png"),
     }
     bounds = {}
     for name, score in details.items():
@@ -94,6 +116,43 @@ def write_outputs(cfg: RankConfig, rows: list[dict], details: dict, out: Path) -
     paths["margin_cdf"] = plots.plot_margin_cdf({n: s.margins for n, s in details.items()}, bounds,
                                                 out / "plots" / "margin_cdf.png")
     return paths
+
+
+def engine_snippet(rec: Recommendation, cfg: RankConfig) -> str:
+    """Python that runs the recommended point with mdboost's engine (plain decoding if none wins)."""
+    pool = f"build_pool({rec.target!r}, [{rec.drafter!r}], device={cfg.pool.device!r})"
+    budget = "" if rec.max_divergence == 0 else f", max_divergence={rec.max_divergence:g}, divergence={rec.divergence!r}"
+    lines = [
+        "from mdboost.engine import GenerationSettings, as_drafter, generate",
+        "from mdboost.models.pool import build_pool",
+        "",
+        f"pool = {pool}",
+        "target = pool.target",
+        "input_ids = target.tokenizer(\"def fib(n):\", return_tensors=\"pt\").input_ids",
+        f"settings = GenerationSettings(max_new_tokens=64, temperature={rec.temperature:g}, gamma={rec.gamma}{budget},",
+        "                              eos_token_id=target.tokenizer.eos_token_id)",
+    ]
+    if rec.beats_plain_decoding:
+        lines.append(f"drafter = as_drafter(pool[{rec.drafter!r}].ngram or pool[{rec.drafter!r}].model)")
+        lines.append("out = generate(target.model, input_ids, settings, drafter=drafter)")
+    else:
+        lines.append("out = generate(target.model, input_ids, settings)  # plain decoding: no drafter pays off here")
+    return "\n".join(lines)
+
+
+def recommendation_markdown(rec: Recommendation, snippet: str, bootstrap: dict) -> str:
+    """The MLflow parent run's description (``mlflow.note.content``)."""
+    head = "**Recommendation**" if rec.beats_plain_decoding else "**Plain decoding is fastest here**"
+    return "\n".join([
+        f"{head}: {rec.verdict()}", "",
+        "| drafter | target | T | divergence | budget | gamma | speedup | 90% interval |",
+        "|---|---|---|---|---|---|---|---|",
+        f"| {rec.drafter} | {rec.target} | {rec.temperature:g} | {rec.divergence} | {rec.max_divergence:g} | "
+        f"{rec.gamma} | {rec.predicted_speedup:.3f} | [{rec.predicted_speedup_lo:.3f}, {rec.predicted_speedup_hi:.3f}] |",
+        "", f"Intervals: bootstrap over {bootstrap['prompts']} prompts, {bootstrap['resamples']} resamples "
+        f"(level {bootstrap['level']:g}). Quality: NLL {rec.nll_mentored:.4f} vs target {rec.nll_target:.4f} "
+        f"({'within' if rec.quality_ok else 'outside'} the tolerance).", "", "```python", snippet, "```",
+    ])
 
 
 def _numeric(row: dict) -> dict[str, float]:
@@ -119,10 +178,13 @@ def _flat_params(cfg: RankConfig) -> dict[str, str]:
 
 
 def log_mlflow(cfg: RankConfig, rows: list[dict], paths: dict[str, Path], summary: dict) -> str:
-    """One parent run (config, summary, artifacts) and a nested run per pair and operating point.
+    """One parent run (config, summary, recommendation, artifacts) and a nested run per pair,
+    temperature and operating point at its best gamma (every gamma is in ``ranking.csv``).
 
-    Nested runs carry the CSV's identifying columns as params and its numeric columns (booleans
-    as 0/1, non-finite values left out) as metrics, under the same names.
+    The parent's description (tag ``mlflow.note.content``) is the recommendation in markdown;
+    its fields are params ``recommendation.*`` and metrics ``recommendation_*``. Nested runs
+    carry the CSV's identifying columns as params and its numeric columns (booleans as 0/1,
+    non-finite values left out) as metrics, under the same names.
     """
     import mlflow
     from mlflow.entities import Metric, Param, RunTag
@@ -136,16 +198,22 @@ def log_mlflow(cfg: RankConfig, rows: list[dict], paths: dict[str, Path], summar
         mlflow.log_params(_flat_params(cfg))
         mlflow.log_metrics({k: float(v) for k, v in summary.items() if isinstance(v, (int, float))})
         mlflow.set_tags({"mdboost.pipeline": "rank_pool", "cache_dir": str(summary.get("cache_dir", "")),
-                         "acceptance_source": cfg.cache.acceptance_source})
+                         "acceptance_source": cfg.cache.acceptance_source,
+                         "mlflow.note.content": summary["recommendation_markdown"]})
+        rec = summary["recommendation"]
+        mlflow.log_params({f"recommendation.{k}": str(v) for k, v in rec.items()})
+        mlflow.log_metrics({f"recommendation_{k}": float(rec[k]) for k in
+                            ("predicted_speedup", "predicted_speedup_lo", "predicted_speedup_hi", "beats_plain_decoding")
+                            if isinstance(rec[k], (int, float)) and math.isfinite(float(rec[k]))})
         for path in paths.values():
             mlflow.log_artifact(str(path), artifact_path="plots" if path.suffix == ".png" else None)
         now = int(time.time() * 1000)
-        for row in _progress(rows, cfg.progress, desc="mlflow runs", unit="run"):
-            name = f"{row['drafter']}->{row['target']} {row['divergence']}@{row['max_divergence']:g}"
+        for row in _progress(best_gamma_rows(rows), cfg.progress, desc="mlflow runs", unit="run"):
+            name = f"{row['drafter']}->{row['target']} T={row['temperature']:g} {row['divergence']}@{row['max_divergence']:g}"
             tags = {"mlflow.parentRunId": parent.info.run_id, "mlflow.runName": name}
             run = client.create_run(experiment_id, run_name=name, tags=tags)
-            params = [Param(k, str(row[k])) for k in ("drafter", "target", "divergence", "max_divergence",
-                                                       "acceptance_source")]
+            params = [Param(k, str(row[k])) for k in ("drafter", "target", "temperature", "divergence",
+                                                       "max_divergence", "gamma", "acceptance_source")]
             metrics = [Metric(k, v, now, 0) for k, v in _numeric(row).items()]
             client.log_batch(run.info.run_id, metrics=metrics, params=params, tags=[RunTag("rank", str(row["rank"]))])
             client.set_terminated(run.info.run_id)
@@ -155,19 +223,37 @@ def log_mlflow(cfg: RankConfig, rows: list[dict], paths: dict[str, Path], summar
 def run(cfg: RankConfig) -> dict:
     """Run the whole pipeline for a validated config; returns a summary dict."""
     start = time.perf_counter()
-    spec = cfg.cache_spec()
-    pc, cache_info = open_or_build_cache(spec, progress=cfg.progress)
-    t_cache = time.perf_counter() - start
-    rows, details = score_all(cfg, pc)
-    t_score = time.perf_counter() - start - t_cache
+    rows, details, t_cache, t_score, caches = [], {}, 0.0, 0.0, []
+    for temperature in cfg.md.sampling_temperatures:
+        t0 = time.perf_counter()
+        spec = cfg.cache_spec(temperature)
+        pc, cache_info = open_or_build_cache(spec, progress=cfg.progress)
+        t1 = time.perf_counter()
+        more, more_details = score_all(cfg, pc, temperature)
+        t_cache, t_score = t_cache + t1 - t0, t_score + time.perf_counter() - t1
+        rows += more
+        details.update(more_details)
+        caches.append((temperature, spec, pc, cache_info))
+    rows = rank_rows(rows, cfg.ranking.nll_tolerance)
+    rec = recommend(rows)
+    bootstrap = next(iter(details.values())).bootstrap
     out = Path(cfg.output_dir)
     paths = write_outputs(cfg, rows, details, out)
-    summary = {"n_pairs": len(details), "n_rows": len(rows), "seconds_cache": t_cache, "seconds_scoring": t_score,
+    snippet = engine_snippet(rec, cfg)
+    _, spec, pc, cache_info = caches[0]
+    summary = {"n_pairs": len({(r["drafter"], r["target"]) for r in rows}), "n_rows": len(rows),
+               "n_points": len(best_gamma_rows(rows)), "seconds_cache": t_cache, "seconds_scoring": t_score,
                "seconds_per_pair": t_score / max(len(details), 1), "cache_dir": cache_info.dir,
-               "cache_reused": cache_info.reused, "cache_fingerprint": spec.fingerprint(),
+               "cache_reused": all(c[3].reused for c in caches),
+               "cache_fingerprint": spec.fingerprint() if len(caches) == 1 else
+               [c[1].fingerprint() for c in caches],
                "acceptance_source": cfg.cache.acceptance_source,
-               "sampled_continuations": cache_info.sampled_continuations,
-               "measured_speed_profile": cache_info.measured_speed_profile}
+               "sampled_continuations": sum(c[3].sampled_continuations for c in caches),
+               "measured_speed_profile": any(c[3].measured_speed_profile for c in caches),
+               "sampling": {"temperatures": cfg.md.sampling_temperatures, "top_k": None, "top_p": None},
+               "md_solve": cfg.speed.md_solve, "bootstrap": bootstrap,
+               "recommendation": rec.to_dict(), "verdict": rec.verdict(), "engine_snippet": snippet}
+    summary["recommendation_markdown"] = recommendation_markdown(rec, snippet, bootstrap)
     profile = pc.speed_profile_info(cfg.pool.target)
     if profile is not None:  # the speed model's inputs (docs/ranking.md, "Speed model")
         summary["verify_cost"] = profile["verify_cost"]
@@ -188,10 +274,12 @@ def main(config: str) -> int:
         print(f"mdboost rank: {err}", file=sys.stderr)
         return 2
     summary = run(cfg)
-    print(f"\nTop pairs ({summary['n_pairs']} pairs, {summary['n_rows']} operating points; rule: predicted "
-          f"speedup among points with NLL <= target + {cfg.ranking.nll_tolerance:g} nats):")
-    print(report.format_table(summary["rows"], cfg.ranking.top))
+    print(f"\nTop points at their best gamma ({summary['n_pairs']} pairs, {summary['n_points']} operating points, "
+          f"{summary['n_rows']} rows with every gamma; rule: predicted speedup among points with NLL <= target + "
+          f"{cfg.ranking.nll_tolerance:g} nats; 90% intervals over {summary['bootstrap']['prompts']} prompts):")
+    print(report.format_table(best_gamma_rows(summary["rows"]), cfg.ranking.top))
     print(f"\nranking: {summary['paths']['csv']}  cache: {summary['cache_dir']} "
           f"({'reused' if summary['cache_reused'] else 'built'})  time: {summary['seconds_total']:.1f}s"
           + (f"  mlflow run: {summary['run_id']}" if "run_id" in summary else ""))
+    print(f"\n{summary['verdict']}\nrun it with mdboost's engine:\n{summary['engine_snippet']}")
     return 0

@@ -1,12 +1,14 @@
 """Logit cache: equals direct forward passes, resumes byte-identically, detects corruption,
 bounds the top-k approximation against the full path, runs under Dask."""
 
+import dataclasses
+import re
 import shutil
 
 import pytest
 import torch
 
-from mdboost.cache import CacheCorruptionError, LogitCache, build_cache
+from mdboost.cache import CacheCorruptionError, LogitCache, RunOptions, SequenceSettings, StoreSettings, build_cache
 from mdboost.cache import build as build_module
 from mdboost.md.probs import logits_to_probs
 from mdboost.models.ngram import NgramDrafter
@@ -17,6 +19,7 @@ RECORDS = [
     for i in range(5)
 ]
 K = 6
+STORE = StoreSettings(k=K, dtype="float32", keep_full=True, shard_size=2, temperatures=(0.5,))
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +30,7 @@ def pool():
 @pytest.fixture(scope="module")
 def cache_dir(pool, tmp_path_factory):
     out = tmp_path_factory.mktemp("cache")
-    build_cache(pool, RECORDS, out, k=K, dtype="float32", keep_full=True, shard_size=2, temperatures=(0.5,))
+    build_cache(pool, RECORDS, out, STORE)
     return out
 
 
@@ -113,7 +116,7 @@ def test_reader_errors(cache_dir, tmp_path, pool):
         cache.topk("tiny", [cache.num_rows])
     with pytest.raises(ValueError, match="ngram"):
         cache.ngram_proposals("tiny")
-    small = build_cache(pool, RECORDS[:1], tmp_path / "s", k=2, members=["tiny"])
+    small = build_cache(pool, RECORDS[:1], tmp_path / "s", StoreSettings(k=2), members=["tiny"])
     with pytest.raises(ValueError, match="keep_full"):
         LogitCache.open(small).full_logits("tiny")
     with pytest.raises(ValueError, match="not a logit cache"):
@@ -124,22 +127,21 @@ def test_interrupted_build_resumes_byte_identical(pool, cache_dir, tmp_path, mon
     calls = {"n": 0}
     original = build_module.compute_shard
 
-    def flaky(member, seqs, settings):
+    def flaky(member, seqs, store):
         calls["n"] += 1
         if calls["n"] == 4:
             raise KeyboardInterrupt("simulated crash")
-        return original(member, seqs, settings)
+        return original(member, seqs, store)
 
     monkeypatch.setattr(build_module, "compute_shard", flaky)
-    kwargs = dict(k=K, dtype="float32", keep_full=True, shard_size=2, temperatures=(0.5,))
     with pytest.raises(KeyboardInterrupt):
-        build_cache(pool, RECORDS, tmp_path, **kwargs)
+        build_cache(pool, RECORDS, tmp_path, STORE)
     with pytest.raises(ValueError, match="unfinished"):
         LogitCache.open(tmp_path)
     assert not list(tmp_path.glob(".*.tmp"))  # no temp file left behind
     done = {p.name for p in tmp_path.glob("*.safetensors")}
     calls["n"] = -100
-    build_cache(pool, RECORDS, tmp_path, **kwargs)
+    build_cache(pool, RECORDS, tmp_path, STORE)
     assert calls["n"] == -100 + 9 - (len(done) - 1)  # only the unfinished shards were computed
     assert files(tmp_path) == files(cache_dir)
 
@@ -153,7 +155,7 @@ def test_corrupted_shard_is_detected_and_rebuilt(pool, cache_dir, tmp_path):
     shard.write_bytes(bytes(data))
     with pytest.raises(CacheCorruptionError, match="early_exit_2-00001"):
         LogitCache.open(out)
-    build_cache(pool, RECORDS, out, k=K, dtype="float32", keep_full=True, shard_size=2, temperatures=(0.5,))
+    build_cache(pool, RECORDS, out, STORE)
     assert files(out) == files(cache_dir)
     LogitCache.open(out)
 
@@ -162,15 +164,16 @@ def test_other_configuration_is_refused_unless_overwrite(pool, cache_dir, tmp_pa
     out = tmp_path / "c"
     shutil.copytree(cache_dir, out)
     with pytest.raises(ValueError, match="another configuration"):
-        build_cache(pool, RECORDS, out, k=K + 1, dtype="float32", keep_full=True, shard_size=2, temperatures=(0.5,))
-    build_cache(pool, RECORDS[:2], out, k=3, members=["tiny"], overwrite=True)
+        build_cache(pool, RECORDS, out, dataclasses.replace(STORE, k=K + 1))
+    build_cache(pool, RECORDS[:2], out, StoreSettings(k=3), members=["tiny"], run=RunOptions(overwrite=True))
     assert LogitCache.open(out).k == 3
 
 
 def test_sampled_source_is_deterministic(pool, tmp_path):
-    a = build_cache(pool, RECORDS[:3], tmp_path / "a", k=3, source="sampled", max_new_tokens=8, members=["tiny"])
-    b = build_cache(pool, RECORDS[:3], tmp_path / "b", k=3, source="sampled", max_new_tokens=8, members=["tiny"], seed=0)
-    c = build_cache(pool, RECORDS[:3], tmp_path / "c", k=3, source="sampled", max_new_tokens=8, members=["tiny"], seed=1)
+    sampled = SequenceSettings(source="sampled", max_new_tokens=8)
+    a, b, c = (build_cache(pool, RECORDS[:3], tmp_path / name, StoreSettings(k=3), seqs, members=["tiny"])
+               for name, seqs in (("a", sampled), ("b", dataclasses.replace(sampled, seed=0)),
+                                  ("c", dataclasses.replace(sampled, seed=1))))
     assert files(a) == files(b) and files(a) != files(c)
     cache = LogitCache.open(a)
     assert cache.manifest["source"] == "sampled" and cache.manifest["sample_temperature"] == 1.0
@@ -178,19 +181,33 @@ def test_sampled_source_is_deterministic(pool, tmp_path):
     assert 1 <= ids.numel() - start <= 8
 
 
-def test_bad_build_arguments(pool, tmp_path):
-    for kwargs in (dict(k=0), dict(dtype="int8"), dict(source="web"), dict(shard_size=0), dict(temperatures=(0.0,))):
-        with pytest.raises(ValueError, match=next(iter(kwargs))):
-            build_cache(pool, RECORDS, tmp_path, **kwargs)
+@pytest.mark.parametrize("settings, field, value", [
+    (StoreSettings, "k", 0), (StoreSettings, "k", 2.5), (StoreSettings, "dtype", "int8"),
+    (StoreSettings, "shard_size", 0), (StoreSettings, "temperatures", (0.0,)), (StoreSettings, "ngram_lookahead", 0),
+    (SequenceSettings, "source", "web"), (SequenceSettings, "max_tokens", 0), (SequenceSettings, "max_new_tokens", 1.5),
+    (SequenceSettings, "sample_temperature", -1.0), (SequenceSettings, "seed", -1), (SequenceSettings, "system", 3),
+    (RunOptions, "n_jobs", 0), (RunOptions, "backend", ""),
+])
+def test_bad_build_settings_name_the_field_and_value(settings, field, value):
+    shown = repr(value[0] if field == "temperatures" else value)
+    with pytest.raises(ValueError, match=f"^{field} .*got {re.escape(shown)}"):
+        settings(**{field: value})
+
+
+def test_store_settings_normalize_what_the_manifest_records():
+    store = StoreSettings(k=16.0, temperatures=[2, 0.5, 1.0, 2.0], keep_full=1)
+    assert (store.k, store.temperatures, store.keep_full) == (16, (0.5, 1.0, 2.0), True)
+    assert store.manifest_entries()["temperatures"] == [0.5, 1.0, 2.0]  # a JSON list, as read back
+    assert "seed" not in SequenceSettings().manifest_entries()  # sampling settings only for sampled sequences
+    assert SequenceSettings(source="sampled", seed=4).manifest_entries()["seed"] == 4
 
 
 def test_threading_and_dask_backends_match_sequential(pool, cache_dir, tmp_path):
     distributed = pytest.importorskip("distributed")
-    kwargs = dict(k=K, dtype="float32", keep_full=True, shard_size=2, temperatures=(0.5,))
-    build_cache(pool, RECORDS, tmp_path / "t", backend="threading", n_jobs=2, **kwargs)
+    build_cache(pool, RECORDS, tmp_path / "t", STORE, run=RunOptions(backend="threading", n_jobs=2))
     with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cluster:
         with distributed.Client(cluster):
-            build_cache(pool, RECORDS, tmp_path / "d", backend="dask", n_jobs=2, **kwargs)
+            build_cache(pool, RECORDS, tmp_path / "d", STORE, run=RunOptions(backend="dask", n_jobs=2))
     for name in ("t", "d"):
         a, b = LogitCache.open(tmp_path / name), LogitCache.open(cache_dir)
         for member in ("tiny", "early_exit:2"):

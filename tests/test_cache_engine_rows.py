@@ -6,6 +6,7 @@ import torch
 
 from mdboost.cache import LogitCache
 from mdboost.cache.build import build_cache, member_logits
+from mdboost.cache.settings import RunOptions, StoreSettings
 from mdboost.engine.kv import CachedLM
 from mdboost.models.drafters import mixes_positions
 from mdboost.models.pool import build_pool
@@ -43,8 +44,9 @@ def test_int8_whole_sequence_forward_is_not_what_the_engine_computes(pool):
 
 
 def test_cached_rows_equal_the_engine_drafter_rows(pool, tmp_path):
-    folders = {m: build_cache(pool, RECORDS, tmp_path / m.replace(":", "_"), members=[m], k=8, keep_full=True,
-                              progress=False) for m in ("early_exit:2", "tuned:2", "int8")}
+    store, run = StoreSettings(k=8, keep_full=True), RunOptions(progress=False)
+    folders = {m: build_cache(pool, RECORDS, tmp_path / m.replace(":", "_"), store, members=[m], run=run)
+               for m in ("early_exit:2", "tuned:2", "int8")}
     for name, folder in folders.items():
         cache = LogitCache.open(folder)
         full = cache.full_logits(name).float()  # [R, V] (stored in fp16)

@@ -71,7 +71,7 @@ PINNED = {
 
 @pytest.mark.parametrize("name", sorted(PINNED))
 def test_shipped_configs_keep_their_folder_names(name):
-    spec = load_yaml(f"configs/{name}.yaml", RankConfig).cache_spec()
+    spec = load_yaml(f"configs/{name}.yaml", RankConfig).cache_spec(1.0)  # the folders of T = 1
     pins = PINNED[name]
     assert {m: spec.member_dir(m).name for m in spec.names} == pins["main"]
     assert {m: spec.member_dir(m, acceptance=True).name for m in spec.names} == pins["acceptance"]
@@ -86,7 +86,7 @@ def test_sampler_key_unchanged():
 
 def test_keys_follow_the_stored_values_only():
     base = load_yaml("configs/tiny.yaml", RankConfig)
-    spec = base.cache_spec()
+    spec = base.cache_spec(1.0)
     rebuilt = dataclasses.replace(spec, n_jobs=4, backend="threading", cost_repeats=1, gamma_max=3, device="meta")
     assert [rebuilt.member_dir(m) for m in spec.names] == [spec.member_dir(m) for m in spec.names]
     other_k = dataclasses.replace(spec, folders=dataclasses.replace(spec.folders, k=spec.folders.k + 1))
@@ -106,12 +106,19 @@ def test_fingerprint_hashes_dataclasses_as_their_fields():
     assert fingerprint((1, 2)) == fingerprint([1, 2])
 
 
-
 def test_a_row_revision_moves_only_that_members_folders(monkeypatch):
     from mdboost.models import pool
 
-    spec = load_yaml("configs/tiny.yaml", RankConfig).cache_spec()
+    spec = load_yaml("configs/tiny.yaml", RankConfig).cache_spec(1.0)
     before = {m: spec.member_dir(m).name for m in spec.names}
     monkeypatch.setitem(pool.ROW_REVISIONS, "tuned", "rows: test revision")
     after = {m: spec.member_dir(m).name for m in spec.names}
     assert {m for m in spec.names if before[m] != after[m]} == {"tuned:2"}
+
+
+def test_each_temperature_has_its_folders_and_t1_keeps_the_old_ones():
+    cfg = load_yaml("configs/default.yaml", RankConfig)
+    assert cfg.md.sampling_temperatures == [0.7, 1.0]
+    cold, warm = cfg.cache_spec(0.7), cfg.cache_spec(1.0)
+    assert all(cold.member_dir(m) != warm.member_dir(m) for m in cold.names)
+    assert {m: warm.member_dir(m).name for m in warm.names} == PINNED["default"]["main"]

@@ -8,6 +8,7 @@ from safetensors.torch import load_file
 from mdboost.cache import LogitCache
 from mdboost.cache import build as build_module
 from mdboost.cache.build import build_cache, member_logits, sample_sequences
+from mdboost.cache.settings import RunOptions, SequenceSettings, StoreSettings
 from mdboost.cache.manifest import atomic_save_tensors
 from mdboost.models.pool import build_pool
 from tests.test_rank_pipeline import _config as rank_config
@@ -18,6 +19,10 @@ RECORDS = [{"id": f"r{i}", "prompt": f"def g{i}(a):\n    b = a * {i}\n", "refere
 @pytest.fixture(scope="module")
 def pool():
     return build_pool("tiny", ["early_exit:2", "ngram:2"])
+
+
+def _sampled(max_new_tokens: int, seed: int = 0) -> SequenceSettings:
+    return SequenceSettings(source="sampled", max_new_tokens=max_new_tokens, seed=seed)
 
 
 def _count_sampling(monkeypatch) -> list:
@@ -34,12 +39,12 @@ def _count_sampling(monkeypatch) -> list:
 
 def test_members_share_the_sampled_rows(pool, tmp_path, monkeypatch):
     calls = _count_sampling(monkeypatch)
-    path, digest = sample_sequences(pool, RECORDS, tmp_path / "cont" / "tokens.safetensors", max_new_tokens=6, seed=3)
+    path, digest = sample_sequences(pool, RECORDS, tmp_path / "cont" / "tokens.safetensors", _sampled(6, seed=3))
     assert len(calls) == len(RECORDS)
     dirs = {}
     for name in ("tiny", "early_exit:2", "ngram:2"):
-        dirs[name] = build_cache(pool, RECORDS, tmp_path / name, members=[name], k=4, source="sampled",
-                                 max_new_tokens=6, seed=3, sequences=path, progress=False)
+        dirs[name] = build_cache(pool, RECORDS, tmp_path / name, StoreSettings(k=4), _sampled(6, seed=3), members=[name],
+                                 tokens_file=path, run=RunOptions(progress=False))
     assert len(calls) == len(RECORDS)  # building members never samples
     stored = load_file(str(path))
     for name, folder in dirs.items():
@@ -58,21 +63,23 @@ def test_members_share_the_sampled_rows(pool, tmp_path, monkeypatch):
 
 def test_same_seed_reuses_the_stored_continuations(pool, tmp_path, monkeypatch):
     path = tmp_path / "tokens.safetensors"
-    _, first = sample_sequences(pool, RECORDS, path, max_new_tokens=5, seed=0)
+    _, first = sample_sequences(pool, RECORDS, path, _sampled(5))
     calls = _count_sampling(monkeypatch)
-    _, again = sample_sequences(pool, RECORDS, path, max_new_tokens=5, seed=0)
+    _, again = sample_sequences(pool, RECORDS, path, _sampled(5))
     assert again == first and calls == []
     # a fresh sampling with the same seed reproduces the file byte for byte
-    _, fresh = sample_sequences(pool, RECORDS, tmp_path / "other.safetensors", max_new_tokens=5, seed=0)
+    _, fresh = sample_sequences(pool, RECORDS, tmp_path / "other.safetensors", _sampled(5))
     assert fresh == first and len(calls) == len(RECORDS)
 
 
-def test_sequences_argument_errors(pool, tmp_path):
-    with pytest.raises(ValueError, match="sequences"):
-        build_cache(pool, RECORDS, tmp_path / "a", members=["tiny"], source="sampled", sequences=tmp_path / "none")
-    path, _ = sample_sequences(pool, RECORDS[:2], tmp_path / "t.safetensors", max_new_tokens=4)
-    with pytest.raises(ValueError, match="sequences"):
-        build_cache(pool, RECORDS, tmp_path / "b", members=["tiny"], source="sampled", sequences=path)
+def test_tokens_file_argument_errors(pool, tmp_path):
+    with pytest.raises(ValueError, match="tokens_file must be a finished token file"):
+        build_cache(pool, RECORDS, tmp_path / "a", sequences=_sampled(4), members=["tiny"], tokens_file=tmp_path / "none")
+    path, _ = sample_sequences(pool, RECORDS[:2], tmp_path / "t.safetensors", _sampled(4))
+    with pytest.raises(ValueError, match="holds 2 sequences, records has 3"):
+        build_cache(pool, RECORDS, tmp_path / "b", sequences=_sampled(4), members=["tiny"], tokens_file=path)
+    with pytest.raises(ValueError, match="sequences.source must be 'sampled'.*got 'reference'"):
+        sample_sequences(pool, RECORDS, tmp_path / "r.safetensors", SequenceSettings())
 
 
 def test_pipeline_samples_once_and_reuses(tmp_path, monkeypatch):

@@ -115,7 +115,13 @@ def test_shipped_configs_load(name):
     cfg = load_yaml(f"configs/{name}.yaml", RankConfig)
     assert cfg.name == name
     if name == "default":  # the YAML spells out the library defaults (plus the CPU device int8 needs)
-        assert to_dict(cfg) | {"pool": to_dict(cfg)["pool"] | {"device": None}} == to_dict(RankConfig())
+        def plain(c):  # md.temperatures: the default list, spelled out or implied
+            d = to_dict(c)
+            d["md"] = {k: v for k, v in d["md"].items() if k not in ("temperature", "temperatures")}
+            return d | {"pool": d["pool"] | {"device": None}}
+
+        assert plain(cfg) == plain(RankConfig())
+        assert cfg.md.sampling_temperatures == RankConfig().md.sampling_temperatures
 
 
 @pytest.mark.parametrize("name", ["validate_default", "validate_tiny"])
@@ -135,4 +141,23 @@ def test_wiring_hands_the_library_the_same_values():
     assert (spec.folders.k, spec.folders.full_logits, spec.acceptance_source) == (16, True, "reference")
     assert (spec.cost_repeats, spec.cost_context, spec.gamma_max) == (3, 16, 6)
     assert settings.divergences == ("kl", "tv") and settings.budgets == (0.0, 0.1, 0.5)
-    assert (settings.gamma_min, settings.gamma_max, settings.md_solve, settings.n_estimators) == (1, 6, "reached", 2)
+    assert (settings.gamma_min, settings.gamma_max, settings.md_solve, settings.n_estimators) == (1, 6, "needed", 2)
+    assert settings.temperature == spec.temperature == 0.7  # the first of the default md.temperatures
+    assert cfg.score_settings(1.0).temperature == cfg.cache_spec(1.0).temperature == 1.0
+    assert settings.bootstrap.num_resamples == cfg.ranking.resamples == 1000
+
+
+def test_md_solve_defaults_to_the_engines():
+    from mdboost.engine import GenerationSettings
+
+    assert from_dict(RankConfig, {}).speed.md_solve == GenerationSettings().md_solve
+
+
+def test_temperatures_list_or_scalar():
+    assert from_dict(MDConfig, {}).sampling_temperatures == [0.7, 1.0]
+    assert from_dict(MDConfig, {"temperature": 0.5}).sampling_temperatures == [0.5]
+    assert from_dict(MDConfig, {"temperatures": [1.0, 0.6]}).sampling_temperatures == [1.0, 0.6]
+    with pytest.raises(ValueError, match="temperature or temperatures, not both"):
+        from_dict(MDConfig, {"temperature": 0.5, "temperatures": [1.0]})
+    with pytest.raises(ValueError, match="temperatures"):
+        from_dict(MDConfig, {"temperatures": [0.7, 0.7]})

@@ -1,5 +1,6 @@
 """End to end: the ranking pipeline on a tiny random pool, CSV and MLflow read back and checked."""
 
+import json
 import math
 
 import numpy as np
@@ -17,25 +18,25 @@ REQUIRED = ["drafter", "target", "divergence", "max_divergence", "sd_acceptance"
             "nll_mentored", "nll_boosted", "rank"]
 
 
-def hand_speedup(alpha: float, gamma: int, c: float, v: float, s: float) -> float:
-    """The speed model written out: E[tokens] / (gamma c + v + s E[solved]), sums not closed forms."""
+def hand_speedup(alpha: float, gamma: int, c: float, v: float, s: float, md_solve: str = "reached",
+                 sd: float = 0.0) -> float:
+    """The speed model written out: E[tokens] / (gamma c + v + s E[solved]), sums not closed forms;
+    ``md_solve="needed"`` solves a reached position only where SD would reject (``1 - sd``)."""
     tokens = sum(alpha ** i for i in range(gamma + 1))
-    solved = sum(alpha ** i for i in range(gamma))
+    solved = sum(alpha ** i for i in range(gamma)) * ((1 - sd) if md_solve == "needed" else 1.0)
     return tokens / (gamma * c + v + s * solved)
 
 
 def check_speed_columns(r: dict, profile: dict, kind: str, gamma_range) -> None:
-    """The i.i.d. ``predicted_speedup_iid``/``best_gamma_iid`` of a CSV row against the hand formula
-    and brute force; without process columns (``engine_acceptance``) they are the main columns.
-    (Process columns: ``tests/test_ranking_process.py``.)"""
-    alpha, c, g = float(r["md_acceptance"]), float(r["cost_ratio"]), int(r["best_gamma_iid"])
+    """The i.i.d. ``predicted_speedup_iid`` (at the row's gamma) and ``best_gamma_iid`` of a CSV row
+    against the hand formula and brute force. (Process columns: ``tests/test_ranking_process.py``.)"""
+    alpha, c, g = float(r["md_acceptance"]), float(r["cost_ratio"]), int(r["gamma"])
     s = profile["md_overhead"][kind] if float(r["max_divergence"]) > 0 else 0.0
-    v = profile["verify_cost"]
-    assert float(r["verify_cost"]) == pytest.approx(v[int(r["best_gamma"])]) and float(r["md_overhead"]) == pytest.approx(s)
-    assert float(r["predicted_speedup_iid"]) == pytest.approx(hand_speedup(alpha, g, c, v[g], s), rel=1e-6)
-    assert float(r["predicted_speedup_iid"]) == pytest.approx(max(hand_speedup(alpha, k, c, v[k], s) for k in gamma_range), rel=1e-9)
-    if r.get("engine_acceptance", "") == "":
-        assert (r["best_gamma"], r["predicted_speedup"]) == (r["best_gamma_iid"], r["predicted_speedup_iid"])
+    v, solve, sd = profile["verify_cost"], r["md_solve"], float(r["sd_acceptance"])
+    assert float(r["verify_cost"]) == pytest.approx(v[g]) and float(r["md_overhead"]) == pytest.approx(s)
+    assert float(r["predicted_speedup_iid"]) == pytest.approx(hand_speedup(alpha, g, c, v[g], s, solve, sd), rel=1e-6)
+    best = max(gamma_range, key=lambda k: hand_speedup(alpha, k, c, v[k], s, solve, sd))
+    assert int(r["best_gamma_iid"]) == best
 
 
 def _config(tmp_path, **over) -> RankConfig:
@@ -63,10 +64,29 @@ def first_run(tmp_path_factory):
 def test_csv_has_required_fields_and_ranks(first_run):
     tmp_path, cfg, summary = first_run
     rows = read_csv(tmp_path / "out" / "ranking.csv")
-    assert set(REQUIRED) <= set(rows[0])
-    # 4 ordered pairs (ngram is never a target) x 2 divergences x 2 budgets
-    assert len(rows) == summary["n_rows"] == 16
-    assert sorted(int(r["rank"]) for r in rows) == list(range(1, 17))
+    assert set(REQUIRED + ["temperature", "gamma", "is_best_gamma", "predicted_speedup_lo"]) <= set(rows[0])
+    # 4 ordered pairs (ngram is never a target) x 2 temperatures x (plain SD once + 2 divergences x
+    # budget 0.3) x 6 gammas
+    assert len(rows) == summary["n_rows"] == 4 * 2 * 3 * 6 and summary["n_points"] == 4 * 2 * 3
+    assert sorted(int(r["rank"]) for r in rows) == list(range(1, len(rows) + 1))
+    assert {float(r["temperature"]) for r in rows} == {0.7, 1.0}
+    points = {}
+    for r in rows:
+        points.setdefault((r["drafter"], r["target"], r["temperature"], r["divergence"], r["max_divergence"]), []).append(r)
+    assert len(points) == 24
+    for key, mine in points.items():
+        assert sorted(int(r["gamma"]) for r in mine) == list(range(1, 7))
+        assert sum(r["is_best_gamma"] == "True" for r in mine) == 1
+        assert (key[3] == "none") == (float(key[4]) == 0)  # budget 0 once, as plain SD
+        for r in mine:  # the 90% intervals hold the point estimate
+            for name in ("predicted_speedup", "engine_acceptance", "engine_mean_accepted_length"):
+                assert float(r[f"{name}_lo"]) - 1e-9 <= float(r[name]) <= float(r[f"{name}_hi"]) + 1e-9, (name, r)
+    rec = summary["recommendation"]
+    assert set(rec) >= {"drafter", "target", "temperature", "divergence", "max_divergence", "gamma",
+                        "predicted_speedup", "predicted_speedup_lo", "predicted_speedup_hi", "beats_plain_decoding"}
+    assert summary["bootstrap"] == {"prompts": 3, "resamples": cfg.ranking.resamples, "level": 0.9, "seed": 0}
+    saved = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert saved["recommendation"] == rec and saved["sampling"]["temperatures"] == [0.7, 1.0]
     assert {(r["drafter"], r["target"]) for r in rows} == {
         ("early_exit:2", "tiny"), ("ngram:2", "tiny"), ("tiny", "early_exit:2"), ("ngram:2", "early_exit:2")}
     for name in ("ranking.html", "config.resolved.yaml", "plots/acceptance_vs_budget.png",
@@ -78,15 +98,17 @@ def test_csv_has_required_fields_and_ranks(first_run):
 def test_metrics_match_direct_computation_on_cache(first_run):
     from mdboost.cache import LogitCache
     tmp_path, cfg, _ = first_run
-    rows = [r for r in read_csv(tmp_path / "out" / "ranking.csv") if r["drafter"] == "early_exit:2" and r["target"] == "tiny"]
-    spec = cfg.cache_spec()
+    rows = [r for r in read_csv(tmp_path / "out" / "ranking.csv") if r["drafter"] == "early_exit:2" and r["target"] == "tiny"
+            and float(r["temperature"]) == 1.0]
+    spec = cfg.cache_spec(1.0)
     tc, dc = LogitCache.open(spec.member_dir("tiny")), LogitCache.open(spec.member_dir("early_exit:2"))
     true = tc.true_tokens()
     q = torch.softmax(tc.full_logits("tiny").double(), -1)
     p = torch.softmax(dc.full_logits("early_exit:2").double(), -1)
     idx = torch.arange(len(true))
     for r in rows:
-        sol = solve(p, q, max_divergence=float(r["max_divergence"]), divergence=r["divergence"])
+        f = "kl" if r["divergence"] == "none" else r["divergence"]
+        sol = solve(p, q, max_divergence=float(r["max_divergence"]), divergence=f)
         assert float(r["sd_acceptance"]) == pytest.approx(float(torch.minimum(p, q).sum(-1).mean()), rel=1e-6)
         assert float(r["md_acceptance"]) == pytest.approx(float(sol.acceptance.mean()), rel=1e-6)
         assert float(r["nll_target"]) == pytest.approx(float(-q[idx, true].log().mean()), rel=1e-3)
@@ -95,7 +117,8 @@ def test_metrics_match_direct_computation_on_cache(first_run):
         profile = tc.manifest["speed_profile"]
         assert profile["verify_cost"][0] == 1.0 and len(profile["verify_cost"]) >= cfg.speed.gamma_max + 1
         check_speed_columns(r, profile, "dense", range(cfg.speed.gamma_min, cfg.speed.gamma_max + 1))
-    ngram = [r for r in read_csv(tmp_path / "out" / "ranking.csv") if r["drafter"] == "ngram:2" and r["target"] == "tiny"]
+    ngram = [r for r in read_csv(tmp_path / "out" / "ranking.csv") if r["drafter"] == "ngram:2" and r["target"] == "tiny"
+             and float(r["temperature"]) == 1.0]
     for r in ngram:  # one-hot drafts use their own MD overhead
         check_speed_columns(r, tc.manifest["speed_profile"], "onehot", range(cfg.speed.gamma_min, cfg.speed.gamma_max + 1))
     # a pair whose target is not the pool target has no profile: v = 1, s = 0
@@ -113,17 +136,23 @@ def test_mlflow_runs_hold_the_fields(first_run):
     runs = client.search_runs([exp.experiment_id], max_results=1000)
     parent = [r for r in runs if r.info.run_id == summary["run_id"]][0]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-    assert len(children) == 16
-    rows = {(r["drafter"], r["target"], r["divergence"], float(r["max_divergence"])): r
-            for r in read_csv(tmp_path / "out" / "ranking.csv")}
+    assert len(children) == summary["n_points"] == 24  # each point at its best gamma
+    rows = {(r["drafter"], r["target"], float(r["temperature"]), r["divergence"], float(r["max_divergence"])): r
+            for r in read_csv(tmp_path / "out" / "ranking.csv") if r["is_best_gamma"] == "True"}
     numeric = set(REQUIRED) - {"drafter", "target", "divergence", "nll_drafter"}
     for child in children:
         prm, met = child.data.params, child.data.metrics
-        row = rows[(prm["drafter"], prm["target"], prm["divergence"], float(prm["max_divergence"]))]
+        row = rows[(prm["drafter"], prm["target"], float(prm["temperature"]), prm["divergence"],
+                    float(prm["max_divergence"]))]
+        assert prm["gamma"] == row["gamma"] == row["best_gamma"]
         assert numeric <= set(met)
         for key in numeric:
             assert met[key] == pytest.approx(float(row[key]), rel=1e-9, abs=1e-12)
     assert parent.data.params["cache.k"] == str(cfg.cache.k)
+    rec = summary["recommendation"]
+    assert parent.data.params["recommendation.drafter"] == rec["drafter"]
+    assert parent.data.metrics["recommendation_predicted_speedup"] == pytest.approx(rec["predicted_speedup"])
+    assert summary["verdict"] in parent.data.tags["mlflow.note.content"]
     top = {f.path for f in client.list_artifacts(parent.info.run_id)}
     assert {"ranking.csv", "ranking.html", "config.resolved.yaml", "plots"} <= top
     plots = {f.path for f in client.list_artifacts(parent.info.run_id, "plots")}
@@ -141,7 +170,7 @@ def test_rerun_reuses_cache_and_rescoring_recomputes_only_scores(first_run):
     after = read_csv(tmp_path / "out" / "ranking.csv")
     assert [r["md_acceptance"] for r in before] == [r["md_acceptance"] for r in after]
     more = run(_config(tmp_path, tracking={"enabled": False}, md={"budgets": [0.0, 0.3, 1.0]}))
-    assert more["cache_reused"] is True and more["n_rows"] == 24
+    assert more["cache_reused"] is True and more["n_rows"] == 4 * 2 * 5 * 6
 
 
 def test_main_reports_config_errors(tmp_path, capsys):

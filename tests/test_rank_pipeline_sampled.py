@@ -26,32 +26,30 @@ def sampled_run(tmp_path_factory):
     return tmp_path, cfg, run(cfg)
 
 
-def _probs(cache, name):  # [R, V]
-    return torch.softmax(cache.full_logits(name).double(), -1)
-
-
 def test_acceptance_from_sampled_cache_quality_from_reference(sampled_run):
     from mdboost.cache import LogitCache
     from mdboost.ranking.diagnostics import boost_coefficient
 
     tmp_path, cfg, _ = sampled_run
-    rows = [r for r in read_csv(tmp_path / "out" / "ranking.csv") if r["drafter"] == "early_exit:2"]
-    spec = cfg.cache_spec()
+    spec = cfg.cache_spec()  # the first temperature's folders
+    rows = [r for r in read_csv(tmp_path / "out" / "ranking.csv") if r["drafter"] == "early_exit:2"
+            and float(r["temperature"]) == spec.temperature]
     ref_t, ref_d = (LogitCache.open(spec.member_dir(m)) for m in ("tiny", "early_exit:2"))
     smp_t, smp_d = (LogitCache.open(spec.member_dir(m, acceptance=True)) for m in ("tiny", "early_exit:2"))
     assert smp_t.manifest["source"] == "sampled" and ref_t.manifest["source"] == "reference"
     assert 0 < smp_t.num_rows <= 3 * 12 and smp_t.num_rows != ref_t.num_rows
-    q, p = _probs(ref_t, "tiny"), _probs(ref_d, "early_exit:2")
-    qs, ps = _probs(smp_t, "tiny"), _probs(smp_d, "early_exit:2")
+    t = spec.temperature
+    q, p = (torch.softmax(c.full_logits(m).double() / t, -1) for c, m in ((ref_t, "tiny"), (ref_d, "early_exit:2")))
+    qs, ps = (torch.softmax(c.full_logits(m).double() / t, -1) for c, m in ((smp_t, "tiny"), (smp_d, "early_exit:2")))
     true = ref_t.true_tokens()
     idx = torch.arange(len(true))
     for r in rows:
         assert r["acceptance_source"] == "sampled"
         assert 0.0 <= float(r["engine_acceptance"]) <= 1.0 and float(r["engine_mean_accepted_length"]) >= 1.0
         assert int(r["acceptance_positions"]) == smp_t.num_rows and int(r["n_positions"]) == ref_t.num_rows
-        budget = float(r["max_divergence"])
-        sol_s = solve(ps, qs, max_divergence=budget, divergence=r["divergence"])
-        sol_r = solve(p, q, max_divergence=budget, divergence=r["divergence"])
+        budget, f = float(r["max_divergence"]), "kl" if r["divergence"] == "none" else r["divergence"]
+        sol_s = solve(ps, qs, max_divergence=budget, divergence=f)
+        sol_r = solve(p, q, max_divergence=budget, divergence=f)
         assert float(r["sd_acceptance"]) == pytest.approx(float(torch.minimum(ps, qs).sum(-1).mean()), rel=1e-6)
         assert float(r["md_acceptance"]) == pytest.approx(float(sol_s.acceptance.mean()), rel=1e-6)
         assert float(r["acceptance_gain"]) == pytest.approx(float(sol_s.acceptance.mean() - torch.minimum(ps, qs).sum(-1).mean()), abs=1e-9)
@@ -79,7 +77,8 @@ def test_sampled_source_is_recorded_and_reused(sampled_run):
     exp = client.get_experiment_by_name(cfg.tracking.experiment)
     children = [r for r in client.search_runs([exp.experiment_id], max_results=100)
                 if r.data.tags.get("mlflow.parentRunId") == summary["run_id"]]
-    assert len(children) == 8 and {c.data.params["acceptance_source"] for c in children} == {"sampled"}
+    # 2 target pairs x 2 temperatures x (plain SD + kl 0.3 + tv 0.3), each at its best gamma
+    assert len(children) == 12 and {c.data.params["acceptance_source"] for c in children} == {"sampled"}
     before = read_csv(tmp_path / "out" / "ranking.csv")
     again = run(_config(tmp_path, tracking={"enabled": False}))
     assert again["cache_reused"] is True
@@ -89,7 +88,7 @@ def test_sampled_source_is_recorded_and_reused(sampled_run):
     assert ref["cache_reused"] is True
     rows = read_csv(tmp_path / "out" / "ranking.csv")
     assert {r["acceptance_source"] for r in rows} == {"reference"}
-    key = lambda r: (r["drafter"], r["divergence"], r["max_divergence"])
+    key = lambda r: (r["drafter"], r["temperature"], r["divergence"], r["max_divergence"], r["gamma"])
     sampled = {key(r): r for r in before}
     for r in rows:
         assert r["nll_mentored"] == sampled[key(r)]["nll_mentored"]

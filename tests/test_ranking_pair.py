@@ -10,7 +10,7 @@ from mdboost.md.solve import solve
 from mdboost.ranking.boosting import CachedLogitsHypothesis, ProposalHypothesis
 from mdboost.ranking.rank import PairRows, PairSide, ScoreSettings, rank_rows, score_pair
 from mdboost.ranking.scores import score_rows
-from mdboost.ranking.speed import best_gamma
+from mdboost.ranking.speed import best_gamma, walltime_speedup
 from mdboost.ranking.support import rows_from_logits, rows_from_proposals
 
 V, N = 32, 40
@@ -39,17 +39,25 @@ def test_score_pair_full_matches_direct(pair):
     d, t = _member("d", lp, true, 4, True, 0.2), _member("t", lq, true, 4, True, 1.0)
     settings = ScoreSettings(divergences=("kl", "tv"), budgets=(0.0, 0.1, 0.5), gamma_min=1, gamma_max=6)
     res = score_pair(PairRows(d, t, true.numpy()), V, settings=settings)
-    assert len(res.rows) == 6 and len(res.points) == 6
+    # budget 0 once (plain SD, divergence "none"), then each f at each budget > 0; every gamma 1..6
+    assert [(p.divergence, p.max_divergence) for p in res.points] == [
+        ("none", 0.0), ("kl", 0.1), ("kl", 0.5), ("tv", 0.1), ("tv", 0.5)]
+    assert len(res.rows) == 5 * 6 and [r["gamma"] for r in res.rows[:6]] == [1, 2, 3, 4, 5, 6]
     p, q = torch.softmax(lp, -1), torch.softmax(lq, -1)
     sd = torch.minimum(p, q).sum(-1)
     idx = torch.arange(N)
     for row in res.rows:
         assert row["sd_acceptance"] == pytest.approx(float(sd.mean()))
-        sol = solve(p, q, max_divergence=row["max_divergence"], divergence=row["divergence"])
+        f = "kl" if row["divergence"] == "none" else row["divergence"]
+        sol = solve(p, q, max_divergence=row["max_divergence"], divergence=f)
         assert row["md_acceptance"] == pytest.approx(float(sol.acceptance.mean()), abs=1e-9)
         assert row["acceptance_gain"] == pytest.approx(row["md_acceptance"] - row["sd_acceptance"])
         g, s = best_gamma(float(sol.acceptance.mean()), 0.2, 1, 6)
-        assert row["best_gamma"] == int(g) and row["predicted_speedup"] == pytest.approx(float(s))
+        assert row["best_gamma"] == int(g) and row["is_best_gamma"] == (row["gamma"] == int(g))
+        at_gamma = walltime_speedup(float(sol.acceptance.mean()), row["gamma"], 0.2)
+        assert row["predicted_speedup"] == pytest.approx(float(at_gamma))
+        if row["is_best_gamma"]:
+            assert row["predicted_speedup"] == pytest.approx(float(s))
         pi = torch.maximum((1 - sol.b[:, None]) * q, torch.minimum(p, (1 + sol.a[:, None]) * q))
         assert row["nll_mentored"] == pytest.approx(float(-pi[idx, true].log().mean()))
         k = torch.sqrt((1 + sol.a) / (1 - sol.b))
@@ -118,11 +126,15 @@ def test_rows_are_the_named_results(pair):
     res = score_pair(PairRows(_member("d", lp, true, 4, True, 0.2), _member("t", lq, true, 4, True, 1.0), true.numpy()),
                      V, settings=MD, acceptance_source="custom")
     rows = score_rows(res)
-    assert [(r["divergence"], r["max_divergence"]) for r in rows] == [(p.divergence, p.max_divergence) for p in res.points]
-    for row, point in zip(rows, res.points):
+    gammas = list(MD.gammas)
+    assert [(r["divergence"], r["max_divergence"], r["gamma"]) for r in rows] == [
+        (p.divergence, p.max_divergence, g) for p in res.points for g in gammas]
+    for i, row in enumerate(rows):
+        point, j = res.points[i // len(gammas)], i % len(gammas)
         assert row["md_acceptance"] == pytest.approx(float(point.acceptance.mean()))
         assert row["best_gamma"] == row["best_gamma_iid"] == point.iid.gamma == point.gamma  # no layout: no process
-        assert row["predicted_speedup"] == row["predicted_speedup_iid"] == point.iid.speedup
+        assert row["predicted_speedup"] == row["predicted_speedup_iid"] == point.iid.speedups[j]
+        assert math.isnan(row["predicted_speedup_lo"]) and row["temperature"] == MD.temperature
         assert row["nll_mentored"] == point.nll_mentored and "engine_acceptance" not in row
         assert row["sd_best_gamma"] == row["sd_best_gamma_iid"] == res.sd_iid.gamma
         assert row["nll_target"] == res.stats.nll_target and row["acceptance_source"] == "custom"

@@ -176,9 +176,10 @@ def test_score_process_on_a_tiny_sampled_cache(tmp_path):
     from mdboost.ranking.rows import MemberLoader, acceptance_rows
     from tests.test_rank_pipeline_sampled import _config
 
-    cfg = _config(tmp_path, tracking={"enabled": False}, md={"divergences": ["kl"], "budgets": [0.0, 0.3]})
+    cfg = _config(tmp_path, tracking={"enabled": False}, md={"divergences": ["kl"], "budgets": [0.0, 0.3]},
+                  speed={"md_solve": "reached"})
     pc, _ = open_or_build_cache(cfg.cache_spec())
-    loader = MemberLoader(pc.acceptance, cfg.md.temperature)
+    loader = MemberLoader(pc.acceptance, cfg.md.sampling_temperatures[0])
     profile = SpeedProfile(tuple(1.0 + 0.2 * g for g in range(cfg.speed.gamma_max + 1)), 0.3)
     for drafter in ("early_exit:2", "ngram:2"):
         rows = acceptance_rows(loader, pc, drafter, "tiny")
@@ -196,7 +197,7 @@ def test_score_process_on_a_tiny_sampled_cache(tmp_path):
         for row, old in zip(res.rows, plain.rows):
             assert row["md_acceptance"] == old["md_acceptance"] and row["predicted_speedup_iid"] == old["predicted_speedup"]
             assert "engine_acceptance" not in old and old["best_gamma_iid"] == old["best_gamma"]
-            assert 0 <= row["engine_acceptance"] <= 1 and 1 <= row["engine_mean_accepted_length"] <= row["best_gamma"] + 1
+            assert 0 <= row["engine_acceptance"] <= 1 and 1 <= row["engine_mean_accepted_length"] <= row["gamma"] + 1
             _check_row(row, draft, target, labels, layout, cfg, pc.vocab_size, profile)
 
 
@@ -207,7 +208,8 @@ def _check_row(row, draft, target, labels, layout, cfg, vocab_size, profile):
 
     aligned = align(draft.rows, target.rows, vocab_size, torch.as_tensor(labels))
     sd = sd_acceptance(aligned, draft.rows.valid)
-    op = next(iter(md_operating_points(aligned, draft.rows.valid, [row["divergence"]], [row["max_divergence"]])))
+    f = "kl" if row["divergence"] == "none" else row["divergence"]
+    op = next(iter(md_operating_points(aligned, draft.rows.valid, [f], [row["max_divergence"]])))
     width = cfg.speed.gamma_max
     labels = torch.as_tensor(labels)
     c = conditional_acceptance(draft.rows.true_logp, target.rows.true_logp, op.a, op.b)
@@ -243,14 +245,14 @@ def _check_row(row, draft, target, labels, layout, cfg, vocab_size, profile):
             tot["cost"] += float(draft.cost_ratio * res.draft_tokens + (res.start_prob * v).sum() + s * res.visit_prob.sum())
         stats[g] = tot
     best = max(stats, key=lambda g: (stats[g]["tokens"] / stats[g]["cost"], -g))
-    t = stats[best]
-    assert row["best_gamma"] == best
+    t = stats[row["gamma"]]  # the row's own draft length
+    assert row["best_gamma"] == best and row["is_best_gamma"] == (row["gamma"] == best)
     assert row["predicted_speedup"] == pytest.approx(t["tokens"] / t["cost"], rel=1e-9)
     assert row["engine_acceptance"] == pytest.approx(t["num"] / t["drafted"], rel=1e-9)
     assert row["engine_acceptance_conditional"] == pytest.approx(t["cond"] / t["drafted"], rel=1e-9)
     assert row["engine_tokens_per_call"] == pytest.approx(t["tokens"] / t["steps"], rel=1e-9)
     assert row["engine_mean_accepted_length"] == pytest.approx(1 + t["accepted"] / t["drafted"], rel=1e-9)
-    if float(row["max_divergence"]) == 0:
+    if float(row["max_divergence"]) == 0 and row["is_best_gamma"]:
         assert row["sd_engine_acceptance"] == pytest.approx(row["engine_acceptance"])
         assert torch.allclose(op.acceptance, sd)
 

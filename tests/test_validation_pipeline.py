@@ -14,7 +14,7 @@ RANK = {
     "name": "tiny-e2e", "pool": {"target": "tiny", "drafters": ["int8", "ngram:2"], "pairs": "target", "device": "cpu"},
     "data": {"source": "humaneval", "split": "cache", "limit": 2, "max_tokens": 32},
     "cache": {"k": 16, "full_logits": True, "shard_size": 2, "cost_repeats": 1, "cost_context": 8},
-    "md": {"divergences": ["kl"], "budgets": [0.0, 0.2], "temperature": 0.5},
+    "md": {"divergences": ["kl"], "budgets": [0.0, 0.2], "temperatures": [0.5, 1.0]},
     "speed": {"gamma_min": 1, "gamma_max": 3}, "boosting": {"n_estimators": 2, "orders": ["target_first"]},
     "progress": False,
 }
@@ -60,9 +60,11 @@ def test_files_next_to_the_plot(ran):
         rows = list(csv.DictReader(fh))
     summary = json.loads((out / "summary.json").read_text())
     assert len(rows) == len(summary["cells"]) >= 2 and rows[0]["role"] == "recommendation"
-    # each cell ran at the ranking's temperature, not the engine default
-    assert {float(r["temperature"]) for r in rows} == {0.5}
-    assert summary["sampling"] == {"temperatures": [0.5], "top_k": None, "top_p": None}
+    # the cells ran at the ranking's temperatures, both of them
+    assert {float(r["temperature"]) for r in rows} == {0.5, 1.0}
+    assert summary["sampling"] == {"temperatures": [0.5, 1.0], "top_k": None, "top_p": None}
+    assert {r["md_solve"] for r in rows} == {"needed"}  # the ranking's (the engine default)
+    assert {float(r["max_divergence"]) > 0 for r in rows} == {True, False}
     assert summary["verdict"].startswith(("intervals cover", "no predicted intervals"))
     for r in rows:
         assert float(r["realized_speedup"]) == pytest.approx(float(r["tokens_per_second"]) / float(r["ar_tokens_per_second"]))
@@ -107,6 +109,6 @@ def test_terminal_shows_a_table_and_the_verdict(validated, capsys):
     lines = capsys.readouterr().out.strip().splitlines()
     assert "speedup pred [90%]" in lines[0] and lines[-1] == json.loads((tmp / "val2" / "summary.json").read_text())["verdict"]
     assert not any(line.startswith("{") for line in lines)
-    (tmp / "bad.yaml").write_text(yaml.safe_dump({**quiet, "generation": {"temperature": 1.0}}))
+    (tmp / "bad.yaml").write_text(yaml.safe_dump({**quiet, "generation": {"temperature": 0.7}}))
     assert validate_pairs.main(str(tmp / "bad.yaml")) == 2
-    assert "generation.temperature is 1.0 but the ranking predicts at temperature 0.5" in capsys.readouterr().err
+    assert "generation.temperature is 0.7 but the ranking predicts at temperatures [0.5, 1.0]" in capsys.readouterr().err

@@ -30,6 +30,7 @@ import torch
 from mdboost.cache.keys import PoolCacheSpec
 from mdboost.cache.manifest import finished_digest, read_manifest, write_manifest
 from mdboost.cache.reader import LogitCache
+from mdboost.cache.settings import RunOptions, SequenceSettings, StoreSettings
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,22 @@ def measure_speed_profile(target, gamma_max: int, context_len: int, repeats: int
     return {"verify_cost": table, "verify_method": v_method, "md_overhead": overhead, "md_overhead_method": s_method}
 
 
+def store_settings(spec: PoolCacheSpec, acceptance: bool = False) -> StoreSettings:
+    """What a member folder of ``spec`` stores (its :class:`~mdboost.cache.keys.FolderSettings`
+    and the spec's temperature)."""
+    folder = spec.settings(acceptance)
+    return StoreSettings(k=folder.k, dtype=folder.dtype, keep_full=folder.full_logits,
+                         temperatures=(spec.temperature,), shard_size=folder.shard_size)
+
+
+def sequence_settings(spec: PoolCacheSpec, source: str, max_new_tokens: int) -> SequenceSettings:
+    """How ``spec``'s sequences are made: its text source's formatting, truncation and seed,
+    continuations sampled at the spec's temperature."""
+    t = spec.text
+    return SequenceSettings(source=source, chat_template=t.chat_template, max_tokens=t.max_tokens,
+                            max_new_tokens=max_new_tokens, sample_temperature=spec.temperature, seed=t.seed)
+
+
 class _Builder:
     """Builds the missing parts of a spec's folders; loads the pool and records on first use.
 
@@ -128,29 +145,24 @@ class _Builder:
     def sample(self, max_new_tokens: int) -> None:
         from mdboost.cache.build import sample_sequences
 
-        t = self.spec.text
         sample_sequences(self.pool, self.records, self.spec.continuations_path(max_new_tokens),
-                         chat_template=t.chat_template, max_tokens=t.max_tokens, max_new_tokens=max_new_tokens,
-                         sample_temperature=self.spec.temperature, seed=t.seed, progress=self.progress)
+                         sequence_settings(self.spec, "sampled", max_new_tokens), progress=self.progress)
 
     def build(self, name: str, acceptance: bool) -> None:
         """Build one member folder; a drafter's main folder measures its cost ratio first."""
         from mdboost.cache.build import build_cache
         from mdboost.models.cost import measure_cost_ratio
 
-        spec, pool, t = self.spec, self.pool, self.spec.text
+        spec, pool = self.spec, self.pool
         if not acceptance and name != spec.target:
             self.costs[name] = measure_cost_ratio(pool[name], pool.target, context_len=spec.cost_context,
                                                   repeats=spec.cost_repeats)
-        settings = spec.settings(acceptance)
-        sequences = spec.continuations_path(settings.max_new_tokens) if settings.sampled else None
-        build_cache(pool, self.records, spec.member_dir(name, acceptance), members=[name], k=settings.k,
-                    dtype=settings.dtype, source=settings.source, keep_full=settings.full_logits,
-                    temperatures=(spec.temperature,), shard_size=settings.shard_size, backend=spec.backend,
-                    n_jobs=spec.n_jobs, chat_template=t.chat_template, max_tokens=t.max_tokens,
-                    max_new_tokens=settings.max_new_tokens, sample_temperature=spec.temperature, seed=t.seed,
-                    progress=self.progress, overwrite=True, sequences=sequences,
-                    member_costs={name: self.costs[name]} if name in self.costs else None)
+        folder = spec.settings(acceptance)
+        build_cache(pool, self.records, spec.member_dir(name, acceptance), store_settings(spec, acceptance),
+                    sequence_settings(spec, folder.source, folder.max_new_tokens), members=[name],
+                    tokens_file=spec.continuations_path(folder.max_new_tokens) if folder.sampled else None,
+                    member_costs={name: self.costs[name]} if name in self.costs else None,
+                    run=RunOptions(backend=spec.backend, n_jobs=spec.n_jobs, progress=self.progress, overwrite=True))
 
     def store_speed_profile(self) -> None:
         folder = self.spec.member_dir(self.spec.target)

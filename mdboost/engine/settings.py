@@ -42,6 +42,11 @@ def _token_id(name: str, value) -> None:
         raise ValueError(f"{name} must be a token id (an integer >= 0) or None, got {value!r}")
 
 
+# where MD verification solves the clamp unless told otherwise; the ranking's speed model predicts
+# for the same value (mdboost.ranking.rank.ScoreSettings), so one default serves both
+DEFAULT_MD_SOLVE = "needed"
+
+
 @dataclass(frozen=True)
 class GenerationSettings:
     """Sampling, MD budget, draft length and stopping rule of one generation.
@@ -101,7 +106,7 @@ class GenerationSettings:
     min_acceptance: float | None = None
     divergence: str | Callable = "kl"
     md_top_k: int | None = None
-    md_solve: str = "needed"
+    md_solve: str = DEFAULT_MD_SOLVE
     eos_token_id: int | None = None
     pad_token_id: int | None = None
 

@@ -2,11 +2,9 @@
 
 The in-segment refinement, the small-vocabulary bracket and ``D_f`` on a segment are written
 once (:mod:`mdboost.md._search`, :mod:`mdboost.md._segment`) over a namespace ``xp``: the
-``torch``/``numpy`` functions that take the same arguments in both libraries (``where``,
-``maximum``, ``minimum``, ``clip``, ``isfinite``, ``concatenate``, ``all``, ``any``,
-``argmax``, ``argmin``, ``sum``, ``amax``, ``amin``, ``abs``, ``ones_like``, ``zeros_like``,
-``broadcast_to``, with numpy-style ``axis=``/``keepdims=`` keywords, which torch accepts) plus
-the few below whose spellings differ.
+``torch``/``numpy`` functions that take the same arguments in both libraries (:data:`SHARED`,
+with numpy-style ``axis=``/``keepdims=`` keywords, which torch accepts) plus the few below whose
+spellings differ.
 
 Which namespace (:func:`namespace_for`, the one rule): numpy for CPU tensors without autograd,
 torch otherwise (GPU, autograd). These searches run a few rounds of tiny batched ops on arrays
@@ -26,15 +24,24 @@ import torch
 from mdboost.md.divergences import GENERATORS
 
 
-class TorchOps:
+# the functions spelled, and called, the same in torch and numpy
+SHARED = ("where", "maximum", "minimum", "clip", "isfinite", "concatenate", "abs", "all", "any", "argmax", "argmin",
+          "sum", "amax", "amin", "ones_like", "zeros_like", "broadcast_to")
+
+
+class _Namespace:
+    """A namespace class binds :data:`SHARED` from its library: ``class X(_Namespace, library=np)``."""
+
+    def __init_subclass__(cls, library, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for fn in SHARED:
+            setattr(cls, fn, staticmethod(getattr(library, fn)))
+
+
+class TorchOps(_Namespace, library=torch):
     """The namespace over torch tensors (any device)."""
 
     name = "torch"
-    where, maximum, minimum, clip = (staticmethod(f) for f in (torch.where, torch.maximum, torch.minimum, torch.clip))
-    isfinite, concatenate, abs = (staticmethod(f) for f in (torch.isfinite, torch.concatenate, torch.abs))
-    all, any, argmax, argmin = (staticmethod(f) for f in (torch.all, torch.any, torch.argmax, torch.argmin))
-    sum, amax, amin = (staticmethod(f) for f in (torch.sum, torch.amax, torch.amin))
-    ones_like, zeros_like, broadcast_to = (staticmethod(f) for f in (torch.ones_like, torch.zeros_like, torch.broadcast_to))
 
     @staticmethod
     def asarray(t: torch.Tensor) -> torch.Tensor:
@@ -101,15 +108,10 @@ def _is_builtin_kl(div) -> bool:
     return div.f is kl.f and div.fprime_one == kl.fprime_one and div.standardize
 
 
-class NumpyOps:
+class NumpyOps(_Namespace, library=np):
     """The namespace over numpy arrays (CPU views of float64 / int64 tensors)."""
 
     name = "numpy"
-    where, maximum, minimum, clip = (staticmethod(f) for f in (np.where, np.maximum, np.minimum, np.clip))
-    isfinite, concatenate, abs = (staticmethod(f) for f in (np.isfinite, np.concatenate, np.abs))
-    all, any, argmax, argmin = (staticmethod(f) for f in (np.all, np.any, np.argmax, np.argmin))
-    sum, amax, amin = (staticmethod(f) for f in (np.sum, np.amax, np.amin))
-    ones_like, zeros_like, broadcast_to = (staticmethod(f) for f in (np.ones_like, np.zeros_like, np.broadcast_to))
 
     @staticmethod
     def asarray(t: torch.Tensor) -> np.ndarray:

@@ -46,11 +46,7 @@ class CurvePoint(NamedTuple):
     acceptance: torch.Tensor  # [...]
 
 
-def take(arr: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """``arr[n, idx[n, ...]]`` for ``arr`` of shape [N, L] and any ``idx`` of shape [N, ...]."""
-    if idx.ndim == 2:
-        return torch.gather(arr, 1, idx)
-    return torch.gather(arr, 1, idx.reshape(idx.shape[0], -1)).reshape(idx.shape)
+take = TORCH.take  # arr[n, idx[n, ...]] for arr [N, L] and idx [N, ...]
 
 
 class Breakpoints:

@@ -202,23 +202,16 @@ def verify_cost_table(ratios) -> list[float]:
     return table
 
 
-def measure_verify_costs(
-    target,
-    gamma_max: int = 8,
-    context_len: int = 128,
-    repeats: int = 21,
-    warmup: int = 3,
-    seed: int = 0,
-) -> tuple[list[float], str]:
+def measure_verify_costs(target, gamma_max: int = 8, **timing) -> tuple[list[float], str]:
     """Measure the table ``v(g)`` for ``g = 0..gamma_max``: :func:`verify_cost_table` of
-    :func:`measure_verify_ratios` (same arguments).
+    :func:`measure_verify_ratios` (``timing``: its ``context_len``, ``repeats``, ``warmup``, ``seed``).
 
     Returns
     -------
     (list of float, str)
         The table ``[1.0, v(1), ..., v(gamma_max)]`` and the method string.
     """
-    ratios, method = measure_verify_ratios(target, gamma_max, context_len, repeats, warmup, seed)
+    ratios, method = measure_verify_ratios(target, gamma_max, **timing)
     return verify_cost_table(ratios), method
 
 

@@ -254,31 +254,9 @@ class ProcessScore:
         return self.gammas[self.best]
 
     def at_best(self, figure: str) -> float:
+        """One of :data:`FIGURES` at the best gamma."""
         return float(self.values[figure][self.best])
 
-    @property
-    def speedup(self) -> float:
-        return self.at_best("speedup")
-
-    @property
-    def acceptance(self) -> float:
-        return self.at_best("acceptance")
-
-    @property
-    def acceptance_conditional(self) -> float:
-        return self.at_best("acceptance_conditional")
-
-    @property
-    def mean_accepted_length(self) -> float:
-        return self.at_best("mean_accepted_length")
-
-    @property
-    def tokens_per_call(self) -> float:
-        return self.at_best("tokens_per_call")
-
-    @property
-    def speedups(self) -> list:
-        return self.values["speedup"].tolist()
 
 
 @dataclass

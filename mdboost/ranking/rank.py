@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from mdboost.engine.settings import DEFAULT_MD_SOLVE
 from mdboost.md.divergences import GENERATORS
 from mdboost.md.verify import SOLVE
 from mdboost.ranking import quality
@@ -49,7 +50,8 @@ from mdboost.ranking.diagnostics import boost_coefficient, pair_diagnostics
 from mdboost.ranking.layout import SequenceLayout
 from mdboost.ranking.process import PointInputs, budget_tilt, score_process
 from mdboost.ranking.scores import PairScore, PairStats, PointScore, Quantiles, SpeedChoice
-from mdboost.ranking.speed import SpeedProfile, best_gamma
+from mdboost.ranking.speed import SpeedProfile, check_verify_costs, walltime_speedup
+from mdboost.ranking.uncertainty import BootstrapSettings
 from mdboost.ranking.support import Aligned, MemberRows, align
 
 MD_MODES = ("exact", "bound")
@@ -60,13 +62,16 @@ BOOSTING_ORDERS = ("target_first", "greedy")
 class PairSide:
     """One pool member as a pair's scoring sees it: cached rows, boosting hypothesis, cost ratio.
 
-    ``cost_ratio``: this member's decode step time over the pair's target's (1 for the target).
+    ``cost_ratio``: this member's decode step time over the pair's target's (1 for the target);
+    ``cost_samples``: its repeated measurements on the same scale, when known (the speedup
+    intervals then carry their spread, :mod:`mdboost.ranking.uncertainty`).
     """
 
     name: str
     rows: MemberRows
     hypothesis: object
     cost_ratio: float
+    cost_samples: tuple | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -113,13 +118,16 @@ class ScoreSettings:
     temperature : float, > 0
         Temperature of the cached distributions (boosted NLL).
     gamma_min, gamma_max : the draft lengths searched for the best gamma.
-    md_solve : one of :data:`mdboost.md.verify.SOLVE`
-        Where the engine solves MD (the speed model's solved-position count).
+    md_solve : one of :data:`mdboost.md.verify.SOLVE`, default: the engine's default
+        Where the engine solves MD (the speed model's solved-position count):
+        :data:`mdboost.engine.settings.DEFAULT_MD_SOLVE` unless the user runs the engine otherwise.
     n_estimators : int, >= 2
         Boosting rounds.
     orders : subset of ("target_first", "greedy")
         ``"greedy"`` adds the greedy boosting run's columns.
     thetas : margin thresholds in [-1, 1] of the reported margin bound and risk.
+    bootstrap : BootstrapSettings
+        The intervals of the predictions (a bootstrap over prompts; ``num_resamples=0``: none).
     """
 
     divergences: tuple[str, ...] = ("kl", "tv", "hellinger")
@@ -128,10 +136,11 @@ class ScoreSettings:
     temperature: float = 1.0
     gamma_min: int = 1
     gamma_max: int = 8
-    md_solve: str = "reached"
+    md_solve: str = DEFAULT_MD_SOLVE
     n_estimators: int = 2
     orders: tuple[str, ...] = BOOSTING_ORDERS
     thetas: tuple[float, ...] = (0.0, 0.1)
+    bootstrap: BootstrapSettings = BootstrapSettings()
 
     def __post_init__(self):
         checks = [
@@ -197,7 +206,8 @@ def _process_scores(acc: PairRows, aligned: Aligned, ops, sd, settings: ScoreSet
                            budget_tilt(p_mass, q_mass, op.a, op.b, op.acceptance)) for op in ops]
     return score_process(acc.layout, acc.draft.rows, acc.target.rows, torch.as_tensor(acc.labels), points,
                          settings.gammas, acc.draft.cost_ratio, verify_costs=profile.verify_cost,
-                         md_solve=settings.md_solve, sd_acceptance=sd)
+                         md_solve=settings.md_solve, sd_acceptance=sd, bootstrap=settings.bootstrap,
+                         cost_samples=acc.draft.cost_samples)
 
 
 def score_pair(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | None = None,
@@ -235,32 +245,64 @@ def score_pair(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | Non
     acc_valid = acc.draft.rows.valid
     sd = sd_acceptance(acc_aligned, acc_valid)
     stats = _pair_stats(pair, aligned, acc, acc_aligned, sd, s)
-    sd_gamma, sd_speed = best_gamma(stats.sd_acceptance, pair.draft.cost_ratio, s.gamma_min, s.gamma_max,
-                                    verify_costs=profile.verify_cost)
-    acc_ops = md_operating_points(acc_aligned, acc_valid, s.divergences, s.budgets, s.mode)
-    ref_ops = acc_ops if acceptance is None else md_operating_points(aligned, pair.draft.rows.valid, s.divergences,
-                                                                     s.budgets, s.mode)
+    verify = _verify_table(profile, s)
+    sd_iid = _iid_choice(stats.sd_acceptance, pair.draft.cost_ratio, s, verify, 0.0, stats.sd_acceptance)
+    acc_ops = _one_plain_point(md_operating_points(acc_aligned, acc_valid, s.divergences, s.budgets, s.mode))
+    ref_ops = acc_ops if acceptance is None else _one_plain_point(
+        md_operating_points(aligned, pair.draft.rows.valid, s.divergences, s.budgets, s.mode))
     process = None if acc.layout is None else _process_scores(acc, acc_aligned, acc_ops, sd, s, profile)
     points = []
     for i, (op, ref_op) in enumerate(zip(acc_ops, ref_ops, strict=True)):
         overhead = profile.md_overhead if op.max_divergence > 0 else 0.0
-        gamma, speedup = best_gamma(_mean(op.acceptance), acc.draft.cost_ratio, s.gamma_min, s.gamma_max,
-                                    verify_costs=profile.verify_cost, md_overhead=overhead, md_solve=s.md_solve,
-                                    sd_acceptance=stats.sd_acceptance)
-        point_process = None if process is None else process[i + 1]
-        chosen = int(gamma) if point_process is None else point_process.gamma
         points.append(PointScore(
-            divergence=op.divergence, max_divergence=op.max_divergence, acceptance=op.acceptance.numpy(),
-            k=boost_coefficient(op.a, op.b)[acc_valid].numpy(),
+            divergence=op.divergence if op.max_divergence > 0 else PLAIN_SD, max_divergence=op.max_divergence,
+            acceptance=op.acceptance.numpy(), k=boost_coefficient(op.a, op.b)[acc_valid].numpy(),
             achieved_divergence=_mean(op.achieved_divergence[acc_valid]) if bool(acc_valid.any()) else 0.0,
             nll_mentored=_mean(quality.nll_mentored(pair.draft.rows, pair.target.rows, ref_op.a, ref_op.b)),
-            iid=SpeedChoice(int(gamma), float(speedup)), process=point_process,
-            verify_cost=1.0 if profile.verify_cost is None else float(profile.verify_cost[chosen]),
+            iid=_iid_choice(_mean(op.acceptance), acc.draft.cost_ratio, s, verify, overhead, stats.sd_acceptance),
+            process=None if process is None else process[i + 1], verify_costs=tuple(verify.tolist()),
             md_overhead=float(overhead)))
     return PairScore(pair.draft.name, pair.target.name,
                      acceptance_source or ("reference" if acceptance is None else "sampled"), stats, sd.numpy(),
-                     SpeedChoice(int(sd_gamma), float(sd_speed)), None if process is None else process[0],
-                     tuple(points))
+                     sd_iid, None if process is None else process[0], tuple(points), s.temperature,
+                     tuple(s.gammas), s.md_solve, _bootstrap_info(s.bootstrap, acc.layout))
+
+
+PLAIN_SD = "none"  # the divergence column of budget-0 points: plain SD, the same for every f
+
+
+def _one_plain_point(ops: list) -> list:
+    """The operating points with budget 0 kept once (it is plain SD whatever the divergence)."""
+    out, plain = [], False
+    for op in ops:
+        if op.max_divergence == 0:
+            if plain:
+                continue
+            plain = True
+        out.append(op)
+    return out
+
+
+def _verify_table(profile: SpeedProfile, s: ScoreSettings) -> torch.Tensor:  # [G]: v(gamma) per searched gamma
+    if profile.verify_cost is None:
+        return torch.ones(len(s.gammas), dtype=torch.float64)
+    return check_verify_costs(profile.verify_cost, s.gamma_max)[s.gamma_min:s.gamma_max + 1]
+
+
+def _iid_choice(alpha: float, cost: float, s: ScoreSettings, verify: torch.Tensor, overhead: float,
+                sd_alpha: float) -> SpeedChoice:
+    """The i.i.d. speed model at every searched gamma, and its best (the smallest on ties)."""
+    gammas = torch.tensor(list(s.gammas), dtype=torch.float64)
+    speed = walltime_speedup(torch.tensor(alpha, dtype=torch.float64), gammas, cost, verify_cost=verify,
+                             md_overhead=overhead, md_solve=s.md_solve, sd_acceptance=sd_alpha)  # [G]
+    best = int(speed.argmax())
+    return SpeedChoice(s.gamma_min + best, float(speed[best]), tuple(speed.tolist()))
+
+
+def _bootstrap_info(boot: BootstrapSettings, layout: SequenceLayout | None) -> dict:
+    prompts = 0 if layout is None else int(torch.as_tensor(layout.sequence).unique().numel())
+    resamples = boot.num_resamples if layout is not None else 0
+    return {"prompts": prompts, "resamples": resamples, "level": boot.level, "seed": boot.seed}
 
 
 def rank_rows(rows: list[dict], nll_tolerance: float = 0.05) -> list[dict]:

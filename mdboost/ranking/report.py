@@ -17,22 +17,26 @@ from pathlib import Path
 from mdboost._io import atomic_write_text
 
 COLUMNS = [
-    "rank", "drafter", "target", "divergence", "max_divergence",
-    "sd_acceptance", "md_acceptance", "acceptance_gain", "cost_ratio", "best_gamma", "predicted_speedup",
+    "rank", "drafter", "target", "temperature", "divergence", "max_divergence", "gamma", "best_gamma", "is_best_gamma",
+    "predicted_speedup", "predicted_speedup_lo", "predicted_speedup_hi",
+    "engine_acceptance", "engine_acceptance_lo", "engine_acceptance_hi",
+    "engine_mean_accepted_length", "engine_mean_accepted_length_lo", "engine_mean_accepted_length_hi",
+    "engine_tokens_per_call", "engine_tokens_per_call_lo", "engine_tokens_per_call_hi",
+    "sd_acceptance", "md_acceptance", "acceptance_gain", "cost_ratio", "md_solve",
     "mu_target", "mu_drafter", "boosting_advantage", "eps_pq_median", "rho_pq_median", "k_median",
     "nll_target", "nll_drafter", "nll_mentored", "nll_boosted", "beats_target", "quality_ok",
     "md_acceptance_q10", "md_acceptance_median", "md_acceptance_q90", "achieved_divergence",
-    "sd_best_gamma", "sd_speedup", "engine_acceptance", "engine_acceptance_conditional", "engine_mean_accepted_length",
-    "engine_tokens_per_call", "sd_engine_acceptance", "best_gamma_iid", "predicted_speedup_iid", "sd_best_gamma_iid",
+    "sd_best_gamma", "sd_speedup", "engine_acceptance_conditional", "sd_engine_acceptance", "best_gamma_iid", "predicted_speedup_iid", "sd_best_gamma_iid",
     "sd_speedup_iid", "verify_cost", "md_overhead", "proposal_rate", "tail_mass", "n_positions", "acceptance_source",
     "acceptance_positions",
     "c_target", "c_drafter", "nll_boosted_rescaled", "boosted_scale", "margin_median", "eps_pq_q10", "eps_pq_q90", "rho_pq_q10", "rho_pq_q90", "k_q90",
 ]
 
 TABLE_COLUMNS = [
-    ("rank", "rank"), ("drafter", "drafter"), ("target", "target"), ("divergence", "f"),
+    ("rank", "rank"), ("drafter", "drafter"), ("target", "target"), ("temperature", "T"), ("divergence", "f"),
     ("max_divergence", "D"), ("sd_acceptance", "SD acc"), ("md_acceptance", "MD acc"), ("engine_acceptance", "eng acc"),
-    ("cost_ratio", "c"), ("best_gamma", "gamma"), ("predicted_speedup", "speedup"),
+    ("cost_ratio", "c"), ("gamma", "gamma"), ("predicted_speedup", "speedup"), ("predicted_speedup_lo", "lo"),
+    ("predicted_speedup_hi", "hi"),
     ("boosting_advantage", "A"), ("k_median", "k"), ("nll_target", "NLL q"),
     ("nll_mentored", "NLL md"), ("quality_ok", "ok"),
 ]

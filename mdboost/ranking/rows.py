@@ -90,10 +90,12 @@ def _sides(loader: MemberLoader, costs: PoolCache, drafter: str, target: str) ->
 
 
 def pair_rows(loader: MemberLoader, drafter: str, target: str) -> PairRows:
-    """One ordered pair over all rows of ``loader``'s cache (``row_ids``: the cache rows)."""
+    """One ordered pair over all rows of ``loader``'s cache (``row_ids``: the cache rows), with
+    their sequence layout (the draft-start process then predicts on this text too)."""
     draft, tgt = _sides(loader, loader.pc, drafter, target)
     labels = loader.pc.true_tokens().numpy()
-    return PairRows(draft, tgt, labels, torch.arange(len(labels)).numpy())
+    return PairRows(draft, tgt, labels, torch.arange(len(labels)).numpy(),
+                    layout=sequence_layout(loader.pc.caches[drafter], drafter))
 
 
 def acceptance_rows(loader: MemberLoader, pc: PoolCache, drafter: str, target: str) -> PairRows:

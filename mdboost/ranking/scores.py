@@ -43,10 +43,12 @@ class Quantiles:
 
 @dataclass(frozen=True)
 class SpeedChoice:
-    """The i.i.d. speed model's best draft length and its predicted walltime speedup."""
+    """The i.i.d. speed model's best draft length, its predicted walltime speedup, and the
+    speedup at every searched gamma (``speedups``, from ``gamma_min``)."""
 
     gamma: int
     speedup: float
+    speedups: tuple = ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -84,8 +86,9 @@ class PointScore:
 
     ``acceptance`` [M] and ``k`` [M]: per acceptance-side position, the MD acceptance and the
     boost coefficient ``k = sqrt((1 + a) / (1 - b))``; ``iid``: the i.i.d. speed model's choice;
-    ``process``: the draft-start process's (or None); ``verify_cost``: ``v`` at the chosen
-    gamma; ``md_overhead``: the ``s`` the speed model used (0 at budget 0).
+    ``process``: the draft-start process's (or None), every figure at every searched gamma;
+    ``verify_costs``: ``v`` at every searched gamma; ``md_overhead``: the ``s`` the speed model
+    used (0 at budget 0). ``divergence`` is ``"none"`` for the budget-0 point (plain SD).
     """
 
     divergence: str
@@ -96,7 +99,7 @@ class PointScore:
     nll_mentored: float
     iid: SpeedChoice
     process: ProcessScore | None
-    verify_cost: float
+    verify_costs: tuple
     md_overhead: float
 
     @property
@@ -111,7 +114,9 @@ class PairScore:
 
     ``sd_acceptance`` [M]: per-position SD acceptance; ``sd_iid`` / ``sd_process``: plain SD's
     speed choice (i.i.d. model, draft-start process or None); ``points``: one per operating
-    point, divergences outer, budgets inner.
+    point, divergences outer, budgets inner (budget 0 once); ``temperature``, ``gammas`` and
+    ``md_solve``: what the predictions are for; ``bootstrap``: how the intervals were made
+    (prompts, resamples, level, seed).
     """
 
     drafter: str
@@ -122,6 +127,10 @@ class PairScore:
     sd_iid: SpeedChoice
     sd_process: ProcessScore | None
     points: tuple[PointScore, ...]
+    temperature: float = 1.0
+    gammas: tuple = ()
+    md_solve: str = "needed"
+    bootstrap: dict | None = None
 
     @property
     def margins(self) -> np.ndarray:  # [N]
@@ -141,7 +150,7 @@ class PairScore:
 
 def _pair_columns(score: PairScore) -> dict:
     s, boost = score.stats, score.stats.boost
-    sd = score.sd_iid if score.sd_process is None else SpeedChoice(score.sd_process.gamma, score.sd_process.speedup)
+    sd = score.sd_iid if score.sd_process is None else SpeedChoice(score.sd_process.gamma, score.sd_process.at_best("speedup"))
     columns = {
         "drafter": score.drafter, "target": score.target, "n_positions": s.n_positions,
         "acceptance_positions": s.acceptance_positions, "proposal_rate": s.proposal_rate, "tail_mass": s.tail_mass,
@@ -161,35 +170,51 @@ def _pair_columns(score: PairScore) -> dict:
         "sd_best_gamma_iid": int(score.sd_iid.gamma), "sd_speedup_iid": float(score.sd_iid.speedup),
     }
     if score.sd_process is not None:
-        columns["sd_engine_acceptance"] = score.sd_process.acceptance
+        columns["sd_engine_acceptance"] = score.sd_process.at_best("acceptance")
     return columns
 
 
-def _speed_columns(point: PointScore) -> dict:
-    iid = {"best_gamma_iid": int(point.iid.gamma), "predicted_speedup_iid": float(point.iid.speedup)}
+ENGINE_FIGURES = {"acceptance": "engine_acceptance", "acceptance_conditional": "engine_acceptance_conditional",
+                  "mean_accepted_length": "engine_mean_accepted_length", "tokens_per_call": "engine_tokens_per_call"}
+INTERVAL_COLUMNS = ("predicted_speedup", "engine_acceptance", "engine_mean_accepted_length", "engine_tokens_per_call")
+
+
+def _speed_columns(point: PointScore, j: int, gamma: int) -> dict:
+    """The speed predictions of ``point`` at its ``j``-th searched draft length ``gamma``."""
+    iid = {"best_gamma_iid": int(point.iid.gamma), "predicted_speedup_iid": float(point.iid.speedups[j])}
     p = point.process
+    nan = float("nan")
     if p is None:
-        return {"best_gamma": iid["best_gamma_iid"], "predicted_speedup": iid["predicted_speedup_iid"], **iid}
-    return {"best_gamma": p.gamma, "predicted_speedup": p.speedup, **iid, "engine_acceptance": p.acceptance,
-            "engine_acceptance_conditional": p.acceptance_conditional,
-            "engine_mean_accepted_length": p.mean_accepted_length, "engine_tokens_per_call": p.tokens_per_call}
+        out = {"predicted_speedup": iid["predicted_speedup_iid"], "predicted_speedup_lo": nan,
+               "predicted_speedup_hi": nan}
+    else:
+        out = {"predicted_speedup": float(p.values["speedup"][j]), "predicted_speedup_lo": float(p.lo["speedup"][j]),
+               "predicted_speedup_hi": float(p.hi["speedup"][j])}
+        for figure, column in ENGINE_FIGURES.items():
+            out[column] = float(p.values[figure][j])
+            if column in INTERVAL_COLUMNS:
+                out[f"{column}_lo"], out[f"{column}_hi"] = float(p.lo[figure][j]), float(p.hi[figure][j])
+    best = point.gamma
+    return {"gamma": gamma, "best_gamma": best, "is_best_gamma": gamma == best, **out, **iid}
 
 
 def score_rows(score: PairScore) -> list[dict]:
-    """One ``ranking.csv`` row per operating point (column definitions: ``docs/ranking.md``)."""
+    """One ``ranking.csv`` row per operating point and searched gamma (column definitions:
+    ``docs/ranking.md``)."""
     common = _pair_columns(score)
+    common.update(temperature=score.temperature, md_solve=score.md_solve)
     rows = []
     for point in score.points:
         acc, k = point.acceptance, point.k
-        rows.append({
+        base = {
             **common, "divergence": point.divergence, "max_divergence": point.max_divergence,
             "md_acceptance": float(acc.mean()), "md_acceptance_q10": quantile(acc, 0.1),
             "md_acceptance_median": quantile(acc, 0.5), "md_acceptance_q90": quantile(acc, 0.9),
             "acceptance_gain": float(acc.mean()) - common["sd_acceptance"],
             "achieved_divergence": point.achieved_divergence,
-            **_speed_columns(point),
-            "verify_cost": point.verify_cost, "md_overhead": point.md_overhead,
-            "k_median": quantile(k, 0.5), "k_q90": quantile(k, 0.9),
+            "md_overhead": point.md_overhead, "k_median": quantile(k, 0.5), "k_q90": quantile(k, 0.9),
             "nll_mentored": point.nll_mentored, "beats_target": bool(point.nll_mentored < common["nll_target"]),
-        })
+        }
+        for j, gamma in enumerate(score.gammas):
+            rows.append({**base, **_speed_columns(point, j, gamma), "verify_cost": float(point.verify_costs[j])})
     return rows
