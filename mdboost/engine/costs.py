@@ -15,10 +15,12 @@ sample is (drafter seconds per draft token) / (target seconds per step) over its
 timed pairs. The prompt repeats a random block of (up to) :data:`PERIOD` tokens; a prompt-lookup
 drafter (:class:`~mdboost.engine.drafting.NgramAdapter`) makes its proposal, as the engine's
 session makes it, on that prompt (a match: a full-length draft), since the target's sampled
-tokens soon leave the period and lookup in random tokens then finds nothing. The result keeps every sample with its median and spread, at a fixed torch
-thread count (the engine's benchmarks run at 1 thread; with 2 threads on a loaded 2-core
-CPU the int8 kernels' ratio doubles and varies from run to run), and the 1-minute load
-average before and after.
+tokens soon leave the period and lookup in random tokens then finds nothing.
+
+The result keeps every sample with its median and spread, at a fixed torch thread count (the
+engine's benchmarks run at 1 thread; with 2 threads on a loaded 2-core CPU the int8
+drafter's ratio varied from 0.5 to 1.0 between runs where 1 thread gave 0.34 each time), and
+the 1-minute load average before and after.
 """
 
 from __future__ import annotations
