@@ -1,6 +1,8 @@
-"""Pool-cache orchestration: measured cost ratios reach the manifests without touching the pool."""
+"""Pool-cache orchestration: measured cost ratios (median, method, repeat samples) reach the manifests
+without touching the pool."""
 
 import json
+import statistics
 
 import pytest
 
@@ -32,9 +34,24 @@ def test_costs_go_to_the_manifests_not_the_pool(built):
         assert pool[name].cost_ratio is None and pool[name].cost_method == "not measured"
         main = json.loads((spec.member_dir(name) / "manifest.json").read_text())["member_costs"][name]
         acc = json.loads((spec.member_dir(name, acceptance=True) / "manifest.json").read_text())["member_costs"][name]
-        assert main[0] > 0 and "median" in main[1] and acc == main  # the acceptance folder built in the same call
-        assert pc.cost_ratio(name) == main[0]
+        assert acc == main  # the acceptance folder built in the same call
+        ratio, method, samples = main
+        assert len(samples) == spec.cost_repeats and ratio == statistics.median(samples) > 0
+        assert "engine steps" in method and "1 threads" in method and "load" in method
+        assert pc.cost_ratio(name) == ratio and pc.cost_samples(name) == samples
     assert pc.cost_ratio(spec.target) == 1.0 and pool.target.cost_method == "target (reference)"
+    assert pc.cost_samples(spec.target) is None
+
+
+def test_manifests_without_samples_still_read(built):
+    """A folder measured before the samples were kept (``[ratio, method]``) keeps its ratio, no samples."""
+    from mdboost.cache.reader import LogitCache
+
+    cfg, pc, _, _ = built
+    name = cfg.pool.drafters[0]
+    old = LogitCache.open(cfg.cache_spec().member_dir(name))
+    old.manifest["member_costs"][name] = [0.42, "median of 21 alternating single-token decode steps"]
+    assert old.cost_ratio(name) == 0.42 and old.cost_samples(name) is None
 
 
 def test_reopen_loads_no_model(built):

@@ -6,9 +6,11 @@
    :func:`~mdboost.cache.build.sample_sequences`);
 2. builds every member folder that is missing, unfinished, or (sampled) built on other
    continuations than the current shared file (its manifest's ``sequences_sha256``); a
-   drafter's main folder measures its cost ratio first (:func:`mdboost.models.cost.measure_cost_ratio`),
-   which goes straight into the manifest (``build_cache(..., member_costs=...)``), and into the
-   drafter's acceptance folder when that is built in the same call;
+   drafter's main folder measures its cost ratio first, in the engine's own steps at one torch
+   thread (:func:`measure_member_cost`, :func:`mdboost.engine.costs.measure_engine_cost`): the
+   median, the method and the repeat samples go straight into the manifest
+   (``build_cache(..., member_costs=...)``), and into the drafter's acceptance folder when that
+   is built in the same call;
 3. measures the target's *speed profile* (manifest key ``speed_profile`` of its main folder:
    the verification cost table ``v(g)`` and the MD solve overhead ``s`` of
    :mod:`mdboost.models.cost`) when the folder has none, or a table shorter than
@@ -16,7 +18,8 @@
 4. opens every folder (checksums verified) and checks that all cover the target's rows.
 
 Models and records load only when something has to be built. Cost ratios are read back from
-the main folders' manifests (:meth:`PoolCache.cost_ratio`).
+the main folders' manifests (:meth:`PoolCache.cost_ratio`, the samples
+:meth:`PoolCache.cost_samples`; folders measured before the samples were kept have none).
 """
 
 from __future__ import annotations
@@ -62,6 +65,13 @@ class PoolCache:
         if cost is None:
             raise ValueError(f"member {name!r} has no measured cost ratio in its cache manifest")
         return float(cost)
+
+    def cost_samples(self, name: str) -> list[float] | None:
+        """The repeated measurements behind :meth:`cost_ratio` (their median), or None.
+
+        None for the target and for manifests written before the samples were kept.
+        """
+        return self.caches[name].cost_samples(name)
 
     def true_tokens(self) -> torch.Tensor:  # [R]
         return self.caches[self.target].true_tokens()
@@ -117,6 +127,19 @@ def sequence_settings(spec: PoolCacheSpec, source: str, max_new_tokens: int) -> 
                             max_new_tokens=max_new_tokens, sample_temperature=spec.temperature, seed=t.seed)
 
 
+def measure_member_cost(drafter, target, context_len: int, repeats: int) -> tuple[float, str, list[float]]:
+    """The manifest's ``member_costs`` entry of a drafter: ``(median, method, samples)``.
+
+    Measured in the engine's own steps at one torch thread, the engine's setting
+    (:func:`mdboost.engine.costs.measure_engine_cost`; ``drafter`` and ``target`` are pool members).
+    """
+    from mdboost.engine.costs import measure_engine_cost
+
+    result = measure_engine_cost(drafter.ngram if drafter.kind == "ngram" else drafter.model, target.model,
+                                 context_len=context_len, repeats=repeats, threads=1)
+    return result.median, result.method, result.samples
+
+
 class _Builder:
     """Builds the missing parts of a spec's folders; loads the pool and records on first use.
 
@@ -151,12 +174,10 @@ class _Builder:
     def build(self, name: str, acceptance: bool) -> None:
         """Build one member folder; a drafter's main folder measures its cost ratio first."""
         from mdboost.cache.build import build_cache
-        from mdboost.models.cost import measure_cost_ratio
 
         spec, pool = self.spec, self.pool
         if not acceptance and name != spec.target:
-            self.costs[name] = measure_cost_ratio(pool[name], pool.target, context_len=spec.cost_context,
-                                                  repeats=spec.cost_repeats)
+            self.costs[name] = measure_member_cost(pool[name], pool.target, spec.cost_context, spec.cost_repeats)
         folder = spec.settings(acceptance)
         build_cache(pool, self.records, spec.member_dir(name, acceptance), store_settings(spec, acceptance),
                     sequence_settings(spec, folder.source, folder.max_new_tokens), members=[name],

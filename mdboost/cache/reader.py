@@ -98,7 +98,17 @@ class LogitCache:
         return self._info(member)["kind"]
 
     def cost_ratio(self, member: str) -> float | None:
+        """The member's cost ratio (the median of its samples, when the manifest has them)."""
         return self.manifest["member_costs"][member][0]
+
+    def cost_samples(self, member: str) -> list[float] | None:
+        """The repeat samples of the member's cost ratio: the third field of its
+        ``member_costs`` entry ``[median, method, samples]``; None where there is none
+        (the target, manifests written before the samples were kept)."""
+        entry = self.manifest["member_costs"][member]
+        if len(entry) < 3 or entry[2] is None:
+            return None
+        return [float(x) for x in entry[2]]
 
     def true_tokens(self) -> torch.Tensor:  # [R]
         return self._tokens["true_next"].long()

@@ -6,7 +6,9 @@ Definitions: ``docs/theory.md``, "Speed model for ranking".
   fixed context, then time single-token decode steps (cropping the cache back after each),
   alternating drafter and target steps so both see the same machine load; ``c`` = median
   drafter step / median target step. For the ``ngram`` drafter a step is one prompt-lookup
-  proposal over the same context.
+  proposal over the same context. A bare forward: it misses the engine's work per draft token
+  (sampling over the vocabulary, the loop); the cache build measures ``c`` in the engine's own
+  steps instead (:func:`mdboost.engine.costs.measure_engine_cost`).
 - :func:`measure_verify_ratios`: ``T_target(g + 1 tokens) / T_target(1 token)``, the
   verification forward of a ``g``-token draft on the same KV cache (same alternating method,
   all chunk sizes in turn in each round), as timed; :func:`measure_verify_costs`: the table

@@ -82,11 +82,16 @@ class MemberLoader:
 
 def _sides(loader: MemberLoader, costs: PoolCache, drafter: str, target: str) -> tuple[PairSide, PairSide]:
     """The pair's two sides; the drafter's cost ratio is ``c_drafter / c_target``, both measured
-    against the pool target and read from ``costs`` (the main caches)."""
+    against the pool target and read from ``costs`` (the main caches), with its repeated
+    measurements on the same scale when the manifest kept them (the speedup intervals carry
+    their spread)."""
     d_rows, d_hyp = loader(drafter)
     t_rows, t_hyp = loader(target)
-    cost = costs.cost_ratio(drafter) / costs.cost_ratio(target)
-    return PairSide(drafter, d_rows, d_hyp, cost), PairSide(target, t_rows, t_hyp, 1.0)
+    scale = costs.cost_ratio(target)
+    samples = costs.cost_samples(drafter)
+    cost = costs.cost_ratio(drafter) / scale
+    samples = None if samples is None else tuple(x / scale for x in samples)
+    return PairSide(drafter, d_rows, d_hyp, cost, samples), PairSide(target, t_rows, t_hyp, 1.0)
 
 
 def pair_rows(loader: MemberLoader, drafter: str, target: str) -> PairRows:

@@ -1,0 +1,81 @@
+"""The engine-step cost ratio: what it times, its result, argument checks.
+
+The ratio is checked on tiny models whose forward sleeps a known time per call (a forward
+pre-hook), so the true ratio is known: a drafter forward of 30 ms against a target forward of
+60 ms is ``c = 0.5`` (one drafter forward per draft token, one target forward per step).
+"""
+
+import time
+
+import pytest
+import torch
+
+from mdboost.engine.costs import CostMeasurement, measure_engine_cost
+from mdboost.models.drafters import early_exit_model
+from mdboost.models.ngram import NgramDrafter
+from mdboost.models.tiny import tiny_llama
+
+
+def sleepy(model, seconds: float):
+    model.register_forward_pre_hook(lambda module, args: time.sleep(seconds))
+    return model
+
+
+def test_ratio_of_known_forward_times():
+    target = sleepy(tiny_llama(seed=0), 0.06)
+    drafter = sleepy(tiny_llama(seed=1), 0.03)
+    result = measure_engine_cost(drafter, target, context_len=8, repeats=3, steps=2, warmup=1)
+    assert len(result.samples) == 3 and result.threads == 1
+    assert 0.4 < result.median < 0.62, result.samples  # tiny forwards and sampling add a few percent
+    lo, hi = result.spread()
+    assert lo <= result.median <= hi
+
+
+def test_early_exit_drafts_on_the_target_cache():
+    """An early exit takes the engine's shared-cache path (no private cache: no drafter prefill)."""
+    target = tiny_llama(num_layers=4)
+    calls = []
+    drafter = early_exit_model(target, 2)
+    drafter.register_forward_pre_hook(lambda module, args, kwargs: calls.append(kwargs["input_ids"].shape[1]),
+                                      with_kwargs=True)
+    result = measure_engine_cost(drafter, target, context_len=12, repeats=2, steps=1, warmup=0)
+    assert result.median > 0 and max(calls) <= 2  # pending tokens, then one token per draft
+
+
+@pytest.mark.parametrize("context_len", [2, 16, 40])
+def test_ngram_proposals_are_timed(context_len):
+    """Prompt lookup finds its match in the periodic prompt (else no draft token: an error)."""
+    result = measure_engine_cost(NgramDrafter(2), tiny_llama(), context_len=context_len, repeats=2, steps=2)
+    assert all(s > 0 for s in result.samples) and "engine steps" in result.method
+
+
+def test_threads_are_set_and_restored():
+    before = torch.get_num_threads()
+    result = measure_engine_cost(tiny_llama(seed=1), tiny_llama(), context_len=4, repeats=1, steps=1, threads=1)
+    assert torch.get_num_threads() == before and result.threads == 1 and "1 threads" in result.method
+    assert "load" in result.method
+
+
+def test_spread_is_the_central_range():
+    result = CostMeasurement([0.1, 0.2, 0.3, 0.4, 0.5], "m", 1, 0.0, 0.0)
+    assert result.median == 0.3
+    assert result.spread(0.5) == pytest.approx((0.2, 0.4))
+    assert result.spread() == pytest.approx((0.12, 0.48))
+    with pytest.raises(ValueError, match="level"):
+        result.spread(0)
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"context_len": 0}, "context_len"), ({"repeats": 0}, "repeats"), ({"steps": 0}, "steps"),
+    ({"warmup": -1}, "warmup"), ({"threads": 0}, "threads"),
+])
+def test_bad_arguments(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        measure_engine_cost(tiny_llama(seed=1), tiny_llama(), **kwargs)
+
+
+def test_bad_settings_and_drafter():
+    with pytest.raises(TypeError, match="settings"):
+        measure_engine_cost(tiny_llama(seed=1), tiny_llama(), settings={"gamma": 2})
+    with pytest.raises(TypeError, match="drafter"):
+        measure_engine_cost("int8", tiny_llama())
