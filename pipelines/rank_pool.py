@@ -227,7 +227,8 @@ def run(cfg: RankConfig) -> dict:
     for temperature in cfg.md.sampling_temperatures:
         t0 = time.perf_counter()
         spec = cfg.cache_spec(temperature)
-        pc, cache_info = open_or_build_cache(spec, progress=cfg.progress)
+        known = caches[0][2].cost_entries() if caches else None  # costs do not depend on T: measured once
+        pc, cache_info = open_or_build_cache(spec, progress=cfg.progress, known_costs=known)
         t1 = time.perf_counter()
         more, more_details = score_all(cfg, pc, temperature)
         t_cache, t_score = t_cache + t1 - t0, t_score + time.perf_counter() - t1

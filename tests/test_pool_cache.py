@@ -65,3 +65,19 @@ def test_reopen_loads_no_model(built):
     assert info.reused and not info.measured_speed_profile and info.built == info.built_acceptance == ()
     assert again.names == pc.names and again.acceptance.names == pc.acceptance.names
     assert again.speed_profile_info(cfg.pool.target) == pc.speed_profile_info(cfg.pool.target)
+
+
+def test_another_temperature_reuses_the_measured_costs(built, monkeypatch):
+    """The rank pipeline builds each temperature's folders; costs (temperature-free) are measured once."""
+    import mdboost.cache.pool_cache as pool_cache
+    from mdboost.cache import open_or_build_cache
+
+    cfg, pc, _, _ = built
+    calls = []
+    monkeypatch.setattr(pool_cache, "measure_member_cost", lambda *a, **k: calls.append(a) or (9.0, "x", [9.0]))
+    other = cfg.cache_spec(0.5)
+    assert other.member_dir("early_exit:2") != cfg.cache_spec().member_dir("early_exit:2")
+    pc2, info = open_or_build_cache(other, known_costs=pc.cost_entries())
+    assert calls == [] and sorted(info.built) == sorted(other.names)
+    assert pc2.cost_entries() == pc.cost_entries()
+    assert {n: pc2.cost_samples(n) for n in cfg.pool.drafters} == {n: pc.cost_samples(n) for n in cfg.pool.drafters}

@@ -66,6 +66,16 @@ class PoolCache:
             raise ValueError(f"member {name!r} has no measured cost ratio in its cache manifest")
         return float(cost)
 
+    def cost_entries(self) -> dict:
+        """``{drafter: (median, method, samples or None)}`` as the manifests hold them (for
+        :func:`open_or_build_cache`'s ``known_costs``)."""
+        out = {}
+        for name in self.names:
+            if name != self.target:
+                entry = list(self.caches[name].manifest["member_costs"][name])
+                out[name] = (entry[0], entry[1], entry[2] if len(entry) > 2 else None)
+        return out
+
     def cost_samples(self, name: str) -> list[float] | None:
         """The repeated measurements behind :meth:`cost_ratio` (their median), or None.
 
@@ -147,9 +157,9 @@ class _Builder:
     members are never modified.
     """
 
-    def __init__(self, spec: PoolCacheSpec, drafters: list[str], progress: bool):
+    def __init__(self, spec: PoolCacheSpec, drafters: list[str], progress: bool, known_costs: dict | None = None):
         self.spec, self.drafters, self.progress = spec, drafters, progress
-        self._pool, self._records, self.costs = None, None, {}
+        self._pool, self._records, self.costs = None, None, dict(known_costs or {})
 
     @property
     def pool(self):
@@ -176,7 +186,7 @@ class _Builder:
         from mdboost.cache.build import build_cache
 
         spec, pool = self.spec, self.pool
-        if not acceptance and name != spec.target:
+        if not acceptance and name != spec.target and name not in self.costs:
             self.costs[name] = measure_member_cost(pool[name], pool.target, spec.cost_context, spec.cost_repeats)
         folder = spec.settings(acceptance)
         build_cache(pool, self.records, spec.member_dir(name, acceptance), store_settings(spec, acceptance),
@@ -225,8 +235,13 @@ def _open_checked(spec: PoolCacheSpec, acceptance: bool) -> dict:
     return caches
 
 
-def open_or_build_cache(spec: PoolCacheSpec, *, progress: bool = False) -> tuple[PoolCache, BuildInfo]:
+def open_or_build_cache(spec: PoolCacheSpec, *, progress: bool = False,
+                        known_costs: dict | None = None) -> tuple[PoolCache, BuildInfo]:
     """Open every member's cache of ``spec``, building what is missing first (module docstring).
+
+    ``known_costs``: ``{member: (median, method, samples)}`` measured before for the same pool
+    (e.g. by another temperature's folders, :meth:`PoolCache.cost_entries`): a folder built now
+    records these instead of measuring again. Costs do not depend on the temperature.
 
     Returns
     -------
@@ -238,7 +253,7 @@ def open_or_build_cache(spec: PoolCacheSpec, *, progress: bool = False) -> tuple
     counts = {spec.settings(acc).max_new_tokens for acc in sets if spec.settings(acc).sampled}
     to_sample = sorted(n for n in counts if finished_digest(spec.continuations_path(n)) is None)
     maybe = {m for acc in sets for m in names if not folder_complete(spec, m, acc)}
-    builder = _Builder(spec, [m for m in names if m in maybe and m != spec.target], progress)
+    builder = _Builder(spec, [m for m in names if m in maybe and m != spec.target], progress, known_costs)
     for n in to_sample:
         builder.sample(n)
     built = {}
