@@ -47,15 +47,28 @@ def grid_cells(path: Path) -> dict:
     return out
 
 
-def predicted_rows(cfg: RankConfig) -> list[dict]:
-    """The ranking's rows at the grid's budgets (KL only), every gamma, both grid temperatures."""
+def predicted_rows(cfg: RankConfig, resamples: int | None = None) -> dict:
+    """The ranking (its summary, ``rows`` included) at the grid's budgets (KL only), every gamma,
+    both grid temperatures; ``resamples`` overrides the bootstrap's."""
     from pipelines.rank_pool import run
 
     md = dataclasses.replace(cfg.md, divergences=["kl"], budgets=list(GRID_BUDGETS), temperature=None,
                              temperatures=[1.0, 0.7])
-    cfg = dataclasses.replace(cfg, md=md, tracking=dataclasses.replace(cfg.tracking, enabled=False),
+    rule = cfg.ranking if resamples is None else dataclasses.replace(cfg.ranking, resamples=resamples)
+    cfg = dataclasses.replace(cfg, md=md, ranking=rule, tracking=dataclasses.replace(cfg.tracking, enabled=False),
                               output_dir=str(ROOT / "outputs" / "bench-predictions"), progress=False)
-    return run(cfg)["rows"]
+    return run(cfg)
+
+
+def bootstrap_overhead(cfg: RankConfig, repeats: int = 3) -> tuple[float, list, list]:
+    """Median scoring seconds with the configured bootstrap over none, interleaved ``repeats`` times."""
+    import statistics
+
+    with_b, without = [], []
+    for _ in range(repeats):
+        without.append(predicted_rows(cfg, resamples=0)["seconds_scoring"])
+        with_b.append(predicted_rows(cfg)["seconds_scoring"])
+    return statistics.median(with_b) / statistics.median(without), with_b, without
 
 
 def compare(rows: list[dict], cells: dict) -> list[dict]:
@@ -115,10 +128,14 @@ def main() -> None:
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
     cfg = load_yaml(ROOT / args.config, RankConfig)
-    cells = compare(predicted_rows(cfg), grid_cells(args.cells))
+    cells = compare(predicted_rows(cfg)["rows"], grid_cells(args.cells))
     if not cells:
         raise SystemExit("no grid cell matched a ranking row (wrong target or pool?)")
-    text = report(cells, cfg)
+    ratio, with_b, without = bootstrap_overhead(cfg)
+    text = report(cells, cfg) + (
+        f"\n\nBootstrap cost: scoring with {cfg.ranking.resamples} resamples takes {ratio:.3f}x the time without "
+        f"(median of 3 interleaved runs each: {sorted(round(x, 1) for x in with_b)} s vs "
+        f"{sorted(round(x, 1) for x in without)} s; goal <= 1.10x).")
     print(text)
     if not args.no_write:
         update_section("predictions", text)

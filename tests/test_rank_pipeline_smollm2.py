@@ -23,12 +23,14 @@ def test_smollm2_rank_small(tmp_path):
     data["data"].update(limit=2, max_tokens=256)
     data["cache"].update(dir=str(tmp_path / "cache"), k=64, cost_repeats=5)
     data["md"]["budgets"] = [0.0, 0.2]
+    data["md"]["temperatures"] = [1.0]
     data["output_dir"] = str(tmp_path / "out")
     data["progress"] = False
     data["tracking"].update(tracking_uri=f"sqlite:///{tmp_path / 'm.db'}", artifact_root=str(tmp_path / "a"))
     summary = run(from_dict(RankConfig, data))
     rows = read_csv(tmp_path / "out" / "ranking.csv")
-    assert len(rows) == summary["n_rows"] == 2 * 3 * 2
+    # 2 pairs x (plain SD + 3 divergences at 0.2) x gammas 1..8
+    assert len(rows) == summary["n_rows"] == 2 * 4 * 8
     for r in rows:
         assert 0 < float(r["sd_acceptance"]) <= float(r["md_acceptance"]) + 1e-9 <= 1 + 1e-9
         assert math.isfinite(float(r["nll_target"])) and float(r["nll_target"]) > 0
