@@ -29,10 +29,8 @@ import json
 import math
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
-import torch
 import yaml
 
 from mdboost.cache import open_or_build_cache
@@ -49,17 +47,13 @@ def _progress(iterable, enabled: bool, **kwargs):
     return tqdm(iterable, disable=not enabled, **kwargs)
 
 
-@contextmanager
 def single_thread():
     """Run torch on one thread, then restore: scoring works on small ``[rows, 2k+1]`` tensors,
     where intra-op threads bring nothing and oversubscribe a shared CPU (measured 13x slower
     with 2 threads on a loaded 2-core machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+    from mdboost.engine.costs import torch_threads
+
+    return torch_threads(1)
 
 
 def score_all(cfg: RankConfig, pc, temperature: float) -> tuple[list[dict], dict]:

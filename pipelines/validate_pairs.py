@@ -130,8 +130,11 @@ def run(cfg: ValidateConfig, the_plan: Plan | None = None) -> dict:
     names = sorted({n for r in p.cells for n in (r["drafter"], r["target"])} - {pc.target})
     pool = build_pool(pc.target, names, device=pc.device, home=pc.home)
     _, prompts = heldout_prompts(text, pool.target.tokenizer, g.prompts)
-    realized = realize_cells(p.cells, pool, prompts, max_new_tokens=g.max_new_tokens, seed=g.seed,
-                             top_k=sampling["top_k"], top_p=sampling["top_p"])
+    from mdboost.engine.costs import ENGINE_THREADS, torch_threads
+
+    with torch_threads(ENGINE_THREADS):  # the thread count the ranking's cost ratios were measured at
+        realized = realize_cells(p.cells, pool, prompts, max_new_tokens=g.max_new_tokens, seed=g.seed,
+                                 top_k=sampling["top_k"], top_p=sampling["top_p"])
     records = [cell_record(i, "recommendation" if i == 0 else "sample", row, real, top_k=sampling["top_k"],
                            top_p=sampling["top_p"]) for i, (row, real) in enumerate(zip(p.cells, realized))]
     metrics = summarize(records)

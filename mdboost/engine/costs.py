@@ -103,8 +103,14 @@ def _load() -> float:
         return float("nan")
 
 
+# the torch thread count cost ratios are measured at; realized runs that are compared with the
+# predictions (``mdboost validate``) use it too, so prediction and realization share one setting
+ENGINE_THREADS = 1
+
+
 @contextmanager
-def _torch_threads(threads: int | None):
+def torch_threads(threads: int | None):
+    """Run the block with ``torch.set_num_threads(threads)`` (``None``: as is), then restore."""
     before = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -170,7 +176,7 @@ def measure_engine_cost(
     steps: int = 4,
     warmup: int = 2,
     settings: GenerationSettings | None = None,
-    threads: int | None = 1,
+    threads: int | None = ENGINE_THREADS,
     seed: int = 0,
 ) -> CostMeasurement:
     """Measure ``c`` = drafter time per draft token / target time per single-token step, in the engine.
@@ -213,7 +219,7 @@ def measure_engine_cost(
     drafter = as_drafter(drafter)
     device = next(target.parameters()).device
     prompt = _prompt(target.config.get_text_config().vocab_size, context_len, seed).to(device)
-    with _torch_threads(threads):
+    with torch_threads(threads):
         load_before, used = _load(), torch.get_num_threads()
         samples = [_repeat(target, drafter, prompt, settings, steps, warmup, seed + r) for r in range(repeats)]
         load_after = _load()
