@@ -127,7 +127,10 @@ def engine_snippet(rec: Recommendation, cfg: RankConfig) -> str:
         "                              eos_token_id=target.tokenizer.eos_token_id)",
     ]
     if rec.beats_plain_decoding:
-        lines.append(f"drafter = as_drafter(pool[{rec.drafter!r}].ngram or pool[{rec.drafter!r}].model)")
+        from mdboost.models.pool import parse_drafter
+
+        part = "ngram" if parse_drafter(rec.drafter)[0] == "ngram" else "model"
+        lines.append(f"drafter = as_drafter(pool[{rec.drafter!r}].{part})")
         lines.append("out = generate(target.model, input_ids, settings, drafter=drafter)")
     else:
         lines.append("out = generate(target.model, input_ids, settings)  # plain decoding: no drafter pays off here")
