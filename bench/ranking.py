@@ -42,7 +42,7 @@ def _typed(row: dict) -> dict:
     out = {}
     for k, v in row.items():
         try:
-            out[k] = int(v) if k in ("rank", "best_gamma") else float(v)
+            out[k] = int(v) if k in ("rank", "best_gamma", "gamma") else float(v)
         except ValueError:
             out[k] = {"True": True, "False": False}.get(v, v)
     return out
@@ -74,7 +74,8 @@ def main() -> None:
     rows = [_typed(r) for r in read_csv(tmp / "out" / "ranking.csv")]
 
     md = "\n".join([
-        f"`{args.config}` ({summary['n_pairs']} pairs, {summary['n_rows']} operating points; "
+        f"`{args.config}` ({summary['n_pairs']} pairs, {summary['n_points']} operating points, "
+        f"{summary['n_rows']} rows with every gamma; "
         f"fresh MDBOOST_HOME: {'yes' if args.fresh_home else 'no, models already converted'}).",
         machine_line(),
         "",
@@ -87,10 +88,15 @@ def main() -> None:
         f"| scoring per pair, after caching | {summary['seconds_per_pair']:.2f} |",
         f"| ratio cached / first | {cached / first:.3f} |",
         "",
-        "Top of the ranking (cached run):",
+        f"| scoring with the bootstrap ({summary['bootstrap']['resamples']} resamples over "
+        f"{summary['bootstrap']['prompts']} prompts), cached run | {summary['seconds_scoring']:.1f} |",
+        "",
+        "Top of the ranking (cached run; each point at its best gamma), then its recommendation:",
         "",
         "```",
-        format_table(rows, 12),
+        format_table([r for r in rows if r["is_best_gamma"] is True], 12),
+        "",
+        summary["verdict"],
         "```",
     ])
     update_section(args.section, md)
