@@ -69,12 +69,7 @@ class PoolCache:
     def cost_entries(self) -> dict:
         """``{drafter: (median, method, samples or None)}`` as the manifests hold them (for
         :func:`open_or_build_cache`'s ``known_costs``)."""
-        out = {}
-        for name in self.names:
-            if name != self.target:
-                entry = list(self.caches[name].manifest["member_costs"][name])
-                out[name] = (entry[0], entry[1], entry[2] if len(entry) > 2 else None)
-        return out
+        return {name: self.caches[name].cost_entry(name) for name in self.names if name != self.target}
 
     def cost_samples(self, name: str) -> list[float] | None:
         """The repeated measurements behind :meth:`cost_ratio` (their median), or None.

@@ -97,18 +97,21 @@ class LogitCache:
     def kind(self, member: str) -> str:
         return self._info(member)["kind"]
 
+    def cost_entry(self, member: str) -> tuple:
+        """``(median, method, samples or None)``: the member's ``member_costs`` entry; manifests
+        written before the samples were kept hold ``[ratio, method]`` (samples None)."""
+        entry = list(self.manifest["member_costs"][member])
+        samples = entry[2] if len(entry) > 2 and entry[2] is not None else None
+        return entry[0], entry[1], None if samples is None else [float(x) for x in samples]
+
     def cost_ratio(self, member: str) -> float | None:
         """The member's cost ratio (the median of its samples, when the manifest has them)."""
-        return self.manifest["member_costs"][member][0]
+        return self.cost_entry(member)[0]
 
     def cost_samples(self, member: str) -> list[float] | None:
-        """The repeat samples of the member's cost ratio: the third field of its
-        ``member_costs`` entry ``[median, method, samples]``; None where there is none
-        (the target, manifests written before the samples were kept)."""
-        entry = self.manifest["member_costs"][member]
-        if len(entry) < 3 or entry[2] is None:
-            return None
-        return [float(x) for x in entry[2]]
+        """The repeat samples of the member's cost ratio (:meth:`cost_entry`); None where there
+        are none (the target, manifests written before the samples were kept)."""
+        return self.cost_entry(member)[2]
 
     def true_tokens(self) -> torch.Tensor:  # [R]
         return self._tokens["true_next"].long()
