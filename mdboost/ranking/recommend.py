@@ -21,6 +21,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from mdboost.ranking.report import csv_bool, csv_float
+
 FIELDS = ("drafter", "target", "temperature", "divergence", "max_divergence", "gamma", "predicted_speedup",
           "predicted_speedup_lo", "predicted_speedup_hi", "beats_plain_decoding")
 
@@ -74,26 +76,15 @@ class Recommendation:
         return f"recommended: {self.point}: predicted speedup {self.interval} over plain decoding{quality}"
 
 
-def _float(row: dict, key: str) -> float:
-    try:
-        return float(row[key])
-    except (KeyError, TypeError, ValueError):
-        return math.nan
-
-
-def _bool(value) -> bool:
-    return value is True or str(value).strip().lower() in ("true", "1", "yes")
-
-
 def beats_plain_decoding(row: dict) -> bool:
     """``predicted_speedup_lo > 1`` (a NaN bound, e.g. no bootstrap, never counts as faster)."""
-    lo = _float(row, "predicted_speedup_lo")
+    lo = csv_float(row.get("predicted_speedup_lo"))
     return math.isfinite(lo) and lo > 1.0
 
 
 def _order(row: dict):
-    neg = lambda key: -_float(row, key) if math.isfinite(_float(row, key)) else math.inf  # noqa: E731
-    return neg("predicted_speedup"), neg("predicted_speedup_lo"), int(float(row["gamma"])), _float(row, "max_divergence")
+    neg = lambda key: -csv_float(row.get(key)) if math.isfinite(csv_float(row.get(key))) else math.inf  # noqa: E731
+    return neg("predicted_speedup"), neg("predicted_speedup_lo"), int(float(row["gamma"])), csv_float(row.get("max_divergence"))
 
 
 def recommend(rows: list[dict]) -> Recommendation:
@@ -111,14 +102,15 @@ def recommend(rows: list[dict]) -> Recommendation:
     """
     if not rows:
         raise ValueError("rows must hold at least one ranking row, got none")
-    eligible = [r for r in rows if _bool(r.get("quality_ok"))]
+    eligible = [r for r in rows if csv_bool(r.get("quality_ok"))]
     pool = eligible or list(rows)
     winners = [r for r in pool if beats_plain_decoding(r)]
     best = min(winners or pool, key=_order)
     return Recommendation(
-        drafter=str(best["drafter"]), target=str(best["target"]), temperature=_float(best, "temperature"),
-        divergence=str(best["divergence"]), max_divergence=_float(best, "max_divergence"),
-        gamma=int(float(best["gamma"])), predicted_speedup=_float(best, "predicted_speedup"),
-        predicted_speedup_lo=_float(best, "predicted_speedup_lo"),
-        predicted_speedup_hi=_float(best, "predicted_speedup_hi"), beats_plain_decoding=bool(winners),
-        quality_ok=bool(eligible), nll_target=_float(best, "nll_target"), nll_mentored=_float(best, "nll_mentored"))
+        drafter=str(best["drafter"]), target=str(best["target"]), temperature=csv_float(best.get("temperature")),
+        divergence=str(best["divergence"]), max_divergence=csv_float(best.get("max_divergence")),
+        gamma=int(float(best["gamma"])), predicted_speedup=csv_float(best.get("predicted_speedup")),
+        predicted_speedup_lo=csv_float(best.get("predicted_speedup_lo")),
+        predicted_speedup_hi=csv_float(best.get("predicted_speedup_hi")), beats_plain_decoding=bool(winners),
+        quality_ok=bool(eligible), nll_target=csv_float(best.get("nll_target")),
+        nll_mentored=csv_float(best.get("nll_mentored")))

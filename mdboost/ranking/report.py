@@ -57,6 +57,20 @@ def write_csv(rows: list[dict], path: str | os.PathLike) -> Path:
     return atomic_write_text(path, buf.getvalue())
 
 
+def csv_float(value, default: float = math.nan) -> float:
+    """A ranking value as a float: CSV rows read back hold strings; ``default`` when it is
+    missing or not a number."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def csv_bool(value) -> bool:
+    """A ranking flag: ``True`` or its CSV spellings ``"True"`` / ``"true"`` / ``"1"`` / ``"yes"``."""
+    return value is True or str(value).strip().lower() in ("true", "1", "yes")
+
+
 def read_csv(path: str | os.PathLike) -> list[dict]:
     """Rows of a ranking CSV as dicts of strings."""
     with open(path, newline="") as fh:

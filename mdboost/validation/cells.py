@@ -30,18 +30,9 @@ from __future__ import annotations
 
 import math
 
+from mdboost.ranking.report import csv_bool, csv_float
+
 SAMPLING_KEYS = ("temperature", "top_k", "top_p")
-
-
-def _float(value, default=math.nan) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return default
-
-
-def _bool(value) -> bool:
-    return value is True or str(value).strip().lower() in ("true", "1", "yes")
 
 
 def _optional(value):
@@ -58,10 +49,10 @@ def cell_key(row: dict) -> tuple:
     ...           "max_divergence": "0.0", "gamma": "3"})
     ('a', 't', 0.7, 'none', 0.0, 3)
     """
-    budget = round(_float(row["max_divergence"]), 12)
+    budget = round(csv_float(row["max_divergence"]), 12)
     divergence = "none" if budget == 0 else str(row["divergence"])
-    return (str(row["drafter"]), str(row["target"]), round(_float(row["temperature"]), 12), divergence, budget,
-            int(_float(row["gamma"])))
+    return (str(row["drafter"]), str(row["target"]), round(csv_float(row["temperature"]), 12), divergence, budget,
+            int(csv_float(row["gamma"])))
 
 
 def complete_rows(rows: list[dict], *, temperature: float | None, md_solve: str) -> list[dict]:
@@ -159,9 +150,9 @@ def _is_candidate(row: dict, temperatures) -> bool:
     target = str(row["target"])
     if target == "ngram" or target.startswith("ngram:"):
         return False
-    if not math.isfinite(_float(row.get("predicted_speedup"))):
+    if not math.isfinite(csv_float(row.get("predicted_speedup"))):
         return False
-    return temperatures is None or any(math.isclose(_float(row["temperature"]), float(t), abs_tol=1e-9)
+    return temperatures is None or any(math.isclose(csv_float(row["temperature"]), float(t), abs_tol=1e-9)
                                        for t in temperatures)
 
 
@@ -235,5 +226,5 @@ def _dimensions(row: dict) -> list[tuple]:
 
 def _novelty(row: dict, counts: dict, index: int) -> tuple:
     t, cls, *rest = (counts.get(d, 0) for d in _dimensions(row))
-    rank = _float(row.get("rank"), math.inf)
-    return t, cls, not _bool(row.get("quality_ok")), sum(rest), rank, index
+    rank = csv_float(row.get("rank"), math.inf)
+    return t, cls, not csv_bool(row.get("quality_ok")), sum(rest), rank, index

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from mdboost._io import atomic_write_text
+from mdboost.ranking.report import csv_bool, csv_float
 from mdboost.validation.calibration import calibration, coverage
 from mdboost.validation.prediction import predicted_acceptance
 
@@ -55,17 +56,6 @@ COLUMNS = [
     "max_realized_divergence", "acceptance_rate_all_positions", "num_new_tokens", "num_budget_accepted",
     "nll_target_outputs", "nll_target_ar_outputs",
 ]
-
-
-def _float(value) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
-
-
-def _bool(value) -> bool:
-    return value is True or str(value).strip().lower() in ("true", "1", "yes")
 
 
 def _inside(value: float, lo: float, hi: float) -> bool | None:
@@ -97,24 +87,24 @@ def cell_record(index: int, role: str, row: dict, realized: dict, *, top_k=None,
         The fields of :data:`COLUMNS`; a missing interval has NaN bounds and ``*_inside`` None.
     """
     acc, from_process = predicted_acceptance(row)
-    acc_lo, acc_hi = ((_float(row.get("engine_acceptance_lo")), _float(row.get("engine_acceptance_hi")))
+    acc_lo, acc_hi = ((csv_float(row.get("engine_acceptance_lo")), csv_float(row.get("engine_acceptance_hi")))
                       if from_process else (math.nan, math.nan))
     rec = {"cell": int(index), "role": role, "drafter": str(row["drafter"]), "target": str(row["target"]),
-           "temperature": _float(row["temperature"]), "divergence": str(row["divergence"]),
-           "max_divergence": _float(row["max_divergence"]), "gamma": int(_float(row["gamma"])),
-           "md_solve": str(row["md_solve"]), "top_k": top_k, "top_p": top_p, "rank": _float(row.get("rank")),
-           "quality_ok": _bool(row.get("quality_ok")),
-           "predicted_speedup": _float(row["predicted_speedup"]),
-           "predicted_speedup_lo": _float(row.get("predicted_speedup_lo")),
-           "predicted_speedup_hi": _float(row.get("predicted_speedup_hi")),
+           "temperature": csv_float(row["temperature"]), "divergence": str(row["divergence"]),
+           "max_divergence": csv_float(row["max_divergence"]), "gamma": int(csv_float(row["gamma"])),
+           "md_solve": str(row["md_solve"]), "top_k": top_k, "top_p": top_p, "rank": csv_float(row.get("rank")),
+           "quality_ok": csv_bool(row.get("quality_ok")),
+           "predicted_speedup": csv_float(row["predicted_speedup"]),
+           "predicted_speedup_lo": csv_float(row.get("predicted_speedup_lo")),
+           "predicted_speedup_hi": csv_float(row.get("predicted_speedup_hi")),
            "realized_speedup": float(realized["realized_speedup"]),
            "predicted_acceptance": acc, "predicted_acceptance_lo": acc_lo, "predicted_acceptance_hi": acc_hi,
            "realized_acceptance": float(realized["realized_acceptance"]),
            "expected_acceptance": float(realized["expected_acceptance"]),
            "predicted_acceptance_from_process": bool(from_process),
-           "predicted_mean_accepted_length": _float(row.get("engine_mean_accepted_length")),
-           "predicted_mean_accepted_length_lo": _float(row.get("engine_mean_accepted_length_lo")),
-           "predicted_mean_accepted_length_hi": _float(row.get("engine_mean_accepted_length_hi")),
+           "predicted_mean_accepted_length": csv_float(row.get("engine_mean_accepted_length")),
+           "predicted_mean_accepted_length_lo": csv_float(row.get("engine_mean_accepted_length_lo")),
+           "predicted_mean_accepted_length_hi": csv_float(row.get("engine_mean_accepted_length_hi")),
            "realized_mean_accepted_length": float(realized["mean_accepted_length"])}
     for key in ("ar_tokens_per_second", "tokens_per_second", "model_speedup_at_realized_acceptance",
                 "realized_divergence", "max_realized_divergence", "acceptance_rate_all_positions", "num_new_tokens",
