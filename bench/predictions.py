@@ -30,7 +30,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench._results import update_section  # noqa: E402
 from mdboost.validation.calibration import calibration  # noqa: E402
-from pipelines.config import RankConfig, load_yaml  # noqa: E402
+from pipelines.loader import load_yaml  # noqa: E402
+from pipelines.config import RankConfig  # noqa: E402
 
 GRID_BUDGETS = (0.0, 0.01, 0.05, 0.2)
 GRID_GAMMAS = (2, 4, 6)

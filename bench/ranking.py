@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench._results import machine_line, update_section  # noqa: E402
-from pipelines.config import RankConfig, load_yaml, to_dict  # noqa: E402
+from pipelines.loader import load_yaml, to_dict  # noqa: E402
+from pipelines.config import RankConfig  # noqa: E402
 from mdboost.ranking.report import format_table, read_csv  # noqa: E402
 
 

@@ -38,7 +38,8 @@ from mdboost.ranking import report
 from mdboost.ranking.rank import PLAIN_SD, rank_rows, score_pair
 from mdboost.ranking.recommend import Recommendation, recommend
 from mdboost.ranking.rows import MemberLoader, acceptance_rows, pair_rows, select_pairs, speed_profile
-from pipelines.config import RankConfig, load_yaml, to_dict
+from pipelines.loader import load_yaml, to_dict
+from pipelines.config import RankConfig
 
 
 def _progress(iterable, enabled: bool, **kwargs):

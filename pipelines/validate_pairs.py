@@ -37,7 +37,8 @@ from mdboost.validation.report import (
     write_summary_json,
     write_validation_csv,
 )
-from pipelines.config import RankConfig, SourceConfig, TrackingConfig, ValidateConfig, from_dict, to_dict
+from pipelines.loader import from_dict, to_dict
+from pipelines.config import RankConfig, SourceConfig, TrackingConfig, ValidateConfig
 
 RANKING_FILES = ("ranking.csv", "config.resolved.yaml")
 
@@ -237,7 +238,7 @@ def main(config: str) -> int:
 
     A config error, or a config that contradicts the ranking, prints one line and returns 2.
     """
-    from pipelines.config import load_yaml
+    from pipelines.loader import load_yaml
 
     try:
         cfg = load_yaml(config, ValidateConfig)

@@ -9,7 +9,8 @@ import dataclasses
 import pytest
 
 from mdboost.cache.keys import SAMPLER, fingerprint
-from pipelines.config import RankConfig, load_yaml
+from pipelines.loader import load_yaml
+from pipelines.config import RankConfig
 
 PINNED = {
     "tiny": {

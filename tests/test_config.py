@@ -6,9 +6,8 @@ from typing import Literal
 import pytest
 
 from mdboost.cache.keys import fingerprint
-from pipelines.config import (
-    CacheConfig, GenerationConfig, MDConfig, RankConfig, ValidateConfig, from_dict, load_yaml, to_dict,
-)
+from pipelines.loader import from_dict, load_yaml, to_dict
+from pipelines.config import CacheConfig, GenerationConfig, MDConfig, RankConfig, ValidateConfig
 
 
 def test_empty_mapping_gives_defaults():

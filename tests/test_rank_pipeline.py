@@ -10,7 +10,8 @@ import yaml
 
 from mdboost.md.solve import solve
 from mdboost.ranking.report import read_csv
-from pipelines.config import RankConfig, from_dict, load_yaml, to_dict
+from pipelines.loader import from_dict, load_yaml, to_dict
+from pipelines.config import RankConfig
 
 REQUIRED = ["drafter", "target", "divergence", "max_divergence", "sd_acceptance", "md_acceptance",
             "acceptance_gain", "cost_ratio", "best_gamma", "predicted_speedup", "mu_target", "mu_drafter",

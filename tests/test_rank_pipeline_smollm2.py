@@ -5,7 +5,8 @@ import math
 import pytest
 
 from mdboost.ranking.report import read_csv
-from pipelines.config import RankConfig, from_dict, load_yaml, to_dict
+from pipelines.loader import from_dict, load_yaml, to_dict
+from pipelines.config import RankConfig
 
 pytestmark = pytest.mark.slow
 

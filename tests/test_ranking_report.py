@@ -4,7 +4,8 @@ import pytest
 
 from mdboost.cache.pool_cache import PoolCache
 from mdboost.ranking.rows import select_pairs
-from pipelines.config import RankConfig, from_dict
+from pipelines.loader import from_dict
+from pipelines.config import RankConfig
 from mdboost.ranking.report import COLUMNS, TABLE_COLUMNS, format_table, read_csv, write_csv, write_html
 
 

@@ -79,7 +79,8 @@ def test_no_resamples_means_no_interval_and_no_faster_claim():
 def test_the_engine_snippet_runs(tmp_path):
     """The snippet printed for a recommendation runs as written (tiny pool, both verdicts)."""
     from mdboost.ranking.recommend import Recommendation
-    from pipelines.config import RankConfig, load_yaml
+    from pipelines.loader import load_yaml
+    from pipelines.config import RankConfig
     from pipelines.rank_pool import engine_snippet
 
     cfg = load_yaml("configs/tiny.yaml", RankConfig)

@@ -92,7 +92,8 @@ def test_cells_at_one_temperature_only_and_fewer_than_asked():
 
 def _ranking_dir(tmp_path, temperature: float) -> str:
     from mdboost.ranking.report import write_csv
-    from pipelines.config import RankConfig, to_dict
+    from pipelines.loader import to_dict
+    from pipelines.config import RankConfig
 
     cfg = to_dict(RankConfig())
     cfg["md"]["temperature"] = temperature
@@ -120,7 +121,8 @@ def test_validate_cli_refuses_a_temperature_mismatch(tmp_path, capsys):
 
 def test_validate_plan_takes_the_rankings_temperature(tmp_path):
     from pipelines import validate_pairs
-    from pipelines.config import ValidateConfig, from_dict
+    from pipelines.loader import from_dict
+    from pipelines.config import ValidateConfig
 
     cfg = from_dict(ValidateConfig, {"ranking": {"ranking_dir": _ranking_dir(tmp_path, 0.5), "cells": 4},
                                      "tracking": {"enabled": False}})

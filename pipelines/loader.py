@@ -1,0 +1,148 @@
+"""A strict YAML loader for nested dataclasses: the schema of a pipeline config is its dataclass.
+
+:func:`from_dict` builds a dataclass from a mapping, strictly: an unknown key raises
+``ValueError`` naming the key and its dotted path (``unknown key 'budgts' at 'md'``, with the
+allowed keys), and every value is type-checked against the dataclass annotation (``int``,
+``float``, ``str``, ``bool``, ``Literal``, ``Optional``, ``list``/``tuple``, ``dict[str, X]`` and
+nested dataclasses); a ``ValueError`` raised by a section's own checks gets the section's path.
+:func:`load_yaml` reads a file through it, :func:`to_dict` turns a config back into plain data.
+Nothing here knows mdboost: the schemas live in :mod:`pipelines.config`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, TypeVar, Union
+
+T = TypeVar("T")
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _fail(path: str, msg: str):
+    raise ValueError(f"config error at '{path or '<root>'}': {msg}")
+
+
+def _convert(tp, value, path: str):
+    """Check ``value`` against the annotation ``tp`` and return it converted (lists, dataclasses)."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, _path=path)
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _convert(arg, value, path)
+            except ValueError as err:
+                errors.append(str(err))
+        _fail(path, f"expected {_type_name(tp)}, got {value!r} ({'; '.join(errors)})")
+    if origin is Literal:
+        if value not in args:
+            _fail(path, f"expected one of {list(args)}, got {value!r}")
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            _fail(path, f"expected a list, got {value!r}")
+        inner = args[0] if args else Any
+        items = [_convert(inner, v, f"{path}[{i}]") for i, v in enumerate(value)]
+        return items if origin is list else tuple(items)
+    if origin is dict:
+        if not isinstance(value, dict):
+            _fail(path, f"expected a mapping, got {value!r}")
+        key_tp, val_tp = args if args else (Any, Any)
+        return {_convert(key_tp, k, f"{path}.{k}"): _convert(val_tp, v, f"{path}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if not isinstance(value, bool):
+            _fail(path, f"expected a boolean (true/false), got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            _fail(path, f"expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            _fail(path, f"expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            _fail(path, f"expected a string, got {value!r}")
+        return value
+    raise TypeError(f"unsupported annotation {tp!r} at '{path}'")
+
+
+def from_dict(cls: type[T], data: dict | None, *, _path: str = "") -> T:
+    """Build the dataclass ``cls`` from a mapping, strictly.
+
+    Parameters
+    ----------
+    cls : dataclass type
+        The (possibly nested) configuration dataclass.
+    data : dict or None
+        Keys are field names; missing keys keep their defaults; ``None`` means all defaults.
+
+    Raises
+    ------
+    ValueError
+        On an unknown key (the message names the key, its dotted path and the allowed keys),
+        a value of the wrong type, or a ``__post_init__`` check that fails.
+    """
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        _fail(_path, f"expected a mapping for {cls.__name__}, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    unknown = [k for k in data if k not in names]
+    if unknown:
+        where = _path or "<root>"
+        raise ValueError(
+            f"config error: unknown key {unknown[0]!r} at '{where}' "
+            f"(allowed keys: {', '.join(names)})"
+        )
+    kwargs = {}
+    for key, value in data.items():
+        kwargs[key] = _convert(hints[key], value, f"{_path}.{key}" if _path else key)
+    try:
+        return cls(**kwargs)
+    except ValueError as err:
+        raise ValueError(f"config error at '{_path or '<root>'}': {err}") from None
+
+
+def load_yaml(path: str | Path, cls: type[T]) -> T:
+    """Read a YAML file and build ``cls`` with :func:`from_dict` (missing file: ValueError)."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"config must be an existing YAML file, got {str(path)!r}")
+    with path.open() as fh:
+        data = yaml.safe_load(fh)
+    return from_dict(cls, data)
+
+
+def to_dict(config) -> dict:
+    """The config as plain dicts/lists (tuples become lists), ready for YAML/JSON."""
+    def plain(v):
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        return v
+
+    return plain(dataclasses.asdict(config))
+
+
+def check(cond: bool, name: str, value) -> None:
+    """A section's value check: ``ValueError('invalid <name>: <value>')`` unless ``cond``."""
+    if not cond:
+        raise ValueError(f"invalid {name}: {value!r}")
