@@ -50,7 +50,7 @@ from mdboost.ranking.diagnostics import boost_coefficient, pair_diagnostics
 from mdboost.ranking.layout import SequenceLayout
 from mdboost.ranking.process import PointInputs, budget_tilt, score_process
 from mdboost.ranking.scores import PairScore, PairStats, PointScore, Quantiles, SpeedChoice
-from mdboost.ranking.speed import SpeedProfile, check_verify_costs, walltime_speedup
+from mdboost.ranking.speed import SpeedProfile, check_verify_costs, gamma_speedups
 from mdboost.ranking.uncertainty import BootstrapSettings
 from mdboost.ranking.support import Aligned, MemberRows, align
 
@@ -246,7 +246,7 @@ def score_pair(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | Non
     sd = sd_acceptance(acc_aligned, acc_valid)
     stats = _pair_stats(pair, aligned, acc, acc_aligned, sd, s)
     verify = _verify_table(profile, s)
-    sd_iid = _iid_choice(stats.sd_acceptance, pair.draft.cost_ratio, s, verify, 0.0, stats.sd_acceptance)
+    sd_iid = _iid_choice(stats.sd_acceptance, pair.draft.cost_ratio, s, profile, 0.0, stats.sd_acceptance)
     acc_ops = _one_plain_point(md_operating_points(acc_aligned, acc_valid, s.divergences, s.budgets, s.mode))
     ref_ops = acc_ops if acceptance is None else _one_plain_point(
         md_operating_points(aligned, pair.draft.rows.valid, s.divergences, s.budgets, s.mode))
@@ -259,7 +259,7 @@ def score_pair(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | Non
             acceptance=op.acceptance.numpy(), k=boost_coefficient(op.a, op.b)[acc_valid].numpy(),
             achieved_divergence=_mean(op.achieved_divergence[acc_valid]) if bool(acc_valid.any()) else 0.0,
             nll_mentored=_mean(quality.nll_mentored(pair.draft.rows, pair.target.rows, ref_op.a, ref_op.b)),
-            iid=_iid_choice(_mean(op.acceptance), acc.draft.cost_ratio, s, verify, overhead, stats.sd_acceptance),
+            iid=_iid_choice(_mean(op.acceptance), acc.draft.cost_ratio, s, profile, overhead, stats.sd_acceptance),
             process=None if process is None else process[i + 1], verify_costs=tuple(verify.tolist()),
             md_overhead=float(overhead)))
     return PairScore(pair.draft.name, pair.target.name,
@@ -289,12 +289,11 @@ def _verify_table(profile: SpeedProfile, s: ScoreSettings) -> torch.Tensor:  # [
     return check_verify_costs(profile.verify_cost, s.gamma_max)[s.gamma_min:s.gamma_max + 1]
 
 
-def _iid_choice(alpha: float, cost: float, s: ScoreSettings, verify: torch.Tensor, overhead: float,
+def _iid_choice(alpha: float, cost: float, s: ScoreSettings, profile: SpeedProfile, overhead: float,
                 sd_alpha: float) -> SpeedChoice:
     """The i.i.d. speed model at every searched gamma, and its best (the smallest on ties)."""
-    gammas = torch.tensor(list(s.gammas), dtype=torch.float64)
-    speed = walltime_speedup(torch.tensor(alpha, dtype=torch.float64), gammas, cost, verify_cost=verify,
-                             md_overhead=overhead, md_solve=s.md_solve, sd_acceptance=sd_alpha)  # [G]
+    speed = gamma_speedups(alpha, cost, s.gamma_min, s.gamma_max, verify_costs=profile.verify_cost,
+                           md_overhead=overhead, md_solve=s.md_solve, sd_acceptance=sd_alpha)  # [G]
     best = int(speed.argmax())
     return SpeedChoice(s.gamma_min + best, float(speed[best]), tuple(speed.tolist()))
 

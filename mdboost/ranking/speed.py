@@ -176,6 +176,30 @@ def walltime_speedup(alpha, gamma, cost_ratio, *, verify_cost=1.0, md_overhead=0
     return expected_tokens(alpha, gamma) / (gamma_t * c + v + s * solved)
 
 
+def gamma_speedups(alpha, cost_ratio, gamma_min: int = 1, gamma_max: int = 8, *, verify_costs=None,
+                   md_overhead=0.0, md_solve: str = "reached", sd_acceptance=None) -> torch.Tensor:
+    """:func:`walltime_speedup` at every draft length ``gamma_min..gamma_max`` (last axis).
+
+    Parameters as in :func:`best_gamma`.
+
+    Returns
+    -------
+    float64 tensor [..., G], ``G = gamma_max - gamma_min + 1``
+    """
+    if int(gamma_min) != gamma_min or int(gamma_max) != gamma_max or not 1 <= gamma_min <= gamma_max:
+        raise ValueError(f"gamma range must satisfy 1 <= gamma_min <= gamma_max, got {(gamma_min, gamma_max)}")
+    alpha = _check_alpha(alpha)
+    c = _check_nonneg("cost_ratio", cost_ratio)
+    s = _check_nonneg("md_overhead", md_overhead)
+    sd = torch.zeros(()) if sd_acceptance is None else torch.as_tensor(sd_acceptance, dtype=torch.float64)
+    alpha, c, s, sd = torch.broadcast_tensors(alpha, c, s, sd)
+    gammas = torch.arange(gamma_min, gamma_max + 1, dtype=torch.float64)  # [G]
+    v = torch.ones_like(gammas) if verify_costs is None else check_verify_costs(verify_costs, gamma_max)[gamma_min:gamma_max + 1]
+    return walltime_speedup(alpha.unsqueeze(-1), gammas, c.unsqueeze(-1), verify_cost=v,
+                            md_overhead=s.unsqueeze(-1), md_solve=md_solve,
+                            sd_acceptance=None if sd_acceptance is None else sd.unsqueeze(-1))  # [..., G]
+
+
 def best_gamma(alpha, cost_ratio, gamma_min: int = 1, gamma_max: int = 8, *, verify_costs=None,
                md_overhead=0.0, md_solve: str = "reached", sd_acceptance=None) -> tuple[torch.Tensor, torch.Tensor]:
     """The draft length in ``[gamma_min, gamma_max]`` that maximizes :func:`walltime_speedup`.
@@ -201,18 +225,8 @@ def best_gamma(alpha, cost_ratio, gamma_min: int = 1, gamma_max: int = 8, *, ver
     speedup : float64 tensor [...]
         The speedup at that gamma (may be below 1: speculation would not pay off).
     """
-    if int(gamma_min) != gamma_min or int(gamma_max) != gamma_max or not 1 <= gamma_min <= gamma_max:
-        raise ValueError(f"gamma range must satisfy 1 <= gamma_min <= gamma_max, got {(gamma_min, gamma_max)}")
-    alpha = _check_alpha(alpha)
-    c = _check_nonneg("cost_ratio", cost_ratio)
-    s = _check_nonneg("md_overhead", md_overhead)
-    sd = torch.zeros(()) if sd_acceptance is None else torch.as_tensor(sd_acceptance, dtype=torch.float64)
-    alpha, c, s, sd = torch.broadcast_tensors(alpha, c, s, sd)
-    gammas = torch.arange(gamma_min, gamma_max + 1, dtype=torch.float64)  # [G]
-    v = torch.ones_like(gammas) if verify_costs is None else check_verify_costs(verify_costs, gamma_max)[gamma_min:gamma_max + 1]
-    speed = walltime_speedup(alpha.unsqueeze(-1), gammas, c.unsqueeze(-1), verify_cost=v,
-                             md_overhead=s.unsqueeze(-1), md_solve=md_solve,
-                             sd_acceptance=None if sd_acceptance is None else sd.unsqueeze(-1))  # [..., G]
+    speed = gamma_speedups(alpha, cost_ratio, gamma_min, gamma_max, verify_costs=verify_costs,
+                           md_overhead=md_overhead, md_solve=md_solve, sd_acceptance=sd_acceptance)
     best = speed.argmax(dim=-1)  # first maximum: the smallest gamma on ties
     return best + gamma_min, speed.gather(-1, best.unsqueeze(-1)).squeeze(-1)
 
