@@ -365,7 +365,8 @@ def score_process(layout: SequenceLayout, draft_rows, target_rows, labels, point
     res = run_process(batch, gamma, draft_len=None if offered is None else offered.repeat(n_p * n_g, 1),
                       lengths=lengths.repeat(n_p * n_g))
 
-    from mdboost.ranking.uncertainty import BootstrapSettings, percentile_interval, prompt_weights, resample_values
+    from mdboost.ranking.uncertainty import (BootstrapSettings, percentile_interval, prompt_weights, resample_sums,
+                                             resample_values)
 
     boot = bootstrap or BootstrapSettings(num_resamples=0)
     # resample 0 is the full sample (every prompt once), then the bootstrap resamples of the prompts
@@ -374,8 +375,7 @@ def score_process(layout: SequenceLayout, draft_rows, target_rows, labels, point
         weights = torch.cat([weights, prompt_weights(n_b, boot)])
 
     def pooled(x):  # [P * G * B, ...] -> [R, P, G, ...]: weighted sums over the sequences
-        x = x.reshape(n_p, n_g, n_b, *x.shape[1:]).movedim(2, -1)
-        return torch.einsum("rb,...b->r...", weights, x.double())
+        return resample_sums(x.reshape(n_p, n_g, n_b, *x.shape[1:]).movedim(2, -1), weights)
 
     if md_solve == "all":
         solved = pooled(res.draft_tokens)
@@ -386,7 +386,7 @@ def score_process(layout: SequenceLayout, draft_rows, target_rows, labels, point
     cost = torch.full((len(weights), 1, 1), float(cost_ratio), dtype=torch.float64)
     if cost_samples is not None and boot.num_resamples:
         cost[1:, 0, 0] = resample_values(cost_samples, boot.num_resamples, boot.seed)
-    tokens = (weights @ lengths.double())[:, None, None]  # [R, 1, 1]
+    tokens = resample_sums(lengths, weights)[:, None, None]  # [R, 1, 1]
     speed = process_speedup(tokens, pooled(res.draft_tokens), pooled(res.steps_by_draft_len), cost,
                             verify_costs=verify_costs, md_overhead=overhead, solved=solved)  # [R, P, G]
 
