@@ -30,6 +30,7 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import yaml
 
@@ -218,37 +219,44 @@ def log_mlflow(cfg: RankConfig, rows: list[dict], paths: dict[str, Path], summar
         return parent.info.run_id
 
 
+class _Opened(NamedTuple):
+    """One temperature's cache spec, its opened pool cache and what building it did."""
+
+    spec: object
+    pc: object
+    info: object
+
+
 def run(cfg: RankConfig) -> dict:
     """Run the whole pipeline for a validated config; returns a summary dict."""
     start = time.perf_counter()
-    rows, details, t_cache, t_score, caches = [], {}, 0.0, 0.0, []
+    rows, details, t_cache, t_score, opened = [], {}, 0.0, 0.0, []
     for temperature in cfg.md.sampling_temperatures:
         t0 = time.perf_counter()
         spec = cfg.cache_spec(temperature)
-        known = caches[0][2].cost_entries() if caches else None  # costs do not depend on T: measured once
+        known = opened[0].pc.cost_entries() if opened else None  # costs do not depend on T: measured once
         pc, cache_info = open_or_build_cache(spec, progress=cfg.progress, known_costs=known)
         t1 = time.perf_counter()
         more, more_details = score_all(cfg, pc, temperature)
         t_cache, t_score = t_cache + t1 - t0, t_score + time.perf_counter() - t1
         rows += more
         details.update(more_details)
-        caches.append((temperature, spec, pc, cache_info))
+        opened.append(_Opened(spec, pc, cache_info))
     rows = rank_rows(rows, cfg.ranking.nll_tolerance)
     rec = recommend(rows)
     bootstrap = next(iter(details.values())).bootstrap
     out = Path(cfg.output_dir)
     paths = write_outputs(cfg, rows, details, out)
     snippet = engine_snippet(rec, cfg)
-    _, spec, pc, cache_info = caches[0]
+    spec, pc, cache_info = opened[0]
     summary = {"n_pairs": len({(r["drafter"], r["target"]) for r in rows}), "n_rows": len(rows),
                "n_points": len(best_gamma_rows(rows)), "seconds_cache": t_cache, "seconds_scoring": t_score,
                "seconds_per_pair": t_score / max(len(details), 1), "cache_dir": cache_info.dir,
-               "cache_reused": all(c[3].reused for c in caches),
-               "cache_fingerprint": spec.fingerprint() if len(caches) == 1 else
-               [c[1].fingerprint() for c in caches],
+               "cache_reused": all(o.info.reused for o in opened),
+               "cache_fingerprint": spec.fingerprint() if len(opened) == 1 else [o.spec.fingerprint() for o in opened],
                "acceptance_source": cfg.cache.acceptance_source,
-               "sampled_continuations": sum(c[3].sampled_continuations for c in caches),
-               "measured_speed_profile": any(c[3].measured_speed_profile for c in caches),
+               "sampled_continuations": sum(o.info.sampled_continuations for o in opened),
+               "measured_speed_profile": any(o.info.measured_speed_profile for o in opened),
                "sampling": {"temperatures": cfg.md.sampling_temperatures, "top_k": None, "top_p": None},
                "md_solve": cfg.speed.md_solve, "bootstrap": bootstrap,
                "recommendation": rec.to_dict(), "verdict": rec.verdict(), "engine_snippet": snippet}
