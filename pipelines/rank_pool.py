@@ -35,6 +35,8 @@ from typing import NamedTuple
 import yaml
 
 from mdboost.cache import open_or_build_cache
+from mdboost.cache.keys import PoolCacheSpec
+from mdboost.cache.pool_cache import BuildInfo, PoolCache
 from mdboost.ranking import report
 from mdboost.ranking.rank import PLAIN_SD, rank_rows, score_pair
 from mdboost.ranking.recommend import Recommendation, recommend
@@ -222,9 +224,9 @@ def log_mlflow(cfg: RankConfig, rows: list[dict], paths: dict[str, Path], summar
 class _Opened(NamedTuple):
     """One temperature's cache spec, its opened pool cache and what building it did."""
 
-    spec: object
-    pc: object
-    info: object
+    spec: PoolCacheSpec
+    pc: PoolCache
+    info: BuildInfo
 
 
 def run(cfg: RankConfig) -> dict:
