@@ -236,8 +236,7 @@ def run(cfg: RankConfig) -> dict:
     for temperature in cfg.md.sampling_temperatures:
         t0 = time.perf_counter()
         spec = cfg.cache_spec(temperature)
-        known = opened[0].pc.cost_entries() if opened else None  # costs do not depend on T: measured once
-        pc, cache_info = open_or_build_cache(spec, progress=cfg.progress, known_costs=known)
+        pc, cache_info = open_or_build_cache(spec, progress=cfg.progress)  # costs: measured once per pool
         t1 = time.perf_counter()
         more, more_details = score_all(cfg, pc, temperature)
         t_cache, t_score = t_cache + t1 - t0, t_score + time.perf_counter() - t1
@@ -267,6 +266,8 @@ def run(cfg: RankConfig) -> dict:
     if profile is not None:  # the speed model's inputs (docs/ranking.md, "Speed model")
         summary["verify_cost"] = profile["verify_cost"]
         summary.update({f"md_overhead_{k}": v for k, v in profile["md_overhead"].items()})
+        summary["prefill_per_token"] = profile["prefill_per_token"]
+        summary["speed_file"] = str(pc.speed.path)
     if cfg.tracking.enabled:
         summary["run_id"] = log_mlflow(cfg, rows, paths, summary)
     summary["seconds_total"] = time.perf_counter() - start

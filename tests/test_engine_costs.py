@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from mdboost.engine.costs import CostMeasurement, measure_engine_cost
+from mdboost.engine.costs import COST_UNIT, CostMeasurement, measure_engine_cost, measure_engine_profile
 from mdboost.models.drafters import early_exit_model
 from mdboost.models.ngram import NgramDrafter
 from mdboost.models.tiny import tiny_llama
@@ -79,3 +79,47 @@ def test_bad_settings_and_drafter():
         measure_engine_cost(tiny_llama(seed=1), tiny_llama(), settings={"gamma": 2})
     with pytest.raises(TypeError, match="drafter"):
         measure_engine_cost("int8", tiny_llama())
+
+
+def per_token_sleepy(model, base: float, per_token: float):
+    """A forward sleeping ``base + per_token * n`` for ``n`` input tokens."""
+    model.register_forward_pre_hook(lambda module, args, kwargs: time.sleep(base + per_token * kwargs["input_ids"].shape[1]),
+                                    with_kwargs=True)
+    return model
+
+
+def test_profile_of_known_forward_times():
+    """Target forwards of ``20 + 10 n`` ms: ``v(K) = (20 + 10 (K + 1)) / 30 = 1 + K / 3``, the
+    prefill slope ``10 / 30`` per token (the engine's own work on a tiny model adds a little)."""
+    target = per_token_sleepy(tiny_llama(), 0.02, 0.01)
+    profile = measure_engine_profile(target, 3, context_len=4, repeats=2, steps=1, warmup=0,
+                                     prefill_lengths=(1, 5))
+    assert profile.verify_cost[0] == 1.0 and len(profile.verify_cost) == 4
+    for k, v in enumerate(profile.verify_cost):
+        assert v == pytest.approx(1 + k / 3, rel=0.15), profile.verify_cost
+    assert [len(s) for s in profile.verify_samples] == [2] * 4
+    assert profile.prefill_per_token == pytest.approx(1 / 3, rel=0.2)
+    assert set(profile.md_overhead) == {"dense", "onehot"} and min(profile.md_overhead.values()) >= 0
+    assert profile.step_seconds == pytest.approx(0.03, rel=0.3)
+    assert profile.to_dict()["unit"] == COST_UNIT and "1 threads" in profile.method
+
+
+def test_private_cache_drafter_prefill():
+    """A drafter with its own cache feeds the prompt itself: its slope is its per-token time over
+    the target's undrafted step (``5 / 30``); an early exit (shared cache) and prompt lookup have none."""
+    target = per_token_sleepy(tiny_llama(seed=0), 0.02, 0.01)
+    drafter = per_token_sleepy(tiny_llama(seed=1), 0.0, 0.005)
+    result = measure_engine_cost(drafter, target, context_len=4, repeats=3, steps=1, warmup=0, prefill_lengths=(1, 9))
+    assert result.prefill_per_token == pytest.approx(5 / 30, rel=0.25)
+    shared = tiny_llama(num_layers=4)
+    assert measure_engine_cost(early_exit_model(shared, 2), shared, context_len=4, repeats=1, steps=1).prefill_per_token == 0
+    assert measure_engine_cost(NgramDrafter(2), tiny_llama(), context_len=4, repeats=1, steps=1).prefill_per_token == 0
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"gamma_max": 0}, "gamma_max"), ({"md_draft_len": 0}, "md_draft_len"), ({"max_divergence": 0.0}, "max_divergence"),
+    ({"prefill_lengths": (4, 4)}, "prefill_lengths"), ({"repeats": 0}, "repeats"),
+])
+def test_profile_bad_arguments(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        measure_engine_profile(tiny_llama(), **{"repeats": 1, "steps": 1, "context_len": 4, **kwargs})

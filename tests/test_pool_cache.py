@@ -1,7 +1,6 @@
-"""Pool-cache orchestration: measured cost ratios (median, method, repeat samples) reach the manifests
-without touching the pool."""
+"""Pool-cache orchestration: measured costs (median, method, repeat samples, the target's profile)
+reach the pool's speed file without touching the pool or the logit folders."""
 
-import json
 import statistics
 
 import pytest
@@ -25,33 +24,30 @@ def built(tmp_path_factory):
     return cfg, pc, info, pools
 
 
-def test_costs_go_to_the_manifests_not_the_pool(built):
+def test_costs_go_to_the_speed_file_not_the_pool(built):
+    from mdboost.cache.speed import SpeedStore, speed_path
+    from mdboost.engine.costs import COST_UNIT
+
     cfg, pc, info, pools = built
     spec = cfg.cache_spec()
     assert len(pools) == 1 and sorted(info.built) == sorted(spec.names) and not info.reused
-    pool = pools[0]
+    assert info.measured_speed_profile
+    pool, store = pools[0], SpeedStore(speed_path(spec))
+    assert pc.speed.path == store.path and store.path.parent == spec.member_dir(spec.target).parent
     for name in cfg.pool.drafters:
         assert pool[name].cost_ratio is None and pool[name].cost_method == "not measured"
-        main = json.loads((spec.member_dir(name) / "manifest.json").read_text())["member_costs"][name]
-        acc = json.loads((spec.member_dir(name, acceptance=True) / "manifest.json").read_text())["member_costs"][name]
-        assert acc == main  # the acceptance folder built in the same call
-        ratio, method, samples = main
-        assert len(samples) == spec.cost_repeats and ratio == statistics.median(samples) > 0
-        assert "engine steps" in method and "1 threads" in method and "load" in method
-        assert pc.cost_ratio(name) == ratio and pc.cost_samples(name) == samples
+        entry = store.drafter(name)
+        assert len(entry["samples"]) == spec.cost_repeats and entry["median"] == statistics.median(entry["samples"]) > 0
+        assert "engine steps" in entry["method"] and "1 threads" in entry["method"] and "load" in entry["method"]
+        assert pc.cost_ratio(name) == entry["median"] and pc.cost_samples(name) == entry["samples"]
+        assert pc.prefill_per_token(name) == entry["prefill_per_token"] == 0.0  # shared KV and prompt lookup
     assert pc.cost_ratio(spec.target) == 1.0 and pool.target.cost_method == "target (reference)"
     assert pc.cost_samples(spec.target) is None
-
-
-def test_manifests_without_samples_still_read(built):
-    """A folder measured before the samples were kept (``[ratio, method]``) keeps its ratio, no samples."""
-    from mdboost.cache.reader import LogitCache
-
-    cfg, pc, _, _ = built
-    name = cfg.pool.drafters[0]
-    old = LogitCache.open(cfg.cache_spec().member_dir(name))
-    old.manifest["member_costs"][name] = [0.42, "median of 21 alternating single-token decode steps"]
-    assert old.cost_ratio(name) == 0.42 and old.cost_samples(name) is None
+    profile = pc.speed_profile_info(spec.target)
+    assert profile == store.profile and profile["unit"] == COST_UNIT and profile["verify_cost"][0] == 1.0
+    assert len(profile["verify_cost"]) == max(spec.gamma_max, 8) + 1 and profile["prefill_per_token"] > 0
+    assert pc.prefill_per_token(spec.target) == profile["prefill_per_token"]
+    assert pc.speed_profile_info("early_exit:2") is None
 
 
 def test_reopen_loads_no_model(built):
@@ -74,10 +70,11 @@ def test_another_temperature_reuses_the_measured_costs(built, monkeypatch):
 
     cfg, pc, _, _ = built
     calls = []
-    monkeypatch.setattr(pool_cache, "measure_member_cost", lambda *a, **k: calls.append(a) or (9.0, "x", [9.0]))
+    monkeypatch.setattr(pool_cache, "measure_member_cost", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(pool_cache, "measure_speed_profile", lambda *a, **k: calls.append(a))
     other = cfg.cache_spec(0.5)
     assert other.member_dir("early_exit:2") != cfg.cache_spec().member_dir("early_exit:2")
-    pc2, info = open_or_build_cache(other, known_costs=pc.cost_entries())
-    assert calls == [] and sorted(info.built) == sorted(other.names)
-    assert pc2.cost_entries() == pc.cost_entries()
+    pc2, info = open_or_build_cache(other)
+    assert calls == [] and sorted(info.built) == sorted(other.names) and not info.measured_speed_profile
+    assert pc2.speed.path == pc.speed.path
     assert {n: pc2.cost_samples(n) for n in cfg.pool.drafters} == {n: pc.cost_samples(n) for n in cfg.pool.drafters}

@@ -98,6 +98,7 @@ def test_csv_has_required_fields_and_ranks(first_run):
 
 def test_metrics_match_direct_computation_on_cache(first_run):
     from mdboost.cache import LogitCache
+    from mdboost.cache.speed import SpeedStore, speed_path
     tmp_path, cfg, _ = first_run
     rows = [r for r in read_csv(tmp_path / "out" / "ranking.csv") if r["drafter"] == "early_exit:2" and r["target"] == "tiny"
             and float(r["temperature"]) == 1.0]
@@ -114,14 +115,14 @@ def test_metrics_match_direct_computation_on_cache(first_run):
         assert float(r["md_acceptance"]) == pytest.approx(float(sol.acceptance.mean()), rel=1e-6)
         assert float(r["nll_target"]) == pytest.approx(float(-q[idx, true].log().mean()), rel=1e-3)
         assert float(r["nll_drafter"]) == pytest.approx(float(-p[idx, true].log().mean()), rel=1e-3)
-        assert float(r["cost_ratio"]) == pytest.approx(dc.cost_ratio("early_exit:2"))
-        profile = tc.manifest["speed_profile"]
+        assert float(r["cost_ratio"]) == pytest.approx(SpeedStore(speed_path(spec)).drafter("early_exit:2")["median"])
+        profile = SpeedStore(speed_path(spec)).profile
         assert profile["verify_cost"][0] == 1.0 and len(profile["verify_cost"]) >= cfg.speed.gamma_max + 1
         check_speed_columns(r, profile, "dense", range(cfg.speed.gamma_min, cfg.speed.gamma_max + 1))
     ngram = [r for r in read_csv(tmp_path / "out" / "ranking.csv") if r["drafter"] == "ngram:2" and r["target"] == "tiny"
              and float(r["temperature"]) == 1.0]
     for r in ngram:  # one-hot drafts use their own MD overhead
-        check_speed_columns(r, tc.manifest["speed_profile"], "onehot", range(cfg.speed.gamma_min, cfg.speed.gamma_max + 1))
+        check_speed_columns(r, SpeedStore(speed_path(spec)).profile, "onehot", range(cfg.speed.gamma_min, cfg.speed.gamma_max + 1))
     # a pair whose target is not the pool target has no profile: v = 1, s = 0
     for r in read_csv(tmp_path / "out" / "ranking.csv"):
         if r["target"] == "early_exit:2":

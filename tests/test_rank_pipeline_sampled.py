@@ -28,6 +28,7 @@ def sampled_run(tmp_path_factory):
 
 def test_acceptance_from_sampled_cache_quality_from_reference(sampled_run):
     from mdboost.cache import LogitCache
+    from mdboost.cache.speed import SpeedStore, speed_path
     from mdboost.ranking.diagnostics import boost_coefficient
 
     tmp_path, cfg, _ = sampled_run
@@ -55,8 +56,8 @@ def test_acceptance_from_sampled_cache_quality_from_reference(sampled_run):
         assert float(r["acceptance_gain"]) == pytest.approx(float(sol_s.acceptance.mean() - torch.minimum(ps, qs).sum(-1).mean()), abs=1e-9)
         k = boost_coefficient(sol_s.a, sol_s.b)
         assert float(r["k_median"]) == pytest.approx(float(torch.quantile(k, 0.5, interpolation="nearest")), rel=1e-6)
-        assert float(r["cost_ratio"]) == pytest.approx(ref_d.cost_ratio("early_exit:2"))
-        check_speed_columns(r, ref_t.manifest["speed_profile"], "dense", range(cfg.speed.gamma_min, cfg.speed.gamma_max + 1))
+        assert float(r["cost_ratio"]) == pytest.approx(SpeedStore(speed_path(spec)).drafter("early_exit:2")["median"])
+        check_speed_columns(r, SpeedStore(speed_path(spec)).profile, "dense", range(cfg.speed.gamma_min, cfg.speed.gamma_max + 1))
         # quality stays on the teacher-forced reference cache
         assert float(r["nll_target"]) == pytest.approx(float(-q[idx, true].log().mean()), rel=1e-3)
         assert float(r["nll_drafter"]) == pytest.approx(float(-p[idx, true].log().mean()), rel=1e-3)

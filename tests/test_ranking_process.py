@@ -4,6 +4,7 @@ loop on real token draws, and the ranking columns it feeds on a tiny target-samp
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -180,11 +181,14 @@ def test_score_process_on_a_tiny_sampled_cache(tmp_path):
                   speed={"md_solve": "reached"})
     pc, _ = open_or_build_cache(cfg.cache_spec())
     loader = MemberLoader(pc.acceptance, cfg.md.sampling_temperatures[0])
-    profile = SpeedProfile(tuple(1.0 + 0.2 * g for g in range(cfg.speed.gamma_max + 1)), 0.3)
+    profile = SpeedProfile(tuple(1.0 + 0.2 * g for g in range(cfg.speed.gamma_max + 1)), 0.3, 0.05)
     for drafter in ("early_exit:2", "ngram:2"):
         rows = acceptance_rows(loader, pc, drafter, "tiny")
-        draft, target, labels = rows.draft, rows.target, rows.labels
+        # a drafter prefill as a private-cache drafter would have (these two have none)
+        draft, target, labels = dataclasses.replace(rows.draft, prefill_per_token=0.02), rows.target, rows.labels
         layout = sequence_layout(pc.acceptance.caches[drafter], drafter)
+        cache = pc.acceptance.caches[drafter]
+        assert layout.prompt_lengths.tolist() == [cache.sequence(int(i))[1] for i in torch.unique(layout.sequence)]
         if drafter.startswith("ngram"):  # gamma_max > the cached lookahead: drafts recomputed, prefix kept
             cached = pc.acceptance.caches[drafter].ngram_proposals(drafter)
             assert cfg.speed.gamma_max > cached.shape[1]
@@ -198,11 +202,13 @@ def test_score_process_on_a_tiny_sampled_cache(tmp_path):
             assert row["md_acceptance"] == old["md_acceptance"] and row["predicted_speedup_iid"] == old["predicted_speedup"]
             assert "engine_acceptance" not in old and old["best_gamma_iid"] == old["best_gamma"]
             assert 0 <= row["engine_acceptance"] <= 1 and 1 <= row["engine_mean_accepted_length"] <= row["gamma"] + 1
-            _check_row(row, draft, target, labels, layout, cfg, pc.vocab_size, profile)
+            _check_row(row, draft, target, labels, layout, cfg, pc.vocab_size, profile, cache)
 
 
-def _check_row(row, draft, target, labels, layout, cfg, vocab_size, profile):
-    """Recompute one row's process columns sequence by sequence (md_solve 'reached': solved = visits)."""
+def _check_row(row, draft, target, labels, layout, cfg, vocab_size, profile, cache):
+    """Recompute one row's process columns sequence by sequence (md_solve 'reached': solved = visits;
+    each generation's prefill: ``beta (L - 1)`` for its prompt of ``L`` tokens, the target's in
+    plain decoding and speculation alike, the drafter's in speculation only)."""
     from mdboost.ranking.acceptance import md_operating_points, sd_acceptance
     from mdboost.ranking.support import align
 
@@ -218,7 +224,7 @@ def _check_row(row, draft, target, labels, layout, cfg, vocab_size, profile):
         assert float(delta.max()) < 1e-9  # SD: E_q[c] = P_acc, nothing to tilt
     stats = {}
     for g in range(cfg.speed.gamma_min, width + 1):
-        tot = dict.fromkeys(("tokens", "steps", "drafted", "accepted", "num", "cond", "cost"), 0.0)
+        tot = dict.fromkeys(("tokens", "steps", "drafted", "accepted", "num", "cond", "cost", "ar"), 0.0)
         for sid in torch.unique(layout.sequence):
             rows = (layout.sequence == sid).nonzero().squeeze(-1)
             if draft.rows.one_hot:
@@ -242,12 +248,15 @@ def _check_row(row, draft, target, labels, layout, cfg, vocab_size, profile):
             tot["accepted"] += float(res.accepted)
             v = torch.tensor(profile.verify_cost, dtype=torch.float64)[res.draft_len]  # [1, L]
             s = profile.md_overhead if float(row["max_divergence"]) > 0 else 0.0
+            fed = cache.sequence(int(sid))[1] - 1
             tot["cost"] += float(draft.cost_ratio * res.draft_tokens + (res.start_prob * v).sum() + s * res.visit_prob.sum())
+            tot["cost"] += (profile.prefill_per_token + draft.prefill_per_token) * fed
+            tot["ar"] += rows.numel() + profile.prefill_per_token * fed
         stats[g] = tot
-    best = max(stats, key=lambda g: (stats[g]["tokens"] / stats[g]["cost"], -g))
+    best = max(stats, key=lambda g: (stats[g]["ar"] / stats[g]["cost"], -g))
     t = stats[row["gamma"]]  # the row's own draft length
     assert row["best_gamma"] == best and row["is_best_gamma"] == (row["gamma"] == best)
-    assert row["predicted_speedup"] == pytest.approx(t["tokens"] / t["cost"], rel=1e-9)
+    assert row["predicted_speedup"] == pytest.approx(t["ar"] / t["cost"], rel=1e-9)
     assert row["engine_acceptance"] == pytest.approx(t["num"] / t["drafted"], rel=1e-9)
     assert row["engine_acceptance_conditional"] == pytest.approx(t["cond"] / t["drafted"], rel=1e-9)
     assert row["engine_tokens_per_call"] == pytest.approx(t["tokens"] / t["steps"], rel=1e-9)

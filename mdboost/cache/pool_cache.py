@@ -5,21 +5,16 @@
 1. samples the shared target continuations that are missing (once per token count,
    :func:`~mdboost.cache.build.sample_sequences`);
 2. builds every member folder that is missing, unfinished, or (sampled) built on other
-   continuations than the current shared file (its manifest's ``sequences_sha256``); a
-   drafter's main folder measures its cost ratio first, in the engine's own steps at one torch
-   thread (:func:`measure_member_cost`, :func:`mdboost.engine.costs.measure_engine_cost`): the
-   median, the method and the repeat samples go straight into the manifest
-   (``build_cache(..., member_costs=...)``), and into the drafter's acceptance folder when that
-   is built in the same call;
-3. measures the target's *speed profile* (manifest key ``speed_profile`` of its main folder:
-   the verification cost table ``v(g)`` and the MD solve overhead ``s`` of
-   :mod:`mdboost.models.cost`) when the folder has none, or a table shorter than
-   ``spec.gamma_max``;
+   continuations than the current shared file (its manifest's ``sequences_sha256``);
+3. measures what the pool's speed file (:mod:`mdboost.cache.speed`) lacks, in the engine's own
+   steps at one torch thread (:mod:`mdboost.engine.costs`): the target's profile (``v(K)``,
+   the MD solve overhead ``s``, its prefill cost) and each drafter's cost ratio ``c`` with its
+   repeat samples and prefill cost;
 4. opens every folder (checksums verified) and checks that all cover the target's rows.
 
-Models and records load only when something has to be built. Cost ratios are read back from
-the main folders' manifests (:meth:`PoolCache.cost_ratio`, the samples
-:meth:`PoolCache.cost_samples`; folders measured before the samples were kept have none).
+Models and records load only when something has to be built or measured. The costs are read
+from the speed file (:meth:`PoolCache.cost_ratio`, :meth:`PoolCache.cost_samples`,
+:meth:`PoolCache.prefill_per_token`, :meth:`PoolCache.speed_profile_info`).
 """
 
 from __future__ import annotations
@@ -34,6 +29,7 @@ from mdboost.cache.keys import PoolCacheSpec
 from mdboost.cache.manifest import finished_digest, read_manifest, write_manifest
 from mdboost.cache.reader import LogitCache
 from mdboost.cache.settings import RunOptions, SequenceSettings, StoreSettings
+from mdboost.cache.speed import SpeedStore, speed_path
 
 
 @dataclass(frozen=True)
@@ -47,6 +43,7 @@ class PoolCache:
     caches: dict
     target: str
     acceptance: PoolCache | None = None
+    speed: SpeedStore | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -59,37 +56,49 @@ class PoolCache:
     def kind(self, name: str) -> str:
         return self.caches[name].kind(name)
 
-    def cost_ratio(self, name: str) -> float:
-        """The member's measured cost ratio against the pool target (from its manifest)."""
-        cost = self.caches[name].cost_ratio(name)
-        if cost is None:
-            raise ValueError(f"member {name!r} has no measured cost ratio in its cache manifest")
-        return float(cost)
+    def _cost(self, name: str) -> dict | None:
+        if name == self.target:
+            return None
+        entry = None if self.speed is None else self.speed.drafter(name)
+        if entry is None:
+            raise ValueError(f"member {name!r} has no measured cost ratio in the pool's speed file")
+        return entry
 
-    def cost_entries(self) -> dict:
-        """``{drafter: (median, method, samples or None)}`` as the manifests hold them (for
-        :func:`open_or_build_cache`'s ``known_costs``)."""
-        return {name: self.caches[name].cost_entry(name) for name in self.names if name != self.target}
+    def cost_ratio(self, name: str) -> float:
+        """The member's cost ratio ``c`` against the pool target (1 for the target itself)."""
+        entry = self._cost(name)
+        return 1.0 if entry is None else float(entry["median"])
 
     def cost_samples(self, name: str) -> list[float] | None:
-        """The repeated measurements behind :meth:`cost_ratio` (their median), or None.
+        """The repeated measurements behind :meth:`cost_ratio` (their median); None for the target."""
+        entry = self._cost(name)
+        return None if entry is None else [float(x) for x in entry["samples"]]
 
-        None for the target and for manifests written before the samples were kept.
-        """
-        return self.caches[name].cost_samples(name)
+    def prefill_per_token(self, name: str) -> float:
+        """A drafter's own prefill cost per prompt token (0 without a private KV cache), or the
+        target's (from its profile; 0 when not measured)."""
+        if name == self.target:
+            profile = self.speed_profile_info(name)
+            return 0.0 if profile is None else float(profile["prefill_per_token"])
+        return float(self._cost(name)["prefill_per_token"])
 
     def true_tokens(self) -> torch.Tensor:  # [R]
         return self.caches[self.target].true_tokens()
 
     def speed_profile_info(self, target: str) -> dict | None:
-        """The manifest's ``speed_profile`` of ``target`` (``verify_cost``, ``md_overhead``), or None."""
-        return self.caches[target].manifest.get("speed_profile")
+        """The pool target's measured profile (``verify_cost``, ``md_overhead``,
+        ``prefill_per_token``, ...; :class:`~mdboost.engine.costs.EngineProfile`), or None
+        (not measured, or ``target`` is another member)."""
+        if target != self.target or self.speed is None:
+            return None
+        return self.speed.profile
 
 
 @dataclass(frozen=True)
 class BuildInfo:
     """What :func:`open_or_build_cache` did: ``built`` / ``built_acceptance`` member names,
-    how many continuation files it sampled, whether it measured the speed profile."""
+    how many continuation files it sampled, whether it measured costs (the target's profile or
+    a drafter's cost)."""
 
     dir: str
     built: tuple[str, ...]
@@ -104,16 +113,11 @@ class BuildInfo:
 
 
 def measure_speed_profile(target, gamma_max: int, context_len: int, repeats: int) -> dict:
-    """The target's speed profile (manifest key ``speed_profile``): ``v`` table and MD overhead.
+    """The target's profile for the speed file: :func:`mdboost.engine.costs.measure_engine_profile`
+    for ``K <= max(gamma_max, 8)`` at ``context_len`` / ``repeats``, one torch thread."""
+    from mdboost.engine.costs import measure_engine_profile
 
-    ``v(g)`` for ``g <= max(gamma_max, 8)`` and ``s`` (dense and one-hot drafts), both at
-    ``context_len`` / ``repeats`` (:mod:`mdboost.models.cost`).
-    """
-    from mdboost.models.cost import measure_md_overhead, measure_verify_costs
-
-    table, v_method = measure_verify_costs(target, max(gamma_max, 8), context_len=context_len, repeats=repeats)
-    overhead, s_method = measure_md_overhead(target, context_len=context_len, repeats=repeats)
-    return {"verify_cost": table, "verify_method": v_method, "md_overhead": overhead, "md_overhead_method": s_method}
+    return measure_engine_profile(target, max(gamma_max, 8), context_len=context_len, repeats=repeats).to_dict()
 
 
 def store_settings(spec: PoolCacheSpec, acceptance: bool = False) -> StoreSettings:
@@ -132,29 +136,24 @@ def sequence_settings(spec: PoolCacheSpec, source: str, max_new_tokens: int) -> 
                             max_new_tokens=max_new_tokens, sample_temperature=spec.temperature, seed=t.seed)
 
 
-def measure_member_cost(drafter, target, context_len: int, repeats: int) -> tuple[float, str, list[float]]:
-    """The manifest's ``member_costs`` entry of a drafter: ``(median, method, samples)``.
-
-    Measured in the engine's own steps at one torch thread, the engine's setting
-    (:func:`mdboost.engine.costs.measure_engine_cost`; ``drafter`` and ``target`` are pool members).
-    """
+def measure_member_cost(drafter, target, context_len: int, repeats: int):
+    """A drafter's :class:`~mdboost.engine.costs.CostMeasurement` in the engine's own steps at
+    one torch thread (:func:`mdboost.engine.costs.measure_engine_cost`; pool members)."""
     from mdboost.engine.costs import measure_engine_cost
 
-    result = measure_engine_cost(drafter.ngram if drafter.kind == "ngram" else drafter.model, target.model,
-                                 context_len=context_len, repeats=repeats, threads=1)
-    return result.median, result.method, result.samples
+    return measure_engine_cost(drafter.ngram if drafter.kind == "ngram" else drafter.model, target.model,
+                               context_len=context_len, repeats=repeats, threads=1)
 
 
 class _Builder:
     """Builds the missing parts of a spec's folders; loads the pool and records on first use.
 
-    Measured cost ratios stay here (``costs``) until they are written to manifests; the pool's
-    members are never modified.
+    The pool's members are never modified.
     """
 
-    def __init__(self, spec: PoolCacheSpec, drafters: list[str], progress: bool, known_costs: dict | None = None):
+    def __init__(self, spec: PoolCacheSpec, drafters: list[str], progress: bool):
         self.spec, self.drafters, self.progress = spec, drafters, progress
-        self._pool, self._records, self.costs = None, None, dict(known_costs or {})
+        self._pool, self._records = None, None
 
     @property
     def pool(self):
@@ -177,25 +176,28 @@ class _Builder:
                          sequence_settings(self.spec, "sampled", max_new_tokens), progress=self.progress)
 
     def build(self, name: str, acceptance: bool) -> None:
-        """Build one member folder; a drafter's main folder measures its cost ratio first."""
+        """Build one member folder."""
         from mdboost.cache.build import build_cache
 
         spec, pool = self.spec, self.pool
-        if not acceptance and name != spec.target and name not in self.costs:
-            self.costs[name] = measure_member_cost(pool[name], pool.target, spec.cost_context, spec.cost_repeats)
         folder = spec.settings(acceptance)
         build_cache(pool, self.records, spec.member_dir(name, acceptance), store_settings(spec, acceptance),
                     sequence_settings(spec, folder.source, folder.max_new_tokens), members=[name],
                     tokens_file=spec.continuations_path(folder.max_new_tokens) if folder.sampled else None,
-                    member_costs={name: self.costs[name]} if name in self.costs else None,
                     run=RunOptions(backend=spec.backend, n_jobs=spec.n_jobs, progress=self.progress, overwrite=True))
 
-    def store_speed_profile(self) -> None:
-        folder = self.spec.member_dir(self.spec.target)
-        manifest = read_manifest(folder)
-        manifest["speed_profile"] = measure_speed_profile(self.pool.target, self.spec.gamma_max,
-                                                          self.spec.cost_context, self.spec.cost_repeats)
-        write_manifest(folder, manifest)
+    def measure_costs(self, store: SpeedStore, drafters: list[str]) -> bool:
+        """Measure what ``store`` lacks: the target's profile, then each drafter's cost; True if any."""
+        spec, measured = self.spec, False
+        if store.profile is None:
+            store.set_profile(measure_speed_profile(self.pool.target.model, spec.gamma_max, spec.cost_context,
+                                                    spec.cost_repeats))
+            measured = True
+        for name in store.missing(drafters):
+            store.set_drafter(name, measure_member_cost(self.pool[name], self.pool.target, spec.cost_context,
+                                                        spec.cost_repeats))
+            measured = True
+        return measured
 
 
 def folder_complete(spec: PoolCacheSpec, member: str, acceptance: bool = False) -> bool:
@@ -212,11 +214,6 @@ def folder_complete(spec: PoolCacheSpec, member: str, acceptance: bool = False) 
     return bool(info.get("complete"))
 
 
-def _needs_speed_profile(spec: PoolCacheSpec) -> bool:
-    info = read_manifest(spec.member_dir(spec.target)).get("speed_profile")
-    return info is None or len(info["verify_cost"]) < spec.gamma_max + 1
-
-
 def _open_checked(spec: PoolCacheSpec, acceptance: bool) -> dict:
     """Open the members' folders; all must cover the same rows and tokenizer as the target's."""
     caches = {m: LogitCache.open(spec.member_dir(m, acceptance)) for m in spec.names}
@@ -230,13 +227,11 @@ def _open_checked(spec: PoolCacheSpec, acceptance: bool) -> dict:
     return caches
 
 
-def open_or_build_cache(spec: PoolCacheSpec, *, progress: bool = False,
-                        known_costs: dict | None = None) -> tuple[PoolCache, BuildInfo]:
+def open_or_build_cache(spec: PoolCacheSpec, *, progress: bool = False) -> tuple[PoolCache, BuildInfo]:
     """Open every member's cache of ``spec``, building what is missing first (module docstring).
 
-    ``known_costs``: ``{member: (median, method, samples)}`` measured before for the same pool
-    (e.g. by another temperature's folders, :meth:`PoolCache.cost_entries`): a folder built now
-    records these instead of measuring again. Costs do not depend on the temperature.
+    Costs are measured once per pool target and machine setting (:func:`~mdboost.cache.speed.speed_path`),
+    so another temperature's spec of the same pool reuses them.
 
     Returns
     -------
@@ -248,7 +243,10 @@ def open_or_build_cache(spec: PoolCacheSpec, *, progress: bool = False,
     counts = {spec.settings(acc).max_new_tokens for acc in sets if spec.settings(acc).sampled}
     to_sample = sorted(n for n in counts if finished_digest(spec.continuations_path(n)) is None)
     maybe = {m for acc in sets for m in names if not folder_complete(spec, m, acc)}
-    builder = _Builder(spec, [m for m in names if m in maybe and m != spec.target], progress, known_costs)
+    store = SpeedStore(speed_path(spec))
+    drafters = [m for m in names if m != spec.target]
+    needed = (maybe | set(store.missing(drafters))) - {spec.target}  # drafters to load
+    builder = _Builder(spec, [m for m in names if m in needed], progress)
     for n in to_sample:
         builder.sample(n)
     built = {}
@@ -256,11 +254,9 @@ def open_or_build_cache(spec: PoolCacheSpec, *, progress: bool = False,
         built[acc] = tuple(m for m in names if not folder_complete(spec, m, acc))
         for name in built[acc]:
             builder.build(name, acc)
-    profiled = _needs_speed_profile(spec)
-    if profiled:
-        builder.store_speed_profile()
+    profiled = builder.measure_costs(store, drafters)
     acc_pc = PoolCache(_open_checked(spec, True), spec.target) if spec.sampled_acceptance else None
-    pc = PoolCache(_open_checked(spec, False), spec.target, acc_pc)
+    pc = PoolCache(_open_checked(spec, False), spec.target, acc_pc, store)
     if acc_pc is not None and acc_pc.vocab_size != pc.vocab_size:
         raise ValueError(f"acceptance caches have vocab_size {acc_pc.vocab_size}, the main caches {pc.vocab_size}")
     info = BuildInfo(str(Path(spec.dir)), built[False], built.get(True, ()), len(to_sample), profiled)

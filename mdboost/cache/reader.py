@@ -97,22 +97,6 @@ class LogitCache:
     def kind(self, member: str) -> str:
         return self._info(member)["kind"]
 
-    def cost_entry(self, member: str) -> tuple:
-        """``(median, method, samples or None)``: the member's ``member_costs`` entry; manifests
-        written before the samples were kept hold ``[ratio, method]`` (samples None)."""
-        entry = list(self.manifest["member_costs"][member])
-        samples = entry[2] if len(entry) > 2 and entry[2] is not None else None
-        return entry[0], entry[1], None if samples is None else [float(x) for x in samples]
-
-    def cost_ratio(self, member: str) -> float | None:
-        """The member's cost ratio (the median of its samples, when the manifest has them)."""
-        return self.cost_entry(member)[0]
-
-    def cost_samples(self, member: str) -> list[float] | None:
-        """The repeat samples of the member's cost ratio (:meth:`cost_entry`); None where there
-        are none (the target, manifests written before the samples were kept)."""
-        return self.cost_entry(member)[2]
-
     def true_tokens(self) -> torch.Tensor:  # [R]
         return self._tokens["true_next"].long()
 
@@ -125,6 +109,10 @@ class LogitCache:
         starts = self._tokens["starts"][self._row_seq]
         first = self._tokens["row_offsets"][self._row_seq]
         return starts + torch.arange(self.num_rows) - first
+
+    def prompt_lengths(self) -> torch.Tensor:  # [num_sequences]
+        """Tokens before each sequence's first row (its prompt, as encoded), per sequence."""
+        return self._tokens["starts"].long()
 
     def sequence(self, index: int) -> tuple[torch.Tensor, int]:
         """``(ids [T], start)`` of sequence ``index``; rows predict ``ids[start:]``."""

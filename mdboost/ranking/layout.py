@@ -46,13 +46,16 @@ def gather_rows(values: torch.Tensor, index: torch.Tensor, fill=0) -> torch.Tens
 class SequenceLayout:
     """Which sequence each cached row belongs to, and a prompt-lookup drafter's full drafts.
 
-    ``sequence`` [M]: the rows' sequence ids (contiguous, in text order). ``cache`` and
-    ``member`` let :meth:`proposals` read (or recompute) an ``ngram`` member's drafts.
+    ``sequence`` [M]: the rows' sequence ids (contiguous, in text order). ``prompt_lengths``
+    [B]: each sequence's prompt tokens, in the order of :func:`padded_index` (None: unknown; the
+    speed model then leaves prefill out). ``cache`` and ``member`` let :meth:`proposals` read
+    (or recompute) an ``ngram`` member's drafts.
     """
 
     sequence: torch.Tensor
     cache: object = None
     member: str | None = None
+    prompt_lengths: torch.Tensor | None = None
 
     def proposals(self, width: int) -> torch.Tensor:  # [M, width]
         """The ``ngram`` member's ``width`` drafts per row (``-1`` = none).
@@ -85,4 +88,7 @@ class SequenceLayout:
 def sequence_layout(cache, member: str | None = None) -> SequenceLayout:
     """The :class:`SequenceLayout` of a :class:`~mdboost.cache.LogitCache` (``member``: the drafter)."""
     ngram = member is not None and cache.kind(member) == "ngram"
-    return SequenceLayout(cache.row_sequence(), cache if ngram else None, member if ngram else None)
+    seq = cache.row_sequence()
+    present = torch.unique_consecutive(seq)  # the sequences with rows, in row order (padded_index's)
+    return SequenceLayout(seq, cache if ngram else None, member if ngram else None,
+                          cache.prompt_lengths()[present])

@@ -320,7 +320,8 @@ def _chains(layout: SequenceLayout, draft_rows, target_rows, labels, points, wid
 
 def score_process(layout: SequenceLayout, draft_rows, target_rows, labels, points: list[PointInputs], gammas,
                   cost_ratio: float, *, verify_costs=None, md_solve: str = "reached",
-                  sd_acceptance=None, bootstrap=None, cost_samples=None) -> list[ProcessScore]:
+                  sd_acceptance=None, bootstrap=None, cost_samples=None,
+                  prefill_per_token=(0.0, 0.0)) -> list[ProcessScore]:
     """Best gamma, speedup and engine-side acceptance of every operating point of a pair.
 
     Parameters
@@ -344,6 +345,10 @@ def score_process(layout: SequenceLayout, draft_rows, target_rows, labels, point
         Intervals over prompts (:mod:`mdboost.ranking.uncertainty`); default: none (NaN bounds).
     cost_samples : sequence of float, optional
         Repeated measurements of ``cost_ratio``: each resample also draws one of them.
+    prefill_per_token : (float, float), default=(0, 0)
+        ``(beta_t, beta_d)``: the target's and the drafter's own prefill cost per prompt token
+        (:func:`~mdboost.ranking.speed.process_speedup`), applied to ``layout.prompt_lengths``
+        (ignored where the layout has none).
 
     Returns
     -------
@@ -387,8 +392,14 @@ def score_process(layout: SequenceLayout, draft_rows, target_rows, labels, point
     if cost_samples is not None and boot.num_resamples:
         cost[1:, 0, 0] = resample_values(cost_samples, boot.num_resamples, boot.seed)
     tokens = resample_sums(lengths, weights)[:, None, None]  # [R, 1, 1]
+    prompt = layout.prompt_lengths
+    fed = (torch.zeros_like(lengths, dtype=torch.float64) if prompt is None
+           else (torch.as_tensor(prompt, dtype=torch.float64) - 1).clamp_min(0))  # [B]: prompt tokens beyond one
+    beta_t, beta_d = (float(x) for x in prefill_per_token)
+    fed = resample_sums(fed, weights)[:, None, None]  # [R, 1, 1]
     speed = process_speedup(tokens, pooled(res.draft_tokens), pooled(res.steps_by_draft_len), cost,
-                            verify_costs=verify_costs, md_overhead=overhead, solved=solved)  # [R, P, G]
+                            verify_costs=verify_costs, md_overhead=overhead, solved=solved,
+                            prefill=beta_t * fed, drafter_prefill=beta_d * fed)  # [R, P, G]
 
     def per_row(x):  # [P, B, L] -> [P * G * B, L], the batch order of run_process
         return x[:, None].expand(n_p, n_g, n_b, length).reshape(-1, length)

@@ -62,9 +62,11 @@ BOOSTING_ORDERS = ("target_first", "greedy")
 class PairSide:
     """One pool member as a pair's scoring sees it: cached rows, boosting hypothesis, cost ratio.
 
-    ``cost_ratio``: this member's decode step time over the pair's target's (1 for the target);
-    ``cost_samples``: its repeated measurements on the same scale, when known (the speedup
-    intervals then carry their spread, :mod:`mdboost.ranking.uncertainty`).
+    ``cost_ratio``: this member's time per draft token over the pair's target's undrafted step
+    (1 for the target); ``cost_samples``: its repeated measurements on the same scale, when known
+    (the speedup intervals then carry their spread, :mod:`mdboost.ranking.uncertainty`);
+    ``prefill_per_token``: as a drafter, its own prefill cost per prompt token on that scale (0
+    without a private KV cache; ``docs/theory.md``, "Speed model for ranking").
     """
 
     name: str
@@ -72,6 +74,7 @@ class PairSide:
     hypothesis: object
     cost_ratio: float
     cost_samples: tuple | None = None
+    prefill_per_token: float = 0.0
 
 
 @dataclass(frozen=True, eq=False)
@@ -207,7 +210,8 @@ def _process_scores(acc: PairRows, aligned: Aligned, ops, sd, settings: ScoreSet
     return score_process(acc.layout, acc.draft.rows, acc.target.rows, torch.as_tensor(acc.labels), points,
                          settings.gammas, acc.draft.cost_ratio, verify_costs=profile.verify_cost,
                          md_solve=settings.md_solve, sd_acceptance=sd, bootstrap=settings.bootstrap,
-                         cost_samples=acc.draft.cost_samples)
+                         cost_samples=acc.draft.cost_samples,
+                         prefill_per_token=(profile.prefill_per_token, acc.draft.prefill_per_token))
 
 
 def score_pair(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | None = None,

@@ -43,7 +43,7 @@ def speed_profile(pc: PoolCache, drafter: str, target: str) -> SpeedProfile:
     if info is None:
         return SpeedProfile()
     kind = "onehot" if pc.kind(drafter) == "ngram" else "dense"
-    return SpeedProfile(tuple(info["verify_cost"]), float(info["md_overhead"][kind]))
+    return SpeedProfile(tuple(info["verify_cost"]), float(info["md_overhead"][kind]), float(info["prefill_per_token"]))
 
 
 def member_rows(cache, name: str, temperature: float) -> tuple[MemberRows, object]:
@@ -82,16 +82,17 @@ class MemberLoader:
 
 def _sides(loader: MemberLoader, costs: PoolCache, drafter: str, target: str) -> tuple[PairSide, PairSide]:
     """The pair's two sides; the drafter's cost ratio is ``c_drafter / c_target``, both measured
-    against the pool target and read from ``costs`` (the main caches), with its repeated
-    measurements on the same scale when the manifest kept them (the speedup intervals carry
-    their spread)."""
+    against the pool target and read from ``costs`` (the pool's speed file), with its repeated
+    measurements and its prefill cost on the same scale (the speedup intervals carry their
+    spread)."""
     d_rows, d_hyp = loader(drafter)
     t_rows, t_hyp = loader(target)
     scale = costs.cost_ratio(target)
     samples = costs.cost_samples(drafter)
     cost = costs.cost_ratio(drafter) / scale
     samples = None if samples is None else tuple(x / scale for x in samples)
-    return PairSide(drafter, d_rows, d_hyp, cost, samples), PairSide(target, t_rows, t_hyp, 1.0)
+    prefill = costs.prefill_per_token(drafter) / scale
+    return PairSide(drafter, d_rows, d_hyp, cost, samples, prefill), PairSide(target, t_rows, t_hyp, 1.0)
 
 
 def pair_rows(loader: MemberLoader, drafter: str, target: str) -> PairRows:

@@ -1,25 +1,24 @@
 """Speed model for ranking pairs (Leviathan et al. 2023, Thm 3.8 / Cor 3.11), with the measured
-cost of the target's verification call and of the MD solve (``docs/theory.md``, "Speed model for
-ranking").
+costs of the engine's steps (``docs/theory.md``, "Speed model for ranking").
 
-With a mean per-token acceptance ``alpha`` (assumed i.i.d. over positions), a draft length
-``gamma`` and a cost ratio ``c = drafter step time / target step time``, one draft-and-verify
-block costs, in units of one single-token target decode step,
+Every cost is in one unit: ``T_ar``, the wall time of one undrafted single-token engine step
+(what plain decoding pays per token; :mod:`mdboost.engine.costs` measures all of them in the
+engine's own steps). With a mean per-token acceptance ``alpha`` (assumed i.i.d. over
+positions), a draft length ``gamma`` and a cost ratio ``c = drafter time per draft token /
+T_ar``, one draft-and-verify block costs
 
     ``gamma c + v(gamma) + s E_solved(alpha, gamma)``
 
 and emits ``E_tokens(alpha, gamma) = (1 - alpha^(gamma+1)) / (1 - alpha)`` tokens
-(``gamma + 1`` at ``alpha = 1``), so the predicted walltime speedup over plain decoding with the
-target is
+(``gamma + 1`` at ``alpha = 1``), so the predicted steady-state speedup over plain decoding is
 
     ``speedup(alpha, gamma) = E_tokens / (gamma c + v(gamma) + s E_solved)``.
 
-- ``v(gamma) = T_target(gamma + 1 tokens) / T_target(1 token)``: the target's forward on the
-  ``gamma + 1`` verified tokens on a KV cache is not free on memory- or compute-bound hardware
-  (measured by :func:`mdboost.models.cost.measure_verify_costs`, stored as a table indexed by
-  ``gamma`` with ``v(0) = 1``). Without a table ``v = 1``: Leviathan et al.'s model.
-- ``s``: the MD solve's extra time per verified position relative to a target step
-  (:func:`mdboost.models.cost.measure_md_overhead`); ``0`` for plain SD (budget 0).
+- ``v(K)``: a step verifying ``K`` drafts (the ``K + 1``-token forward, ``q`` at ``K + 1``
+  positions, SD's test, the rollback) over ``T_ar``, a table indexed by ``K`` with ``v(0) = 1``
+  as measured (not forced monotone: a CPU forward of 4 tokens can cost less than one of 3).
+  Without a table ``v = 1``: Leviathan et al.'s model.
+- ``s``: the MD solve's extra time per solved position over ``T_ar``; ``0`` for plain SD.
 - ``E_solved``: the expected number of positions MD solves per block, by the engine's
   ``md_solve`` mode (:func:`expected_solved`): ``"reached"`` solves every reached position,
   ``sum_{i < gamma} alpha^i = (1 - alpha^gamma) / (1 - alpha)`` (position ``i`` is reached when
@@ -27,11 +26,17 @@ target is
   would reject, a further factor ``1 - alpha_SD`` (SD's test fails with probability
   ``1 - alpha_SD`` independently of the earlier positions); ``"all"``: ``gamma``.
 
-With ``v = 1`` and ``s = 0`` this is exactly ``(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1))``.
-Mentored decoding leaves the per-token *drafting and verifying* cost of SD unchanged
-(``docs/theory.md``, "Sampling at (a, b)"); only ``s`` is added. For a drafter that proposes
-nothing at some positions (prompt-lookup ``ngram``), those positions count as acceptance 0: a
-block that starts there costs one target call and yields one token, which is what ``alpha = 0`` gives.
+:func:`process_speedup` is the ranking's figure: the same costs summed over the steps the
+draft-start process expects on whole generations, plus the prefill of each generation (the
+target's, and a private-cache drafter's own), so it predicts what a run of the engine measures
+(new tokens over wall time, prompt included).
+
+With ``v = 1`` and ``s = 0`` :func:`walltime_speedup` is exactly
+``(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1))``. Mentored decoding leaves the per-token
+*drafting and verifying* cost of SD unchanged (``docs/theory.md``, "Sampling at (a, b)"); only
+``s`` is added. For a drafter that proposes nothing at some positions (prompt-lookup
+``ngram``), those positions count as acceptance 0: a block that starts there costs one target
+call and yields one token, which is what ``alpha = 0`` gives.
 """
 
 from __future__ import annotations
@@ -45,25 +50,29 @@ from mdboost.md.verify import SOLVE
 
 @dataclass(frozen=True)
 class SpeedProfile:
-    """Measured verification and MD costs of a target (relative to its single-token step).
+    """Measured verification, MD and prefill costs of a target, in ``T_ar`` (module docstring).
 
     Attributes
     ----------
     verify_cost : tuple of float or None
-        ``verify_cost[g] = T_target(g + 1 tokens) / T_target(1 token)`` for ``g = 0..gamma_max``
-        (``verify_cost[0] == 1``); ``None``: not measured, ``v = 1``.
+        ``v(K)`` for ``K = 0..gamma_max`` (``verify_cost[0] == 1``); ``None``: not measured, ``v = 1``.
     md_overhead : float
-        MD solve time per verified position / target step (``s``), for the pair's kind of draft
-        (dense or one-hot); applied only at budgets > 0.
+        MD solve time per solved position (``s``), for the pair's kind of draft (dense or
+        one-hot); applied only at budgets > 0.
+    prefill_per_token : float
+        The target's prefill cost per prompt token beyond an ordinary step (``beta_t``; 0: not
+        modelled).
     """
 
     verify_cost: tuple | None = None
     md_overhead: float = 0.0
+    prefill_per_token: float = 0.0
 
     def __post_init__(self):
         if self.verify_cost is not None:
             check_verify_costs(self.verify_cost, 0)
         _check_nonneg("md_overhead", torch.as_tensor(self.md_overhead, dtype=torch.float64))
+        _check_nonneg("prefill_per_token", torch.as_tensor(self.prefill_per_token, dtype=torch.float64))
 
 
 def _check_alpha(alpha: torch.Tensor) -> torch.Tensor:
@@ -158,9 +167,9 @@ def walltime_speedup(alpha, gamma, cost_ratio, *, verify_cost=1.0, md_overhead=0
     gamma : int or tensor >= 0
         Draft length.
     cost_ratio : float or tensor >= 0
-        ``c`` = drafter step time / target step time (measured).
+        ``c`` = drafter time per draft token / ``T_ar`` (measured).
     verify_cost : float or tensor > 0, default=1.0
-        ``v(gamma)``: the target's ``gamma + 1``-token forward over its 1-token step (broadcast
+        ``v(gamma)``: a step verifying ``gamma`` drafts over an undrafted step (broadcast
         against ``gamma``; 1 is Leviathan et al.'s model).
     md_overhead : float or tensor >= 0, default=0.0
         ``s``: MD solve time per solved position / target step (0 for plain SD).
@@ -232,17 +241,24 @@ def best_gamma(alpha, cost_ratio, gamma_min: int = 1, gamma_max: int = 8, *, ver
 
 
 def process_speedup(tokens, draft_tokens, steps_by_draft_len, cost_ratio, *, verify_costs=None, md_overhead=0.0,
-                    solved=0.0) -> torch.Tensor:
-    """Walltime speedup from the draft-start process (:mod:`mdboost.ranking.process`).
+                    solved=0.0, prefill=0.0, drafter_prefill=0.0) -> torch.Tensor:
+    """Walltime speedup of whole generations from the draft-start process (:mod:`mdboost.ranking.process`).
 
-    The same cost model as :func:`walltime_speedup`, summed over the steps the process expects
-    instead of one i.i.d. block: ``tokens / (c draft_tokens + sum_K v(K) steps_K + s solved)``
-    (an undrafted step costs ``v(0) = 1``; steps near the end draft fewer tokens).
+    The same costs as :func:`walltime_speedup`, summed over the steps the process expects
+    instead of one i.i.d. block (an undrafted step costs ``v(0) = 1``; steps near the end draft
+    fewer tokens), plus the generations' prefill:
+
+        ``(tokens + prefill) / (c draft_tokens + sum_K v(K) steps_K + s solved + prefill + drafter_prefill)``
+
+    where plain decoding takes ``tokens`` steps and ``prefill`` more (the target's first step
+    feeds the prompt: ``beta_t (L - 1)`` beyond an ordinary step for a prompt of ``L`` tokens,
+    the same for speculative decoding, whose first verification feeds it), and a drafter with a
+    private KV cache feeds the prompt once more (``drafter_prefill = beta_d (L - 1)``).
 
     Parameters
     ----------
     tokens : float or tensor [...]
-        Tokens emitted (target-only decoding takes as many single-token steps).
+        Tokens emitted.
     draft_tokens : float or tensor [...]
         Expected drafted tokens.
     steps_by_draft_len : tensor [..., G + 1]
@@ -254,6 +270,18 @@ def process_speedup(tokens, draft_tokens, steps_by_draft_len, cost_ratio, *, ver
         ``s`` (0 for plain SD).
     solved : float or tensor [...] >= 0
         Expected positions MD solves (the process's reached, needed or all positions).
+    prefill, drafter_prefill : float or tensor [...] >= 0
+        The target's and the drafter's prefill beyond an ordinary step, summed over the
+        generations (``T_ar``; default 0: steady state, prompts not counted).
+
+    Examples
+    --------
+    Ten tokens, five steps of one draft each (``v(1) = 1.5``) with ``c = 0.2``, and a prefill of
+    3 steps: ``(10 + 3) / (0.2 * 5 + 1.5 * 5 + 3) = 13 / 11.5``.
+
+    >>> round(float(process_speedup(10.0, 5.0, torch.tensor([0.0, 5.0]), 0.2, verify_costs=[1.0, 1.5],
+    ...                             prefill=3.0)), 4)
+    1.1304
     """
     hist = torch.as_tensor(steps_by_draft_len, dtype=torch.float64)
     g = hist.shape[-1] - 1
@@ -262,5 +290,7 @@ def process_speedup(tokens, draft_tokens, steps_by_draft_len, cost_ratio, *, ver
     s = _check_nonneg("md_overhead", md_overhead)
     solved = _check_nonneg("solved", solved)
     draft_tokens = _check_nonneg("draft_tokens", draft_tokens)
-    time = c * draft_tokens + (hist * v).sum(-1) + s * solved
-    return torch.as_tensor(tokens, dtype=torch.float64) / time
+    prefill = _check_nonneg("prefill", prefill)
+    drafter_prefill = _check_nonneg("drafter_prefill", drafter_prefill)
+    time = c * draft_tokens + (hist * v).sum(-1) + s * solved + prefill + drafter_prefill
+    return (torch.as_tensor(tokens, dtype=torch.float64) + prefill) / time

@@ -1,0 +1,92 @@
+"""The pool's measured engine costs, kept next to its logit caches (``docs/theory.md``, "Speed model for ranking").
+
+Costs are timings of this machine, not logits: they live in one JSON file per pool target and
+machine setting, ``<dir>/speed-<key>.json`` (:func:`speed_path`), apart from the member folders,
+so measuring them again (a new unit, another machine) never touches a logit shard, and every
+temperature's folders share them (the engine's step costs do not depend on the sampling
+temperature). The key covers what the figures depend on: the target spec and device, the torch
+thread count and version, the measurement settings (prompt tokens, repeats, the largest draft
+length) and :data:`mdboost.engine.costs.COST_UNIT`. The file holds
+
+- ``profile``: the target's :class:`~mdboost.engine.costs.EngineProfile` (``verify_cost``
+  ``v(K)``, ``md_overhead`` ``s``, ``prefill_per_token``, samples, method);
+- ``drafters``: per drafter spec its :class:`~mdboost.engine.costs.CostMeasurement`
+  (``median`` ``c``, ``samples``, ``prefill_per_token``, method), measured against the target.
+
+:class:`SpeedStore` reads it and writes it back atomically after each new measurement, so an
+interrupted build keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from mdboost._io import atomic_write_text
+
+FORMAT = "mdboost-speed/1"
+
+
+def speed_path(spec) -> Path:
+    """The speed file of a :class:`~mdboost.cache.keys.PoolCacheSpec` (module docstring)."""
+    import torch
+
+    from mdboost.cache.keys import fingerprint
+    from mdboost.engine.costs import COST_UNIT, ENGINE_THREADS
+
+    key = fingerprint(FORMAT, COST_UNIT, spec.target, spec.device, spec.home, ENGINE_THREADS,
+                      torch.__version__.split("+")[0], spec.cost_context, spec.cost_repeats, max(spec.gamma_max, 8))
+    return Path(spec.dir) / f"speed-{key}.json"
+
+
+class SpeedStore:
+    """The speed file of one pool target: read on open, rewritten atomically on each change.
+
+    Parameters
+    ----------
+    path : path
+        The JSON file (created on the first write).
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self._data = {"format": FORMAT, "profile": None, "drafters": {}}
+        if self.path.is_file():
+            try:
+                data = json.loads(self.path.read_text())
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"speed file {str(self.path)!r} is not valid JSON ({exc}); delete it to measure "
+                                 f"again") from None
+            if data.get("format") != FORMAT:
+                raise ValueError(f"speed file {str(self.path)!r} has format {data.get('format')!r}, expected {FORMAT!r}")
+            self._data = data
+
+    @property
+    def profile(self) -> dict | None:
+        """The target's profile (``EngineProfile.to_dict()``), or None when not measured."""
+        return self._data["profile"]
+
+    def drafter(self, name: str) -> dict | None:
+        """A drafter's entry (``median``, ``samples``, ``prefill_per_token``, ``method``), or None."""
+        return self._data["drafters"].get(name)
+
+    def missing(self, drafters) -> list[str]:
+        """The names in ``drafters`` without an entry."""
+        return [d for d in drafters if d not in self._data["drafters"]]
+
+    def set_profile(self, profile: dict) -> None:
+        self._data["profile"] = profile
+        self._write()
+
+    def set_drafter(self, name: str, measurement) -> None:
+        """Store a :class:`~mdboost.engine.costs.CostMeasurement` for drafter ``name``."""
+        self._data["drafters"][name] = {
+            "median": measurement.median, "samples": list(measurement.samples),
+            "prefill_per_token": measurement.prefill_per_token, "method": measurement.method,
+            "threads": measurement.threads, "load_before": measurement.load_before,
+            "load_after": measurement.load_after}
+        self._write()
+
+    def _write(self) -> None:
+        atomic_write_text(self.path, json.dumps(self._data, indent=2, sort_keys=True))
