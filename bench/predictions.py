@@ -12,7 +12,11 @@ and overall (``mdboost.validation.calibration``). Writes the ``predictions`` sec
 Caveats printed with the figures: the grid's prompts (HumanEval/0-9, 10 x 64 tokens) are not
 the ranking's (the first 16 records of the ``cache`` split), and grid cells of one drafter come
 from chunks whose AR reference may differ (``bench/_generation_report.py``); realized values
-are single runs without replicates.
+are single runs without replicates. **Reference check:** every cell's AR reference (tokens/s of
+its chunk's own AR run) is compared with the median AR reference of its temperature; cells whose
+reference deviates by more than :data:`REFERENCE_TOLERANCE` are flagged (their machine state
+differed from the rest of the grid), and the figures are reported with and without them. The
+report also states the grid's measurement conditions (date, parallel shards, load).
 
 Usage: ``.venv/bin/python bench/predictions.py [--config configs/default.yaml] [--cells PATH] [--no-write]``
 """
@@ -35,6 +39,7 @@ from pipelines.config import RankConfig  # noqa: E402
 
 GRID_BUDGETS = (0.0, 0.01, 0.05, 0.2)
 GRID_GAMMAS = (2, 4, 6)
+REFERENCE_TOLERANCE = 0.15  # a chunk's AR tokens/s this far from its temperature's median: flagged
 
 
 def grid_cells(path: Path) -> dict:
@@ -46,6 +51,29 @@ def grid_cells(path: Path) -> dict:
             budget = 0.0 if c["mode"] == "sd" else float(c["budget"])
             out[(c["drafter"], float(c["temperature"]), budget, int(c["gamma"]))] = c
     return out
+
+
+def flag_references(cells: dict, tolerance: float = REFERENCE_TOLERANCE) -> dict:
+    """``key -> (ar tokens/s, deviation from its temperature's median, flagged)`` per grid cell."""
+    import statistics
+
+    ar = {k: c["references"]["ar"]["tok_s"] for k, c in cells.items()}
+    medians = {t: statistics.median(v for k, v in ar.items() if k[1] == t) for t in {k[1] for k in ar}}
+    out = {}
+    for k, v in ar.items():
+        dev = v / medians[k[1]] - 1
+        out[k] = (v, dev, abs(dev) > tolerance)
+    return out
+
+
+def conditions(path: Path) -> str:
+    """The grid's measurement conditions: dates, parallel shards, 1-min load range."""
+    cells = [c for c in json.loads(path.read_text())["cells"] if c["mode"] in ("sd", "md")]
+    dates = sorted({c["date"][:10] for c in cells})
+    shards = sorted({str(c.get("shards")) for c in cells})
+    loads = [c["loadavg"] for c in cells if isinstance(c.get("loadavg"), (int, float))]
+    load = f", 1-min load {min(loads):.2f}-{max(loads):.2f}" if loads else ""
+    return f"measured {', '.join(dates)}, shards {', '.join(shards)}{load}"
 
 
 def predicted_rows(cfg: RankConfig, resamples: int | None = None) -> dict:
@@ -73,7 +101,8 @@ def bootstrap_overhead(cfg: RankConfig, repeats: int = 3) -> tuple[float, list, 
 
 
 def compare(rows: list[dict], cells: dict) -> list[dict]:
-    """One record per grid cell the ranking predicts."""
+    """One record per grid cell the ranking predicts (``flagged``: its AR reference deviates)."""
+    flags = flag_references(cells)
     out = []
     for r in rows:
         key = (r["drafter"], float(r["temperature"]), float(r["max_divergence"]), int(r["gamma"]))
@@ -84,7 +113,8 @@ def compare(rows: list[dict], cells: dict) -> list[dict]:
                     "predicted": r["predicted_speedup"], "lo": r["predicted_speedup_lo"],
                     "hi": r["predicted_speedup_hi"], "realized": cell["speedup_vs_ar"],
                     "mal_predicted": r["engine_mean_accepted_length"], "mal_realized": cell["mean_accepted_length"],
-                    "mal_lo": r["engine_mean_accepted_length_lo"], "mal_hi": r["engine_mean_accepted_length_hi"]})
+                    "mal_lo": r["engine_mean_accepted_length_lo"], "mal_hi": r["engine_mean_accepted_length_hi"],
+                    "ar_tok_s": flags[key][0], "ar_deviation": flags[key][1], "flagged": flags[key][2]})
     return out
 
 
@@ -101,14 +131,15 @@ def _line(name: str, cells: list[dict]) -> str:
             f"D{real['budget']:g} ({real['realized']:.2f}) | {mal.mae:.3f} | {mal.coverage:.0%} |")
 
 
-def report(cells: list[dict], cfg: RankConfig) -> str:
+def report(cells: list[dict], cfg: RankConfig, grid_conditions: str = "") -> str:
     lines = [
         "## Ranking predictions vs the realized generation grid",
         "_`bench/predictions.py`: the default pool re-scored from its cache at the grid's points (KL 0 / 0.01 / "
         "0.05 / 0.2, gamma 2 / 4 / 6), compared with `bench/generation_cells.json`. Speedup: predicted vs realized "
         "over the same process's AR; MAL: mean accepted length. Coverage: realized inside the predicted 90% "
         f"interval (bootstrap over {cfg.data.limit} ranking prompts). Caveats: the grid ran on HumanEval/0-9, the "
-        "ranking on its own 16 cache prompts; grid cells are single runs; some chunks' AR references differ._",
+        "ranking on its own 16 cache prompts; grid cells are single runs; grid conditions: "
+        f"{grid_conditions or 'not recorded'}._",
         "", "| cells | n | Spearman | MAE | max err | coverage | regret | predicted best | realized best | MAL MAE | "
         "MAL coverage |", "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -117,9 +148,17 @@ def report(cells: list[dict], cfg: RankConfig) -> str:
     lines.append(_line("both", cells))
     no_int8 = [c for c in cells if c["drafter"] != "int8"]
     lines.append(_line("both, without int8", no_int8))
+    kept = [c for c in cells if not c["flagged"]]
+    if len(kept) < len(cells):
+        lines.append(_line("both, reference check passed", kept))
+    flagged = sorted({(c["drafter"], c["temperature"], round(c["ar_tok_s"], 2), round(100 * c["ar_deviation"]))
+                      for c in cells if c["flagged"]})
     goals = ("Goals (issue text): Spearman >= 0.97, MAE <= 0.03, predicted best within 5% of the realized best "
              "(regret <= 5%), mean accepted length MAE <= 0.1.")
-    return "\n".join(lines + ["", goals])
+    flag_text = ("Cells whose chunk's AR reference deviates from their temperature's median by more than "
+                 f"{REFERENCE_TOLERANCE:.0%}: " + ("; ".join(f"{d} T={t:g} ({a} tok/s, {p:+d}%)" for d, t, a, p in flagged)
+                                                  if flagged else "none") + ".")
+    return "\n".join(lines + ["", flag_text, "", goals])
 
 
 def main() -> None:
@@ -133,7 +172,7 @@ def main() -> None:
     if not cells:
         raise SystemExit("no grid cell matched a ranking row (wrong target or pool?)")
     ratio, with_b, without = bootstrap_overhead(cfg)
-    text = report(cells, cfg) + (
+    text = report(cells, cfg, conditions(args.cells)) + (
         f"\n\nBootstrap cost: scoring with {cfg.ranking.resamples} resamples takes {ratio:.3f}x the time without "
         f"(median of 3 interleaved runs each: {sorted(round(x, 1) for x in with_b)} s vs "
         f"{sorted(round(x, 1) for x in without)} s; goal <= 1.10x).")

@@ -172,8 +172,8 @@ class MDConfig:
             raise ValueError(f"md: give temperature or temperatures, not both, got temperature={self.temperature!r}, "
                              f"temperatures={self.temperatures!r}")
         temps = self.sampling_temperatures
-        _check(len(temps) >= 1 and all(t > 0 for t in temps) and len(set(temps)) == len(temps),
-               "temperatures (distinct, > 0; greedy 0 is not supported by the ranking yet)", temps)
+        _check(len(temps) >= 1 and all(t >= 0 for t in temps) and len(set(temps)) == len(temps),
+               "temperatures (distinct, >= 0; 0 is greedy decoding)", temps)
 
     @property
     def sampling_temperatures(self) -> list[float]:
@@ -252,6 +252,11 @@ class RankConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     progress: bool = True
 
+    def __post_init__(self):
+        _check(0 not in self.md.sampling_temperatures or self.cache.acceptance_source == "sampled",
+               "md.temperatures (0, greedy decoding, needs cache.acceptance_source: sampled: its acceptance is "
+               "the argmax match along greedy continuations)", self.md.sampling_temperatures)
+
     def cache_spec(self, temperature: float | None = None) -> PoolCacheSpec:
         """Where the pool's member caches live and what they hold (:mod:`mdboost.cache.keys`), for
         one of ``md.temperatures`` (default: the first)."""
@@ -271,7 +276,8 @@ class RankConfig:
         ranking sections, at one of ``md.temperatures`` (default: the first)."""
         md, sp, b = self.md, self.speed, self.boosting
         temperature = md.sampling_temperatures[0] if temperature is None else temperature
-        return ScoreSettings(divergences=tuple(md.divergences), budgets=tuple(md.budgets), mode=md.mode,
+        budgets = tuple(md.budgets) if temperature > 0 else (0.0,)  # greedy: lossless SD only
+        return ScoreSettings(divergences=tuple(md.divergences), budgets=budgets, mode=md.mode,
                              temperature=temperature, gamma_min=sp.gamma_min, gamma_max=sp.gamma_max,
                              md_solve=sp.md_solve, n_estimators=b.n_estimators, orders=tuple(b.orders),
                              thetas=tuple(b.thetas), bootstrap=self.ranking.bootstrap())

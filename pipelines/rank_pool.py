@@ -68,7 +68,7 @@ def score_all(cfg: RankConfig, pc, temperature: float) -> tuple[list[dict], dict
 
 def _score_all(cfg: RankConfig, pc, temperature: float) -> tuple[list[dict], dict]:
     rows, details, settings = [], {}, cfg.score_settings(temperature)
-    loader = MemberLoader(pc, temperature)
+    loader = MemberLoader(pc, settings.quality_temperature)  # the quality side (temperature 1 for greedy)
     acc_loader = None if pc.acceptance is None else MemberLoader(pc.acceptance, temperature)
     pairs = select_pairs(pc, cfg.pool.pairs)
     for drafter_name, target_name in _progress(pairs, cfg.progress, desc=f"scoring pairs (T={temperature:g})",
@@ -262,10 +262,12 @@ def run(cfg: RankConfig) -> dict:
                "md_solve": cfg.speed.md_solve, "bootstrap": bootstrap,
                "recommendation": rec.to_dict(), "verdict": rec.verdict(), "engine_snippet": snippet}
     summary["recommendation_markdown"] = recommendation_markdown(rec, snippet, bootstrap)
+    sampled = [o for o in opened if o.spec.temperature > 0] or opened  # greedy has its own profile, no MD
+    pc = sampled[0].pc
     profile = pc.speed_profile_info(cfg.pool.target)
     if profile is not None:  # the speed model's inputs (docs/ranking.md, "Speed model")
         summary["verify_cost"] = profile["verify_cost"]
-        summary.update({f"md_overhead_{k}": v for k, v in profile["md_overhead"].items()})
+        summary.update({f"md_overhead_{k}": v for k, v in (profile["md_overhead"] or {}).items()})
         summary["prefill_per_token"] = profile["prefill_per_token"]
         summary["speed_file"] = str(pc.speed.path)
     if cfg.tracking.enabled:

@@ -115,6 +115,31 @@ def plan(cfg: ValidateConfig) -> Plan:
     return Plan(ranking, cells, sampling)
 
 
+def interval_settings(ranking: Ranking, new_prompts: int) -> dict:
+    """How the ranking's intervals become predictive ones for a run over ``new_prompts`` prompts
+    (:func:`mdboost.validation.calibration.predictive_scale`; scale 1 when the ranking does not
+    say over how many prompts it bootstrapped)."""
+    from mdboost.validation.calibration import predictive_scale
+
+    boot = (ranking.summary or {}).get("bootstrap") or {}
+    fit = boot.get("prompts")
+    scale = predictive_scale(int(fit), int(new_prompts)) if fit else 1.0
+    return {"ranking_prompts": fit, "validation_prompts": int(new_prompts), "scale": scale,
+            "level": boot.get("level"), "kind": "predictive: the mean over the validation's prompts"}
+
+
+def generation_length_note(ranking: Ranking, max_new_tokens: int) -> str | None:
+    """A warning when the ranking predicted for generations of another length (its sampled
+    continuations' ``acceptance_max_new_tokens``): the prompt's share of the time, and so every
+    speedup, then differs (``docs/theory.md`` section 8)."""
+    c = ranking.config.cache
+    if c.acceptance_source != "sampled" or c.acceptance_max_new_tokens == max_new_tokens:
+        return None
+    return (f"warning: the ranking predicts for {c.acceptance_max_new_tokens}-token generations "
+            f"(cache.acceptance_max_new_tokens), this validation generates {max_new_tokens} "
+            f"(generation.max_new_tokens): realized speedups differ by the prompt's share of the time")
+
+
 def _label(rec: dict) -> str:
     point = "SD" if rec["max_divergence"] == 0 else f"{rec['divergence']}@{rec['max_divergence']:g}"
     return f"{rec['cell']}:{rec['drafter']} T{rec['temperature']:g} g{rec['gamma']} {point}"
@@ -136,8 +161,10 @@ def run(cfg: ValidateConfig, the_plan: Plan | None = None) -> dict:
     with torch_threads(ENGINE_THREADS):  # the thread count the ranking's cost ratios were measured at
         realized = realize_cells(p.cells, pool, prompts, max_new_tokens=g.max_new_tokens, seed=g.seed,
                                  top_k=sampling["top_k"], top_p=sampling["top_p"])
+    intervals = interval_settings(p.ranking, len(prompts))
     records = [cell_record(i, "recommendation" if i == 0 else "sample", row, real, top_k=sampling["top_k"],
-                           top_p=sampling["top_p"]) for i, (row, real) in enumerate(zip(p.cells, realized))]
+                           top_p=sampling["top_p"], interval_scale=intervals["scale"])
+               for i, (row, real) in enumerate(zip(p.cells, realized))]
     metrics = summarize(records)
     out = Path(cfg.output_dir)
     col = lambda key: [r[key] for r in records]  # noqa: E731
@@ -149,6 +176,7 @@ def run(cfg: ValidateConfig, the_plan: Plan | None = None) -> dict:
     summary = {"verdict": verdict(metrics), "metrics": metrics, "sampling": sampling,
                "md_solve": sorted({r["md_solve"] for r in records}),
                "generation": {"prompts": len(prompts), "max_new_tokens": g.max_new_tokens, "seed": g.seed},
+               "intervals": intervals,
                "ranking": {"ranking_dir": cfg.ranking.ranking_dir, "ranking_run_id": p.ranking.run_id},
                "cells": records}
     if cfg.humaneval.tasks > 0 and rank_cfg.data.source == "humaneval":
@@ -247,6 +275,9 @@ def main(config: str) -> int:
         print(f"mdboost validate: {err}", file=sys.stderr)
         return 2
     torch.manual_seed(cfg.generation.seed)
+    note = generation_length_note(the_plan.ranking, cfg.generation.max_new_tokens)
+    if note:
+        print(note, file=sys.stderr)
     summary = run(cfg, the_plan)
     print(format_table(summary["cells"]))
     if "humaneval" in summary:
@@ -256,5 +287,9 @@ def main(config: str) -> int:
     print(f"files: {summary['files']['validation_csv']}, {summary['files']['summary_json']}, {summary['files']['plot']}")
     if "run_id" in summary:
         print(f"mlflow run: {summary['run_id']}")
+    i = summary["intervals"]
+    if i["ranking_prompts"]:
+        print(f"intervals: the ranking's {i['level']:.0%} intervals over {i['ranking_prompts']} prompts, widened "
+              f"x{i['scale']:.2f} to predict the mean over these {i['validation_prompts']} prompts")
     print(summary["verdict"])
     return 0

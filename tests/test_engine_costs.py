@@ -38,8 +38,8 @@ def test_early_exit_drafts_on_the_target_cache():
     drafter = early_exit_model(target, 2)
     drafter.register_forward_pre_hook(lambda module, args, kwargs: calls.append(kwargs["input_ids"].shape[1]),
                                       with_kwargs=True)
-    result = measure_engine_cost(drafter, target, context_len=12, repeats=2, steps=1, warmup=0)
-    assert result.median > 0 and max(calls) <= 2  # pending tokens, then one token per draft
+    result = measure_engine_cost(drafter, target, context_len=12, repeats=2, steps=1, warmup=0, prefill_lengths=(1, 2))
+    assert result.median > 0 and max(calls) <= 2  # pending tokens, then one token per draft (prefill: 1-2 tokens)
 
 
 @pytest.mark.parametrize("context_len", [2, 16, 40])
@@ -104,16 +104,31 @@ def test_profile_of_known_forward_times():
     assert profile.to_dict()["unit"] == COST_UNIT and "1 threads" in profile.method
 
 
-def test_private_cache_drafter_prefill():
-    """A drafter with its own cache feeds the prompt itself: its slope is its per-token time over
-    the target's undrafted step (``5 / 30``); an early exit (shared cache) and prompt lookup have none."""
+def test_model_drafter_prefill():
+    """A model drafter feeds the prompt at its first proposal: its slope is its per-token time over
+    the target's undrafted step (``5 / 30``); prompt lookup has none."""
     target = per_token_sleepy(tiny_llama(seed=0), 0.02, 0.01)
     drafter = per_token_sleepy(tiny_llama(seed=1), 0.0, 0.005)
     result = measure_engine_cost(drafter, target, context_len=4, repeats=3, steps=1, warmup=0, prefill_lengths=(1, 9))
     assert result.prefill_per_token == pytest.approx(5 / 30, rel=0.25)
-    shared = tiny_llama(num_layers=4)
-    assert measure_engine_cost(early_exit_model(shared, 2), shared, context_len=4, repeats=1, steps=1).prefill_per_token == 0
     assert measure_engine_cost(NgramDrafter(2), tiny_llama(), context_len=4, repeats=1, steps=1).prefill_per_token == 0
+
+
+def test_early_exit_feeds_the_prompt_at_its_first_proposal():
+    """On the target's cache an early exit's first proposal runs its layers over the whole prompt
+    (what its prefill slope prices): the engine's first step with a drafter."""
+    from mdboost.engine import GenerationSettings, as_drafter, generate
+
+    target = tiny_llama(num_layers=4)
+    drafter = early_exit_model(target, 2)
+    calls = []
+    drafter.register_forward_pre_hook(lambda module, args, kwargs: calls.append(kwargs["input_ids"].shape[1]),
+                                      with_kwargs=True)
+    generate(target, torch.arange(1, 10)[None], GenerationSettings(max_new_tokens=4, gamma=2), drafter=as_drafter(drafter),
+             generator=torch.Generator().manual_seed(0))
+    assert calls[0] == 9 and max(calls[1:]) <= 2
+    slope = measure_engine_cost(drafter, target, context_len=4, repeats=3, steps=1, prefill_lengths=(1, 64)).prefill_per_token
+    assert slope > 0
 
 
 @pytest.mark.parametrize("kwargs, name", [

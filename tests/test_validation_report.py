@@ -113,3 +113,23 @@ def test_files_and_table(records, tmp_path):
     table = format_table(records).splitlines()
     assert len(table) == len(records) + 3 and len({len(line) for line in table[2:-1]}) == 1
     assert "speedup pred [90%]" in table[0]
+
+
+def test_predictive_intervals_widen_each_side_about_the_point():
+    """``interval_scale`` stretches ``[lo, hi]`` about the prediction: ``point -/+ scale (point - lo)``,
+    ``(hi - point)`` (asymmetric intervals stay asymmetric), and decides ``*_inside`` on the widened one."""
+    from mdboost.validation.calibration import predictive_scale
+
+    row = next(r for r in ranking_rows() if r["target"] == "t")
+    point, lo, hi = (float(row[k]) for k in ("predicted_speedup", "predicted_speedup_lo", "predicted_speedup_hi"))
+    outside = hi + 0.5 * (hi - point)  # outside the ranking's interval, inside it widened x2
+    plain = cell_record(1, "sample", row, _realized(outside, 0.5, 2.0))
+    wide = cell_record(1, "sample", row, _realized(outside, 0.5, 2.0), interval_scale=2.0)
+    assert plain["speedup_inside"] is False and wide["speedup_inside"] is True
+    assert wide["predicted_speedup_lo"] == pytest.approx(point - 2 * (point - lo))
+    assert wide["predicted_speedup_hi"] == pytest.approx(point + 2 * (hi - point))
+    assert predictive_scale(16, 10) == pytest.approx(math.sqrt(2.6))
+    with pytest.raises(ValueError, match="interval_scale"):
+        cell_record(1, "sample", row, _realized(1.0, 0.5, 2.0), interval_scale=0.5)
+    with pytest.raises(ValueError, match="new_prompts"):
+        predictive_scale(16, 0)

@@ -81,8 +81,9 @@ class PoolCacheSpec:
         The records cached (:class:`mdboost.data.TextSource`).
     target : str
         The pool target's spec; ``drafters``: the drafter specs (``early_exit:12``, ...).
-    temperature : float, > 0
-        Sampling temperature of continuations; its ``logsumexp`` is stored in every folder.
+    temperature : float, >= 0
+        Sampling temperature of continuations; its ``logsumexp`` is stored in every folder
+        (``0``: greedy continuations; the folders then store temperature 1's only).
     folders : FolderSettings
         The main folders' settings.
     acceptance_source : {"reference", "sampled"}
@@ -115,8 +116,8 @@ class PoolCacheSpec:
     def __post_init__(self):
         if self.acceptance_source not in ACCEPTANCE_SOURCES:
             raise ValueError(f"acceptance_source must be one of {ACCEPTANCE_SOURCES}, got {self.acceptance_source!r}")
-        if not self.temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature!r}")
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0 (0: greedy continuations), got {self.temperature!r}")
         object.__setattr__(self, "drafters", tuple(self.drafters))
         object.__setattr__(self, "temperature", float(self.temperature))
 

@@ -75,7 +75,7 @@ class PoolCache:
         return None if entry is None else [float(x) for x in entry["samples"]]
 
     def prefill_per_token(self, name: str) -> float:
-        """A drafter's own prefill cost per prompt token (0 without a private KV cache), or the
+        """A drafter's own prefill cost per prompt token (0 for prompt lookup), or the
         target's (from its profile; 0 when not measured)."""
         if name == self.target:
             profile = self.speed_profile_info(name)
@@ -112,12 +112,21 @@ class BuildInfo:
         return not (self.built or self.built_acceptance or self.sampled_continuations)
 
 
-def measure_speed_profile(target, gamma_max: int, context_len: int, repeats: int) -> dict:
+def _cost_settings(temperature: float):
+    """The steps costs are measured with: greedy at temperature 0 (the engine's greedy path),
+    else the engine's defaults (sampling at temperature 1; the step cost does not depend on it)."""
+    from mdboost.engine.settings import GenerationSettings
+
+    return GenerationSettings(temperature=0.0) if temperature == 0 else GenerationSettings()
+
+
+def measure_speed_profile(target, gamma_max: int, context_len: int, repeats: int, temperature: float = 1.0) -> dict:
     """The target's profile for the speed file: :func:`mdboost.engine.costs.measure_engine_profile`
     for ``K <= max(gamma_max, 8)`` at ``context_len`` / ``repeats``, one torch thread."""
     from mdboost.engine.costs import measure_engine_profile
 
-    return measure_engine_profile(target, max(gamma_max, 8), context_len=context_len, repeats=repeats).to_dict()
+    return measure_engine_profile(target, max(gamma_max, 8), context_len=context_len, repeats=repeats,
+                                  settings=_cost_settings(temperature)).to_dict()
 
 
 def store_settings(spec: PoolCacheSpec, acceptance: bool = False) -> StoreSettings:
@@ -125,7 +134,7 @@ def store_settings(spec: PoolCacheSpec, acceptance: bool = False) -> StoreSettin
     and the spec's temperature)."""
     folder = spec.settings(acceptance)
     return StoreSettings(k=folder.k, dtype=folder.dtype, keep_full=folder.full_logits,
-                         temperatures=(spec.temperature,), shard_size=folder.shard_size)
+                         temperatures=(spec.temperature,) if spec.temperature > 0 else (), shard_size=folder.shard_size)
 
 
 def sequence_settings(spec: PoolCacheSpec, source: str, max_new_tokens: int) -> SequenceSettings:
@@ -136,13 +145,14 @@ def sequence_settings(spec: PoolCacheSpec, source: str, max_new_tokens: int) -> 
                             max_new_tokens=max_new_tokens, sample_temperature=spec.temperature, seed=t.seed)
 
 
-def measure_member_cost(drafter, target, context_len: int, repeats: int):
+def measure_member_cost(drafter, target, context_len: int, repeats: int, temperature: float = 1.0):
     """A drafter's :class:`~mdboost.engine.costs.CostMeasurement` in the engine's own steps at
     one torch thread (:func:`mdboost.engine.costs.measure_engine_cost`; pool members)."""
     from mdboost.engine.costs import measure_engine_cost
 
     return measure_engine_cost(drafter.ngram if drafter.kind == "ngram" else drafter.model, target.model,
-                               context_len=context_len, repeats=repeats, threads=1)
+                               context_len=context_len, repeats=repeats, threads=1,
+                               settings=_cost_settings(temperature))
 
 
 class _Builder:
@@ -191,11 +201,11 @@ class _Builder:
         spec, measured = self.spec, False
         if store.profile is None:
             store.set_profile(measure_speed_profile(self.pool.target.model, spec.gamma_max, spec.cost_context,
-                                                    spec.cost_repeats))
+                                                    spec.cost_repeats, spec.temperature))
             measured = True
         for name in store.missing(drafters):
             store.set_drafter(name, measure_member_cost(self.pool[name], self.pool.target, spec.cost_context,
-                                                        spec.cost_repeats))
+                                                        spec.cost_repeats, spec.temperature))
             measured = True
         return measured
 

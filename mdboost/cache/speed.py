@@ -4,9 +4,10 @@ Costs are timings of this machine, not logits: they live in one JSON file per po
 machine setting, ``<dir>/speed-<key>.json`` (:func:`speed_path`), apart from the member folders,
 so measuring them again (a new unit, another machine) never touches a logit shard, and every
 temperature's folders share them (the engine's step costs do not depend on the sampling
-temperature). The key covers what the figures depend on: the target spec and device, the torch
+temperature, except greedy decoding: temperature 0 takes the engine's greedy path, with its own
+file). The key covers what the figures depend on: the target spec and device, the torch
 thread count and version, the measurement settings (prompt tokens, repeats, the largest draft
-length) and :data:`mdboost.engine.costs.COST_UNIT`. The file holds
+length), greedy or sampled, and :data:`mdboost.engine.costs.COST_UNIT`. The file holds
 
 - ``profile``: the target's :class:`~mdboost.engine.costs.EngineProfile` (``verify_cost``
   ``v(K)``, ``md_overhead`` ``s``, ``prefill_per_token``, samples, method);
@@ -35,8 +36,9 @@ def speed_path(spec) -> Path:
     from mdboost.cache.keys import fingerprint
     from mdboost.engine.costs import COST_UNIT, ENGINE_THREADS
 
-    key = fingerprint(FORMAT, COST_UNIT, spec.target, spec.device, spec.home, ENGINE_THREADS,
-                      torch.__version__.split("+")[0], spec.cost_context, spec.cost_repeats, max(spec.gamma_max, 8))
+    parts = [FORMAT, COST_UNIT, spec.target, spec.device, spec.home, ENGINE_THREADS, torch.__version__.split("+")[0],
+             spec.cost_context, spec.cost_repeats, max(spec.gamma_max, 8)]
+    key = fingerprint(*parts, *(["greedy"] if spec.temperature == 0 else []))
     return Path(spec.dir) / f"speed-{key}.json"
 
 

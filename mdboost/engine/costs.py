@@ -9,16 +9,19 @@ step's bookkeeping), which is what plain decoding pays per token.
 - :func:`measure_engine_cost`: a drafter's ``c`` = drafter seconds per draft token / ``T_ar``.
   A drafted step's drafter time holds the drafter's forwards *and* what the engine does per
   draft token (``logits_to_probs`` over the whole vocabulary, the draw, the Python loop, the
-  shared-KV layer view of an early exit, the one-hot ``p`` of prompt lookup). For a drafter
-  with a private KV cache it also measures the prefill cost per prompt token (below).
+  shared-KV layer view of an early exit, the one-hot ``p`` of prompt lookup). For a model
+  drafter it also measures the prefill cost per prompt token (below).
 - :func:`measure_engine_profile`: the target's side. ``v(K)`` = wall time of a step verifying
   ``K`` drafts, minus its drafter time, over ``T_ar`` (the ``K + 1``-token forward, ``q`` at
   ``K + 1`` positions, SD's verification, the rollback); ``s`` = the MD solve's extra time per
   solved position over ``T_ar`` (dense and one-hot drafts); the target's prefill cost per
   prompt token.
-- Prefill: the first step of a generation feeds the whole prompt. Its cost beyond an ordinary
-  step is ``beta (L - 1)`` for a prompt of ``L`` tokens, ``beta`` = the least-squares slope of
-  the model's forward time over prompt lengths :data:`PREFILL_LENGTHS`, in ``T_ar`` per token.
+- Prefill: the first step of a generation feeds the whole prompt to the target, and a model
+  drafter's first proposal feeds it to the drafter (a private KV cache keeps it; an early exit
+  drafting on the target's cache computes its layers for the prompt and gives the entries back,
+  so the target's verification feeds the prompt again). Each costs ``beta (L - 1)`` beyond an
+  ordinary step for a prompt of ``L`` tokens, ``beta`` = the least-squares slope of the model's
+  forward time over prompt lengths :data:`PREFILL_LENGTHS`, in ``T_ar`` per token.
 
 Each repeat is a fresh generation from the same prompt: after an untimed prefill it runs
 ``warmup + steps`` rounds, each an undrafted step and the drafted steps being measured,
@@ -45,7 +48,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mdboost.engine.drafting import DraftSession, Drafter, ModelDrafter, NgramAdapter, as_drafter, shares_layers
+from mdboost.engine.drafting import DraftSession, Drafter, ModelDrafter, NgramAdapter, as_drafter
 from mdboost.engine.generate import _State, _step, _Timer
 from mdboost.engine.kv import CachedLM
 from mdboost.engine.settings import GenerationSettings
@@ -54,7 +57,7 @@ from mdboost.engine.stats import GenerationStats
 PERIOD = 16  # tokens of the random block the prompt repeats (prompt lookup then always finds a match)
 PREFILL_LENGTHS = (1, 64, 128, 256)  # prompt lengths the prefill slope is fitted over
 # the unit and method of the figures below; stored measurements of another unit are measured again
-COST_UNIT = "engine-step-wall-v2"
+COST_UNIT = "engine-step-wall-v3"
 
 
 def _quantile(values, q: float) -> float:
@@ -83,7 +86,7 @@ class CostMeasurement:
         platform has none.
     prefill_per_token : float, default=0.0
         The drafter's own prefill cost per prompt token in ``T_ar`` (the module docstring); 0
-        for a drafter without a private KV cache (prompt lookup, a shared-KV early exit).
+        for prompt lookup (no model).
     """
 
     samples: list[float]
@@ -127,9 +130,10 @@ class EngineProfile:
         over repeats of each repeat's ratio; not forced to be monotone.
     verify_samples : list of list of float
         Per ``K``, the repeats' ratios.
-    md_overhead : dict
+    md_overhead : dict or None
         ``{"dense": s, "onehot": s}``: the MD solve's extra time per solved position over
-        ``T_ar`` (medians; a negative difference, timing noise, is reported as 0).
+        ``T_ar`` (medians; a negative difference, timing noise, is reported as 0); None at
+        temperature 0 (no MD).
     prefill_per_token : float
         The target's prefill cost per prompt token in ``T_ar``.
     step_seconds : float
@@ -230,12 +234,16 @@ class _Run:
         generator = torch.Generator(device=device).manual_seed(seed)
         self.args = (settings.sampling, settings.verify_args, generator, self.stats, self.timer)
         self.generator = generator
+        self.greedy = settings.temperature == 0 and not settings.lossy  # the engine's greedy path
 
     def step(self, limit: int, args=None) -> tuple[float, float]:
-        """One engine step drafting at most ``limit`` tokens: ``(wall seconds, drafter seconds)``."""
+        """One engine step drafting at most ``limit`` tokens: ``(wall seconds, drafter seconds)``.
+
+        ``args``: other ``(sampling, verify_args, generator, stats, timer)`` (an MD step), run on
+        the sampling path; default: the run's own settings (greedy at temperature 0, as the engine)."""
         before = self.stats.time_drafter
         start = self.timer.now()
-        _step(self.lm, self.session, self.state, limit, *(args or self.args))
+        _step(self.lm, self.session, self.state, limit, *(args or self.args), self.greedy and args is None)
         return self.timer.now() - start, self.stats.time_drafter - before
 
 
@@ -303,11 +311,6 @@ def _prefill_slope(model, target, prompt, settings, repeats: int, seed: int, len
     return max(0.0, float(statistics.median(slopes)))
 
 
-def private_cache(drafter: Drafter, target) -> bool:
-    """True when ``drafter`` drafts on a KV cache of its own (it then prefills the prompt itself)."""
-    return isinstance(drafter, ModelDrafter) and not (drafter.share_kv and shares_layers(drafter.model, target))
-
-
 def measure_engine_cost(
     drafter,
     target,
@@ -350,7 +353,7 @@ def measure_engine_cost(
     Returns
     -------
     CostMeasurement
-        With ``prefill_per_token`` for a drafter with a private KV cache (:func:`private_cache`).
+        With ``prefill_per_token`` for a model drafter (:class:`~mdboost.engine.drafting.ModelDrafter`).
     """
     settings = _check_common(context_len, repeats, steps, warmup, threads, settings)
     _check_lengths(prefill_lengths)
@@ -361,7 +364,7 @@ def measure_engine_cost(
         load_before, used = _load(), torch.get_num_threads()
         samples = [_repeat(target, drafter, prompt, settings, steps, warmup, seed + r) for r in range(repeats)]
         prefill = (_prefill_slope(drafter.model, target, prompt, settings, max(3, repeats // 3), seed,
-                                  prefill_lengths) if private_cache(drafter, target) else 0.0)
+                                  prefill_lengths) if isinstance(drafter, ModelDrafter) else 0.0)
         load_after = _load()
     method = (f"engine steps: {repeats} repeats (fresh generations), each {steps} interleaved pairs of a drafted "
               f"step (gamma {settings.gamma}, temperature {settings.temperature:g}) and an undrafted step after "
@@ -460,8 +463,9 @@ def measure_engine_profile(
     device = next(target.parameters()).device
     vocab = target.config.get_text_config().vocab_size
     prompt = _prompt(vocab, context_len, seed).to(device)
-    labels = [("v", k) for k in range(1, gamma_max + 1)] + [(m, kind) for kind in ("dense", "onehot")
-                                                             for m in ("sd", "md")]
+    greedy = sd.temperature == 0
+    labels = [("v", k) for k in range(1, gamma_max + 1)] + ([] if greedy else [
+        (m, kind) for kind in ("dense", "onehot") for m in ("sd", "md")])
     ratios = {label: [] for label in labels}
     walls = []
     with torch_threads(threads):
@@ -491,10 +495,13 @@ def measure_engine_profile(
         prefill = _prefill_slope(target, target, prompt, sd, max(3, repeats // 3), seed, prefill_lengths)
         load_after = _load()
     med = {label: float(statistics.median(x)) for label, x in ratios.items()}
-    overhead = {kind: max(0.0, (med[("md", kind)] - med[("sd", kind)]) / md_draft_len) for kind in ("dense", "onehot")}
-    method = (f"engine steps: {repeats} repeats (fresh generations), each {steps} rounds after {warmup} warm-up of an "
-              f"undrafted step and steps verifying 1..{gamma_max} fixed random drafts (SD), and {md_draft_len} drafts "
-              f"with MD ({divergence} <= {max_divergence:g}, every position solved) vs SD, dense and one-hot; wall "
+    overhead = None if greedy else {kind: max(0.0, (med[("md", kind)] - med[("sd", kind)]) / md_draft_len)
+                                    for kind in ("dense", "onehot")}
+    md_part = "" if greedy else (f", and {md_draft_len} drafts with MD ({divergence} <= {max_divergence:g}, every "
+                                 f"position solved) vs SD, dense and one-hot")
+    method = (f"engine steps{' (greedy path, temperature 0)' if greedy else ''}: {repeats} repeats (fresh "
+              f"generations), each {steps} rounds after {warmup} warm-up of an undrafted step and steps verifying "
+              f"1..{gamma_max} fixed random drafts (SD){md_part}; wall "
               f"time over the undrafted step's, prompt {context_len} tokens, prefill slope over prompts of "
               f"{list(prefill_lengths)} tokens; {device.type}, {used} threads, 1-min load "
               f"{load_before:.2f} -> {load_after:.2f}")

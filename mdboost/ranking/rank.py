@@ -66,7 +66,7 @@ class PairSide:
     (1 for the target); ``cost_samples``: its repeated measurements on the same scale, when known
     (the speedup intervals then carry their spread, :mod:`mdboost.ranking.uncertainty`);
     ``prefill_per_token``: as a drafter, its own prefill cost per prompt token on that scale (0
-    without a private KV cache; ``docs/theory.md``, "Speed model for ranking").
+    for prompt lookup; ``docs/theory.md``, "Speed model for ranking").
     """
 
     name: str
@@ -118,8 +118,11 @@ class ScoreSettings:
     budgets : budgets ``max_divergence >= 0``; each divergence is crossed with each budget.
     mode : {"exact", "bound"}
         :func:`~mdboost.ranking.acceptance.md_operating_points`'s solve.
-    temperature : float, > 0
-        Temperature of the cached distributions (boosted NLL).
+    temperature : float, >= 0
+        Sampling temperature the predictions are for. ``0`` is greedy decoding: the acceptance
+        side is the argmax match (one-hot rows, :func:`mdboost.ranking.rows.member_rows`), MD
+        equals SD there, so ``budgets`` must be ``(0,)``; the quality and boosting columns
+        then use the distributions at temperature 1 (:attr:`quality_temperature`).
     gamma_min, gamma_max : the draft lengths searched for the best gamma.
     md_solve : one of :data:`mdboost.md.verify.SOLVE`, default: the engine's default
         Where the engine solves MD (the speed model's solved-position count):
@@ -151,7 +154,9 @@ class ScoreSettings:
              f"names of {list(GENERATORS)}"),
             (bool(self.budgets) and all(b >= 0 for b in self.budgets), "budgets", ">= 0"),
             (self.mode in MD_MODES, "mode", f"one of {MD_MODES}"),
-            (self.temperature > 0, "temperature", "> 0"),
+            (self.temperature >= 0, "temperature", ">= 0"),
+            (self.temperature > 0 or set(self.budgets) == {0.0}, "budgets",
+             "(0,) at temperature 0 (greedy decoding is deterministic: only lossless SD is ranked)"),
             (1 <= self.gamma_min <= self.gamma_max, "gamma_min/gamma_max", "1 <= gamma_min <= gamma_max"),
             (self.md_solve in SOLVE, "md_solve", f"one of {SOLVE}"),
             (self.n_estimators >= 2, "n_estimators", ">= 2"),
@@ -172,6 +177,11 @@ class ScoreSettings:
     def gammas(self) -> range:
         return range(self.gamma_min, self.gamma_max + 1)
 
+    @property
+    def quality_temperature(self) -> float:
+        """The temperature of the quality and boosting side: ``temperature``, or 1 for greedy."""
+        return self.temperature if self.temperature > 0 else 1.0
+
 
 def _mean(x: torch.Tensor) -> float:
     return float(x.double().mean())
@@ -184,7 +194,7 @@ def _pair_stats(pair: PairRows, aligned: Aligned, acc: PairRows, acc_aligned: Al
     eps, rho = pair_diagnostics(acc_aligned.p, acc_aligned.q, mask=acc_aligned.kept)
     boost = boost_target_first(target.hypothesis, draft.hypothesis, pair.positions, pair.labels,
                                n_rounds=settings.n_estimators, thetas=settings.thetas)
-    t = settings.temperature
+    t = settings.quality_temperature
     nll_b = quality.nll_boosted(aligned, draft.rows, target.rows, boost.c_target, boost.c_drafter, t)
     scale, nll_scaled = quality.best_boosted_scale(aligned, draft.rows, target.rows, boost.c_target,
                                                    boost.c_drafter, t)
@@ -269,7 +279,8 @@ def score_pair(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | Non
     return PairScore(pair.draft.name, pair.target.name,
                      acceptance_source or ("reference" if acceptance is None else "sampled"), stats, sd.numpy(),
                      sd_iid, None if process is None else process[0], tuple(points), s.temperature,
-                     tuple(s.gammas), s.md_solve, _bootstrap_info(s.bootstrap, acc.layout))
+                     tuple(s.gammas), s.md_solve, _bootstrap_info(s.bootstrap, acc.layout),
+                     (profile.prefill_per_token, acc.draft.prefill_per_token))
 
 
 PLAIN_SD = "none"  # the divergence column of budget-0 points: plain SD, the same for every f

@@ -27,7 +27,7 @@ COLUMNS = [
     "nll_target", "nll_drafter", "nll_mentored", "nll_boosted", "beats_target", "quality_ok",
     "md_acceptance_q10", "md_acceptance_median", "md_acceptance_q90", "achieved_divergence",
     "sd_best_gamma", "sd_speedup", "engine_acceptance_conditional", "sd_engine_acceptance", "best_gamma_iid", "predicted_speedup_iid", "sd_best_gamma_iid",
-    "sd_speedup_iid", "verify_cost", "md_overhead", "proposal_rate", "tail_mass", "n_positions", "acceptance_source",
+    "sd_speedup_iid", "verify_cost", "md_overhead", "prefill_target", "prefill_drafter", "proposal_rate", "tail_mass", "n_positions", "acceptance_source",
     "acceptance_positions",
     "c_target", "c_drafter", "nll_boosted_rescaled", "boosted_scale", "margin_median", "eps_pq_q10", "eps_pq_q90", "rho_pq_q10", "rho_pq_q90", "k_q90",
 ]

@@ -43,24 +43,38 @@ def speed_profile(pc: PoolCache, drafter: str, target: str) -> SpeedProfile:
     if info is None:
         return SpeedProfile()
     kind = "onehot" if pc.kind(drafter) == "ngram" else "dense"
-    return SpeedProfile(tuple(info["verify_cost"]), float(info["md_overhead"][kind]), float(info["prefill_per_token"]))
+    overhead = 0.0 if info["md_overhead"] is None else float(info["md_overhead"][kind])  # None: greedy, no MD
+    return SpeedProfile(tuple(info["verify_cost"]), overhead, float(info["prefill_per_token"]))
 
 
 def member_rows(cache, name: str, temperature: float) -> tuple[MemberRows, object]:
-    """``(MemberRows, boosting hypothesis)`` of one member over all cache rows."""
+    """``(MemberRows, boosting hypothesis)`` of one member over all cache rows.
+
+    ``temperature`` 0 is greedy decoding: each row is one-hot on the member's argmax (the first
+    of its stored top-k, computed from the float32 logits), so ``log p`` is 0 there and
+    ``-inf`` elsewhere, and ``true_logp`` is 0 where the text token is the argmax.
+    """
     true = cache.true_tokens()
     vocab = cache.vocab_size
     if cache.kind(name) == "ngram":
         props = cache.ngram_proposals(name)[:, 0]
         return rows_from_proposals(props, true), ProposalHypothesis(props.numpy(), vocab, name=name)
     ids, logits = cache.topk(name)
-    lse = cache.logsumexp(name, temperature=temperature).double()
-    logp = logits.double() / temperature - lse[:, None]
-    tail = (1 - logp.exp().sum(-1)).clamp_min(0.0)
     true_logit = cache.true_logit(name).double()
     full = cache.full_logits(name).double() if cache.manifest["keep_full"] else None
-    full_logp = torch.log_softmax(full / temperature, dim=-1) if full is not None else None
-    rows = MemberRows(ids, logp, tail, true_logit / temperature - lse, torch.ones(len(true), dtype=torch.bool), full_logp)
+    valid = torch.ones(len(true), dtype=torch.bool)
+    if temperature == 0:
+        logp = torch.full(ids.shape, -torch.inf, dtype=torch.float64)
+        logp[:, 0] = 0.0
+        true_logp = torch.where(ids[:, 0] == true, 0.0, -torch.inf).double()
+        full_logp = None if full is None else torch.log(torch.nn.functional.one_hot(ids[:, 0], full.shape[-1]).double())
+        rows = MemberRows(ids, logp, torch.zeros(len(true), dtype=torch.float64), true_logp, valid, full_logp)
+    else:
+        lse = cache.logsumexp(name, temperature=temperature).double()
+        logp = logits.double() / temperature - lse[:, None]
+        tail = (1 - logp.exp().sum(-1)).clamp_min(0.0)
+        full_logp = torch.log_softmax(full / temperature, dim=-1) if full is not None else None
+        rows = MemberRows(ids, logp, tail, true_logit / temperature - lse, valid, full_logp)
     hyp = CachedLogitsHypothesis(true.numpy(), true_logit.numpy(), cache.logit_sum(name).double().numpy(), vocab,
                                  topk_ids=ids.numpy(), topk_logits=logits.double().numpy(),
                                  full_logits=None if full is None else full.numpy(), name=name)

@@ -116,7 +116,8 @@ class PairScore:
     speed choice (i.i.d. model, draft-start process or None); ``points``: one per operating
     point, divergences outer, budgets inner (budget 0 once); ``temperature``, ``gammas`` and
     ``md_solve``: what the predictions are for; ``bootstrap``: how the intervals were made
-    (prompts, resamples, level, seed).
+    (prompts, resamples, level, seed); ``prefill``: the speed model's ``(beta_t, beta_d)``, the
+    target's and the drafter's prefill cost per prompt token (``docs/theory.md`` section 8).
     """
 
     drafter: str
@@ -131,6 +132,7 @@ class PairScore:
     gammas: tuple = ()
     md_solve: str = "needed"
     bootstrap: dict | None = None
+    prefill: tuple = (0.0, 0.0)
 
     @property
     def margins(self) -> np.ndarray:  # [N]
@@ -168,6 +170,7 @@ def _pair_columns(score: PairScore) -> dict:
         **(s.greedy or {}),
         "acceptance_source": score.acceptance_source,
         "sd_best_gamma_iid": int(score.sd_iid.gamma), "sd_speedup_iid": float(score.sd_iid.speedup),
+        "prefill_target": float(score.prefill[0]), "prefill_drafter": float(score.prefill[1]),
     }
     if score.sd_process is not None:
         columns["sd_engine_acceptance"] = score.sd_process.at_best("acceptance")

@@ -28,7 +28,7 @@ and emits ``E_tokens(alpha, gamma) = (1 - alpha^(gamma+1)) / (1 - alpha)`` token
 
 :func:`process_speedup` is the ranking's figure: the same costs summed over the steps the
 draft-start process expects on whole generations, plus the prefill of each generation (the
-target's, and a private-cache drafter's own), so it predicts what a run of the engine measures
+target's, and a model drafter's own), so it predicts what a run of the engine measures
 (new tokens over wall time, prompt included).
 
 With ``v = 1`` and ``s = 0`` :func:`walltime_speedup` is exactly
@@ -253,7 +253,8 @@ def process_speedup(tokens, draft_tokens, steps_by_draft_len, cost_ratio, *, ver
     where plain decoding takes ``tokens`` steps and ``prefill`` more (the target's first step
     feeds the prompt: ``beta_t (L - 1)`` beyond an ordinary step for a prompt of ``L`` tokens,
     the same for speculative decoding, whose first verification feeds it), and a drafter with a
-    private KV cache feeds the prompt once more (``drafter_prefill = beta_d (L - 1)``).
+    model drafter feeds the prompt once more at its first proposal (``drafter_prefill =
+    beta_d (L - 1)``; prompt lookup: 0).
 
     Parameters
     ----------

@@ -9,6 +9,10 @@ predicted interval ``[lo, hi]`` and the realized value:
 - **regret of the pick**: ``1 - realized[pick] / max(realized)``, with ``pick`` the cell with the
   largest predicted value: 0 when the predicted-best cell is also the realized best among the
   validated cells, 0.2 when it realizes 20% less than the best one.
+
+The ranking's intervals are for the expected value over prompts like its ``n`` cached ones; a
+validation realizes the mean over ``m`` other prompts, which varies by itself.
+:func:`predictive_scale` is the factor that turns the first into an interval for the second.
 """
 
 from __future__ import annotations
@@ -38,6 +42,25 @@ def coverage(realized, lo, hi) -> float:
     if np.isnan(r).any():
         raise ValueError(f"realized must be finite, got {r.tolist()}")
     return float(np.mean((a <= r) & (r <= b)))
+
+
+def predictive_scale(fit_prompts: int, new_prompts: int) -> float:
+    """``sqrt(1 + n / m)``: widen an interval for a mean over prompts, estimated from ``n`` prompts,
+    into one for the mean over ``m`` new prompts.
+
+    A mean over prompts with per-prompt spread ``sigma`` is estimated with standard error
+    ``sigma / sqrt(n)``; the mean over ``m`` new prompts differs from the expected value by a
+    further ``sigma / sqrt(m)``, independently, so the predictive half-width is
+    ``z sigma sqrt(1/n + 1/m)`` = the interval's ``z sigma / sqrt(n)`` times ``sqrt(1 + n/m)``
+    (normal approximation; applied to each side of the interval about its point).
+
+    >>> predictive_scale(16, 16) == 2 ** 0.5
+    True
+    """
+    for name, value in (("fit_prompts", fit_prompts), ("new_prompts", new_prompts)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return float(np.sqrt(1 + fit_prompts / new_prompts))
 
 
 def regret(predicted, realized) -> float:

@@ -46,12 +46,17 @@ def heldout_prompts(text: TextSource, tokenizer, n: int) -> tuple[list[dict], li
     return records, [encode_prompt(tokenizer, r["prompt"], text.chat_template) for r in records]
 
 
-def model_speedup(row: dict, alpha: float, md_solve: str) -> float:
+def model_speedup(row: dict, alpha: float, md_solve: str, *, new_tokens: float = 0.0, prompt_tokens: float = 0.0) -> float:
     """The ranking's i.i.d. speed model at the row's ``gamma`` and costs, evaluated at acceptance
     ``alpha`` (a realized one): separates the speed model's error from the acceptance
-    prediction's (``docs/theory.md``, "Speed model for ranking"). Rows of older rankings without
-    ``verify_cost`` / ``md_overhead`` columns use 1 and 0; NaN without ``sd_acceptance`` where
-    ``md_solve="needed"`` needs it."""
+    prediction's (``docs/theory.md``, "Speed model for ranking").
+
+    With ``new_tokens`` (``N``, summed over the run's generations) and ``prompt_tokens`` (``F``,
+    their prompt tokens beyond one each) the run's prefill is added as the ranking adds it:
+    ``(N + beta_t F) / (N / S + (beta_t + beta_d) F)``, ``S`` the steady-state speedup and the
+    betas the row's ``prefill_target`` / ``prefill_drafter``. Rows of older rankings without
+    ``verify_cost`` / ``md_overhead`` / prefill columns use 1, 0 and 0; NaN without
+    ``sd_acceptance`` where ``md_solve="needed"`` needs it."""
     from mdboost.ranking.speed import walltime_speedup
 
     if not 0 <= alpha <= 1:
@@ -59,10 +64,15 @@ def model_speedup(row: dict, alpha: float, md_solve: str) -> float:
     sd_acceptance = _float_or_nan(row.get("sd_acceptance"))
     if md_solve == "needed" and not math.isfinite(sd_acceptance):
         return float("nan")
-    return float(walltime_speedup(alpha, int(float(row["gamma"])), float(row["cost_ratio"]),
-                                  verify_cost=float(row.get("verify_cost") or 1.0),
-                                  md_overhead=float(row.get("md_overhead") or 0.0), md_solve=md_solve,
-                                  sd_acceptance=sd_acceptance))
+    steady = float(walltime_speedup(alpha, int(float(row["gamma"])), float(row["cost_ratio"]),
+                                    verify_cost=float(row.get("verify_cost") or 1.0),
+                                    md_overhead=float(row.get("md_overhead") or 0.0), md_solve=md_solve,
+                                    sd_acceptance=sd_acceptance))
+    if not new_tokens:
+        return steady
+    beta_t, beta_d = (_float_or_nan(row.get(k)) for k in ("prefill_target", "prefill_drafter"))
+    beta_t, beta_d = (b if math.isfinite(b) else 0.0 for b in (beta_t, beta_d))
+    return (new_tokens + beta_t * prompt_tokens) / (new_tokens / steady + (beta_t + beta_d) * prompt_tokens)
 
 
 def _cell_modes(row: dict, pool) -> dict:
@@ -115,7 +125,8 @@ def realize_cells(rows: list[dict], pool, prompts, *, max_new_tokens: int = 64, 
             alpha = m["realized_acceptance"] if math.isnan(m["expected_acceptance"]) else m["expected_acceptance"]
             budget = float(rows[i]["max_divergence"])
             m["model_speedup_at_realized_acceptance"] = model_speedup(
-                rows[i], alpha, rows[i]["md_solve"] if budget > 0 else "reached")
+                rows[i], alpha, rows[i]["md_solve"] if budget > 0 else "reached", new_tokens=m["num_new_tokens"],
+                prompt_tokens=float(sum(max(p.numel() - 1, 0) for p in prompts)))
             out[i] = m
     return out
 

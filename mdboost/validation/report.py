@@ -65,7 +65,13 @@ def _inside(value: float, lo: float, hi: float) -> bool | None:
     return bool(lo <= value <= hi)
 
 
-def cell_record(index: int, role: str, row: dict, realized: dict, *, top_k=None, top_p=None) -> dict:
+def _widen(point: float, lo: float, hi: float, scale: float) -> tuple[float, float]:
+    """``[lo, hi]`` widened by ``scale`` on each side of ``point`` (NaN stays NaN)."""
+    return point - scale * (point - lo), point + scale * (hi - point)
+
+
+def cell_record(index: int, role: str, row: dict, realized: dict, *, top_k=None, top_p=None,
+                interval_scale: float = 1.0) -> dict:
     """One validated cell: the ranking row's predictions next to the realized numbers.
 
     Parameters
@@ -80,12 +86,18 @@ def cell_record(index: int, role: str, row: dict, realized: dict, *, top_k=None,
         The row's entry of :func:`mdboost.validation.points.realize_cells`.
     top_k, top_p : int or None, float or None
         The sampling settings the cell ran with (the ranking's).
+    interval_scale : float, default=1.0
+        Every predicted interval is widened by this factor on each side of its point (``>= 1``;
+        :func:`~mdboost.validation.calibration.predictive_scale`: the ranking's interval for
+        the expected value becomes one for a run over the validation's prompts).
 
     Returns
     -------
     dict
         The fields of :data:`COLUMNS`; a missing interval has NaN bounds and ``*_inside`` None.
     """
+    if not interval_scale >= 1:
+        raise ValueError(f"interval_scale must be >= 1, got {interval_scale!r}")
     acc, from_process = predicted_acceptance(row)
     acc_lo, acc_hi = ((csv_float(row.get("engine_acceptance_lo")), csv_float(row.get("engine_acceptance_hi")))
                       if from_process else (math.nan, math.nan))
@@ -111,6 +123,7 @@ def cell_record(index: int, role: str, row: dict, realized: dict, *, top_k=None,
                 "num_budget_accepted", "nll_target_outputs", "nll_target_ar_outputs"):
         rec[key] = float(realized[key])
     for figure, (pred, real) in FIGURES.items():
+        rec[f"{pred}_lo"], rec[f"{pred}_hi"] = _widen(rec[pred], rec[f"{pred}_lo"], rec[f"{pred}_hi"], interval_scale)
         rec[f"{figure}_inside"] = _inside(rec[real], rec[f"{pred}_lo"], rec[f"{pred}_hi"])
     return rec
 
