@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from .manifest import TOKENS, CacheCorruptionError, lse_key, read_manifest, shard_name, verify_shards
+from .manifest import TOKENS, CacheCorruptionError, check_layout, lse_key, read_manifest, shard_name, verify_shards
 
 TAILS = ("drop", "uniform", "full")
 
@@ -63,7 +63,13 @@ class LogitCache:
 
     @classmethod
     def open(cls, out_dir: str | os.PathLike, verify: bool = True) -> "LogitCache":
-        """Open ``out_dir``; with ``verify`` every shard's SHA-256 is checked first."""
+        """Open ``out_dir``; with ``verify`` every shard's SHA-256 is checked first.
+
+        Always checked: the manifest (valid JSON, its own checksum) and its layout against the
+        token file (:func:`~mdboost.cache.manifest.check_layout`); shards are checked again for
+        their row counts and widths when read. Anything off raises
+        :class:`~mdboost.cache.manifest.CacheCorruptionError` naming the file.
+        """
         out_dir = Path(out_dir)
         manifest = read_manifest(out_dir)
         if not manifest.get("complete"):
@@ -71,7 +77,9 @@ class LogitCache:
         bad = verify_shards(out_dir, manifest) if verify else []
         if bad:
             raise CacheCorruptionError(f"corrupted or missing cache shards in {out_dir}: {bad}; rebuild with build_cache")
-        return cls(out_dir, manifest, load_file(str(out_dir / TOKENS)))
+        tokens = _load(out_dir / TOKENS)
+        check_layout(out_dir, manifest, tokens)
+        return cls(out_dir, manifest, tokens)
 
     # ---- layout -------------------------------------------------------------------------
     @property
@@ -229,16 +237,39 @@ class LogitCache:
     def _get(self, member: str, key: str, rows):
         self._info(member)
         if (member, key) not in self._data:
-            count = -(-self.num_sequences // self.manifest["shard_size"])
+            size = self.manifest["shard_size"]
+            count = -(-self.num_sequences // size)
+            offsets = self._tokens["row_offsets"]
             parts = []
             for index in range(count):
-                shard = load_file(str(self.out_dir / shard_name(member, index)))
+                path = self.out_dir / shard_name(member, index)
+                shard = _load(path)
                 if key not in shard:
                     raise ValueError(f"member {member!r} has no {key!r} in this cache")
+                rows_in = int(offsets[min((index + 1) * size, self.num_sequences)] - offsets[index * size])
+                self._check_shape(path, key, shard[key], rows_in)
                 parts.append(shard[key])
             self._data[member, key] = torch.cat(parts)
         data = self._data[member, key]
         return data if rows is None else data[_as_index(rows, self.num_rows)]
+
+    def _check_shape(self, path: Path, key: str, tensor: torch.Tensor, rows: int) -> None:
+        """A shard tensor must hold its sequences' rows and the manifest's widths."""
+        width = {"topk_ids": min(self.k, self.vocab_size), "topk_logits": min(self.k, self.vocab_size),
+                 "full_logits": self.vocab_size, "proposals": self.manifest.get("ngram_lookahead")}.get(key)
+        shape = tuple(tensor.shape)
+        if shape[:1] != (rows,) or (width is not None and shape[1:] != (width,)):
+            want = (rows,) if width is None else (rows, width)
+            raise CacheCorruptionError(f"{path} holds {key!r} of shape {shape}, the manifest implies {want}; "
+                                       "rebuild the cache")
+
+
+def _load(path: Path) -> dict:
+    """A safetensors file's tensors; a missing or unreadable file is a :class:`CacheCorruptionError`."""
+    try:
+        return load_file(str(path))
+    except Exception as err:  # a missing file (OSError) or safetensors' own SafetensorError
+        raise CacheCorruptionError(f"cannot read {path} ({type(err).__name__}: {err}); rebuild the cache") from None
 
 
 def _as_index(rows, total: int):
