@@ -327,6 +327,7 @@ def _prepare_folder(out_dir: Path, config: dict, run: RunOptions) -> dict | None
     keep (:func:`~mdboost.cache.manifest.trusted_digest`), or None when the folder is already a
     finished, verified cache of ``config``. Called while holding the folder's lock."""
     trusted = {}
+    remove_stale_temps(out_dir)  # left by a killed writer (we hold the lock: no writer is live)
     if (out_dir / MANIFEST).is_file():
         try:
             old = read_manifest(out_dir)
@@ -344,7 +345,6 @@ def _prepare_folder(out_dir: Path, config: dict, run: RunOptions) -> dict | None
                                  "pass run=RunOptions(overwrite=True)")
             shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(out_dir)  # left by a killed build (we hold the lock: no writer is live)
     write_manifest(out_dir, config)
     return trusted
 

@@ -24,14 +24,13 @@ the main folders' manifests (:meth:`PoolCache.cost_ratio`, the samples
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from mdboost.cache.keys import PoolCacheSpec
-from mdboost.cache.manifest import finished_digest, read_manifest, write_manifest
+from mdboost.cache.manifest import CacheCorruptionError, finished_digest, read_manifest, write_manifest
 from mdboost.cache.reader import LogitCache
 from mdboost.cache.settings import RunOptions, SequenceSettings, StoreSettings
 
@@ -203,7 +202,10 @@ def folder_complete(spec: PoolCacheSpec, member: str, acceptance: bool = False) 
     manifest = spec.member_dir(member, acceptance) / "manifest.json"
     if not manifest.is_file():
         return False
-    info = json.loads(manifest.read_text())
+    try:
+        info = read_manifest(manifest.parent)
+    except CacheCorruptionError:  # damaged or edited: build_cache starts it over
+        return False
     settings = spec.settings(acceptance)
     if settings.sampled:
         digest = finished_digest(spec.continuations_path(settings.max_new_tokens))
