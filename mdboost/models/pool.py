@@ -3,7 +3,10 @@
 Drafter specs: ``early_exit:N``, ``tuned:N``, ``int8``, ``ngram:N`` (see
 :mod:`mdboost.models.drafters` and :mod:`mdboost.models.ngram`) or another model name / path.
 Every member records a vocabulary fingerprint; a drafter/target pair with different
-vocabularies is refused (no silent mis-mapping of token ids). Cost ratios ``c`` (drafter
+vocabularies is refused (no silent mis-mapping of token ids). Members loaded from a local
+folder, a file or the hub also record their weights' content id
+(:func:`mdboost.models.identity.weights_id`, ``info["weights"]``), which keys their caches
+and the target's stored tuned lenses (:func:`tuned_store`). Cost ratios ``c`` (drafter
 step time / target step time, the speed model of
 ``docs/theory.md``, "Speed model for ranking") are measured by
 :func:`mdboost.models.cost.measure_cost_ratio`.
@@ -21,6 +24,7 @@ from .convert import SMOLLM2_ALIAS, ensure_smollm2
 from .cost import measure_cost_ratio
 from .drafters import early_exit_model, int8_model, tuned_translators
 from .home import models_dir
+from .identity import weights_id
 from .loading import load_model, resolve_device
 from .ngram import NgramDrafter
 
@@ -151,15 +155,31 @@ def row_revision(spec: str) -> str | None:
     return ROW_REVISIONS.get(parse_drafter(spec)[0])
 
 
-def _tuned_store(target_name: str, home) -> str | None:
+def tuned_store(target_name: str, home=None) -> str | None:
+    """Where the ``tuned`` translators of a target are stored, keyed on its weights' content.
+
+    None for ``tiny`` (random tiny models: fitting is instant, nothing worth storing); the
+    converted folder for ``smollm2-135m`` (converted again, without them, when its source
+    changes); else ``<home>/models/tuned/<slug>[-<id>]``, ``<id>`` the first 16 hex digits of
+    the SHA-256 of :func:`mdboost.models.identity.weights_id` (no suffix when that is None).
+    """
     if target_name.startswith("tiny"):
-        return None  # random tiny models: fitting is instant, nothing worth storing
+        return None
     if target_name.lower() == SMOLLM2_ALIAS:
         return str(ensure_smollm2(home))
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", target_name.strip("/"))
+    content = weights_id(target_name, home)
+    if content is not None:
+        slug += "-" + hashlib.sha256(content.encode()).hexdigest()[:16]
     path = models_dir(home) / "tuned" / slug
     path.mkdir(parents=True, exist_ok=True)
     return str(path)
+
+
+def _weights_info(name: str, home) -> dict:
+    """``{"weights": <content id>}`` for manifests, empty where the id is None (names unchanged)."""
+    content = weights_id(name, home)
+    return {} if content is None else {"weights": content}
 
 
 def build_pool(
@@ -192,7 +212,8 @@ def build_pool(
     device = resolve_device(device)
     model, tokenizer = load_model(target, device=device, dtype=dtype, home=home)
     fingerprint = vocab_fingerprint(tokenizer, model)
-    target_member = PoolMember(target, "hf", model, None, tokenizer, fingerprint, 1.0, "target (reference)", target)
+    target_member = PoolMember(target, "hf", model, None, tokenizer, fingerprint, 1.0, "target (reference)", target,
+                               _weights_info(target, home))
     parsed = [(spec, *parse_drafter(spec)) for spec in drafters]
     tuned_depths = sorted({n for _, kind, n in parsed if kind == "tuned"})
     translators = {}
@@ -200,7 +221,7 @@ def build_pool(
         from mdboost.data import fit_sequences
 
         translators = tuned_translators(model, tuned_depths, lambda: fit_sequences(tokenizer, fit_source),
-                                        store=_tuned_store(target, home), max_positions=fit_positions)
+                                        store=tuned_store(target, home), max_positions=fit_positions)
     members = []
     for spec, kind, n in parsed:
         model_id = f"{target}#{spec}"
@@ -215,7 +236,8 @@ def build_pool(
             member = PoolMember(spec, kind, int8_model(model), None, tokenizer, fingerprint, model_id=model_id)
         else:
             other, other_tok = load_model(spec, device=device, dtype=dtype, home=home)
-            member = PoolMember(spec, "hf", other, None, other_tok, vocab_fingerprint(other_tok, other), model_id=spec)
+            member = PoolMember(spec, "hf", other, None, other_tok, vocab_fingerprint(other_tok, other), model_id=spec,
+                                info=_weights_info(spec, home))
             Pool.check_compatible(member, target_member)
         members.append(member)
     recipe = {"target": target, "device": str(device), "home": None if home is None else str(home),
