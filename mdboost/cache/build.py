@@ -39,7 +39,7 @@ from .manifest import (FORMAT, MANIFEST, TOKENS, CacheCorruptionError, atomic_sa
                        shard_name, trusted_digest, verify_shards, write_manifest)
 from .settings import DTYPES, SOURCES, RunOptions, SequenceSettings, StoreSettings
 
-__all__ = ["build_cache", "sample_sequences", "build_sequences", "split_sequences", "member_logits", "compute_shard",
+__all__ = ["build_cache", "sample_sequences", "joblib_backends", "build_sequences", "split_sequences", "member_logits", "compute_shard",
            "sample_continuation", "DTYPES", "SOURCES"]
 _WORKER_MEMBERS: dict = {}
 
@@ -58,6 +58,13 @@ def sample_continuation(model, prompt: torch.Tensor, max_new_tokens: int, temper
     settings = GenerationSettings(max_new_tokens=max_new_tokens, temperature=temperature, eos_token_id=eos_token_id)
     out = generate(model, prompt.to(device)[None], settings, generator=generator)
     return out.sequences[0, prompt.numel(): prompt.numel() + int(out.num_new_tokens[0])].cpu()
+
+
+def joblib_backends() -> tuple[str, ...]:
+    """The joblib backend names a build can run on (registered ones and ``"dask"``, loaded on demand)."""
+    from joblib.parallel import BACKENDS, EXTERNAL_BACKENDS
+
+    return tuple(sorted({*BACKENDS, *EXTERNAL_BACKENDS}))
 
 
 def _record_seed(seed: int, record_id: str) -> int:

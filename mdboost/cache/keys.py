@@ -123,6 +123,10 @@ class PoolCacheSpec:
             raise ValueError(f"acceptance_source must be one of {ACCEPTANCE_SOURCES}, got {self.acceptance_source!r}")
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature!r}")
+        from mdboost.cache.build import joblib_backends
+
+        if self.backend not in joblib_backends():  # checked even when n_jobs = 1 never uses it
+            raise ValueError(f"backend must be one of {joblib_backends()}, got {self.backend!r}")
         object.__setattr__(self, "drafters", tuple(self.drafters))
         object.__setattr__(self, "temperature", float(self.temperature))
 

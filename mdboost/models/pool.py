@@ -19,13 +19,14 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .convert import SMOLLM2_ALIAS, ensure_smollm2
 from .cost import measure_cost_ratio
 from .drafters import early_exit_model, int8_model, tuned_translators
 from .home import models_dir
 from .identity import weights_id
-from .loading import load_model, resolve_device
+from .loading import check_model_source, load_model, resolve_device
 from .ngram import NgramDrafter
 
 KINDS = ("hf", "early_exit", "tuned", "int8", "ngram")
@@ -143,6 +144,42 @@ def parse_drafter(spec: str) -> tuple[str, int | None]:
     if match.group(3):
         return "int8", None
     return match.group(1), int(match.group(2))
+
+
+def target_depth(target: str, home=None) -> int | None:
+    """The target's number of decoder layers, read without loading it (None when unknown)."""
+    from .convert import SMOLLM2_LAYERS
+    from .loading import _TINY
+    from .tiny import DEFAULT_NUM_LAYERS
+
+    if _TINY.fullmatch(target):
+        return DEFAULT_NUM_LAYERS
+    folder = models_dir(home) / SMOLLM2_ALIAS if target.lower() == SMOLLM2_ALIAS else Path(target).expanduser()
+    config = folder / "config.json"
+    if config.is_file():
+        try:
+            return int(json.loads(config.read_text())["num_hidden_layers"])
+        except (ValueError, KeyError, TypeError):
+            return None
+    return SMOLLM2_LAYERS if target.lower() == SMOLLM2_ALIAS else None
+
+
+def check_drafter(spec: str, target: str, home=None) -> None:
+    """Raise ``ValueError`` naming ``spec`` unless it can be built for ``target`` (checked without
+    loading a model: the spec's syntax, an ``early_exit`` / ``tuned`` depth below the target's
+    layer count where that is known, an ``ngram`` order >= 1, a model drafter that can be found)."""
+    kind, n = parse_drafter(spec)
+    if spec == target:
+        raise ValueError(f"drafter {spec!r} is the target itself; list other drafters")
+    if kind == "ngram" and n < 1:
+        raise ValueError(f"drafter spec {spec!r} needs an order >= 1")
+    if kind in ("early_exit", "tuned"):
+        depth = target_depth(target, home)
+        if n < 1 or (depth is not None and n >= depth):
+            raise ValueError(f"drafter spec {spec!r}: the depth must be in [1, {'L - 1' if depth is None else depth - 1}]"
+                             f" for target {target!r}" + ("" if depth is None else f" ({depth} layers)"))
+    if kind == "hf":
+        check_model_source(spec)
 
 
 # How a kind's cached rows are computed, where it changed since caches were first keyed: part of
