@@ -106,3 +106,25 @@ def test_the_manifest_checksum_is_checked_and_old_manifests_still_open(clean, tm
     data.pop("manifest_sha256")  # as written before manifests carried their checksum
     (out / MANIFEST).write_text(json.dumps(data))
     assert LogitCache.open(out).num_rows == LogitCache.open(clean).num_rows
+
+
+def test_a_build_waits_for_the_folder_lock_then_leaves_a_finished_folder_alone(pool, clean, tmp_path):
+    import shutil
+    import threading
+
+    from mdboost.cache.manifest import file_lock, lock_path
+
+    out = tmp_path / "cache"
+    shutil.copytree(clean, out)
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    (out / "early_exit_2-00001.safetensors").unlink()  # something to rebuild
+    worker = threading.Thread(target=build_cache, args=(pool, RECORDS, out, STORE), kwargs={"run": RUN})
+    with file_lock(lock_path(out)):  # another process building this folder
+        worker.start()
+        worker.join(1.0)
+        assert worker.is_alive() and not (out / "early_exit_2-00001.safetensors").exists()
+    worker.join(60)
+    assert folder_state(out) == folder_state(clean)
+    again = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    build_cache(pool, RECORDS, out, STORE, run=RUN)  # finished: nothing rewritten
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == again and set(again) == set(before)
