@@ -18,6 +18,7 @@ def _run(target: str, **kwargs):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mdboost", description=__doc__.splitlines()[0])
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True)
 
     rank = sub.add_parser("rank", help="rank drafter/target pairs of a pool (pipelines/rank_pool.py)")
@@ -37,10 +38,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = vars(build_parser().parse_args(argv))
-    args.pop("command")
-    target = args.pop("target")
-    result = _run(target, **args)
+    """Run a subcommand; a ``ValueError`` / ``OSError`` (a user's mistake: a bad config value, a
+    missing file) prints one line and returns 2, its traceback shown only with ``--debug``
+    (accepted anywhere on the command line)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = vars(build_parser().parse_args([a for a in argv if a != "--debug"]))
+    command, target = args.pop("command"), args.pop("target")
+    args.pop("debug", None)
+    try:
+        result = _run(target, **args)
+    except (ValueError, OSError) as err:
+        if "--debug" in argv:
+            raise
+        print(f"mdboost {command}: error: {' '.join(str(err).split())} (--debug shows the traceback)", file=sys.stderr)
+        return 2
     return result if isinstance(result, int) else 0
 
 
