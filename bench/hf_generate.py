@@ -48,7 +48,8 @@ def _runners(target, tok, member, drafter, args, sampled: bool):
     """``{path: fn(ids, seed) -> (new token ids, seconds)}`` at one setting."""
     temperature = args.temperature if sampled else 0.0
     budget = dict(max_divergence=args.budget, divergence=args.divergence) if sampled else {}
-    sampling = dict(do_sample=True, temperature=temperature) if sampled else dict(do_sample=False)
+    # top_k=0: no top-k filter, as the engine's settings (transformers' default with do_sample is top_k=50)
+    sampling = dict(do_sample=True, temperature=temperature, top_k=0) if sampled else dict(do_sample=False)
     eos, pad = tok.eos_token_id, tok.pad_token_id
     settings = GenerationSettings(max_new_tokens=args.new_tokens, gamma=args.gamma, temperature=temperature,
                                   eos_token_id=eos, pad_token_id=pad, **budget)

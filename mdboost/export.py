@@ -240,9 +240,11 @@ def hf_kwargs(rec: dict, sampling: dict) -> dict:
     """Keyword arguments of ``target.generate`` for the recommendation (with ``custom_generate`` when drafted)."""
     sampled = float(rec["temperature"]) > 0
     kwargs = {"do_sample": sampled, "max_new_tokens": MAX_NEW_TOKENS}
-    if sampled:
+    if sampled:  # top_k=0: the ranking's unfiltered sampling (transformers' default with do_sample is top_k=50)
         kwargs["temperature"] = float(rec["temperature"])
-        kwargs.update({k: v for k, v in sampling.items() if v is not None})
+        kwargs["top_k"] = 0 if sampling.get("top_k") is None else sampling["top_k"]
+        if sampling.get("top_p") is not None:
+            kwargs["top_p"] = sampling["top_p"]
     if not rec["beats_plain_decoding"]:
         return kwargs
     md = {"drafter": rec["drafter"], "num_draft_tokens": int(rec["gamma"])}

@@ -127,7 +127,7 @@ def test_hf_kwargs_are_the_recommendation(tmp_path):
     kwargs = plan_for(tmp_path, 1)["hf"]["generate_kwargs"]
     assert kwargs == {"custom_generate": "mdboost.hf.mentored_generate", "drafter": "tuned:2", "num_draft_tokens": 4,
                       "max_divergence": 0.1, "divergence": "kl", "do_sample": True, "max_new_tokens": 64,
-                      "temperature": 0.7}
+                      "temperature": 0.7, "top_k": 0}  # top_k=0: transformers' default top_k=50 off
 
 
 def test_cli_prints_each_format(tmp_path, capsys):
