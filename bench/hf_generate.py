@@ -130,7 +130,8 @@ def main(argv=None) -> dict:
     pool = build_pool(args.target, [args.drafter], device="cpu")
     target, tok, member = pool.target.model, pool.target.tokenizer, pool[args.drafter]
     if member.model is None:
-        raise SystemExit(f"--drafter must be a model drafter (HF assisted needs an assistant model), got {args.drafter!r}")
+        raise SystemExit(f"--drafter must be a model drafter (HF assisted needs an assistant model), "
+                         f"got {args.drafter!r}")
     drafter = mdboost.hf.drafter_for(target, member.model)
     _, prompts = heldout_prompts(TextSource(), tok, args.prompts)
     prompts = [p[None] if p.ndim == 1 else p for p in prompts]
@@ -139,7 +140,8 @@ def main(argv=None) -> dict:
                 measure(target, tok, member, drafter, prompts, args, sampled=True)}
     lines = [f"## hf_generate: `generate(custom_generate=mdboost.hf.mentored_generate)` vs the engine vs HF assisted",
              "", machine_line(), "",
-             f"Pair `{args.drafter}` -> `{args.target}`, gamma {args.gamma}, {args.prompts} held-out HumanEval prompts x "
+             f"Pair `{args.drafter}` -> `{args.target}`, gamma {args.gamma}, {args.prompts} held-out HumanEval "
+             f"prompts x "
              f"{args.repeats} repeats, {args.new_tokens} new tokens, batch 1, paths interleaved per prompt; median "
              "tokens/s. Greedy: the three paths give the same tokens (checked). MD: hf and engine share the seed and "
              "the tokens; HF assisted cannot run MD and samples losslessly at the same temperature.", "",

@@ -34,8 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
     ui.add_argument("--host", default="127.0.0.1")
     ui.set_defaults(target="mdboost.tracking.ui:main")
 
-    export = sub.add_parser("export", help="print what to run for a ranking's recommendation (mdboost, HF generate, vLLM)")
-    export.add_argument("--ranking", required=True, help="a ranking output folder (e.g. outputs/rank) or its MLflow run id")
+    export = sub.add_parser("export", help="print what to run for a ranking's recommendation "
+                                           "(mdboost, HF generate, vLLM)")
+    export.add_argument("--ranking", required=True,
+                        help="a ranking output folder (e.g. outputs/rank) or its MLflow run id")
     export.add_argument("--format", default="json", choices=["json", "mdboost", "hf", "vllm"])
     export.add_argument("--tracking-uri", default=None, help="store of a run id (default: $MLFLOW_TRACKING_URI, "
                                                              "else sqlite:///mlruns/mlflow.db)")

@@ -168,7 +168,8 @@ def _vllm(rec: dict, rows: list[dict], sampling: dict) -> dict:
     else:
         if not out["lossless"]:
             notes.append(f"vLLM verifies drafts losslessly (its rejection sampler keeps the target's distribution): "
-                         f"the pick's mentored-decoding budget ({rec['divergence']} <= {float(rec['max_divergence']):g}) "
+                         f"the pick's mentored-decoding budget "
+                         f"({rec['divergence']} <= {float(rec['max_divergence']):g}) "
                          f"has no speculative_config field, so vLLM cannot run this point")
         if why:
             notes.append(why)
@@ -284,7 +285,8 @@ def vllm_snippet(vllm: dict) -> str:
     serve = "" if config is None else f" --speculative-config '{json.dumps(config)}'"
     return "\n".join(lines + ["from vllm import LLM, SamplingParams", "",
                               f"llm = LLM(model={vllm['model']!r}{spec})",
-                              f"outputs = llm.generate([{PROMPT!r}], SamplingParams({params}, max_tokens={MAX_NEW_TOKENS}))",
+                              f"outputs = llm.generate([{PROMPT!r}], "
+                              f"SamplingParams({params}, max_tokens={MAX_NEW_TOKENS}))",
                               f"# server: vllm serve {vllm['model']}{serve}"])
 
 

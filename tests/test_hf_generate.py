@@ -126,7 +126,8 @@ def test_stopping_criteria_and_several_eos_ids(target, other):
     stop = StoppingCriteriaList([StopAfter(token, 6)])
     plain = target.generate(ids, do_sample=False, max_new_tokens=30, stopping_criteria=stop)
     assert plain.shape[1] < 6 + 30
-    assert torch.equal(md(target, ids, drafter=other, do_sample=False, max_new_tokens=30, stopping_criteria=stop), plain)
+    ours = md(target, ids, drafter=other, do_sample=False, max_new_tokens=30, stopping_criteria=stop)
+    assert torch.equal(ours, plain)
     eos = [EOS_ID, free[3]]
     plain = target.generate(ids, do_sample=False, max_new_tokens=30, eos_token_id=eos)
     assert plain.shape[1] <= 6 + 4

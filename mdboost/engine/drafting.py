@@ -210,7 +210,8 @@ class _SharedCacheSession(_ScheduledSession):
         seen = self._target.valid.sum(dim=1).tolist()  # tokens of each row in the target cache
         pending = [c[n:] for c, n in zip(contexts, seen)]
         base = None if self._processor is None else context_ids(contexts, self._pad, view.device)
-        tokens, probs, _, lengths = _draft(view, pending, k, self._sampling, generator, self._stop, self._processor, base)
+        tokens, probs, _, lengths = _draft(view, pending, k, self._sampling, generator, self._stop,
+                                           self._processor, base)
         view.keep([0] * view.batch_size)  # crop the draft entries off the target's layers
         return tokens, probs, lengths
 
