@@ -1,4 +1,4 @@
-"""The ``mdboost`` command: ``rank``, ``validate``, ``ui`` and ``demo``.
+"""The ``mdboost`` command: ``rank``, ``validate``, ``ui``, ``export`` and ``demo``.
 
 Each subcommand only parses arguments and hands over to a pipeline entry point
 (``pipelines/``) or a library function.
@@ -34,7 +34,28 @@ def build_parser() -> argparse.ArgumentParser:
     ui.add_argument("--port", type=int, default=5000)
     ui.add_argument("--host", default="127.0.0.1")
     ui.set_defaults(target="mdboost.tracking.ui:main")
+
+    export = sub.add_parser("export", help="print what to run for a ranking's recommendation "
+                                           "(mdboost, HF generate, vLLM)")
+    export.add_argument("--ranking", required=True,
+                        help="a ranking output folder (e.g. outputs/rank) or its MLflow run id")
+    export.add_argument("--format", default="json", choices=["json", "mdboost", "hf", "vllm"])
+    export.add_argument("--tracking-uri", default=None, help="store of a run id (default: $MLFLOW_TRACKING_URI, "
+                                                             "else sqlite:///mlruns/mlflow.db)")
+    export.set_defaults(target="mdboost.cli:export_main")
     return parser
+
+
+def export_main(ranking: str, format: str = "json", tracking_uri: str | None = None) -> int:
+    """``mdboost export``: print the recommendation's calls (:mod:`mdboost.export`)."""
+    import os
+
+    from mdboost.export import export_plan, load_ranking, render
+    from mdboost.tracking.store import DEFAULT_TRACKING_URI
+
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    print(render(export_plan(load_ranking(ranking, tracking_uri=uri)), format))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
