@@ -22,14 +22,18 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
-from mdboost.cache.build import DTYPES, SOURCES
+from mdboost.cache.build import DTYPES, SOURCES, joblib_backends
 from mdboost.cache.keys import ACCEPTANCE_SOURCES, FolderSettings, PoolCacheSpec
+from mdboost.data import _FORMATS as DATA_FORMATS
 from mdboost.data import SPLITS, TextSource
 from mdboost.engine.settings import DEFAULT_MD_SOLVE
 from mdboost.md.divergences import GENERATORS
 from mdboost.md.verify import SOLVE
+from mdboost.models.loading import check_model_source
+from mdboost.models.pool import check_drafter
 from mdboost.ranking.rank import BOOSTING_ORDERS, MD_MODES, ScoreSettings
 from mdboost.ranking.rows import PAIR_MODES
 from mdboost.ranking.uncertainty import DEFAULT_LEVEL, DEFAULT_RESAMPLES, BootstrapSettings
@@ -63,6 +67,15 @@ class PoolConfig:
         _check(bool(self.target), "target", self.target)
         _check(len(self.drafters) >= 1, "drafters (need at least one)", self.drafters)
         _check(len(set(self.drafters)) == len(self.drafters), "drafters (duplicates)", self.drafters)
+        try:
+            check_model_source(self.target)
+        except ValueError as err:
+            raise ValueError(f"invalid target: {err}") from None
+        for i, spec in enumerate(self.drafters):  # syntax, depth, the target itself, findable models
+            try:
+                check_drafter(spec, self.target, self.home)
+            except ValueError as err:
+                raise ValueError(f"invalid drafters[{i}]: {err}") from None
 
 
 @dataclass
@@ -85,6 +98,10 @@ class DataConfig:
     seed: int = 0
 
     def __post_init__(self):
+        path = Path(self.source).expanduser()
+        reads_as_file = path.suffix.lower() in DATA_FORMATS or self.source.startswith(("/", ".", "~"))
+        _check(self.source == "humaneval" or not reads_as_file or path.is_file(), "source (no such data file)",
+               self.source)
         _check(self.limit >= 1, "limit (>= 1)", self.limit)
         _check(self.max_tokens >= 2, "max_tokens (>= 2)", self.max_tokens)
         _check(0.0 <= self.heldout_fraction <= 1.0, "heldout_fraction (in [0, 1])", self.heldout_fraction)
@@ -133,6 +150,7 @@ class CacheConfig:
         _check(self.max_new_tokens >= 1, "max_new_tokens (>= 1)", self.max_new_tokens)
         _check(self.acceptance_max_new_tokens >= 1, "acceptance_max_new_tokens (>= 1)", self.acceptance_max_new_tokens)
         _check(self.n_jobs >= 1, "n_jobs (>= 1)", self.n_jobs)
+        _check(self.backend in joblib_backends(), f"backend (one of {list(joblib_backends())})", self.backend)
         _check(self.cost_repeats >= 1 and self.cost_context >= 1, "cost_repeats/cost_context (>= 1)",
                (self.cost_repeats, self.cost_context))
 

@@ -119,14 +119,21 @@ def from_dict(cls: type[T], data: dict | None, *, _path: str = "") -> T:
 
 
 def load_yaml(path: str | Path, cls: type[T]) -> T:
-    """Read a YAML file and build ``cls`` with :func:`from_dict` (missing file: ValueError)."""
+    """Read a YAML file and build ``cls`` with :func:`from_dict` (a missing file or a YAML syntax
+    error: ``ValueError`` naming the file, and the line and column of the error)."""
     import yaml
 
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"config must be an existing YAML file, got {str(path)!r}")
-    with path.open() as fh:
-        data = yaml.safe_load(fh)
+    try:
+        with path.open() as fh:
+            data = yaml.safe_load(fh)
+    except yaml.YAMLError as err:  # one line: where, and what the parser says
+        mark = getattr(err, "problem_mark", None)
+        where = "" if mark is None else f" at line {mark.line + 1}, column {mark.column + 1}"
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ValueError(f"config {str(path)!r} is not valid YAML{where}: {problem}") from None
     return from_dict(cls, data)
 
 

@@ -31,7 +31,7 @@ def test_costs_go_to_the_speed_file_not_the_pool(built):
     cfg, pc, info, pools = built
     spec = cfg.cache_spec()
     assert len(pools) == 1 and sorted(info.built) == sorted(spec.names) and not info.reused
-    assert info.measured_speed_profile
+    assert info.measured_speed_profile and sorted(info.measured_costs) == sorted(cfg.pool.drafters)
     pool, store = pools[0], SpeedStore(speed_path(spec))
     assert pc.speed.path == store.path and store.path.parent == spec.member_dir(spec.target).parent
     for name in cfg.pool.drafters:
@@ -76,5 +76,6 @@ def test_another_temperature_reuses_the_measured_costs(built, monkeypatch):
     assert other.member_dir("early_exit:2") != cfg.cache_spec().member_dir("early_exit:2")
     pc2, info = open_or_build_cache(other)
     assert calls == [] and sorted(info.built) == sorted(other.names) and not info.measured_speed_profile
+    assert info.measured_costs == ()
     assert pc2.speed.path == pc.speed.path
     assert {n: pc2.cost_samples(n) for n in cfg.pool.drafters} == {n: pc.cost_samples(n) for n in cfg.pool.drafters}

@@ -312,3 +312,29 @@ def test_process_speedup_with_a_profile_matches_the_hand_sum():
         assert float(speed) == pytest.approx(15 / float(time), rel=1e-12)
         # reached positions = accepted drafts + the rejected ones: visits = accepted + drafted steps - full accepts
         assert float(res.visit_prob.sum()) <= float(res.accepted.sum() + res.drafted_steps.sum()) + 1e-12
+
+
+def test_process_speedup_with_one_table_per_resample():
+    """A stack of ``v`` tables broadcasts against the steps: each resample's speedup is the one-table call's."""
+    from mdboost.ranking.speed import process_speedup
+
+    hist = torch.tensor([[[2.0, 3.0, 1.0]], [[1.0, 4.0, 2.0]]])  # [R=2, P=1, K+1=3]
+    tables = torch.tensor([[1.0, 1.5, 1.9], [1.0, 1.4, 2.1]])  # [R, K+1]
+    both = process_speedup(12.0, 9.0, hist, 0.3, verify_costs=tables[:, None, :], prefill=2.0)
+    for r in range(2):
+        one = process_speedup(12.0, 9.0, hist[r], 0.3, verify_costs=tables[r].tolist(), prefill=2.0)
+        assert torch.allclose(both[r], one)
+    with pytest.raises(ValueError, match="verify_costs"):
+        process_speedup(12.0, 9.0, hist, 0.3, verify_costs=torch.tensor([[2.0, 1.5, 1.9]])[:, None, :])
+
+
+def test_resampled_tables_are_whole_repeats():
+    """Every resampled table is one measured repeat (entries drawn together, not mixed)."""
+    from mdboost.ranking.uncertainty import resample_tables
+
+    samples = [[1.0, 1.0, 1.0], [1.5, 1.6, 1.7], [1.9, 2.0, 2.1]]  # [K=3][S=3]
+    tables = resample_tables(samples, 50, seed=3)
+    repeats = {tuple(col) for col in torch.tensor(samples).T.tolist()}
+    assert tables.shape == (50, 3) and all(tuple(t) in repeats for t in tables.tolist())
+    assert len({tuple(t) for t in tables.tolist()}) == 3  # 50 draws hit all three repeats
+    assert torch.equal(tables, resample_tables(samples, 50, seed=3))

@@ -88,3 +88,32 @@ def test_running_server_reports_a_server_that_dies(tmp_path):
     with pytest.raises(RuntimeError, match="exited"):
         with ui.running_server("nosuchscheme://nowhere", artifact_root=str(tmp_path), timeout=180):
             pass
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_stopping_mdboost_ui_stops_its_server(tmp_path, sig):
+    """SIGTERM / SIGINT to ``mdboost ui`` leaves no server behind (the port is free again)."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    port = ui.free_port()
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    proc = subprocess.Popen([sys.executable, "-m", "mdboost.cli", "ui", "--port", str(port),
+                             "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        ui.wait_until_up(url, proc, timeout=180)
+        proc.send_signal(getattr(signal, sig))
+        assert proc.wait(60) == 0
+        deadline = time.monotonic() + 30
+        while ui._answers(url, timeout=1.0) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not ui._answers(url, timeout=1.0)
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))  # nothing listens any more
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -34,11 +34,12 @@ import torch
 
 from mdboost.data import dataset_fingerprint, encode_prompt, encode_record
 
-from .manifest import (FORMAT, TOKENS, atomic_save_tensors, code_version, finished_digest, lse_key, read_manifest,
-                       shard_name, write_manifest)
+from .manifest import (FORMAT, MANIFEST, TOKENS, CacheCorruptionError, atomic_save_tensors, check_layout, code_version,
+                       file_lock, finished_digest, lock_path, lse_key, read_manifest, remove_stale_temps, sha256_file,
+                       shard_name, trusted_digest, verify_shards, write_manifest)
 from .settings import DTYPES, SOURCES, RunOptions, SequenceSettings, StoreSettings
 
-__all__ = ["build_cache", "sample_sequences", "build_sequences", "split_sequences", "member_logits", "compute_shard",
+__all__ = ["build_cache", "sample_sequences", "joblib_backends", "build_sequences", "split_sequences", "member_logits", "compute_shard",
            "sample_continuation", "DTYPES", "SOURCES"]
 _WORKER_MEMBERS: dict = {}
 
@@ -57,6 +58,13 @@ def sample_continuation(model, prompt: torch.Tensor, max_new_tokens: int, temper
     settings = GenerationSettings(max_new_tokens=max_new_tokens, temperature=temperature, eos_token_id=eos_token_id)
     out = generate(model, prompt.to(device)[None], settings, generator=generator)
     return out.sequences[0, prompt.numel(): prompt.numel() + int(out.num_new_tokens[0])].cpu()
+
+
+def joblib_backends() -> tuple[str, ...]:
+    """The joblib backend names a build can run on (registered ones and ``"dask"``, loaded on demand)."""
+    from joblib.parallel import BACKENDS, EXTERNAL_BACKENDS
+
+    return tuple(sorted({*BACKENDS, *EXTERNAL_BACKENDS}))
 
 
 def _record_seed(seed: int, record_id: str) -> int:
@@ -125,9 +133,13 @@ def sample_sequences(pool, records, path: str | os.PathLike, sequences: Sequence
     path = Path(path)
     digest = finished_digest(path)
     if digest is None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        bar = tqdm(records, desc="sampling continuations", disable=not progress or bool(os.environ.get("TQDM_DISABLE")))
-        digest = atomic_save_tensors(build_sequences(pool, bar, sequences), path)
+        with file_lock(lock_path(path)):
+            digest = finished_digest(path)  # another process may have sampled it while we waited
+            if digest is None:
+                remove_stale_temps(path.parent, prefix=path.name)
+                bar = tqdm(records, desc="sampling continuations",
+                           disable=not progress or bool(os.environ.get("TQDM_DISABLE")))
+                digest = atomic_save_tensors(build_sequences(pool, bar, sequences), path)
     return path, digest
 
 
@@ -238,7 +250,8 @@ def _config(pool, records, members, store: StoreSettings, source_opts: dict) -> 
 
 
 def _same_build(old: dict, new: dict) -> bool:
-    skip = {"member_costs", "shards", "complete", "num_rows", "num_sequences", "code_version", "speed_profile"}
+    skip = {"member_costs", "shards", "complete", "num_rows", "num_sequences", "code_version", "speed_profile",
+            "manifest_sha256"}
     return {k: v for k, v in old.items() if k not in skip} == {k: v for k, v in new.items() if k not in skip}
 
 
@@ -264,8 +277,8 @@ def build_cache(
     out_dir : path
         Cache folder (created). An existing cache with the same configuration (``store``,
         ``sequences``, the pool members, the records, ...) is resumed (finished shards are
-        skipped, damaged ones rebuilt); a different configuration raises ``ValueError``
-        unless ``run.overwrite``.
+        skipped, damaged ones rebuilt; a finished, intact one is left untouched); a different
+        configuration raises ``ValueError`` unless ``run.overwrite``.
     store : StoreSettings
         What each shard stores (top-``k``, dtype, full logits, temperatures, shard size).
     sequences : SequenceSettings
@@ -286,11 +299,16 @@ def build_cache(
     -------
     Path
         ``out_dir``.
-    """
-    from joblib import Parallel, delayed, parallel_config
-    from safetensors.torch import load_file
-    from tqdm.auto import tqdm
 
+    Notes
+    -----
+    One build writes a folder at a time (a lock file next to it, :func:`~mdboost.cache.manifest.file_lock`):
+    a concurrent call waits, then finds the folder finished and leaves it as it is. A resumed
+    build first removes the temporary files a killed one left, keeps a file only when it matches
+    its manifest entry (or, for one finished after the last manifest write, its ``.sha256``
+    sidecar) and rebuilds the rest; a damaged or edited manifest starts the folder over with
+    ``run.overwrite`` and raises :class:`~mdboost.cache.manifest.CacheCorruptionError` without.
+    """
     members = list(pool.names if members is None else members)
     for name in members:
         pool.check_compatible(pool[name], pool.target)
@@ -303,33 +321,83 @@ def build_cache(
     config = _config(pool, records, members, store, source_opts)
     config["member_costs"].update({m: list(c) for m, c in (member_costs or {}).items() if m in members})
     config["shards"], config["complete"] = {}, False
-    if (out_dir / "manifest.json").is_file():
-        old = read_manifest(out_dir)
-        if not _same_build(old, config):
+    with file_lock(lock_path(out_dir)):  # one writer per folder; others wait, then find it finished
+        trusted = _prepare_folder(out_dir, config, run)
+        if trusted is None:
+            return out_dir  # finished with this configuration (by us before, or by another process)
+        _fill_folder(pool, records, out_dir, config, trusted, store, sequences, members, tokens_file, run)
+    return out_dir
+
+
+def _prepare_folder(out_dir: Path, config: dict, run: RunOptions) -> dict | None:
+    """Make ``out_dir`` ready to (re)build ``config``; return the manifest entries a resume may
+    keep (:func:`~mdboost.cache.manifest.trusted_digest`), or None when the folder is already a
+    finished, verified cache of ``config``. Called while holding the folder's lock."""
+    trusted = {}
+    remove_stale_temps(out_dir)  # left by a killed writer (we hold the lock: no writer is live)
+    if (out_dir / MANIFEST).is_file():
+        try:
+            old = read_manifest(out_dir)
+        except CacheCorruptionError:
             if not run.overwrite:
+                raise
+            old = None  # a damaged manifest vouches for nothing: start over
+        if old is not None and _same_build(old, config):
+            if old.get("complete") and _finished_cache(out_dir, old):
+                return None
+            trusted = dict(old.get("shards", {}))
+        else:
+            if old is not None and not run.overwrite:
                 raise ValueError(f"out_dir {str(out_dir)!r} holds a cache built with another configuration; "
                                  "pass run=RunOptions(overwrite=True)")
             shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_manifest(out_dir, config)
+    return trusted
+
+
+def _finished_cache(out_dir: Path, manifest: dict) -> bool:
+    """Every file of a complete manifest matches its entry and the layout holds."""
+    from safetensors.torch import load_file
+
+    if verify_shards(out_dir, manifest):
+        return False
+    try:
+        check_layout(out_dir, manifest, load_file(str(out_dir / TOKENS)))
+    except CacheCorruptionError:
+        return False
+    return True
+
+
+def _fill_folder(pool, records, out_dir: Path, config: dict, trusted: dict, store, sequences, members, tokens_file,
+                 run: RunOptions) -> None:
+    """Compute what is missing; the manifest records every finished file as it lands."""
+    from joblib import Parallel, delayed, parallel_config
+    from safetensors.torch import load_file
+    from tqdm.auto import tqdm
 
     tokens_path = out_dir / TOKENS
-    if finished_digest(tokens_path) is None:
+    if trusted_digest(tokens_path, trusted.get(TOKENS)) is None:
         tokens = build_sequences(pool, records, sequences) if tokens_file is None else _load_sequences(tokens_file, records)
         atomic_save_tensors(tokens, tokens_path)
     tokens = load_file(str(tokens_path))
     seqs = split_sequences(tokens)
     shards = [seqs[i:i + store.shard_size] for i in range(0, len(seqs), store.shard_size)]
 
-    digests, pending = {TOKENS: finished_digest(tokens_path)}, []
+    def record(name: str, digest: str) -> None:
+        config["shards"][name] = {"sha256": digest, "bytes": (out_dir / name).stat().st_size}
+
+    record(TOKENS, sha256_file(tokens_path))
+    pending = []
     for name in members:
         for index, shard in enumerate(shards):
             path = out_dir / shard_name(name, index)
-            digest = finished_digest(path)
+            digest = trusted_digest(path, trusted.get(path.name))
             if digest is None:
                 pending.append((name, shard, path))
             else:
-                digests[path.name] = digest
+                record(path.name, digest)
+    write_manifest(out_dir, config)
     if not run.in_process and pool.recipe is None:
         raise ValueError(f"backend {run.backend!r} with n_jobs={run.n_jobs} needs a pool from build_pool "
                          "(pool.recipe is None)")
@@ -342,11 +410,11 @@ def build_cache(
         runner = Parallel(return_as="generator")
         for file_name, digest in tqdm(runner(jobs), total=len(jobs), desc="logit cache",
                                       disable=not run.progress or bool(os.environ.get("TQDM_DISABLE"))):
-            digests[file_name] = digest
+            record(file_name, digest)
+            write_manifest(out_dir, config)  # a kill from here on keeps this shard (its entry is the proof)
 
-    config["shards"] = {name: {"sha256": digest, "bytes": (out_dir / name).stat().st_size} for name, digest in sorted(digests.items())}
+    config["shards"] = dict(sorted(config["shards"].items()))
     config["num_rows"] = int(tokens["row_offsets"][-1])
     config["num_sequences"] = len(seqs)
     config["complete"] = True
     write_manifest(out_dir, config)
-    return out_dir

@@ -4,16 +4,22 @@ Each pool member is cached in its own folder ``<dir>/<slug>-<fingerprint>``
 (:meth:`PoolCacheSpec.member_dir`). The fingerprint covers the text source (records,
 truncation, seed), the folder's stored-value settings (:class:`FolderSettings`: ``k``,
 ``dtype``, ``full_logits``, ``source``, ``max_new_tokens``, ``shard_size``), the target spec,
-the member spec, the temperature and, for kinds whose rows are computed differently since
-caches were first keyed, that revision (:data:`mdboost.models.pool.ROW_REVISIONS`). So an unchanged spec opens every folder without loading a
-model; adding a drafter builds only that drafter's folder; changing ``k`` or the text rebuilds
-all; build options (jobs, backend, cost measurement) never move a folder.
+the member spec, the temperature, for kinds whose rows are computed differently since
+caches were first keyed, that revision (:data:`mdboost.models.pool.ROW_REVISIONS`), and the
+content of the weights where their name does not fix it (:meth:`PoolCacheSpec.weights`: a
+local folder or file, a hub commit, a changed ``smollm2-135m`` source; the target's for every
+member, a model drafter's own for its folders). So an unchanged spec opens every folder
+without loading a model; adding a drafter builds only that drafter's folder; changing ``k`` or
+the text rebuilds all; overwriting a local model folder with other weights rebuilds exactly
+the folders built on it, and with them their measured costs and speed profile (which live in
+the folders' manifests); build options (jobs, backend, cost measurement) never move a folder.
 
 *Acceptance* folders (``acceptance=True``) hold the same prompts with continuations sampled
 from the target (``source="sampled"``, ``acceptance_max_new_tokens`` tokens, seeded by the text
 source's ``seed``, at ``temperature``). The continuations are sampled once into a shared token
 file (:meth:`PoolCacheSpec.continuations_path`, keyed by text, target, temperature, token
-count and :data:`SAMPLER`); a sampled folder's fingerprint includes that key.
+count, :data:`SAMPLER` and the target's content id); a sampled folder's fingerprint includes
+that key.
 
 The keys are a compatibility contract: the same spec must give byte-identical folder names
 across versions (users' caches are found by them), so :func:`fingerprint` hashes the same JSON
@@ -118,6 +124,10 @@ class PoolCacheSpec:
             raise ValueError(f"acceptance_source must be one of {ACCEPTANCE_SOURCES}, got {self.acceptance_source!r}")
         if not self.temperature >= 0:
             raise ValueError(f"temperature must be >= 0 (0: greedy continuations), got {self.temperature!r}")
+        from mdboost.cache.build import joblib_backends
+
+        if self.backend not in joblib_backends():  # checked even when n_jobs = 1 never uses it
+            raise ValueError(f"backend must be one of {joblib_backends()}, got {self.backend!r}")
         object.__setattr__(self, "drafters", tuple(self.drafters))
         object.__setattr__(self, "temperature", float(self.temperature))
 
@@ -140,8 +150,22 @@ class PoolCacheSpec:
         """The folder sets in use, as their ``acceptance`` flag: main, then (if sampled) acceptance."""
         return [False, True] if self.sampled_acceptance else [False]
 
+    def weights(self, member: str) -> list:
+        """The content ids (:func:`mdboost.models.identity.weights_id`) a member's folder key adds:
+        the target's (every member is built on it) and, for a model drafter, its own; ids that
+        are None (``tiny``, the released ``smollm2-135m``, a hub model not in the local cache)
+        add nothing, so those folders keep the names they always had."""
+        from mdboost.models.identity import weights_id
+        from mdboost.models.pool import parse_drafter
+
+        ids = [["target_weights", weights_id(self.target, self.home)]]
+        if member != self.target and parse_drafter(member)[0] == "hf":
+            ids.append(["weights", weights_id(member, self.home)])
+        return [pair for pair in ids if pair[1] is not None]
+
     def continuations_key(self, max_new_tokens: int) -> str:
-        return fingerprint(self.text, self.target, self.temperature, max_new_tokens, SAMPLER)
+        weights = self.weights(self.target)
+        return fingerprint(self.text, self.target, self.temperature, max_new_tokens, SAMPLER, *weights)
 
     def continuations_path(self, max_new_tokens: int) -> Path:
         """The token file of the target's sampled continuations shared by every member's folder.
@@ -166,6 +190,7 @@ class PoolCacheSpec:
             parts += (self.continuations_key(settings.max_new_tokens),)
         if row_revision(member) is not None:  # rows computed differently since first keyed
             parts += (row_revision(member),)
+        parts += tuple(self.weights(member))  # the weights' content, where a name does not fix it
         slug = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in member)
         return Path(self.dir) / f"{slug}-{fingerprint(*parts)}"
 

@@ -2,10 +2,17 @@
 
 The manifest (``manifest.json``) holds the build configuration (model ids, tokenizer and
 dataset fingerprints, ``k``, dtype, code version, text source) and, once shards finish, their
-SHA-256 checksums. A finished shard also leaves a ``<shard>.sha256`` sidecar, which is what
-makes an interrupted build resumable: a shard whose bytes match its sidecar is skipped, any
-other shard is rebuilt. Readers verify every shard against the manifest and refuse
-(:class:`CacheCorruptionError`) rather than silently read a damaged file.
+SHA-256 checksums (written after every finished shard, so an interrupted build keeps what it
+finished), and its own checksum (``manifest_sha256``, over the rest of it: a hand-edited or
+damaged manifest is refused). A finished shard also leaves a ``<shard>.sha256`` sidecar; a
+resumed build trusts it only for shards the manifest does not list yet (:func:`trusted_digest`).
+Readers verify every shard against the manifest, and the manifest against the layout it
+describes (:func:`check_layout`: every member's shards listed, nothing else), and refuse
+(:class:`CacheCorruptionError`) rather than read a damaged folder.
+
+Builds of one folder are serialized by :func:`file_lock` on a sibling lock file
+(:func:`lock_path`), so concurrent processes never write the same folder at once; the lock
+holder removes temporary files that killed builds left behind (:func:`remove_stale_temps`).
 """
 
 from __future__ import annotations
@@ -13,7 +20,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from safetensors.torch import save_file
 
@@ -31,7 +41,59 @@ def lse_key(temperature: float) -> str:
 
 
 class CacheCorruptionError(ValueError):
-    """A shard is missing, truncated, or does not match its recorded checksum."""
+    """A shard or manifest is missing, truncated, edited, or does not match its recorded checksum."""
+
+
+CHECKSUM = "manifest_sha256"
+_TEMP = re.compile(r"\..+\.tmp(\.[A-Za-z0-9_]+)?|\..+\.tmp-.+")  # mdboost._io.atomic_path / mkdtemp names
+
+
+def lock_path(folder: str | os.PathLike) -> Path:
+    """The lock file of a folder (or file): a hidden sibling, never removed with the folder."""
+    folder = Path(folder)
+    return folder.parent / f".{folder.name}.lock"
+
+
+@contextmanager
+def file_lock(path: str | os.PathLike) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created) for the block; waits for other holders.
+
+    The operating system releases it when the holder dies, even by ``SIGKILL``, so a killed
+    build never leaves a folder locked. Without ``fcntl`` (not POSIX) it is a no-op.
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def remove_stale_temps(folder: str | os.PathLike, prefix: str = "") -> list[str]:
+    """Remove the temporary files a killed writer left in ``folder`` (names ``.<name>.*.tmp*``
+    starting with ``.<prefix>``); returns their names. Call it only while holding the folder's lock.
+
+    >>> import tempfile; d = Path(tempfile.mkdtemp()); _ = (d / ".a.safetensors.x1.tmp.safetensors").write_text("")
+    >>> remove_stale_temps(d), sorted(p.name for p in d.iterdir())
+    (['.a.safetensors.x1.tmp.safetensors'], [])
+    """
+    import shutil
+
+    folder, removed = Path(folder), []
+    if not folder.is_dir():
+        return removed
+    for entry in sorted(folder.iterdir()):
+        if entry.name.startswith(f".{prefix}") and _TEMP.fullmatch(entry.name) and not entry.name.endswith(".lock"):
+            shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+            removed.append(entry.name)
+    return removed
 
 
 def code_version() -> str:
@@ -71,18 +133,81 @@ def finished_digest(path: str | os.PathLike) -> str | None:
     return recorded if sha256_file(path) == recorded else None
 
 
+def manifest_checksum(manifest: dict) -> str:
+    """SHA-256 of the manifest's canonical JSON without its own ``manifest_sha256``."""
+    body = {k: v for k, v in manifest.items() if k != CHECKSUM}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def read_manifest(out_dir: str | os.PathLike) -> dict:
+    """The folder's manifest, checked: ``ValueError`` when there is none or it is another format,
+    :class:`CacheCorruptionError` when it is not valid JSON or does not match its checksum
+    (manifests written before the checksum have none and are read as they are)."""
     path = Path(out_dir) / MANIFEST
     if not path.is_file():
         raise ValueError(f"out_dir {str(out_dir)!r} holds no {MANIFEST}: not a logit cache")
-    manifest = json.loads(path.read_text())
-    if manifest.get("format") != FORMAT:
+    try:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CacheCorruptionError(f"{path} is damaged (not valid JSON: {err}); rebuild the cache") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ValueError(f"{path} is not a {FORMAT} manifest")
+    if CHECKSUM in manifest and manifest[CHECKSUM] != manifest_checksum(manifest):
+        raise CacheCorruptionError(f"{path} was edited or damaged (its {CHECKSUM} does not match); rebuild the cache")
     return manifest
 
 
 def write_manifest(out_dir: str | os.PathLike, manifest: dict) -> None:
+    """Write ``manifest`` atomically with its checksum (``manifest_sha256``, set in ``manifest`` too)."""
+    manifest[CHECKSUM] = manifest_checksum(manifest)
     atomic_write_text(Path(out_dir) / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
+
+
+def trusted_digest(path: str | os.PathLike, recorded: dict | None) -> str | None:
+    """The digest of a finished file a resumed build may keep, else ``None``.
+
+    ``recorded``: the file's manifest entry (``{"sha256", "bytes"}``) or None. A listed file must
+    match its entry (its sidecar is not trusted: a file swapped together with its sidecar, or
+    damaged with the sidecar rewritten, is rebuilt); an unlisted one (finished after the last
+    manifest write) must match its sidecar (:func:`finished_digest`).
+    """
+    path = Path(path)
+    if recorded is None:
+        return finished_digest(path)
+    if not path.is_file() or path.stat().st_size != recorded.get("bytes"):
+        return None
+    digest = sha256_file(path)
+    return digest if digest == recorded.get("sha256") else None
+
+
+def expected_files(manifest: dict, num_sequences: int) -> list[str]:
+    """The files the manifest's layout needs: the token file, then every member's shards."""
+    count = -(-num_sequences // int(manifest["shard_size"]))
+    return [TOKENS] + [shard_name(m["name"], i) for m in manifest["members"] for i in range(count)]
+
+
+def check_layout(out_dir: str | os.PathLike, manifest: dict, tokens: dict) -> None:
+    """Raise :class:`CacheCorruptionError` unless the manifest describes the folder's token file:
+    the same sequences and rows, one record id per sequence, and a checksum entry for exactly
+    the files its members and ``shard_size`` imply (an entry dropped, a member renamed or
+    ``shard_size`` edited in an older manifest without checksum all fail here)."""
+    num_sequences = int(tokens["starts"].numel())
+    problems = []
+    if manifest.get("num_sequences") != num_sequences or len(manifest.get("record_ids", [])) != num_sequences:
+        problems.append(f"{num_sequences} sequences in {TOKENS}, manifest says {manifest.get('num_sequences')!r}")
+    if manifest.get("num_rows") != int(tokens["row_offsets"][-1]):
+        problems.append(f"{int(tokens['row_offsets'][-1])} rows in {TOKENS}, manifest says {manifest.get('num_rows')!r}")
+    try:
+        expected = set(expected_files(manifest, num_sequences))
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as err:
+        raise CacheCorruptionError(f"manifest of {out_dir} lacks its layout ({err!r}); rebuild the cache") from None
+    listed = set(manifest.get("shards", {}))
+    if expected - listed:
+        problems.append(f"files without a manifest entry: {sorted(expected - listed)}")
+    if listed - expected:
+        problems.append(f"manifest entries outside the layout: {sorted(listed - expected)}")
+    if problems:
+        raise CacheCorruptionError(f"inconsistent cache in {out_dir}: {'; '.join(problems)}; rebuild the cache")
 
 
 def verify_shards(out_dir: str | os.PathLike, manifest: dict) -> list[str]:

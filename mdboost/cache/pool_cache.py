@@ -19,17 +19,16 @@ from the speed file (:meth:`PoolCache.cost_ratio`, :meth:`PoolCache.cost_samples
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from mdboost.cache.keys import PoolCacheSpec
-from mdboost.cache.manifest import finished_digest, read_manifest, write_manifest
+from mdboost.cache.manifest import CacheCorruptionError, finished_digest, read_manifest, write_manifest
 from mdboost.cache.reader import LogitCache
 from mdboost.cache.settings import RunOptions, SequenceSettings, StoreSettings
-from mdboost.cache.speed import SpeedStore, speed_path
+from mdboost.cache.speed import SpeedStore, entry_key, speed_path
 
 
 @dataclass(frozen=True)
@@ -97,14 +96,15 @@ class PoolCache:
 @dataclass(frozen=True)
 class BuildInfo:
     """What :func:`open_or_build_cache` did: ``built`` / ``built_acceptance`` member names,
-    how many continuation files it sampled, whether it measured costs (the target's profile or
-    a drafter's cost)."""
+    how many continuation files it sampled, whether it measured the target's speed profile, and
+    the drafters whose cost it measured."""
 
     dir: str
     built: tuple[str, ...]
     built_acceptance: tuple[str, ...]
     sampled_continuations: int
     measured_speed_profile: bool
+    measured_costs: tuple[str, ...] = ()
 
     @property
     def reused(self) -> bool:
@@ -196,18 +196,19 @@ class _Builder:
                     tokens_file=spec.continuations_path(folder.max_new_tokens) if folder.sampled else None,
                     run=RunOptions(backend=spec.backend, n_jobs=spec.n_jobs, progress=self.progress, overwrite=True))
 
-    def measure_costs(self, store: SpeedStore, drafters: list[str]) -> bool:
-        """Measure what ``store`` lacks: the target's profile, then each drafter's cost; True if any."""
-        spec, measured = self.spec, False
-        if store.profile is None:
+    def measure_costs(self, store: SpeedStore, drafters: list[str]) -> tuple[bool, tuple[str, ...]]:
+        """Measure what ``store`` lacks: the target's profile, then each drafter's cost.
+
+        Returns whether the profile was measured and the drafters whose cost was."""
+        spec, profiled = self.spec, store.profile is None
+        if profiled:
             store.set_profile(measure_speed_profile(self.pool.target.model, spec.gamma_max, spec.cost_context,
                                                     spec.cost_repeats, spec.temperature))
-            measured = True
-        for name in store.missing(drafters):
+        missing = tuple(store.missing(drafters))
+        for name in missing:
             store.set_drafter(name, measure_member_cost(self.pool[name], self.pool.target, spec.cost_context,
                                                         spec.cost_repeats, spec.temperature))
-            measured = True
-        return measured
+        return profiled, missing
 
 
 def folder_complete(spec: PoolCacheSpec, member: str, acceptance: bool = False) -> bool:
@@ -215,7 +216,10 @@ def folder_complete(spec: PoolCacheSpec, member: str, acceptance: bool = False) 
     manifest = spec.member_dir(member, acceptance) / "manifest.json"
     if not manifest.is_file():
         return False
-    info = json.loads(manifest.read_text())
+    try:
+        info = read_manifest(manifest.parent)
+    except CacheCorruptionError:  # damaged or edited: build_cache starts it over
+        return False
     settings = spec.settings(acceptance)
     if settings.sampled:
         digest = finished_digest(spec.continuations_path(settings.max_new_tokens))
@@ -253,7 +257,7 @@ def open_or_build_cache(spec: PoolCacheSpec, *, progress: bool = False) -> tuple
     counts = {spec.settings(acc).max_new_tokens for acc in sets if spec.settings(acc).sampled}
     to_sample = sorted(n for n in counts if finished_digest(spec.continuations_path(n)) is None)
     maybe = {m for acc in sets for m in names if not folder_complete(spec, m, acc)}
-    store = SpeedStore(speed_path(spec))
+    store = SpeedStore(speed_path(spec), {m: entry_key(spec, m) for m in names if m != spec.target})
     drafters = [m for m in names if m != spec.target]
     needed = (maybe | set(store.missing(drafters))) - {spec.target}  # drafters to load
     builder = _Builder(spec, [m for m in names if m in needed], progress)
@@ -264,10 +268,10 @@ def open_or_build_cache(spec: PoolCacheSpec, *, progress: bool = False) -> tuple
         built[acc] = tuple(m for m in names if not folder_complete(spec, m, acc))
         for name in built[acc]:
             builder.build(name, acc)
-    profiled = builder.measure_costs(store, drafters)
+    profiled, costed = builder.measure_costs(store, drafters)
     acc_pc = PoolCache(_open_checked(spec, True), spec.target) if spec.sampled_acceptance else None
     pc = PoolCache(_open_checked(spec, False), spec.target, acc_pc, store)
     if acc_pc is not None and acc_pc.vocab_size != pc.vocab_size:
         raise ValueError(f"acceptance caches have vocab_size {acc_pc.vocab_size}, the main caches {pc.vocab_size}")
-    info = BuildInfo(str(Path(spec.dir)), built[False], built.get(True, ()), len(to_sample), profiled)
+    info = BuildInfo(str(Path(spec.dir)), built[False], built.get(True, ()), len(to_sample), profiled, costed)
     return pc, info

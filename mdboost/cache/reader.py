@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from .manifest import TOKENS, CacheCorruptionError, lse_key, read_manifest, shard_name, verify_shards
+from .manifest import TOKENS, CacheCorruptionError, check_layout, lse_key, read_manifest, shard_name, verify_shards
 
 TAILS = ("drop", "uniform", "full")
 
@@ -63,15 +63,27 @@ class LogitCache:
 
     @classmethod
     def open(cls, out_dir: str | os.PathLike, verify: bool = True) -> "LogitCache":
-        """Open ``out_dir``; with ``verify`` every shard's SHA-256 is checked first."""
+        """Open ``out_dir``; with ``verify`` every shard's SHA-256 is checked first.
+
+        Always checked: the manifest (valid JSON, its own checksum) and its layout against the
+        token file (:func:`~mdboost.cache.manifest.check_layout`); shards are checked again for
+        their row counts and widths when read. Anything off raises
+        :class:`~mdboost.cache.manifest.CacheCorruptionError` naming the file.
+        """
         out_dir = Path(out_dir)
         manifest = read_manifest(out_dir)
         if not manifest.get("complete"):
             raise ValueError(f"out_dir {str(out_dir)!r} holds an unfinished cache; run build_cache again to resume it")
         bad = verify_shards(out_dir, manifest) if verify else []
         if bad:
-            raise CacheCorruptionError(f"corrupted or missing cache shards in {out_dir}: {bad}; rebuild with build_cache")
-        return cls(out_dir, manifest, load_file(str(out_dir / TOKENS)))
+            raise CacheCorruptionError(f"corrupted or missing cache shards in {out_dir}: {bad}; rebuild it "
+                                       "(build_cache resumes it; or delete the folder and run again)")
+        tokens = _load(out_dir / TOKENS)
+        check_layout(out_dir, manifest, tokens)
+        cache = cls(out_dir, manifest, tokens)
+        if verify:
+            cache._check_headers()
+        return cache
 
     # ---- layout -------------------------------------------------------------------------
     @property
@@ -220,13 +232,49 @@ class LogitCache:
             count = -(-self.num_sequences // self.manifest["shard_size"])
             parts = []
             for index in range(count):
-                shard = load_file(str(self.out_dir / shard_name(member, index)))
+                path = self.out_dir / shard_name(member, index)
+                shard = _load(path)
                 if key not in shard:
                     raise ValueError(f"member {member!r} has no {key!r} in this cache")
+                self._check_shape(path, key, tuple(shard[key].shape), self._shard_rows(index))
                 parts.append(shard[key])
             self._data[member, key] = torch.cat(parts)
         data = self._data[member, key]
         return data if rows is None else data[_as_index(rows, self.num_rows)]
+
+    def _shard_rows(self, index: int) -> int:
+        size, offsets = self.manifest["shard_size"], self._tokens["row_offsets"]
+        return int(offsets[min((index + 1) * size, self.num_sequences)] - offsets[index * size])
+
+    def _check_headers(self) -> None:
+        """Every shard's tensor shapes (read from the safetensors headers only) against the manifest."""
+        from safetensors import safe_open
+
+        count = -(-self.num_sequences // self.manifest["shard_size"])
+        for member in self.members:
+            for index in range(count):
+                path = self.out_dir / shard_name(member, index)
+                with safe_open(str(path), "pt") as fh:
+                    for key in fh.keys():
+                        self._check_shape(path, key, fh.get_slice(key).get_shape(), self._shard_rows(index))
+
+    def _check_shape(self, path: Path, key: str, shape, rows: int) -> None:
+        """A shard tensor must hold its sequences' rows and the manifest's widths."""
+        width = {"topk_ids": min(self.k, self.vocab_size), "topk_logits": min(self.k, self.vocab_size),
+                 "full_logits": self.vocab_size, "proposals": self.manifest.get("ngram_lookahead")}.get(key)
+        shape = tuple(shape)
+        if shape[:1] != (rows,) or (width is not None and shape[1:] != (width,)):
+            want = (rows,) if width is None else (rows, width)
+            raise CacheCorruptionError(f"{path} holds {key!r} of shape {shape}, the manifest implies {want}; "
+                                       "rebuild the cache")
+
+
+def _load(path: Path) -> dict:
+    """A safetensors file's tensors; a missing or unreadable file is a :class:`CacheCorruptionError`."""
+    try:
+        return load_file(str(path))
+    except Exception as err:  # a missing file (OSError) or safetensors' own SafetensorError
+        raise CacheCorruptionError(f"cannot read {path} ({type(err).__name__}: {err}); rebuild the cache") from None
 
 
 def _as_index(rows, total: int):

@@ -5,9 +5,12 @@ machine setting, ``<dir>/speed-<key>.json`` (:func:`speed_path`), apart from the
 so measuring them again (a new unit, another machine) never touches a logit shard, and every
 temperature's folders share them (the engine's step costs do not depend on the sampling
 temperature, except greedy decoding: temperature 0 takes the engine's greedy path, with its own
-file). The key covers what the figures depend on: the target spec and device, the torch
-thread count and version, the measurement settings (prompt tokens, repeats, the largest draft
-length), greedy or sampled, and :data:`mdboost.engine.costs.COST_UNIT`. The file holds
+file). The key covers what the figures depend on: the target spec, its content id
+(:meth:`~mdboost.cache.keys.PoolCacheSpec.weights`: a local folder's digest, a hub commit) and
+device, the torch thread count and version, the measurement settings (prompt tokens, repeats,
+the largest draft length), greedy or sampled, and :data:`mdboost.engine.costs.COST_UNIT`; a
+drafter's entry is keyed by its spec and, for a model loaded by name or path, its own content
+id (:func:`entry_key`), so re-saved weights are measured again. The file holds
 
 - ``profile``: the target's :class:`~mdboost.engine.costs.EngineProfile` (``verify_cost``
   ``v(K)``, ``md_overhead`` ``s``, ``prefill_per_token``, samples, method);
@@ -37,9 +40,17 @@ def speed_path(spec) -> Path:
     from mdboost.engine.costs import COST_UNIT, ENGINE_THREADS
 
     parts = [FORMAT, COST_UNIT, spec.target, spec.device, spec.home, ENGINE_THREADS, torch.__version__.split("+")[0],
-             spec.cost_context, spec.cost_repeats, max(spec.gamma_max, 8)]
+             spec.cost_context, spec.cost_repeats, max(spec.gamma_max, 8), *spec.weights(spec.target)]
     key = fingerprint(*parts, *(["greedy"] if spec.temperature == 0 else []))
     return Path(spec.dir) / f"speed-{key}.json"
+
+
+def entry_key(spec, name: str) -> str:
+    """A drafter's entry name in the speed file: its spec, plus its own content id when it has one."""
+    from mdboost.cache.keys import fingerprint
+
+    own = [pair for pair in spec.weights(name) if pair[0] == "weights"]
+    return name if not own else f"{name}#{fingerprint(*own)}"
 
 
 class SpeedStore:
@@ -49,10 +60,13 @@ class SpeedStore:
     ----------
     path : path
         The JSON file (created on the first write).
+    keys : dict, optional
+        Drafter name -> entry name (:func:`entry_key`); names not in it are their own entry.
     """
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, keys: dict | None = None):
         self.path = Path(path)
+        self._keys = dict(keys or {})
         self._data = {"format": FORMAT, "profile": None, "drafters": {}}
         if self.path.is_file():
             try:
@@ -71,11 +85,11 @@ class SpeedStore:
 
     def drafter(self, name: str) -> dict | None:
         """A drafter's entry (``median``, ``samples``, ``prefill_per_token``, ``method``), or None."""
-        return self._data["drafters"].get(name)
+        return self._data["drafters"].get(self._keys.get(name, name))
 
     def missing(self, drafters) -> list[str]:
         """The names in ``drafters`` without an entry."""
-        return [d for d in drafters if d not in self._data["drafters"]]
+        return [d for d in drafters if self.drafter(d) is None]
 
     def set_profile(self, profile: dict) -> None:
         self._data["profile"] = profile
@@ -83,7 +97,7 @@ class SpeedStore:
 
     def set_drafter(self, name: str, measurement) -> None:
         """Store a :class:`~mdboost.engine.costs.CostMeasurement` for drafter ``name``."""
-        self._data["drafters"][name] = {
+        self._data["drafters"][self._keys.get(name, name)] = {
             "median": measurement.median, "samples": list(measurement.samples),
             "prefill_per_token": measurement.prefill_per_token, "method": measurement.method,
             "threads": measurement.threads, "load_before": measurement.load_before,

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
+from mdboost.engine.hooks import context_ids, process_at
 from mdboost.engine.kv import CachedLM, left_pad
 from mdboost.engine.schedule import ConfidenceStop, DraftSchedule, FixedDraftLength
 from mdboost.md.probs import logits_to_probs
@@ -160,6 +161,7 @@ class _PrivateCacheSession(_ScheduledSession):
     def __init__(self, drafter: ModelDrafter, prompts, device, settings):
         super().__init__(drafter.schedule, settings.gamma)
         self._stop, self._sampling = drafter.confidence_stop, settings.sampling
+        self._processor, self._pad = settings.logits_processor, settings.pad_id
         self._lm = CachedLM(drafter.model, len(prompts), device)
         self._pending = [list(p) for p in prompts]  # tokens not yet in the drafter cache
         self._fed_pending = 0  # width of the pending chunk fed by the last propose (0: none)
@@ -167,8 +169,9 @@ class _PrivateCacheSession(_ScheduledSession):
 
     def propose(self, contexts, max_tokens, generator):
         k = self._draft_length(max_tokens)
+        base = None if self._processor is None else context_ids(contexts, self._pad, self._lm.device)
         tokens, probs, self._fed_pending, lengths = _draft(self._lm, self._pending, k, self._sampling, generator,
-                                                           self._stop)
+                                                           self._stop, self._processor, base)
         self._drafts = tokens.tolist()
         return tokens, probs, lengths
 
@@ -199,13 +202,16 @@ class _SharedCacheSession(_ScheduledSession):
         super().__init__(drafter.schedule, settings.gamma)
         self._model, self._target = drafter.model, target
         self._stop, self._sampling = drafter.confidence_stop, settings.sampling
+        self._processor, self._pad = settings.logits_processor, settings.pad_id
 
     def propose(self, contexts, max_tokens, generator):
         k = self._draft_length(max_tokens)
         view = self._target.layer_view(self._model)
         seen = self._target.valid.sum(dim=1).tolist()  # tokens of each row in the target cache
         pending = [c[n:] for c, n in zip(contexts, seen)]
-        tokens, probs, _, lengths = _draft(view, pending, k, self._sampling, generator, self._stop)
+        base = None if self._processor is None else context_ids(contexts, self._pad, view.device)
+        tokens, probs, _, lengths = _draft(view, pending, k, self._sampling, generator, self._stop,
+                                           self._processor, base)
         view.keep([0] * view.batch_size)  # crop the draft entries off the target's layers
         return tokens, probs, lengths
 
@@ -213,11 +219,14 @@ class _SharedCacheSession(_ScheduledSession):
         """The target's rollback already rolled back the shared layers."""
 
 
-def _draft(lm: CachedLM, pending, k, sampling, generator, stop: ConfidenceStop | None = None):
+def _draft(lm: CachedLM, pending, k, sampling, generator, stop: ConfidenceStop | None = None,
+           processor=None, base: torch.Tensor | None = None):
     """Feed the pending tokens, then sample up to ``k >= 1`` drafts one by one (feeding all but the last).
 
     With ``stop``, a row's drafts end at the first token that ``stop`` flags (that token
-    included); drafting ends when every row has ended.
+    included); drafting ends when every row has ended. With ``processor`` (the settings'
+    ``logits_processor``), each draft's logits are processed first, after the rows' contexts
+    ``base`` (``[B, L]``, :func:`mdboost.engine.hooks.context_ids`) and the drafts before it.
     Returns ``(tokens [B, w], probs [B, w, V], width of the fed pending chunk, lengths)``
     with ``w <= k`` the longest row's length.
     """
@@ -231,6 +240,8 @@ def _draft(lm: CachedLM, pending, k, sampling, generator, stop: ConfidenceStop |
     for j in range(k):
         if j:
             logits = lm.forward(tokens[:, j - 1: j], logits_to_keep=1)[:, -1]
+        if processor is not None:
+            logits = process_at(processor, base, tokens, j, logits)
         probs.append(logits_to_probs(logits, **sampling))
         # greedy: the argmax on which the one-hot sits (what multinomial would return), cheaper
         tokens[:, j] = logits.argmax(-1) if greedy else sample(probs[-1], generator)

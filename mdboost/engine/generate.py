@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from mdboost.engine.drafting import Drafter, sample
+from mdboost.engine.hooks import context_ids, process_logits, stop_lengths
 from mdboost.engine.kv import CachedLM, left_pad
 from mdboost.engine.settings import GenerationSettings
 from mdboost.engine.stats import GenerationStats
@@ -88,6 +89,7 @@ def generate(
     drafter: Drafter | None = None,
     attention_mask: torch.Tensor | None = None,  # [B, T]
     generator: torch.Generator | None = None,
+    on_tokens=None,
 ) -> GenerationOutput:
     """Generate with ``target``, drafted by ``drafter`` (SD or MD) or alone (AR).
 
@@ -110,6 +112,9 @@ def generate(
         1 for prompt tokens, 0 for padding.
     generator : torch.Generator or None
         The only source of randomness (same seed, same output).
+    on_tokens : callable or None
+        Called after each step with one list per row of the tokens it emitted in that step
+        (empty for rows already done), e.g. to stream them.
 
     Returns
     -------
@@ -127,7 +132,8 @@ def generate(
     timer = _Timer(device)
     start = timer.now()
 
-    state = _State(prompts, settings.max_new_tokens, settings.eos_token_id)
+    state = _State(prompts, settings.max_new_tokens, settings.eos_token_id, settings.stopping_criteria, settings.pad_id,
+                   device)
     lm = CachedLM(target, len(prompts), device)
     session = drafter.start(prompts, lm, settings) if drafter is not None else None
     # deterministic decoding (greedy, no budget): an undrafted step takes the argmax directly
@@ -138,14 +144,21 @@ def generate(
     with torch.inference_mode():
         while state.active_rows():
             limit = 0 if session is None else state.max_remaining() - 1
-            _step(lm, session, state, limit, sampling, md_args, generator, stats, timer, greedy)
+            _step(lm, session, state, limit, sampling, md_args, generator, stats, timer, greedy,
+                  settings.logits_processor, settings.pad_id)
+            if on_tokens is not None:
+                on_tokens(state.last_emitted)
 
     stats.time_total = timer.now() - start
     return state.output(input_ids, settings.pad_id, stats)
 
 
-def _step(lm, session, state, limit, sampling, md_args, generator, stats, timer, greedy=False) -> None:
+def _step(lm, session, state, limit, sampling, md_args, generator, stats, timer, greedy=False,
+          processor=None, pad_id=0) -> None:
     """One draft / score / verify / roll back step; ``limit`` caps the drafts (0: none).
+
+    ``processor``: the settings' ``logits_processor``, applied to the target's logits at each
+    scored position (:mod:`mdboost.engine.hooks`) before anything reads them.
 
     ``greedy``: the output is deterministic (temperature 0, no budget), so a step without
     drafts takes the target's argmax (what sampling its one-hot ``q`` gives) without building
@@ -165,6 +178,8 @@ def _step(lm, session, state, limit, sampling, md_args, generator, stats, timer,
         chunk = torch.cat([chunk, drafts], dim=1)
         valid = torch.cat([valid, torch.ones_like(drafts, dtype=torch.bool)], dim=1)
     logits = lm.forward(chunk, valid, logits_to_keep=width + 1)  # [B, width + 1, V]
+    if processor is not None:
+        logits = process_logits(processor, context_ids(state.contexts(), pad_id, lm.device), drafts, logits)
     if not greedy:
         target_probs = logits_to_probs(logits, **sampling)
     t2 = timer.now()
@@ -254,14 +269,16 @@ def _divergence_stats(result, num_accepted, lengths, stats, state) -> None:
 class _State:
     """Per-row token lists: prompt, generated tokens, target-pending tokens, activity."""
 
-    def __init__(self, prompts, max_new_tokens, eos_token_id):
+    def __init__(self, prompts, max_new_tokens, eos_token_id, stopping_criteria=None, pad_id=0, device="cpu"):
         self.prompts = prompts
         self.generated = [[] for _ in prompts]
         self.pending = [list(p) for p in prompts]  # tokens not yet in the target cache
         self.active = [True] * len(prompts)
         self.max_new = max_new_tokens
         self.eos = eos_token_id
+        self.stop, self.pad, self.device = stopping_criteria, pad_id, device
         self.last_active: list[int] = []
+        self.last_emitted: list[list[int]] = [[] for _ in prompts]
         self.last_accepted: list[int] = []
 
     def active_rows(self) -> list[int]:
@@ -277,19 +294,23 @@ class _State:
         """Record one step's emitted tokens; returns how many count as new (active rows only)."""
         self.last_active, self.last_accepted = self.active_rows(), num_accepted
         stats.add_position_counts([lengths[b] for b in self.last_active], [num_accepted[b] for b in self.last_active])
-        added = 0
+        emitted = {}
         for b in self.last_active:
-            emitted = drafts[b][: num_accepted[b]] + [new_tokens[b]]
-            if self.eos is not None and self.eos in emitted:
-                emitted = emitted[: emitted.index(self.eos) + 1]
+            row = drafts[b][: num_accepted[b]] + [new_tokens[b]]
+            if self.eos is not None and self.eos in row:
+                row = row[: row.index(self.eos) + 1]
                 self.active[b] = False
-            emitted = emitted[: self.max_new - len(self.generated[b])]
-            self.generated[b] += emitted
-            added += len(emitted)
+            emitted[b] = row[: self.max_new - len(self.generated[b])]
+        if self.stop is not None:
+            for b, n in stop_lengths(self.stop, self.contexts(), emitted, self.pad, self.device).items():
+                emitted[b], self.active[b] = emitted[b][:n], False
+        self.last_emitted = [emitted.get(b, []) for b in range(len(self.generated))]
+        for b, row in emitted.items():
+            self.generated[b] += row
             if len(self.generated[b]) >= self.max_new:
                 self.active[b] = False
         self.pending = [[t] for t in new_tokens]
-        return added
+        return sum(len(row) for row in emitted.values())
 
     def output(self, input_ids, pad, stats) -> GenerationOutput:
         width = max(len(g) for g in self.generated)

@@ -85,6 +85,16 @@ class GenerationSettings:
         A row stops after emitting it.
     pad_token_id : int or None, default=None
         Pads rows that stopped early (default: ``eos_token_id``, else 0).
+    logits_processor : callable or None, default=None
+        ``(input_ids [B, L], scores [B, V]) -> scores [B, V]``, transformers' ``LogitsProcessor``
+        signature: applied to the drafter's and the target's logits at every position, the
+        same way for both, before :func:`mdboost.logits_to_probs` (so before the MD clamp).
+        ``input_ids`` holds each row's tokens before that position (prompt, generated tokens,
+        earlier drafts), left-padded with :attr:`pad_id` to the longest row.
+    stopping_criteria : callable or None, default=None
+        ``(input_ids [B, L], scores) -> BoolTensor [B]``, transformers' ``StoppingCriteria``
+        signature (called with ``scores=None``) after each emitted token, with the rows
+        left-padded as above: a row stops after the first token that makes it ``True``.
 
     Examples
     --------
@@ -109,6 +119,8 @@ class GenerationSettings:
     md_solve: str = DEFAULT_MD_SOLVE
     eos_token_id: int | None = None
     pad_token_id: int | None = None
+    logits_processor: Callable | None = None
+    stopping_criteria: Callable | None = None
 
     def __post_init__(self):
         _positive_int("max_new_tokens", self.max_new_tokens)
@@ -135,6 +147,10 @@ class GenerationSettings:
             raise ValueError(f"md_solve must be one of {SOLVE}, got {self.md_solve!r}")
         _token_id("eos_token_id", self.eos_token_id)
         _token_id("pad_token_id", self.pad_token_id)
+        for name in ("logits_processor", "stopping_criteria"):
+            value = getattr(self, name)
+            if value is not None and not callable(value):
+                raise TypeError(f"{name} must be callable or None, got {type(value).__name__}")
 
     @property
     def lossy(self) -> bool:

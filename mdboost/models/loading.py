@@ -56,6 +56,31 @@ def cache_kwarg(model) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+
+
+def check_model_source(name: str) -> None:
+    """Raise ``ValueError`` (naming ``name``) when :func:`load_model` cannot find it, without loading.
+
+    An alias passes; a name that reads as a path (``/``, ``.`` or ``~`` first, or a ``.gguf``
+    file) must exist; with ``HF_HUB_OFFLINE`` set, any other name must be a local path or a
+    model in the local hub cache.
+    """
+    from .identity import hub_revision
+
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name must be a non-empty model name or path, got {name!r}")
+    if _TINY.fullmatch(name) or name.lower() == SMOLLM2_ALIAS:
+        return
+    path = Path(name).expanduser()
+    if name.startswith(("/", ".", "~")) or name.endswith(".gguf"):
+        if not (path.is_file() if name.endswith(".gguf") else path.exists()):
+            raise ValueError(f"model {name!r}: no such {'GGUF file' if name.endswith('.gguf') else 'model folder'}")
+    elif not path.exists() and _offline() and hub_revision(name) is None:
+        raise ValueError(f"model {name!r} is not a local path and not in the local hub cache (HF_HUB_OFFLINE is set)")
+
+
 def load_model(
     name: str,
     device: str | torch.device | None = None,

@@ -3,7 +3,10 @@
 Drafter specs: ``early_exit:N``, ``tuned:N``, ``int8``, ``ngram:N`` (see
 :mod:`mdboost.models.drafters` and :mod:`mdboost.models.ngram`) or another model name / path.
 Every member records a vocabulary fingerprint; a drafter/target pair with different
-vocabularies is refused (no silent mis-mapping of token ids). Cost ratios ``c`` (drafter
+vocabularies is refused (no silent mis-mapping of token ids). Members loaded from a local
+folder, a file or the hub also record their weights' content id
+(:func:`mdboost.models.identity.weights_id`, ``info["weights"]``), which keys their caches
+and the target's stored tuned lenses (:func:`tuned_store`). Cost ratios ``c`` (drafter
 step time / target step time, the speed model of
 ``docs/theory.md``, "Speed model for ranking") are measured by
 :func:`mdboost.models.cost.measure_cost_ratio`.
@@ -16,12 +19,14 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .convert import SMOLLM2_ALIAS, ensure_smollm2
 from .cost import measure_cost_ratio
 from .drafters import early_exit_model, int8_model, tuned_translators
 from .home import models_dir
-from .loading import load_model, resolve_device
+from .identity import weights_id
+from .loading import check_model_source, load_model, resolve_device
 from .ngram import NgramDrafter
 
 KINDS = ("hf", "early_exit", "tuned", "int8", "ngram")
@@ -141,6 +146,42 @@ def parse_drafter(spec: str) -> tuple[str, int | None]:
     return match.group(1), int(match.group(2))
 
 
+def target_depth(target: str, home=None) -> int | None:
+    """The target's number of decoder layers, read without loading it (None when unknown)."""
+    from .convert import SMOLLM2_LAYERS
+    from .loading import _TINY
+    from .tiny import DEFAULT_NUM_LAYERS
+
+    if _TINY.fullmatch(target):
+        return DEFAULT_NUM_LAYERS
+    folder = models_dir(home) / SMOLLM2_ALIAS if target.lower() == SMOLLM2_ALIAS else Path(target).expanduser()
+    config = folder / "config.json"
+    if config.is_file():
+        try:
+            return int(json.loads(config.read_text())["num_hidden_layers"])
+        except (ValueError, KeyError, TypeError):
+            return None
+    return SMOLLM2_LAYERS if target.lower() == SMOLLM2_ALIAS else None
+
+
+def check_drafter(spec: str, target: str, home=None) -> None:
+    """Raise ``ValueError`` naming ``spec`` unless it can be built for ``target`` (checked without
+    loading a model: the spec's syntax, an ``early_exit`` / ``tuned`` depth below the target's
+    layer count where that is known, an ``ngram`` order >= 1, a model drafter that can be found)."""
+    kind, n = parse_drafter(spec)
+    if spec == target:
+        raise ValueError(f"drafter {spec!r} is the target itself; list other drafters")
+    if kind == "ngram" and n < 1:
+        raise ValueError(f"drafter spec {spec!r} needs an order >= 1")
+    if kind in ("early_exit", "tuned"):
+        depth = target_depth(target, home)
+        if n < 1 or (depth is not None and n >= depth):
+            raise ValueError(f"drafter spec {spec!r}: the depth must be in [1, {'L - 1' if depth is None else depth - 1}]"
+                             f" for target {target!r}" + ("" if depth is None else f" ({depth} layers)"))
+    if kind == "hf":
+        check_model_source(spec)
+
+
 # How a kind's cached rows are computed, where it changed since caches were first keyed: part of
 # the member's cache-folder key (mdboost.cache.keys), so a cache built the older way is rebuilt.
 ROW_REVISIONS = {"int8": "rows: prefix forward, then one token per forward (as the engine drafts)"}
@@ -151,15 +192,31 @@ def row_revision(spec: str) -> str | None:
     return ROW_REVISIONS.get(parse_drafter(spec)[0])
 
 
-def _tuned_store(target_name: str, home) -> str | None:
+def tuned_store(target_name: str, home=None) -> str | None:
+    """Where the ``tuned`` translators of a target are stored, keyed on its weights' content.
+
+    None for ``tiny`` (random tiny models: fitting is instant, nothing worth storing); the
+    converted folder for ``smollm2-135m`` (converted again, without them, when its source
+    changes); else ``<home>/models/tuned/<slug>[-<id>]``, ``<id>`` the first 16 hex digits of
+    the SHA-256 of :func:`mdboost.models.identity.weights_id` (no suffix when that is None).
+    """
     if target_name.startswith("tiny"):
-        return None  # random tiny models: fitting is instant, nothing worth storing
+        return None
     if target_name.lower() == SMOLLM2_ALIAS:
         return str(ensure_smollm2(home))
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", target_name.strip("/"))
+    content = weights_id(target_name, home)
+    if content is not None:
+        slug += "-" + hashlib.sha256(content.encode()).hexdigest()[:16]
     path = models_dir(home) / "tuned" / slug
     path.mkdir(parents=True, exist_ok=True)
     return str(path)
+
+
+def _weights_info(name: str, home) -> dict:
+    """``{"weights": <content id>}`` for manifests, empty where the id is None (names unchanged)."""
+    content = weights_id(name, home)
+    return {} if content is None else {"weights": content}
 
 
 def build_pool(
@@ -192,7 +249,8 @@ def build_pool(
     device = resolve_device(device)
     model, tokenizer = load_model(target, device=device, dtype=dtype, home=home)
     fingerprint = vocab_fingerprint(tokenizer, model)
-    target_member = PoolMember(target, "hf", model, None, tokenizer, fingerprint, 1.0, "target (reference)", target)
+    target_member = PoolMember(target, "hf", model, None, tokenizer, fingerprint, 1.0, "target (reference)", target,
+                               _weights_info(target, home))
     parsed = [(spec, *parse_drafter(spec)) for spec in drafters]
     tuned_depths = sorted({n for _, kind, n in parsed if kind == "tuned"})
     translators = {}
@@ -200,7 +258,7 @@ def build_pool(
         from mdboost.data import fit_sequences
 
         translators = tuned_translators(model, tuned_depths, lambda: fit_sequences(tokenizer, fit_source),
-                                        store=_tuned_store(target, home), max_positions=fit_positions)
+                                        store=tuned_store(target, home), max_positions=fit_positions)
     members = []
     for spec, kind, n in parsed:
         model_id = f"{target}#{spec}"
@@ -215,7 +273,8 @@ def build_pool(
             member = PoolMember(spec, kind, int8_model(model), None, tokenizer, fingerprint, model_id=model_id)
         else:
             other, other_tok = load_model(spec, device=device, dtype=dtype, home=home)
-            member = PoolMember(spec, "hf", other, None, other_tok, vocab_fingerprint(other_tok, other), model_id=spec)
+            member = PoolMember(spec, "hf", other, None, other_tok, vocab_fingerprint(other_tok, other), model_id=spec,
+                                info=_weights_info(spec, home))
             Pool.check_compatible(member, target_member)
         members.append(member)
     recipe = {"target": target, "device": str(device), "home": None if home is None else str(home),

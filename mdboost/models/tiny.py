@@ -23,6 +23,7 @@ _CHARS = (
     + string.ascii_uppercase + "!$%&;?@\\^`{|}~\t"
 )
 
+DEFAULT_NUM_LAYERS = 4
 _INIT_LOCK = threading.Lock()  # seeded init uses the global RNG: one model at a time across threads
 
 CHAT_TEMPLATE = (
@@ -71,7 +72,7 @@ def tiny_tokenizer(vocab_size: int = 64) -> PreTrainedTokenizerFast:
 
 def tiny_llama(
     vocab_size: int = 64,
-    num_layers: int = 4,
+    num_layers: int = DEFAULT_NUM_LAYERS,
     hidden_size: int = 32,
     seed: int = 0,
     **config_overrides,

@@ -320,7 +320,7 @@ def _chains(layout: SequenceLayout, draft_rows, target_rows, labels, points, wid
 
 def score_process(layout: SequenceLayout, draft_rows, target_rows, labels, points: list[PointInputs], gammas,
                   cost_ratio: float, *, verify_costs=None, md_solve: str = "reached",
-                  sd_acceptance=None, bootstrap=None, cost_samples=None,
+                  sd_acceptance=None, bootstrap=None, cost_samples=None, verify_samples=None,
                   prefill_per_token=(0.0, 0.0)) -> list[ProcessScore]:
     """Best gamma, speedup and engine-side acceptance of every operating point of a pair.
 
@@ -345,6 +345,10 @@ def score_process(layout: SequenceLayout, draft_rows, target_rows, labels, point
         Intervals over prompts (:mod:`mdboost.ranking.uncertainty`); default: none (NaN bounds).
     cost_samples : sequence of float, optional
         Repeated measurements of ``cost_ratio``: each resample also draws one of them.
+    verify_samples : [K][S] table of float, optional
+        The repeats behind ``verify_costs`` (``verify_samples[K][j]``: repeat ``j``'s ``v(K)``):
+        each resample also draws one repeat's table
+        (:func:`~mdboost.ranking.uncertainty.resample_tables`).
     prefill_per_token : (float, float), default=(0, 0)
         ``(beta_t, beta_d)``: the target's and the drafter's own prefill cost per prompt token
         (:func:`~mdboost.ranking.speed.process_speedup`), applied to ``layout.prompt_lengths``
@@ -371,7 +375,7 @@ def score_process(layout: SequenceLayout, draft_rows, target_rows, labels, point
                       lengths=lengths.repeat(n_p * n_g))
 
     from mdboost.ranking.uncertainty import (BootstrapSettings, percentile_interval, prompt_weights, resample_sums,
-                                             resample_values)
+                                             resample_tables, resample_values)
 
     boot = bootstrap or BootstrapSettings(num_resamples=0)
     # resample 0 is the full sample (every prompt once), then the bootstrap resamples of the prompts
@@ -397,8 +401,14 @@ def score_process(layout: SequenceLayout, draft_rows, target_rows, labels, point
            else (torch.as_tensor(prompt, dtype=torch.float64) - 1).clamp_min(0))  # [B]: prompt tokens beyond one
     beta_t, beta_d = (float(x) for x in prefill_per_token)
     fed = resample_sums(fed, weights)[:, None, None]  # [R, 1, 1]
+    verify = verify_costs
+    if verify_costs is not None and verify_samples is not None and boot.num_resamples:
+        width = max(gammas) + 1
+        medians = torch.as_tensor(verify_costs, dtype=torch.float64)[:width]
+        tables = resample_tables([row for row in verify_samples][:width], boot.num_resamples, boot.seed)  # [R-1, K+1]
+        verify = torch.cat([medians[None], tables])[:, None, None, :]  # [R, 1, 1, K+1]: resample 0 the medians
     speed = process_speedup(tokens, pooled(res.draft_tokens), pooled(res.steps_by_draft_len), cost,
-                            verify_costs=verify_costs, md_overhead=overhead, solved=solved,
+                            verify_costs=verify, md_overhead=overhead, solved=solved,
                             prefill=beta_t * fed, drafter_prefill=beta_d * fed)  # [R, P, G]
 
     def per_row(x):  # [P, B, L] -> [P * G * B, L], the batch order of run_process

@@ -220,7 +220,7 @@ def _process_scores(acc: PairRows, aligned: Aligned, ops, sd, settings: ScoreSet
     return score_process(acc.layout, acc.draft.rows, acc.target.rows, torch.as_tensor(acc.labels), points,
                          settings.gammas, acc.draft.cost_ratio, verify_costs=profile.verify_cost,
                          md_solve=settings.md_solve, sd_acceptance=sd, bootstrap=settings.bootstrap,
-                         cost_samples=acc.draft.cost_samples,
+                         cost_samples=acc.draft.cost_samples, verify_samples=profile.verify_samples,
                          prefill_per_token=(profile.prefill_per_token, acc.draft.prefill_per_token))
 
 

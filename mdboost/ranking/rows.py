@@ -44,7 +44,9 @@ def speed_profile(pc: PoolCache, drafter: str, target: str) -> SpeedProfile:
         return SpeedProfile()
     kind = "onehot" if pc.kind(drafter) == "ngram" else "dense"
     overhead = 0.0 if info["md_overhead"] is None else float(info["md_overhead"][kind])  # None: greedy, no MD
-    return SpeedProfile(tuple(info["verify_cost"]), overhead, float(info["prefill_per_token"]))
+    samples = info.get("verify_samples")
+    return SpeedProfile(tuple(info["verify_cost"]), overhead, float(info["prefill_per_token"]),
+                        None if samples is None else tuple(tuple(float(x) for x in row) for row in samples))
 
 
 def member_rows(cache, name: str, temperature: float) -> tuple[MemberRows, object]:

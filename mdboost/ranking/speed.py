@@ -62,11 +62,15 @@ class SpeedProfile:
     prefill_per_token : float
         The target's prefill cost per prompt token beyond an ordinary step (``beta_t``; 0: not
         modelled).
+    verify_samples : tuple of tuple of float or None
+        ``verify_samples[K]``: the repeats behind ``verify_cost[K]`` (the speedup intervals draw
+        one repeat's table per resample); None: not kept.
     """
 
     verify_cost: tuple | None = None
     md_overhead: float = 0.0
     prefill_per_token: float = 0.0
+    verify_samples: tuple | None = None
 
     def __post_init__(self):
         if self.verify_cost is not None:
@@ -265,8 +269,9 @@ def process_speedup(tokens, draft_tokens, steps_by_draft_len, cost_ratio, *, ver
     steps_by_draft_len : tensor [..., G + 1]
         Expected steps with ``K = 0..G`` drafts.
     cost_ratio : float or tensor [...] >= 0
-    verify_costs : sequence of float, optional
-        ``v`` table covering ``G`` (default ``v = 1``).
+    verify_costs : sequence of float or tensor [..., G' + 1], optional
+        ``v`` table covering ``G`` (default ``v = 1``); a tensor of tables broadcasts against
+        ``steps_by_draft_len`` (e.g. one table per bootstrap resample).
     md_overhead : float or tensor [...] >= 0
         ``s`` (0 for plain SD).
     solved : float or tensor [...] >= 0
@@ -286,7 +291,14 @@ def process_speedup(tokens, draft_tokens, steps_by_draft_len, cost_ratio, *, ver
     """
     hist = torch.as_tensor(steps_by_draft_len, dtype=torch.float64)
     g = hist.shape[-1] - 1
-    v = torch.ones(g + 1, dtype=torch.float64) if verify_costs is None else check_verify_costs(verify_costs, g)[:g + 1]
+    if verify_costs is None:
+        v = torch.ones(g + 1, dtype=torch.float64)
+    elif torch.is_tensor(verify_costs) and verify_costs.ndim > 1:
+        v = verify_costs.double()[..., :g + 1]
+        if v.shape[-1] < g + 1 or not torch.isfinite(v).all() or (v <= 0).any() or (v[..., 0] != 1).any():
+            raise ValueError(f"verify_costs tables must cover gamma 0..{g}, be finite, > 0 and start with 1.0")
+    else:
+        v = check_verify_costs(verify_costs, g)[:g + 1]
     c = _check_nonneg("cost_ratio", cost_ratio)
     s = _check_nonneg("md_overhead", md_overhead)
     solved = _check_nonneg("solved", solved)

@@ -83,6 +83,20 @@ def resample_sums(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor: 
     return torch.einsum("rb,...b->r...", weights, values)
 
 
+def resample_tables(samples, num_resamples: int, seed: int = 0) -> torch.Tensor:  # [K, S] -> [R, K]
+    """One measured repeat's whole table per resample: ``samples[k][j]`` is the ``k``-th entry of
+    repeat ``j`` (a repeat measures all entries together, so they are drawn together).
+
+    >>> resample_tables([[1.0, 1.0], [2.0, 3.0]], 3, seed=0).shape
+    torch.Size([3, 2])
+    """
+    table = torch.as_tensor(samples, dtype=torch.float64)
+    if table.ndim != 2 or table.shape[1] == 0:
+        raise ValueError(f"samples must be a [K, S] table with S >= 1 repeats, got shape {tuple(table.shape)}")
+    gen = torch.Generator().manual_seed(seed + 2)  # neither the prompts' nor the cost samples' stream
+    return table[:, torch.randint(0, table.shape[1], (num_resamples,), generator=gen)].T
+
+
 def resample_values(samples, num_resamples: int, seed: int = 0) -> torch.Tensor:  # [S] -> [R]
     """One of the measured ``samples`` per resample, drawn uniformly with replacement."""
     samples = torch.as_tensor(samples, dtype=torch.float64).reshape(-1)

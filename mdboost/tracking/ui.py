@@ -99,6 +99,9 @@ def main(tracking_uri: str | None = None, port: int = 5000, host: str = "127.0.0
          artifact_root: str = DEFAULT_ARTIFACT_ROOT) -> int:
     """Run the MLflow UI in the foreground until interrupted; returns the server's exit code.
 
+    Ctrl-C (SIGINT), SIGTERM and SIGHUP stop the server it started, workers included (it runs
+    in its own process group, :func:`_stop`), and return 0.
+
     Parameters
     ----------
     tracking_uri : str or None
@@ -114,12 +117,40 @@ def main(tracking_uri: str | None = None, port: int = 5000, host: str = "127.0.0
         print(f"warning: binding {host!r}, not only localhost", file=sys.stderr)
     _prepare_store(uri)
     print(f"MLflow UI over {uri} at {_url(host, port)} (Ctrl-C to stop)", flush=True)
-    proc = subprocess.Popen(cmd)
+    # its own session: a signal to us reaches the server (and its workers) only through _stop
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    with _signals_stop():
+        try:
+            return proc.wait()
+        except (KeyboardInterrupt, _Stopped):
+            return 0
+        finally:
+            _stop(proc)
+
+
+class _Stopped(Exception):
+    """SIGTERM or SIGHUP arrived: leave the wait and stop the server."""
+
+
+@contextmanager
+def _signals_stop() -> Iterator[None]:
+    """Turn SIGTERM / SIGHUP into :class:`_Stopped` for the block (main thread only), so that
+    stopping ``mdboost ui`` stops the server it started instead of orphaning it."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_stopped(signum, frame):
+        raise _Stopped(signum)
+
+    previous = {sig: signal.signal(sig, raise_stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        return proc.wait()
-    except KeyboardInterrupt:
-        _stop(proc)
-        return 0
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

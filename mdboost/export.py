@@ -1,0 +1,309 @@
+"""What to run for a ranking's recommendation: mdboost's engine, Hugging Face ``generate``, vLLM.
+
+:func:`load_ranking` reads a ranking (an output folder of ``mdboost rank``, or its MLflow run);
+:func:`export_plan` turns its recommendation into one JSON-able document:
+
+- ``mdboost``: the :func:`mdboost.engine.generate` call;
+- ``hf``: the ``target.generate(custom_generate=mdboost.hf.mentored_generate, ...)`` call and
+  its keyword arguments;
+- ``vllm``: the target and sampling parameters, and for a lossless (budget 0) pick whose
+  drafter vLLM can run, its ``speculative_config`` (field names of vLLM's documented
+  ``SpeculativeConfig``: ``method``, ``model``, ``num_speculative_tokens``,
+  ``prompt_lookup_max``, ``prompt_lookup_min``). vLLM verifies drafts losslessly (its
+  rejection sampler keeps the target's distribution), so a lossy (MD) pick has no
+  ``speculative_config``: the document says so and names the nearest lossless option of the
+  ranking instead (``docs/theory.md`` section 3: budget 0 is standard SD).
+
+:func:`render` prints the document as JSON or as the Python of one of the three calls.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from pathlib import Path
+
+from mdboost.ranking.report import read_csv
+
+FORMATS = ("json", "mdboost", "hf", "vllm")
+VLLM_METHODS = ("draft_model", "ngram")
+SPECULATIVE_CONFIG_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min")
+PROMPT = "def fib(n):"
+MAX_NEW_TOKENS = 64
+_RUN_ID = re.compile(r"[0-9a-f]{32}")
+_RECOMMENDATION_TYPES = {"temperature": float, "max_divergence": float, "gamma": int, "predicted_speedup": float,
+                         "predicted_speedup_lo": float, "predicted_speedup_hi": float, "nll_target": float,
+                         "nll_mentored": float, "beats_plain_decoding": lambda s: s == "True",
+                         "quality_ok": lambda s: s == "True"}
+
+
+def load_ranking(source: str, *, tracking_uri: str | None = None) -> dict:
+    """The recommendation, sampling settings, rows and device of a ranking.
+
+    Parameters
+    ----------
+    source : str
+        An output folder of ``mdboost rank`` (``summary.json`` and ``ranking.csv``), or the
+        32-hex-digit id of its MLflow parent run (artifacts ``ranking.csv``, and
+        ``summary.json`` or the run's ``recommendation.*`` parameters).
+    tracking_uri : str or None
+        The MLflow store of a run id (``None``: MLflow's own default resolution).
+
+    Returns
+    -------
+    dict with ``recommendation``, ``sampling`` (``top_k``, ``top_p``), ``rows``, ``device``, ``source``.
+    """
+    if not isinstance(source, str) or not source:
+        raise ValueError(f"ranking must be a ranking folder or an MLflow run id, got {source!r}")
+    folder = Path(source)
+    if folder.is_dir():
+        summary = _read_json(folder / "summary.json")
+        if summary is None or "recommendation" not in summary:
+            raise ValueError(f"ranking folder {source!r} has no summary.json with a recommendation: "
+                             f"run `mdboost rank --config ...` first")
+        return _ranking(summary["recommendation"], summary.get("sampling") or {}, folder, source)
+    if _RUN_ID.fullmatch(source):
+        return _from_run(source, tracking_uri)
+    raise ValueError(f"ranking must be a ranking folder or an MLflow run id (32 hex digits), got {source!r}: "
+                     "no such folder")
+
+
+def _read_json(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _ranking(rec: dict, sampling: dict, folder: Path, source: str) -> dict:
+    csv = folder / "ranking.csv"
+    if not csv.is_file():
+        raise ValueError(f"ranking {source!r} has no ranking.csv")
+    device = "cpu"
+    config = folder / "config.resolved.yaml"
+    if config.is_file():
+        import yaml
+
+        device = ((yaml.safe_load(config.read_text()) or {}).get("pool") or {}).get("device") or "cpu"
+    return {"recommendation": dict(rec), "sampling": {"top_k": sampling.get("top_k"), "top_p": sampling.get("top_p")},
+            "rows": read_csv(csv), "device": device, "source": source}
+
+
+def _from_run(run_id: str, tracking_uri: str | None) -> dict:
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    client = mlflow.MlflowClient(tracking_uri)
+    try:
+        run = client.get_run(run_id)
+    except MlflowException as err:
+        raise ValueError(f"no MLflow run {run_id!r} in {client.tracking_uri!r}") from err
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ("ranking.csv", "config.resolved.yaml", "summary.json"):
+            try:
+                client.download_artifacts(run_id, name, tmp)
+            except (MlflowException, OSError):
+                pass  # optional files; ranking.csv is checked by _ranking
+        summary = _read_json(Path(tmp) / "summary.json")
+        if summary is not None and "recommendation" in summary:
+            return _ranking(summary["recommendation"], summary.get("sampling") or {}, Path(tmp), run_id)
+        params = run.data.params
+        rec = {k[len("recommendation."):]: v for k, v in params.items() if k.startswith("recommendation.")}
+        if "drafter" not in rec:
+            raise ValueError(f"MLflow run {run_id!r} is not a ranking run (no recommendation.* parameters)")
+        rec = {k: _RECOMMENDATION_TYPES.get(k, str)(v) for k, v in rec.items()}
+        sampling = {k: None if params.get(f"md.{k}") in (None, "None") else float(params[f"md.{k}"])
+                    for k in ("top_k", "top_p")}
+        if sampling["top_k"] is not None:
+            sampling["top_k"] = int(sampling["top_k"])
+        return _ranking(rec, sampling, Path(tmp), run_id)
+
+
+def speculative_config(drafter: str, gamma: int) -> tuple[dict | None, str]:
+    """vLLM's ``speculative_config`` for an mdboost drafter spec, or ``None`` and why not.
+
+    >>> speculative_config("ngram:3", 4)[0]
+    {'method': 'ngram', 'num_speculative_tokens': 4, 'prompt_lookup_max': 3, 'prompt_lookup_min': 1}
+    >>> speculative_config("tuned:12", 4)[0] is None
+    True
+    """
+    from mdboost.models.pool import parse_drafter
+
+    kind, n = parse_drafter(drafter)
+    if kind == "ngram":  # mdboost's prompt lookup falls back from n-token suffixes down to one token
+        return {"method": "ngram", "num_speculative_tokens": int(gamma), "prompt_lookup_max": n,
+                "prompt_lookup_min": 1}, ""
+    if kind == "hf":
+        return {"method": "draft_model", "model": drafter, "num_speculative_tokens": int(gamma)}, ""
+    what = {"early_exit": "an early exit of the target (its first layers)",
+            "tuned": "an early exit with a tuned-lens translator", "int8": "a dynamically int8-quantized CPU copy"}
+    return None, f"vLLM has no drafter method for {drafter!r} ({what[kind]} built by mdboost)"
+
+
+def vllm_model(target: str) -> tuple[str | None, str]:
+    """The model vLLM should load for an mdboost target name, and a note."""
+    if target.lower() == "smollm2-135m":
+        from mdboost.models.home import models_dir
+
+        return str(models_dir() / "smollm2-135m"), ("mdboost's conversion of the bundled SmolLM2-135M-Instruct "
+                                                    "Q4_1 GGUF (made by `mdboost rank`)")
+    if target.startswith("tiny"):
+        return None, f"{target!r} is a random test model built in code: vLLM cannot load it"
+    return target, ""
+
+
+def _vllm(rec: dict, rows: list[dict], sampling: dict) -> dict:
+    model, model_note = vllm_model(rec["target"])
+    params = {"temperature": float(rec["temperature"])}
+    params.update({k: v for k, v in sampling.items() if v is not None})
+    notes = [model_note] if model_note else []
+    out = {"model": model, "sampling_params": params, "lossless": float(rec["max_divergence"]) == 0,
+           "speculative_config": None, "nearest_lossless": None, "notes": notes}
+    if not rec["beats_plain_decoding"]:
+        notes.append("plain decoding is fastest here: serve the target without speculative_config")
+        return out
+    config, why = speculative_config(rec["drafter"], rec["gamma"])
+    if out["lossless"] and config is not None:
+        out["speculative_config"] = config
+        notes.append("lossless speculative decoding: vLLM's rejection sampler keeps the target's distribution, "
+                     "as mdboost's budget 0 does")
+    else:
+        if not out["lossless"]:
+            notes.append(f"vLLM verifies drafts losslessly (its rejection sampler keeps the target's distribution): "
+                         f"the pick's mentored-decoding budget "
+                         f"({rec['divergence']} <= {float(rec['max_divergence']):g}) "
+                         f"has no speculative_config field, so vLLM cannot run this point")
+        if why:
+            notes.append(why)
+        near = out["nearest_lossless"] = nearest_lossless(rows, rec)
+        if near is None:
+            notes.append("the ranking has no budget-0 point with a drafter vLLM can run: serve the target "
+                         "without speculative_config")
+        else:
+            verdict = ("predicted to beat plain decoding" if near["beats_plain_decoding"] else
+                       "NOT predicted to beat plain decoding (serving without speculative_config may be as fast)")
+            notes.append(f"nearest lossless option: {near['drafter']} -> {near['target']}, T={near['temperature']:g}, "
+                         f"SD, gamma {near['gamma']} (rank {near['rank']}): predicted {near['predicted_speedup']:.2f}x "
+                         f"[{near['predicted_speedup_lo']:.2f}, {near['predicted_speedup_hi']:.2f}] in mdboost's "
+                         f"engine, {verdict}")
+    return out
+
+
+def nearest_lossless(rows: list[dict], rec: dict) -> dict | None:
+    """The best-ranked budget-0 row at the pick's temperature whose drafter vLLM can run
+    (the pick's own drafter first), with its ``speculative_config``; ``None`` if there is none."""
+    temperature = float(rec["temperature"])
+    candidates = []
+    for row in rows:
+        if float(row["max_divergence"]) != 0 or float(row["temperature"]) != temperature:
+            continue
+        config = speculative_config(row["drafter"], int(float(row["gamma"])))[0]
+        if config is not None:
+            candidates.append((row["drafter"] != rec["drafter"], int(float(row["rank"])), row, config))
+    if not candidates:
+        return None
+    _, rank, row, config = min(candidates, key=lambda c: c[:2])
+    speedup = {k: float(row[k]) for k in ("predicted_speedup", "predicted_speedup_lo", "predicted_speedup_hi")}
+    return {"drafter": row["drafter"], "target": row["target"], "temperature": temperature,
+            "gamma": int(float(row["gamma"])), "rank": rank, **speedup,
+            "beats_plain_decoding": speedup["predicted_speedup_lo"] > 1, "speculative_config": config}
+
+
+def _settings_args(rec: dict, sampling: dict) -> list[str]:
+    args = [f"temperature={float(rec['temperature']):g}"]
+    args += [f"{k}={v!r}" for k, v in sampling.items() if v is not None]
+    return args
+
+
+def _budget_args(rec: dict) -> list[str]:
+    if float(rec["max_divergence"]) == 0:
+        return []
+    return [f"max_divergence={float(rec['max_divergence']):g}", f"divergence={rec['divergence']!r}"]
+
+
+def mdboost_snippet(rec: dict, sampling: dict, device: str) -> str:
+    """Python running the recommendation with :func:`mdboost.engine.generate`."""
+    speculative = rec["beats_plain_decoding"]
+    args = [f"max_new_tokens={MAX_NEW_TOKENS}", *_settings_args(rec, sampling)]
+    if speculative:
+        args += [f"gamma={int(rec['gamma'])}", *_budget_args(rec)]
+    call = (f"out = generate(target, input_ids, settings, drafter=drafter_for(target, {rec['drafter']!r}))"
+            if speculative else "out = generate(target, input_ids, settings)  # plain decoding: no drafter pays off")
+    return "\n".join([
+        "from mdboost.engine import GenerationSettings, generate",
+        *(["from mdboost.hf import drafter_for"] if speculative else []),
+        "from mdboost.models import load_model", "",
+        f"target, tok = load_model({rec['target']!r}, device={device!r})",
+        f"input_ids = tok({PROMPT!r}, return_tensors=\"pt\").input_ids",
+        f"settings = GenerationSettings({', '.join(args)}, eos_token_id=tok.eos_token_id)",
+        call, "print(tok.decode(out.sequences[0]))"])
+
+
+def hf_kwargs(rec: dict, sampling: dict) -> dict:
+    """Keyword arguments of ``target.generate`` for the recommendation (with ``custom_generate`` when drafted)."""
+    sampled = float(rec["temperature"]) > 0
+    kwargs = {"do_sample": sampled, "max_new_tokens": MAX_NEW_TOKENS}
+    if sampled:  # top_k=0: the ranking's unfiltered sampling (transformers' default with do_sample is top_k=50)
+        kwargs["temperature"] = float(rec["temperature"])
+        kwargs["top_k"] = 0 if sampling.get("top_k") is None else sampling["top_k"]
+        if sampling.get("top_p") is not None:
+            kwargs["top_p"] = sampling["top_p"]
+    if not rec["beats_plain_decoding"]:
+        return kwargs
+    md = {"drafter": rec["drafter"], "num_draft_tokens": int(rec["gamma"])}
+    if float(rec["max_divergence"]) > 0:
+        md.update(max_divergence=float(rec["max_divergence"]), divergence=rec["divergence"])
+    return {"custom_generate": "mdboost.hf.mentored_generate", **md, **kwargs}
+
+
+def hf_snippet(rec: dict, sampling: dict, device: str) -> str:
+    """Python running the recommendation through Hugging Face ``generate``."""
+    kwargs = hf_kwargs(rec, sampling)
+    args = ["**inputs"] + [f"{k}={v}" if k == "custom_generate" else f"{k}={v!r}" for k, v in kwargs.items()]
+    lines = [f"{args[0]}"]
+    for arg in args[1:]:  # wrap the call at about 100 columns
+        if len(lines[-1]) + len(arg) > 70:
+            lines.append(arg)
+        else:
+            lines[-1] += f", {arg}"
+    call = ",\n                      ".join(lines)
+    return "\n".join([*(["import mdboost.hf"] if "custom_generate" in kwargs else []),
+                      "from mdboost.models import load_model", "",
+                      f"target, tok = load_model({rec['target']!r}, device={device!r})",
+                      f"inputs = tok({PROMPT!r}, return_tensors=\"pt\")",
+                      f"out = target.generate({call})", "print(tok.decode(out[0]))"])
+
+
+def vllm_snippet(vllm: dict) -> str:
+    """Python (and the ``vllm serve`` line) for the ``vllm`` section, or its note when vLLM cannot run it."""
+    config = vllm["speculative_config"]
+    lines = [f"# {note}" for note in vllm["notes"]]
+    if config is None and vllm["nearest_lossless"] is not None:
+        config = vllm["nearest_lossless"]["speculative_config"]
+    if vllm["model"] is None:
+        return "\n".join(lines)
+    params = ", ".join(f"{k}={v!r}" for k, v in vllm["sampling_params"].items())
+    spec = "" if config is None else f", speculative_config={config!r}"
+    serve = "" if config is None else f" --speculative-config '{json.dumps(config)}'"
+    return "\n".join(lines + ["from vllm import LLM, SamplingParams", "",
+                              f"llm = LLM(model={vllm['model']!r}{spec})",
+                              f"outputs = llm.generate([{PROMPT!r}], "
+                              f"SamplingParams({params}, max_tokens={MAX_NEW_TOKENS}))",
+                              f"# server: vllm serve {vllm['model']}{serve}"])
+
+
+def export_plan(ranking: dict) -> dict:
+    """The JSON document for a :func:`load_ranking` result (see the module docstring)."""
+    rec, sampling, device = ranking["recommendation"], ranking["sampling"], ranking["device"]
+    vllm = _vllm(rec, ranking["rows"], sampling)
+    return {"source": ranking["source"], "recommendation": rec, "lossless": float(rec["max_divergence"]) == 0,
+            "mdboost": {"python": mdboost_snippet(rec, sampling, device)},
+            "hf": {"generate_kwargs": hf_kwargs(rec, sampling), "python": hf_snippet(rec, sampling, device)},
+            "vllm": {**vllm, "python": vllm_snippet(vllm)}}
+
+
+def render(plan: dict, fmt: str = "json") -> str:
+    """``plan`` as JSON, or the Python of its ``mdboost``, ``hf`` or ``vllm`` section."""
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
+    if fmt == "json":
+        return json.dumps(plan, indent=2, default=str)
+    return plan[fmt]["python"]

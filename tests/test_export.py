@@ -1,0 +1,170 @@
+"""``mdboost export``: the recommendation's mdboost / Hugging Face / vLLM calls. The vLLM part is
+checked against the schema of vLLM's documented ``SpeculativeConfig`` fields (not a running vLLM);
+the Python snippets are executed on the tiny model."""
+
+import contextlib
+import csv
+import io
+import json
+
+import pytest
+
+from mdboost.cli import main
+from mdboost.export import (SPECULATIVE_CONFIG_KEYS, VLLM_METHODS, export_plan, load_ranking, nearest_lossless, render,
+                            speculative_config)
+
+COLUMNS = ("rank", "drafter", "target", "temperature", "divergence", "max_divergence", "gamma", "predicted_speedup",
+           "predicted_speedup_lo", "predicted_speedup_hi")
+ROWS = [  # rank, drafter, temperature, divergence, budget, gamma, speedup
+    (1, "tuned:2", 0.7, "kl", 0.1, 4, 1.6),
+    (2, "ngram:2", 1.0, "none", 0.0, 5, 1.5),   # the best lossless row, but at another temperature
+    (3, "tiny:1", 0.7, "none", 0.0, 3, 1.3),    # a separate draft model (vLLM: draft_model)
+    (4, "tuned:2", 0.7, "none", 0.0, 4, 1.25),  # lossless, but vLLM cannot run tuned drafters
+    (5, "ngram:2", 0.7, "none", 0.0, 6, 1.2),
+    (6, "ngram:2", 0.7, "kl", 0.1, 6, 1.1),
+]
+
+
+def rows():
+    return [dict(zip(COLUMNS, (r, d, "tiny", t, div, b, g, s, s - 0.1, s + 0.1))) for r, d, t, div, b, g, s in ROWS]
+
+
+def recommendation(rank, beats=True):
+    row = rows()[rank - 1]
+    return {"drafter": row["drafter"], "target": "tiny", "temperature": row["temperature"],
+            "divergence": row["divergence"], "max_divergence": row["max_divergence"], "gamma": row["gamma"],
+            "predicted_speedup": row["predicted_speedup"], "predicted_speedup_lo": row["predicted_speedup_lo"],
+            "predicted_speedup_hi": row["predicted_speedup_hi"], "beats_plain_decoding": beats, "quality_ok": True,
+            "nll_target": 5.0, "nll_mentored": 5.01}
+
+
+def ranking_dir(tmp_path, rank, beats=True):
+    folder = tmp_path / f"rank{rank}{beats}"
+    folder.mkdir()
+    with open(folder / "ranking.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows())
+    summary = {"recommendation": recommendation(rank, beats), "sampling": {"temperatures": [0.7, 1.0], "top_k": None,
+                                                                           "top_p": None}}
+    (folder / "summary.json").write_text(json.dumps(summary))
+    return folder
+
+
+def check_speculative_config(config, gamma):
+    """vLLM's documented SpeculativeConfig keys, types and ranges."""
+    assert set(config) <= set(SPECULATIVE_CONFIG_KEYS) and config["method"] in VLLM_METHODS
+    assert isinstance(config["num_speculative_tokens"], int) and config["num_speculative_tokens"] == gamma > 0
+    if config["method"] == "ngram":
+        assert "model" not in config
+        assert 1 <= config["prompt_lookup_min"] <= config["prompt_lookup_max"]
+        assert all(isinstance(config[k], int) for k in ("prompt_lookup_min", "prompt_lookup_max"))
+    else:
+        assert isinstance(config["model"], str) and config["model"]
+    assert json.loads(json.dumps(config)) == config
+
+
+def plan_for(tmp_path, rank, beats=True):
+    return export_plan(load_ranking(str(ranking_dir(tmp_path, rank, beats))))
+
+
+@pytest.mark.parametrize("rank, method", [(5, "ngram"), (3, "draft_model")])
+def test_lossless_pick_gets_a_speculative_config(tmp_path, rank, method):
+    plan = plan_for(tmp_path, rank)
+    vllm, gamma = plan["vllm"], ROWS[rank - 1][5]
+    assert plan["lossless"] and vllm["lossless"] and vllm["nearest_lossless"] is None
+    check_speculative_config(vllm["speculative_config"], gamma)
+    assert vllm["speculative_config"]["method"] == method
+    assert "max_divergence" not in plan["hf"]["generate_kwargs"]
+    assert plan["hf"]["generate_kwargs"]["num_draft_tokens"] == gamma
+
+
+def test_ngram_maps_to_prompt_lookup_and_derived_drafters_have_no_method():
+    assert speculative_config("ngram:3", 4)[0] == {"method": "ngram", "num_speculative_tokens": 4,
+                                                   "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    for spec in ("early_exit:12", "tuned:12", "int8"):
+        config, why = speculative_config(spec, 4)
+        assert config is None and spec in why
+
+
+@pytest.mark.parametrize("rank, nearest", [(1, 3), (6, 5)])
+def test_lossy_pick_says_vllm_is_lossless_and_names_the_nearest_lossless_option(tmp_path, rank, nearest):
+    """tuned:2 (no vLLM method): the best-ranked runnable budget-0 row at the same temperature;
+    ngram:2: its own budget-0 row first."""
+    vllm = plan_for(tmp_path, rank)["vllm"]
+    assert not vllm["lossless"] and vllm["speculative_config"] is None
+    assert any("verifies drafts losslessly" in note for note in vllm["notes"])
+    near = vllm["nearest_lossless"]
+    assert (near["rank"], near["drafter"], near["temperature"]) == (nearest, ROWS[nearest - 1][1], 0.7)
+    check_speculative_config(near["speculative_config"], ROWS[nearest - 1][5])
+    assert vllm["model"] is None and "cannot load" in vllm["python"]  # the tiny target is built in code
+
+
+def test_nearest_lossless_is_none_without_a_runnable_budget0_row():
+    only_tuned = [r for r in rows() if r["drafter"] == "tuned:2"]
+    assert nearest_lossless(only_tuned, recommendation(1)) is None
+
+
+def test_plain_decoding_pick_drafts_nothing(tmp_path):
+    plan = plan_for(tmp_path, 5, beats=False)
+    assert "custom_generate" not in plan["hf"]["generate_kwargs"] and "drafter=" not in plan["mdboost"]["python"]
+    assert plan["vllm"]["speculative_config"] is None and plan["vllm"]["nearest_lossless"] is None
+    assert any("plain decoding is fastest" in note for note in plan["vllm"]["notes"])
+
+
+@pytest.mark.parametrize("rank", [1, 5])
+@pytest.mark.parametrize("section", ["mdboost", "hf"])
+def test_the_python_runs(tmp_path, rank, section):
+    """The exported calls run as printed (on the tiny target), lossy and lossless."""
+    code = render(plan_for(tmp_path, rank), section)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, f"<export {section}>", "exec"), {})
+    assert out.getvalue().strip()
+
+
+def test_hf_kwargs_are_the_recommendation(tmp_path):
+    kwargs = plan_for(tmp_path, 1)["hf"]["generate_kwargs"]
+    assert kwargs == {"custom_generate": "mdboost.hf.mentored_generate", "drafter": "tuned:2", "num_draft_tokens": 4,
+                      "max_divergence": 0.1, "divergence": "kl", "do_sample": True, "max_new_tokens": 64,
+                      "temperature": 0.7, "top_k": 0}  # top_k=0: transformers' default top_k=50 off
+
+
+def test_cli_prints_each_format(tmp_path, capsys):
+    folder = ranking_dir(tmp_path, 5)
+    assert main(["export", "--ranking", str(folder)]) == 0
+    assert json.loads(capsys.readouterr().out)["vllm"]["speculative_config"]["method"] == "ngram"
+    for fmt, needle in (("hf", "custom_generate=mdboost.hf.mentored_generate"), ("mdboost", "GenerationSettings("),
+                        ("vllm", "tiny")):
+        assert main(["export", "--ranking", str(folder), "--format", fmt]) == 0
+        assert needle in capsys.readouterr().out
+
+
+def test_bad_sources_are_named(tmp_path):
+    with pytest.raises(ValueError, match="no such folder"):
+        load_ranking(str(tmp_path / "missing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="run `mdboost rank --config ...` first"):
+        load_ranking(str(tmp_path / "empty"))
+    with pytest.raises(ValueError, match="format must be one of"):
+        render({}, "yaml")
+
+
+def test_run_id_resolves_through_the_runs_artifacts(tmp_path):
+    """A ranking run without summary.json: ranking.csv artifact plus the recommendation.* parameters."""
+    import mlflow
+
+    folder = ranking_dir(tmp_path, 6)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    experiment = client.create_experiment("x", artifact_location=(tmp_path / "art").as_uri())
+    run = client.create_run(experiment)
+    for key, value in recommendation(6).items():
+        client.log_param(run.info.run_id, f"recommendation.{key}", str(value))
+    client.log_param(run.info.run_id, "md.top_p", "None")
+    client.log_artifact(run.info.run_id, str(folder / "ranking.csv"))
+    loaded = load_ranking(run.info.run_id, tracking_uri=uri)
+    assert loaded["recommendation"] == recommendation(6) and loaded["rows"] == load_ranking(str(folder))["rows"]
+    assert export_plan(loaded)["vllm"]["nearest_lossless"]["rank"] == 5
+    with pytest.raises(ValueError, match="no MLflow run"):
+        load_ranking("0" * 32, tracking_uri=uri)
