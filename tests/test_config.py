@@ -50,7 +50,8 @@ def test_type_errors_name_the_path(data, where):
 @pytest.mark.parametrize("data, what", [
     ({"md": {"divergences": ["kl", "bogus"]}}, "divergence"),
     ({"md": {"budgets": [-0.1]}}, "budgets"),
-    ({"md": {"temperature": 0.0}}, "temperature"),
+    ({"md": {"temperature": -0.5}}, "temperature"),
+    ({"md": {"temperature": 0.0}, "cache": {"acceptance_source": "reference"}}, "acceptance_source"),
     ({"speed": {"gamma_min": 5, "gamma_max": 2}}, "gamma range"),
     ({"cache": {"k": 0}}, "k"),
     ({"cache": {"acceptance_max_new_tokens": 0}}, "acceptance_max_new_tokens"),

@@ -334,7 +334,7 @@ def test_resampled_tables_are_whole_repeats():
 
     samples = [[1.0, 1.0, 1.0], [1.5, 1.6, 1.7], [1.9, 2.0, 2.1]]  # [K=3][S=3]
     tables = resample_tables(samples, 50, seed=3)
-    repeats = {tuple(col) for col in torch.tensor(samples).T.tolist()}
+    repeats = {tuple(col) for col in torch.tensor(samples, dtype=torch.float64).T.tolist()}
     assert tables.shape == (50, 3) and all(tuple(t) in repeats for t in tables.tolist())
     assert len({tuple(t) for t in tables.tolist()}) == 3  # 50 draws hit all three repeats
     assert torch.equal(tables, resample_tables(samples, 50, seed=3))
