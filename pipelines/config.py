@@ -327,7 +327,8 @@ class SourceConfig:
 
 @dataclass
 class GenerationConfig:
-    """Generation settings of the validation runs; ``prompts`` held-out prompts per cell.
+    """Generation settings of the validation runs; ``prompts`` held-out prompts per cell, from
+    the ``first_prompt``-th held-out record on (another ``first_prompt`` validates on other prompts).
 
     Sampling settings come from the ranking (each cell runs at its row's temperature, with the
     ranking's ``top_k`` / ``top_p``); ``null`` (the default) takes them. A value set here must
@@ -338,6 +339,7 @@ class GenerationConfig:
     """
 
     prompts: int = 4
+    first_prompt: int = 0
     max_new_tokens: int = 64
     temperature: float | None = None
     top_k: int | None = None
@@ -348,6 +350,8 @@ class GenerationConfig:
     def __post_init__(self):
         if self.prompts < 1 or self.max_new_tokens < 2:
             raise ValueError(f"need prompts >= 1 and max_new_tokens >= 2, got {self.prompts!r}, {self.max_new_tokens!r}")
+        if self.first_prompt < 0:
+            raise ValueError(f"first_prompt must be >= 0 (held-out prompts skipped), got {self.first_prompt!r}")
         if self.temperature is not None and not self.temperature >= 0:
             raise ValueError(f"temperature must be >= 0 or null, got {self.temperature!r}")
         if self.top_k is not None and self.top_k < 1:

@@ -155,7 +155,7 @@ def run(cfg: ValidateConfig, the_plan: Plan | None = None) -> dict:
     pc, text = rank_cfg.pool, rank_cfg.data.text_source()
     names = sorted({n for r in p.cells for n in (r["drafter"], r["target"])} - {pc.target})
     pool = build_pool(pc.target, names, device=pc.device, home=pc.home)
-    _, prompts = heldout_prompts(text, pool.target.tokenizer, g.prompts)
+    _, prompts = heldout_prompts(text, pool.target.tokenizer, g.prompts, g.first_prompt)
     from mdboost.engine.costs import ENGINE_THREADS, torch_threads
 
     with torch_threads(ENGINE_THREADS):  # the thread count the ranking's cost ratios were measured at
@@ -175,7 +175,8 @@ def run(cfg: ValidateConfig, the_plan: Plan | None = None) -> dict:
         speedup_interval=(col("predicted_speedup_lo"), col("predicted_speedup_hi")))
     summary = {"verdict": verdict(metrics), "metrics": metrics, "sampling": sampling,
                "md_solve": sorted({r["md_solve"] for r in records}),
-               "generation": {"prompts": len(prompts), "max_new_tokens": g.max_new_tokens, "seed": g.seed},
+               "generation": {"prompts": len(prompts), "first_prompt": g.first_prompt,
+                              "max_new_tokens": g.max_new_tokens, "seed": g.seed},
                "intervals": intervals,
                "ranking": {"ranking_dir": cfg.ranking.ranking_dir, "ranking_run_id": p.ranking.run_id},
                "cells": records}

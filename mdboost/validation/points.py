@@ -36,13 +36,14 @@ def _drafter(member):
     return member.ngram if member.kind == "ngram" else member.model
 
 
-def heldout_prompts(text: TextSource, tokenizer, n: int) -> tuple[list[dict], list[torch.Tensor]]:
-    """The first ``n`` held-out records of ``text`` and their prompt ids."""
+def heldout_prompts(text: TextSource, tokenizer, n: int, first: int = 0) -> tuple[list[dict], list[torch.Tensor]]:
+    """``n`` held-out records of ``text`` from the ``first``-th on, and their prompt ids."""
     from mdboost.data import encode_prompt
 
-    records = text.load("heldout", n)
+    records = text.load("heldout", first + n)[first:]
     if not records:
-        raise ValueError(f"text has no held-out records (heldout_fraction={text.heldout_fraction})")
+        raise ValueError(f"text has no held-out records from the {first}-th on "
+                         f"(heldout_fraction={text.heldout_fraction})")
     return records, [encode_prompt(tokenizer, r["prompt"], text.chat_template) for r in records]
 
 
