@@ -19,6 +19,7 @@ from mdboost.md.divergences import Divergence
 # the stacked (A, B) rows of a segment: SIGN = (-1, 1) (how m enters each row), AB_HIGH = (inf, 1)
 _SIGN_HIGH = torch.tensor([[-1.0, 1.0], [math.inf, 1.0]], dtype=torch.float64)
 _CONSTS: dict = {}
+_TINY = torch.finfo(torch.float64).tiny  # q(A), q(B) below the smallest normal: 1 / q stays finite
 
 
 def _consts(xp, like):
@@ -36,8 +37,12 @@ class Segment(NamedTuple):
     float64 arrays of one namespace (torch tensors or numpy arrays; :mod:`mdboost.md._xp`). ``S``
     is the shape of ``j`` ([N, ...]); the stacked fields hold the A row, then the B row. On the
     segment, at excess mass ``m`` (docs/theory.md, section 4),
-    ``a = (p(A) - m) / q(A) - 1`` and ``b = 1 - (p(B) + m) / q(B)``, clamped to ``a >= 0`` and
-    ``0 <= b <= 1``; :func:`ab_on` computes both rows in one expression.
+    ``a = (p(A) - m) / q(A) - 1`` and ``b = 1 - (p(B) + m) / q(B)``, clamped to the segment's
+    own range (``lo``, ``hi``: the values of ``a`` and ``b`` at its two breakpoints, inside
+    ``a >= 0`` and ``0 <= b <= 1``); :func:`ab_on` computes both rows in one expression. The clamp
+    to the segment keeps ``(a, b)`` consistent with the sets ``A``, ``B`` where ``m`` cannot
+    resolve them: with a tiny ``q(A)`` (ratios ``p_i / q_i`` far above 1) the rounding of ``m``
+    is a huge error in ``a`` but only an ulp of mass (docs/theory.md, section 9).
     """
 
     ends: object  # [2, *S]: (p(A), p(B))
@@ -45,6 +50,8 @@ class Segment(NamedTuple):
     q: object  # [2, *S]: (q(A), q(B))
     offset: object  # [2, *S]: (-1, 1), 0 for an empty set (so that an empty A or B gives a = 0 or b = 0)
     rest: object  # [*S] or None: sum of q_i g(r_i) over M (exact), q(M) (Thm 3.12 bound), None (no divergence)
+    lo: object  # [2, *S]: the smallest (a, b) of the segment (0 for an empty set)
+    hi: object  # [2, *S]: the largest (a, b) of the segment (0 for an empty set)
 
 
 class SortedSums(NamedTuple):
@@ -74,7 +81,9 @@ def make_segment(xp, sums: SortedSums, j, k, mid=None, bound: bool = False) -> S
     q = xp.stack2(xp.take(sums.rq, vocab - j), qb)
     sign, _, _, neg_sign = _consts(xp, j)
     nonempty = q > 0
-    inv_q = xp.where(nonempty, neg_sign / q, 0.0)  # 1/0 = inf is discarded
+    inv_q = xp.where(nonempty, neg_sign / xp.clip(q, _TINY, None), 0.0)  # finite: 1/0 is discarded
+    lo, hi = _ab_range(xp, sums, j, k)
+    lo, hi = xp.where(nonempty, lo, 0.0), xp.where(nonempty, hi, 0.0)
     if bound:
         rest = xp.take(sums.cq, j) - qb
     elif mid is not None:
@@ -82,13 +91,35 @@ def make_segment(xp, sums: SortedSums, j, k, mid=None, bound: bool = False) -> S
     else:
         rest = None
     ends = xp.stack2(xp.take(sums.rp, vocab - j), xp.take(sums.cp, k))
-    return Segment(ends, inv_q, q, xp.where(nonempty, sign, 0.0), rest)
+    return Segment(ends, inv_q, q, xp.where(nonempty, sign, 0.0), rest, lo, hi)
+
+
+def _col(x, like):  # a per-row [N, 1] array viewed to broadcast against [N, ...]
+    return x.reshape((x.shape[0],) + (1,) * (like.ndim - 1))
+
+
+def _ab_range(xp, sums: SortedSums, j, k):
+    """``(lo, hi)`` [2, *S]: the range of ``(a, b)`` on the segment ``A = [j, V)``, ``B = [0, k)``.
+
+    ``A`` is exactly the positions ``>= j`` for ``r_(j-1) <= 1 + a <= r_j``, and ``B`` exactly
+    those ``< k`` for ``r_(k-1) <= 1 - b <= r_k``; intersected with ``a >= 0``, ``0 <= b <= 1``.
+    """
+    ratio = sums.ratio
+    vocab = ratio.shape[1]
+    r_j = xp.where(j < vocab, xp.take(ratio, xp.clip(j, None, vocab - 1)), math.inf)
+    r_before = xp.take(ratio, xp.clip(j - 1, 0, None))
+    lo_a = xp.where(j > _col(sums.n_le, j), xp.clip(r_before - 1, 0.0, None), 0.0)
+    hi_a = xp.maximum(r_j - 1, lo_a)
+    r_k = xp.take(ratio, xp.clip(k, None, vocab - 1))
+    hi_b = xp.where(k >= 1, xp.clip(1 - xp.take(ratio, xp.clip(k - 1, 0, None)), 0.0, 1.0), 1.0)
+    lo_b = xp.minimum(xp.where(k < _col(sums.n_lt, k), xp.clip(1 - r_k, 0.0, 1.0), 0.0), hi_b)
+    return xp.stack2(lo_a, lo_b), xp.stack2(hi_a, hi_b)
 
 
 def ab_on(xp, m, seg: Segment):
-    """``(a, b)`` stacked [2, ...] at excess mass ``m`` on a segment."""
-    sign, high, low, _ = _consts(xp, m)
-    return xp.minimum(xp.maximum((seg.ends + sign * m) * seg.inv_q + seg.offset, low), high)
+    """``(a, b)`` stacked [2, ...] at excess mass ``m`` on a segment, within the segment's range."""
+    sign = _consts(xp, m)[0]
+    return xp.minimum(xp.maximum((seg.ends + sign * m) * seg.inv_q + seg.offset, seg.lo), seg.hi)
 
 
 def divergence_on(xp, m, seg: Segment, div: Divergence, bound: bool):
