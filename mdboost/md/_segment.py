@@ -72,8 +72,9 @@ class SortedSums(NamedTuple):
 def make_segment(xp, sums: SortedSums, j, k, mid=None, bound: bool = False) -> Segment:
     """The :class:`Segment` of ``A = [j, V)``, ``B = [0, k)`` (``j``, ``k`` long [N, ...] in ``xp``).
 
-    ``rest`` is ``q(M)`` if ``bound``, else the M-set sum read from ``mid`` (see
-    :meth:`~mdboost.md.breakpoints.Breakpoints.prefix`) if given, else None. With numpy, call it
+    ``rest`` is ``q(M)`` if ``bound`` (read from the anchored mass sums ``mid`` if given, see
+    :meth:`~mdboost.md.breakpoints.Breakpoints.mass_prefix`), else the M-set sum read from
+    ``mid`` (see :meth:`~mdboost.md.breakpoints.Breakpoints.prefix`) if given, else None. With numpy, call it
     inside ``xp.errstate()`` (``1 / 0`` is computed, then discarded).
     """
     vocab = sums.ratio.shape[1]
@@ -84,8 +85,8 @@ def make_segment(xp, sums: SortedSums, j, k, mid=None, bound: bool = False) -> S
     inv_q = xp.where(nonempty, neg_sign / xp.clip(q, _TINY, None), 0.0)  # finite: 1/0 is discarded
     lo, hi = _ab_range(xp, sums, j, k)
     lo, hi = xp.where(nonempty, lo, 0.0), xp.where(nonempty, hi, 0.0)
-    if bound:
-        rest = xp.take(sums.cq, j) - qb
+    if bound:  # q(M), from the anchored mass sums when given (no cancellation)
+        rest = xp.take(sums.cq, j) - qb if mid is None else xp.take(mid, k) + xp.take(mid, j)
     elif mid is not None:
         rest = xp.take(mid, k) + xp.take(mid, j)
     else:
