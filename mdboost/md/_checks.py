@@ -33,7 +33,7 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in HALF else dtype
 
 
-def check_tensor(name: str, x, *, floating: bool = True, ndim: int | None = None) -> torch.Tensor:
+def check_tensor(name: str, x, *, floating: bool = True, ndim: int | None = None, detach: bool = True) -> torch.Tensor:
     """Structural checks of a tensor argument (no device synchronisation); returns it detached."""
     if not torch.is_tensor(x):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
@@ -43,7 +43,7 @@ def check_tensor(name: str, x, *, floating: bool = True, ndim: int | None = None
         raise ValueError(f"{name} must have a floating dtype, got {x.dtype}")
     if ndim is not None and x.ndim != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
-    return x.detach() if x.requires_grad else x
+    return x.detach() if detach and x.requires_grad else x
 
 
 def check_probs(name: str, x, *, ndim: int | None = None, validate: bool = True, sums: bool = True) -> torch.Tensor:

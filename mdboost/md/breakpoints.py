@@ -122,7 +122,8 @@ class Breakpoints:
 
     # ------------------------------------------------------------------ build
     @classmethod
-    def build(cls, draft_probs: torch.Tensor, target_probs: torch.Tensor, *, validate: bool = True) -> "Breakpoints":
+    def build(cls, draft_probs: torch.Tensor, target_probs: torch.Tensor, *, validate: bool = True,
+              normalize: bool | None = None) -> "Breakpoints":
         """Sort the ratios once and accumulate the prefix sums: ``O(V log V)``.
 
         Parameters
@@ -135,13 +136,16 @@ class Breakpoints:
             Check the inputs (raises ValueError naming the bad argument); rows within the sum
             tolerance are then rescaled to sum to 1 in float64 (``docs/theory.md``, section 9).
             False: the rows are trusted to sum to 1 and used as given.
+        normalize : bool or None, default=None
+            Rescale the rows in float64 (None: when ``validate``).
         """
         p, q = check_pair(draft_probs, target_probs, validate=validate)
         vocab = p.shape[-1]
         p2, q2 = p.reshape(-1, vocab), q.reshape(-1, vocab)
         r = torch.div(p2, q2).nan_to_num_(nan=1.0, posinf=math.inf)  # 0/0 -> 1 (neutral), in place
         r_sorted, p_sorted, q_sorted = _sort_rows(r, p2, q2)
-        return cls(r_sorted, p_sorted, q_sorted, p.shape[:-1], p.dtype, normalize=validate)
+        return cls(r_sorted, p_sorted, q_sorted, p.shape[:-1], p.dtype,
+                   normalize=validate if normalize is None else normalize)
 
     # -------------------------------------------------- sums at sorted positions
     def p_pre(self, k):
