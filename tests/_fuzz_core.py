@@ -261,9 +261,8 @@ def _case_breakpoints(rng, dtype):
         pts = torch.where(valid, cp.a.double(), 0.0), torch.where(valid, cp.b.double(), 0.0)
         p64, q64 = _d64(p, q)
         pe, qe = p64.unsqueeze(-2).expand(cp.a.shape + p.shape[-1:]), q64.unsqueeze(-2).expand(cp.a.shape + p.shape[-1:])
-        _check_point("curve", pe, qe, pts[0], pts[1], torch.where(valid, cp.acceptance.double(),
-                     acceptance_probability(pe, mentored_distribution(pe, qe, pts[0], pts[1], validate=False),
-                                            validate=False)), dtype)
+        fill = acceptance_probability(pe, mentored_distribution(pe, qe, pts[0], pts[1], validate=False), validate=False)
+        _check_point("curve", pe, qe, pts[0], pts[1], torch.where(valid, cp.acceptance.double(), fill.clamp(0, 1)), dtype)
 
 
 def _case_verify(rng, dtype):
@@ -394,7 +393,7 @@ def _spoiled(rng):
 
 
 def _bad_number(rng, kind):
-    vals = ["1", 1j, [0.5], math.nan, -1.0, None if kind != "temperature" else -0.5, object(),
+    vals = ["1", 1j, [math.nan], math.nan, -1.0, None if kind != "temperature" else -0.5, object(),
             torch.tensor([1.0, 2.0, 3.0]), torch.tensor(0.1, dtype=torch.complex64), True if kind != "budget" else "x"]
     if kind in ("acceptance",):
         vals += [1.5, math.inf]
@@ -444,7 +443,7 @@ def _malformed_case(rng):
         if choice == 0:
             name, kwargs["top_k"] = "top_k", _bad_number(rng, "top_k")
         elif choice == 1:
-            name, kwargs["generator"] = "generator", [3, "seed", torch.Generator(), 1.5][rng.integers(4)]
+            name, kwargs["generator"] = "generator", [3, "seed", [torch.Generator()], 1.5][rng.integers(4)]
         elif choice == 2:
             name, kwargs["max_divergence"] = "max_divergence", _bad_number(rng, "budget")
             if rng.random() < 0.5:  # the budget is checked without drafts too

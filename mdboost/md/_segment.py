@@ -19,7 +19,6 @@ from mdboost.md.divergences import Divergence
 # the stacked (A, B) rows of a segment: SIGN = (-1, 1) (how m enters each row), AB_HIGH = (inf, 1)
 _SIGN_HIGH = torch.tensor([[-1.0, 1.0], [math.inf, 1.0]], dtype=torch.float64)
 _CONSTS: dict = {}
-_TINY = torch.finfo(torch.float64).tiny  # q(A), q(B) below the smallest normal: 1 / q stays finite
 
 
 def _consts(xp, like):
@@ -46,7 +45,7 @@ class Segment(NamedTuple):
     """
 
     ends: object  # [2, *S]: (p(A), p(B))
-    inv_q: object  # [2, *S]: (1 / q(A), -1 / q(B)), 0 for an empty set (the B row negated: one expression)
+    den: object  # [2, *S]: (q(A), -q(B)), inf for an empty set (the B row negated: one expression)
     q: object  # [2, *S]: (q(A), q(B))
     offset: object  # [2, *S]: (-1, 1), 0 for an empty set (so that an empty A or B gives a = 0 or b = 0)
     rest: object  # [*S] or None: sum of q_i g(r_i) over M (exact), q(M) (Thm 3.12 bound), None (no divergence)
@@ -75,14 +74,14 @@ def make_segment(xp, sums: SortedSums, j, k, mid=None, bound: bool = False) -> S
     ``rest`` is ``q(M)`` if ``bound`` (read from the anchored mass sums ``mid`` if given, see
     :meth:`~mdboost.md.breakpoints.Breakpoints.mass_prefix`), else the M-set sum read from
     ``mid`` (see :meth:`~mdboost.md.breakpoints.Breakpoints.prefix`) if given, else None. With numpy, call it
-    inside ``xp.errstate()`` (``1 / 0`` is computed, then discarded).
+    inside ``xp.errstate()``.
     """
     vocab = sums.ratio.shape[1]
     qb = xp.take(sums.cq, k)
     q = xp.stack2(xp.take(sums.rq, vocab - j), qb)
     sign, _, _, neg_sign = _consts(xp, j)
     nonempty = q > 0
-    inv_q = xp.where(nonempty, neg_sign / xp.clip(q, _TINY, None), 0.0)  # finite: 1/0 is discarded
+    den = xp.where(nonempty, q / neg_sign, math.inf)  # an empty set divides by inf: a = 0, b = 0
     lo, hi = _ab_range(xp, sums, j, k)
     lo, hi = xp.where(nonempty, lo, 0.0), xp.where(nonempty, hi, 0.0)
     if bound:  # q(M), from the anchored mass sums when given (no cancellation)
@@ -92,7 +91,7 @@ def make_segment(xp, sums: SortedSums, j, k, mid=None, bound: bool = False) -> S
     else:
         rest = None
     ends = xp.stack2(xp.take(sums.rp, vocab - j), xp.take(sums.cp, k))
-    return Segment(ends, inv_q, q, xp.where(nonempty, sign, 0.0), rest, lo, hi)
+    return Segment(ends, den, q, xp.where(nonempty, sign, 0.0), rest, lo, hi)
 
 
 def _col(x, like):  # a per-row [N, 1] array viewed to broadcast against [N, ...]
@@ -120,7 +119,8 @@ def _ab_range(xp, sums: SortedSums, j, k):
 def ab_on(xp, m, seg: Segment):
     """``(a, b)`` stacked [2, ...] at excess mass ``m`` on a segment, within the segment's range."""
     sign = _consts(xp, m)[0]
-    return xp.minimum(xp.maximum((seg.ends + sign * m) * seg.inv_q + seg.offset, seg.lo), seg.hi)
+    # a division, not a product with 1 / q: a subnormal q(A) has no finite inverse
+    return xp.minimum(xp.maximum((seg.ends + sign * m) / seg.den + seg.offset, seg.lo), seg.hi)
 
 
 def divergence_on(xp, m, seg: Segment, div: Divergence, bound: bool):

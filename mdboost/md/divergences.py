@@ -66,10 +66,16 @@ class Divergence:
         return self.f(z)
 
     def g(self, z: torch.Tensor) -> torch.Tensor:
-        """Standardized generator ``g(z) = f(z) - f'(1) (z - 1)`` (``>= 0``, ``g(1) = 0``)."""
+        """Standardized generator ``g(z) = f(z) - f'(1) (z - 1)`` (``>= 0``, ``g(1) = 0``).
+
+        Where ``f`` overflows for a huge ratio (``inf - inf``: NaN), the asymptote
+        ``(lim f(z) / z - f'(1)) z`` is returned instead.
+        """
         if not self.standardize or self.fprime_one == 0.0:
-            return self.f(z)
-        return self.f(z) - self.fprime_one * (z - 1.0)
+            out = self.f(z)
+        else:
+            out = self.f(z) - self.fprime_one * (z - 1.0)
+        return torch.where(torch.isnan(out), (self.inf_slope - self.fprime_one) * z, out)
 
 
 def _kl(z):
