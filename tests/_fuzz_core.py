@@ -176,8 +176,8 @@ def _check_point(name, p, q, a, b, acc, dtype):
         return
     p64, q64 = _d64(p, q)
     dev = (p64.sum(-1) - 1).abs() + (q64.sum(-1) - 1).abs()
-    a_, b_ = a.detach().double(), b.detach().double()
-    pi = mentored_distribution(p64, q64, a_, b_, validate=False)
+    # pi in the compute dtype of the inputs (the dtype's own overflow rule), summed in float64
+    pi = mentored_distribution(p.detach(), q.detach(), a.detach(), b.detach(), validate=False).double()
     _no_nan(name + " pi", pi)
     err = (pi.sum(-1) - 1).abs()
     _check((err <= tol.sum + dev).all(), lambda: f"{name}: pi sums to 1 +- {float(err.max()):.3g}")

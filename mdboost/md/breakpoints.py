@@ -101,6 +101,12 @@ class Breakpoints:
         # exclusive prefix sums of p and q (index k: sum_{i < k}) and suffix sums read backwards
         # (index V - j: sum_{i >= j}, accurate for small tails), each [N, V + 1]
         self._cp, self._cq, self._rp, self._rq = _cumsums(p64, self._q)
+        n_fin = torch.searchsorted(r_sorted, torch.full_like(r_sorted[:, :1], math.inf))
+        if r_sorted.shape[0] and bool((take(self._rq, self.vocab - n_fin) > 0).any()):
+            # a ratio p_i / q_i that overflows the input dtype counts as q_i = 0 (docs/theory.md,
+            # section 9): those q_i leave the sums, so that every q > 0 has a finite ratio
+            self._q = torch.where(torch.isinf(r_sorted), 0.0, self._q)
+            self._cp, self._cq, self._rp, self._rq = _cumsums(p64, self._q)
         if self.normalized:  # the ratios of the rescaled rows; 0/0 stays neutral (at the threshold)
             neutral = (1.0 / threshold.to(ACC_DTYPE)).expand_as(p64)
             self._ratio = torch.where(self._q > 0, p64 / self._q, torch.where(p64 > 0, math.inf, neutral))

@@ -34,6 +34,7 @@ __all__ = [
     "from_callable",
     "resolve",
     "f_divergence",
+    "FLOOR",
     "names",
 ]
 
@@ -188,6 +189,12 @@ def resolve(divergence) -> Divergence:
     raise ValueError(f"divergence must be one of {names()} or a callable, got {divergence!r}")
 
 
+FLOOR = {torch.float64: 1e-290, torch.float32: 1e-30}
+"""Per dtype: a coordinate of :func:`f_divergence` with ``pi_i`` and ``q_i`` both below it adds 0
+(``docs/theory.md``, section 9): a clamp ``(1 - b) q_i`` of such a ``q_i`` can underflow to 0,
+which ``f(0) = inf`` (``rkl``, ``alpha`` below -1) would turn into an infinite divergence."""
+
+
 def f_divergence(
     output_probs: torch.Tensor,  # [..., V]
     target_probs: torch.Tensor,  # [..., V]
@@ -213,7 +220,8 @@ def f_divergence(
     torch.Tensor of shape (...)
         Computed in float64, returned in the promoted dtype of the inputs (float32 for half
         precision); ``>= 0`` (rounding below 0 is clamped) and may be ``+inf``. A ratio
-        ``pi_i / q_i`` that overflows float64 (or whose term does) counts as ``q_i = 0``.
+        ``pi_i / q_i`` that overflows float64 (or whose term does) counts as ``q_i = 0``; a
+        coordinate where both ``pi_i`` and ``q_i`` are below :data:`FLOOR` counts as 0.
 
     Examples
     --------
@@ -232,7 +240,11 @@ def f_divergence(
         raise ValueError(f"output_probs and target_probs must broadcast together, got shapes "
                          f"{tuple(pi.shape)} and {tuple(q.shape)}") from exc
     out_dtype = compute_dtype(torch.promote_types(pi.dtype, q.dtype))
+    floor = FLOOR[torch.float64 if out_dtype == torch.float64 else torch.float32]
     pi, q = pi.to(torch.float64), q.to(torch.float64)
+    # both entries below the floor: treated as zero (pi_i = (1 - b) q_i may underflow to 0)
+    below = (q < floor) & (pi < floor)
+    pi, q = torch.where(below, 0.0, pi), torch.where(below, 0.0, q)
     pos = q > 0
     z = torch.where(pos, pi / torch.where(pos, q, torch.ones_like(q)), torch.ones_like(q))
     inside = q * div.f(z)

@@ -137,7 +137,8 @@ def mentored_distribution(
     -------
     torch.Tensor of shape (..., V)
         In the dtype of ``draft_probs`` (float32 for half precision); an ``a`` beyond that
-        dtype's range acts as its largest finite value.
+        dtype's range acts as its largest finite value, and a ``q_i`` whose ratio ``p_i / q_i``
+        overflows the dtype counts as 0, as in the solvers (``docs/theory.md``, section 9).
 
     Examples
     --------
@@ -150,6 +151,7 @@ def mentored_distribution(
     a = check_budget("a", a, batch, device, validate=validate)
     b = check_budget("b", b, batch, device, upper=1.0, validate=validate)
     a = a.clamp(max=torch.finfo(p.dtype).max).to(p.dtype).unsqueeze(-1)
+    q = torch.where(torch.isinf(p / q) & (q > 0), 0.0, q)  # a ratio beyond the dtype's range: q_i = 0
     return clamp(p, q, a, b.to(p.dtype).unsqueeze(-1))
 
 
@@ -235,6 +237,8 @@ def solve(
     else:
         point = bp._primal64(max_divergence, div, mode == "bound", validate)[0]
     p64, q64 = p.to(torch.float64), q.to(torch.float64)
+    if p.dtype != torch.float64:  # a ratio that overflows the input dtype counts as q_i = 0
+        q64 = torch.where(torch.isinf(p / q) & (q > 0), 0.0, q64)
     if bp.normalized:  # the rows the breakpoints solved on
         p64, q64 = p64 / p64.sum(-1, keepdim=True), q64 / q64.sum(-1, keepdim=True)
     a64, b64 = (x.reshape(p.shape[:-1]) for x in point[:2])
