@@ -259,9 +259,10 @@ def _case_breakpoints(rng, dtype):
         acc = torch.where(valid, cp.acceptance.double(), 2.0)
         _check((acc.diff(dim=-1)[valid[..., 1:]] >= -tol.sum).all(), "curve: acceptance decreases")
         pts = torch.where(valid, cp.a.double(), 0.0), torch.where(valid, cp.b.double(), 0.0)
-        p64, q64 = _d64(p, q)
-        pe, qe = p64.unsqueeze(-2).expand(cp.a.shape + p.shape[-1:]), q64.unsqueeze(-2).expand(cp.a.shape + p.shape[-1:])
-        fill = acceptance_probability(pe, mentored_distribution(pe, qe, pts[0], pts[1], validate=False), validate=False)
+        pd, qd = p.detach(), q.detach()  # in their own dtype (its overflow rule)
+        pe, qe = pd.unsqueeze(-2).expand(cp.a.shape + p.shape[-1:]), qd.unsqueeze(-2).expand(cp.a.shape + p.shape[-1:])
+        fill = acceptance_probability(pe, mentored_distribution(pe, qe, pts[0], pts[1], validate=False),
+                                      validate=False).double()
         _check_point("curve", pe, qe, pts[0], pts[1], torch.where(valid, cp.acceptance.double(), fill.clamp(0, 1)), dtype)
 
 
@@ -492,6 +493,17 @@ def _malformed_case(rng):
     return _malformed_pool(rng)
 
 
+class _NoRows:
+    """A row-index scorer that does not declare ``n_rows`` (it indexes its table directly)."""
+
+    def __init__(self, table):
+        self.table = np.asarray(table, dtype=np.float64)
+        self.classes_ = np.arange(self.table.shape[1])
+
+    def decision_function(self, X):
+        return self.table[np.asarray(X)[:, 0].astype(np.intp)]
+
+
 def _malformed_pool(rng):
     from mdboost.boosting import SelfNormalizedBoostClassifier, TableScorer
 
@@ -499,9 +511,14 @@ def _malformed_pool(rng):
     tables = [rng.standard_normal((n_rows, 3)) for _ in range(2)]
     X = np.arange(n_rows)[:, None]
     y = np.arange(n_rows) % 3
-    clf = SelfNormalizedBoostClassifier(pool=[TableScorer(t) for t in tables], n_estimators=2)
-    bad = [np.array([[n_rows]]), np.array([[-1]]), np.array([[np.nan]]), np.array([[1.5]]), np.array([[10**12]]),
-           np.array([[np.inf]])][rng.integers(6)]
+    if rng.random() < 0.7:  # scorers that declare n_rows: X is checked as row indices up front
+        pool = [TableScorer(t) for t in tables]
+        bad = [np.array([[n_rows]]), np.array([[-1]]), np.array([[np.nan]]), np.array([[1.5]]), np.array([[10**12]]),
+               np.array([[np.inf]])][rng.integers(6)]
+    else:  # scorers without n_rows (a cache-backed scorer): their IndexError is reported as X
+        pool = [_NoRows(t) for t in tables]
+        bad = [np.array([[n_rows]]), np.array([[np.nan]]), np.array([[10**12]])][rng.integers(3)]
+    clf = SelfNormalizedBoostClassifier(pool=pool, n_estimators=2)
     method = rng.choice(["fit", "predict", "predict_proba", "decision_function", "score", "margins",
                          "staged_predict", "staged_predict_proba", "staged_decision_function", "staged_score"])
     if method == "fit":

@@ -325,12 +325,13 @@ class Breakpoints:
             value = torch.where(failed | (m >= self._tv), 0.0, self.div_on(m, seg, div, bound).clamp(min=0))
         return CurvePoint(a, b, acceptance_of(m)), budget, (value if with_value else None)
 
-    def divergence_at(self, acceptance, divergence="kl", *, bound: bool = False) -> torch.Tensor:
+    def divergence_at(self, acceptance, divergence="kl", *, bound: bool = False, validate: bool = True) -> torch.Tensor:
         """``D_f(pi || q)`` (or its Thm 3.12 upper bound) at the curve point of given acceptance.
 
         ``acceptance`` is clipped to ``[sd_acceptance, max_acceptance]``; ``O(log V)``.
+        ``validate=False`` skips the range check of ``acceptance`` (values are clipped anyway).
         """
-        m = self._clip_m(self._flat(acceptance, "acceptance", 1.0))
+        m = self._clip_m(self._flat(acceptance, "acceptance", 1.0, validate))
         div = resolve(divergence)
         if not self._r.shape[0]:
             return self._out(m.reshape(-1))

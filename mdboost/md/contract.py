@@ -1,7 +1,22 @@
 """The numerical contract of the mentored decoding core (``docs/theory.md``, section 9).
 
-Every output of :mod:`mdboost.md` on valid input satisfies, per output dtype, the tolerances
-of :func:`tolerance`.
+For valid input, every output of :mod:`mdboost.md` satisfies, per output dtype, the tolerances
+of :func:`tolerance`: no NaN; a curve point ``(a, b)`` with ``a >= 0``, ``0 <= b <= 1`` whose
+``pi = mentored_distribution(p, q, a, b)`` sums to 1 and has ``P_acc(pi) = acceptance`` within
+``sum`` (beyond the inputs' own deviation from 1); an achieved divergence in ``[0, budget]``
+within ``divergence_rel * budget + divergence_abs`` (exact and bound modes); the exact mode's
+acceptance at least the bound mode's (within ``sum``); acceptances in ``[0, 1]``. Half-precision
+inputs are computed in float32 (sums in float64) and have float32's tolerances.
+
+The fuzz harness of the test suite (``tests/_fuzz_core.py``) checks these on generated inputs.
+
+Examples
+--------
+>>> import torch
+>>> tolerance(torch.float64).sum
+1e-09
+>>> tolerance(torch.bfloat16) == tolerance(torch.float32)
+True
 """
 
 from __future__ import annotations
@@ -9,6 +24,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+
+__all__ = ["Tolerance", "tolerance"]
 
 
 class Tolerance(NamedTuple):
@@ -26,5 +43,5 @@ _TOL = {
 
 
 def tolerance(dtype: torch.dtype) -> Tolerance:
-    """The contract's tolerances for outputs of ``dtype`` (half inputs are computed in float32)."""
+    """The contract's tolerances for outputs of ``dtype`` (half precision: float32's)."""
     return _TOL.get(dtype, _TOL[torch.float32])

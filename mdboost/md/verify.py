@@ -226,6 +226,8 @@ def verify(
         else:
             a, b, acc_prob, div_val = _solve(p_r, q_r, budget, dual, div)
 
+    # the contract (docs/theory.md, section 9): rounding never leaves [0, 1] or goes below 0
+    acc_prob, div_val = acc_prob.clamp(0.0, 1.0), div_val.clamp(min=0.0)
     # unsolved entries (NaN) are positions after a rejection or ones SD accepts: a = 0 there
     a0, b0 = torch.nan_to_num(a, nan=0.0), torch.nan_to_num(b, nan=0.0)
     accepted = u_acc < _accept_ratio(a0, q_x, p_x)  # [B, K]
@@ -264,7 +266,7 @@ def _solve(p, q, budget, dual, div):  # [N, W], [N, W], [N] -> 4 x [N]
     bp = Breakpoints.build(p, q, validate=False)
     if dual:
         point = bp.for_acceptance(budget, validate=False)
-        return point.a, point.b, point.acceptance, bp.divergence_at(point.acceptance, div)
+        return point.a, point.b, point.acceptance, bp.divergence_at(point.acceptance, div, validate=False)
     point, value = bp.for_divergence_with_value(budget, div, validate=False)
     return point.a, point.b, point.acceptance, value
 
