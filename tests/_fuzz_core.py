@@ -297,7 +297,8 @@ def _case_verify(rng, dtype):
         _no_nan("verify stats", res.a, res.b, res.acceptance_probability, res.divergence)
     _no_nan("verify sd_acceptance", res.sd_acceptance)
     acc, sd = res.acceptance_probability[solved].double(), res.sd_acceptance[solved].double()
-    _check(((acc >= 0) & (acc <= 1)).all() and (acc >= sd - tol.sum).all(), "verify: acceptance outside [sd, 1]")
+    dev = ((p.detach().double().sum(-1) - 1).abs() + (q.detach().double()[:, :k].sum(-1) - 1).abs())[solved]
+    _check(((acc >= 0) & (acc <= 1)).all() and (acc >= sd - tol.sum - dev).all(), "verify: acceptance outside [sd, 1]")
     if not dual:
         b = torch.as_tensor(budget, dtype=torch.float64).expand(batch, k)[solved] if k and batch else 0.0
         _check_divergence("verify divergence", res.divergence[solved], b, dtype)
@@ -450,7 +451,8 @@ def _malformed_case(rng):
             if rng.random() < 0.5:  # the budget is checked without drafts too
                 pv, qv, tok = pv[:, :0], qv[:, :1], tok[:, :0]
         elif choice == 3:
-            name, kwargs["min_acceptance"] = "min_acceptance", _bad_number(rng, "acceptance")
+            bad = _bad_number(rng, "acceptance")
+            name, kwargs["min_acceptance"] = "min_acceptance", (1.5 if bad is None else bad)  # None: plain SD
             if rng.random() < 0.5:
                 pv, qv, tok = pv[:0], qv[:0], tok[:0]
         elif choice == 4:

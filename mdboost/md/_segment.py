@@ -49,8 +49,8 @@ class Segment(NamedTuple):
     q: object  # [2, *S]: (q(A), q(B))
     offset: object  # [2, *S]: (-1, 1), 0 for an empty set (so that an empty A or B gives a = 0 or b = 0)
     rest: object  # [*S] or None: sum of q_i g(r_i) over M (exact), q(M) (Thm 3.12 bound), None (no divergence)
-    lo: object  # [2, *S]: the smallest (a, b) of the segment (0 for an empty set)
-    hi: object  # [2, *S]: the largest (a, b) of the segment (0 for an empty set)
+    lo: object  # [2, *S]: the smallest (a, b) of the segment
+    hi: object  # [2, *S]: the largest (a, b) of the segment
 
 
 class SortedSums(NamedTuple):
@@ -82,8 +82,7 @@ def make_segment(xp, sums: SortedSums, j, k, mid=None, bound: bool = False) -> S
     sign, _, _, neg_sign = _consts(xp, j)
     nonempty = q > 0
     den = xp.where(nonempty, q / neg_sign, math.inf)  # an empty set divides by inf: a = 0, b = 0
-    lo, hi = _ab_range(xp, sums, j, k)
-    lo, hi = xp.where(nonempty, lo, 0.0), xp.where(nonempty, hi, 0.0)
+    lo, hi = _ab_range(xp, sums, j, k)  # a set without mass still bounds (a, b): the others' membership
     if bound:  # q(M), from the anchored mass sums when given (no cancellation)
         rest = xp.take(sums.cq, j) - qb if mid is None else xp.take(mid, k) + xp.take(mid, j)
     elif mid is not None:
@@ -131,7 +130,7 @@ def divergence_on(xp, m, seg: Segment, div: Divergence, bound: bool):
     """
     sign = _consts(xp, m)[0]
     g = xp.g(div, 1 - sign * ab_on(xp, m, seg))  # (1 + a, 1 - b): one generator call on the stacked rows
-    total = (seg.q * g).sum(0)
+    total = xp.where(seg.q > 0, seg.q * g, 0.0).sum(0)  # a set without mass adds 0 (even where g = inf)
     if bound:
         return total + xp.where(seg.rest > 0, seg.rest * xp.maximum(g[0], g[1]), 0.0)
     return total + seg.rest

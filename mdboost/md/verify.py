@@ -219,12 +219,16 @@ def verify(
         acc_prob, div_val = sd_acc, torch.zeros_like(sd_acc)
     else:
         if bool((p_x == 1).all()):  # deterministic drafter: closed form, no sort
-            point = (one_hot_dual if dual else one_hot_primal)(q_x.to(torch.float64), budget, div)
+            q_x64 = q_x.to(torch.float64)
+            if validate:  # validated rows are solved as rescaled to sum to 1 (docs/theory.md, section 9)
+                q_x64 = (q_x64 / q_r.sum(-1, dtype=torch.float64)).clamp(max=1.0)
+            point = (one_hot_dual if dual else one_hot_primal)(q_x64, budget, div)
             a, b, acc_prob, div_val = (x.to(dtype) for x in point)
         elif solve != "all":
-            a, b, acc_prob, div_val = _solve_lazily(p_r, q_r, budget, dual, div, u_acc, p_x, q_x, solve == "needed")
+            a, b, acc_prob, div_val = _solve_lazily(p_r, q_r, budget, dual, div, u_acc, p_x, q_x, solve == "needed",
+                                                    validate)
         else:
-            a, b, acc_prob, div_val = _solve(p_r, q_r, budget, dual, div)
+            a, b, acc_prob, div_val = _solve(p_r, q_r, budget, dual, div, validate)
 
     # the contract (docs/theory.md, section 9): rounding never leaves [0, 1] or goes below 0
     acc_prob, div_val = acc_prob.clamp(0.0, 1.0), div_val.clamp(min=0.0)
@@ -257,13 +261,13 @@ def _accept_ratio(a, q_x, p_x):  # [...] x3 -> [...]
     return torch.where(p_x > 0, (1 + a) * q_x / p_x, (q_x > 0).to(q_x.dtype)).clamp(max=1)
 
 
-def _solve(p, q, budget, dual, div):  # [N, W], [N, W], [N] -> 4 x [N]
+def _solve(p, q, budget, dual, div, normalize=False):  # [N, W], [N, W], [N] -> 4 x [N]
     """Exact f-MD on every row: ``(a, b, P_acc, D_f(pi || q))`` through the breakpoints.
 
     The divergence comes from the breakpoints' prefix sums at the solution (no second pass
     over the vocabulary).
     """
-    bp = Breakpoints.build(p, q, validate=False)
+    bp = Breakpoints.build(p, q, validate=False, normalize=normalize)
     if dual:
         point = bp.for_acceptance(budget, validate=False)
         return point.a, point.b, point.acceptance, bp.divergence_at(point.acceptance, div, validate=False)
@@ -271,7 +275,7 @@ def _solve(p, q, budget, dual, div):  # [N, W], [N, W], [N] -> 4 x [N]
     return point.a, point.b, point.acceptance, value
 
 
-def _solve_lazily(p, q, budget, dual, div, u_acc, p_x, q_x, needed_only):  # [B, K, W] ... -> 4 x [B, K]
+def _solve_lazily(p, q, budget, dual, div, u_acc, p_x, q_x, needed_only, normalize=False):  # [B, K, W] ... -> 4 x [B, K]
     """:func:`_solve` position by position, only on rows that reached the position.
 
     Row ``i`` reaches position ``j`` iff ``u_acc[i, :j]`` accepted drafts ``0..j-1`` (the tests
@@ -289,7 +293,7 @@ def _solve_lazily(p, q, budget, dual, div, u_acc, p_x, q_x, needed_only):  # [B,
         sd_ok = u_acc[rows, j] < _accept_ratio(zero[rows, j], q_x[rows, j], p_x[rows, j])
         todo = rows[~sd_ok] if needed_only else rows
         if todo.numel():
-            got = _solve(p[todo, j], q[todo, j], budget[todo, j], dual, div)
+            got = _solve(p[todo, j], q[todo, j], budget[todo, j], dual, div, normalize)
             for dst, src in zip(out, got):
                 dst[todo, j] = src.to(dst.dtype)
         a_j = torch.nan_to_num(out[0][rows, j], nan=0.0)
