@@ -34,7 +34,7 @@ from sklearn.utils.validation import (
 
 from mdboost.boosting.labels import encode_labels
 from mdboost.boosting.margins import edge_step, margin_bound, margin_risk
-from mdboost.boosting.scorers import check_pool, label_scores_of, scores_of
+from mdboost.boosting.scorers import check_pool, check_row_indices, label_scores_of, scores_of
 
 __all__ = ["SelfNormalizedBoostClassifier", "LOG_PROBA_FLOOR"]
 
@@ -68,7 +68,10 @@ class SelfNormalizedBoostClassifier(ClassifierMixin, BaseEstimator):
         never cloned or refitted; each round picks the scorer of largest ``|mu|`` (it may be picked again). A
         negative edge gives a negative ``alpha`` (the round uses ``-h``), which is fine. ``X``
         is validated with ``dtype=None, ensure_all_finite=False`` and handed to the scorers:
-        any 2-D array they accept, e.g. row indices of shape (m, 1) into a logit cache.
+        any 2-D array they accept, e.g. row indices of shape (m, 1) into a logit cache. When
+        scorers expose ``n_rows``, every method checks ``X`` as row indices first
+        (:func:`~mdboost.boosting.scorers.check_row_indices`: a NaN or out-of-range index
+        raises ValueError naming ``X``); an IndexError from a scorer is reported the same way.
     hypothesis : {"proba", "log_proba", "predict"}, default="proba"
         Estimator mode: ``h_t`` is the weak learner's ``predict_proba`` mapped to ``classes_``
         (unseen classes score 0), its log clipped at ``LOG_PROBA_FLOOR``, or the one-hot code
@@ -144,12 +147,21 @@ class SelfNormalizedBoostClassifier(ClassifierMixin, BaseEstimator):
         return dict(dtype=None, accept_sparse=["csr", "csc"])
 
     def _check_X(self, X):
-        return validate_data(self, X, reset=False, **self._x_kwargs())
+        return self._check_rows(validate_data(self, X, reset=False, **self._x_kwargs()))
+
+    def _check_rows(self, X):
+        """Pool mode: row indices ``X`` checked once, against the smallest ``n_rows`` of the pool."""
+        if self.pool is not None:
+            sizes = [int(s.n_rows) for s in self.pool if getattr(s, "n_rows", None) is not None]
+            if sizes and not sp.issparse(X):
+                check_row_indices(X, min(sizes))
+        return X
 
     def _validate_training_data(self, X, y, sample_weight):
         if sp.issparse(y):
             y = y.toarray()
         X, y = validate_data(self, X, y, multi_output=True, **self._x_kwargs())
+        X = self._check_rows(X)
         if y.ndim == 2 and y.shape[1] == 1:
             y = column_or_1d(y, warn=True)
         if self.pool is not None:  # labels are checked against the scorers' classes_

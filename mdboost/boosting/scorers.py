@@ -12,6 +12,10 @@ them. A scorer (the :class:`FixedScorer` protocol) must expose
 
 and MAY expose
 
+- ``n_rows`` : int -- the scorer reads ``X`` as row indices of shape (m, 1) into a table of
+  ``n_rows`` rows (a logit cache). The estimator then checks ``X`` at its boundary (integral,
+  finite, in ``[0, n_rows)``: :func:`check_row_indices`) and a bad index raises ValueError
+  naming ``X`` before any scorer runs;
 - ``label_scores(X, Y) -> ndarray of shape (m,)`` -- the label scores ``y_i^T h(x_i)``
   directly. ``Y`` is either an int array of shape (m,) holding each example's label as a
   column index into ``classes_``, or a bool indicator of shape (m, n_classes). For one label
@@ -34,7 +38,7 @@ import numpy as np
 
 from mdboost.boosting.labels import LabelSets, label_scores, label_scores_from_sums
 
-__all__ = ["FixedScorer", "TableScorer", "check_pool", "scores_of", "label_scores_of"]
+__all__ = ["FixedScorer", "TableScorer", "check_pool", "check_row_indices", "scores_of", "label_scores_of"]
 
 
 @runtime_checkable
@@ -67,9 +71,47 @@ def check_pool(pool) -> np.ndarray:
     return classes
 
 
+def check_row_indices(X, n_rows: int) -> np.ndarray:
+    """Row indices ``X`` of shape (m, 1) into ``n_rows`` rows, as an int array of shape (m,).
+
+    Raises ValueError naming ``X`` for another shape, a non-numeric, NaN, infinite or
+    non-integral entry, or an index outside ``[0, n_rows)``.
+
+    Examples
+    --------
+    >>> check_row_indices(np.array([[0], [2]]), 3)
+    array([0, 2])
+    """
+    rows = np.asarray(X)
+    if rows.ndim != 2 or rows.shape[1] != 1:
+        raise ValueError(f"X must be row indices of shape (m, 1), got shape {rows.shape}")
+    rows = rows[:, 0]
+    if rows.dtype.kind not in "iub":
+        try:
+            values = rows.astype(np.float64)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"X must hold integer row indices, got dtype {rows.dtype}") from exc
+        bad = ~np.isfinite(values) | (values != np.round(values))
+        if bad.any():
+            raise ValueError(f"X must hold integer row indices, got {values[bad][0]!r}")
+        rows = values
+    if rows.size and (rows.min() < 0 or rows.max() >= n_rows):
+        bad = rows.min() if rows.min() < 0 else rows.max()
+        raise ValueError(f"X holds row index {bad:g} outside [0, {n_rows})")
+    return rows.astype(np.intp)
+
+
+def _call(scorer, method: str, *args):
+    """``scorer.method(*args)``; an IndexError (a row index outside the scorer's table) names X."""
+    try:
+        return getattr(scorer, method)(*args)
+    except IndexError as exc:
+        raise ValueError(f"X holds a row index that {type(scorer).__name__}.{method} cannot read: {exc}") from exc
+
+
 def scores_of(scorer, X, n_classes: int) -> np.ndarray:
     """``scorer.decision_function(X)`` as a float array of shape (m, n_classes)."""
-    scores = np.asarray(scorer.decision_function(X), dtype=np.float64)
+    scores = np.asarray(_call(scorer, "decision_function", X), dtype=np.float64)
     if scores.ndim == 1 and n_classes == 2:
         scores = np.column_stack([-scores / 2.0, scores / 2.0])
     if scores.ndim != 2 or scores.shape[1] != n_classes:
@@ -83,7 +125,7 @@ def scores_of(scorer, X, n_classes: int) -> np.ndarray:
 def label_scores_of(scorer, X, labels: LabelSets) -> np.ndarray:
     """``y_i^T h(x_i)`` of a scorer, shape (m,): its ``label_scores`` if any, else from scores."""
     if callable(getattr(scorer, "label_scores", None)):
-        g = np.asarray(scorer.label_scores(X, labels.payload), dtype=np.float64)
+        g = np.asarray(_call(scorer, "label_scores", X, labels.payload), dtype=np.float64)
         if g.shape != (labels.n_samples,):
             raise ValueError(
                 f"{type(scorer).__name__}.label_scores returned shape {g.shape}, "
@@ -117,12 +159,10 @@ class TableScorer:
         self.table = np.asarray(table, dtype=np.float64)  # [N, n]
         self.classes_ = np.arange(self.table.shape[1]) if classes is None else np.asarray(classes)
         self.row_sums_ = self.table.sum(axis=1)  # [N]
+        self.n_rows = self.table.shape[0]
 
     def _rows(self, X) -> np.ndarray:
-        rows = np.asarray(X)
-        if rows.ndim != 2 or rows.shape[1] != 1:
-            raise ValueError(f"X must be row indices of shape (m, 1), got shape {rows.shape}")
-        return rows[:, 0].astype(np.intp)
+        return check_row_indices(X, self.n_rows)
 
     def decision_function(self, X) -> np.ndarray:
         """Rows of the table, shape (m, n_classes)."""

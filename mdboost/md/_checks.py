@@ -1,19 +1,26 @@
 """Input validation for the mentored decoding core.
 
-Every public entry point of :mod:`mdboost.md` validates its tensors here, so that bad input
-(shape mismatch, NaN/inf, negative entries, rows not summing to one, budgets out of range,
-token ids out of range) raises :class:`ValueError` with a message that names the argument and
-the offending value. These checks synchronise with the device (they read back a boolean), so
-the hot paths accept ``validate=False`` to skip them once inputs are known to be good.
+Every public entry point of :mod:`mdboost.md` validates its arguments here, so that bad input
+(a wrong Python type, a meta or complex tensor, shape mismatch, NaN/inf, negative entries, rows
+not summing to one, budgets out of range, token ids out of range) raises :class:`ValueError`
+(:class:`TypeError` for a wrong Python type) with a message that names the argument and the
+offending value, at the API boundary. The value checks synchronise with the device (they read
+back a few numbers), so the hot paths accept ``validate=False`` to skip them once inputs are
+known to be good; the structural checks (type, dtype, device, shape) always run and cost no
+synchronisation. Inputs that require grad are read detached (``docs/theory.md``, section 9).
 """
 
 from __future__ import annotations
+
+import math
+from numbers import Integral, Real
 
 import torch
 
 # Allowed |row sum - 1| per dtype: softmax rows of a 50k vocabulary in float32 sum to 1 only
 # within ~1e-6, and half-precision rows within ~1e-3.
 _SUM_TOL = {torch.float64: 1e-5, torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 2e-2}
+HALF = (torch.float16, torch.bfloat16)
 
 
 def sum_tolerance(dtype: torch.dtype) -> float:
@@ -21,7 +28,25 @@ def sum_tolerance(dtype: torch.dtype) -> float:
     return _SUM_TOL.get(dtype, 1e-3)
 
 
-def check_probs(name: str, x, *, ndim: int | None = None, validate: bool = True) -> torch.Tensor:
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the core computes in for inputs of ``dtype``: half precision goes to float32."""
+    return torch.float32 if dtype in HALF else dtype
+
+
+def check_tensor(name: str, x, *, floating: bool = True, ndim: int | None = None, detach: bool = True) -> torch.Tensor:
+    """Structural checks of a tensor argument (no device synchronisation); returns it detached."""
+    if not torch.is_tensor(x):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.device.type == "meta":
+        raise ValueError(f"{name} is a meta tensor (shape {tuple(x.shape)}, no data); give a tensor with values")
+    if floating and not x.is_floating_point():
+        raise ValueError(f"{name} must have a floating dtype, got {x.dtype}")
+    if ndim is not None and x.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
+    return x.detach() if detach and x.requires_grad else x
+
+
+def check_probs(name: str, x, *, ndim: int | None = None, validate: bool = True, sums: bool = True) -> torch.Tensor:
     """Check that ``x`` is a floating tensor of probability rows over its last axis.
 
     Parameters
@@ -34,34 +59,40 @@ def check_probs(name: str, x, *, ndim: int | None = None, validate: bool = True)
         Required number of dimensions (None: at least one).
     validate : bool
         When False only the cheap structural checks run (no device synchronisation).
+    sums : bool
+        Whether rows must sum to one (False: any non-negative finite values).
+
+    Returns
+    -------
+    torch.Tensor
+        ``x``, detached if it required grad.
     """
-    if not torch.is_tensor(x):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise ValueError(f"{name} must have a floating dtype, got {x.dtype}")
-    if x.ndim < 1 or (ndim is not None and x.ndim != ndim):
-        want = f"{ndim} dimensions" if ndim is not None else "at least one dimension"
-        raise ValueError(f"{name} must have {want}, got shape {tuple(x.shape)}")
+    x = check_tensor(name, x, ndim=ndim)
+    if x.ndim < 1:
+        raise ValueError(f"{name} must have at least one dimension, got shape {tuple(x.shape)}")
     if x.shape[-1] < 1:
         raise ValueError(f"{name} must have a non-empty last (vocabulary) axis, got shape {tuple(x.shape)}")
     if not validate or x.numel() == 0:
         return x
-    if not torch.isfinite(x).all():
-        bad = x[~torch.isfinite(x)].flatten()[0].item()
-        raise ValueError(f"{name} contains non-finite values (e.g. {bad})")
-    if (x < 0).any():
-        raise ValueError(f"{name} contains negative values (min {x.min().item():.3g})")
-    sums = x.sum(dim=-1, dtype=torch.float64)
-    err = (sums - 1.0).abs()
+    # one reduction pass and one read-back: a NaN or inf entry makes the sums non-finite
+    row_sums = x.sum(dim=-1, dtype=torch.float64)
+    err = (row_sums - 1.0).abs()
+    lo, total, worst_err = torch.stack([x.amin().double(), row_sums.sum(), err.max()]).tolist()
+    if not math.isfinite(total):
+        bad = x[~torch.isfinite(x)].flatten()
+        value = bad[0].item() if bad.numel() else total
+        raise ValueError(f"{name} contains non-finite values (e.g. {value})")
+    if lo < 0:
+        raise ValueError(f"{name} contains negative values (min {lo:.3g})")
     tol = sum_tolerance(x.dtype)
-    if (err > tol).any():
-        worst = sums.flatten()[err.flatten().argmax()].item()
+    if sums and worst_err > tol:
+        worst = row_sums.flatten()[err.flatten().argmax()].item()
         raise ValueError(f"{name} rows must sum to 1 (tolerance {tol:g}); a row sums to {worst:.8g}")
     return x
 
 
 def check_pair(draft_probs, target_probs, *, validate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate a drafter/target pair of the same shape; return both in a common float dtype."""
+    """Validate a drafter/target pair of the same shape; return both in the common compute dtype."""
     p = check_probs("draft_probs", draft_probs, validate=validate)
     q = check_probs("target_probs", target_probs, validate=validate)
     if p.shape != q.shape:
@@ -70,10 +101,26 @@ def check_pair(draft_probs, target_probs, *, validate: bool = True) -> tuple[tor
         )
     if p.device != q.device:
         raise ValueError(f"draft_probs and target_probs must be on one device, got {p.device} and {q.device}")
-    dtype = torch.promote_types(p.dtype, q.dtype)
-    if dtype in (torch.float16, torch.bfloat16):
-        dtype = torch.float32
+    dtype = compute_dtype(torch.promote_types(p.dtype, q.dtype))
     return p.to(dtype), q.to(dtype)
+
+
+def _as_real_tensor(name: str, value, device) -> torch.Tensor:
+    """``value`` (a real number, a sequence of them or a real tensor) as a float64 tensor on ``device``."""
+    if torch.is_tensor(value):
+        if value.device.type == "meta":
+            raise ValueError(f"{name} is a meta tensor (no data)")
+        if value.is_complex() or value.dtype == torch.bool:
+            raise TypeError(f"{name} must hold real numbers, got a tensor of dtype {value.dtype}")
+        return value.detach().to(device=device, dtype=torch.float64)
+    if isinstance(value, bool) or isinstance(value, (str, bytes)) or value is None:
+        raise TypeError(f"{name} must be a number or a tensor, got {value!r}")
+    if isinstance(value, complex):
+        raise TypeError(f"{name} must be a real number, got {value!r}")
+    try:
+        return torch.as_tensor(value, dtype=torch.float64, device=device)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise TypeError(f"{name} must be a number or a tensor, got {value!r}") from exc
 
 
 def check_budget(
@@ -88,40 +135,70 @@ def check_budget(
     """Turn a scalar or tensor budget into a float64 tensor broadcast to ``batch_shape``.
 
     Budgets must be ``>= 0`` (and ``<= upper`` when given); ``+inf`` is allowed when ``upper``
-    is None (an unlimited divergence budget). NaN is always an error.
+    is None (an unlimited divergence budget). NaN is always an error. The values are checked
+    as given, before broadcasting, so that a bad budget is reported even for an empty batch.
     """
+    t = _as_real_tensor(name, value, device)
     try:
-        t = torch.as_tensor(value, dtype=torch.float64, device=device)
-    except (TypeError, ValueError, RuntimeError) as exc:
-        raise ValueError(f"{name} must be a number or a tensor, got {value!r}") from exc
-    try:
-        t = torch.broadcast_to(t, tuple(batch_shape))
+        out = torch.broadcast_to(t, tuple(batch_shape))
     except RuntimeError as exc:
         raise ValueError(
             f"{name} of shape {tuple(t.shape)} does not broadcast to the batch shape {tuple(batch_shape)}"
         ) from exc
     if validate and t.numel():
-        lo = t.min().item()
-        hi = t.max().item()
-        if torch.isnan(t).any():
+        lo, hi = torch.stack(torch.aminmax(t)).tolist()
+        if math.isnan(lo) or math.isnan(hi):
             raise ValueError(f"{name} contains NaN")
         if lo < 0:
             raise ValueError(f"{name} must be >= 0, got {lo!r}")
         if upper is not None and hi > upper:
             raise ValueError(f"{name} must be <= {upper}, got {hi!r}")
-    return t
+    return out
+
+
+def check_real(name: str, value, *, low: float, high: float, low_open: bool = False,
+               allow_none: bool = False) -> float | None:
+    """A real Python scalar in ``[low, high]`` (``(low, high]`` with ``low_open``), as a float."""
+    if value is None and allow_none:
+        return None
+    if torch.is_tensor(value) and value.numel() == 1 and not value.is_complex() and value.device.type != "meta":
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a real number{' or None' if allow_none else ''}, got {value!r}")
+    value = float(value)
+    ok = (low < value if low_open else low <= value) and value <= high
+    if not ok:
+        span = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+        raise ValueError(f"{name} must be in {span}, got {value!r}")
+    return value
+
+
+def check_positive_int(name: str, value, *, allow_none: bool = True) -> int | None:
+    """A positive integer (an integral float such as ``4.0`` is accepted), or None."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (Integral, Real)):
+        raise TypeError(f"{name} must be a positive integer{' or None' if allow_none else ''}, got {value!r}")
+    if isinstance(value, Integral):
+        number = int(value)
+    elif math.isfinite(value) and float(value).is_integer():
+        number = int(value)
+    else:
+        raise ValueError(f"{name} must be a positive integer{' or None' if allow_none else ''}, got {value!r}")
+    if number < 1:
+        raise ValueError(f"{name} must be a positive integer{' or None' if allow_none else ''}, got {value!r}")
+    return number
 
 
 def check_tokens(name: str, tokens, shape: tuple, vocab: int, *, validate: bool = True) -> torch.Tensor:
     """Check an integer token tensor of the given shape with ids in ``[0, vocab)``."""
-    if not torch.is_tensor(tokens):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(tokens).__name__}")
+    tokens = check_tensor(name, tokens, floating=False)
     if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
         raise ValueError(f"{name} must have an integer dtype, got {tokens.dtype}")
     if tuple(tokens.shape) != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(tokens.shape)}")
     if validate and tokens.numel():
-        lo, hi = tokens.min().item(), tokens.max().item()
+        lo, hi = torch.stack(torch.aminmax(tokens)).tolist()
         if lo < 0 or hi >= vocab:
             bad = lo if lo < 0 else hi
             raise ValueError(f"{name} contains token id {bad} outside [0, {vocab})")

@@ -238,7 +238,7 @@ def primal(bp, budget: torch.Tensor, div, bound: bool, xp=None, with_value: bool
 
 def _primal(xp, bp, budget, div, bound):
     sums = bp.arrays(xp)
-    mid = None if bound else xp.asarray(bp.prefix(div))
+    mid = xp.asarray(bp.mass_prefix() if bound else bp.prefix(div))
     small = bp.vocab <= SMALL_VOCAB
     kb_torch = None if small else _b_knots(bp)
     kb = _small_b_knots(xp, sums) if small else xp.asarray(kb_torch)

@@ -36,15 +36,21 @@ class Segment(NamedTuple):
     float64 arrays of one namespace (torch tensors or numpy arrays; :mod:`mdboost.md._xp`). ``S``
     is the shape of ``j`` ([N, ...]); the stacked fields hold the A row, then the B row. On the
     segment, at excess mass ``m`` (docs/theory.md, section 4),
-    ``a = (p(A) - m) / q(A) - 1`` and ``b = 1 - (p(B) + m) / q(B)``, clamped to ``a >= 0`` and
-    ``0 <= b <= 1``; :func:`ab_on` computes both rows in one expression.
+    ``a = (p(A) - m) / q(A) - 1`` and ``b = 1 - (p(B) + m) / q(B)``, clamped to the segment's
+    own range (``lo``, ``hi``: the values of ``a`` and ``b`` at its two breakpoints, inside
+    ``a >= 0`` and ``0 <= b <= 1``); :func:`ab_on` computes both rows in one expression. The clamp
+    to the segment keeps ``(a, b)`` consistent with the sets ``A``, ``B`` where ``m`` cannot
+    resolve them: with a tiny ``q(A)`` (ratios ``p_i / q_i`` far above 1) the rounding of ``m``
+    is a huge error in ``a`` but only an ulp of mass (docs/theory.md, section 9).
     """
 
     ends: object  # [2, *S]: (p(A), p(B))
-    inv_q: object  # [2, *S]: (1 / q(A), -1 / q(B)), 0 for an empty set (the B row negated: one expression)
+    den: object  # [2, *S]: (q(A), -q(B)), inf for an empty set (the B row negated: one expression)
     q: object  # [2, *S]: (q(A), q(B))
     offset: object  # [2, *S]: (-1, 1), 0 for an empty set (so that an empty A or B gives a = 0 or b = 0)
     rest: object  # [*S] or None: sum of q_i g(r_i) over M (exact), q(M) (Thm 3.12 bound), None (no divergence)
+    lo: object  # [2, *S]: the smallest (a, b) of the segment
+    hi: object  # [2, *S]: the largest (a, b) of the segment
 
 
 class SortedSums(NamedTuple):
@@ -65,30 +71,55 @@ class SortedSums(NamedTuple):
 def make_segment(xp, sums: SortedSums, j, k, mid=None, bound: bool = False) -> Segment:
     """The :class:`Segment` of ``A = [j, V)``, ``B = [0, k)`` (``j``, ``k`` long [N, ...] in ``xp``).
 
-    ``rest`` is ``q(M)`` if ``bound``, else the M-set sum read from ``mid`` (see
-    :meth:`~mdboost.md.breakpoints.Breakpoints.prefix`) if given, else None. With numpy, call it
-    inside ``xp.errstate()`` (``1 / 0`` is computed, then discarded).
+    ``rest`` is ``q(M)`` if ``bound`` (read from the anchored mass sums ``mid`` if given, see
+    :meth:`~mdboost.md.breakpoints.Breakpoints.mass_prefix`), else the M-set sum read from
+    ``mid`` (see :meth:`~mdboost.md.breakpoints.Breakpoints.prefix`) if given, else None. With numpy, call it
+    inside ``xp.errstate()``.
     """
     vocab = sums.ratio.shape[1]
     qb = xp.take(sums.cq, k)
     q = xp.stack2(xp.take(sums.rq, vocab - j), qb)
     sign, _, _, neg_sign = _consts(xp, j)
     nonempty = q > 0
-    inv_q = xp.where(nonempty, neg_sign / q, 0.0)  # 1/0 = inf is discarded
-    if bound:
-        rest = xp.take(sums.cq, j) - qb
+    den = xp.where(nonempty, q / neg_sign, math.inf)  # an empty set divides by inf: a = 0, b = 0
+    lo, hi = _ab_range(xp, sums, j, k)  # a set without mass still bounds (a, b): the others' membership
+    if bound:  # q(M), from the anchored mass sums when given (no cancellation)
+        rest = xp.take(sums.cq, j) - qb if mid is None else xp.take(mid, k) + xp.take(mid, j)
     elif mid is not None:
         rest = xp.take(mid, k) + xp.take(mid, j)
     else:
         rest = None
     ends = xp.stack2(xp.take(sums.rp, vocab - j), xp.take(sums.cp, k))
-    return Segment(ends, inv_q, q, xp.where(nonempty, sign, 0.0), rest)
+    return Segment(ends, den, q, xp.where(nonempty, sign, 0.0), rest, lo, hi)
+
+
+def _col(x, like):  # a per-row [N, 1] array viewed to broadcast against [N, ...]
+    return x.reshape((x.shape[0],) + (1,) * (like.ndim - 1))
+
+
+def _ab_range(xp, sums: SortedSums, j, k):
+    """``(lo, hi)`` [2, *S]: the range of ``(a, b)`` on the segment ``A = [j, V)``, ``B = [0, k)``.
+
+    ``A`` is exactly the positions ``>= j`` for ``r_(j-1) <= 1 + a <= r_j``, and ``B`` exactly
+    those ``< k`` for ``r_(k-1) <= 1 - b <= r_k``; intersected with ``a >= 0``, ``0 <= b <= 1``.
+    """
+    ratio = sums.ratio
+    vocab = ratio.shape[1]
+    r_j = xp.where(j < vocab, xp.take(ratio, xp.clip(j, None, vocab - 1)), math.inf)
+    r_before = xp.take(ratio, xp.clip(j - 1, 0, None))
+    lo_a = xp.where(j > _col(sums.n_le, j), xp.clip(r_before - 1, 0.0, None), 0.0)
+    hi_a = xp.maximum(r_j - 1, lo_a)
+    r_k = xp.take(ratio, xp.clip(k, None, vocab - 1))
+    hi_b = xp.where(k >= 1, xp.clip(1 - xp.take(ratio, xp.clip(k - 1, 0, None)), 0.0, 1.0), 1.0)
+    lo_b = xp.minimum(xp.where(k < _col(sums.n_lt, k), xp.clip(1 - r_k, 0.0, 1.0), 0.0), hi_b)
+    return xp.stack2(lo_a, lo_b), xp.stack2(hi_a, hi_b)
 
 
 def ab_on(xp, m, seg: Segment):
-    """``(a, b)`` stacked [2, ...] at excess mass ``m`` on a segment."""
-    sign, high, low, _ = _consts(xp, m)
-    return xp.minimum(xp.maximum((seg.ends + sign * m) * seg.inv_q + seg.offset, low), high)
+    """``(a, b)`` stacked [2, ...] at excess mass ``m`` on a segment, within the segment's range."""
+    sign = _consts(xp, m)[0]
+    # a division, not a product with 1 / q: a subnormal q(A) has no finite inverse
+    return xp.minimum(xp.maximum((seg.ends + sign * m) / seg.den + seg.offset, seg.lo), seg.hi)
 
 
 def divergence_on(xp, m, seg: Segment, div: Divergence, bound: bool):
@@ -99,7 +130,7 @@ def divergence_on(xp, m, seg: Segment, div: Divergence, bound: bool):
     """
     sign = _consts(xp, m)[0]
     g = xp.g(div, 1 - sign * ab_on(xp, m, seg))  # (1 + a, 1 - b): one generator call on the stacked rows
-    total = (seg.q * g).sum(0)
+    total = xp.where(seg.q > 0, seg.q * g, 0.0).sum(0)  # a set without mass adds 0 (even where g = inf)
     if bound:
         return total + xp.where(seg.rest > 0, seg.rest * xp.maximum(g[0], g[1]), 0.0)
     return total + seg.rest

@@ -7,7 +7,8 @@ with numpy-style ``axis=``/``keepdims=`` keywords, which torch accepts) plus the
 spellings differ.
 
 Which namespace (:func:`namespace_for`, the one rule): numpy for CPU tensors without autograd,
-torch otherwise (GPU, autograd). These searches run a few rounds of tiny batched ops on arrays
+torch otherwise (GPU, autograd; the public entry points read inputs that require grad detached,
+``docs/theory.md`` section 9). These searches run a few rounds of tiny batched ops on arrays
 of ``[N, <= 2V]`` or ``[N, ~30]`` elements, where the cost is per op, and a tiny numpy op costs
 a fraction of a torch one on CPU. Measured (one thread, exact KL primal query, same algorithm in
 both namespaces): torch / numpy time 1.9 at ``[1, 50]`` and ``[1, 1000]``, 1.5 at ``[32, 257]``

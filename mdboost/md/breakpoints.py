@@ -49,6 +49,23 @@ class CurvePoint(NamedTuple):
 take = TORCH.take  # arr[n, idx[n, ...]] for arr [N, L] and idx [N, ...]
 
 
+def _snap(m: torch.Tensor, tv: torch.Tensor) -> torch.Tensor:
+    """The smallest ``m' >= m`` with ``1 - (1 - m') == m'`` exactly (capped at ``tv``).
+
+    The acceptance ``1 - m'`` of a primal point then gives back the same ``m'`` in the dual
+    (:meth:`Breakpoints.for_acceptance`), so both return the same ``(a, b)`` even where ``a``
+    is ill-conditioned in ``m``; ``D_f`` does not grow (it decreases in ``m``).
+    """
+    acc = 1 - m
+    acc = torch.where(1 - acc < m, torch.nextafter(acc, torch.zeros_like(acc)), acc)
+    return torch.minimum(1 - acc, torch.maximum(tv, m))
+
+
+def acceptance_of(m: torch.Tensor) -> torch.Tensor:
+    """``P_acc = 1 - m`` clamped to ``[0, 1]`` (rounding never leaves the interval)."""
+    return (1 - m).clamp(0.0, 1.0)
+
+
 class Breakpoints:
     """The breakpoint structure of C(p, q) for a batch of drafter/target pairs.
 
@@ -69,21 +86,37 @@ class Breakpoints:
     0.6
     """
 
-    def __init__(self, r_sorted, p_sorted, q_sorted, batch_shape, dtype):
+    def __init__(self, r_sorted, p_sorted, q_sorted, batch_shape, dtype, *, normalize: bool = False):
         self.batch_shape = torch.Size(batch_shape)
         self.dtype = dtype
         self.vocab = r_sorted.shape[-1]
         self._r = r_sorted  # [N, V] input dtype, sorted ascending
         p64, self._q = p_sorted.to(ACC_DTYPE), q_sorted.to(ACC_DTYPE)  # [N, V] float64, by ratio
+        threshold, self._r_cmp, self.normalized = 1.0, r_sorted, False
+        if normalize and r_sorted.shape[0]:  # rows within the sum tolerance, rescaled in float64
+            sp, sq = p64.sum(-1, keepdim=True), self._q.sum(-1, keepdim=True)
+            if bool(((sp != 1) | (sq != 1)).any()):
+                p64, self._q, self.normalized = p64 / sp, self._q / sq, True
+                threshold = (sp / sq).to(r_sorted.dtype)  # r_i (sq / sp) < 1  <=>  r_i < sp / sq
         # exclusive prefix sums of p and q (index k: sum_{i < k}) and suffix sums read backwards
         # (index V - j: sum_{i >= j}, accurate for small tails), each [N, V + 1]
         self._cp, self._cq, self._rp, self._rq = _cumsums(p64, self._q)
-        if r_sorted.dtype == ACC_DTYPE:  # the same division; 0/0 rows (r = 1) are never read as knots
+        n_fin = torch.searchsorted(r_sorted, torch.full_like(r_sorted[:, :1], math.inf))
+        if r_sorted.shape[0] and bool((take(self._rq, self.vocab - n_fin) > 0).any()):
+            # a ratio p_i / q_i that overflows the input dtype counts as q_i = 0 (docs/theory.md,
+            # section 9): those q_i leave the sums, so that every q > 0 has a finite ratio
+            self._q = torch.where(torch.isinf(r_sorted), 0.0, self._q)
+            self._cp, self._cq, self._rp, self._rq = _cumsums(p64, self._q)
+        if self.normalized:  # the ratios of the rescaled rows; 0/0 stays neutral (at the threshold)
+            neutral = (1.0 / threshold.to(ACC_DTYPE)).expand_as(p64)
+            self._ratio = torch.where(self._q > 0, p64 / self._q, torch.where(p64 > 0, math.inf, neutral))
+            self._r_cmp = self._ratio
+        elif r_sorted.dtype == ACC_DTYPE:  # the same division; 0/0 rows (r = 1) are never read as knots
             self._ratio = r_sorted
         else:
             self._ratio = torch.where(self._q > 0, p64 / self._q, math.inf)  # [N, V] float64
         del p64  # p is not kept: q and the ratio give every later term (fewer fresh pages)
-        col = torch.ones_like(r_sorted[:, :1])
+        col = torch.ones_like(r_sorted[:, :1]) * threshold
         self._n_lt = torch.searchsorted(r_sorted, col, right=False)  # r < 1
         self._n_le = torch.searchsorted(r_sorted, col, right=True)  # r <= 1
         self._n_fin = torch.searchsorted(r_sorted, col * math.inf, right=False)  # r finite
@@ -95,7 +128,8 @@ class Breakpoints:
 
     # ------------------------------------------------------------------ build
     @classmethod
-    def build(cls, draft_probs: torch.Tensor, target_probs: torch.Tensor, *, validate: bool = True) -> "Breakpoints":
+    def build(cls, draft_probs: torch.Tensor, target_probs: torch.Tensor, *, validate: bool = True,
+              normalize: bool | None = None) -> "Breakpoints":
         """Sort the ratios once and accumulate the prefix sums: ``O(V log V)``.
 
         Parameters
@@ -105,14 +139,19 @@ class Breakpoints:
         target_probs : torch.Tensor of shape (..., V)
             Target distributions ``q``.
         validate : bool, default=True
-            Check the inputs (raises ValueError naming the bad argument).
+            Check the inputs (raises ValueError naming the bad argument); rows within the sum
+            tolerance are then rescaled to sum to 1 in float64 (``docs/theory.md``, section 9).
+            False: the rows are trusted to sum to 1 and used as given.
+        normalize : bool or None, default=None
+            Rescale the rows in float64 (None: when ``validate``).
         """
         p, q = check_pair(draft_probs, target_probs, validate=validate)
         vocab = p.shape[-1]
         p2, q2 = p.reshape(-1, vocab), q.reshape(-1, vocab)
         r = torch.div(p2, q2).nan_to_num_(nan=1.0, posinf=math.inf)  # 0/0 -> 1 (neutral), in place
         r_sorted, p_sorted, q_sorted = _sort_rows(r, p2, q2)
-        return cls(r_sorted, p_sorted, q_sorted, p.shape[:-1], p.dtype)
+        return cls(r_sorted, p_sorted, q_sorted, p.shape[:-1], p.dtype,
+                   normalize=validate if normalize is None else normalize)
 
     # -------------------------------------------------- sums at sorted positions
     def p_pre(self, k):
@@ -155,8 +194,19 @@ class Breakpoints:
         terms (``q_i g(r_i)`` explodes for extreme ratios) and ``+inf`` terms stay exact.
         """
         if div not in self._prefix_cache:
-            self._prefix_cache[div] = _prefix_sums(self._r, self._q, self._ratio, self._n_lt, self._n_le, div)
+            self._prefix_cache[div] = _prefix_sums(self._r_cmp, self._q, self._ratio, self._n_lt, self._n_le, div)
         return self._prefix_cache[div]
+
+    def mass_prefix(self) -> torch.Tensor:
+        """Sums of ``q_i`` anchored at ``r = 1`` [N, V + 1] (cached): ``q(M)`` for the Thm 3.12 bound.
+
+        ``mass[k] = sum_{k <= i < n_le} q_i`` for ``k <= n_le`` and ``mass[j] = sum_{n_le <= i < j} q_i``
+        for ``j >= n_le``, so ``mass[k] + mass[j] = q(M)`` without the cancellation of
+        ``Q_pre[j] - Q_pre[k]`` (a tiny ``q(M)`` next to a large ``q(B)`` would round to 0).
+        """
+        if "mass" not in self._prefix_cache:
+            self._prefix_cache["mass"] = _mass_sums(self._q, self._n_le)
+        return self._prefix_cache["mass"]
 
     def arrays(self, xp=TORCH) -> SortedSums:
         """The sorted sums in the namespace ``xp`` (numpy: zero-copy views, made once)."""
@@ -171,7 +221,7 @@ class Breakpoints:
 
         ``div=None`` leaves ``rest`` empty (enough for :meth:`ab`).
         """
-        mid = None if div is None or bound else self.prefix(div)
+        mid = None if div is None else self.mass_prefix() if bound else self.prefix(div)
         return make_segment(TORCH, self.arrays(), j, k, mid, bound)
 
     @staticmethod
@@ -193,15 +243,24 @@ class Breakpoints:
     # ---------------------------------------------------------------- queries
     def _flat(self, value, name, upper=None, validate=True):
         t = check_budget(name, value, self.batch_shape, self._r.device, upper=upper, validate=validate)
-        return t.reshape(-1, 1)
+        return t.reshape(self._r.shape[0], 1)
 
     def _out(self, x):
         return x.reshape(self.batch_shape).to(self.dtype)
 
-    def _point(self, m) -> CurvePoint:
+    def _empty_point(self) -> CurvePoint:  # a batch without rows
+        empty = torch.zeros(self.batch_shape, dtype=self.dtype, device=self._r.device)
+        return CurvePoint(empty, empty.clone(), empty.clone())
+
+    def _point64(self, m) -> CurvePoint:  # [N, 1] float64 fields
         j, k = _search.locate_j(self, m), _search.locate_k(self, m)
         a, b = self.ab(m, self.segment(j, k, None, False), _bcast(self._tv, m))
-        return CurvePoint(self._out(a), self._out(b), self._out(1 - m))
+        return CurvePoint(a, b, acceptance_of(m))
+
+    def _point(self, m) -> CurvePoint:
+        if not self._r.shape[0]:
+            return self._empty_point()
+        return CurvePoint(*(self._out(x) for x in self._point64(m)))
 
     def _clip_m(self, acceptance):
         return torch.minimum(torch.maximum(1 - acceptance, self._m_end), self._tv)
@@ -209,12 +268,12 @@ class Breakpoints:
     @property
     def sd_acceptance(self) -> torch.Tensor:  # [...]
         """Acceptance of standard SD, ``1 - TV(p, q)`` (the curve's start)."""
-        return self._out(1 - self._tv)
+        return self._out(acceptance_of(self._tv))
 
     @property
     def max_acceptance(self) -> torch.Tensor:  # [...]
         """Acceptance at the curve's end, ``1 - p(q = 0)``."""
-        return self._out(1 - self._m_end)
+        return self._out(acceptance_of(self._m_end))
 
     def for_acceptance(self, min_acceptance, *, validate: bool = True) -> CurvePoint:
         """Dual: the curve point with acceptance ``min_acceptance`` (f-independent, Theorem 3.13).
@@ -239,24 +298,46 @@ class Breakpoints:
                                   validate: bool = True) -> tuple[CurvePoint, torch.Tensor]:
         """:meth:`for_divergence` and ``D_f(pi || q)`` at the solution, without a second search."""
         point, budget, value = self._primal(max_divergence, divergence, False, validate, with_value=True)
-        return point, self._out(torch.where(budget <= 0, 0.0, value))  # budget 0: pi = q
+        if not self._r.shape[0]:
+            return point, self._out(budget.reshape(-1))
+        return point, self._out(torch.where(budget <= 0, 0.0, value.clamp(min=0)))  # budget 0: pi = q
 
     def _primal(self, max_divergence, divergence, bound, validate, with_value=False):
         """The primal point, the flat budget [N, 1] and ``D_f`` at the point (if ``with_value``)."""
+        point, budget, value = self._primal64(max_divergence, divergence, bound, validate, with_value)
+        if not self._r.shape[0]:
+            return self._empty_point(), budget, value
+        return CurvePoint(*(self._out(x) for x in point)), budget, value
+
+    def _primal64(self, max_divergence, divergence, bound, validate, with_value=False):
+        """:meth:`_primal` with the point's fields as float64 [N, 1] (before the output dtype)."""
         div = resolve(divergence)
         budget = self._flat(max_divergence, "max_divergence", validate=validate)
-        m, seg, value = _search.primal(self, budget, div, bound, with_value=with_value)
+        if not self._r.shape[0]:
+            return None, budget, (budget if with_value else None)
+        m, seg, value = _search.primal(self, budget, div, bound, with_value=True)
+        # the search keeps the side with D <= budget; where rounding defeated it (extreme ratios
+        # the float64 sums cannot resolve), the row falls back to the curve's start (pi = q)
+        failed = value > budget * (1 + 1e-12)
+        m = torch.where(failed, self._tv, _snap(m, self._tv))
         a, b = self.ab(m, seg, self._tv)
-        return CurvePoint(self._out(a), self._out(b), self._out(1 - m)), budget, value
+        if with_value:
+            value = torch.where(failed | (m >= self._tv), 0.0, self.div_on(m, seg, div, bound).clamp(min=0))
+        return CurvePoint(a, b, acceptance_of(m)), budget, (value if with_value else None)
 
-    def divergence_at(self, acceptance, divergence="kl", *, bound: bool = False) -> torch.Tensor:
+    def divergence_at(self, acceptance, divergence="kl", *, bound: bool = False, validate: bool = True) -> torch.Tensor:
         """``D_f(pi || q)`` (or its Thm 3.12 upper bound) at the curve point of given acceptance.
 
         ``acceptance`` is clipped to ``[sd_acceptance, max_acceptance]``; ``O(log V)``.
+        ``validate=False`` skips the range check of ``acceptance`` (values are clipped anyway).
         """
-        m = self._clip_m(self._flat(acceptance, "acceptance", 1.0))
+        m = self._clip_m(self._flat(acceptance, "acceptance", 1.0, validate))
+        div = resolve(divergence)
+        if not self._r.shape[0]:
+            return self._out(m.reshape(-1))
         j, k = _search.locate_j(self, m), _search.locate_k(self, m)
-        return self._out(self.div_at(m, j, k, resolve(divergence), bound))
+        value = self.div_at(m, j, k, div, bound)
+        return self._out(torch.where(m >= self._tv, 0.0, value.clamp(min=0)))
 
     def curve(self) -> CurvePoint:
         """All breakpoints of the curve sorted by acceptance, shape ``(..., 2V + 1)``.
@@ -264,6 +345,9 @@ class Breakpoints:
         Includes the SD start (``a = b = 0``) and the end point; unused slots are NaN (last).
         """
         n, vocab = self._r.shape
+        if not n:
+            empty = torch.zeros(self.batch_shape + (2 * vocab + 1,), dtype=self.dtype, device=self._r.device)
+            return CurvePoint(empty, empty.clone(), empty.clone())
         idx = torch.arange(vocab, device=self._r.device).expand(n, vocab)
         nan = torch.full((n, vocab), math.nan, dtype=ACC_DTYPE, device=self._r.device)
         m_a = torch.where((idx >= self._n_le) & (idx <= self._j_max), self.knot_a(idx), nan)
@@ -274,7 +358,8 @@ class Breakpoints:
         j, k = _search.locate_j(self, m), _search.locate_k(self, m)
         a, b = self.ab(m, self.segment(j, k, None, False), self._tv)
         shape = self.batch_shape + (m.shape[-1],)
-        return CurvePoint(*(torch.where(valid, x, math.nan).reshape(shape).to(self.dtype) for x in (a, b, 1 - m)))
+        return CurvePoint(*(torch.where(valid, x, math.nan).reshape(shape).to(self.dtype)
+                            for x in (a, b, acceptance_of(m))))
 
 
 def _numpy_ok(x: torch.Tensor) -> bool:
@@ -373,6 +458,22 @@ def _prefix_sums(r, q, ratio, n_lt, n_le, div: Divergence) -> torch.Tensor:  # [
         high = torch.where((rh > 1) & (rh < math.inf), terms[:, hi_s:], 0.0)
         mid[blk, hi_s + 1:] += torch.cumsum(high, -1)  # [j] = sum_{n_le <= i < j}, 0 up to n_le
     return mid
+
+
+def _mass_sums(q, n_le) -> torch.Tensor:  # [N, V], [N, 1] -> [N, V + 1]
+    """Range sums of ``q_i`` anchored at ``n_le`` in one array (see :meth:`Breakpoints.mass_prefix`)."""
+    n, vocab = q.shape
+    (mass,) = _empty_sums(n, vocab, 1, q)
+    idx = torch.arange(vocab, device=q.device)
+    for blk in _blocks(n, vocab):
+        qb, le = q[blk], n_le[blk]
+        lo_w, hi_s = int(le.max()), int(le.min())
+        low = torch.flip(torch.where(idx[:lo_w] < le, qb[:, :lo_w], 0.0), [-1])
+        mass[blk, :lo_w] = torch.flip(torch.cumsum(low, -1), [-1])  # [k] = sum_{k <= i < n_le}
+        mass[blk, lo_w:] = 0
+        high = torch.where(idx[hi_s:] >= le, qb[:, hi_s:], 0.0)
+        mass[blk, hi_s + 1:] += torch.cumsum(high, -1)  # [j] = sum_{n_le <= i < j}, 0 up to n_le
+    return mass
 
 
 def _bcast(col: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

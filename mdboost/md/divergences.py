@@ -34,6 +34,7 @@ __all__ = [
     "from_callable",
     "resolve",
     "f_divergence",
+    "FLOOR",
     "names",
 ]
 
@@ -66,10 +67,16 @@ class Divergence:
         return self.f(z)
 
     def g(self, z: torch.Tensor) -> torch.Tensor:
-        """Standardized generator ``g(z) = f(z) - f'(1) (z - 1)`` (``>= 0``, ``g(1) = 0``)."""
+        """Standardized generator ``g(z) = f(z) - f'(1) (z - 1)`` (``>= 0``, ``g(1) = 0``).
+
+        Where ``f`` overflows for a huge ratio (``inf - inf``: NaN), the asymptote
+        ``(lim f(z) / z - f'(1)) z`` is returned instead.
+        """
         if not self.standardize or self.fprime_one == 0.0:
-            return self.f(z)
-        return self.f(z) - self.fprime_one * (z - 1.0)
+            out = self.f(z)
+        else:
+            out = self.f(z) - self.fprime_one * (z - 1.0)
+        return torch.where(torch.isnan(out), (self.inf_slope - self.fprime_one) * z, out)
 
 
 def _kl(z):
@@ -182,10 +189,18 @@ def resolve(divergence) -> Divergence:
     raise ValueError(f"divergence must be one of {names()} or a callable, got {divergence!r}")
 
 
+FLOOR = {torch.float64: 1e-290, torch.float32: 1e-30}
+"""Per dtype: a coordinate of :func:`f_divergence` with ``pi_i`` and ``q_i`` both below it adds 0
+(``docs/theory.md``, section 9): a clamp ``(1 - b) q_i`` of such a ``q_i`` can underflow to 0,
+which ``f(0) = inf`` (``rkl``, ``alpha`` below -1) would turn into an infinite divergence."""
+
+
 def f_divergence(
     output_probs: torch.Tensor,  # [..., V]
     target_probs: torch.Tensor,  # [..., V]
     divergence="kl",
+    *,
+    validate: bool = True,
 ) -> torch.Tensor:  # [...]
     """Batched ``D_f(pi || q) = sum_i q_i f(pi_i / q_i)`` with the limits of the module docstring.
 
@@ -194,22 +209,47 @@ def f_divergence(
     output_probs : torch.Tensor of shape (..., V)
         ``pi`` (for example a mentored distribution).
     target_probs : torch.Tensor of shape (..., V)
-        ``q``, the target distribution.
+        ``q``, the target distribution (broadcastable against ``output_probs``).
     divergence : str, Divergence or callable, default="kl"
+    validate : bool, default=True
+        Check the inputs: floating tensors, finite, non-negative, rows summing to 1 (the sum
+        tolerance of ``docs/theory.md``, section 9). False skips the value checks.
 
     Returns
     -------
     torch.Tensor of shape (...)
-        Computed in the promoted dtype of the inputs; may be ``+inf``.
+        Computed in float64, returned in the promoted dtype of the inputs (float32 for half
+        precision); ``>= 0`` (rounding below 0 is clamped) and may be ``+inf``. A ratio
+        ``pi_i / q_i`` that overflows float64 (or whose term does) counts as ``q_i = 0``; a
+        coordinate where both ``pi_i`` and ``q_i`` are below :data:`FLOOR` counts as 0.
+
+    Examples
+    --------
+    >>> p = torch.tensor([0.5, 0.5], dtype=torch.float64)
+    >>> float(f_divergence(p, torch.tensor([0.25, 0.75], dtype=torch.float64), "tv"))
+    0.25
     """
+    from mdboost.md._checks import check_probs, compute_dtype
+
+    pi = check_probs("output_probs", output_probs, validate=validate)
+    q = check_probs("target_probs", target_probs, validate=validate)
     div = resolve(divergence)
-    pi, q = torch.broadcast_tensors(output_probs, target_probs)
+    try:
+        pi, q = torch.broadcast_tensors(pi, q)
+    except RuntimeError as exc:
+        raise ValueError(f"output_probs and target_probs must broadcast together, got shapes "
+                         f"{tuple(pi.shape)} and {tuple(q.shape)}") from exc
+    out_dtype = compute_dtype(torch.promote_types(pi.dtype, q.dtype))
+    floor = FLOOR[torch.float64 if out_dtype == torch.float64 else torch.float32]
+    pi, q = pi.to(torch.float64), q.to(torch.float64)
+    # both entries below the floor: treated as zero (pi_i = (1 - b) q_i may underflow to 0)
+    below = (q < floor) & (pi < floor)
+    pi, q = torch.where(below, 0.0, pi), torch.where(below, 0.0, q)
     pos = q > 0
     z = torch.where(pos, pi / torch.where(pos, q, torch.ones_like(q)), torch.ones_like(q))
-    terms = torch.where(pos, q * div.f(z), torch.zeros_like(q))
-    if div.inf_slope == 0.0:
-        outside = torch.zeros_like(pi)
-    else:
-        outside = torch.where(pi > 0, pi * div.inf_slope, torch.zeros_like(pi))
-    terms = terms + torch.where(pos, torch.zeros_like(pi), outside)
-    return terms.sum(dim=-1)
+    inside = q * div.f(z)
+    # q_i = 0 < pi_i, and the overflow regime of a tiny q_i: the limit pi_i * lim f(z) / z
+    outside = torch.where(pi > 0, pi * div.inf_slope, torch.zeros_like(pi)) if div.inf_slope else torch.zeros_like(pi)
+    limit = ~pos | torch.isinf(z) | torch.isnan(inside)
+    terms = torch.where(limit, outside, inside)
+    return terms.sum(dim=-1).clamp(min=0).to(out_dtype)

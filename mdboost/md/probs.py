@@ -1,12 +1,17 @@
 """Logits to distributions: the one place where both models' logits become probabilities.
 
 Drafter and target go through the same function with the same settings, so that p and q are
-comparable (``docs/theory.md``, "Notation").
+comparable (``docs/theory.md``, "Notation"). Every valid input gives rows that sum to one
+(``docs/theory.md``, section 9): ``+inf`` logits share the row's mass equally (the limit of the
+softmax), and a temperature so small that ``logits / temperature`` overflows gives the limit as
+well (the argmax tokens), instead of NaN.
 """
 
 from __future__ import annotations
 
 import torch
+
+from mdboost.md._checks import check_positive_int, check_real, check_tensor
 
 
 def logits_to_probs(
@@ -20,10 +25,12 @@ def logits_to_probs(
     Parameters
     ----------
     logits : torch.Tensor of shape (..., V)
-        Unnormalized log-probabilities. ``-inf`` entries are allowed (masked tokens).
+        Unnormalized log-probabilities. ``-inf`` entries are allowed (masked tokens), as long
+        as every row keeps one entry above ``-inf``; ``+inf`` entries take the row's whole mass
+        (shared equally). NaN is an error.
     temperature : float, default=1.0
-        Softmax temperature, ``>= 0``. ``0`` means greedy: a one-hot distribution on the
-        argmax (ties go to the lowest token id).
+        Softmax temperature, finite and ``>= 0``. ``0`` means greedy: a one-hot distribution on
+        the argmax (ties go to the lowest token id).
     top_k : int or None, default=None
         Keep only the ``top_k`` largest logits (``1 <= top_k``; values above V keep all).
     top_p : float or None, default=None
@@ -34,29 +41,47 @@ def logits_to_probs(
     -------
     torch.Tensor of shape (..., V)
         Probabilities in the dtype of ``logits`` (float32 for half inputs), rows summing to 1.
+        Differentiable in ``logits`` (a plain softmax where no limit is taken).
+
+    Examples
+    --------
+    >>> logits_to_probs(torch.tensor([0.0, float("inf"), float("inf")]))
+    tensor([0.0000, 0.5000, 0.5000])
     """
-    if not torch.is_tensor(logits) or logits.ndim < 1:
-        raise ValueError(f"logits must be a tensor with at least one dimension, got {type(logits).__name__}")
-    if temperature is None or not temperature >= 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature!r}")
-    if top_k is not None and (int(top_k) != top_k or top_k < 1):
-        raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
-    if torch.isnan(logits).any():
-        raise ValueError("logits contains NaN")
+    logits = check_tensor("logits", logits, detach=False)
+    if logits.ndim < 1 or logits.shape[-1] < 1:
+        raise ValueError(f"logits must have a non-empty last (vocabulary) axis, got shape {tuple(logits.shape)}")
+    temperature = check_real("temperature", temperature, low=0.0, high=float("inf"))
+    if temperature == float("inf"):
+        raise ValueError(f"temperature must be finite, got {temperature!r}")
+    top_k = check_positive_int("top_k", top_k)
+    top_p = check_real("top_p", top_p, low=0.0, high=1.0, low_open=True, allow_none=True)
 
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
-    vocab = logits.shape[-1]
-
     if temperature == 0:
+        if logits.numel() and torch.isnan(logits).any():
+            raise ValueError("logits contains NaN")
         index = logits.argmax(dim=-1, keepdim=True)  # [..., 1]
         return torch.zeros_like(logits).scatter_(-1, index, 1.0)
+    probs = _probs(logits / temperature, top_k, top_p)  # the division is a new tensor: the input is never changed
+    if probs.numel() and torch.isnan(probs).any():  # one check of the output; the rare rows are redone
+        if torch.isnan(logits).any():
+            raise ValueError("logits contains NaN")
+        if torch.isneginf(logits).all(-1).any():
+            raise ValueError("logits has a row whose entries are all -inf (no token has any probability)")
+        # +inf logits, or logits / temperature overflowing: the limit, from logits shifted by their row max
+        top = logits.amax(-1, keepdim=True)
+        shifted = torch.where(torch.isposinf(top), torch.where(torch.isposinf(logits), 0.0, -float("inf")),
+                              logits - top)
+        probs = _probs(shifted / temperature, top_k, top_p)
+    return probs
 
-    scores = logits / temperature  # [..., V] (a new tensor: the input is never changed)
+
+def _probs(scores: torch.Tensor, top_k, top_p) -> torch.Tensor:  # [..., V] -> [..., V]
+    vocab = scores.shape[-1]
     if top_k is not None and top_k < vocab:
-        kth = torch.topk(scores, int(top_k), dim=-1).values[..., -1:]  # [..., 1]
+        kth = torch.topk(scores, top_k, dim=-1).values[..., -1:]  # [..., 1]
         scores = scores.masked_fill(scores < kth, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     if top_p is not None and top_p < 1.0:

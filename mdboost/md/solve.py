@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mdboost.md._checks import check_pair, check_probs
+from mdboost.md._checks import _as_real_tensor, check_budget, check_pair, check_probs
 from mdboost.md.breakpoints import Breakpoints
 from mdboost.md.divergences import f_divergence, resolve
 
@@ -75,16 +75,12 @@ def boost_coefficient(a, b, *, validate: bool = True) -> torch.Tensor:
     >>> float(boost_coefficient(0.0, 0.75))
     2.0
     """
-    a = torch.as_tensor(a)
-    b = torch.as_tensor(b, dtype=a.dtype if a.is_floating_point() else torch.float64)
-    if validate and ((a < 0).any() or (b < 0).any() or (b > 1).any()):
+    if not (torch.is_tensor(a) and a.is_floating_point()):
+        a = _as_real_tensor("a", a, None)
+    b = _as_real_tensor("b", b, a.device).to(a.dtype)
+    if validate and ((a < 0).any() or (b < 0).any() or (b > 1).any() or a.isnan().any() or b.isnan().any()):
         raise ValueError(f"boost_coefficient needs a >= 0 and 0 <= b <= 1, got a={a}, b={b}")
     return torch.sqrt((1 + a) / (1 - b))
-
-
-def _expand(x, like: torch.Tensor) -> torch.Tensor:  # [...] -> [..., 1]
-    t = torch.as_tensor(x, dtype=like.dtype, device=like.device)
-    return t.unsqueeze(-1) if t.ndim else t
 
 
 def clamp(draft_probs, target_probs, a, b) -> torch.Tensor:
@@ -121,26 +117,60 @@ def mentored_distribution(
     target_probs: torch.Tensor,  # [..., V]
     a,  # scalar or [...]
     b,  # scalar or [...]
+    *,
+    validate: bool = True,
 ) -> torch.Tensor:  # [..., V]
     """The clamp ``pi(a, b) = max{(1-b) q, min{p, (1+a) q}}`` coordinate-wise (Cor 3.10).
 
     It sums to one exactly when ``(a, b)`` is on the curve C(p, q); no renormalisation is done.
+
+    Parameters
+    ----------
+    draft_probs, target_probs : torch.Tensor of shape (..., V)
+        ``p`` and ``q``.
+    a, b : float or tensor broadcastable to (...)
+        ``a >= 0`` (``+inf`` allowed), ``0 <= b <= 1``.
+    validate : bool, default=True
+        Check the inputs (rows, ranges; raises ValueError naming the argument).
+
+    Returns
+    -------
+    torch.Tensor of shape (..., V)
+        In the dtype of ``draft_probs`` (float32 for half precision); an ``a`` beyond that
+        dtype's range acts as its largest finite value, and a ``q_i`` whose ratio ``p_i / q_i``
+        overflows the dtype counts as 0, as in the solvers (``docs/theory.md``, section 9).
+
+    Examples
+    --------
+    >>> p, q = torch.tensor([0.7, 0.2, 0.1]), torch.tensor([0.2, 0.3, 0.5])
+    >>> mentored_distribution(p, q, 1.0, 0.5)
+    tensor([0.4000, 0.2000, 0.2500])
     """
-    p = check_probs("draft_probs", draft_probs, validate=False)
-    q = check_probs("target_probs", target_probs, validate=False)
-    return clamp(p, q, _expand(a, p), _expand(b, p))
+    p, q = check_pair(draft_probs, target_probs, validate=validate)
+    batch, device = p.shape[:-1], p.device
+    a = check_budget("a", a, batch, device, validate=validate)
+    b = check_budget("b", b, batch, device, upper=1.0, validate=validate)
+    a = a.clamp(max=torch.finfo(p.dtype).max).to(p.dtype).unsqueeze(-1)
+    q = torch.where(torch.isinf(p / q) & (q > 0), 0.0, q)  # a ratio beyond the dtype's range: q_i = 0
+    return clamp(p, q, a, b.to(p.dtype).unsqueeze(-1))
 
 
 def acceptance_probability(
     draft_probs: torch.Tensor,  # [..., V]
     output_probs: torch.Tensor,  # [..., V]
+    *,
+    validate: bool = True,
 ) -> torch.Tensor:  # [...]
     """``P_acc(pi) = sum_i min(pi_i, p_i) = 1 - TV(pi, p)`` for SD towards ``pi`` (``docs/theory.md`` section 2).
 
-    ``output_probs = target_probs`` gives the acceptance of standard SD.
+    ``output_probs = target_probs`` gives the acceptance of standard SD. ``validate`` checks
+    both rows (finite, non-negative, summing to 1 within the tolerance).
     """
-    p = check_probs("draft_probs", draft_probs, validate=False)
-    pi = check_probs("output_probs", output_probs, validate=False)
+    p = check_probs("draft_probs", draft_probs, validate=validate)
+    pi = check_probs("output_probs", output_probs, validate=validate)
+    if p.shape != pi.shape:
+        raise ValueError(f"draft_probs and output_probs must have the same shape, got {tuple(p.shape)} "
+                         f"and {tuple(pi.shape)}")
     return torch.minimum(p, pi).sum(dim=-1)
 
 
@@ -197,19 +227,26 @@ def solve(
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     div = resolve(divergence)
     p, q = check_pair(draft_probs, target_probs, validate=validate)
-    bp = Breakpoints.build(p, q, validate=False)
+    bp = Breakpoints.build(p, q, validate=False, normalize=validate)
+    if not p.shape[:-1].numel():  # an empty batch: the queries check the budget, then nothing to solve
+        point = (bp.for_acceptance(min_acceptance, validate=validate) if min_acceptance is not None
+                 else bp.for_divergence(max_divergence, div, validate=validate))
+        return MDSolution(point.a, point.b, point.acceptance, point.a.clone(), bp.sd_acceptance)
     if min_acceptance is not None:
-        point = bp.for_acceptance(min_acceptance, validate=validate)
-    elif mode == "exact":
-        point = bp.for_divergence(max_divergence, div, validate=validate)
+        point = bp._point64(bp._clip_m(bp._flat(min_acceptance, "min_acceptance", 1.0, validate)))
     else:
-        point = bp.for_divergence_bound(max_divergence, div, validate=validate)
+        point = bp._primal64(max_divergence, div, mode == "bound", validate)[0]
     p64, q64 = p.to(torch.float64), q.to(torch.float64)
-    pi = mentored_distribution(p64, q64, point.a.to(torch.float64), point.b.to(torch.float64))
+    if p.dtype != torch.float64:  # a ratio that overflows the input dtype counts as q_i = 0
+        q64 = torch.where(torch.isinf(p / q) & (q > 0), 0.0, q64)
+    if bp.normalized:  # the rows the breakpoints solved on
+        p64, q64 = p64 / p64.sum(-1, keepdim=True), q64 / q64.sum(-1, keepdim=True)
+    a64, b64 = (x.reshape(p.shape[:-1]) for x in point[:2])
+    pi = mentored_distribution(p64, q64, a64, b64, validate=False)
     return MDSolution(
-        a=point.a,
-        b=point.b,
-        acceptance=point.acceptance,
-        achieved_divergence=f_divergence(pi, q64, div).to(p.dtype),
+        a=bp._out(point.a),
+        b=bp._out(point.b),
+        acceptance=bp._out(point.acceptance),
+        achieved_divergence=f_divergence(pi, q64, div, validate=False).to(p.dtype),
         sd_acceptance=bp.sd_acceptance,
     )

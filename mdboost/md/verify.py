@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mdboost.md._checks import check_budget, check_probs, check_tokens
+from mdboost.md._checks import check_budget, check_positive_int, check_probs, check_tokens, compute_dtype
 from mdboost.md.breakpoints import Breakpoints
 from mdboost.md.divergences import resolve
 from mdboost.md.onehot import one_hot_dual, one_hot_primal
@@ -88,6 +88,8 @@ def draw_uniforms(batch: int, num_draft: int, *, dtype, device, generator=None) 
     """The ``K + 1`` uniforms per row consumed by :func:`verify`, in its fixed order."""
     if generator is None or isinstance(generator, torch.Generator):
         return torch.rand((batch, num_draft + 1), generator=generator, dtype=dtype, device=device)
+    if not isinstance(generator, (list, tuple)):
+        raise TypeError(f"generator must be a torch.Generator or a list of {batch} generators, got {generator!r}")
     gens = list(generator)
     if len(gens) != batch or not all(isinstance(g, torch.Generator) for g in gens):
         raise ValueError(f"generator must be a torch.Generator or a list of {batch} generators, got {generator!r}")
@@ -105,12 +107,11 @@ def _sample(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:  # [B, W], 
 
 
 def _position_budget(name, value, batch, num_draft, device, upper, validate):
-    t = torch.as_tensor(value, dtype=torch.float64, device=device) if not torch.is_tensor(value) else value
-    if t.ndim == 1:
-        if t.shape[0] != batch:
-            raise ValueError(f"{name} given per row must have shape ({batch},), got {tuple(t.shape)}")
-        t = t.unsqueeze(-1)
-    return check_budget(name, t, (batch, num_draft), device, upper=upper, validate=validate)
+    if torch.is_tensor(value) and value.ndim == 1:
+        if value.shape[0] != batch:
+            raise ValueError(f"{name} given per row must have shape ({batch},), got {tuple(value.shape)}")
+        value = value.unsqueeze(-1)
+    return check_budget(name, value, (batch, num_draft), device, upper=upper, validate=validate)
 
 
 def _restrict_top_k(p, q_all, tokens, k):
@@ -186,26 +187,30 @@ def verify(
             f"{tuple(p.shape)}, got {tuple(q_all.shape)}"
         )
     tokens = check_tokens("draft_tokens", draft_tokens, (batch, num_draft), vocab, validate=validate)
-    if solve not in SOLVE:
+    if not isinstance(solve, str) or solve not in SOLVE:
         raise ValueError(f"solve must be one of {SOLVE}, got {solve!r}")
-    if top_k is not None and (isinstance(top_k, bool) or int(top_k) != top_k or top_k < 1):
-        raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
-    dtype = torch.promote_types(p.dtype, q_all.dtype)
+    top_k = check_positive_int("top_k", top_k)
+    dtype = compute_dtype(torch.promote_types(p.dtype, q_all.dtype))
     p, q_all, device = p.to(dtype), q_all.to(dtype), p.device
     div = resolve(divergence)
+    sd_only = min_acceptance is None and isinstance(max_divergence, (int, float)) and max_divergence == 0
     if min_acceptance is not None and not (isinstance(max_divergence, (int, float)) and max_divergence == 0):
         raise ValueError(f"give max_divergence or min_acceptance, not both (max_divergence={max_divergence!r})")
+    dual = min_acceptance is not None
+    name, value = ("min_acceptance", min_acceptance) if dual else ("max_divergence", max_divergence)
+    # checked even when there is nothing to solve (K = 0 or B = 0): a bad budget is always reported
+    if validate or not sd_only:
+        budget = _position_budget(name, value, batch, num_draft, device, 1.0 if dual else None, validate)
 
     p_x = torch.gather(p, -1, tokens.unsqueeze(-1)).squeeze(-1)  # [B, K]
     if validate and num_draft and (p_x <= 0).any():
         raise ValueError("draft_tokens contains a token to which draft_probs gives probability 0")
-    if top_k is not None and int(top_k) < vocab:
-        p_r, q_r, pos, ids, bonus = _restrict_top_k(p, q_all, tokens, int(top_k))
+    if top_k is not None and top_k < vocab:
+        p_r, q_r, pos, ids, bonus = _restrict_top_k(p, q_all, tokens, top_k)
     else:
         p_r, q_r, pos, ids, bonus = p, q_all[:, :num_draft], tokens, None, q_all[:, num_draft]
     q_x = torch.gather(q_r, -1, pos.unsqueeze(-1)).squeeze(-1)  # [B, K]
 
-    sd_only = min_acceptance is None and isinstance(max_divergence, (int, float)) and max_divergence == 0
     u = draw_uniforms(batch, num_draft, dtype=dtype, device=device, generator=generator)
     u_acc = u[:, :num_draft]
     sd_acc = torch.minimum(p_r, q_r).sum(-1)  # [B, K]
@@ -213,17 +218,20 @@ def verify(
         a = b = torch.zeros((batch, num_draft), dtype=dtype, device=device)
         acc_prob, div_val = sd_acc, torch.zeros_like(sd_acc)
     else:
-        dual = min_acceptance is not None
-        name, value = ("min_acceptance", min_acceptance) if dual else ("max_divergence", max_divergence)
-        budget = _position_budget(name, value, batch, num_draft, device, 1.0 if dual else None, validate)
         if bool((p_x == 1).all()):  # deterministic drafter: closed form, no sort
-            point = (one_hot_dual if dual else one_hot_primal)(q_x.to(torch.float64), budget, div)
+            q_x64 = q_x.to(torch.float64)
+            if validate:  # validated rows are solved as rescaled to sum to 1 (docs/theory.md, section 9)
+                q_x64 = (q_x64 / q_r.sum(-1, dtype=torch.float64)).clamp(max=1.0)
+            point = (one_hot_dual if dual else one_hot_primal)(q_x64, budget, div)
             a, b, acc_prob, div_val = (x.to(dtype) for x in point)
         elif solve != "all":
-            a, b, acc_prob, div_val = _solve_lazily(p_r, q_r, budget, dual, div, u_acc, p_x, q_x, solve == "needed")
+            a, b, acc_prob, div_val = _solve_lazily(p_r, q_r, budget, dual, div, u_acc, p_x, q_x, solve == "needed",
+                                                    validate)
         else:
-            a, b, acc_prob, div_val = _solve(p_r, q_r, budget, dual, div)
+            a, b, acc_prob, div_val = _solve(p_r, q_r, budget, dual, div, validate)
 
+    # the contract (docs/theory.md, section 9): rounding never leaves [0, 1] or goes below 0
+    acc_prob, div_val = acc_prob.clamp(0.0, 1.0), div_val.clamp(min=0.0)
     # unsolved entries (NaN) are positions after a rejection or ones SD accepts: a = 0 there
     a0, b0 = torch.nan_to_num(a, nan=0.0), torch.nan_to_num(b, nan=0.0)
     accepted = u_acc < _accept_ratio(a0, q_x, p_x)  # [B, K]
@@ -253,21 +261,21 @@ def _accept_ratio(a, q_x, p_x):  # [...] x3 -> [...]
     return torch.where(p_x > 0, (1 + a) * q_x / p_x, (q_x > 0).to(q_x.dtype)).clamp(max=1)
 
 
-def _solve(p, q, budget, dual, div):  # [N, W], [N, W], [N] -> 4 x [N]
+def _solve(p, q, budget, dual, div, normalize=False):  # [N, W], [N, W], [N] -> 4 x [N]
     """Exact f-MD on every row: ``(a, b, P_acc, D_f(pi || q))`` through the breakpoints.
 
     The divergence comes from the breakpoints' prefix sums at the solution (no second pass
     over the vocabulary).
     """
-    bp = Breakpoints.build(p, q, validate=False)
+    bp = Breakpoints.build(p, q, validate=False, normalize=normalize)
     if dual:
         point = bp.for_acceptance(budget, validate=False)
-        return point.a, point.b, point.acceptance, bp.divergence_at(point.acceptance, div)
+        return point.a, point.b, point.acceptance, bp.divergence_at(point.acceptance, div, validate=False)
     point, value = bp.for_divergence_with_value(budget, div, validate=False)
     return point.a, point.b, point.acceptance, value
 
 
-def _solve_lazily(p, q, budget, dual, div, u_acc, p_x, q_x, needed_only):  # [B, K, W] ... -> 4 x [B, K]
+def _solve_lazily(p, q, budget, dual, div, u_acc, p_x, q_x, needed_only, normalize=False):  # [B, K, W] ... -> 4 x [B, K]
     """:func:`_solve` position by position, only on rows that reached the position.
 
     Row ``i`` reaches position ``j`` iff ``u_acc[i, :j]`` accepted drafts ``0..j-1`` (the tests
@@ -285,7 +293,7 @@ def _solve_lazily(p, q, budget, dual, div, u_acc, p_x, q_x, needed_only):  # [B,
         sd_ok = u_acc[rows, j] < _accept_ratio(zero[rows, j], q_x[rows, j], p_x[rows, j])
         todo = rows[~sd_ok] if needed_only else rows
         if todo.numel():
-            got = _solve(p[todo, j], q[todo, j], budget[todo, j], dual, div)
+            got = _solve(p[todo, j], q[todo, j], budget[todo, j], dual, div, normalize)
             for dst, src in zip(out, got):
                 dst[todo, j] = src.to(dst.dtype)
         a_j = torch.nan_to_num(out[0][rows, j], nan=0.0)
@@ -308,7 +316,7 @@ def _final_token(p_r, q_r, a, b, bonus, ids, num_accepted, u):  # -> [B] token i
         a_rej = torch.gather(a, 1, rpos.unsqueeze(1))  # [B, 1]
         b_rej = torch.gather(b, 1, rpos.unsqueeze(1))
         resid = ((1 - b_rej) * q_rej - p_rej).clamp(min=0)
-        fallback = mentored_distribution(p_rej, q_rej, a_rej.squeeze(1), b_rej.squeeze(1))
+        fallback = mentored_distribution(p_rej, q_rej, a_rej.squeeze(1), b_rej.squeeze(1), validate=False)
         resid = torch.where(resid.sum(-1, keepdim=True) > 0, resid, fallback)
         weights = torch.where(all_acc.unsqueeze(-1), bonus, resid)
     idx = _sample(weights, u)  # [B]
