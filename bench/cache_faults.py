@@ -76,24 +76,32 @@ def kill_trials(pool, clean: Path, kills: int, seed: int) -> tuple[int, int, lis
 
     with tempfile.TemporaryDirectory() as tmp:
         os.replace = counting
+        start = time.perf_counter()
         try:
             build_cache(pool, RECORDS, Path(tmp) / "count", STORE, run=RUN)
         finally:
             os.replace = real
-    total, identical, killed, seen = calls[0], 0, 0, []
-    for trial in range(kills):
+        duration = time.perf_counter() - start
+    # a timed kill lands inside the build (its uninterrupted duration, measured just now); a trial
+    # whose build finished before its kill point is not a kill: trials go on until ``kills`` were
+    total, identical, killed, seen, attempts = calls[0], 0, 0, [], 0
+    while killed < kills and attempts < 3 * kills:
+        attempts += 1
         mode = rng.choice(["before", "after", "mid-write", "time"])
-        point = rng.uniform(0.05, 1.5) if mode == "time" else rng.randint(1, total if mode != "mid-write" else 10)
+        point = (rng.uniform(0.05, 0.9) * duration if mode == "time"
+                 else rng.randint(1, total if mode != "mid-write" else 10))
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "cache"
             was_killed = killed_build(lambda: build_cache(pool, RECORDS, out, STORE, run=RUN),
                                       0 if mode == "time" else point, mode, delay=point if mode == "time" else None)
-            killed += was_killed
+            if not was_killed:
+                continue
+            killed += 1
             build_cache(pool, RECORDS, out, STORE, run=RUN)
             ok = temp_files(out) == [] and folder_state(out) == folder_state(clean)
             identical += ok
             seen.append(f"{mode}@{point:.2f}" if mode == "time" else f"{mode}#{point}")
-    return killed, identical, seen
+    return killed, identical, seen, attempts
 
 
 def damage_trials(pool, clean: Path) -> tuple[int, int]:
@@ -121,16 +129,17 @@ def main() -> None:
     pool = build_pool("tiny", ["early_exit:2", "ngram:2"])
     with tempfile.TemporaryDirectory() as tmp:
         clean = build_cache(pool, RECORDS, Path(tmp) / "clean", STORE, run=RUN)
-        killed, identical, points = kill_trials(pool, clean, args.kills, args.seed)
+        killed, identical, points, attempts = kill_trials(pool, clean, args.kills, args.seed)
         detected, restored = damage_trials(pool, clean)
     text = "\n".join([
         "## Cache faults and content keys (`bench/cache_faults.py`)", "", machine_line(), "",
         "Content ids (`mdboost.models.identity.weights_id`: SHA-256 of every file), first call in a process "
         "(files in the page cache after earlier runs) and a later call (in-process memo, one `stat` per file):", "",
         "| what | size | first call | later call |", "|---|---|---|---|", *hashing, "",
-        f"Kill points (tiny pool, 5 records, 3 members, 9 shards; seed {args.seed}): {killed} of {args.kills} builds "
-        f"killed by SIGKILL, {identical} of {args.kills} resumes byte-identical to an uninterrupted build with no "
-        f"temporary file left. Points: {', '.join(points)}.", "",
+        f"Kill points (tiny pool, 5 records, 3 members, 9 shards; seed {args.seed}): {killed} builds killed by SIGKILL "
+        f"({attempts} trials: a trial whose build finished before its kill point does not count), {identical} of "
+        f"{killed} resumes byte-identical to an uninterrupted build with no temporary file left. Points: "
+        f"{', '.join(points)}.", "",
         f"Damage kinds (`tests/_cache_faults.CORRUPTIONS`): {detected} of {len(CORRUPTIONS)} refused by the reader, "
         f"{restored} of {len(CORRUPTIONS)} restored byte-identical by a resumed build (`overwrite=True`, as "
         "`open_or_build_cache` builds).",
