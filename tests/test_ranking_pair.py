@@ -168,3 +168,20 @@ def test_rank_rule():
     assert [r["name"] for r in rank_rows(rows, nll_tolerance=0.5)][0] == "b"
     with pytest.raises(ValueError, match="nll_tolerance"):
         rank_rows(rows, -1)
+
+
+def test_cached_hypotheses_bound_the_estimators_row_indices():
+    """The ranking's cached hypotheses expose ``n_rows``, so a pool-mode estimator refuses row
+    indices outside the cache (a negative index would otherwise wrap around silently)."""
+    from mdboost import SelfNormalizedBoostClassifier
+
+    rng = np.random.default_rng(0)
+    true = rng.integers(0, 6, 12)
+    logits = rng.normal(size=(12, 6))
+    pool = [CachedLogitsHypothesis(true, logits[np.arange(12), true], logits.sum(-1), 6, full_logits=logits),
+            ProposalHypothesis(true.copy(), 6)]
+    assert [h.n_rows for h in pool] == [12, 12]
+    clf = SelfNormalizedBoostClassifier(pool=pool, n_estimators=2).fit(np.arange(12)[:, None], true)
+    for bad in ([[-1]], [[12]]):
+        with pytest.raises(ValueError, match="X"):
+            clf.predict(np.array(bad))

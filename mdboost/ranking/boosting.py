@@ -55,6 +55,7 @@ class CachedLogitsHypothesis:
     def __init__(self, true_ids, true_logit, logit_sum, vocab_size, *, topk_ids=None, topk_logits=None,
                  full_logits=None, name="model"):
         self.true_ids = np.asarray(true_ids, dtype=np.int64)
+        self.n_rows = len(self.true_ids)  # the estimator's pool mode checks row indices against it
         self.true_logit = np.asarray(true_logit, dtype=np.float64)
         self.logit_sum = np.asarray(logit_sum, dtype=np.float64)
         self.vocab_size = int(vocab_size)
@@ -113,6 +114,7 @@ class ProposalHypothesis:
 
     def __init__(self, proposals, vocab_size, name="ngram"):
         self.proposals = np.asarray(proposals, dtype=np.int64)
+        self.n_rows = len(self.proposals)
         self.vocab_size = int(vocab_size)
         self.name = name
         self.classes_ = np.arange(self.vocab_size)
