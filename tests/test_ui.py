@@ -113,6 +113,9 @@ def test_stopping_mdboost_ui_stops_its_server(tmp_path, sig):
             time.sleep(0.5)
         assert not ui._answers(url, timeout=1.0)
         with socket.socket() as sock:
+            # SO_REUSEADDR: connections of the probes above may linger in TIME_WAIT; on Linux the
+            # bind still fails while a socket listens on the port
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(("127.0.0.1", port))  # nothing listens any more
     finally:
         if proc.poll() is None:
