@@ -264,7 +264,6 @@ def build_cache(
     *,
     members: list[str] | None = None,
     tokens_file: str | os.PathLike | None = None,
-    member_costs: dict | None = None,
     run: RunOptions = RunOptions(),
 ) -> Path:
     """Build (or resume) the logit cache of ``pool`` over ``records`` in ``out_dir``.
@@ -289,9 +288,6 @@ def build_cache(
         A finished token file from :func:`sample_sequences` (over the same ``records``) to use
         instead of building the sequences here; its SHA-256 joins the build configuration
         (``sequences_sha256``).
-    member_costs : dict, optional
-        ``{member: (cost_ratio, method)}`` measured by the caller for the manifest's
-        ``member_costs``; other members record their ``PoolMember.cost_ratio`` / ``cost_method``.
     run : RunOptions
         joblib backend and jobs, progress bar, overwrite; never part of the configuration.
 
@@ -319,7 +315,6 @@ def build_cache(
         if source_opts["sequences_sha256"] is None:
             raise ValueError(f"tokens_file must be a finished token file (with its .sha256), got {str(tokens_file)!r}")
     config = _config(pool, records, members, store, source_opts)
-    config["member_costs"].update({m: list(c) for m, c in (member_costs or {}).items() if m in members})
     config["shards"], config["complete"] = {}, False
     with file_lock(lock_path(out_dir)):  # one writer per folder; others wait, then find it finished
         trusted = _prepare_folder(out_dir, config, run)

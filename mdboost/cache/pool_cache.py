@@ -207,7 +207,7 @@ class _Builder:
         missing = tuple(store.missing(drafters))
         for name in missing:
             store.set_drafter(name, measure_member_cost(self.pool[name], self.pool.target, spec.cost_context,
-                                                        spec.cost_repeats, spec.temperature))
+                                                        spec.cost_repeats, spec.temperature).to_dict())
         return profiled, missing
 
 

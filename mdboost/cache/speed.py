@@ -95,13 +95,9 @@ class SpeedStore:
         self._data["profile"] = profile
         self._write()
 
-    def set_drafter(self, name: str, measurement) -> None:
-        """Store a :class:`~mdboost.engine.costs.CostMeasurement` for drafter ``name``."""
-        self._data["drafters"][self._keys.get(name, name)] = {
-            "median": measurement.median, "samples": list(measurement.samples),
-            "prefill_per_token": measurement.prefill_per_token, "method": measurement.method,
-            "threads": measurement.threads, "load_before": measurement.load_before,
-            "load_after": measurement.load_after}
+    def set_drafter(self, name: str, entry: dict) -> None:
+        """Store a drafter's entry (``CostMeasurement.to_dict()``)."""
+        self._data["drafters"][self._keys.get(name, name)] = entry
         self._write()
 
     def _write(self) -> None:

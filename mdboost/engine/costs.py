@@ -112,6 +112,12 @@ class CostMeasurement:
             raise ValueError(f"level must be in (0, 1], got {level!r}")
         return _quantile(self.samples, (1 - level) / 2), _quantile(self.samples, (1 + level) / 2)
 
+    def to_dict(self) -> dict:
+        """The JSON form stored with the cache (a drafter's entry of :mod:`mdboost.cache.speed`)."""
+        return {"median": self.median, "samples": list(self.samples), "prefill_per_token": self.prefill_per_token,
+                "method": self.method, "threads": self.threads, "load_before": self.load_before,
+                "load_after": self.load_after}
+
     def describe(self) -> str:
         """``"0.612 [0.590, 0.650] (5-95%, 21 repeats, 1 threads, load 0.40)"``."""
         lo, hi = self.spread()

@@ -25,12 +25,12 @@ def _sync(device: torch.device) -> None:
 
 
 @torch.no_grad()
-def _stepper(member, context: torch.Tensor, chunk: int = 1):  # context: [L + chunk]
-    """A zero-argument callable doing one decode step for ``member`` on the last ``chunk``
-    tokens of ``context`` after a KV cache of the others (state restored after)."""
+def _stepper(member, context: torch.Tensor):  # context: [L + 1]
+    """A zero-argument callable doing one decode step for ``member`` on the last token of
+    ``context`` after a KV cache of the others (state restored after)."""
     if member.kind == "ngram":
         return lambda: member.ngram.propose(context, 1)
-    return _chunk_steppers(member.model, context[:-chunk], [context[-chunk:]])[0][0]
+    return _chunk_steppers(member.model, context[:-1], [context[-1:]])[0][0]
 
 
 @torch.no_grad()

@@ -405,7 +405,7 @@ def score_process(layout: SequenceLayout, draft_rows, target_rows, labels, point
     if verify_costs is not None and verify_samples is not None and boot.num_resamples:
         width = max(gammas) + 1
         medians = torch.as_tensor(verify_costs, dtype=torch.float64)[:width]
-        tables = resample_tables([row for row in verify_samples][:width], boot.num_resamples, boot.seed)  # [R-1, K+1]
+        tables = resample_tables(list(verify_samples)[:width], boot.num_resamples, boot.seed)  # [R-1, K+1]
         verify = torch.cat([medians[None], tables])[:, None, None, :]  # [R, 1, 1, K+1]: resample 0 the medians
     speed = process_speedup(tokens, pooled(res.draft_tokens), pooled(res.steps_by_draft_len), cost,
                             verify_costs=verify, md_overhead=overhead, solved=solved,
