@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from mdboost.cache.keys import PoolCacheSpec
-from mdboost.cache.manifest import CacheCorruptionError, finished_digest, read_manifest, write_manifest
+from mdboost.cache.manifest import CacheCorruptionError, finished_digest, read_manifest
 from mdboost.cache.reader import LogitCache
 from mdboost.cache.settings import RunOptions, SequenceSettings, StoreSettings
 from mdboost.cache.speed import SpeedStore, entry_key, speed_path

@@ -1,0 +1,160 @@
+"""Running and timing single engine steps, the clock every cost of :mod:`mdboost.engine.costs` shares.
+
+:class:`_Run` is one fresh generation whose steps are run one by one (the engine's own step
+function, drafter sessions and KV cache) and timed; :func:`_prefill_slope` fits a model's
+forward time over prompt lengths; the rest are the measurements' common arguments and
+conditions (thread count, load average).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from contextlib import contextmanager
+
+import torch
+
+from mdboost.engine.generate import _State, _step, _Timer
+from mdboost.engine.kv import CachedLM
+from mdboost.engine.settings import GenerationSettings
+from mdboost.engine.stats import GenerationStats
+
+PERIOD = 16  # tokens of the random block the prompt repeats (prompt lookup then always finds a match)
+PREFILL_LENGTHS = (1, 64, 128, 256)  # prompt lengths the prefill slope is fitted over
+# the unit and method of the figures below; stored measurements of another unit are measured again
+COST_UNIT = "engine-step-wall-v3"
+
+
+def _quantile(values, q: float) -> float:
+    """Linear-interpolation quantile ``q`` in ``[0, 1]`` of ``values`` (numpy's default)."""
+    ordered = sorted(values)
+    pos = q * (len(ordered) - 1)
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (pos - low) * (ordered[high] - ordered[low])
+
+
+def _load() -> float:
+    try:
+        return float(os.getloadavg()[0])
+    except (AttributeError, OSError):
+        return float("nan")
+
+
+# the torch thread count cost ratios are measured at; realized runs that are compared with the
+# predictions (``mdboost validate``) use it too, so prediction and realization share one setting
+ENGINE_THREADS = 1
+
+
+@contextmanager
+def torch_threads(threads: int | None):
+    """Run the block with ``torch.set_num_threads(threads)`` (``None``: as is), then restore."""
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _check_positive(name: str, value) -> None:
+    if isinstance(value, bool) or int(value) != value or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _check_common(context_len, repeats, steps, warmup, threads, settings) -> GenerationSettings:
+    _check_positive("context_len", context_len)
+    _check_positive("repeats", repeats)
+    _check_positive("steps", steps)
+    if isinstance(warmup, bool) or int(warmup) != warmup or warmup < 0:
+        raise ValueError(f"warmup must be a non-negative integer, got {warmup!r}")
+    if threads is not None:
+        _check_positive("threads", threads)
+    settings = GenerationSettings() if settings is None else settings
+    if not isinstance(settings, GenerationSettings):
+        raise TypeError(f"settings must be a GenerationSettings or None, got {type(settings).__name__}")
+    return settings
+
+
+def _check_lengths(lengths) -> None:
+    try:
+        ok = len(set(lengths)) >= 2 and all(not isinstance(n, bool) and int(n) == n and n >= 1 for n in lengths)
+    except TypeError:
+        ok = False
+    if not ok:
+        raise ValueError(f"prefill_lengths must hold at least two distinct positive integers, got {lengths!r}")
+
+
+def _prompt(vocab_size: int, context_len: int, seed: int) -> torch.Tensor:  # [1, context_len]
+    """A random block of ``min(PERIOD, context_len // 2)`` tokens (at least 1), repeated to
+    ``context_len`` tokens: a context of 2 tokens or more holds its block twice."""
+    gen = torch.Generator().manual_seed(seed)
+    block = torch.randint(0, vocab_size, (max(1, min(PERIOD, context_len // 2)),), generator=gen)
+    return block.repeat(context_len // block.numel() + 1)[:context_len][None]
+
+
+class _Run:
+    """One fresh generation from ``prompt`` whose steps are run and timed one by one."""
+
+    def __init__(self, target, drafter, prompt, settings, seed):
+        device = next(target.parameters()).device
+        self.prompts = prompt.tolist()
+        self.lm = CachedLM(target, len(self.prompts), device)
+        self.session = drafter.start(self.prompts, self.lm, settings) if drafter is not None else None
+        self.state = _State(self.prompts, max_new_tokens=10 ** 9, eos_token_id=None)
+        self.stats, self.timer = GenerationStats(mode="sd"), _Timer(device)
+        generator = torch.Generator(device=device).manual_seed(seed)
+        self.args = (settings.sampling, settings.verify_args, generator, self.stats, self.timer)
+        self.generator = generator
+        self.greedy = settings.temperature == 0 and not settings.lossy  # the engine's greedy path
+
+    def step(self, limit: int, args=None) -> tuple[float, float]:
+        """One engine step drafting at most ``limit`` tokens: ``(wall seconds, drafter seconds)``.
+
+        ``args``: other ``(sampling, verify_args, generator, stats, timer)`` (an MD step), run on
+        the sampling path; default: the run's own settings (greedy at temperature 0, as the engine)."""
+        before = self.stats.time_drafter
+        start = self.timer.now()
+        _step(self.lm, self.session, self.state, limit, *(args or self.args), self.greedy and args is None)
+        return self.timer.now() - start, self.stats.time_drafter - before
+
+
+def _forward_seconds(model, length: int, vocab_size: int, device, seed: int) -> float:
+    """Wall time of one forward of a fresh ``length``-token prompt through ``CachedLM(model)``."""
+    ids = torch.randint(0, vocab_size, (1, length), generator=torch.Generator().manual_seed(seed)).to(device)
+    lm = CachedLM(model, 1, device)
+    timer = _Timer(device)
+    start = timer.now()
+    lm.forward(ids, torch.ones_like(ids, dtype=torch.bool), logits_to_keep=1)
+    return timer.now() - start
+
+
+def _slope(lengths, seconds) -> float:
+    """Least-squares slope of ``seconds`` over ``lengths``."""
+    mean_l, mean_s = statistics.fmean(lengths), statistics.fmean(seconds)
+    num = sum((l - mean_l) * (s - mean_s) for l, s in zip(lengths, seconds))
+    return num / sum((l - mean_l) ** 2 for l in lengths)
+
+
+def _prefill_slope(model, target, prompt, settings, repeats: int, seed: int, lengths=PREFILL_LENGTHS) -> float:
+    """``beta``: ``model``'s forward seconds per prompt token over ``T_ar``, medians over repeats.
+
+    Each repeat times ``model``'s forward of a fresh prompt at every length in ``lengths``,
+    interleaved with undrafted steps of the target (``T_ar``).
+    """
+    device = next(target.parameters()).device
+    vocab = target.config.get_text_config().vocab_size
+    slopes = []
+    with torch.inference_mode():
+        for r in range(repeats):
+            run = _Run(target, None, prompt, settings, seed + r)
+            run.step(0)
+            seconds, walls = [], []
+            for length in lengths:
+                walls.append(run.step(0)[0])
+                seconds.append(_forward_seconds(model, length, vocab, device, seed + r))
+            slopes.append(_slope(lengths, seconds) / statistics.median(walls))
+    return max(0.0, float(statistics.median(slopes)))
+
+

@@ -1,0 +1,191 @@
+"""The target's engine-step profile: ``v(K)``, the MD overhead ``s`` and its prefill slope (:mod:`mdboost.engine.costs`)."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+import torch
+
+from mdboost.engine.costs._timing import (COST_UNIT, ENGINE_THREADS, PREFILL_LENGTHS, _check_common, _check_lengths,
+                                          _check_positive, _load, _prefill_slope, _prompt, _Run, torch_threads)
+from mdboost.engine.drafting import DraftSession, Drafter
+from mdboost.engine.settings import GenerationSettings
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    """The target's side of the speed model, measured in its engine steps (module docstring).
+
+    Attributes
+    ----------
+    verify_cost : list of float
+        ``v(K)`` for ``K = 0..gamma_max`` (``v(0) = 1``: the undrafted step itself), the medians
+        over repeats of each repeat's ratio; not forced to be monotone.
+    verify_samples : list of list of float
+        Per ``K``, the repeats' ratios.
+    md_overhead : dict or None
+        ``{"dense": s, "onehot": s}``: the MD solve's extra time per solved position over
+        ``T_ar`` (medians; a negative difference, timing noise, is reported as 0); None at
+        temperature 0 (no MD).
+    prefill_per_token : float
+        The target's prefill cost per prompt token in ``T_ar``.
+    step_seconds : float
+        The median ``T_ar`` itself (seconds).
+    method : str
+    threads : int
+    load_before, load_after : float
+    """
+
+    verify_cost: list[float]
+    verify_samples: list[list[float]]
+    md_overhead: dict
+    prefill_per_token: float
+    step_seconds: float
+    method: str
+    threads: int
+    load_before: float
+    load_after: float
+
+    def to_dict(self) -> dict:
+        """The JSON form stored with the cache (:mod:`mdboost.cache.pool_cache`)."""
+        return {"unit": COST_UNIT, "verify_cost": self.verify_cost, "verify_samples": self.verify_samples,
+                "md_overhead": self.md_overhead, "prefill_per_token": self.prefill_per_token,
+                "step_seconds": self.step_seconds, "method": self.method, "threads": self.threads,
+                "load_before": self.load_before, "load_after": self.load_after}
+
+
+class _FixedDrafts(Drafter):
+    """``K`` random draft tokens with a fixed dense (or one-hot) ``p``, at no drafter cost."""
+
+    def __init__(self, vocab_size: int, device, seed: int):
+        gen = torch.Generator().manual_seed(seed)
+        self.dense = torch.softmax(torch.randn(vocab_size, generator=gen) * 2, -1).to(device)  # [V]
+        self.vocab_size, self.device, self.one_hot = vocab_size, device, False
+        self.gen = gen
+
+    def start(self, prompts, target, settings) -> DraftSession:
+        return _FixedSession(self)
+
+
+class _FixedSession(DraftSession):
+    def __init__(self, drafts: _FixedDrafts):
+        self.d = drafts
+
+    def propose(self, contexts, max_tokens, generator):
+        d = self.d
+        tokens = torch.randint(0, d.vocab_size, (len(contexts), max_tokens), generator=d.gen).to(d.device)
+        if d.one_hot:
+            probs = torch.zeros(len(contexts), max_tokens, d.vocab_size, device=d.device)
+            probs.scatter_(-1, tokens.unsqueeze(-1), 1.0)
+        else:
+            probs = d.dense.expand(len(contexts), max_tokens, d.vocab_size)
+        return tokens, probs, [max_tokens] * len(contexts)
+
+    def commit(self, num_accepted, new_tokens) -> None:
+        """Fixed drafts keep no state."""
+
+    def update(self, num_accepted, lengths) -> None:
+        """Fixed drafts keep no schedule."""
+
+
+def measure_engine_profile(
+    target,
+    gamma_max: int = 8,
+    *,
+    context_len: int = 128,
+    repeats: int = 21,
+    steps: int = 2,
+    warmup: int = 1,
+    md_draft_len: int = 4,
+    max_divergence: float = 0.05,
+    divergence: str = "kl",
+    settings: GenerationSettings | None = None,
+    threads: int | None = ENGINE_THREADS,
+    seed: int = 0,
+    prefill_lengths=PREFILL_LENGTHS,
+) -> EngineProfile:
+    """Measure the target's ``v(K)``, ``s`` and prefill slope in its engine steps (module docstring).
+
+    Each of ``repeats`` fresh generations runs, after an untimed prefill, ``warmup + steps``
+    rounds of: an undrafted step, a step verifying ``K`` fixed random dense drafts for every
+    ``K = 1..gamma_max`` (SD), then ``md_draft_len`` drafts dense and one-hot, each with SD and
+    with MD at ``max_divergence`` solving every position (``md_solve="all"``). A repeat's
+    ``v(K)`` is its mean ``K``-draft step over its mean undrafted step; ``s`` is (MD step - SD
+    step) / ``md_draft_len`` over the undrafted step.
+
+    Parameters
+    ----------
+    target : transformers causal LM
+    gamma_max : int, default=8
+        Largest draft length measured, ``>= 1``.
+    context_len, repeats, steps, warmup, settings, threads, seed, prefill_lengths :
+        As in :func:`measure_engine_cost` (``settings``: sampling of the steps; its budget is
+        ignored).
+    md_draft_len : int, default=4
+        Drafts of the MD overhead steps, ``>= 1``.
+    max_divergence, divergence :
+        The MD budget of those steps (``> 0``).
+
+    Returns
+    -------
+    EngineProfile
+    """
+    from dataclasses import replace
+
+    settings = _check_common(context_len, repeats, steps, warmup, threads, settings)
+    _check_lengths(prefill_lengths)
+    _check_positive("gamma_max", gamma_max)
+    _check_positive("md_draft_len", md_draft_len)
+    if not max_divergence > 0:
+        raise ValueError(f"max_divergence must be > 0, got {max_divergence!r}")
+    sd = replace(settings, max_divergence=0.0, min_acceptance=None)
+    md = replace(sd, max_divergence=max_divergence, divergence=divergence, md_solve="all")
+    device = next(target.parameters()).device
+    vocab = target.config.get_text_config().vocab_size
+    prompt = _prompt(vocab, context_len, seed).to(device)
+    greedy = sd.temperature == 0
+    labels = [("v", k) for k in range(1, gamma_max + 1)] + ([] if greedy else [
+        (m, kind) for kind in ("dense", "onehot") for m in ("sd", "md")])
+    ratios = {label: [] for label in labels}
+    walls = []
+    with torch_threads(threads):
+        load_before, used = _load(), torch.get_num_threads()
+        for r in range(repeats):
+            drafts = _FixedDrafts(vocab, device, seed + r)
+            run = _Run(target, drafts, prompt, sd, seed + r)
+            md_args = (md.sampling, md.verify_args, run.generator, run.stats, run.timer)
+            sums = {label: 0.0 for label in labels}
+            base = 0.0
+            with torch.inference_mode():
+                run.step(0)
+                for i in range(warmup + steps):
+                    times = {"ar": run.step(0)[0]}
+                    for label in labels:
+                        drafts.one_hot = label[1] == "onehot"
+                        k = label[1] if label[0] == "v" else md_draft_len
+                        wall, drafter = run.step(k, md_args if label[0] == "md" else None)
+                        times[label] = wall - drafter
+                    if i >= warmup:
+                        base += times["ar"]
+                        for label in labels:
+                            sums[label] += times[label]
+            walls.append(base / steps)
+            for label in labels:
+                ratios[label].append(sums[label] / base)
+        prefill = _prefill_slope(target, target, prompt, sd, max(3, repeats // 3), seed, prefill_lengths)
+        load_after = _load()
+    med = {label: float(statistics.median(x)) for label, x in ratios.items()}
+    overhead = None if greedy else {kind: max(0.0, (med[("md", kind)] - med[("sd", kind)]) / md_draft_len)
+                                    for kind in ("dense", "onehot")}
+    md_part = "" if greedy else (f", and {md_draft_len} drafts with MD ({divergence} <= {max_divergence:g}, every "
+                                 f"position solved) vs SD, dense and one-hot")
+    method = (f"engine steps{' (greedy path, temperature 0)' if greedy else ''}: {repeats} repeats (fresh "
+              f"generations), each {steps} rounds after {warmup} warm-up of an undrafted step and steps verifying "
+              f"1..{gamma_max} fixed random drafts (SD){md_part}; wall "
+              f"time over the undrafted step's, prompt {context_len} tokens, prefill slope over prompts of "
+              f"{list(prefill_lengths)} tokens; {device.type}, {used} threads, 1-min load "
+              f"{load_before:.2f} -> {load_after:.2f}")
+    return EngineProfile([1.0] + [med[("v", k)] for k in range(1, gamma_max + 1)],
+                         [[1.0] * repeats] + [ratios[("v", k)] for k in range(1, gamma_max + 1)],
+                         overhead, prefill, float(statistics.median(walls)), method, used, load_before, load_after)
