@@ -11,8 +11,11 @@ and overall (``mdboost.validation.calibration``). Writes the ``predictions`` sec
 
 Caveats printed with the figures: the grid's prompts (HumanEval/0-9, 10 x 64 tokens) are not
 the ranking's (the first 16 records of the ``cache`` split), and grid cells of one drafter come
-from chunks whose AR reference may differ (``bench/_generation_report.py``); realized values
-are single runs without replicates. **Reference check:** every cell's AR reference (tokens/s of
+from chunks whose AR reference may differ (``bench/_generation_report.py``). **Replicates:** a
+cell measured again with other seeds (``bench/generation.py --seed N``, same prompts) is realized
+as the mean over its seeds, and the seed-to-seed range is reported: it is the sampling noise a
+single run carries. Intervals are widened for a run over the grid's own prompts, as validation
+does (:func:`~mdboost.validation.calibration.predictive_scale`). **Reference check:** every cell's AR reference (tokens/s of
 its chunk's own AR run) is compared with the median AR reference of its temperature; cells whose
 reference deviates by more than :data:`REFERENCE_TOLERANCE` are flagged (their machine state
 differed from the rest of the grid), and the figures are reported with and without them. The
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -33,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench._results import update_section  # noqa: E402
-from mdboost.validation.calibration import calibration  # noqa: E402
+from mdboost.validation.calibration import calibration, predictive_scale  # noqa: E402
 from pipelines.loader import load_yaml  # noqa: E402
 from pipelines.config import RankConfig  # noqa: E402
 
@@ -42,22 +46,28 @@ GRID_GAMMAS = (2, 4, 6)
 REFERENCE_TOLERANCE = 0.15  # a chunk's AR tokens/s this far from its temperature's median: flagged
 
 
+GRID_SETTINGS = dict(prompts=10, new_tokens=64)  # the grid's settings; the seed may differ (replicates)
+
+
 def grid_cells(path: Path) -> dict:
-    """``(drafter, temperature, budget, gamma) -> cell`` of the realized SD/MD cells."""
+    """``(drafter, temperature, budget, gamma) -> [cell, ...]``: the realized SD/MD cells of the
+    grid's settings, one per seed (replicates of a cell differ only in their seed)."""
     cells = json.loads(path.read_text())["cells"]
     out = {}
     for c in cells:
-        if c["mode"] in ("sd", "md") and c["temperature"] > 0:
+        if c["mode"] in ("sd", "md") and c["temperature"] > 0 and all(c[k] == v for k, v in GRID_SETTINGS.items()):
             budget = 0.0 if c["mode"] == "sd" else float(c["budget"])
-            out[(c["drafter"], float(c["temperature"]), budget, int(c["gamma"]))] = c
-    return out
+            out.setdefault((c["drafter"], float(c["temperature"]), budget, int(c["gamma"])), []).append(c)
+    return {k: sorted(v, key=lambda c: c["seed"]) for k, v in out.items()}
 
 
 def flag_references(cells: dict, tolerance: float = REFERENCE_TOLERANCE) -> dict:
-    """``key -> (ar tokens/s, deviation from its temperature's median, flagged)`` per grid cell."""
+    """``key -> (ar tokens/s, deviation from its temperature's median, flagged)`` per grid cell.
+
+    A cell's reference is its seed-0 run's chunk (the grid's own), else its first replicate's."""
     import statistics
 
-    ar = {k: c["references"]["ar"]["tok_s"] for k, c in cells.items()}
+    ar = {k: c[0]["references"]["ar"]["tok_s"] for k, c in cells.items()}
     medians = {t: statistics.median(v for k, v in ar.items() if k[1] == t) for t in {k[1] for k in ar}}
     out = {}
     for k, v in ar.items():
@@ -100,22 +110,48 @@ def bootstrap_overhead(cfg: RankConfig, repeats: int = 3) -> tuple[float, list, 
     return statistics.median(with_b) / statistics.median(without), with_b, without
 
 
-def compare(rows: list[dict], cells: dict) -> list[dict]:
-    """One record per grid cell the ranking predicts (``flagged``: its AR reference deviates)."""
+def _widen(point: float, lo: float, hi: float, scale: float) -> tuple[float, float]:
+    return point - scale * (point - lo), point + scale * (hi - point)
+
+
+def compare(rows: list[dict], cells: dict, scale: float = 1.0) -> list[dict]:
+    """One record per grid cell the ranking predicts (``flagged``: its AR reference deviates).
+
+    ``realized`` and ``mal_realized`` are means over the cell's replicates (``seeds``; their
+    range in ``realized_min``/``realized_max``); the intervals are widened by ``scale`` on each
+    side of the point (:func:`~mdboost.validation.calibration.predictive_scale`: a run over the
+    grid's own prompts, as in validation)."""
+    import statistics
+
     flags = flag_references(cells)
     out = []
     for r in rows:
         key = (r["drafter"], float(r["temperature"]), float(r["max_divergence"]), int(r["gamma"]))
-        cell = cells.get(key)
-        if cell is None or r["target"] != cell["target"]:
+        runs = cells.get(key)
+        if runs is None or r["target"] != runs[0]["target"]:
             continue
+        speed = [c["speedup_vs_ar"] for c in runs]
+        lo, hi = _widen(r["predicted_speedup"], r["predicted_speedup_lo"], r["predicted_speedup_hi"], scale)
+        mal_lo, mal_hi = _widen(r["engine_mean_accepted_length"], r["engine_mean_accepted_length_lo"],
+                                r["engine_mean_accepted_length_hi"], scale)
         out.append({"drafter": key[0], "temperature": key[1], "budget": key[2], "gamma": key[3],
-                    "predicted": r["predicted_speedup"], "lo": r["predicted_speedup_lo"],
-                    "hi": r["predicted_speedup_hi"], "realized": cell["speedup_vs_ar"],
-                    "mal_predicted": r["engine_mean_accepted_length"], "mal_realized": cell["mean_accepted_length"],
-                    "mal_lo": r["engine_mean_accepted_length_lo"], "mal_hi": r["engine_mean_accepted_length_hi"],
+                    "predicted": r["predicted_speedup"], "lo": lo, "hi": hi,
+                    "realized": statistics.fmean(speed), "realized_min": min(speed), "realized_max": max(speed),
+                    "seeds": len(runs), "mal_predicted": r["engine_mean_accepted_length"],
+                    "mal_realized": statistics.fmean(c["mean_accepted_length"] for c in runs),
+                    "mal_lo": mal_lo, "mal_hi": mal_hi,
                     "ar_tok_s": flags[key][0], "ar_deviation": flags[key][1], "flagged": flags[key][2]})
     return out
+
+
+def noise_floor(cells: list[dict], level: float = 0.90) -> float:
+    """The speedup MAE an exactly right model would still show: ``E|N(0, sigma)| = sigma sqrt(2/pi)``
+    per cell, ``sigma`` the predictive interval's half-width over the normal quantile of ``level``
+    (prompt and sampling noise of the run and of the ranking's estimate), averaged over cells."""
+    from statistics import NormalDist, fmean
+
+    z = NormalDist().inv_cdf(0.5 + level / 2)
+    return fmean((c["hi"] - c["lo"]) / (2 * z) * (2 / math.pi) ** 0.5 for c in cells)
 
 
 def _line(name: str, cells: list[dict]) -> str:
@@ -125,23 +161,43 @@ def _line(name: str, cells: list[dict]) -> str:
                       [c["mal_hi"] for c in cells], [c["mal_realized"] for c in cells])
     best = max(cells, key=lambda c: c["predicted"])
     real = max(cells, key=lambda c: c["realized"])
-    return (f"| {name} | {speed.cells} | {speed.spearman:.3f} | {speed.mae:.3f} | {speed.max_error:.3f} | "
+    return (f"| {name} | {speed.cells} | {speed.spearman:.3f} | {speed.mae:.3f} | {noise_floor(cells):.3f} | "
+            f"{speed.max_error:.3f} | "
             f"{speed.coverage:.0%} | {speed.regret:.1%} | {best['drafter']} g{best['gamma']} D{best['budget']:g} "
             f"({best['predicted']:.2f} pred, {best['realized']:.2f} real) | {real['drafter']} g{real['gamma']} "
             f"D{real['budget']:g} ({real['realized']:.2f}) | {mal.mae:.3f} | {mal.coverage:.0%} |")
 
 
-def report(cells: list[dict], cfg: RankConfig, grid_conditions: str = "") -> str:
+def replicate_line(cells: list[dict]) -> str:
+    """The seed-to-seed spread of the replicated cells (sampling noise of a single run)."""
+    import statistics
+
+    reps = [c for c in cells if c["seeds"] > 1]
+    if not reps:
+        return "Replicates: none (every realized cell is a single run)."
+    ranges = [c["realized_max"] - c["realized_min"] for c in reps]
+    worst = max(reps, key=lambda c: c["realized_max"] - c["realized_min"])
+    return (f"Replicates: {len(reps)} cells measured with {min(c['seeds'] for c in reps)}-"
+            f"{max(c['seeds'] for c in reps)} seeds (the realized value is their mean); the speedup's range over "
+            f"seeds is {statistics.median(ranges):.3f} (median), up to {max(ranges):.3f} ({worst['drafter']} "
+            f"g{worst['gamma']} D{worst['budget']:g} T={worst['temperature']:g}: {worst['realized_min']:.2f}-"
+            f"{worst['realized_max']:.2f}): a single run's error of that order is sampling noise, not the model's.")
+
+
+def report(cells: list[dict], cfg: RankConfig, grid_conditions: str = "", scale: float = 1.0,
+           prompts: int | None = None) -> str:
     lines = [
         "## Ranking predictions vs the realized generation grid",
         "_`bench/predictions.py`: the default pool re-scored from its cache at the grid's points (KL 0 / 0.01 / "
         "0.05 / 0.2, gamma 2 / 4 / 6), compared with `bench/generation_cells.json`. Speedup: predicted vs realized "
-        "over the same process's AR; MAL: mean accepted length. Coverage: realized inside the predicted 90% "
-        f"interval (bootstrap over {cfg.data.limit} ranking prompts). Caveats: the grid ran on HumanEval/0-9, the "
-        "ranking on its own 16 cache prompts; grid cells are single runs; grid conditions: "
-        f"{grid_conditions or 'not recorded'}._",
-        "", "| cells | n | Spearman | MAE | max err | coverage | regret | predicted best | realized best | MAL MAE | "
-        "MAL coverage |", "|---|---|---|---|---|---|---|---|---|---|---|",
+        "over the same process's AR (mean over the cell's seeds where replicated); MAL: mean accepted length. "
+        f"Coverage: realized inside the predicted 90% interval (bootstrap over {prompts or cfg.data.limit} ranking "
+        f"prompts), widened x{scale:.2f} for a run over the grid's {GRID_SETTINGS['prompts']} prompts as in "
+        "validation. MAE noise floor: the MAE an exactly right model would still show from that noise "
+        "(`noise_floor`: sigma sqrt(2/pi) per cell, sigma from the predictive interval). Caveats: the grid ran on HumanEval/0-9, the ranking on its own cache prompts; grid "
+        f"conditions: {grid_conditions or 'not recorded'}._",
+        "", "| cells | n | Spearman | MAE | MAE noise floor | max err | coverage | regret | predicted best | "
+        "realized best | MAL MAE | MAL coverage |", "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for t in sorted({c["temperature"] for c in cells}, reverse=True):
         lines.append(_line(f"T = {t:g}", [c for c in cells if c["temperature"] == t]))
@@ -151,6 +207,9 @@ def report(cells: list[dict], cfg: RankConfig, grid_conditions: str = "") -> str
     kept = [c for c in cells if not c["flagged"]]
     if len(kept) < len(cells):
         lines.append(_line("both, reference check passed", kept))
+    reps = [c for c in cells if c["seeds"] > 1]
+    if reps:
+        lines.append(_line("both, replicated cells only", reps))
     flagged = sorted({(c["drafter"], c["temperature"], round(c["ar_tok_s"], 2), round(100 * c["ar_deviation"]))
                       for c in cells if c["flagged"]})
     goals = ("Goals (issue text): Spearman >= 0.97, MAE <= 0.03, predicted best within 5% of the realized best "
@@ -158,7 +217,7 @@ def report(cells: list[dict], cfg: RankConfig, grid_conditions: str = "") -> str
     flag_text = ("Cells whose chunk's AR reference deviates from their temperature's median by more than "
                  f"{REFERENCE_TOLERANCE:.0%}: " + ("; ".join(f"{d} T={t:g} ({a} tok/s, {p:+d}%)" for d, t, a, p in flagged)
                                                   if flagged else "none") + ".")
-    return "\n".join(lines + ["", flag_text, "", goals])
+    return "\n".join(lines + ["", replicate_line(cells), "", flag_text, "", goals])
 
 
 def main() -> None:
@@ -168,11 +227,14 @@ def main() -> None:
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
     cfg = load_yaml(ROOT / args.config, RankConfig)
-    cells = compare(predicted_rows(cfg)["rows"], grid_cells(args.cells))
+    summary = predicted_rows(cfg)
+    prompts = summary["bootstrap"]["prompts"]
+    scale = predictive_scale(prompts, GRID_SETTINGS["prompts"])
+    cells = compare(summary["rows"], grid_cells(args.cells), scale)
     if not cells:
         raise SystemExit("no grid cell matched a ranking row (wrong target or pool?)")
     ratio, with_b, without = bootstrap_overhead(cfg)
-    text = report(cells, cfg, conditions(args.cells)) + (
+    text = report(cells, cfg, conditions(args.cells), scale, prompts) + (
         f"\n\nBootstrap cost: scoring with {cfg.ranking.resamples} resamples takes {ratio:.3f}x the time without "
         f"(median of 3 interleaved runs each: {sorted(round(x, 1) for x in with_b)} s vs "
         f"{sorted(round(x, 1) for x in without)} s; goal <= 1.10x).")
