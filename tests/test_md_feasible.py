@@ -41,8 +41,9 @@ def test_feasible_per_row_and_for_budgets():
     p1, q1 = _top_k_target(seed=1)
     p2, q2 = _top_k_target(seed=2)
     p, q = torch.stack([p1, p2]), torch.stack([q1, q2])
-    top = Breakpoints.build(p, q).max_acceptance
-    targets = torch.stack([top[0] - 0.01, top[1] + 0.01])
+    bp = Breakpoints.build(p, q)
+    top = bp.max_acceptance
+    targets = torch.stack([(bp.sd_acceptance[0] + top[0]) / 2, top[1] + 0.01])
     sol = solve(p, q, min_acceptance=targets)
     assert sol.feasible.tolist() == [True, False]
     assert float(sol.acceptance[0]) == pytest.approx(float(targets[0]), abs=1e-9)

@@ -17,12 +17,22 @@ from scipy.optimize import brentq, minimize
 from mdboost.md.divergences import resolve
 from mdboost.md.solve import acceptance_probability, mentored_distribution, solve
 from mdboost.md.support import zero_cost
-from tests.test_md_reference import REF, _alpha, ref_divergence
+from tests import test_md_reference as reference
 
-REF = dict(REF, **{"alpha:0.5": _alpha(0.5)})
+REF = dict(reference.REF, **{"alpha:0.5": reference._alpha(0.5)})
 NAMES = list(REF)
 FINITE = [name for name in NAMES if math.isfinite(zero_cost(resolve(name)))]
 T64 = dict(dtype=torch.float64)
+
+
+def ref_divergence(pi, q, name):
+    """The reference ``D_f(pi || q)`` (``tests/test_md_reference.py``), with ``alpha:0.5`` added."""
+    f, slope = REF[name]
+    pi, q = np.asarray(pi, np.float64), np.asarray(q, np.float64)
+    pos = q > 0
+    terms = np.where(pos, q * f(np.where(pos, pi / np.where(pos, q, 1.0), 1.0)), 0.0)
+    with np.errstate(invalid="ignore"):
+        return float(terms.sum() + np.where(~pos & (pi > 0), pi * slope, 0.0).sum())
 
 
 def _t(x):
@@ -58,8 +68,10 @@ def test_two_tokens_match_the_scalar_root(name):
         assert float(sol.off_support) == pytest.approx(z, abs=1e-9)
         target = solve(_t(p), _t(q), max_divergence=budget, divergence=name)
         assert float(target.acceptance) == pytest.approx(0.5, abs=1e-12)
-    hel = solve(_t(p), _t(q), max_divergence=0.1026, divergence="hellinger", support="any")
-    assert float(hel.acceptance) > 0.6  # pi = [.9, .1] has D = 0.10263
+    if name == "hellinger":  # pi = [.9, .1]: D = 0.10263, acceptance 0.6 (0.5 on the target's support)
+        d = ref_divergence([0.9, 0.1], q, name)
+        hel = solve(_t(p), _t(q), max_divergence=d, divergence=name, support="any")
+        assert float(hel.acceptance) == pytest.approx(0.6, abs=1e-9)
 
 
 def _grid(n_steps):
@@ -117,7 +129,7 @@ def test_any_support_dual_matches_grid_search(name):
     rng = np.random.default_rng(4)
     p = rng.dirichlet(np.ones(3))
     q = np.array([0.3, 0.7, 0.0])
-    targets = [1 - p[2] / 2, 1 - p[2] / 5, 1.0]  # all above the support's maximum 1 - p(q = 0)
+    targets = [1 - p[2] / 2, 1 - p[2] / 5, 1 - p[2] / 20]  # all above the support's maximum 1 - p(q = 0)
     sol = solve(_t(p).expand(3, 3), _t(q).expand(3, 3), min_acceptance=_t(targets), divergence=name,
                 support="any")
     d_grid = _grid_divergence(GRID, q, name)
@@ -156,10 +168,14 @@ def _slsqp(p, q, budget, name, rng, starts=6):
         yield float(np.minimum(pi, p).sum()), ref_divergence(pi, q, name)
 
 
-@pytest.mark.parametrize("name", FINITE + ["kl"])
+@pytest.mark.parametrize("name", FINITE)
 @pytest.mark.parametrize("seed", range(2))
 def test_slsqp_never_beats_any_support(name, seed):
-    """n in 4..6, two zeros in q: SLSQP from many starts never finds a better point."""
+    """n in 4..6, two zeros in q: SLSQP from many starts never finds a better point.
+
+    (With an infinite zero cost every SLSQP point off the support has an infinite divergence:
+    ``kl`` is covered by the grid search, where grid points on the support exist.)
+    """
     rng = np.random.default_rng(50 + seed)
     n = int(rng.integers(4, 7))
     p = rng.dirichlet(np.ones(n))
@@ -192,17 +208,17 @@ def test_continuity_as_the_zero_becomes_tiny(name):
     """q's zero -> eps: the default solution at eps tends to support="any" at 0 (the default jumps at 0)."""
     p = _t([0.3, 0.5, 0.2])
     q0 = _t([0.6, 0.4, 0.0])
-    budget = 0.3
+    d_end = float(solve(p, q0, max_divergence=float("inf"), divergence=name).achieved_divergence)
+    budget = (d_end + ref_divergence(p.numpy(), q0.numpy(), name)) / 2  # inside the extension
     anywhere = float(solve(p, q0, max_divergence=budget, divergence=name, support="any").acceptance)
     jump = anywhere - float(solve(p, q0, max_divergence=budget, divergence=name).acceptance)
-    assert jump > 0.05
+    assert jump > 0.02 and anywhere < 1  # inside the extension, not at pi = p
     gaps = []
     for eps in (1e-6, 1e-9, 1e-12):
         q = q0.clone()
         q[2] = eps
         q /= q.sum()
         at_eps = solve(p, q, max_divergence=budget, divergence=name)
-        assert float(at_eps.off_support) == 0.0  # q > 0 everywhere: nothing is off the support
         gaps.append(abs(float(at_eps.acceptance) - anywhere))
         # support="any" is continuous too: with every q_i > 0 it is the default solution
         assert float(solve(p, q, max_divergence=budget, divergence=name, support="any").acceptance) == float(
@@ -221,7 +237,7 @@ def test_kl_limit_is_slow_and_both_supports_agree():
     q[2] = 1e-12
     q /= q.sum()
     gap = float(solve(p, q, max_divergence=0.3, divergence="kl").acceptance - at_zero.acceptance)
-    assert 0 < gap < 0.3 / math.log(1e12)  # of order D / log(1 / eps), documented in docs/theory.md
+    assert 0.3 / math.log(1e12) / 2 < gap < 2 * 0.3 / math.log(1e12)  # of order D / log(1 / eps) (docs/theory.md)
 
 
 def test_rows_without_zeros_and_batches_are_unchanged():
