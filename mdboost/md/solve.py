@@ -8,6 +8,10 @@ Paper results implemented here (definitions in ``docs/theory.md``):
   searched through :class:`~mdboost.md.breakpoints.Breakpoints` (:func:`solve`);
 - Theorem 3.12: the conservative ``mode="bound"``.
 
+Optimal means optimal among distributions supported on the target's support (``pi_i = 0`` where
+``q_i = 0``: a token the target's sampling excludes is never emitted); ``solve(..., support="any")``
+gives the optimum over all distributions (:mod:`mdboost.md.support`).
+
 ``P_acc(pi) = sum_i min(pi_i, p_i)`` is :func:`acceptance_probability`; the boosting coefficient
 ``k = sqrt((1+a) / (1-b))`` of Table 5 / Theorem 4.8 is :func:`boost_coefficient`.
 """
@@ -18,13 +22,17 @@ from dataclasses import dataclass
 
 import torch
 
+from mdboost.md import support as _support
 from mdboost.md._checks import _as_real_tensor, check_budget, check_pair, check_probs
 from mdboost.md.breakpoints import Breakpoints
+from mdboost.md.contract import tolerance
 from mdboost.md.divergences import f_divergence, resolve
 
 __all__ = ["MDSolution", "solve", "clamp", "mentored_distribution", "acceptance_probability", "boost_coefficient"]
 
 MODES = ("exact", "bound")
+SUPPORTS = _support.SUPPORTS
+ON_INFEASIBLE = ("clip", "raise")
 
 
 @dataclass(frozen=True)
@@ -36,11 +44,19 @@ class MDSolution:
     a, b : torch.Tensor
         Clamp parameters: ``pi = max{(1-b) q, min{p, (1+a) q}}``, ``a >= 0``, ``0 <= b <= 1``.
     acceptance : torch.Tensor
-        ``P_acc(pi) = 1 - E(a)``, the (optimal) acceptance probability.
+        ``P_acc(pi) = 1 - E(a)``, the optimal acceptance probability (among distributions on
+        the target's support unless ``support="any"``), in ``[0, 1]``.
     achieved_divergence : torch.Tensor
-        ``D_f(pi || q)`` at the solution (computed on the full vocabulary).
+        ``D_f(pi || q)`` at the solution (computed on the full vocabulary), ``>= 0``.
     sd_acceptance : torch.Tensor
         ``1 - TV(p, q)``, the acceptance of standard speculative decoding.
+    feasible : torch.BoolTensor
+        Whether the request is met: always for a budget (``pi = q`` meets every one); for
+        ``min_acceptance``, False where the target is above the largest reachable acceptance
+        (``1 - p(q = 0)`` on the target's support), where the solution is the curve's end.
+    off_support : torch.Tensor
+        The mass ``pi`` puts on tokens with ``q_i = 0``, in proportion to ``p`` there (0 unless
+        ``support="any"``): ``mentored_distribution(p, q, a, b, off_support=...)`` gives ``pi``.
     """
 
     a: torch.Tensor
@@ -48,6 +64,14 @@ class MDSolution:
     acceptance: torch.Tensor
     achieved_divergence: torch.Tensor
     sd_acceptance: torch.Tensor
+    feasible: torch.Tensor | None = None  # None: filled in (all True)
+    off_support: torch.Tensor | None = None  # None: filled in (zeros)
+
+    def __post_init__(self):
+        if self.feasible is None:
+            object.__setattr__(self, "feasible", torch.ones_like(self.acceptance, dtype=torch.bool))
+        if self.off_support is None:
+            object.__setattr__(self, "off_support", torch.zeros_like(self.acceptance))
 
     @property
     def boost_coefficient(self) -> torch.Tensor:
@@ -118,11 +142,14 @@ def mentored_distribution(
     a,  # scalar or [...]
     b,  # scalar or [...]
     *,
+    off_support=None,  # scalar or [...]
     validate: bool = True,
 ) -> torch.Tensor:  # [..., V]
     """The clamp ``pi(a, b) = max{(1-b) q, min{p, (1+a) q}}`` coordinate-wise (Cor 3.10).
 
     It sums to one exactly when ``(a, b)`` is on the curve C(p, q); no renormalisation is done.
+    With ``off_support`` (from ``solve(..., support="any")``), that mass is added on the tokens
+    with ``q_i = 0 < p_i``, split in proportion to ``p`` (``docs/theory.md``, section 4).
 
     Parameters
     ----------
@@ -130,6 +157,8 @@ def mentored_distribution(
         ``p`` and ``q``.
     a, b : float or tensor broadcastable to (...)
         ``a >= 0`` (``+inf`` allowed), ``0 <= b <= 1``.
+    off_support : float or tensor broadcastable to (...), optional
+        Mass in ``[0, 1]`` on the tokens the target excludes (:attr:`MDSolution.off_support`).
     validate : bool, default=True
         Check the inputs (rows, ranges; raises ValueError naming the argument).
 
@@ -152,7 +181,11 @@ def mentored_distribution(
     b = check_budget("b", b, batch, device, upper=1.0, validate=validate)
     a = a.clamp(max=torch.finfo(p.dtype).max).to(p.dtype).unsqueeze(-1)
     q = torch.where(torch.isinf(p / q) & (q > 0), 0.0, q)  # a ratio beyond the dtype's range: q_i = 0
-    return clamp(p, q, a, b.to(p.dtype).unsqueeze(-1))
+    pi = clamp(p, q, a, b.to(p.dtype).unsqueeze(-1))
+    if off_support is None:
+        return pi
+    off = check_budget("off_support", off_support, batch, device, upper=1.0, validate=validate)
+    return _support.add_off_support(pi, p, q, off)
 
 
 def acceptance_probability(
@@ -182,6 +215,8 @@ def solve(
     min_acceptance=None,
     divergence="kl",
     mode: str = "exact",
+    support: str = "target",
+    on_infeasible: str = "clip",
     validate: bool = True,
 ) -> MDSolution:
     """Solve f-MD for every row: the primal (divergence budget) or the dual (acceptance target).
@@ -195,19 +230,34 @@ def solve(
     min_acceptance : float or tensor broadcastable to (...), optional
         Dual target ``P`` in ``[0, 1]``: the minimal-divergence ``pi`` with ``P_acc >= P``.
         Targets below SD's acceptance give ``pi = q``; above the reachable maximum, the end
-        of the curve. Exactly one of ``max_divergence`` / ``min_acceptance`` must be given.
+        of the curve (``feasible`` False there). Exactly one of ``max_divergence`` /
+        ``min_acceptance`` must be given.
     divergence : str, Divergence or callable, default="kl"
         Generator name (see :mod:`mdboost.md.divergences`), ``"alpha:<a>"`` or a callable.
     mode : {"exact", "bound"}, default="exact"
-        Primal only. ``"exact"``: the optimum (acceptance within ~1e-12 in float64).
-        ``"bound"``: the largest point of the curve whose Theorem 3.12 upper bound fits the
-        budget (never exceeds it; ``O(log V)`` per query after the build).
+        Primal only. ``"exact"``: the optimum among distributions supported on the target's
+        support (acceptance within ~1e-12 in float64). ``"bound"``: the largest point of the
+        curve whose Theorem 3.12 upper bound fits the budget (never exceeds it; ``O(log V)``
+        per query after the build).
+    support : {"target", "any"}, default="target"
+        ``"target"``: optimal among distributions supported on the target's support (tokens
+        with ``q_i = 0``, e.g. outside a top-k / top-p target, are never emitted). ``"any"``:
+        the optimum over all distributions, exact; it differs only for generators with a finite
+        ``c = lim g(z) / z`` (``rkl``, ``hellinger``, ``neyman``, ``tv``, ``js``, ``alpha:<a>``
+        with ``a < 1``), on rows where ``p(q = 0) > 0`` and the budget exceeds the divergence
+        at the curve's end (or the target its acceptance), and it puts ``off_support`` mass
+        there (:mod:`mdboost.md.support`). Exact mode only; one more sort per call.
+    on_infeasible : {"clip", "raise"}, default="clip"
+        Dual only, for a target above the largest reachable acceptance: ``"clip"`` returns the
+        curve's end with ``feasible`` False; ``"raise"`` raises ValueError (one device sync).
     validate : bool, default=True
         Check the inputs (device synchronisation); False in trusted hot loops.
 
     Returns
     -------
     MDSolution
+        ``acceptance`` in ``[0, 1]`` and ``achieved_divergence >= 0`` (rounding never leaves
+        them); ``feasible`` per row.
 
     Examples
     --------
@@ -217,6 +267,16 @@ def solve(
     >>> sol = solve(p, q, max_divergence=0.05, divergence="tv")
     >>> round(float(sol.acceptance), 6)  # TV oracle: 1 - TV + D
     0.55
+
+    A target with a zero: on its support the acceptance stops at ``1 - p(q = 0)``.
+
+    >>> p, q = torch.tensor([0.5, 0.5], dtype=torch.float64), torch.tensor([1.0, 0.0], dtype=torch.float64)
+    >>> sol = solve(p, q, min_acceptance=0.9, divergence="hellinger")
+    >>> float(sol.acceptance), bool(sol.feasible)
+    (0.5, False)
+    >>> sol = solve(p, q, min_acceptance=0.9, divergence="hellinger", support="any")
+    >>> round(float(sol.acceptance), 6), round(float(sol.off_support), 6), bool(sol.feasible)
+    (0.9, 0.4, True)
     """
     if (max_divergence is None) == (min_acceptance is None):
         raise ValueError(
@@ -225,6 +285,12 @@ def solve(
         )
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if not isinstance(support, str) or support not in SUPPORTS:
+        raise ValueError(f"support must be one of {SUPPORTS}, got {support!r}")
+    if support == "any" and mode != "exact":
+        raise ValueError(f"support='any' needs mode='exact', got mode={mode!r}")
+    if not isinstance(on_infeasible, str) or on_infeasible not in ON_INFEASIBLE:
+        raise ValueError(f"on_infeasible must be one of {ON_INFEASIBLE}, got {on_infeasible!r}")
     div = resolve(divergence)
     p, q = check_pair(draft_probs, target_probs, validate=validate)
     bp = Breakpoints.build(p, q, validate=False, normalize=validate)
@@ -243,10 +309,45 @@ def solve(
         p64, q64 = p64 / p64.sum(-1, keepdim=True), q64 / q64.sum(-1, keepdim=True)
     a64, b64 = (x.reshape(p.shape[:-1]) for x in point[:2])
     pi = mentored_distribution(p64, q64, a64, b64, validate=False)
-    return MDSolution(
+    sol = MDSolution(
         a=bp._out(point.a),
         b=bp._out(point.b),
         acceptance=bp._out(point.acceptance),
         achieved_divergence=f_divergence(pi, q64, div, validate=False).to(p.dtype),
         sd_acceptance=bp.sd_acceptance,
     )
+    dual = min_acceptance is not None
+    return _finish(sol, p64, q64, min_acceptance if dual else max_divergence, dual, div, support, on_infeasible)
+
+
+def _finish(sol: MDSolution, p64, q64, value, dual: bool, div, support: str, on_infeasible: str) -> MDSolution:
+    """The optimum over all distributions if asked, the ``feasible`` mask, outputs in range.
+
+    ``p64``, ``q64`` [..., V] float64: the rows solved on; ``value``: the (validated) request.
+    """
+    a, b, acc, dv, off = sol.a, sol.b, sol.acceptance, sol.achieved_divergence, sol.off_support
+    batch, vocab = p64.shape[:-1], p64.shape[-1]
+    request = None
+    if dual or support == "any":
+        request = check_budget("min_acceptance" if dual else "max_divergence", value, batch, p64.device,
+                               validate=False)
+    if support == "any" and _support.zero_cost(div) < float("inf"):
+        ext = _support.extend(p64.reshape(-1, vocab), q64.reshape(-1, vocab), request.reshape(-1), div, dual)
+        rows = ext.rows.reshape(batch)
+        new = [x.reshape(batch).to(a.dtype) for x in ext[1:]]  # a, b, acceptance, off_support
+        pi = mentored_distribution(p64, q64, ext.a.reshape(batch), ext.b.reshape(batch), validate=False)
+        pi = _support.add_off_support(pi, p64, q64, ext.off_support.reshape(batch))
+        d_new = f_divergence(pi, q64, div, validate=False).to(dv.dtype)
+        a, b, acc, off = (torch.where(rows, x, old) for x, old in zip(new, (a, b, acc, off)))
+        dv = torch.where(rows, d_new, dv)
+    feasible = sol.feasible
+    if dual:  # the dual returns min(target, reachable maximum): below the target means infeasible
+        feasible = acc.double() >= request - tolerance(acc.dtype).sum
+        if on_infeasible == "raise" and not bool(feasible.all()):
+            bad = tuple((~feasible).nonzero()[0].tolist())
+            raise ValueError(
+                f"min_acceptance={float(request[bad])!r} is above the largest reachable acceptance "
+                f"{float(acc[bad])!r} at row {bad} ({int((~feasible).sum())} infeasible rows); on the "
+                f"target's support it is 1 - p(q = 0) (support='any' lifts that restriction)")
+    # rounding never leaves the ranges (docs/theory.md, section 9)
+    return MDSolution(a, b, acc.clamp(0.0, 1.0), dv.clamp(min=0.0), sol.sd_acceptance, feasible, off)

@@ -1,6 +1,7 @@
 """Batched speculative verification towards the mentored distribution (MD sampling).
 
-Per draft position the optimal clamp ``(a, b)`` is solved on (``p`` = drafter, ``q`` = target)
+Per draft position the optimal clamp ``(a, b)`` (optimal among distributions supported on the
+target's support, ``docs/theory.md`` section 3) is solved on (``p`` = drafter, ``q`` = target)
 with that position's budget; draft token ``x`` is accepted with probability
 ``min(1, (1+a) q_x / p_x)``; at the first rejection a token is drawn from
 ``((1-b) q - p)_+`` normalised; if all K drafts are accepted, a bonus token is drawn from the
@@ -60,7 +61,7 @@ class VerifyResult:
     num_accepted : torch.LongTensor of shape (B,)
         Number of accepted draft tokens, in ``0..K``.
     acceptance_probability : torch.Tensor of shape (B, K)
-        Optimal MD acceptance probability ``P_acc(pi)`` at each position.
+        Optimal MD acceptance probability ``P_acc(pi)`` at each position (on the target's support).
     sd_acceptance : torch.Tensor of shape (B, K)
         Acceptance of standard SD at each position, ``1 - TV(p, q)``.
     divergence : torch.Tensor of shape (B, K)

@@ -5,7 +5,7 @@ On the aligned support of :mod:`mdboost.ranking.support` (probability masses ``p
 
 - SD acceptance ``1 - TV(p, q) = sum_i min(p_i, q_i)``
   (``docs/theory.md``, "Speculative decoding towards a distribution pi");
-- MD acceptance at budget ``D`` for generator ``f``: the optimum of (f-MD-1),
+- MD acceptance at budget ``D`` for generator ``f``: the optimum of (f-MD-1) on the target's support,
   ``P_acc(pi(a, b)) = 1 - E(a)``, from :func:`mdboost.solve` (exact primal by default, or the
   conservative Theorem 3.12 bound), with the operating point ``(a, b)`` kept per position for
   the quality and ``k`` diagnostics.
