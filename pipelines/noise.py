@@ -2,8 +2,8 @@
 
 transformers draws a "Loading weights" bar for every ``from_pretrained`` (and huggingface_hub
 one per download); MLflow logs INFO lines when it creates or migrates a SQLite store
-("Creating initial MLflow database tables...", alembic's "Context impl SQLiteImpl." and
-"Running upgrade ..."). A pipeline whose config turns progress off calls
+("Creating initial MLflow database tables...", "Updating database tables", and in some
+versions alembic's "Context impl SQLiteImpl." / "Running upgrade ..."). A pipeline whose config turns progress off calls
 :func:`quiet_libraries` once, before it loads a model or opens the store; the pipelines' own
 bars follow ``progress`` themselves. Warnings and errors still show.
 """

@@ -159,3 +159,12 @@ def test_validate_config_defaults_point_at_the_default_ranking(tmp_path, monkeyp
     monkeypatch.chdir(tmp_path)
     assert rank_configs_writing(ValidateConfig().ranking.ranking_dir) == ["configs/default.yaml"]
     assert rank_configs_writing("outputs/validate-tiny") == []  # a validation config's output is no ranking
+
+
+def test_the_loader_docstring_examples_run():
+    import doctest
+
+    import pipelines.loader
+
+    result = doctest.testmod(pipelines.loader)
+    assert result.attempted >= 3 and result.failed == 0

@@ -113,6 +113,6 @@ def test_progress_false_silences_weight_bars_and_store_creation(tmp_path, quiet)
     done = subprocess.run([sys.executable, "-c", _NOISE, str(tmp_path), "1" if quiet else "0"], env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    noise = ["Loading weights", "Creating initial MLflow database tables", "Context impl SQLiteImpl"]
+    noise = ["Loading weights", "Creating initial MLflow database tables", "Updating database tables"]
     shown = [n for n in noise if n in done.stderr + done.stdout]
     assert shown == ([] if quiet else noise), done.stderr[-2000:]
