@@ -73,6 +73,12 @@ def test_an_explicit_tracking_uri_beats_the_env(monkeypatch, tmp_path):
     assert TrackingConfig().tracking_uri == "sqlite:///mlruns/mlflow.db"
 
 
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "configs").glob("*.yaml")))
+def test_shipped_configs_leave_the_store_to_the_env(name):
+    tracking = yaml.safe_load((REPO / "configs" / name).read_text()).get("tracking") or {}
+    assert "tracking_uri" not in tracking  # else MLFLOW_TRACKING_URI could never apply
+
+
 def test_validate_shows_a_bar_over_generations_with_tokens_per_second(ranked, monkeypatch, capsys):
     tmp, _, _ = ranked
     monkeypatch.delenv("TQDM_DISABLE", raising=False)

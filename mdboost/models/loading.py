@@ -72,10 +72,13 @@ def _reads_as_path(name: str) -> bool:
     return name.startswith(("/", ".", "~")) or name.endswith(".gguf")
 
 
-def offline_hint(name: str) -> str:
-    """What to do about a hub name that cannot be had: a local folder, or the hub cache offline."""
-    return (f"give a local model folder instead (e.g. ./models/{name.rsplit('/', 1)[-1]}, made with save_pretrained), "
-            "or download it once where the hub is reachable and set HF_HUB_OFFLINE=1 to use the local hub cache")
+def offline_hint(name: str, offline: bool = False) -> str:
+    """What to do about a hub name that cannot be had: a local folder, or the local hub cache
+    (filled once where the hub is reachable; with ``HF_HUB_OFFLINE=1`` nothing asks the hub)."""
+    folder = f"give a local model folder instead (e.g. ./models/{name.rsplit('/', 1)[-1]}, made with save_pretrained)"
+    if offline:
+        return f"{folder}, or download it once with HF_HUB_OFFLINE unset to fill the local hub cache"
+    return f"{folder}, or download it once where the hub is reachable and set HF_HUB_OFFLINE=1 to use the local hub cache"
 
 
 def _hub_unreachable(name: str, timeout: float = 5.0) -> str | None:
@@ -123,10 +126,11 @@ def check_model_source(name: str) -> None:
         if not (path.is_file() if name.endswith(".gguf") else path.exists()):
             raise ValueError(f"model {name!r}: no such {'GGUF file' if name.endswith('.gguf') else 'model folder'}")
     elif not path.exists() and hub_revision(name) is None:
+        offline = hub_offline()
         why = (f"model {name!r} is not a local path and not in the local hub cache (HF_HUB_OFFLINE is set)"
-               if hub_offline() else _hub_unreachable(name))
+               if offline else _hub_unreachable(name))
         if why is not None:
-            raise ValueError(f"{why}: {offline_hint(name)}")
+            raise ValueError(f"{why}: {offline_hint(name, offline)}")
 
 
 def load_model(
@@ -191,5 +195,5 @@ def _from_pretrained(source, dtype: torch.dtype, **kwargs):
                 check_model_source(name)  # offline or unreachable: ValueError now, with what to do
         return load()
     except OSError as err:
-        hint = f": {offline_hint(name)}" if hub_name else ""
+        hint = f": {offline_hint(name, hub_offline())}" if hub_name else ""
         raise ValueError(f"cannot load model {name!r}: {' '.join(str(err).split())}{hint}") from err
