@@ -1,8 +1,9 @@
 """The MLflow UI over the project's store: ``mdboost ui`` and a background server for tests.
 
-``main`` runs ``mlflow server`` in the foreground on localhost over the project's tracking
-store (default ``sqlite:///mlruns/mlflow.db``, artifacts under ``mlruns/artifacts``, see
-:mod:`mdboost.tracking.store`). :func:`running_server` starts the same server in the background on a
+``main`` runs ``mlflow server`` in the foreground on localhost over a tracking store (the
+given one, else ``$MLFLOW_TRACKING_URI``, else ``sqlite:///mlruns/mlflow.db``; artifacts of
+experiments created through it under ``artifact_root``, default ``mlruns/artifacts``; see
+:mod:`mdboost.tracking.store`) and stops it, workers included, on SIGINT / SIGTERM / SIGHUP. :func:`running_server` starts the same server in the background on a
 free port, waits until it answers ``/health`` and stops it on exit; the browser test and any
 script that wants to look at runs programmatically use it.
 
