@@ -1,7 +1,17 @@
-"""The ``mdboost`` command: ``rank``, ``validate``, ``ui``, ``export`` and ``demo``.
+"""The ``mdboost`` command: ``rank``, ``validate``, ``export`` and ``ui``.
 
 Each subcommand only parses arguments and hands over to a pipeline entry point
-(``pipelines/``) or a library function.
+(``pipelines/``) or a library function. Conventions, as in the tools ML engineers already use:
+
+- ``mdboost --version``;
+- ``--set key.path=value`` (repeatable) on every subcommand that takes a config: the value is
+  parsed as YAML and checked by the same strict loader as the file (an unknown key is named),
+  then the resolved config is saved with the run (``pipelines.loader.apply_overrides``);
+- a malformed command line is reported under the subcommand's own usage (exit code 2);
+- a user's mistake found while running (a bad config value, a missing file or model, a
+  vocabulary mismatch, a hub name while offline: ``ValueError`` / ``OSError``) prints one line
+  ``mdboost <command>: error: ...`` and exits with code 2; ``--debug`` (anywhere on the command
+  line) shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -10,27 +20,41 @@ import argparse
 import sys
 from importlib import import_module
 
+from mdboost import __version__
+
 
 def _run(target: str, **kwargs):
     module, func = target.split(":")
     return getattr(import_module(module), func)(**kwargs)
 
 
+def _add_overrides(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
+                        help="override a config value (YAML), e.g. --set md.budgets=[0,0.1] --set output_dir=out/x; "
+                             "repeatable, later ones win")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mdboost", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True)
 
     rank = sub.add_parser("rank", help="rank drafter/target pairs of a pool (pipelines/rank_pool.py)")
     rank.add_argument("--config", required=True, help="YAML config, e.g. configs/default.yaml")
+    _add_overrides(rank)
     rank.set_defaults(target="pipelines.rank_pool:main")
 
     validate = sub.add_parser("validate", help="run real MD generation on ranked pairs (pipelines/validate_pairs.py)")
     validate.add_argument("--config", required=True, help="YAML config, e.g. configs/validate_default.yaml")
+    _add_overrides(validate)
     validate.set_defaults(target="pipelines.validate_pairs:main")
 
     ui = sub.add_parser("ui", help="start the MLflow UI on localhost over the project's store")
-    ui.add_argument("--tracking-uri", default=None, help="default: sqlite:///mlruns/mlflow.db")
+    ui.add_argument("--tracking-uri", default=None,
+                    help="store to serve (default: $MLFLOW_TRACKING_URI, else sqlite:///mlruns/mlflow.db)")
+    ui.add_argument("--artifacts-root", dest="artifact_root", default=None,
+                    help="artifact folder of experiments created through the UI (default: mlruns/artifacts)")
     ui.add_argument("--port", type=int, default=5000)
     ui.add_argument("--host", default="127.0.0.1")
     ui.set_defaults(target="mdboost.tracking.ui:main")
@@ -46,32 +70,45 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices[command]
+
+
 def export_main(ranking: str, format: str = "json", tracking_uri: str | None = None) -> int:
     """``mdboost export``: print the recommendation's calls (:mod:`mdboost.export`)."""
-    import os
-
     from mdboost.export import export_plan, load_ranking, render
-    from mdboost.tracking.store import DEFAULT_TRACKING_URI
+    from mdboost.tracking.store import resolve_tracking_uri
 
-    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
-    print(render(export_plan(load_ranking(ranking, tracking_uri=uri)), format))
+    print(render(export_plan(load_ranking(ranking, tracking_uri=resolve_tracking_uri(tracking_uri))), format))
     return 0
+
+
+def one_line(err: BaseException) -> str:
+    """An error's message on one line (newlines and runs of spaces collapsed)."""
+    return " ".join(str(err).split()) or type(err).__name__
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run a subcommand; a ``ValueError`` / ``OSError`` (a user's mistake: a bad config value, a
-    missing file) prints one line and returns 2, its traceback shown only with ``--debug``
-    (accepted anywhere on the command line)."""
+    missing file or model) prints one line and returns 2, its traceback shown only with
+    ``--debug`` (accepted anywhere on the command line). Arguments the subcommand does not take
+    are reported under its own usage (exit code 2, as argparse does)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = vars(build_parser().parse_args([a for a in argv if a != "--debug"]))
+    debug = "--debug" in argv
+    parser = build_parser()
+    namespace, extra = parser.parse_known_args([a for a in argv if a != "--debug"])
+    if extra:
+        _subparser(parser, namespace.command).error(f"unrecognized arguments: {' '.join(extra)}")
+    args = vars(namespace)
     command, target = args.pop("command"), args.pop("target")
     args.pop("debug", None)
     try:
         result = _run(target, **args)
     except (ValueError, OSError) as err:
-        if "--debug" in argv:
+        if debug:
             raise
-        print(f"mdboost {command}: error: {' '.join(str(err).split())} (--debug shows the traceback)", file=sys.stderr)
+        print(f"mdboost {command}: error: {one_line(err)} (--debug shows the traceback)", file=sys.stderr)
         return 2
     return result if isinstance(result, int) else 0
 

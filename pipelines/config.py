@@ -157,12 +157,25 @@ class CacheConfig:
 
 @dataclass
 class TrackingConfig:
-    """MLflow store (``mdboost.tracking``); ``enabled: false`` skips logging entirely."""
+    """MLflow store (``mdboost.tracking``); ``enabled: false`` skips logging entirely.
+
+    ``tracking_uri``: MLflow's own precedence, resolved when the config is built (so the
+    resolved config saved with a run names the store it went to): the value in the config,
+    else ``$MLFLOW_TRACKING_URI``, else the project's ``sqlite:///mlruns/mlflow.db``
+    (:func:`mdboost.tracking.store.resolve_tracking_uri`).
+    """
 
     enabled: bool = True
     experiment: str = "mdboost-rank"
-    tracking_uri: str = "sqlite:///mlruns/mlflow.db"
+    tracking_uri: str | None = None
     artifact_root: str = "mlruns/artifacts"
+
+    def __post_init__(self):
+        from mdboost.tracking.store import resolve_tracking_uri
+
+        _check(self.tracking_uri is None or bool(self.tracking_uri), "tracking_uri (a URI, or null)",
+               self.tracking_uri)
+        self.tracking_uri = resolve_tracking_uri(self.tracking_uri)
 
 
 # --------------------------------------------------------------------------- ranking sections

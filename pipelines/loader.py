@@ -5,7 +5,9 @@
 allowed keys), and every value is type-checked against the dataclass annotation (``int``,
 ``float``, ``str``, ``bool``, ``Literal``, ``Optional``, ``list``/``tuple``, ``dict[str, X]`` and
 nested dataclasses); a ``ValueError`` raised by a section's own checks gets the section's path.
-:func:`load_yaml` reads a file through it, :func:`to_dict` turns a config back into plain data.
+:func:`load_yaml` reads a file through it, after the command line's dotted overrides
+(:func:`apply_overrides`: ``md.budgets=[0,0.1]``, the value parsed as YAML), so an override is
+checked exactly as the same key in the file; :func:`to_dict` turns a config back into plain data.
 Nothing here knows mdboost: the schemas live in :mod:`pipelines.config`.
 """
 
@@ -118,8 +120,80 @@ def from_dict(cls: type[T], data: dict | None, *, _path: str = "") -> T:
         raise ValueError(f"config error at '{_path or '<root>'}': {err}") from None
 
 
-def load_yaml(path: str | Path, cls: type[T]) -> T:
-    """Read a YAML file and build ``cls`` with :func:`from_dict` (a missing file or a YAML syntax
+def parse_override(override: str) -> tuple[list[str], Any]:
+    """``"md.budgets=[0, 0.1]"`` -> ``(["md", "budgets"], [0, 0.1])``: a dotted key path and a
+    value parsed as YAML (``out/x`` is a string, ``null`` None, ``1e-3`` a string as in a file:
+    write ``1.0e-3``).
+
+    Examples
+    --------
+    >>> parse_override("md.budgets=[0, 0.1]")
+    (['md', 'budgets'], [0, 0.1])
+    >>> parse_override("output_dir=out/x")
+    (['output_dir'], 'out/x')
+
+    Raises
+    ------
+    ValueError
+        Naming the override when it has no ``=``, an empty key part, or a value that is not YAML.
+    """
+    import yaml
+
+    if not isinstance(override, str):
+        raise TypeError(f"override must be a string 'key.path=value', got {override!r}")
+    key, sep, text = override.partition("=")
+    keys = key.strip().split(".")
+    if not sep or not all(k.strip() for k in keys):
+        raise ValueError(f"--set expects key.path=value (e.g. md.budgets=[0,0.1]), got {override!r}")
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ValueError(f"--set {override!r}: the value is not valid YAML: {problem}") from None
+    return [k.strip() for k in keys], value
+
+
+def apply_overrides(data: dict | None, overrides=()) -> dict:
+    """A copy of the mapping ``data`` with each ``key.path=value`` of ``overrides`` set in turn
+    (later ones win; missing sections are created). Unknown keys are left for :func:`from_dict`
+    to name, so an override is checked exactly as the same key written in the file.
+
+    Examples
+    --------
+    >>> apply_overrides({"md": {"budgets": [0.0]}, "name": "a"}, ["md.budgets=[0, 0.1]", "pool.target=tiny"])
+    {'md': {'budgets': [0, 0.1]}, 'name': 'a', 'pool': {'target': 'tiny'}}
+
+    Raises
+    ------
+    ValueError
+        Naming the override when its path runs through a value that is not a mapping.
+    """
+    import copy
+
+    overrides = list(overrides)
+    out = copy.deepcopy(data) if data is not None else {}
+    if not overrides:
+        return out
+    if not isinstance(out, dict):
+        _fail("", f"expected a mapping at the top of the config, got {out!r}")
+    for override in overrides:
+        keys, value = parse_override(override)
+        node = out
+        for depth, key in enumerate(keys[:-1]):
+            child = node.setdefault(key, {})
+            if child is None:
+                child = node[key] = {}
+            if not isinstance(child, dict):
+                where = ".".join(keys[:depth + 1])
+                raise ValueError(f"--set {override!r}: '{where}' holds {child!r}, not a section")
+            node = child
+        node[keys[-1]] = value
+    return out
+
+
+def load_yaml(path: str | Path, cls: type[T], overrides=()) -> T:
+    """Read a YAML file, apply the dotted ``overrides`` (:func:`apply_overrides`, the CLI's
+    ``--set``) and build ``cls`` with :func:`from_dict` (a missing file or a YAML syntax
     error: ``ValueError`` naming the file, and the line and column of the error)."""
     import yaml
 
@@ -134,7 +208,7 @@ def load_yaml(path: str | Path, cls: type[T]) -> T:
         where = "" if mark is None else f" at line {mark.line + 1}, column {mark.column + 1}"
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise ValueError(f"config {str(path)!r} is not valid YAML{where}: {problem}") from None
-    return from_dict(cls, data)
+    return from_dict(cls, apply_overrides(data, overrides))
 
 
 def to_dict(config) -> dict:

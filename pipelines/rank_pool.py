@@ -43,6 +43,7 @@ from mdboost.ranking.recommend import Recommendation, recommend
 from mdboost.ranking.rows import MemberLoader, acceptance_rows, pair_rows, select_pairs, speed_profile
 from pipelines.loader import load_yaml, to_dict
 from pipelines.config import RankConfig
+from pipelines.noise import quiet_libraries
 
 
 def _progress(iterable, enabled: bool, **kwargs):
@@ -278,13 +279,15 @@ def run(cfg: RankConfig) -> dict:
     return summary
 
 
-def main(config: str) -> int:
-    """CLI entry point: ``mdboost rank --config <yaml>``; returns the exit status."""
+def main(config: str, overrides=()) -> int:
+    """CLI entry point: ``mdboost rank --config <yaml> [--set key.path=value ...]``; returns the exit status."""
     try:
-        cfg = load_yaml(config, RankConfig)
+        cfg = load_yaml(config, RankConfig, overrides)
     except ValueError as err:
         print(f"mdboost rank: {err}", file=sys.stderr)
         return 2
+    if not cfg.progress:
+        quiet_libraries()
     summary = run(cfg)
     print(f"\nTop points at their best gamma ({summary['n_pairs']} pairs, {summary['n_points']} operating points, "
           f"{summary['n_rows']} rows with every gamma; rule: predicted speedup among points with NLL <= target + "
@@ -292,6 +295,6 @@ def main(config: str) -> int:
     print(report.format_table(best_gamma_rows(summary["rows"]), cfg.ranking.top))
     print(f"\nranking: {summary['paths']['csv']}  cache: {summary['cache_dir']} "
           f"({'reused' if summary['cache_reused'] else 'built'})  time: {summary['seconds_total']:.1f}s"
-          + (f"  mlflow run: {summary['run_id']}" if "run_id" in summary else ""))
+          + (f"  mlflow run: {summary['run_id']} in {cfg.tracking.tracking_uri}" if "run_id" in summary else ""))
     print(f"\n{summary['verdict']}\nrun it with mdboost's engine:\n{summary['engine_snippet']}")
     return 0

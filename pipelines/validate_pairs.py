@@ -82,7 +82,12 @@ def fetch_ranking(src: SourceConfig, tracking: TrackingConfig, tmp: Path) -> Ran
                 pass
     for name in RANKING_FILES:
         if not (folder / name).is_file():
-            raise ValueError(f"ranking_dir must hold {name}, not found in {str(folder)!r}")
+            if run_id is not None:
+                raise ValueError(f"MLflow run {run_id!r} in {tracking.tracking_uri} holds no {name}: give the "
+                                 "parent run of `mdboost rank` (ranking.ranking_run_id)")
+            from pipelines.prerequisites import missing_ranking
+
+            raise ValueError(missing_ranking(src.ranking_dir, name))
     raw = yaml.safe_load((folder / "config.resolved.yaml").read_text()) or {}
     config = from_dict(RankConfig, raw)
     summary = json.loads((folder / "summary.json").read_text()) if (folder / "summary.json").is_file() else None
@@ -160,7 +165,7 @@ def run(cfg: ValidateConfig, the_plan: Plan | None = None) -> dict:
 
     with torch_threads(ENGINE_THREADS):  # the thread count the ranking's cost ratios were measured at
         realized = realize_cells(p.cells, pool, prompts, max_new_tokens=g.max_new_tokens, seed=g.seed,
-                                 top_k=sampling["top_k"], top_p=sampling["top_p"])
+                                 top_k=sampling["top_k"], top_p=sampling["top_p"], progress=cfg.progress)
     intervals = interval_settings(p.ranking, len(prompts))
     records = [cell_record(i, "recommendation" if i == 0 else "sample", row, real, top_k=sampling["top_k"],
                            top_p=sampling["top_p"], interval_scale=intervals["scale"])
@@ -262,15 +267,19 @@ def log_mlflow(cfg: ValidateConfig, summary: dict, children: dict[tuple, str]) -
         return parent.info.run_id
 
 
-def main(config: str) -> int:
-    """CLI entry point: ``mdboost validate --config <yaml>``; returns the exit status.
+def main(config: str, overrides=()) -> int:
+    """CLI entry point: ``mdboost validate --config <yaml> [--set key.path=value ...]``; returns
+    the exit status.
 
     A config error, or a config that contradicts the ranking, prints one line and returns 2.
     """
     from pipelines.loader import load_yaml
+    from pipelines.noise import quiet_libraries
 
     try:
-        cfg = load_yaml(config, ValidateConfig)
+        cfg = load_yaml(config, ValidateConfig, overrides)
+        if not cfg.progress:
+            quiet_libraries()
         the_plan = plan(cfg)
     except ValueError as err:
         print(f"mdboost validate: {err}", file=sys.stderr)
@@ -287,7 +296,7 @@ def main(config: str) -> int:
               f"cell 0 {h['humaneval_pass_at_1_md']:.2f}")
     print(f"files: {summary['files']['validation_csv']}, {summary['files']['summary_json']}, {summary['files']['plot']}")
     if "run_id" in summary:
-        print(f"mlflow run: {summary['run_id']}")
+        print(f"mlflow run: {summary['run_id']} in {cfg.tracking.tracking_uri}")
     i = summary["intervals"]
     if i["ranking_prompts"]:
         print(f"intervals: the ranking's {i['level']:.0%} intervals over {i['ranking_prompts']} prompts, widened "

@@ -60,7 +60,7 @@ def test_cli_ui_dispatches_to_main(monkeypatch):
     seen = {}
     monkeypatch.setattr(ui, "main", lambda **kw: seen.update(kw) or 0)
     assert cli.main(["ui", "--port", "5050", "--tracking-uri", "sqlite:///x.db"]) == 0
-    assert seen == {"tracking_uri": "sqlite:///x.db", "port": 5050, "host": "127.0.0.1"}
+    assert seen == {"tracking_uri": "sqlite:///x.db", "artifact_root": None, "port": 5050, "host": "127.0.0.1"}
 
 
 def test_running_server_answers_shows_the_store_and_stops(tmp_path):

@@ -56,16 +56,64 @@ def cache_kwarg(model) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+def hub_offline() -> bool:
+    """Whether the hub is off: ``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE`` in the environment
+    now, or ``huggingface_hub.constants.HF_HUB_OFFLINE`` (read when that package was imported)."""
+    if any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")):
+        return True
+    try:
+        from huggingface_hub import constants
+    except ImportError:  # pragma: no cover - transformers depends on it
+        return False
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def _reads_as_path(name: str) -> bool:
+    return name.startswith(("/", ".", "~")) or name.endswith(".gguf")
+
+
+def offline_hint(name: str, offline: bool = False) -> str:
+    """What to do about a hub name that cannot be had: a local folder, or the local hub cache
+    (filled once where the hub is reachable; with ``HF_HUB_OFFLINE=1`` nothing asks the hub)."""
+    folder = f"give a local model folder instead (e.g. ./models/{name.rsplit('/', 1)[-1]}, made with save_pretrained)"
+    if offline:
+        return f"{folder}, or download it once with HF_HUB_OFFLINE unset to fill the local hub cache"
+    return f"{folder}, or download it once where the hub is reachable and set HF_HUB_OFFLINE=1 to use the local hub cache"
+
+
+def _hub_unreachable(name: str, timeout: float = 5.0) -> str | None:
+    """One request to the hub about ``name`` (no retries): why it cannot be used, or None.
+
+    None also when the hub answers with a client error other than "no such model" (a gated or
+    private model): loading then reports it the usual way; a server error (5xx) counts as
+    unreachable (transformers would retry it).
+    """
+    try:
+        from huggingface_hub import HfApi
+        from huggingface_hub.errors import RepositoryNotFoundError
+    except ImportError:  # pragma: no cover - transformers depends on it
+        return None
+    try:
+        HfApi().model_info(name, timeout=timeout)  # a fresh client: the endpoint configured now
+    except RepositoryNotFoundError:
+        return f"model {name!r} is not a local path and there is no such model on the hub"
+    except Exception as err:  # noqa: BLE001 -- connection refused, DNS, timeout, proxy, 5xx: all "unreachable"
+        status = getattr(getattr(err, "response", None), "status_code", None)
+        if status is not None and status < 500:
+            return None  # the hub answered (gated, private, rate-limited): loading says what it says
+        return (f"model {name!r} is not a local path, not in the local hub cache, and the hub cannot be reached "
+                f"({type(err).__name__}{'' if status is None else f' {status}'})")
+    return None
 
 
 def check_model_source(name: str) -> None:
     """Raise ``ValueError`` (naming ``name``) when :func:`load_model` cannot find it, without loading.
 
     An alias passes; a name that reads as a path (``/``, ``.`` or ``~`` first, or a ``.gguf``
-    file) must exist; with ``HF_HUB_OFFLINE`` set, any other name must be a local path or a
-    model in the local hub cache.
+    file) must exist; any other name must be a local path or a model in the local hub cache,
+    or, unless the hub is off (:func:`hub_offline`), a model the hub knows: one request with a
+    short timeout and no retries, so an unreachable hub fails here at once, before any model
+    is loaded. The message says how to use a local path or the hub cache offline.
     """
     from .identity import hub_revision
 
@@ -74,11 +122,15 @@ def check_model_source(name: str) -> None:
     if _TINY.fullmatch(name) or name.lower() == SMOLLM2_ALIAS:
         return
     path = Path(name).expanduser()
-    if name.startswith(("/", ".", "~")) or name.endswith(".gguf"):
+    if _reads_as_path(name):
         if not (path.is_file() if name.endswith(".gguf") else path.exists()):
             raise ValueError(f"model {name!r}: no such {'GGUF file' if name.endswith('.gguf') else 'model folder'}")
-    elif not path.exists() and _offline() and hub_revision(name) is None:
-        raise ValueError(f"model {name!r} is not a local path and not in the local hub cache (HF_HUB_OFFLINE is set)")
+    elif not path.exists() and hub_revision(name) is None:
+        offline = hub_offline()
+        why = (f"model {name!r} is not a local path and not in the local hub cache (HF_HUB_OFFLINE is set)"
+               if offline else _hub_unreachable(name))
+        if why is not None:
+            raise ValueError(f"{why}: {offline_hint(name, offline)}")
 
 
 def load_model(
@@ -124,11 +176,24 @@ def load_model(
 
 
 def _from_pretrained(source, dtype: torch.dtype, **kwargs):
+    """A local folder, else a hub name: from the local hub cache first (no request at all),
+    then, unless the hub is off, after one quick check that the hub has it
+    (:func:`check_model_source`), so an unreachable hub fails at once instead of retrying."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    def load(**more):
+        model = AutoModelForCausalLM.from_pretrained(str(source), dtype=dtype, **kwargs, **more)
+        return model, AutoTokenizer.from_pretrained(str(source), **kwargs, **more)
+
+    name = str(source)
+    hub_name = not Path(name).expanduser().exists() and not _reads_as_path(name)
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(source), dtype=dtype, **kwargs)
-        tokenizer = AutoTokenizer.from_pretrained(str(source), **kwargs)
+        if hub_name:
+            try:
+                return load(local_files_only=True)
+            except OSError:
+                check_model_source(name)  # offline or unreachable: ValueError now, with what to do
+        return load()
     except OSError as err:
-        raise ValueError(f"cannot load model {str(source)!r} (offline hub or missing path): {err}") from err
-    return model, tokenizer
+        hint = f": {offline_hint(name, hub_offline())}" if hub_name else ""
+        raise ValueError(f"cannot load model {name!r}: {' '.join(str(err).split())}{hint}") from err

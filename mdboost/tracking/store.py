@@ -20,6 +20,18 @@ def sqlite_path(tracking_uri: str) -> Path | None:
     return Path(tracking_uri[len(prefix):]) if tracking_uri.startswith(prefix) else None
 
 
+def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
+    """The store to use, by MLflow's own precedence: ``tracking_uri`` when given, else the
+    ``MLFLOW_TRACKING_URI`` environment variable, else :data:`DEFAULT_TRACKING_URI`.
+
+    >>> resolve_tracking_uri("sqlite:///x.db")
+    'sqlite:///x.db'
+    """
+    import os
+
+    return tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+
+
 def setup(experiment: str, tracking_uri: str = DEFAULT_TRACKING_URI,
           artifact_root: str = DEFAULT_ARTIFACT_ROOT) -> str:
     """Point MLflow at the store and make sure ``experiment`` exists; returns its id.

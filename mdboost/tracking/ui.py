@@ -1,8 +1,9 @@
 """The MLflow UI over the project's store: ``mdboost ui`` and a background server for tests.
 
-``main`` runs ``mlflow server`` in the foreground on localhost over the project's tracking
-store (default ``sqlite:///mlruns/mlflow.db``, artifacts under ``mlruns/artifacts``, see
-:mod:`mdboost.tracking.store`). :func:`running_server` starts the same server in the background on a
+``main`` runs ``mlflow server`` in the foreground on localhost over a tracking store (the
+given one, else ``$MLFLOW_TRACKING_URI``, else ``sqlite:///mlruns/mlflow.db``; artifacts of
+experiments created through it under ``artifact_root``, default ``mlruns/artifacts``; see
+:mod:`mdboost.tracking.store`) and stops it, workers included, on SIGINT / SIGTERM / SIGHUP. :func:`running_server` starts the same server in the background on a
 free port, waits until it answers ``/health`` and stops it on exit; the browser test and any
 script that wants to look at runs programmatically use it.
 
@@ -24,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from mdboost.tracking.store import DEFAULT_ARTIFACT_ROOT, DEFAULT_TRACKING_URI, sqlite_path
+from mdboost.tracking.store import DEFAULT_ARTIFACT_ROOT, DEFAULT_TRACKING_URI, resolve_tracking_uri, sqlite_path
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
@@ -96,36 +97,42 @@ def _url(host: str, port: int) -> str:
 
 
 def main(tracking_uri: str | None = None, port: int = 5000, host: str = "127.0.0.1",
-         artifact_root: str = DEFAULT_ARTIFACT_ROOT) -> int:
+         artifact_root: str | None = None) -> int:
     """Run the MLflow UI in the foreground until interrupted; returns the server's exit code.
 
     Ctrl-C (SIGINT), SIGTERM and SIGHUP stop the server it started, workers included (it runs
-    in its own process group, :func:`_stop`), and return 0.
+    in its own process group, :func:`_stop`), and return 0: no server is left serving.
 
     Parameters
     ----------
     tracking_uri : str or None
-        Store to serve; ``None`` means the project's default ``sqlite:///mlruns/mlflow.db``.
+        Store to serve; ``None`` means ``$MLFLOW_TRACKING_URI``, else the project's default
+        ``sqlite:///mlruns/mlflow.db`` (:func:`mdboost.tracking.store.resolve_tracking_uri`).
     port, host : int, str
         Where to listen (localhost:5000 by default).
-    artifact_root : str
-        Artifact folder for experiments created through the UI.
+    artifact_root : str or None
+        Artifact folder (or URI) for experiments created through the UI; ``None`` means the
+        project's ``mlruns/artifacts`` (``mdboost ui --artifacts-root``).
     """
-    uri = DEFAULT_TRACKING_URI if tracking_uri is None else tracking_uri
+    uri = resolve_tracking_uri(tracking_uri)
+    artifact_root = DEFAULT_ARTIFACT_ROOT if artifact_root is None else artifact_root
     cmd = server_command(uri, port=port, host=host, artifact_root=artifact_root)
     if host not in _LOOPBACK:
         print(f"warning: binding {host!r}, not only localhost", file=sys.stderr)
     _prepare_store(uri)
-    print(f"MLflow UI over {uri} at {_url(host, port)} (Ctrl-C to stop)", flush=True)
-    # its own session: a signal to us reaches the server (and its workers) only through _stop
-    proc = subprocess.Popen(cmd, start_new_session=True)
-    with _signals_stop():
+    print(f"MLflow UI over {uri} (artifacts: {_artifact_uri(artifact_root)}) at {_url(host, port)} "
+          "(Ctrl-C to stop)", flush=True)
+    proc = None
+    with _signals_stop():  # installed first: a SIGTERM right after the start still stops the server
         try:
+            # its own session: a signal to us reaches the server (and its workers) only through _stop
+            proc = subprocess.Popen(cmd, start_new_session=True)
             return proc.wait()
         except (KeyboardInterrupt, _Stopped):
             return 0
         finally:
-            _stop(proc)
+            if proc is not None:
+                _stop(proc)
 
 
 class _Stopped(Exception):

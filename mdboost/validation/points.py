@@ -86,14 +86,16 @@ def _cell_modes(row: dict, pool) -> dict:
 
 
 def realize_cells(rows: list[dict], pool, prompts, *, max_new_tokens: int = 64, seed: int = 0,
-                  top_k: int | None = None, top_p: float | None = None) -> list[dict]:
+                  top_k: int | None = None, top_p: float | None = None, progress: bool = False) -> list[dict]:
     """Realized numbers of ranking cells, one dict per row (same order).
 
     Each row runs at its own ``temperature``, ``gamma``, divergence, budget ``max_divergence``
     and ``md_solve`` (a budget-0 row is SD); ``top_k`` / ``top_p`` are the ranking's. Cells of
     one target and temperature run interleaved per prompt with one AR run of that target
     (:func:`mdboost.validation.runs.run_modes`): prompt ``i`` runs AR, then every cell, so every
-    speedup divides by the same AR reference made under the same machine load.
+    speedup divides by the same AR reference made under the same machine load. ``progress``
+    shows a bar over the generations (cells and AR runs x prompts) with the tokens/s so far
+    (:func:`mdboost.validation.runs.progress_bar`; ``TQDM_DISABLE=1`` silences it).
 
     Returns
     -------
@@ -104,18 +106,19 @@ def realize_cells(rows: list[dict], pool, prompts, *, max_new_tokens: int = 64, 
         ``nll_target_outputs`` / ``nll_target_ar_outputs`` (:func:`~mdboost.validation.runs.target_nll`)
         and ``model_speedup_at_realized_acceptance`` (:func:`model_speedup`).
     """
-    from mdboost.validation.runs import run_modes, target_nll
+    from mdboost.validation.runs import progress_bar, run_modes, target_nll
 
     groups: dict[tuple, list[int]] = {}
     for i, r in enumerate(rows):
         groups.setdefault((r["target"], float(r["temperature"])), []).append(i)
+    bar = progress_bar(len(prompts) * sum(len(m) + 1 for m in groups.values()), "validation runs", progress)
     out: list[dict] = [{} for _ in rows]
     eos = pool.target.tokenizer.eos_token_id
     for (target_name, temperature), members in groups.items():
         target = pool[target_name].model
         modes = {"ar": dict(mode="ar")} | {f"cell{i}": _cell_modes(rows[i], pool) for i in members}
         runs = run_modes(target, prompts, modes, seed=seed, max_new_tokens=max_new_tokens, temperature=temperature,
-                         top_k=top_k, top_p=top_p, eos_token_id=eos)
+                         top_k=top_k, top_p=top_p, eos_token_id=eos, on_generation=bar.step)
         ar = runs["ar"]
         ar_tps, ar_nll = ar.stats.tokens_per_second, target_nll(target, prompts, ar.outputs)
         for i in members:
@@ -129,6 +132,7 @@ def realize_cells(rows: list[dict], pool, prompts, *, max_new_tokens: int = 64, 
                 rows[i], alpha, rows[i]["md_solve"] if budget > 0 else "reached", new_tokens=m["num_new_tokens"],
                 prompt_tokens=float(sum(max(p.numel() - 1, 0) for p in prompts)))
             out[i] = m
+    bar.close()
     return out
 
 

@@ -116,6 +116,39 @@ def _mode_arguments(kwargs: dict):
     return settings, as_drafter(drafter)
 
 
+class _Progress:
+    """A tqdm bar over generations; its postfix is the new tokens per second so far."""
+
+    def __init__(self, total: int, desc: str, enabled: bool):
+        import os
+        import time
+
+        from tqdm.auto import tqdm
+
+        self._clock = time.perf_counter
+        self.bar = tqdm(total=total, desc=desc, unit="run", disable=not enabled or bool(os.environ.get("TQDM_DISABLE")))
+        self.tokens, self.start = 0, self._clock()
+
+    def step(self, stats: GenerationStats) -> None:
+        """One generation done: count its new tokens, advance the bar."""
+        self.tokens += int(stats.num_new_tokens)
+        rate = self.tokens / max(self._clock() - self.start, 1e-9)
+        self.bar.set_postfix_str(f"{rate:.1f} tok/s", refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def progress_bar(total: int, desc: str, enabled: bool = True) -> _Progress:
+    """A bar over ``total`` generations (``step(stats)`` after each, as :func:`run_modes`'
+    ``on_generation``) showing tokens/s, like the cache build's; off when ``enabled`` is false or
+    ``TQDM_DISABLE`` is set."""
+    if isinstance(total, bool) or not isinstance(total, int) or total < 0:
+        raise ValueError(f"total must be an integer >= 0, got {total!r}")
+    return _Progress(total, desc, enabled)
+
+
 def run_mode(target, prompts: list[torch.Tensor], *, drafter=None, mode: str = "ar", seed: int = 0,
              **gen_kwargs) -> ModeRun:
     """Generate for every prompt (``[T]`` each, batch 1) in one mode; merge the stats.
@@ -127,13 +160,15 @@ def run_mode(target, prompts: list[torch.Tensor], *, drafter=None, mode: str = "
 
 
 def run_modes(target, prompts: list[torch.Tensor], modes: dict[str, dict], *, seed: int = 0,
-              **common) -> dict[str, ModeRun]:
+              on_generation=None, **common) -> dict[str, ModeRun]:
     """Several modes interleaved per prompt: prompt ``i`` runs every mode in turn.
 
     A change of machine load during the run then hits every mode alike, so speedups (ratios
     of tokens/s between modes) stay fair. ``modes`` maps a name to the mode's own arguments
     (``mode``, ``drafter``, ``max_divergence``, ...: see :func:`_mode_arguments`), merged over
-    ``common``. Prompt ``i`` uses seed ``seed + i`` in every mode.
+    ``common``. Prompt ``i`` uses seed ``seed + i`` in every mode. ``on_generation``, when
+    given, is called after each generation with its :class:`GenerationStats` (a progress bar's
+    hook: ``len(prompts) * len(modes)`` calls).
     """
     if not prompts:
         raise ValueError("prompts must hold at least one prompt, got none")
@@ -150,6 +185,8 @@ def run_modes(target, prompts: list[torch.Tensor], modes: dict[str, dict], *, se
             n = int(out.num_new_tokens[0])
             outputs[name].append(out.sequences[0, ids.numel(): ids.numel() + n].tolist())
             stats[name].append(out.stats)
+            if on_generation is not None:
+                on_generation(out.stats)
     return {name: ModeRun(merge_stats(stats[name]), outputs[name]) for name in modes}
 
 
