@@ -85,6 +85,7 @@ def mentored_generate(
     num_draft_tokens: int = 4,
     md_top_k: int | None = None,
     md_solve: str = DEFAULT_MD_SOLVE,
+    mentor=None,
     generator: torch.Generator | None = None,
     streamer=None,
     **model_kwargs,
@@ -106,6 +107,10 @@ def mentored_generate(
         (see :func:`drafter_for`).
     max_divergence, min_acceptance, divergence, md_top_k, md_solve
         The MD budget (:class:`~mdboost.engine.GenerationSettings`); budget 0 is lossless SD.
+    mentor : callable or None
+        An explicit emitted distribution per drafted position instead of a budget
+        (:class:`~mdboost.engine.GenerationSettings`'s ``mentor``, e.g.
+        :class:`mdboost.md.tv_set.BoostedMentor`).
     num_draft_tokens : int, default=4
         Draft length per step (the engine's ``gamma``).
     generator : torch.Generator or None
@@ -134,7 +139,7 @@ def mentored_generate(
     settings = GenerationSettings(
         max_new_tokens=_max_new_tokens(max_length, input_ids.shape[1]), gamma=num_draft_tokens, **sampling,
         max_divergence=max_divergence, min_acceptance=min_acceptance, divergence=divergence, md_top_k=md_top_k,
-        md_solve=md_solve, eos_token_id=eos_id, pad_token_id=None if pad is None else int(pad),
+        md_solve=md_solve, mentor=mentor, eos_token_id=eos_id, pad_token_id=None if pad is None else int(pad),
         logits_processor=lp.LogitsProcessorList(processors) if processors else None,
         stopping_criteria=criteria)
     def stream(rows):  # one row (checked): [1, n] per step, as transformers' assisted decoding puts them

@@ -195,6 +195,7 @@ class MDConfig:
     mode: Literal[MD_MODES] = "exact"
     temperature: float | None = None
     temperatures: list[float] | None = None
+    mentor: Literal["clamp", "boosted"] = "clamp"  # what TV points emit (ScoreSettings.tv_mentor)
 
     def __post_init__(self):
         _check(len(self.divergences) >= 1, "divergences (need at least one)", self.divergences)
@@ -311,7 +312,7 @@ class RankConfig:
         return ScoreSettings(divergences=tuple(md.divergences), budgets=budgets, mode=md.mode,
                              temperature=temperature, gamma_min=sp.gamma_min, gamma_max=sp.gamma_max,
                              md_solve=sp.md_solve, n_estimators=b.n_estimators, orders=tuple(b.orders),
-                             thetas=tuple(b.thetas), bootstrap=self.ranking.bootstrap())
+                             thetas=tuple(b.thetas), bootstrap=self.ranking.bootstrap(), tv_mentor=md.mentor)
 
 
 # --------------------------------------------------------------------------- validation sections

@@ -16,7 +16,8 @@ One engine step (Leviathan et al. 2023; Chen et al. 2023; the paper's Section 5 
 Modes follow from the arguments: no drafter is AR (target only); a drafter with no budget in
 the settings is lossless SD (output distributed exactly as the target's, and identical to
 target greedy decoding at temperature 0); a drafter with ``max_divergence > 0`` or
-``min_acceptance`` is MD.
+``min_acceptance`` is MD, and so is one with a ``mentor`` (an explicit emitted distribution per
+drafted position, e.g. the boosted member of the TV optimal set).
 """
 
 from __future__ import annotations
@@ -239,6 +240,9 @@ def _verify(drafts, draft_probs, target_probs, lengths, md_args, generator, stat
     """
     from mdboost.md.verify import verify
 
+    if md_args.get("mentor") is not None:  # GenerationSettings.mentor: the emitted distribution per position
+        md_args = dict(md_args)
+        md_args["mentored_probs"] = md_args.pop("mentor")(draft_probs, target_probs[:, :drafts.shape[1]])
     result = verify(drafts, draft_probs, target_probs, generator=generator, validate=False, **md_args)
     tokens = result.tokens.tolist()
     num_accepted = result.num_accepted.tolist()

@@ -95,6 +95,13 @@ class GenerationSettings:
         ``(input_ids [B, L], scores) -> BoolTensor [B]``, transformers' ``StoppingCriteria``
         signature (called with ``scores=None``) after each emitted token, with the rows
         left-padded as above: a row stops after the first token that makes it ``True``.
+    mentor : callable or None, default=None
+        ``(draft_probs [B, K, V], target_probs [B, K, V]) -> mentored_probs [B, K, V]``: the
+        distribution to emit at each drafted position, whatever the drafter (sampled by
+        :func:`mdboost.md.verify.verify`'s ``mentored_probs``), e.g.
+        :class:`mdboost.md.tv_set.BoostedMentor`. It replaces the budget (leave
+        ``max_divergence`` 0, ``min_acceptance`` and ``md_top_k`` None); ``divergence`` then
+        only names the reported divergence. Positions past a row's draft length are ignored.
 
     Examples
     --------
@@ -121,6 +128,7 @@ class GenerationSettings:
     pad_token_id: int | None = None
     logits_processor: Callable | None = None
     stopping_criteria: Callable | None = None
+    mentor: Callable | None = None
 
     def __post_init__(self):
         _positive_int("max_new_tokens", self.max_new_tokens)
@@ -147,15 +155,19 @@ class GenerationSettings:
             raise ValueError(f"md_solve must be one of {SOLVE}, got {self.md_solve!r}")
         _token_id("eos_token_id", self.eos_token_id)
         _token_id("pad_token_id", self.pad_token_id)
-        for name in ("logits_processor", "stopping_criteria"):
+        for name in ("logits_processor", "stopping_criteria", "mentor"):
             value = getattr(self, name)
             if value is not None and not callable(value):
                 raise TypeError(f"{name} must be callable or None, got {type(value).__name__}")
+        if self.mentor is not None and (self.max_divergence != 0 or self.min_acceptance is not None
+                                        or self.md_top_k is not None):
+            raise ValueError(f"mentor sets the emitted distribution: leave max_divergence (got {self.max_divergence!r}), "
+                             f"min_acceptance ({self.min_acceptance!r}) and md_top_k ({self.md_top_k!r}) unset")
 
     @property
     def lossy(self) -> bool:
-        """True with a budget (``max_divergence > 0`` or ``min_acceptance``): MD, else SD."""
-        return self.max_divergence > 0 or self.min_acceptance is not None
+        """True with a budget (``max_divergence > 0`` or ``min_acceptance``) or a mentor: MD, else SD."""
+        return self.max_divergence > 0 or self.min_acceptance is not None or self.mentor is not None
 
     @property
     def sampling(self) -> dict:
@@ -164,9 +176,11 @@ class GenerationSettings:
 
     @property
     def verify_args(self) -> dict:
-        """Keyword arguments of :func:`mdboost.md.verify.verify` (``md_top_k`` only when lossy)."""
-        return dict(max_divergence=self.max_divergence, min_acceptance=self.min_acceptance,
+        """Keyword arguments of :func:`mdboost.md.verify.verify` (``md_top_k`` only when lossy),
+        plus ``mentor`` when set (the engine turns it into ``mentored_probs``)."""
+        args = dict(max_divergence=self.max_divergence, min_acceptance=self.min_acceptance,
                     divergence=self.divergence, top_k=self.md_top_k if self.lossy else None, solve=self.md_solve)
+        return args if self.mentor is None else dict(args, mentor=self.mentor)
 
     @property
     def pad_id(self) -> int:

@@ -144,6 +144,7 @@ def verify(
     generator=None,
     solve: str = "all",
     validate: bool = True,
+    mentored_probs: torch.Tensor | None = None,  # [B, K, V]
 ) -> VerifyResult:
     """Verify K draft tokens per row with mentored decoding.
 
@@ -174,6 +175,12 @@ def verify(
         ``acceptance_probability``, ``divergence``) of unsolved positions are NaN.
     validate : bool, default=True
         Check inputs (raises ValueError naming the argument).
+    mentored_probs : torch.Tensor of shape (B, K, V), optional
+        Emit these distributions instead of solving a clamp: accept ``x`` with
+        ``min(1, pi_x / p_x)``, resample from ``(pi - p)_+`` (:mod:`mdboost.md.towards`), e.g. a
+        member of the TV optimal set (:func:`mdboost.md.tv_set.project_tv_optimal`). The
+        budget must stay unset and ``top_k`` None; ``divergence`` names the reported
+        ``D_f(pi || q)``; ``a``, ``b`` are NaN.
 
     Returns
     -------
@@ -188,6 +195,9 @@ def verify(
             f"{tuple(p.shape)}, got {tuple(q_all.shape)}"
         )
     tokens = check_tokens("draft_tokens", draft_tokens, (batch, num_draft), vocab, validate=validate)
+    if mentored_probs is not None:  # an explicit pi per position (docs/theory.md, section 2)
+        return _verify_towards(tokens, p, q_all, mentored_probs, max_divergence, min_acceptance, top_k, divergence,
+                               generator, validate)
     if not isinstance(solve, str) or solve not in SOLVE:
         raise ValueError(f"solve must be one of {SOLVE}, got {solve!r}")
     top_k = check_positive_int("top_k", top_k)
@@ -255,6 +265,21 @@ def verify(
         a=a,
         b=b,
     )
+
+
+def _verify_towards(tokens, p, q_all, mentored_probs, max_divergence, min_acceptance, top_k, divergence,
+                    generator, validate):
+    """``verify(mentored_probs=...)``: the budget arguments must stay unset."""
+    from mdboost.md.towards import verify_towards
+
+    if min_acceptance is not None or not (isinstance(max_divergence, (int, float)) and max_divergence == 0):
+        raise ValueError(f"mentored_probs fixes the emitted distribution: give no budget (max_divergence="
+                         f"{max_divergence!r}, min_acceptance={min_acceptance!r})")
+    if top_k is not None:
+        raise ValueError(f"mentored_probs cannot be combined with top_k (got top_k={top_k!r})")
+    resolve(divergence)
+    return verify_towards(tokens, p, q_all, mentored_probs, divergence=divergence, generator=generator,
+                          validate=validate)
 
 
 def _accept_ratio(a, q_x, p_x):  # [...] x3 -> [...]

@@ -19,6 +19,12 @@ Per position ``i`` with true next token ``j`` (reference text), the negative log
   leveraging coefficients carry ``1 / h*``, ``softmax(H_T)`` is far flatter than either model;
   :func:`best_boosted_scale` also reports the mixture ``softmax(s H_T)`` at its best ``s``.
 
+- boosted projection (TV points only, paper Section 4.3): the boosted ensemble
+  ``softmax(s H_T)`` projected onto the TV optimal set at the point's budget
+  (:func:`mdboost.md.tv_set.tv_projection`, ``docs/theory.md`` section 10), on the aligned support;
+  the true token's ``pi_j = clip(s_g r_j, min(p_j, q_j), max(p_j, q_j))`` from its exact ``p_j``,
+  ``q_j``, ``r_j`` and its group's scale. Its acceptance is the clamp's (both are optimal).
+
 ``beats_target``: the mean NLL of the mentored distribution is below the target's (the
 paper's case where MD improves on the target itself).
 """
@@ -47,6 +53,33 @@ def nll_mentored(draft: MemberRows, target: MemberRows, a: torch.Tensor, b: torc
     a = torch.where(valid, a.double(), torch.zeros_like(a, dtype=torch.float64))
     b = torch.where(valid, b.double(), torch.zeros_like(b, dtype=torch.float64))
     return -mentored_true_prob(draft, target, a, b).log()
+
+
+def nll_tv_boosted(aligned: Aligned, draft: MemberRows, target: MemberRows, max_divergence: float, c_target: float,
+                   c_drafter: float, temperature: float = 1.0, scale: float = 1.0) -> torch.Tensor:  # [N]
+    """NLL of the true token under ``softmax(scale * H_T)`` projected onto the TV optimal set.
+
+    ``H_T = c_target h_q + c_drafter h_p`` as in :func:`nll_boosted`; the set is the one of the
+    aligned support's ``p``, ``q`` at budget ``max_divergence``; rows where the drafter is
+    invalid use ``q`` (nothing is drafted there).
+    """
+    from mdboost.md.tv_set import tv_projection
+
+    valid = draft.valid
+    mix, exact, _ = _boosted_scores(aligned, draft, target, c_target, c_drafter, temperature)
+    log_r = scale * mix[valid]  # [M, S], -inf on empty slots
+    shift = torch.where(torch.isfinite(log_r), log_r, torch.full_like(log_r, -torch.inf)).amax(-1, keepdim=True)
+    shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
+    p_m, q_m = aligned.p_mass[valid], aligned.q_mass[valid]
+    p_m, q_m = p_m / p_m.sum(-1, keepdim=True), q_m / q_m.sum(-1, keepdim=True)
+    proj = tv_projection(p_m, q_m, max_divergence, torch.exp(log_r - shift) * aligned.count[valid], validate=False)
+    p_j, q_j = draft.true_logp.double().exp(), target.true_logp.double().exp()  # [N]
+    r_j = torch.exp(scale * exact[valid] - shift.squeeze(-1))
+    s_g = torch.where(p_j[valid] >= q_j[valid], proj.upper_scale, proj.lower_scale)
+    lo, hi = torch.minimum(p_j, q_j)[valid], torch.maximum(p_j, q_j)[valid]
+    pi_j = q_j.clone()
+    pi_j[valid] = torch.minimum(torch.maximum(s_g * r_j, lo), hi)
+    return -pi_j.log()
 
 
 def _scores(aligned_log: torch.Tensor, one_hot: bool, temperature: float) -> torch.Tensor:

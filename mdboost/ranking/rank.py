@@ -55,6 +55,7 @@ from mdboost.ranking.uncertainty import BootstrapSettings
 from mdboost.ranking.support import Aligned, MemberRows, align
 
 MD_MODES = ("exact", "bound")
+TV_MENTORS = ("clamp", "boosted")
 BOOSTING_ORDERS = ("target_first", "greedy")
 
 
@@ -134,6 +135,11 @@ class ScoreSettings:
     thetas : margin thresholds in [-1, 1] of the reported margin bound and risk.
     bootstrap : BootstrapSettings
         The intervals of the predictions (a bootstrap over prompts; ``num_resamples=0``: none).
+    tv_mentor : {"clamp", "boosted"}, default="clamp"
+        The distribution emitted at TV points (both have the optimal acceptance): the clamp, or
+        the boosted ensemble projected onto the TV optimal set (``docs/theory.md`` section 10);
+        ``nll_mentored`` (hence ``quality_ok`` and ``beats_target``) follows it. Both NLLs are
+        reported at every TV point either way.
     """
 
     divergences: tuple[str, ...] = ("kl", "tv", "hellinger")
@@ -147,6 +153,7 @@ class ScoreSettings:
     orders: tuple[str, ...] = BOOSTING_ORDERS
     thetas: tuple[float, ...] = (0.0, 0.1)
     bootstrap: BootstrapSettings = BootstrapSettings()
+    tv_mentor: str = "clamp"
 
     def __post_init__(self):
         checks = [
@@ -162,6 +169,7 @@ class ScoreSettings:
             (self.n_estimators >= 2, "n_estimators", ">= 2"),
             (all(o in BOOSTING_ORDERS for o in self.orders), "orders", f"a subset of {BOOSTING_ORDERS}"),
             (all(-1 <= t <= 1 for t in self.thetas), "thetas", "in [-1, 1]"),
+            (self.tv_mentor in TV_MENTORS, "tv_mentor", f"one of {TV_MENTORS}"),
         ]
         for ok, name, what in checks:
             if not ok:
@@ -268,14 +276,16 @@ def score_pair(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | Non
     points = []
     for i, (op, ref_op) in enumerate(zip(acc_ops, ref_ops, strict=True)):
         overhead = profile.md_overhead if op.max_divergence > 0 else 0.0
+        nll_clamp = _mean(quality.nll_mentored(pair.draft.rows, pair.target.rows, ref_op.a, ref_op.b))
+        tv = _tv_boosted(pair, aligned, stats, ref_op, s, nll_clamp)
         points.append(PointScore(
             divergence=op.divergence if op.max_divergence > 0 else PLAIN_SD, max_divergence=op.max_divergence,
             acceptance=op.acceptance.numpy(), k=boost_coefficient(op.a, op.b)[acc_valid].numpy(),
             achieved_divergence=_mean(op.achieved_divergence[acc_valid]) if bool(acc_valid.any()) else 0.0,
-            nll_mentored=_mean(quality.nll_mentored(pair.draft.rows, pair.target.rows, ref_op.a, ref_op.b)),
+            nll_mentored=nll_clamp if tv is None or s.tv_mentor == "clamp" else tv["nll_tv_boosted"],
             iid=_iid_choice(_mean(op.acceptance), acc.draft.cost_ratio, s, profile, overhead, stats.sd_acceptance),
             process=None if process is None else process[i + 1], verify_costs=tuple(verify.tolist()),
-            md_overhead=float(overhead)))
+            md_overhead=float(overhead), tv=tv))
     return PairScore(pair.draft.name, pair.target.name,
                      acceptance_source or ("reference" if acceptance is None else "sampled"), stats, sd.numpy(),
                      sd_iid, None if process is None else process[0], tuple(points), s.temperature,
@@ -284,6 +294,20 @@ def score_pair(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | Non
 
 
 PLAIN_SD = "none"  # the divergence column of budget-0 points: plain SD, the same for every f
+
+
+def _tv_boosted(pair: PairRows, aligned: Aligned, stats: PairStats, ref_op, s: ScoreSettings,
+                nll_clamp: float) -> dict | None:
+    """The TV point's quality columns (``docs/ranking.md``): the clamp and the boosted projection
+    at the same (optimal) acceptance, and the boosted ensemble ``softmax(s* H_T)`` itself; None
+    for other points."""
+    if ref_op.divergence != "tv" or ref_op.max_divergence <= 0:
+        return None
+    boost = stats.boost
+    nll = _mean(quality.nll_tv_boosted(aligned, pair.draft.rows, pair.target.rows, ref_op.max_divergence,
+                                       boost.c_target, boost.c_drafter, s.quality_temperature, stats.boosted_scale))
+    return {"mentor": s.tv_mentor, "nll_tv_clamp": nll_clamp, "nll_tv_boosted": nll,
+            "nll_tv_boosted_reference": stats.nll_boosted_rescaled, "beats_target_boosted": nll < stats.nll_target}
 
 
 def _one_plain_point(ops: list) -> list:

@@ -101,6 +101,7 @@ class PointScore:
     process: ProcessScore | None
     verify_costs: tuple
     md_overhead: float
+    tv: dict | None = None  # TV points: the clamp's and the boosted projection's NLL columns (rank._tv_boosted)
 
     @property
     def gamma(self) -> int:
@@ -217,6 +218,7 @@ def score_rows(score: PairScore) -> list[dict]:
             "achieved_divergence": point.achieved_divergence,
             "md_overhead": point.md_overhead, "k_median": quantile(k, 0.5), "k_q90": quantile(k, 0.9),
             "nll_mentored": point.nll_mentored, "beats_target": bool(point.nll_mentored < common["nll_target"]),
+            **(point.tv or {}),
         }
         for j, gamma in enumerate(score.gammas):
             rows.append({**base, **_speed_columns(point, j, gamma), "verify_cost": float(point.verify_costs[j])})
