@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mdboost.md import _buckets
 from mdboost.md._checks import _as_real_tensor, check_budget, check_pair, check_probs
 from mdboost.md.breakpoints import Breakpoints
 from mdboost.md.divergences import f_divergence, resolve
@@ -227,6 +228,11 @@ def solve(
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     div = resolve(divergence)
     p, q = check_pair(draft_probs, target_probs, validate=validate)
+    if mode == "exact" and _buckets.applies(p):  # expected linear time (docs/theory.md, section 4)
+        dual = min_acceptance is not None
+        name, value = ("min_acceptance", min_acceptance) if dual else ("max_divergence", max_divergence)
+        value = check_budget(name, value, p.shape[:-1], p.device, upper=1.0 if dual else None, validate=validate)
+        return MDSolution(*_buckets.solve_batch(p, q, value, div, dual, normalize=validate))
     bp = Breakpoints.build(p, q, validate=False, normalize=validate)
     if not p.shape[:-1].numel():  # an empty batch: the queries check the budget, then nothing to solve
         point = (bp.for_acceptance(min_acceptance, validate=validate) if min_acceptance is not None
