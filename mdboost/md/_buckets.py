@@ -255,7 +255,7 @@ def reduction(ev: Events, m_lo, m_hi, div: Divergence | None) -> Reduction:
     t_a = torch.maximum(t_a, s_a)
     t_b = (_ss(ev.m_b, m_lo, True) - 1).clamp(min=0)  # last l with m_b[l] <= m_lo: below it, B
     s_b = _ss(ev.m_b, m_hi, False)  # first l with m_b[l] >= m_hi: from there on, M
-    s_b = torch.maximum(torch.maximum(s_b, _ss(ev.m_b, torch.zeros_like(m_hi), True)), t_b)
+    s_b = torch.maximum(torch.maximum(s_b, _ss(ev.m_b, torch.zeros_like(m_hi), True)), t_b).clamp(max=C1)
     take = torch.gather
     agg_p = torch.cat([take(ev.rp_a, 1, t_a), take(ev.cp_a, 1, s_a), take(ev.rp_b, 1, s_b), take(ev.cp_b, 1, t_b),
                        ev.p_inf], -1)
