@@ -189,3 +189,15 @@ def test_solve_and_verify_take_the_bucketed_path(monkeypatch):
     small = solve(p[:, :100] / p[:, :100].sum(-1, keepdim=True), q[:, :100] / q[:, :100].sum(-1, keepdim=True),
                   max_divergence=0.05)
     assert len(calls) == 2 and small.acceptance.shape == (2,)
+
+
+def test_fuzzed_inputs_keep_the_contract_on_the_bucketed_path(monkeypatch):
+    """The core's fuzz harness (subnormals, near-overflow ratios, zeros, one-hot rows, half
+    precision, ...) with every vocabulary on the bucketed path."""
+    from tests import _fuzz_core
+
+    monkeypatch.setattr(_buckets, "MIN_VOCAB", 1)
+    report = _fuzz_core.run(20260101, 250, (torch.float64, torch.float32), time_budget=15.0)
+    assert report.total >= 150
+    for kind in _fuzz_core.KINDS:
+        assert report.count(kind) == 0, (kind, report.failures[kind][:5])

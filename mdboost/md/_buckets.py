@@ -47,6 +47,7 @@ INF = FINITE  # the bucket of q_i = 0 < p_i (and of ratios beyond the input dtyp
 C1 = 1 + OCTAVES * (1 << PER_OCTAVE_BITS)  # edge index of r = 1
 AGGREGATES = 5  # top of A, upper M, lower M, bottom of B, q = 0
 FALLBACK_FRACTION = 0.25  # a row whose bracketing buckets hold more entries is solved sorted
+NOISE_BUDGET = 1e-12  # primal budgets in (0, NOISE_BUDGET) take the sorted path (D_f is rounding noise there)
 MIN_VOCAB = 4096  # solve / verify use this path from this vocabulary on (smaller rows: sorted)
 _KL_F = GENERATORS["kl"].f
 _TINY = 1e-300  # log(max(r, _TINY)) times p: exact 0 for p = 0, and p log r within 1e-298 otherwise
@@ -271,7 +272,7 @@ def reduction(ev: Events, m_lo, m_hi, div: Divergence | None) -> Reduction:
     return Reduction(s_a, t_a, t_b, s_b, agg_p, agg_q, delta)
 
 
-def reduced_pair(rows: Rows, h: Histogram, red: Reduction):
+def reduced_pair(rows: Rows, h: Histogram, red: Reduction, sorted_rows=None):
     """The reduced rows ``(p', q')`` [N, W + AGGREGATES] and the rows that fall back [N] bool.
 
     Row ``i`` keeps the entries of its bracketing buckets (read from the stored bucket indices),
@@ -287,6 +288,8 @@ def reduced_pair(rows: Rows, h: Histogram, red: Reduction):
     keep = ((idx >= lo_a) & (idx < hi_a)) | ((idx >= lo_b) & (idx < hi_b))  # [N, V]
     counts = keep.sum(-1)  # [N]
     fallback = counts > max(FALLBACK_FRACTION * vocab, 64)
+    if sorted_rows is not None:
+        fallback |= sorted_rows
     kept = torch.where(fallback, 0, counts)
     width, any_fallback = torch.stack([kept.max(), fallback.sum()]).tolist() if n else (0, 0)
     if any_fallback:
@@ -325,7 +328,9 @@ def prepare_primal(p, q, budget, div: Divergence, normalize: bool) -> tuple[Prep
     ev = events(h, div)
     m_lo, m_hi = bracket(ev, budget)
     red = reduction(ev, m_lo, m_hi, div)
-    rp, rq, fallback = reduced_pair(rows, h, red)
+    # budgets at the rounding level of D_f (float64 sums of O(1) terms) are solved sorted: there
+    # D_f is noise and the sorted search's breakpoints are the reference (docs/theory.md, section 4)
+    rp, rq, fallback = reduced_pair(rows, h, red, ((budget > 0) & (budget < NOISE_BUDGET)).reshape(-1))
     reduced_budget = torch.where(torch.isinf(budget) | (budget <= 0), budget, (budget - red.delta).clamp(min=0.0))
     bp = Breakpoints(*_sorted(rp, rq), rp.shape[:-1], torch.float64)
     return Prepared(bp, red.delta, fallback, ev.tv, ev.m_end), reduced_budget
