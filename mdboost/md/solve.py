@@ -39,7 +39,8 @@ class MDSolution:
     acceptance : torch.Tensor
         ``P_acc(pi) = 1 - E(a)``, the (optimal) acceptance probability.
     achieved_divergence : torch.Tensor
-        ``D_f(pi || q)`` at the solution (computed on the full vocabulary).
+        ``D_f(pi || q)`` at the solution (from the solver's sums; below ``V = 4096`` computed on
+        the full vocabulary).
     sd_acceptance : torch.Tensor
         ``1 - TV(p, q)``, the acceptance of standard speculative decoding.
     """
