@@ -2,14 +2,17 @@
 
 Side by side in one process, reported as ratios:
 
-1. ``[64, 49152]`` float32: exact KL primal (build + query) / one ``torch.sort`` of the same
-   tensor (goal <= 3); dual query / build (goal <= 0.1); bound query / build.
+1. ``[64, 49152]`` float32: exact KL primal (``solve``, the expected linear-time path, and the
+   sorted ``Breakpoints`` build + query) / one ``torch.sort`` of the same tensor (goal <= 0.25);
+   dual query / build; bound query / build.
 2. Against the public mentored decoding notebook's algorithm (``bench/_notebook.py``, a line by
    line port): speed per row and exactness side by side, in its own section ``md_baseline``.
-3. ``verify`` on ``[8, 4, 49152]``: MD / SD time with ``top_k=256`` (goal <= 1.5) and at full
-   vocabulary.
+3. Single-row calls: ``solve`` at V in {50, 1000, 49152} (goal at V = 1000: <= 0.3 ms), per row
+   in a batch of 64 at V = 49152.
+4. ``verify`` on ``[8, 4, 49152]``: MD / SD time at full vocabulary (goal <= 2) and with
+   ``top_k=256`` (goal <= 1.2), ``solve="all"`` and the engine's default ``solve="needed"``.
 
-Run: ``.venv/bin/python bench/md_core.py`` (about a minute on one CPU core); ``--baseline``
+Run: ``.venv/bin/python bench/md_core.py`` (a few minutes on one CPU core); ``--baseline``
 measures and writes section 2 only.
 The machine may be shared: paired measurements are interleaved and ratios are medians.
 """
@@ -60,22 +63,48 @@ def llm_like_pair(rows, vocab, dtype, seed=0):
     return torch.softmax(draft, -1).to(dtype), torch.softmax(target, -1).to(dtype)
 
 
-def bench_build_and_queries():
+def bench_build_and_queries(repeats=5):
+    """``torch.sort``, the linear-time ``solve`` and the sorted build + query interleaved: ratios are
+    medians of per-repeat ratios."""
     p, q = llm_like_pair(64, VOCAB, torch.float32)
     ratios = p / q
-    t_sort = timeit(lambda: torch.sort(ratios, dim=-1))
-    t_build = timeit(lambda: Breakpoints.build(p, q, validate=False))
 
-    def primal():
+    def sorted_primal():
         Breakpoints.build(p, q, validate=False).for_divergence(BUDGET, "kl", validate=False)
 
-    t_primal = timeit(primal)
+    def linear():
+        solve(p, q, max_divergence=BUDGET, validate=False)
+
+    sorted_primal(), linear()  # warm-up
+    t_sort, t_lin, t_old = [], [], []
+    for _ in range(repeats):
+        t_sort.append(timeit(lambda: torch.sort(ratios, dim=-1), repeats=1, warmup=0))
+        t_lin.append(timeit(linear, repeats=1, warmup=0))
+        t_old.append(timeit(sorted_primal, repeats=1, warmup=0))
+    med = statistics.median
+    t_build = timeit(lambda: Breakpoints.build(p, q, validate=False))
     bp = Breakpoints.build(p, q, validate=False)
     bp.for_divergence(BUDGET, "kl")  # fills the KL prefix cache once, excluded below
     sd = bp.sd_acceptance
     t_dual = timeit(lambda: bp.for_acceptance(sd + 0.05, validate=False), repeats=20)
     t_bound = timeit(lambda: bp.for_divergence_bound(BUDGET, "kl", validate=False), repeats=10)
-    return dict(sort=t_sort, build=t_build, primal=t_primal, dual=t_dual, bound=t_bound)
+    return dict(sort=med(t_sort), linear=med(t_lin), primal=med(t_old), build=t_build, dual=t_dual, bound=t_bound,
+                linear_ratio=med([a / b for a, b in zip(t_lin, t_sort)]),
+                primal_ratio=med([a / b for a, b in zip(t_old, t_sort)]))
+
+
+def bench_single_row(repeats=30):
+    """One ``solve`` call on one row (validation on, the default; and off) and per row in a batch."""
+    out = {}
+    for vocab in (50, 1000, VOCAB):
+        p, q = llm_like_pair(1, vocab, torch.float32, seed=3)
+        p, q = p[0], q[0]
+        reps = repeats if vocab < VOCAB else 7
+        out[vocab] = tuple(timeit(lambda v=v: solve(p, q, max_divergence=BUDGET, validate=v), repeats=reps, warmup=2)
+                           for v in (True, False))
+    p, q = llm_like_pair(64, VOCAB, torch.float32, seed=3)
+    out["batch"] = timeit(lambda: solve(p, q, max_divergence=BUDGET, validate=False), repeats=5) / 64
+    return out
 
 
 def _clock(fn):
@@ -257,18 +286,18 @@ def bench_verify(batch=8, k=4, repeats=9):
     target = q.reshape(batch, k + 1, VOCAB).contiguous()
     tokens = torch.multinomial(draft.reshape(-1, VOCAB), 1, generator=gen).reshape(batch, k)
     out = {}
-    for top_k in (256, None):
-        def run(budget, top_k=top_k):
-            verify(tokens, draft, target, max_divergence=budget, top_k=top_k,
+    for top_k, mode in ((256, "all"), (None, "all"), (256, "needed"), (None, "needed")):
+        def run(budget, top_k=top_k, mode=mode):
+            verify(tokens, draft, target, max_divergence=budget, top_k=top_k, solve=mode,
                    generator=torch.Generator().manual_seed(0), validate=False)
 
         run(0.0), run(BUDGET)  # warm-up
         sd_t, md_t = [], []
-        for _ in range(repeats if top_k else 3):
+        for _ in range(repeats):
             sd_t.append(timeit(lambda: run(0.0), repeats=3, warmup=0))
             md_t.append(timeit(lambda: run(BUDGET), repeats=3, warmup=0))
         ratio = statistics.median([m / s for m, s in zip(md_t, sd_t)])
-        out[top_k] = (statistics.median(sd_t), statistics.median(md_t), ratio)
+        out[top_k, mode] = (statistics.median(sd_t), statistics.median(md_t), ratio)
     return out
 
 
@@ -276,6 +305,7 @@ def main():
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     core = bench_build_and_queries()
+    single = bench_single_row()
     print(baseline_section())
     ver = bench_verify()
     ms = 1e3
@@ -283,25 +313,33 @@ def main():
         machine_line(),
         "",
         f"Inputs: LLM-like correlated drafter/target rows, KL budget {BUDGET}. Times are medians; "
-        f"MD/SD is the median of per-repeat ratios (SD and MD interleaved 9 times at top_k=256). "
+        f"ratios are medians of per-repeat ratios (the paired calls interleaved). "
         f"The notebook baseline: section `md_baseline`.",
         "",
         "| measurement | time | ratio | goal |",
         "|---|---|---|---|",
         f"| `torch.sort` of `[64, {VOCAB}]` float32 | {core['sort'] * ms:.1f} ms | 1 | |",
+        f"| exact KL primal, `solve` (expected linear time) | {core['linear'] * ms:.1f} ms | "
+        f"{core['linear_ratio']:.3f} x sort | <= 0.25 |",
+        f"| exact KL primal, sorted `Breakpoints` build + query | {core['primal'] * ms:.1f} ms | "
+        f"{core['primal_ratio']:.2f} x sort | |",
         f"| `Breakpoints.build` | {core['build'] * ms:.1f} ms | {core['build'] / core['sort']:.2f} x sort | |",
-        f"| exact KL primal (build + query) | {core['primal'] * ms:.1f} ms | "
-        f"{core['primal'] / core['sort']:.2f} x sort | <= 3 |",
         f"| dual query (`for_acceptance`) | {core['dual'] * ms:.2f} ms | {core['dual'] / core['build']:.4f} x build"
         f" | <= 0.1 |",
         f"| bound query (`for_divergence_bound`) | {core['bound'] * ms:.2f} ms | "
         f"{core['bound'] / core['build']:.4f} x build | |",
     ]
-    for top_k, label in ((256, "top_k=256"), (None, "full vocabulary")):
-        sd_t, md_t, ratio = ver[top_k]
-        goal = "<= 1.5" if top_k else ""
+    for vocab in (50, 1000, VOCAB):
+        on, off = single[vocab]
+        goal = "<= 0.3 ms" if vocab == 1000 else ""
+        lines.append(f"| single-row `solve`, V = {vocab} float32 | {on * ms:.3f} ms (validate=False: "
+                     f"{off * ms:.3f} ms) | | {goal} |")
+    lines.append(f"| `solve` per row in a batch of 64, V = {VOCAB} float32 | {single['batch'] * ms:.2f} ms | | |")
+    for (top_k, mode), (sd_t, md_t, ratio) in ver.items():
+        label = "top_k=256" if top_k else "full vocabulary"
+        goal = ("<= 1.2" if top_k else "<= 2") if mode == "all" else ""
         lines.append(
-            f"| `verify` `[8, 4, {VOCAB}]` {label}: SD {sd_t * ms:.1f} ms, MD {md_t * ms:.1f} ms | | "
+            f"| `verify` `[8, 4, {VOCAB}]` {label}, solve=\"{mode}\": SD {sd_t * ms:.1f} ms, MD {md_t * ms:.1f} ms | | "
             f"MD/SD {ratio:.2f} | {goal} |"
         )
     lines += ["", f"_Total benchmark time {time.perf_counter() - t0:.0f} s; `python bench/md_core.py`._"]

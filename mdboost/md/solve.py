@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mdboost.md import _buckets
 from mdboost.md import support as _support
 from mdboost.md._checks import _as_real_tensor, check_budget, check_pair, check_probs
 from mdboost.md.breakpoints import Breakpoints
@@ -47,7 +48,8 @@ class MDSolution:
         ``P_acc(pi) = 1 - E(a)``, the optimal acceptance probability (among distributions on
         the target's support unless ``support="any"``), in ``[0, 1]``.
     achieved_divergence : torch.Tensor
-        ``D_f(pi || q)`` at the solution (computed on the full vocabulary), ``>= 0``.
+        ``D_f(pi || q)`` at the solution, ``>= 0`` (from the solver's sums; below ``V = 4096``
+        or off the linear-time path computed on the full vocabulary).
     sd_acceptance : torch.Tensor
         ``1 - TV(p, q)``, the acceptance of standard speculative decoding.
     feasible : torch.BoolTensor
@@ -293,6 +295,13 @@ def solve(
         raise ValueError(f"on_infeasible must be one of {ON_INFEASIBLE}, got {on_infeasible!r}")
     div = resolve(divergence)
     p, q = check_pair(draft_probs, target_probs, validate=validate)
+    if mode == "exact" and _buckets.applies(p):  # expected linear time (docs/theory.md, section 4)
+        dual = min_acceptance is not None
+        name, value = ("min_acceptance", min_acceptance) if dual else ("max_divergence", max_divergence)
+        value = check_budget(name, value, p.shape[:-1], p.device, upper=1.0 if dual else None, validate=validate)
+        sol = MDSolution(*_buckets.solve_batch(p, q, value, div, dual, normalize=validate))
+        p64, q64 = _rows64(p, q, validate) if dual or support == "any" else (None, None)
+        return _finish(sol, p64, q64, value, dual, div, support, on_infeasible)
     bp = Breakpoints.build(p, q, validate=False, normalize=validate)
     if not p.shape[:-1].numel():  # an empty batch: the queries check the budget, then nothing to solve
         point = (bp.for_acceptance(min_acceptance, validate=validate) if min_acceptance is not None
@@ -302,11 +311,7 @@ def solve(
         point = bp._point64(bp._clip_m(bp._flat(min_acceptance, "min_acceptance", 1.0, validate)))
     else:
         point = bp._primal64(max_divergence, div, mode == "bound", validate)[0]
-    p64, q64 = p.to(torch.float64), q.to(torch.float64)
-    if p.dtype != torch.float64:  # a ratio that overflows the input dtype counts as q_i = 0
-        q64 = torch.where(torch.isinf(p / q) & (q > 0), 0.0, q64)
-    if bp.normalized:  # the rows the breakpoints solved on
-        p64, q64 = p64 / p64.sum(-1, keepdim=True), q64 / q64.sum(-1, keepdim=True)
+    p64, q64 = _rows64(p, q, bp.normalized)
     a64, b64 = (x.reshape(p.shape[:-1]) for x in point[:2])
     pi = mentored_distribution(p64, q64, a64, b64, validate=False)
     sol = MDSolution(
@@ -320,18 +325,30 @@ def solve(
     return _finish(sol, p64, q64, min_acceptance if dual else max_divergence, dual, div, support, on_infeasible)
 
 
+def _rows64(p, q, normalized: bool):  # [..., V] x2 -> float64 [..., V] x2
+    """The float64 rows the solvers work on (normalized where they normalize)."""
+    p64, q64 = p.to(torch.float64), q.to(torch.float64)
+    if p.dtype != torch.float64:  # a ratio that overflows the input dtype counts as q_i = 0
+        q64 = torch.where(torch.isinf(p / q) & (q > 0), 0.0, q64)
+    if normalized:
+        p64, q64 = p64 / p64.sum(-1, keepdim=True), q64 / q64.sum(-1, keepdim=True)
+    return p64, q64
+
+
 def _finish(sol: MDSolution, p64, q64, value, dual: bool, div, support: str, on_infeasible: str) -> MDSolution:
     """The optimum over all distributions if asked, the ``feasible`` mask, outputs in range.
 
-    ``p64``, ``q64`` [..., V] float64: the rows solved on; ``value``: the (validated) request.
+    ``p64``, ``q64`` [..., V] float64: the rows solved on (needed only for ``dual`` or
+    ``support="any"``); ``value``: the (validated) request.
     """
     a, b, acc, dv, off = sol.a, sol.b, sol.acceptance, sol.achieved_divergence, sol.off_support
-    batch, vocab = p64.shape[:-1], p64.shape[-1]
+    batch = a.shape
     request = None
     if dual or support == "any":
-        request = check_budget("min_acceptance" if dual else "max_divergence", value, batch, p64.device,
+        request = check_budget("min_acceptance" if dual else "max_divergence", value, batch, a.device,
                                validate=False)
     if support == "any" and _support.zero_cost(div) < float("inf"):
+        vocab = p64.shape[-1]
         ext = _support.extend(p64.reshape(-1, vocab), q64.reshape(-1, vocab), request.reshape(-1), div, dual)
         rows = ext.rows.reshape(batch)
         new = [x.reshape(batch).to(a.dtype) for x in ext[1:]]  # a, b, acceptance, off_support

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mdboost.md import _buckets
 from mdboost.md._checks import check_budget, check_positive_int, check_probs, check_tokens, compute_dtype
 from mdboost.md.breakpoints import Breakpoints
 from mdboost.md.divergences import resolve
@@ -291,8 +292,10 @@ def _solve(p, q, budget, dual, div, normalize=False):  # [N, W], [N, W], [N] -> 
     """Exact f-MD on every row: ``(a, b, P_acc, D_f(pi || q))`` through the breakpoints.
 
     The divergence comes from the breakpoints' prefix sums at the solution (no second pass
-    over the vocabulary).
+    over the vocabulary). Large rows take the expected linear-time path (:mod:`mdboost.md._buckets`).
     """
+    if _buckets.applies(p):
+        return _buckets.solve_batch(p, q, budget, div, dual, normalize)[:4]
     bp = Breakpoints.build(p, q, validate=False, normalize=normalize)
     if dual:
         point = bp.for_acceptance(budget, validate=False)

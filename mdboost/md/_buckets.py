@@ -1,0 +1,425 @@
+"""Exact f-MD in expected linear time: bucket the ratios, bracket on bucket edges, finish on few entries.
+
+The exact primal and dual of :mod:`mdboost.md.solve` without sorting the vocabulary
+(``docs/theory.md``, section 4, "Linear-time solve"):
+
+1. **Histogram.** The ratios ``r_i = p_i / q_i`` are put in :data:`FINITE` fixed buckets whose
+   edges are read off the float64 bits (``PER_OCTAVE`` buckets per octave over
+   ``[2^-64, 2^64)``, one bucket below, one above, and one for ``q_i = 0``); per bucket the sums
+   of ``p``, ``q``, ``q g(r)`` and the count (one ``bincount`` each).
+2. **Bracket.** At a bucket edge ``x = 1 + a`` the excess ``E(a)`` is exact from the bucket sums,
+   and so is ``F(b)`` at an edge ``y = 1 - b``. At each such *event* the other parameter lies in
+   one bucket, and ``D~(x, y) = sum_i q_i g(clip(r_i, y, x))`` (increasing in ``x``, decreasing
+   in ``y``, exact at two edges) bounds ``D_f`` on both sides. The crossing of the budget lies
+   between the largest event whose lower bound exceeds the budget and the smallest one whose
+   upper bound fits.
+3. **Reduce.** For every point of that bracket, the entries of the buckets beyond it stay in
+   ``A`` (or ``B``) and those between stay in ``M``: they are summed into four aggregate entries
+   (same ``p``, ``q`` sums, so ``E`` and ``F`` are unchanged on the bracket), and ``D_f`` is off
+   by a known constant ``delta`` (the M buckets' ``q g(r)`` sums minus their aggregates' terms).
+   The entries of the bracketing buckets plus five aggregates form a small pair, solved exactly
+   by :class:`~mdboost.md.breakpoints.Breakpoints` (sort + search) with the budget minus
+   ``delta``: the same point as the full sorted solve.
+
+Worst case: when the bracketing buckets hold more than :data:`FALLBACK_FRACTION` of a row's
+entries (all ratios within one bucket, ties), the row is solved on its full sorted breakpoints
+instead: ``O(V log V)``, exact as ever. Host synchronisations: one (the reduced width and the
+rows that fall back).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import NamedTuple
+
+import torch
+
+from mdboost.md.breakpoints import Breakpoints
+from mdboost.md.divergences import GENERATORS, Divergence
+
+PER_OCTAVE_BITS = 4  # 16 buckets per octave: a bucket spans a ratio of 2^(1/16), about 4.4%
+OCTAVES = 64  # the regular buckets cover [2^-64, 2^64)
+_SHIFT = 52 - PER_OCTAVE_BITS
+_BASE = (1023 - OCTAVES) << PER_OCTAVE_BITS  # (bits >> _SHIFT) of 2^-64
+FINITE = 2 * OCTAVES * (1 << PER_OCTAVE_BITS) + 2  # [0, 2^-64), regular buckets, [2^64, max]
+INF = FINITE  # the bucket of q_i = 0 < p_i (and of ratios beyond the input dtype's range)
+C1 = 1 + OCTAVES * (1 << PER_OCTAVE_BITS)  # edge index of r = 1
+AGGREGATES = 5  # top of A, upper M, lower M, bottom of B, q = 0
+FALLBACK_FRACTION = 0.25  # a row whose bracketing buckets hold more entries is solved sorted
+NOISE_BUDGET = 1e-12  # primal budgets in (0, NOISE_BUDGET) take the sorted path (D_f is rounding noise there)
+MIN_VOCAB = 4096  # solve / verify use this path from this vocabulary on (smaller rows: sorted)
+_KL_F = GENERATORS["kl"].f
+_TINY = 1e-300  # log(max(r, _TINY)) times p: exact 0 for p = 0, and p log r within 1e-298 otherwise
+_EDGES: dict = {}
+
+
+def edges(device) -> torch.Tensor:
+    """The bucket edges [FINITE + 1] float64: ``e[0] = 0``, ``e[C1] = 1``, ``e[FINITE] = inf``."""
+    key = str(device)
+    if key not in _EDGES:
+        bits = (torch.arange(FINITE - 1, dtype=torch.int64) + _BASE) << _SHIFT
+        reg = bits.view(torch.float64)  # e[1..FINITE-1]: 2^-64 ... 2^64
+        e = torch.cat([torch.zeros(1, dtype=torch.float64), reg, torch.full((1,), math.inf, dtype=torch.float64)])
+        _EDGES[key] = e.to(device)
+    return _EDGES[key]
+
+
+_HI = 1 if sys.byteorder == "little" else 0  # the int32 word of a float64 holding sign, exponent, top mantissa
+_INF_HI = {torch.float64: 0x7FF00000, torch.float32: 0x47F00000}  # high words from inf, and from 2^128
+
+
+def bucket_index(ratio: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # [n, V] float64 -> [n, V] long
+    """The bucket of every ratio (no NaN): :data:`INF` for ``inf`` and, for float32 inputs, from 2^128 on.
+
+    Read off the high 32 bits of the float64 (its exponent and top mantissa bits; the order of
+    non-negative floats is the order of their bits).
+    """
+    hi = ratio.view(torch.int32)[..., _HI::2]
+    idx = (hi >> (_SHIFT - 32)).sub_(_BASE - 1).clamp_(0, FINITE - 1)
+    return idx.add_(hi >= _INF_HI.get(dtype, _INF_HI[torch.float32])).long()
+
+
+def _terms(p, q, ratio, div: Divergence):  # q_i g(r_i), [n, V] float64 (only finite buckets are read)
+    if div.name == "kl" and div.f is _KL_F:  # q (r log r - r + 1) = p log r - p + q; p = 0 gives q
+        return torch.log(ratio.clamp(min=_TINY)).mul_(p).sub_(p).add_(q)
+    return q * div.g(torch.nan_to_num(ratio, posinf=1.0))
+
+
+BLOCK_ELEMS = 1 << 17  # CPU passes run over row blocks of about this many entries (cache resident)
+
+
+def _row_blocks(n: int, vocab: int, device) -> list[slice]:
+    """Row blocks of the full passes: one block on accelerators, cache-sized blocks on CPU."""
+    step = n if device.type != "cpu" else max(1, BLOCK_ELEMS // max(vocab, 1))
+    return [slice(s, min(n, s + step)) for s in range(0, n, max(step, 1))]
+
+
+class Rows(NamedTuple):
+    """The input rows and how each block's float64 view is made (same bits in every pass)."""
+
+    p: torch.Tensor  # [N, V] input dtype
+    q: torch.Tensor
+    scale_p: torch.Tensor | None  # [N, 1] float64 row sums (rows rescaled to sum to 1), or None
+    scale_q: torch.Tensor | None
+
+    def block(self, rows: slice):
+        """``(p64, q64, ratio)`` [n, V] float64 of a block; ``0/0`` is 1."""
+        p64, q64 = self.p[rows].to(torch.float64), self.q[rows].to(torch.float64)
+        if self.scale_p is not None:
+            p64, q64 = p64 / self.scale_p[rows], q64 / self.scale_q[rows]
+        return p64, q64, torch.div(p64, q64).nan_to_num_(nan=1.0, posinf=math.inf)
+
+
+def rows_of(p, q, normalize: bool) -> Rows:
+    """:class:`Rows` of ``[N, V]`` inputs; ``normalize`` rescales rows to sum to 1 in float64."""
+    scale_p = scale_q = None
+    if normalize:  # rows within the sum tolerance, rescaled in float64 (docs/theory.md, section 9)
+        scale_p, scale_q = p.sum(-1, keepdim=True, dtype=torch.float64), q.sum(-1, keepdim=True, dtype=torch.float64)
+    return Rows(p, q, scale_p, scale_q)
+
+
+class Histogram(NamedTuple):
+    """Per-row bucket sums [N, FINITE + 1] float64, and the bucket of every entry [N, V] int16."""
+
+    p: torch.Tensor
+    q: torch.Tensor
+    s: torch.Tensor  # sum of q_i g(r_i)
+    index: torch.Tensor
+
+
+def histogram(rows: Rows, div: Divergence) -> Histogram:
+    """Bucket sums of ``p``, ``q`` and ``q g(r)``: one pass over the entries, by row blocks."""
+    n, vocab = rows.p.shape
+    out = [torch.zeros((n, FINITE + 1), dtype=torch.float64, device=rows.p.device) for _ in range(3)]
+    index = torch.empty((n, vocab), dtype=torch.int16, device=rows.p.device)
+    for blk in _row_blocks(n, vocab, rows.p.device):
+        p64, q64, ratio = rows.block(blk)
+        idx = bucket_index(ratio, rows.p.dtype)
+        out[0][blk].scatter_add_(1, idx, p64)
+        out[1][blk].scatter_add_(1, idx, q64)
+        out[2][blk].scatter_add_(1, idx, _terms(p64, q64, ratio, div))
+        index[blk] = idx
+    return Histogram(*out, index)
+
+
+def _cum(x):  # [N, L] -> [N, L + 1]: sum_{b < t}
+    return torch.nn.functional.pad(torch.cumsum(x, -1), (1, 0))
+
+
+def _rcum(x):  # [N, L] -> [N, L + 1]: sum_{b >= t}
+    return torch.nn.functional.pad(torch.flip(torch.cumsum(torch.flip(x, [-1]), -1), [-1]), (0, 1))
+
+
+def _qg(q, g):  # q g with 0 where q = 0 (g may be inf there)
+    return torch.where(q > 0, q * g, 0.0)
+
+
+class Events(NamedTuple):
+    """The curve at the bucket edges: A side ``x = e[C1 + u]``, B side ``y = e[l]`` ([N, C1 + 1] each)."""
+
+    m_a: torch.Tensor  # E(x - 1), non-increasing in u, m_a[0] = TV
+    m_b: torch.Tensor  # F(1 - y), non-decreasing in l, m_b[C1] = TV
+    d_a: torch.Tensor  # A part of D~: q(r >= x) g(x) + sum of q g(r) over [1, x)
+    d_b: torch.Tensor  # B part of D~: sum of q g(r) over [y, 1) + q(r < y) g(y)
+    tv: torch.Tensor  # [N, 1]
+    m_end: torch.Tensor  # [N, 1]
+    # sums for the aggregates, same index ranges
+    rp_a: torch.Tensor  # sum_{b >= C1 + u} p (finite)
+    rq_a: torch.Tensor
+    cp_a: torch.Tensor  # sum_{C1 <= b < C1 + u} p
+    cq_a: torch.Tensor
+    cs_a: torch.Tensor  # sum_{C1 <= b < C1 + u} q g(r)
+    cp_b: torch.Tensor  # sum_{b < l} p
+    cq_b: torch.Tensor
+    rp_b: torch.Tensor  # sum_{l <= b < C1} p
+    rq_b: torch.Tensor
+    rs_b: torch.Tensor  # sum_{l <= b < C1} q g(r)
+    p_inf: torch.Tensor  # [N, 1]
+
+
+def events(h: Histogram, div: Divergence | None) -> Events:
+    """Exact ``E``, ``F`` and the two parts of ``D~`` at every bucket edge (``docs/theory.md``, section 4)."""
+    e = edges(h.p.device)
+    e_a, e_b = e[C1:], e[:C1 + 1]  # [C1 + 1] each (FINITE - C1 = C1 - 1 regular A buckets + top)
+    pa, qa, sa = h.p[:, C1:FINITE], h.q[:, C1:FINITE], h.s[:, C1:FINITE]
+    pb, qb, sb = h.p[:, :C1], h.q[:, :C1], h.s[:, :C1]
+    p_inf = h.p[:, INF:]
+    rp_a, rq_a, cp_a, cq_a, cs_a = _rcum(pa), _rcum(qa), _cum(pa), _cum(qa), _cum(sa)
+    cp_b, cq_b, rp_b, rq_b, rs_b = _cum(pb), _cum(qb), _rcum(pb), _rcum(qb), _rcum(sb)
+    tv = (cq_b[:, -1:] - cp_b[:, -1:]).clamp(min=0.0)  # F(0) = sum_{r < 1} (q - p)
+    m_end = torch.minimum(p_inf, tv)
+    m_a = torch.where(rq_a > 0, rp_a - e_a * rq_a, 0.0) + p_inf
+    m_a = torch.minimum(torch.maximum(m_a, m_end), tv)
+    m_a[:, 0:1] = tv  # E(0) = F(0) = TV exactly
+    m_a = torch.cummin(m_a, -1).values
+    m_b = torch.minimum((e_b * cq_b - cp_b).clamp(min=0.0), tv)
+    m_b[:, -1:] = tv
+    m_b = torch.cummax(m_b, -1).values
+    if div is None:
+        d_a = d_b = None
+    else:
+        g_a, g_b = div.g(e_a), div.g(e_b)
+        d_a = _qg(rq_a, g_a) + cs_a
+        d_b = rs_b + _qg(cq_b, g_b)
+    return Events(m_a, m_b, d_a, d_b, tv, m_end, rp_a, rq_a, cp_a, cq_a, cs_a, cp_b, cq_b, rp_b, rq_b, rs_b, p_inf)
+
+
+def _ss(sorted_rows, x, right):  # row-wise searchsorted on [N, L] with x [N, Q]
+    return torch.searchsorted(sorted_rows.contiguous(), x.contiguous(), right=right)
+
+
+def bracket(ev: Events, budget: torch.Tensor):  # budget [N, 1] -> m_lo, m_hi [N, 1]
+    """``[m_lo, m_hi]`` holding the primal crossing: ``D > budget`` at ``m_lo`` unless it is the end,
+    ``D <= budget`` at ``m_hi``. Bounds: at an A event the B parameter lies in one bucket ``l``
+    (``D~`` between its two edges), at a B event the A parameter in one bucket ``u``."""
+    top = C1 - 1  # last bucket index on either side (local)
+    neg_a = -ev.m_a
+    # A events: B bucket l with m_b[l] <= m <= m_b[l + 1]
+    l = (_ss(ev.m_b, ev.m_a, True) - 1).clamp(0, top)
+    lb_a = ev.d_a + ev.d_b.gather(1, l + 1)
+    ub_a = ev.d_a + ev.d_b.gather(1, l)
+    # B events: A bucket u with m_a[u] >= m >= m_a[u + 1]; only points of the curve (m >= m_end)
+    u = (_ss(neg_a, -ev.m_b, True) - 1).clamp(0, top)
+    lb_b = ev.d_a.gather(1, u) + ev.d_b
+    ub_b = ev.d_a.gather(1, u + 1) + ev.d_b
+    on_curve = ev.m_b >= ev.m_end
+    neg = -math.inf
+    m_lo = torch.maximum(torch.where(lb_a > budget, ev.m_a, neg).amax(-1, keepdim=True),
+                         torch.where((lb_b > budget) & on_curve, ev.m_b, neg).amax(-1, keepdim=True))
+    m_hi = torch.minimum(torch.where(ub_a <= budget, ev.m_a, math.inf).amin(-1, keepdim=True),
+                         torch.where((ub_b <= budget) & on_curve, ev.m_b, math.inf).amin(-1, keepdim=True))
+    m_hi = torch.minimum(m_hi, ev.tv)
+    return torch.minimum(torch.maximum(m_lo, ev.m_end), m_hi), m_hi
+
+
+class Reduction(NamedTuple):
+    """The bracketing buckets (local A indices ``[s_a, t_a)``, B indices ``[t_b, s_b)``) and aggregates."""
+
+    s_a: torch.Tensor  # [N, 1] long
+    t_a: torch.Tensor
+    t_b: torch.Tensor
+    s_b: torch.Tensor
+    agg_p: torch.Tensor  # [N, AGGREGATES] float64
+    agg_q: torch.Tensor
+    delta: torch.Tensor  # [N, 1]: D_f minus D_f of the reduced pair on the bracket
+
+
+def reduction(ev: Events, m_lo, m_hi, div: Divergence | None) -> Reduction:
+    """Which buckets stay individual for every ``m`` in ``[m_lo, m_hi]``, and the sums of the others."""
+    neg_a = -ev.m_a
+    t_a = _ss(neg_a, -m_lo, False)  # first u with m_a[u] <= m_lo: entries from there on stay in A
+    s_a = (_ss(neg_a, -m_hi, True) - 1).clamp(min=0)  # last u with m_a[u] >= m_hi: below it, M
+    # E is flat (= m_end) above the largest finite ratio, F flat (= 0) below the smallest: at the
+    # curve's end their buckets stay individual, so that a = r_max - 1 and b = 1 - r_min there
+    s_a = torch.minimum(s_a, (_ss(neg_a, -ev.m_end, False) - 1).clamp(min=0))
+    t_a = torch.maximum(t_a, s_a)
+    t_b = (_ss(ev.m_b, m_lo, True) - 1).clamp(min=0)  # last l with m_b[l] <= m_lo: below it, B
+    s_b = _ss(ev.m_b, m_hi, False)  # first l with m_b[l] >= m_hi: from there on, M
+    s_b = torch.maximum(torch.maximum(s_b, _ss(ev.m_b, torch.zeros_like(m_hi), True)), t_b).clamp(max=C1)
+    take = torch.gather
+    agg_p = torch.cat([take(ev.rp_a, 1, t_a), take(ev.cp_a, 1, s_a), take(ev.rp_b, 1, s_b), take(ev.cp_b, 1, t_b),
+                       ev.p_inf], -1)
+    agg_q = torch.cat([take(ev.rq_a, 1, t_a), take(ev.cq_a, 1, s_a), take(ev.rq_b, 1, s_b), take(ev.cq_b, 1, t_b),
+                       torch.zeros_like(ev.p_inf)], -1)
+    if div is None:
+        delta = torch.zeros_like(m_lo)
+    else:
+        mid_q, mid_p = agg_q[:, 1:3], agg_p[:, 1:3]
+        ratio = torch.where(mid_q > 0, mid_p / torch.where(mid_q > 0, mid_q, 1.0), 1.0)
+        own = _qg(mid_q, div.g(ratio)).sum(-1, keepdim=True)
+        delta = (take(ev.cs_a, 1, s_a) + take(ev.rs_b, 1, s_b) - own).clamp(min=0.0)
+    return Reduction(s_a, t_a, t_b, s_b, agg_p, agg_q, delta)
+
+
+def reduced_pair(rows: Rows, h: Histogram, red: Reduction, sorted_rows=None):
+    """The reduced rows ``(p', q')`` [N, W + AGGREGATES] and the rows that fall back [N] bool.
+
+    Row ``i`` keeps the entries of its bracketing buckets (read from the stored bucket indices),
+    then the aggregates; rows with more than :data:`FALLBACK_FRACTION` of the vocabulary in
+    those buckets are flagged (and left with their aggregates only). One host synchronisation
+    (the reduced width and whether any row falls back).
+    """
+    n, vocab = rows.p.shape
+    dev = rows.p.device
+    lo_a, hi_a = (C1 + red.s_a).to(torch.int16), (C1 + red.t_a).to(torch.int16)  # [N, 1]
+    lo_b, hi_b = red.t_b.to(torch.int16), red.s_b.to(torch.int16)
+    idx = h.index
+    keep = ((idx >= lo_a) & (idx < hi_a)) | ((idx >= lo_b) & (idx < hi_b))  # [N, V]
+    counts = keep.sum(-1)  # [N]
+    fallback = counts > max(FALLBACK_FRACTION * vocab, 64)
+    if sorted_rows is not None:
+        fallback |= sorted_rows
+    kept = torch.where(fallback, 0, counts)
+    width, any_fallback = torch.stack([kept.max(), fallback.sum()]).tolist() if n else (0, 0)
+    if any_fallback:
+        keep &= ~fallback.unsqueeze(-1)
+    flat = keep.view(-1).nonzero().squeeze(-1)  # row-major: row by row, in vocabulary order
+    row = flat // vocab
+    pos = torch.arange(flat.numel(), device=dev) - (torch.cumsum(kept, 0) - kept)[row]
+    vals_p, vals_q = rows.p.reshape(-1)[flat].to(torch.float64), rows.q.reshape(-1)[flat].to(torch.float64)
+    if rows.scale_p is not None:  # the same float64 values as in the histogram's pass
+        vals_p, vals_q = vals_p / rows.scale_p[row, 0], vals_q / rows.scale_q[row, 0]
+    total = width + AGGREGATES
+    out_p = torch.zeros(n * total, dtype=torch.float64, device=dev)
+    out_q = torch.zeros_like(out_p)
+    out_p[row * total + pos] = vals_p
+    out_q[row * total + pos] = vals_q
+    out_p, out_q = out_p.reshape(n, total), out_q.reshape(n, total)
+    out_p[:, width:] = red.agg_p
+    out_q[:, width:] = red.agg_q
+    return out_p, out_q, fallback
+
+
+class Prepared(NamedTuple):
+    """The reduced problem of every row: solve it with :class:`Breakpoints` and add ``delta``."""
+
+    bp: Breakpoints  # on the reduced rows [N, W + AGGREGATES], float64
+    delta: torch.Tensor  # [N, 1]
+    fallback: torch.Tensor  # [N] bool: rows to solve on their full sorted breakpoints
+    tv: torch.Tensor  # [N, 1]
+    m_end: torch.Tensor  # [N, 1]
+
+
+def prepare_primal(p, q, budget, div: Divergence, normalize: bool) -> tuple[Prepared, torch.Tensor]:
+    """Histogram, bracket and reduction of the primal; returns the reduced budget [N, 1] too."""
+    rows = rows_of(p, q, normalize)
+    h = histogram(rows, div)
+    ev = events(h, div)
+    m_lo, m_hi = bracket(ev, budget)
+    red = reduction(ev, m_lo, m_hi, div)
+    # budgets at the rounding level of D_f (float64 sums of O(1) terms) are solved sorted: there
+    # D_f is noise and the sorted search's breakpoints are the reference (docs/theory.md, section 4)
+    rp, rq, fallback = reduced_pair(rows, h, red, ((budget > 0) & (budget < NOISE_BUDGET)).reshape(-1))
+    reduced_budget = torch.where(torch.isinf(budget) | (budget <= 0), budget, (budget - red.delta).clamp(min=0.0))
+    bp = Breakpoints(*_sorted(rp, rq), rp.shape[:-1], torch.float64)
+    return Prepared(bp, red.delta, fallback, ev.tv, ev.m_end), reduced_budget
+
+
+def prepare_dual(p, q, min_acceptance, div: Divergence, normalize: bool) -> tuple[Prepared, torch.Tensor]:
+    """Histogram and reduction of the dual at ``m = clip(1 - min_acceptance)``; returns ``m`` [N, 1]."""
+    rows = rows_of(p, q, normalize)
+    h = histogram(rows, div)
+    ev = events(h, div)
+    m = torch.minimum(torch.maximum(1 - min_acceptance, ev.m_end), ev.tv)
+    red = reduction(ev, m, m, div)
+    rp, rq, fallback = reduced_pair(rows, h, red)
+    bp = Breakpoints(*_sorted(rp, rq), rp.shape[:-1], torch.float64)
+    return Prepared(bp, red.delta, fallback, ev.tv, ev.m_end), m
+
+
+def _sorted(rp, rq):
+    from mdboost.md.breakpoints import _sort_rows
+
+    r = torch.div(rp, rq).nan_to_num_(nan=1.0, posinf=math.inf)
+    return _sort_rows(r, rp, rq)
+
+
+def _finish_primal(bp: Breakpoints, budget, div: Divergence, delta):
+    point, _, value = bp._primal64(budget.reshape(-1), div, False, False, with_value=True)
+    at_start = (point.a == 0) & (point.b == 0)
+    return point, torch.where(at_start | (budget <= 0), 0.0, value + delta)
+
+
+def _finish_dual(bp: Breakpoints, m, div: Divergence | None, delta, tv):
+    from mdboost.md import _search
+
+    point = bp._point64(m)
+    if div is None:
+        return point, None
+    j, k = _search.locate_j(bp, m), _search.locate_k(bp, m)
+    value = bp.div_at(m, j, k, div, False).clamp(min=0) + delta
+    return point, torch.where(m >= tv, 0.0, value)
+
+
+def sorted_solve(p, q, value, div: Divergence | None, dual: bool, normalize: bool):
+    """The same answer from the full sorted breakpoints (the fallback): ``(a, b, acc, D_f, tv)``, [N, 1] each."""
+    bp = Breakpoints.build(p, q, validate=False, normalize=normalize)
+    if dual:
+        m = bp._clip_m(value)
+        point, div_value = _finish_dual(bp, m, div, torch.zeros_like(m), bp._tv)
+    else:
+        point, div_value = _finish_primal(bp, value, div, torch.zeros_like(value))
+    return (*point, div_value, bp._tv)
+
+
+def solve_rows(p, q, value, div: Divergence | None, dual: bool, normalize: bool):
+    """Exact primal (``value`` = budget) or dual (``value`` = min acceptance) on [N, V] rows.
+
+    Returns ``(a, b, acceptance, D_f, tv)`` as float64 [N, 1] tensors (``D_f`` None for a dual
+    without divergence); rows whose bracketing buckets are too full are solved by
+    :func:`sorted_solve` (the documented worst case).
+    """
+    if dual:
+        prep, m = prepare_dual(p, q, value, div, normalize)
+        point, div_value = _finish_dual(prep.bp, m, div, prep.delta, prep.tv)
+    else:
+        prep, reduced_budget = prepare_primal(p, q, value, div, normalize)
+        point, div_value = _finish_primal(prep.bp, reduced_budget, div, prep.delta)
+        div_value = torch.where(value <= 0, 0.0, div_value)
+    out = [*point, div_value, prep.tv]
+    rows = prep.fallback.nonzero().squeeze(-1)
+    if rows.numel():
+        sub = sorted_solve(p[rows], q[rows], value[rows], div, dual, normalize)
+        for dst, src in zip(out, sub):
+            if dst is not None:
+                dst[rows] = src
+    return tuple(out)
+
+
+def applies(p: torch.Tensor) -> bool:
+    """Whether :func:`solve` and :func:`~mdboost.md.verify.verify` take this path for rows ``p``."""
+    return p.shape[-1] >= MIN_VOCAB and p.numel() > 0
+
+
+def solve_batch(p, q, value, div: Divergence | None, dual: bool, normalize: bool):
+    """:func:`solve_rows` on ``[..., V]`` rows with ``value`` [...]: ``(a, b, acceptance, D_f, sd_acceptance)``.
+
+    Outputs have shape [...] in ``p``'s dtype (``D_f`` None for a dual without divergence).
+    """
+    vocab = p.shape[-1]
+    shape = p.shape[:-1]
+    a, b, acc, value, tv = solve_rows(p.reshape(-1, vocab), q.reshape(-1, vocab),
+                                      value.reshape(-1, 1).to(torch.float64), div, dual, normalize)
+    out = (a, b, acc, None if value is None else value.clamp(min=0), (1 - tv).clamp(0.0, 1.0))
+    return tuple(None if x is None else x.reshape(shape).to(p.dtype) for x in out)
