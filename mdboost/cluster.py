@@ -27,6 +27,7 @@ ValueError: scheduler must be 'local' or a scheduler address such as 'tcp://10.0
 
 from __future__ import annotations
 
+import logging
 import re
 from contextlib import contextmanager
 from typing import Iterator
@@ -56,6 +57,26 @@ def _distributed():
     return distributed
 
 
+class _SlowExit(logging.Filter):
+    """Drops the nanny's "Worker process still alive after 4.0 seconds, killing" warning."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "still alive after" not in record.getMessage()
+
+
+def _close_quietly(cluster) -> None:
+    """Close a local cluster. Its nannies give each worker 4 s to exit, then kill it; a worker
+    that has imported torch often needs longer on a loaded machine. Every task has returned by
+    then (shards are written and renamed before their job returns), so the kill loses nothing
+    and its warning is dropped."""
+    nanny, quiet = logging.getLogger("distributed.nanny"), _SlowExit()
+    nanny.addFilter(quiet)
+    try:
+        cluster.close()
+    finally:
+        nanny.removeFilter(quiet)
+
+
 @contextmanager
 def dask_client(scheduler: str = LOCAL, n_workers: int = 1, *, timeout: float = CONNECT_TIMEOUT) -> Iterator:
     """The run's :class:`distributed.Client`, the default client while the block runs (module docstring).
@@ -82,9 +103,13 @@ def dask_client(scheduler: str = LOCAL, n_workers: int = 1, *, timeout: float = 
         raise ValueError(f"n_workers must be an integer >= 1, got {n_workers!r}")
     distributed = _distributed()
     if scheduler == LOCAL:
-        with distributed.LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                                      dashboard_address=None) as cluster, distributed.Client(cluster) as client:
-            yield client
+        cluster = distributed.LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
+                                           dashboard_address=None)
+        try:
+            with distributed.Client(cluster) as client:
+                yield client
+        finally:
+            _close_quietly(cluster)
         return
     try:
         client = distributed.Client(scheduler, timeout=timeout)
