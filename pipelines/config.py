@@ -128,6 +128,11 @@ class CacheConfig:
     the text MD actually decodes; the continuations are sampled once and shared by every member's
     folder; quality (NLL) and boosting stay on the cache above. ``cost_context`` and
     ``cost_repeats`` also set the target's speed-profile measurement (``mdboost.ranking.speed``).
+
+    ``scheduler`` (only with ``backend: dask``, ``docs/scale_out.md``): ``local`` (the default
+    there) starts a Dask ``LocalCluster`` of ``n_jobs`` worker processes for the run and closes
+    it at the end; an address (``tcp://host:8786``) connects to a running scheduler, whose
+    workers then build the shards (every worker must see ``dir`` at the same path).
     """
 
     dir: str = ".mdboost_cache/logits"
@@ -141,6 +146,7 @@ class CacheConfig:
     shard_size: int = 8
     n_jobs: int = 1
     backend: str = "loky"
+    scheduler: str | None = None
     cost_context: int = 128
     cost_repeats: int = 21
 
@@ -151,8 +157,47 @@ class CacheConfig:
         _check(self.acceptance_max_new_tokens >= 1, "acceptance_max_new_tokens (>= 1)", self.acceptance_max_new_tokens)
         _check(self.n_jobs >= 1, "n_jobs (>= 1)", self.n_jobs)
         _check(self.backend in joblib_backends(), f"backend (one of {list(joblib_backends())})", self.backend)
+        self._check_scheduler()
         _check(self.cost_repeats >= 1 and self.cost_context >= 1, "cost_repeats/cost_context (>= 1)",
                (self.cost_repeats, self.cost_context))
+
+    def _check_scheduler(self) -> None:
+        if self.backend != "dask":
+            _check(self.scheduler is None, f"cache.scheduler (set only with cache.backend: dask, got backend "
+                                           f"{self.backend!r})", self.scheduler)
+            return
+        _check_cluster("cache.scheduler", self.scheduler)
+        _check(self.n_jobs >= 2, "cache.n_jobs (>= 2 with cache.backend: dask: the local cluster's workers, or the "
+                                 "jobs for an address's; n_jobs 1 builds in this process)", self.n_jobs)
+
+    def cluster(self):
+        """The run's Dask client (:func:`mdboost.cluster.dask_client`) with ``backend: dask``, else a
+        context that does nothing."""
+        return _cluster((self.scheduler or "local") if self.backend == "dask" else None, self.n_jobs)
+
+
+def _check_cluster(name: str, scheduler: str | None) -> None:
+    """``scheduler`` is null, ``local`` or a scheduler address, and ``distributed`` is installed."""
+    import importlib.util
+
+    from mdboost.cluster import check_scheduler
+
+    if scheduler is not None:
+        try:
+            check_scheduler(scheduler)
+        except ValueError:
+            _check(False, f"{name} ('local' or a scheduler address such as tcp://10.0.0.5:8786)", scheduler)
+    _check(importlib.util.find_spec("distributed") is not None,
+           f"{name} (a Dask cluster needs the 'distributed' package: pip install 'mdboost[dask]')", scheduler)
+
+
+def _cluster(scheduler: str | None, n_workers: int):
+    """:func:`mdboost.cluster.dask_client` of ``scheduler``, or a context yielding None for None."""
+    import contextlib
+
+    from mdboost.cluster import dask_client
+
+    return contextlib.nullcontext() if scheduler is None else dask_client(scheduler, n_workers)
 
 
 @dataclass
@@ -350,6 +395,11 @@ class GenerationConfig:
     refused: ``temperature`` must be one the ranking predicted for (only its cells are then
     validated), ``top_k`` / ``top_p`` must equal the ranking's. Likewise ``md_solve`` (the
     engine's argument in MD runs) must equal the one the ranking's speed model assumed.
+
+    ``scheduler`` (``docs/scale_out.md``): null runs the cells here, one after another, the
+    cells of a target and temperature sharing one AR run; ``local`` (a Dask ``LocalCluster`` of
+    ``n_workers`` processes for the run) or a scheduler address runs one cell per task, each
+    with its own AR run on its worker (timings mean something only with one device per worker).
     """
 
     prompts: int = 4
@@ -360,8 +410,13 @@ class GenerationConfig:
     top_p: float | None = None
     seed: int = 0
     md_solve: Literal[SOLVE] | None = None
+    scheduler: str | None = None
+    n_workers: int = 2
 
     def __post_init__(self):
+        if self.scheduler is not None:
+            _check_cluster("generation.scheduler", self.scheduler)
+        _check(self.n_workers >= 1, "generation.n_workers (>= 1)", self.n_workers)
         if self.prompts < 1 or self.max_new_tokens < 2:
             raise ValueError(f"need prompts >= 1 and max_new_tokens >= 2, got {self.prompts!r}, {self.max_new_tokens!r}")
         if self.first_prompt < 0:
@@ -372,6 +427,11 @@ class GenerationConfig:
             raise ValueError(f"top_k must be >= 1 or null, got {self.top_k!r}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1] or null, got {self.top_p!r}")
+
+    def cluster(self):
+        """The validation's Dask client (:func:`mdboost.cluster.dask_client`), or a context yielding
+        None without a ``scheduler``."""
+        return _cluster(self.scheduler, self.n_workers)
 
 
 @dataclass

@@ -231,7 +231,13 @@ class _Opened(NamedTuple):
 
 
 def run(cfg: RankConfig) -> dict:
-    """Run the whole pipeline for a validated config; returns a summary dict."""
+    """Run the whole pipeline for a validated config; returns a summary dict. With ``cache.backend:
+    dask`` it runs on the Dask cluster of ``cache.scheduler`` (a ``local`` one is closed at the end)."""
+    with cfg.cache.cluster():
+        return _run(cfg)
+
+
+def _run(cfg: RankConfig) -> dict:
     start = time.perf_counter()
     rows, details, t_cache, t_score, opened = [], {}, 0.0, 0.0, []
     for temperature in cfg.md.sampling_temperatures:

@@ -163,9 +163,14 @@ def run(cfg: ValidateConfig, the_plan: Plan | None = None) -> dict:
     _, prompts = heldout_prompts(text, pool.target.tokenizer, g.prompts, g.first_prompt)
     from mdboost.engine.costs import ENGINE_THREADS, torch_threads
 
-    with torch_threads(ENGINE_THREADS):  # the thread count the ranking's cost ratios were measured at
-        realized = realize_cells(p.cells, pool, prompts, max_new_tokens=g.max_new_tokens, seed=g.seed,
-                                 top_k=sampling["top_k"], top_p=sampling["top_p"], progress=cfg.progress)
+    kwargs = dict(max_new_tokens=g.max_new_tokens, seed=g.seed, top_k=sampling["top_k"], top_p=sampling["top_p"])
+    with g.cluster() as client, torch_threads(ENGINE_THREADS):  # the ranking's cost ratios' thread count
+        if client is None:
+            realized = realize_cells(p.cells, pool, prompts, progress=cfg.progress, **kwargs)
+        else:  # one cell with its own AR run per task (mdboost.validation.scaleout)
+            from mdboost.validation.scaleout import realize_cells_on
+
+            realized = realize_cells_on(client, p.cells, pool.recipe, prompts, threads=ENGINE_THREADS, **kwargs)
     intervals = interval_settings(p.ranking, len(prompts))
     records = [cell_record(i, "recommendation" if i == 0 else "sample", row, real, top_k=sampling["top_k"],
                            top_p=sampling["top_p"], interval_scale=intervals["scale"])
@@ -181,7 +186,7 @@ def run(cfg: ValidateConfig, the_plan: Plan | None = None) -> dict:
     summary = {"verdict": verdict(metrics), "metrics": metrics, "sampling": sampling,
                "md_solve": sorted({r["md_solve"] for r in records}),
                "generation": {"prompts": len(prompts), "first_prompt": g.first_prompt,
-                              "max_new_tokens": g.max_new_tokens, "seed": g.seed},
+                              "max_new_tokens": g.max_new_tokens, "seed": g.seed, "scheduler": g.scheduler},
                "intervals": intervals,
                "ranking": {"ranking_dir": cfg.ranking.ranking_dir, "ranking_run_id": p.ranking.run_id},
                "cells": records}

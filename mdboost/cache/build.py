@@ -15,7 +15,8 @@ objects (:class:`~mdboost.cache.settings.StoreSettings`,
 :class:`~mdboost.cache.settings.SequenceSettings`), both recorded in the manifest. Jobs (member,
 shard) run through joblib with a configurable backend
 (:class:`~mdboost.cache.settings.RunOptions`); process-based backends (loky, dask) rebuild
-members in the workers from ``pool.recipe``.
+members in the workers from ``pool.recipe``. ``dask`` submits to the default
+``distributed.Client`` (:func:`mdboost.cluster.dask_client` makes one, ``docs/scale_out.md``).
 
 Shared sampled continuations: :func:`sample_sequences` samples the target's continuations once
 into a token file; ``build_cache(..., tokens_file=<that file>)`` then teacher-forces a member on
@@ -65,6 +66,17 @@ def joblib_backends() -> tuple[str, ...]:
     from joblib.parallel import BACKENDS, EXTERNAL_BACKENDS
 
     return tuple(sorted({*BACKENDS, *EXTERNAL_BACKENDS}))
+
+
+def _check_dask_client() -> None:
+    """A default ``distributed.Client`` is there for joblib's ``dask`` backend, else ``ValueError``."""
+    from mdboost.cluster import _distributed
+
+    try:
+        _distributed().get_client()
+    except ValueError:
+        raise ValueError("backend 'dask' needs a running distributed.Client: build inside "
+                         "`with mdboost.cluster.dask_client('local' or an address):`") from None
 
 
 def _record_seed(seed: int, record_id: str) -> int:
@@ -308,6 +320,8 @@ def build_cache(
     members = list(pool.names if members is None else members)
     for name in members:
         pool.check_compatible(pool[name], pool.target)
+    if run.backend == "dask" and not run.in_process:
+        _check_dask_client()
     out_dir = Path(out_dir)
     source_opts = sequences.manifest_entries()
     if tokens_file is not None:
