@@ -29,6 +29,7 @@ import yaml
 from mdboost.ranking.report import read_csv
 from mdboost.validation.cells import check_md_solve, complete_rows, resolve_sampling, select_cells
 from mdboost.validation.points import heldout_prompts, humaneval_pass_at_1, realize_cells
+from mdboost.validation.report import COLUMNS as VALIDATION_COLUMNS
 from mdboost.validation.report import (
     cell_record,
     format_table,
@@ -290,7 +291,7 @@ def log_mlflow(cfg: ValidateConfig, summary: dict, children: dict[tuple, str], *
             mlflow.log_artifact(path)
         mlflow.log_dict(to_dict(cfg), "config.resolved.json")
         cells = summary["cells"]
-        mlflow.log_table({k: [r.get(k) for r in cells] for k in cells[0]}, "validation_table.json")
+        mlflow.log_table({k: [r.get(k) for r in cells] for k in VALIDATION_COLUMNS}, "validation_table.json")
         log_children(MlflowClient(cfg.tracking.tracking_uri), experiment_id, parent.info.run_id,
                      _cell_runs(cells, children))
         return parent.info.run_id

@@ -38,13 +38,16 @@ def source_name(text: TextSource) -> str:
 
 def _source(text: TextSource):
     """MLflow's source of the records: the local file (HumanEval's bundled one), else the hub dataset."""
-    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.dataset_source_registry import get_registered_sources
     from mlflow.data.huggingface_dataset_source import HuggingFaceDatasetSource
 
     path = humaneval_path() if text.source == "humaneval" else Path(text.source).expanduser()
-    if path.exists():
-        return resolve_dataset_source(path.resolve().as_uri())
-    return HuggingFaceDatasetSource(path=text.source, split="train")
+    if not path.exists():
+        return HuggingFaceDatasetSource(path=text.source, split="train")
+    # MLflow registers its local-file source once per scheme ("" and "file"): take the first
+    # instead of letting its resolver warn that the URI matches both
+    local = next(s for s in get_registered_sources() if s._get_source_type() == "local")
+    return local(path.resolve().as_uri())
 
 
 def records_dataset(records: Sequence[dict], text: TextSource, split: str):
