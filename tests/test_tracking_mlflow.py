@@ -63,8 +63,7 @@ def test_ranking_description_holds_the_recommendation_and_the_top_points(store):
     client, tmp, cfg, ranked, _ = store
     note = client.get_run(ranked["run_id"]).data.tags["mlflow.note.content"]
     lines = note.splitlines()
-    head = "**Recommendation**" if ranked["recommendation"]["beats_plain_decoding"] else "**Plain decoding is fastest here**"
-    assert lines[0] == f"{head}: {ranked['verdict']}"
+    assert lines[0] == f"**{ranked['verdict']}**"
     assert ranked["engine_snippet"].splitlines()[0] in lines
     summary_line = next(ln for ln in lines if ln.endswith("Nested runs: one per point, best first."))
     assert summary_line.startswith(f"{ranked['n_pairs']} pairs, {ranked['n_points']} operating points")

@@ -116,15 +116,15 @@ def ranking_note(rec: Recommendation, points: Sequence[Mapping], *, bootstrap: M
     Returns
     -------
     str
-        Markdown; its first line is the recommendation's verdict in bold.
+        Markdown; its first line is the recommendation's verdict
+        (:meth:`~mdboost.ranking.recommend.Recommendation.verdict`) in bold.
     """
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise ValueError(f"top must be an integer >= 1, got {top!r}")
-    head = "**Recommendation**" if rec.beats_plain_decoding else "**Plain decoding is fastest here**"
     level = float(bootstrap.get("level", math.nan))
     shown = list(points)[:top]
     lines = [
-        f"{head}: {rec.verdict()}", "",
+        f"**{rec.verdict()}**", "",
         markdown_table([{"drafter": rec.drafter, "target": rec.target, "T": f"{rec.temperature:g}",
                          "divergence": rec.divergence, "budget": f"{rec.max_divergence:g}", "gamma": rec.gamma,
                          "speedup": _num(rec.predicted_speedup, ".3f"),
