@@ -23,17 +23,18 @@ FINGERPRINT_TAG, SPLIT_TAG = "mdboost.dataset_fingerprint", "mdboost.split"
 
 
 def source_name(text: TextSource) -> str:
-    """A dataset's display name stem: ``humaneval``, a local file's stem, or the hub name.
+    """A dataset's display name stem: ``humaneval``, a local file's name without its
+    extensions, or the hub name.
 
-    >>> source_name(TextSource(source="data/prompts.jsonl"))
-    'prompts'
     >>> source_name(TextSource())
     'humaneval'
+    >>> source_name(TextSource(source="org/data.v2"))  # no such file: a hub name
+    'org/data.v2'
     """
     if text.source == "humaneval":
         return "humaneval"
     path = Path(text.source).expanduser()
-    return path.name.split(".")[0] if path.suffix else text.source
+    return path.name.split(".")[0] if path.is_file() else text.source
 
 
 def _source(text: TextSource):
