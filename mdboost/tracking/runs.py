@@ -135,7 +135,7 @@ def log_children(client, experiment_id: str, parent_run_id: str, children: Seque
     list of str
         The children's run ids, in ``children``'s order.
     """
-    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.entities import Metric, Param
 
     names = [c.name for c in children]
     if len(set(names)) != len(names):
