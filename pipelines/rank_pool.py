@@ -7,8 +7,9 @@ ordered pair (:func:`mdboost.ranking.rank.score_pair`); apply the ranking rule; 
 ``ranking.csv`` (one row per pair, temperature, operating point and gamma, with 90% intervals)
 + ``ranking.html`` (best gamma per point) + plots + the resolved config + ``summary.json``
 (timings, the bootstrap, the recommendation) into ``output_dir``; log one MLflow parent run
-(its description: the recommendation, in markdown) with a nested run per pair, temperature and
-operating point at its best gamma; print the top points and, last, the recommendation with a
+(its description: the recommendation and the ranking's summary, in markdown; the ranking as a
+table; the cached prompts as its dataset) with a nested run per pair, temperature and
+operating point at its best gamma, best first; print the top points and, last, the recommendation with a
 ready-to-run engine call. Every temperature of ``md.temperatures`` is ranked on its own cache
 folders (continuations are sampled at it), all rows in one ranking.
 
@@ -26,7 +27,6 @@ changes to budgets, gamma range, boosting or the ranking rule only re-score from
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -41,6 +41,7 @@ from mdboost.ranking import report
 from mdboost.ranking.rank import PLAIN_SD, rank_rows, score_pair
 from mdboost.ranking.recommend import Recommendation, recommend
 from mdboost.ranking.rows import MemberLoader, acceptance_rows, pair_rows, select_pairs, speed_profile
+from mdboost.tracking.notes import ranking_note
 from pipelines.loader import load_yaml, to_dict
 from pipelines.config import RankConfig
 from pipelines.noise import quiet_libraries
@@ -142,29 +143,6 @@ def engine_snippet(rec: Recommendation, cfg: RankConfig) -> str:
     return "\n".join(lines)
 
 
-def recommendation_markdown(rec: Recommendation, snippet: str, bootstrap: dict) -> str:
-    """The MLflow parent run's description (``mlflow.note.content``)."""
-    head = "**Recommendation**" if rec.beats_plain_decoding else "**Plain decoding is fastest here**"
-    return "\n".join([
-        f"{head}: {rec.verdict()}", "",
-        "| drafter | target | T | divergence | budget | gamma | speedup | 90% interval |",
-        "|---|---|---|---|---|---|---|---|",
-        f"| {rec.drafter} | {rec.target} | {rec.temperature:g} | {rec.divergence} | {rec.max_divergence:g} | "
-        f"{rec.gamma} | {rec.predicted_speedup:.3f} | [{rec.predicted_speedup_lo:.3f}, {rec.predicted_speedup_hi:.3f}] |",
-        "", f"Intervals: bootstrap over {bootstrap['prompts']} prompts, {bootstrap['resamples']} resamples "
-        f"(level {bootstrap['level']:g}). Quality: NLL {rec.nll_mentored:.4f} vs target {rec.nll_target:.4f} "
-        f"({'within' if rec.quality_ok else 'outside'} the tolerance).", "", "```python", snippet, "```",
-    ])
-
-
-def _numeric(row: dict) -> dict[str, float]:
-    """Numeric columns (booleans as 0/1) with finite values: MLflow metrics."""
-    import math
-
-    out = {k: float(v) for k, v in row.items() if isinstance(v, (int, float))}
-    return {k: v for k, v in out.items() if math.isfinite(v)}
-
-
 def _flat_params(cfg: RankConfig) -> dict[str, str]:
     flat = {}
 
@@ -179,47 +157,75 @@ def _flat_params(cfg: RankConfig) -> dict[str, str]:
     return flat
 
 
-def log_mlflow(cfg: RankConfig, rows: list[dict], paths: dict[str, Path], summary: dict) -> str:
-    """One parent run (config, summary, recommendation, artifacts) and a nested run per pair,
-    temperature and operating point at its best gamma (every gamma is in ``ranking.csv``).
+def _child_runs(rows: list[dict], pool_target: str) -> list:
+    """One :class:`~mdboost.tracking.runs.ChildRun` per operating point at its best gamma, in rank order."""
+    from mdboost.tracking.runs import ChildRun, ordered_metrics, point_name
 
-    The parent's description (tag ``mlflow.note.content``) is the recommendation in markdown;
-    its fields are params ``recommendation.*`` and metrics ``recommendation_*``. Nested runs
-    carry the CSV's identifying columns as params and its numeric columns (booleans as 0/1,
-    non-finite values left out) as metrics, under the same names.
+    children = []
+    for row in best_gamma_rows(rows):
+        target = None if row["target"] == pool_target else row["target"]
+        name = point_name(row["drafter"], row["divergence"], row["max_divergence"], row["gamma"], row["temperature"],
+                          target=target)
+        params = {k: row[k] for k in ("drafter", "target", "temperature", "divergence", "max_divergence", "gamma",
+                                      "acceptance_source")}
+        children.append(ChildRun(name, params, ordered_metrics(row), {"rank": str(row["rank"])}))
+    return children
+
+
+def _table(rows: list[dict]) -> dict[str, list]:
+    """The ranking as columns (``ranking.csv``'s, in its order) for ``mlflow.log_table``."""
+    return {c: [r.get(c) for r in rows] for c in report.columns_of(rows)}
+
+
+def log_mlflow(cfg: RankConfig, rows: list[dict], paths: dict[str, Path], summary: dict) -> str:
+    """One parent run (config, summary, recommendation, artifacts, dataset) and a nested run per
+    pair, temperature and operating point at its best gamma (every gamma is in ``ranking.csv``).
+
+    The parent's description (tag ``mlflow.note.content``) is the recommendation and the
+    ranking's summary in markdown (:func:`mdboost.tracking.notes.ranking_note`); its fields are
+    params ``recommendation.*`` and metrics ``recommendation_*``; the ranking is the table
+    artifact ``ranking_table.json`` (``mlflow.log_table``, one row per ``ranking.csv`` row); the
+    cached records are its dataset input (:func:`mdboost.tracking.datasets.log_records`).
+    Nested runs (:func:`mdboost.tracking.runs.log_children`) are named by their point
+    (``tuned:12 kl 0.05 g4 T0.7``), listed best first, and carry the CSV's identifying columns
+    as params and its numeric columns as metrics (booleans as 0/1, non-finite values left out),
+    under the same names, the key figures first (:data:`mdboost.tracking.runs.KEY_METRICS`).
     """
     import mlflow
-    from mlflow.entities import Metric, Param, RunTag
     from mlflow.tracking import MlflowClient
 
     from mdboost.tracking import setup
+    from mdboost.tracking.datasets import log_records
+    from mdboost.tracking.runs import log_children, ordered_metrics
 
     experiment_id = setup(cfg.tracking.experiment, cfg.tracking.tracking_uri, cfg.tracking.artifact_root)
     client = MlflowClient(cfg.tracking.tracking_uri)
+    rec = summary["recommendation"]
     with mlflow.start_run(run_name=f"rank:{cfg.name}") as parent:
+        mlflow.log_metrics(ordered_metrics({f"recommendation_{k}": rec[k] for k in
+                                            ("predicted_speedup", "predicted_speedup_lo", "predicted_speedup_hi",
+                                             "beats_plain_decoding")}))
+        mlflow.log_metrics(ordered_metrics(summary))
         mlflow.log_params(_flat_params(cfg))
-        mlflow.log_metrics({k: float(v) for k, v in summary.items() if isinstance(v, (int, float))})
         mlflow.set_tags({"mdboost.pipeline": "rank_pool", "cache_dir": str(summary.get("cache_dir", "")),
                          "acceptance_source": cfg.cache.acceptance_source,
                          "mlflow.note.content": summary["recommendation_markdown"]})
-        rec = summary["recommendation"]
         mlflow.log_params({f"recommendation.{k}": str(v) for k, v in rec.items()})
-        mlflow.log_metrics({f"recommendation_{k}": float(rec[k]) for k in
-                            ("predicted_speedup", "predicted_speedup_lo", "predicted_speedup_hi", "beats_plain_decoding")
-                            if isinstance(rec[k], (int, float)) and math.isfinite(float(rec[k]))})
+        text = cfg.data.text_source()
+        log_records(text.load(), text, text.split, context="ranking")
         for path in paths.values():
             mlflow.log_artifact(str(path), artifact_path="plots" if path.suffix == ".png" else None)
-        now = int(time.time() * 1000)
-        for row in _progress(best_gamma_rows(rows), cfg.progress, desc="mlflow runs", unit="run"):
-            name = f"{row['drafter']}->{row['target']} T={row['temperature']:g} {row['divergence']}@{row['max_divergence']:g}"
-            tags = {"mlflow.parentRunId": parent.info.run_id, "mlflow.runName": name}
-            run = client.create_run(experiment_id, run_name=name, tags=tags)
-            params = [Param(k, str(row[k])) for k in ("drafter", "target", "temperature", "divergence",
-                                                       "max_divergence", "gamma", "acceptance_source")]
-            metrics = [Metric(k, v, now, 0) for k, v in _numeric(row).items()]
-            client.log_batch(run.info.run_id, metrics=metrics, params=params, tags=[RunTag("rank", str(row["rank"]))])
-            client.set_terminated(run.info.run_id)
+        mlflow.log_table(_table(rows), "ranking_table.json")
+        log_children(client, experiment_id, parent.info.run_id, _child_runs(rows, cfg.pool.target),
+                     progress=lambda it: _progress(it, cfg.progress, desc="mlflow runs", unit="run"))
         return parent.info.run_id
+
+
+def log_summary_file(cfg: RankConfig, run_id: str, path: Path) -> None:
+    """``summary.json`` (written once the run id and the total time are known) onto the parent run."""
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(cfg.tracking.tracking_uri).log_artifact(run_id, str(path))
 
 
 class _Opened(NamedTuple):
@@ -268,7 +274,10 @@ def _run(cfg: RankConfig) -> dict:
                "sampling": {"temperatures": cfg.md.sampling_temperatures, "top_k": None, "top_p": None},
                "md_solve": cfg.speed.md_solve, "bootstrap": bootstrap,
                "recommendation": rec.to_dict(), "verdict": rec.verdict(), "engine_snippet": snippet}
-    summary["recommendation_markdown"] = recommendation_markdown(rec, snippet, bootstrap)
+    summary["recommendation_markdown"] = ranking_note(
+        rec, best_gamma_rows(rows), bootstrap=bootstrap, snippet=snippet, n_pairs=summary["n_pairs"],
+        n_rows=len(rows), nll_tolerance=cfg.ranking.nll_tolerance, top=cfg.ranking.top,
+        cache=f"Cache: `{cache_info.dir}` ({'reused' if summary['cache_reused'] else 'built'}).")
     sampled = [o for o in opened if o.spec.temperature > 0] or opened  # greedy has its own profile, no MD
     pc = sampled[0].pc
     profile = pc.speed_profile_info(cfg.pool.target)
@@ -280,7 +289,9 @@ def _run(cfg: RankConfig) -> dict:
     if cfg.tracking.enabled:
         summary["run_id"] = log_mlflow(cfg, rows, paths, summary)
     summary["seconds_total"] = time.perf_counter() - start
-    report.atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, default=str))
+    summary_path = report.atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, default=str))
+    if "run_id" in summary:
+        log_summary_file(cfg, summary["run_id"], summary_path)
     summary["rows"], summary["paths"] = rows, paths
     return summary
 

@@ -29,6 +29,7 @@ import yaml
 from mdboost.ranking.report import read_csv
 from mdboost.validation.cells import check_md_solve, complete_rows, resolve_sampling, select_cells
 from mdboost.validation.points import heldout_prompts, humaneval_pass_at_1, realize_cells
+from mdboost.validation.report import COLUMNS as VALIDATION_COLUMNS
 from mdboost.validation.report import (
     cell_record,
     format_table,
@@ -160,7 +161,7 @@ def run(cfg: ValidateConfig, the_plan: Plan | None = None) -> dict:
     pc, text = rank_cfg.pool, rank_cfg.data.text_source()
     names = sorted({n for r in p.cells for n in (r["drafter"], r["target"])} - {pc.target})
     pool = build_pool(pc.target, names, device=pc.device, home=pc.home)
-    _, prompts = heldout_prompts(text, pool.target.tokenizer, g.prompts, g.first_prompt)
+    heldout, prompts = heldout_prompts(text, pool.target.tokenizer, g.prompts, g.first_prompt)
     from mdboost.engine.costs import ENGINE_THREADS, torch_threads
 
     kwargs = dict(max_new_tokens=g.max_new_tokens, seed=g.seed, top_k=sampling["top_k"], top_p=sampling["top_p"])
@@ -199,7 +200,8 @@ def run(cfg: ValidateConfig, the_plan: Plan | None = None) -> dict:
                         "plot": str(scatter), "summary_json": str(out / "summary.json")}
     write_summary_json(summary, out / "summary.json")
     if cfg.tracking.enabled:
-        summary["run_id"] = log_mlflow(cfg, summary, ranking_children(p.ranking.run_id, cfg.tracking))
+        summary["run_id"] = log_mlflow(cfg, summary, ranking_children(p.ranking.run_id, cfg.tracking),
+                                       records=heldout, text=text)
     return summary
 
 
@@ -236,39 +238,72 @@ def _flat_metrics(metrics: dict) -> dict[str, float]:
     return out
 
 
-def log_mlflow(cfg: ValidateConfig, summary: dict, children: dict[tuple, str]) -> str:
-    """A parent run (config, metrics, verdict, files) and one nested run per cell."""
+VALIDATION_METRICS = ("realized_speedup", "predicted_speedup", "predicted_speedup_lo", "predicted_speedup_hi",
+                      "realized_acceptance", "predicted_acceptance", "predicted_acceptance_lo", "predicted_acceptance_hi",
+                      "realized_mean_accepted_length", "predicted_mean_accepted_length",
+                      "predicted_mean_accepted_length_lo", "predicted_mean_accepted_length_hi")
+"""A cell run's metrics logged first (the Compare view starts from the first)."""
+
+
+def _cell_runs(cells: list[dict], children: dict[tuple, str]) -> list:
+    """One nested run per validated cell, cell 0 (the recommendation) first."""
+    from mdboost.tracking.runs import ChildRun, ordered_metrics, point_name
+
+    keys = ("role", "drafter", "target", "temperature", "divergence", "max_divergence", "gamma", "md_solve")
+    out = []
+    for rec in cells:
+        params = {k: rec[k] for k in keys}
+        t = round(rec["temperature"], 12)
+        child = children.get(_child_key(rec, t)) or children.get(_child_key(rec, None), "")
+        name = f"{rec['cell']}: " + point_name(rec["drafter"], rec["divergence"], rec["max_divergence"], rec["gamma"],
+                                               rec["temperature"])
+        metrics = ordered_metrics({k: v for k, v in rec.items() if k not in params and k != "cell"}, VALIDATION_METRICS)
+        out.append(ChildRun(name, params, metrics, {"mdboost.ranking_run_id": child, "mdboost.cell": str(rec["cell"])}))
+    return out
+
+
+def log_mlflow(cfg: ValidateConfig, summary: dict, children: dict[tuple, str], *, records: list[dict] | None = None,
+               text=None) -> str:
+    """A parent run (config, metrics, verdict and cells as its description, files, the cells'
+    table, the held-out prompts as its dataset) and one nested run per cell, cell 0 first.
+
+    ``records`` / ``text``: the held-out records generated on and their
+    :class:`~mdboost.data.TextSource` (logged with :func:`mdboost.tracking.datasets.log_records`
+    when both are given).
+    """
     import mlflow
+    from mlflow.tracking import MlflowClient
 
     from mdboost.tracking import setup
+    from mdboost.tracking.datasets import log_records
+    from mdboost.tracking.notes import validation_note
+    from mdboost.tracking.runs import log_children
 
-    setup(cfg.tracking.experiment, cfg.tracking.tracking_uri, cfg.tracking.artifact_root)
-    sampling = summary["sampling"]
+    experiment_id = setup(cfg.tracking.experiment, cfg.tracking.tracking_uri, cfg.tracking.artifact_root)
+    sampling, ranking_run = summary["sampling"], summary["ranking"]["ranking_run_id"]
+    note = validation_note(summary["verdict"], summary["cells"], prompts=summary["generation"]["prompts"],
+                           max_new_tokens=summary["generation"]["max_new_tokens"], ranking_run_id=ranking_run)
     with mlflow.start_run(run_name=f"validate:{cfg.name}") as parent:
+        mlflow.log_metrics(_flat_metrics(summary["metrics"]))
         mlflow.set_tags({"mdboost.pipeline": "validate_pairs",
-                         "mdboost.ranking_run_id": summary["ranking"]["ranking_run_id"] or "",
+                         "mdboost.ranking_run_id": ranking_run or "",
                          "mlflow.experimentKind": "custom_model_development",
-                         "mlflow.note.content": f"**{summary['verdict']}**"})
+                         "mlflow.note.content": note})
         mlflow.log_params({"cells": len(summary["cells"]), "prompts": summary["generation"]["prompts"],
                            "max_new_tokens": cfg.generation.max_new_tokens, "md_solve": ",".join(summary["md_solve"]),
                            "temperatures": ",".join(f"{t:g}" for t in sampling["temperatures"]),
                            "top_k": sampling["top_k"], "top_p": sampling["top_p"], "tolerance": cfg.tolerance})
-        mlflow.log_metrics(_flat_metrics(summary["metrics"]))
         if "humaneval" in summary:
             mlflow.log_metrics({k: float(v) for k, v in summary["humaneval"].items()})
+        if records and text is not None:
+            log_records(records, text, "heldout", context="validation")
         for path in summary["files"].values():
             mlflow.log_artifact(path)
         mlflow.log_dict(to_dict(cfg), "config.resolved.json")
-        for rec in summary["cells"]:
-            params = {k: rec[k] for k in ("role", "drafter", "target", "temperature", "divergence", "max_divergence",
-                                          "gamma", "md_solve")}
-            t = round(rec["temperature"], 12)
-            child = children.get(_child_key(rec, t)) or children.get(_child_key(rec, None), "")
-            with mlflow.start_run(run_name=_label(rec), nested=True):
-                mlflow.log_params(params)
-                mlflow.set_tag("mdboost.ranking_run_id", child)
-                mlflow.log_metrics({k: float(v) for k, v in rec.items() if k not in params and k != "cell"
-                                    and isinstance(v, (int, float)) and v is not None and math.isfinite(float(v))})
+        cells = summary["cells"]
+        mlflow.log_table({k: [r.get(k) for r in cells] for k in VALIDATION_COLUMNS}, "validation_table.json")
+        log_children(MlflowClient(cfg.tracking.tracking_uri), experiment_id, parent.info.run_id,
+                     _cell_runs(cells, children))
         return parent.info.run_id
 
 

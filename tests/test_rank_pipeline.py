@@ -156,7 +156,7 @@ def test_mlflow_runs_hold_the_fields(first_run):
     assert parent.data.metrics["recommendation_predicted_speedup"] == pytest.approx(rec["predicted_speedup"])
     assert summary["verdict"] in parent.data.tags["mlflow.note.content"]
     top = {f.path for f in client.list_artifacts(parent.info.run_id)}
-    assert {"ranking.csv", "ranking.html", "config.resolved.yaml", "plots"} <= top
+    assert {"ranking.csv", "ranking.html", "config.resolved.yaml", "summary.json", "ranking_table.json", "plots"} <= top
     plots = {f.path for f in client.list_artifacts(parent.info.run_id, "plots")}
     assert {"plots/acceptance_vs_budget.png", "plots/k_vs_acceptance.png", "plots/margin_cdf.png"} == plots
 
