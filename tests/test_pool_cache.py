@@ -41,8 +41,10 @@ def test_costs_go_to_the_speed_file_not_the_pool(built):
         assert "engine steps" in entry["method"] and "1 threads" in entry["method"] and "load" in entry["method"]
         assert pc.cost_ratio(name) == entry["median"] and pc.cost_samples(name) == entry["samples"]
         assert pc.prefill_per_token(name) == entry["prefill_per_token"]
-        # an early exit feeds the prompt through its layers at its first proposal; prompt lookup has no model
-        assert (entry["prefill_per_token"] > 0) == (name != "ngram:2")
+        # prompt lookup has no model to feed the prompt through (model drafters' slopes are timed:
+        # tests/test_engine_costs.py checks them against known forward times)
+        if name == "ngram:2":
+            assert entry["prefill_per_token"] == 0
     assert pc.cost_ratio(spec.target) == 1.0 and pool.target.cost_method == "target (reference)"
     assert pc.cost_samples(spec.target) is None
     profile = pc.speed_profile_info(spec.target)
