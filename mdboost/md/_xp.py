@@ -27,7 +27,7 @@ from mdboost.md.divergences import GENERATORS
 
 # the functions spelled, and called, the same in torch and numpy
 SHARED = ("where", "maximum", "minimum", "clip", "isfinite", "concatenate", "abs", "all", "any", "argmax", "argmin",
-          "sum", "amax", "amin", "ones_like", "zeros_like", "broadcast_to")
+          "sum", "amax", "amin", "ones_like", "zeros_like", "broadcast_to", "nextafter")
 
 
 class _Namespace:
