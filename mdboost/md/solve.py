@@ -48,8 +48,9 @@ class MDSolution:
         ``P_acc(pi) = 1 - E(a)``, the optimal acceptance probability (among distributions on
         the target's support unless ``support="any"``), in ``[0, 1]``.
     achieved_divergence : torch.Tensor
-        ``D_f(pi || q)`` at the solution, ``>= 0`` (from the solver's sums; below ``V = 4096``
-        or off the linear-time path computed on the full vocabulary).
+        ``D_f(pi || q)`` at the solution, ``>= 0``, read off the solver's sums (prefix sums of
+        the sorted breakpoints, or the bucket sums); computed on the full vocabulary for
+        ``mode="bound"`` and on rows where ``support="any"`` puts mass off the target's support.
     sd_acceptance : torch.Tensor
         ``1 - TV(p, q)``, the acceptance of standard speculative decoding.
     feasible : torch.BoolTensor
