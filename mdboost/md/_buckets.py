@@ -372,12 +372,17 @@ def _finish_dual(bp: Breakpoints, m, div: Divergence | None, delta, tv):
     return point, torch.where(m >= tv, 0.0, value)
 
 
+def sorted_dual(bp: Breakpoints, min_acceptance, div: Divergence | None):
+    """The dual on full sorted breakpoints: its point (float64 [N, 1] fields) and ``D_f`` there [N, 1]."""
+    m = bp._clip_m(min_acceptance)
+    return _finish_dual(bp, m, div, torch.zeros_like(m), bp._tv)
+
+
 def sorted_solve(p, q, value, div: Divergence | None, dual: bool, normalize: bool):
     """The same answer from the full sorted breakpoints (the fallback): ``(a, b, acc, D_f, tv)``, [N, 1] each."""
     bp = Breakpoints.build(p, q, validate=False, normalize=normalize)
     if dual:
-        m = bp._clip_m(value)
-        point, div_value = _finish_dual(bp, m, div, torch.zeros_like(m), bp._tv)
+        point, div_value = sorted_dual(bp, value, div)
     else:
         point, div_value = _finish_primal(bp, value, div, torch.zeros_like(value))
     return (*point, div_value, bp._tv)

@@ -67,34 +67,56 @@ def check_probs(name: str, x, *, ndim: int | None = None, validate: bool = True,
     torch.Tensor
         ``x``, detached if it required grad.
     """
+    x = _check_rows_structure(name, x, ndim)
+    if validate and x.numel():
+        _check_row_values(name, x, _row_stats(x).tolist(), sums)
+    return x
+
+
+def _check_rows_structure(name: str, x, ndim: int | None) -> torch.Tensor:
     x = check_tensor(name, x, ndim=ndim)
     if x.ndim < 1:
         raise ValueError(f"{name} must have at least one dimension, got shape {tuple(x.shape)}")
     if x.shape[-1] < 1:
         raise ValueError(f"{name} must have a non-empty last (vocabulary) axis, got shape {tuple(x.shape)}")
-    if not validate or x.numel() == 0:
-        return x
-    # one reduction pass and one read-back: a NaN or inf entry makes the sums non-finite
-    row_sums = x.sum(dim=-1, dtype=torch.float64)
-    err = (row_sums - 1.0).abs()
-    lo, total, worst_err = torch.stack([x.amin().double(), row_sums.sum(), err.max()]).tolist()
-    if not math.isfinite(total):
+    return x
+
+
+def _row_stats(x: torch.Tensor):
+    """``[min entry, min row sum, max row sum]`` as float64 [3] (one reduction pass over ``x``)."""
+    row_sums = x.sum(dim=-1, dtype=torch.float64)  # a NaN or inf entry makes the sums non-finite
+    return torch.stack([x.amin().double(), *torch.aminmax(row_sums)])
+
+
+def _check_row_values(name, x, stats, sums: bool = True) -> None:
+    """Raise for the read-back ``stats`` of :func:`_row_stats` (the messages of :func:`check_probs`)."""
+    lo, low_sum, high_sum = stats
+    if not (math.isfinite(low_sum) and math.isfinite(high_sum)):
         bad = x[~torch.isfinite(x)].flatten()
-        value = bad[0].item() if bad.numel() else total
+        value = bad[0].item() if bad.numel() else high_sum
         raise ValueError(f"{name} contains non-finite values (e.g. {value})")
     if lo < 0:
         raise ValueError(f"{name} contains negative values (min {lo:.3g})")
     tol = sum_tolerance(x.dtype)
-    if sums and worst_err > tol:
-        worst = row_sums.flatten()[err.flatten().argmax()].item()
+    if sums and max(1.0 - low_sum, high_sum - 1.0) > tol:
+        worst = low_sum if 1.0 - low_sum >= high_sum - 1.0 else high_sum
         raise ValueError(f"{name} rows must sum to 1 (tolerance {tol:g}); a row sums to {worst:.8g}")
-    return x
 
 
 def check_pair(draft_probs, target_probs, *, validate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate a drafter/target pair of the same shape; return both in the common compute dtype."""
-    p = check_probs("draft_probs", draft_probs, validate=validate)
-    q = check_probs("target_probs", target_probs, validate=validate)
+    """Validate a drafter/target pair of the same shape; return both in the common compute dtype.
+
+    With ``validate``, both rows' checks are read back in one device synchronisation.
+    """
+    p = _check_rows_structure("draft_probs", draft_probs, None)
+    q = _check_rows_structure("target_probs", target_probs, None)
+    if validate and p.device == q.device and p.numel() and q.numel():
+        stats = torch.cat([_row_stats(p), _row_stats(q)]).tolist()  # one read-back for both
+        _check_row_values("draft_probs", p, stats[:3])
+        _check_row_values("target_probs", q, stats[3:])
+    elif validate:
+        check_probs("draft_probs", p)
+        check_probs("target_probs", q)
     if p.shape != q.shape:
         raise ValueError(
             f"draft_probs and target_probs must have the same shape, got {tuple(p.shape)} and {tuple(q.shape)}"

@@ -30,7 +30,7 @@ import math
 
 import torch
 
-from mdboost.md._segment import Segment, divergence_on, make_segment
+from mdboost.md._segment import Segment, ab_on, divergence_on, make_segment
 from mdboost.md._xp import namespace_for
 
 FANOUT = 16
@@ -234,6 +234,43 @@ def primal(bp, budget: torch.Tensor, div, bound: bool, xp=None, with_value: bool
         m, seg = _primal(xp, bp, xp.asarray(budget.to(torch.float64)), div, bound)
         value = xp.to_torch(divergence_on(xp, m, seg, div, bound)) if with_value else None
     return xp.to_torch(m), Segment(*(None if x is None else xp.to_torch(x) for x in seg)), value
+
+
+def snap(xp, m, tv):
+    """The smallest ``m' >= m`` with ``1 - (1 - m') == m'`` exactly (capped at ``tv``).
+
+    The acceptance ``1 - m'`` of a primal point then gives back the same ``m'`` in the dual
+    (:meth:`~mdboost.md.breakpoints.Breakpoints.for_acceptance`), so both return the same
+    ``(a, b)`` even where ``a`` is ill-conditioned in ``m``; ``D_f`` does not grow (it decreases in ``m``).
+    """
+    acc = 1 - m
+    acc = xp.where(1 - acc < m, xp.nextafter(acc, xp.zeros_like(acc)), acc)
+    return xp.minimum(1 - acc, xp.maximum(tv, m))
+
+
+def primal_point(bp, budget: torch.Tensor, div, bound: bool, with_value: bool = False):
+    """:func:`primal` finished in the same namespace: ``(a, b, m, value)`` as torch [N, 1] float64.
+
+    The search keeps the side with ``D <= budget``; where rounding defeated it (extreme ratios
+    the float64 sums cannot resolve), the row falls back to the curve's start (``pi = q``).
+    ``m`` is snapped (:func:`snap`); ``(a, b)`` are exactly 0 at ``m >= tv``; ``value`` is
+    ``D_f`` (or the bound) at the point, 0 at the start, None unless ``with_value``.
+    """
+    xp = namespace_for(bp._r)
+    with xp.errstate():
+        sums = bp.arrays(xp)
+        b = xp.asarray(budget.to(torch.float64))
+        m, seg = _primal(xp, bp, b, div, bound)
+        failed = divergence_on(xp, m, seg, div, bound) > b * (1 + 1e-12)
+        m = xp.where(failed, sums.tv, snap(xp, m, sums.tv))
+        ab = ab_on(xp, m, seg)
+        at_sd = m >= sums.tv
+        a, b_out = xp.where(at_sd, 0.0, ab[0]), xp.where(at_sd, 0.0, ab[1])
+        value = None
+        if with_value:
+            value = xp.where(failed | at_sd, 0.0, xp.maximum(divergence_on(xp, m, seg, div, bound), 0.0))
+            value = xp.to_torch(value)
+    return xp.to_torch(a), xp.to_torch(b_out), xp.to_torch(m), value
 
 
 def _primal(xp, bp, budget, div, bound):

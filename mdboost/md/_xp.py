@@ -27,7 +27,7 @@ from mdboost.md.divergences import GENERATORS
 
 # the functions spelled, and called, the same in torch and numpy
 SHARED = ("where", "maximum", "minimum", "clip", "isfinite", "concatenate", "abs", "all", "any", "argmax", "argmin",
-          "sum", "amax", "amin", "ones_like", "zeros_like", "broadcast_to")
+          "sum", "amax", "amin", "ones_like", "zeros_like", "broadcast_to", "nextafter")
 
 
 class _Namespace:
@@ -36,7 +36,8 @@ class _Namespace:
     def __init_subclass__(cls, library, **kwargs):
         super().__init_subclass__(**kwargs)
         for fn in SHARED:
-            setattr(cls, fn, staticmethod(getattr(library, fn)))
+            if fn not in cls.__dict__:  # a namespace may define a faster spelling of its own
+                setattr(cls, fn, staticmethod(getattr(library, fn)))
 
 
 class TorchOps(_Namespace, library=torch):
@@ -146,15 +147,53 @@ class NumpyOps(_Namespace, library=np):
         """``arr[n, idx[n, ...]]`` for a C-contiguous ``arr`` [N, L]: one flat take."""
         rows, width = arr.shape
         if rows == 1:
-            return np.take(arr, idx)
+            return arr.take(idx)
         offsets = np.arange(0, rows * width, width).reshape((rows,) + (1,) * (idx.ndim - 1))
-        return np.take(arr, idx + offsets)
+        return arr.take(idx + offsets)
 
     @staticmethod
     def searchsorted(sorted_rows: np.ndarray, x: np.ndarray) -> np.ndarray:
-        """Row-wise left insertion points, through torch (numpy has no batched searchsorted)."""
+        """Row-wise left insertion points: numpy for one row, else through torch (numpy has no batched one)."""
+        if sorted_rows.shape[0] == 1:
+            return np.searchsorted(sorted_rows[0], x)
         rows, x = np.ascontiguousarray(sorted_rows), np.ascontiguousarray(x)
         return torch.searchsorted(torch.from_numpy(rows), torch.from_numpy(x)).numpy()
+
+    # the reductions and the clip as ufunc calls: numpy's function wrappers cost a few times the
+    # work on the tiny arrays of the searches (same values, NaN propagates as in the wrappers)
+    @staticmethod
+    def clip(x, low=None, high=None):
+        if low is not None:
+            x = np.maximum(x, low)
+        return x if high is None else np.minimum(x, high)
+
+    @staticmethod
+    def sum(x, axis=None, keepdims=False):
+        return np.add.reduce(x, axis=axis, keepdims=keepdims)
+
+    @staticmethod
+    def amax(x, axis=None, keepdims=False):
+        return np.maximum.reduce(x, axis=axis, keepdims=keepdims)
+
+    @staticmethod
+    def amin(x, axis=None, keepdims=False):
+        return np.minimum.reduce(x, axis=axis, keepdims=keepdims)
+
+    @staticmethod
+    def all(x, axis=None, keepdims=False):
+        return np.logical_and.reduce(x, axis=axis, keepdims=keepdims)
+
+    @staticmethod
+    def any(x, axis=None, keepdims=False):
+        return np.logical_or.reduce(x, axis=axis, keepdims=keepdims)
+
+    @staticmethod
+    def argmax(x, axis=None, keepdims=False):
+        return x.argmax(axis=axis, keepdims=keepdims)
+
+    @staticmethod
+    def argmin(x, axis=None, keepdims=False):
+        return x.argmin(axis=axis, keepdims=keepdims)
 
     @staticmethod
     def cummax(x: np.ndarray) -> np.ndarray:

@@ -49,18 +49,6 @@ class CurvePoint(NamedTuple):
 take = TORCH.take  # arr[n, idx[n, ...]] for arr [N, L] and idx [N, ...]
 
 
-def _snap(m: torch.Tensor, tv: torch.Tensor) -> torch.Tensor:
-    """The smallest ``m' >= m`` with ``1 - (1 - m') == m'`` exactly (capped at ``tv``).
-
-    The acceptance ``1 - m'`` of a primal point then gives back the same ``m'`` in the dual
-    (:meth:`Breakpoints.for_acceptance`), so both return the same ``(a, b)`` even where ``a``
-    is ill-conditioned in ``m``; ``D_f`` does not grow (it decreases in ``m``).
-    """
-    acc = 1 - m
-    acc = torch.where(1 - acc < m, torch.nextafter(acc, torch.zeros_like(acc)), acc)
-    return torch.minimum(1 - acc, torch.maximum(tv, m))
-
-
 def acceptance_of(m: torch.Tensor) -> torch.Tensor:
     """``P_acc = 1 - m`` clamped to ``[0, 1]`` (rounding never leaves the interval)."""
     return (1 - m).clamp(0.0, 1.0)
@@ -315,15 +303,8 @@ class Breakpoints:
         budget = self._flat(max_divergence, "max_divergence", validate=validate)
         if not self._r.shape[0]:
             return None, budget, (budget if with_value else None)
-        m, seg, value = _search.primal(self, budget, div, bound, with_value=True)
-        # the search keeps the side with D <= budget; where rounding defeated it (extreme ratios
-        # the float64 sums cannot resolve), the row falls back to the curve's start (pi = q)
-        failed = value > budget * (1 + 1e-12)
-        m = torch.where(failed, self._tv, _snap(m, self._tv))
-        a, b = self.ab(m, seg, self._tv)
-        if with_value:
-            value = torch.where(failed | (m >= self._tv), 0.0, self.div_on(m, seg, div, bound).clamp(min=0))
-        return CurvePoint(a, b, acceptance_of(m)), budget, (value if with_value else None)
+        a, b, m, value = _search.primal_point(self, budget, div, bound, with_value)
+        return CurvePoint(a, b, acceptance_of(m)), budget, value
 
     def divergence_at(self, acceptance, divergence="kl", *, bound: bool = False, validate: bool = True) -> torch.Tensor:
         """``D_f(pi || q)`` (or its Thm 3.12 upper bound) at the curve point of given acceptance.

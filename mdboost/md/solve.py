@@ -48,8 +48,9 @@ class MDSolution:
         ``P_acc(pi) = 1 - E(a)``, the optimal acceptance probability (among distributions on
         the target's support unless ``support="any"``), in ``[0, 1]``.
     achieved_divergence : torch.Tensor
-        ``D_f(pi || q)`` at the solution, ``>= 0`` (from the solver's sums; below ``V = 4096``
-        or off the linear-time path computed on the full vocabulary).
+        ``D_f(pi || q)`` at the solution, ``>= 0``, read off the solver's sums (prefix sums of
+        the sorted breakpoints, or the bucket sums); computed on the full vocabulary for
+        ``mode="bound"`` and on rows where ``support="any"`` puts mass off the target's support.
     sd_acceptance : torch.Tensor
         ``1 - TV(p, q)``, the acceptance of standard speculative decoding.
     feasible : torch.BoolTensor
@@ -307,21 +308,22 @@ def solve(
         point = (bp.for_acceptance(min_acceptance, validate=validate) if min_acceptance is not None
                  else bp.for_divergence(max_divergence, div, validate=validate))
         return MDSolution(point.a, point.b, point.acceptance, point.a.clone(), bp.sd_acceptance)
-    if min_acceptance is not None:
-        point = bp._point64(bp._clip_m(bp._flat(min_acceptance, "min_acceptance", 1.0, validate)))
-    else:
-        point = bp._primal64(max_divergence, div, mode == "bound", validate)[0]
-    p64, q64 = _rows64(p, q, bp.normalized)
-    a64, b64 = (x.reshape(p.shape[:-1]) for x in point[:2])
-    pi = mentored_distribution(p64, q64, a64, b64, validate=False)
-    sol = MDSolution(
-        a=bp._out(point.a),
-        b=bp._out(point.b),
-        acceptance=bp._out(point.acceptance),
-        achieved_divergence=f_divergence(pi, q64, div, validate=False).to(p.dtype),
-        sd_acceptance=bp.sd_acceptance,
-    )
     dual = min_acceptance is not None
+    if dual:
+        point, value = _buckets.sorted_dual(bp, bp._flat(min_acceptance, "min_acceptance", 1.0, validate), div)
+    elif mode == "exact":  # D_f at the solution from the breakpoints' prefix sums (no pass over V)
+        point, _, value = bp._primal64(max_divergence, div, False, validate, with_value=True)
+        value = torch.where((point.a == 0) & (point.b == 0), 0.0, value)
+    else:  # the bound's value is not D_f: computed on the full rows
+        point, value = bp._primal64(max_divergence, div, True, validate)[0], None
+    p64 = q64 = None
+    if value is None or dual or support == "any":
+        p64, q64 = _rows64(p, q, bp.normalized)
+    if value is None:
+        a64, b64 = (x.reshape(p.shape[:-1]) for x in point[:2])
+        value = f_divergence(mentored_distribution(p64, q64, a64, b64, validate=False), q64, div, validate=False)
+    sol = MDSolution(bp._out(point.a), bp._out(point.b), bp._out(point.acceptance), bp._out(value),
+                     bp.sd_acceptance)
     return _finish(sol, p64, q64, min_acceptance if dual else max_divergence, dual, div, support, on_infeasible)
 
 
