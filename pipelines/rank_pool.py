@@ -38,9 +38,10 @@ from mdboost.cache import open_or_build_cache
 from mdboost.cache.keys import PoolCacheSpec
 from mdboost.cache.pool_cache import BuildInfo, PoolCache
 from mdboost.ranking import report
-from mdboost.ranking.rank import PLAIN_SD, rank_rows, score_pair
+from mdboost.ranking.rank import PLAIN_SD, rank_rows
 from mdboost.ranking.recommend import Recommendation, recommend
-from mdboost.ranking.rows import MemberLoader, acceptance_rows, pair_rows, select_pairs, speed_profile
+from mdboost.ranking.rows import MemberLoader, select_pairs
+from mdboost.ranking.scaleout import active_client, score_cached_pair, score_pairs_on
 from mdboost.tracking.notes import ranking_note
 from pipelines.loader import load_yaml, to_dict
 from pipelines.config import RankConfig
@@ -63,22 +64,31 @@ def single_thread():
 
 
 def score_all(cfg: RankConfig, pc, temperature: float) -> tuple[list[dict], dict]:
-    """Score every selected pair from the cache at one temperature; returns (rows, per-pair details)."""
+    """Score every selected pair from the cache at one temperature; returns (rows, per-pair details).
+
+    With ``cache.backend: dask`` and the run's client active (:meth:`CacheConfig.cluster`), the
+    pairs are scored on its workers, one task per pair (:func:`mdboost.ranking.scaleout.score_pairs_on`),
+    gathered in the pairs' order: the same rows as here, pair after pair."""
+    client = active_client() if cfg.cache.backend == "dask" else None
     with single_thread():
-        return _score_all(cfg, pc, temperature)
+        return _score_all(cfg, pc, temperature, client)
 
 
-def _score_all(cfg: RankConfig, pc, temperature: float) -> tuple[list[dict], dict]:
+def _score_all(cfg: RankConfig, pc, temperature: float, client=None) -> tuple[list[dict], dict]:
     rows, details, settings = [], {}, cfg.score_settings(temperature)
-    loader = MemberLoader(pc, settings.quality_temperature)  # the quality side (temperature 1 for greedy)
-    acc_loader = None if pc.acceptance is None else MemberLoader(pc.acceptance, temperature)
     pairs = select_pairs(pc, cfg.pool.pairs)
-    for drafter_name, target_name in _progress(pairs, cfg.progress, desc=f"scoring pairs (T={temperature:g})",
-                                               unit="pair"):
-        acceptance = None if acc_loader is None else acceptance_rows(acc_loader, pc, drafter_name, target_name)
-        score = score_pair(pair_rows(loader, drafter_name, target_name), pc.vocab_size, settings=settings,
-                           acceptance=acceptance, acceptance_source=cfg.cache.acceptance_source,
-                           speed_profile=speed_profile(pc, drafter_name, target_name))
+    desc = f"scoring pairs (T={temperature:g})"
+    if client is not None:
+        scores = score_pairs_on(client, pc, pairs, settings, acceptance_source=cfg.cache.acceptance_source,
+                                progress=lambda it: _progress(it, cfg.progress, desc=desc, unit="pair",
+                                                              total=len(pairs)))
+    else:
+        loader = MemberLoader(pc, settings.quality_temperature)  # the quality side (temperature 1 for greedy)
+        acc_loader = None if pc.acceptance is None else MemberLoader(pc.acceptance, temperature)
+        scores = (score_cached_pair(pc, d, t, settings, acceptance_source=cfg.cache.acceptance_source,
+                                    loader=loader, acceptance_loader=acc_loader)
+                  for d, t in _progress(pairs, cfg.progress, desc=desc, unit="pair"))
+    for (drafter_name, target_name), score in zip(pairs, scores):
         rows.extend(score.rows)
         details[f"{drafter_name} -> {target_name} (T={temperature:g})"] = score
     return rows, details

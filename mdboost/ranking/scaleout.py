@@ -1,0 +1,172 @@
+"""Pair scoring on a Dask cluster: one task per ordered pair, gathered in the pairs' order.
+
+:func:`score_cached_pair` is one pair's :func:`~mdboost.ranking.rank.score_pair` from an
+opened :class:`~mdboost.cache.pool_cache.PoolCache` (the rows of :func:`~mdboost.ranking.rows.pair_rows`,
+:func:`~mdboost.ranking.rows.acceptance_rows` with ``acceptance_source: sampled``, and the
+target's :func:`~mdboost.ranking.rows.speed_profile`): the ranking calls it in the driver,
+pair after pair, when it has no cluster. :func:`score_pairs_on` runs the same call on a
+cluster's workers, one task per pair, each in :func:`score_pair_task`:
+
+- a task gets a :class:`CacheLocation` (the member folders, the acceptance folders, the
+  pool's speed file as read by the driver) instead of the opened caches, and opens the
+  folders of its pair and of the pool target itself (the workers share the driver's
+  filesystem, ``docs/scale_out.md``);
+- it scores at one torch thread, the driver's setting (scoring works on small ``[rows, 2k+1]``
+  tensors), with the same :class:`~mdboost.ranking.rank.ScoreSettings`, so every figure of a
+  :class:`~mdboost.ranking.scores.PairScore` is the one the driver computes;
+- the scores come back in the order of ``pairs``, whatever the order the tasks finish in, so
+  ``ranking.csv`` is byte-identical to the sequential run's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mdboost.cache.pool_cache import PoolCache
+from mdboost.cache.reader import LogitCache
+from mdboost.cache.speed import SpeedStore
+from mdboost.ranking.rank import ScoreSettings, score_pair
+from mdboost.ranking.rows import MemberLoader, acceptance_rows, pair_rows, speed_profile
+from mdboost.ranking.scores import PairScore
+
+
+def score_cached_pair(pc: PoolCache, drafter: str, target: str, settings: ScoreSettings, *,
+                      acceptance_source: str | None = None, loader: MemberLoader | None = None,
+                      acceptance_loader: MemberLoader | None = None) -> PairScore:
+    """One ordered pair's :func:`~mdboost.ranking.rank.score_pair` from an opened pool cache.
+
+    Parameters
+    ----------
+    pc : PoolCache
+        The pool's caches (``pc.acceptance`` set: the acceptance side is scored on them).
+    drafter, target : str
+        Members of ``pc``.
+    settings : ScoreSettings
+        The operating points, gammas, boosting and bootstrap.
+    acceptance_source : str, optional
+        The rows' ``acceptance_source`` column (:func:`~mdboost.ranking.rank.score_pair`).
+    loader, acceptance_loader : MemberLoader, optional
+        Memoized member rows to share across pairs: ``loader`` on ``pc`` at
+        ``settings.quality_temperature``, ``acceptance_loader`` on ``pc.acceptance`` at
+        ``settings.temperature`` (default: new ones, each member read once for this pair).
+    """
+    loader = MemberLoader(pc, settings.quality_temperature) if loader is None else loader
+    acceptance = None
+    if pc.acceptance is not None:
+        acc_loader = MemberLoader(pc.acceptance, settings.temperature) if acceptance_loader is None else acceptance_loader
+        acceptance = acceptance_rows(acc_loader, pc, drafter, target)
+    return score_pair(pair_rows(loader, drafter, target), pc.vocab_size, settings=settings, acceptance=acceptance,
+                      acceptance_source=acceptance_source, speed_profile=speed_profile(pc, drafter, target))
+
+
+@dataclass(frozen=True)
+class CacheLocation:
+    """Where an opened :class:`~mdboost.cache.pool_cache.PoolCache` lives: what a worker opens it from.
+
+    ``folders``: ``(member, folder)`` per member, the pool target first; ``acceptance``: the
+    same for the target-sampled folders, or None; ``speed``: the pool's speed file as the
+    driver read it (a few numbers, sent along rather than read again). Small and picklable.
+    """
+
+    target: str
+    folders: tuple[tuple[str, str], ...]
+    acceptance: tuple[tuple[str, str], ...] | None = None
+    speed: SpeedStore | None = None
+
+    @classmethod
+    def of(cls, pc: PoolCache) -> CacheLocation:
+        """The location of an opened pool cache."""
+        if not isinstance(pc, PoolCache):
+            raise TypeError(f"pc must be a PoolCache, got {type(pc).__name__}")
+
+        def folders(p: PoolCache) -> tuple[tuple[str, str], ...]:
+            return tuple((name, str(cache.out_dir)) for name, cache in p.caches.items())
+
+        return cls(pc.target, folders(pc), None if pc.acceptance is None else folders(pc.acceptance), pc.speed)
+
+    def open(self, members) -> PoolCache:
+        """The pool cache of ``members`` and the pool target (which every pair's costs and rows
+        refer to), in the pool's order.
+
+        Shards are not hashed again (``LogitCache.open(verify=False)``): the driver verified
+        every one when it opened the pool, just before; manifests and layouts are checked, and
+        each shard's rows and widths when it is read.
+        """
+        wanted = set(members) | {self.target}
+        unknown = wanted - {name for name, _ in self.folders}
+        if unknown:
+            raise ValueError(f"members must be members of the pool cache, got {sorted(unknown)!r}")
+
+        def opened(folders) -> dict:
+            return {name: LogitCache.open(folder, verify=False) for name, folder in folders if name in wanted}
+
+        acc = None if self.acceptance is None else PoolCache(opened(self.acceptance), self.target)
+        return PoolCache(opened(self.folders), self.target, acc, self.speed)
+
+
+def score_pair_task(location: CacheLocation, drafter: str, target: str, settings: ScoreSettings,
+                    acceptance_source: str | None = None, threads: int | None = 1) -> PairScore:
+    """One pair's score on a worker: open the pair's folders from ``location``, then
+    :func:`score_cached_pair` at ``threads`` torch threads (``None``: the worker's as is)."""
+    from mdboost.engine.costs import torch_threads
+
+    with torch_threads(threads):
+        pc = location.open((drafter, target))
+        return score_cached_pair(pc, drafter, target, settings, acceptance_source=acceptance_source)
+
+
+def score_pairs_on(client, pc: PoolCache, pairs, settings: ScoreSettings, *, acceptance_source: str | None = None,
+                   threads: int | None = 1, progress=None) -> list[PairScore]:
+    """:func:`score_cached_pair` of every pair on ``client``'s workers, one task per pair.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        The cluster (:func:`mdboost.cluster.dask_client`); its workers must see ``pc``'s
+        folders at the same paths.
+    pc : PoolCache
+        The opened pool cache (opened, hence verified, by the driver).
+    pairs : list of (drafter, target)
+        Ordered pairs of ``pc``'s members (:func:`~mdboost.ranking.rows.select_pairs`).
+    settings : ScoreSettings
+    acceptance_source : str, optional
+        As for :func:`score_cached_pair`.
+    threads : int or None, default=1
+        torch threads in each task (the driver scores at 1).
+    progress : callable, optional
+        Wraps the iterable of finished tasks (a progress bar: ``lambda it: tqdm(it, total=...)``).
+
+    Returns
+    -------
+    list of PairScore
+        One per pair, in the order of ``pairs``. A task's error is raised here.
+    """
+    location = CacheLocation.of(pc)
+    pairs = [tuple(p) for p in pairs]
+    names = set(pc.names)
+    for pair in pairs:
+        if len(pair) != 2 or not set(pair) <= names:
+            raise ValueError(f"pairs must be (drafter, target) pairs of the cache's members {pc.names!r}, got {pair!r}")
+    if not pairs:
+        return []
+    futures = [client.submit(score_pair_task, location, d, t, settings, acceptance_source, threads, pure=False)
+               for d, t in pairs]
+    if progress is not None:
+        from distributed import as_completed
+
+        for _ in progress(as_completed(futures)):
+            pass
+    return client.gather(futures)
+
+
+def active_client():
+    """The default :class:`distributed.Client` of this process (:func:`mdboost.cluster.dask_client`
+    sets it for its block), or None: none, or ``distributed`` is not installed."""
+    try:
+        from distributed import default_client
+    except ImportError:
+        return None
+    try:
+        return default_client()
+    except ValueError:  # "No clients found"
+        return None
