@@ -6,7 +6,10 @@ The exact primal and dual of :mod:`mdboost.md.solve` without sorting the vocabul
 1. **Histogram.** The ratios ``r_i = p_i / q_i`` are put in :data:`FINITE` fixed buckets whose
    edges are read off the float64 bits (``PER_OCTAVE`` buckets per octave over
    ``[2^-64, 2^64)``, one bucket below, one above, and one for ``q_i = 0``); per bucket the sums
-   of ``p``, ``q``, ``q g(r)`` and the count (one ``bincount`` each).
+   of ``p``, ``q`` and ``q g(r)`` in float64 (one ``scatter_add`` each). Float32 rows take the
+   ratio, its bucket (read off the float32 bits: the same edges, all exact in float32) and the
+   KL log in float32, the terms and sums in float64: the float32 rounding of a ratio moves
+   ``D_f`` by about ``1e-8``, far inside float32's contract (``docs/theory.md``, section 9).
 2. **Bracket.** At a bucket edge ``x = 1 + a`` the excess ``E(a)`` is exact from the bucket sums,
    and so is ``F(b)`` at an edge ``y = 1 - b``. At each such *event* the other parameter lies in
    one bucket, and ``D~(x, y) = sum_i q_i g(clip(r_i, y, x))`` (increasing in ``x``, decreasing
@@ -110,6 +113,18 @@ class Rows(NamedTuple):
             p64, q64 = p64 / self.scale_p[rows], q64 / self.scale_q[rows]
         return p64, q64, torch.div(p64, q64).nan_to_num_(nan=1.0, posinf=math.inf)
 
+    def block32(self, rows: slice):
+        """``(p64, q64, ratio)`` of a float32 block: ``p64``, ``q64`` as in :meth:`block`, the ratio
+        float32 (of the rescaled rows, ``0/0`` is 1; it overflows to ``inf`` where the input dtype does)."""
+        p, q = self.p[rows], self.q[rows]
+        p64, q64 = p.to(torch.float64), q.to(torch.float64)
+        if self.scale_p is None:
+            ratio = torch.div(p, q)
+        else:
+            p64, q64 = p64 / self.scale_p[rows], q64 / self.scale_q[rows]
+            ratio = torch.div(p, q).mul_((self.scale_q[rows] / self.scale_p[rows]).to(torch.float32))
+        return p64, q64, ratio.nan_to_num_(nan=1.0, posinf=math.inf)
+
 
 def rows_of(p, q, normalize: bool) -> Rows:
     """:class:`Rows` of ``[N, V]`` inputs; ``normalize`` rescales rows to sum to 1 in float64."""
@@ -120,7 +135,7 @@ def rows_of(p, q, normalize: bool) -> Rows:
 
 
 class Histogram(NamedTuple):
-    """Per-row bucket sums [N, FINITE + 1] float64, and the bucket of every entry [N, V] int16."""
+    """Per-row bucket sums [N, FINITE + 1] float64, and the bucket of every entry [N, V] long."""
 
     p: torch.Tensor
     q: torch.Tensor
@@ -128,17 +143,43 @@ class Histogram(NamedTuple):
     index: torch.Tensor
 
 
+_F32_SHIFT = 23 - PER_OCTAVE_BITS
+_F32_OFFSET = ((127 - OCTAVES) << PER_OCTAVE_BITS) - 1  # (bits >> _F32_SHIFT) of 2^-64, minus 1
+_F32_INF = 0x7F800000 >> _F32_SHIFT
+
+
+def bucket_index32(ratio: torch.Tensor) -> torch.Tensor:  # [n, V] float32 (no NaN) -> [n, V] long
+    """The bucket of every float32 ratio, read off its bits (the same edges as :func:`bucket_index`)."""
+    t = ratio.view(torch.int32) >> _F32_SHIFT
+    idx = (t - _F32_OFFSET).clamp_(0, FINITE - 1)
+    return idx.add_(t >= _F32_INF).long()
+
+
+def _terms32(p64, q64, ratio, div: Divergence):  # q_i g(r_i) [n, V] float64 from a float32 ratio
+    if div.name == "kl" and div.f is _KL_F:  # p log r - p + q: the log in float32, the rest in float64
+        return torch.log(ratio.clamp(min=_TINY32)).to(torch.float64).mul_(p64).sub_(p64).add_(q64)
+    return q64 * div.g(torch.nan_to_num(ratio, posinf=1.0).to(torch.float64))
+
+
+_TINY32 = 1e-38  # float32 counterpart of _TINY: p log(max(r, _TINY32)) is 0 for p = 0
+
+
 def histogram(rows: Rows, div: Divergence) -> Histogram:
     """Bucket sums of ``p``, ``q`` and ``q g(r)``: one pass over the entries, by row blocks."""
     n, vocab = rows.p.shape
     out = [torch.zeros((n, FINITE + 1), dtype=torch.float64, device=rows.p.device) for _ in range(3)]
-    index = torch.empty((n, vocab), dtype=torch.int16, device=rows.p.device)
+    index = torch.empty((n, vocab), dtype=torch.int64, device=rows.p.device)
+    f32 = rows.p.dtype == torch.float32  # float32 rows: ratio, bucket and log in float32 (sums in float64)
     for blk in _row_blocks(n, vocab, rows.p.device):
-        p64, q64, ratio = rows.block(blk)
-        idx = bucket_index(ratio, rows.p.dtype)
+        if f32:
+            p64, q64, ratio = rows.block32(blk)
+            idx, terms = bucket_index32(ratio), _terms32(p64, q64, ratio, div)
+        else:
+            p64, q64, ratio = rows.block(blk)
+            idx, terms = bucket_index(ratio, rows.p.dtype), _terms(p64, q64, ratio, div)
         out[0][blk].scatter_add_(1, idx, p64)
         out[1][blk].scatter_add_(1, idx, q64)
-        out[2][blk].scatter_add_(1, idx, _terms(p64, q64, ratio, div))
+        out[2][blk].scatter_add_(1, idx, terms)
         index[blk] = idx
     return Histogram(*out, index)
 
@@ -282,29 +323,31 @@ def reduced_pair(rows: Rows, h: Histogram, red: Reduction, sorted_rows=None):
     """
     n, vocab = rows.p.shape
     dev = rows.p.device
-    lo_a, hi_a = (C1 + red.s_a).to(torch.int16), (C1 + red.t_a).to(torch.int16)  # [N, 1]
-    lo_b, hi_b = red.t_b.to(torch.int16), red.s_b.to(torch.int16)
-    idx = h.index
-    keep = ((idx >= lo_a) & (idx < hi_a)) | ((idx >= lo_b) & (idx < hi_b))  # [N, V]
-    counts = keep.sum(-1)  # [N]
+    b = torch.arange(FINITE + 1, device=dev)  # [FINITE + 1]: which buckets each row keeps, looked up per entry
+    kept_bucket = ((b >= C1 + red.s_a) & (b < C1 + red.t_a)).logical_or_((b >= red.t_b) & (b < red.s_b))
+    keep = kept_bucket.gather(1, h.index)  # [N, V]
+    flat = keep.view(-1).nonzero().squeeze(-1)  # row-major: row by row, in vocabulary order
+    row = flat // vocab
+    counts = torch.bincount(row, minlength=n)  # [N]
     fallback = counts > max(FALLBACK_FRACTION * vocab, 64)
     if sorted_rows is not None:
         fallback |= sorted_rows
     kept = torch.where(fallback, 0, counts)
     width, any_fallback = torch.stack([kept.max(), fallback.sum()]).tolist() if n else (0, 0)
     if any_fallback:
-        keep &= ~fallback.unsqueeze(-1)
-    flat = keep.view(-1).nonzero().squeeze(-1)  # row-major: row by row, in vocabulary order
-    row = flat // vocab
-    pos = torch.arange(flat.numel(), device=dev) - (torch.cumsum(kept, 0) - kept)[row]
-    vals_p, vals_q = rows.p.reshape(-1)[flat].to(torch.float64), rows.q.reshape(-1)[flat].to(torch.float64)
+        sel = ~fallback.index_select(0, row)
+        flat, row = flat[sel], row[sel]
+    pos = torch.arange(flat.numel(), device=dev) - (torch.cumsum(kept, 0) - kept).index_select(0, row)
+    vals_p = rows.p.reshape(-1).index_select(0, flat).to(torch.float64)
+    vals_q = rows.q.reshape(-1).index_select(0, flat).to(torch.float64)
     if rows.scale_p is not None:  # the same float64 values as in the histogram's pass
-        vals_p, vals_q = vals_p / rows.scale_p[row, 0], vals_q / rows.scale_q[row, 0]
+        vals_p, vals_q = vals_p / rows.scale_p[:, 0][row], vals_q / rows.scale_q[:, 0][row]
     total = width + AGGREGATES
     out_p = torch.zeros(n * total, dtype=torch.float64, device=dev)
     out_q = torch.zeros_like(out_p)
-    out_p[row * total + pos] = vals_p
-    out_q[row * total + pos] = vals_q
+    dst = row * total + pos
+    out_p.index_copy_(0, dst, vals_p)
+    out_q.index_copy_(0, dst, vals_q)
     out_p, out_q = out_p.reshape(n, total), out_q.reshape(n, total)
     out_p[:, width:] = red.agg_p
     out_q[:, width:] = red.agg_q
