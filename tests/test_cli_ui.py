@@ -3,13 +3,12 @@ experiments created through it, and SIGTERM stops the server it started (the por
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from mdboost.tracking import ui
+from tests._servers import assert_stops_on
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,16 +33,7 @@ def test_ui_serves_the_env_store_with_its_artifacts_root_and_stops_on_sigterm(tm
         assert [r.info.run_name for r in remote.search_runs([eid])] == ["from-the-env-store"]
         new = remote.get_experiment(remote.create_experiment("made-in-the-ui"))
         assert new.artifact_location.startswith(art.resolve().as_uri() + "/")
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 0
-        deadline = time.monotonic() + 30
-        while ui._answers(url, timeout=1.0) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert not ui._answers(url, timeout=1.0)
-        with socket.socket() as sock:
-            # as in tests/test_ui.py: TIME_WAIT probes tolerated, a listening socket is not
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(("127.0.0.1", port))
+        assert_stops_on(proc, url, port, signal.SIGTERM)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -10,6 +10,7 @@ import pytest
 
 from mdboost.tracking import ui
 from mdboost.tracking import DEFAULT_TRACKING_URI
+from tests._servers import assert_stops_on
 
 
 def test_server_command_serves_the_given_store_on_localhost(tmp_path):
@@ -96,7 +97,6 @@ def test_stopping_mdboost_ui_stops_its_server(tmp_path, sig):
     import os
     import signal
     import subprocess
-    import time
 
     port = ui.free_port()
     env = dict(os.environ, PYTHONPATH=os.getcwd())
@@ -106,17 +106,7 @@ def test_stopping_mdboost_ui_stops_its_server(tmp_path, sig):
     url = f"http://127.0.0.1:{port}"
     try:
         ui.wait_until_up(url, proc, timeout=180)
-        proc.send_signal(getattr(signal, sig))
-        assert proc.wait(60) == 0
-        deadline = time.monotonic() + 30
-        while ui._answers(url, timeout=1.0) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert not ui._answers(url, timeout=1.0)
-        with socket.socket() as sock:
-            # SO_REUSEADDR: connections of the probes above may linger in TIME_WAIT; on Linux the
-            # bind still fails while a socket listens on the port
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(("127.0.0.1", port))  # nothing listens any more
+        assert_stops_on(proc, url, port, getattr(signal, sig))
     finally:
         if proc.poll() is None:
             proc.kill()
