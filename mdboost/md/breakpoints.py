@@ -416,7 +416,7 @@ def _cumsums_np(p, q):  # [N, V] float64 x2 -> 4 x [N, V + 1]: the numpy twin of
 def _prefix_sums_np(r, q, ratio, n_lt, n_le, div: Divergence) -> np.ndarray:  # [N, V] each -> [N, V + 1]
     """The numpy twin of :func:`_prefix_sums` (one block: small rows)."""
     n, vocab = r.shape
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(all="ignore"):  # inf and NaN terms as in torch (masked below)
         if div.name == "kl" and div.f is _KL_F:
             terms = q * (np.where(ratio > 0, ratio * np.log(ratio), 0.0) - ratio + 1)
         else:
