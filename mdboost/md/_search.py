@@ -130,11 +130,13 @@ def _bracket_large(bp, budget, div, bound, kb):
     return torch.minimum(torch.maximum(bot, m_lo), top), top, (j, k)
 
 
-def _bracket_small(xp, sums, kb, budget, div, bound, mid):
-    """``(m_lo, m_hi, j, k)``: the neighbouring breakpoints around the crossing, all values sorted.
+def _bracket_small(xp, sums, kb, k_end, budget, div, bound, mid):
+    """``(m_lo, m_hi, j, k, d_end)``: the neighbouring breakpoints around the crossing, all values sorted.
 
     ``D_f`` decreases in ``m``: it is evaluated at every ``STRIDE``-th sorted breakpoint, then at
-    every breakpoint of the one stride that holds the crossing.
+    every breakpoint of the one stride that holds the crossing. The first round also gives
+    ``d_end`` [N, 1], ``D_f`` at the curve's end on its segment ``(j_max, k_end)``; rows whose
+    ``budget`` is outside ``(0, d_end)`` do not use the bracket (:func:`_primal` overrides them).
     """
     n, v = sums.ratio.shape
     idx = xp.arange(v + 1, sums.ratio)  # [V + 1], broadcast against the [N, 1] counts
@@ -158,18 +160,24 @@ def _bracket_small(xp, sums, kb, budget, div, bound, mid):
     knots = xp.sort(xp.where(valid, xp.concatenate([xp.flip(m_a), m_b], axis=-1), math.inf))  # [N, 2V]
     last = xp.clip(xp.sum(valid, axis=-1, keepdims=True) - 1, 0, None)
 
-    def big_at(cols):
+    def div_at(cols, end=None):  # D_f at sorted breakpoints (and at the end, on its segment, if given)
         m = xp.where(xp.isfinite(knots[:, :1]), xp.take(knots, xp.minimum(cols, last)), sums.tv)
-        return m, divergence_on(xp, m, make_segment(xp, sums, *locate(m), mid, bound), div, bound) > budget
+        j, k = locate(m)
+        pts = m
+        if end is not None:
+            pts, j, k = (xp.concatenate([x, y], axis=-1) for x, y in zip((m, j, k), (sums.m_end, sums.j_max, end)))
+        return m, divergence_on(xp, pts, make_segment(xp, sums, j, k, mid, bound), div, bound)
 
     steps = xp.arange(2 * v + STRIDE, sums.ratio, STRIDE)
-    _, big = big_at(xp.broadcast_to(steps, (n, steps.shape[0])))
+    _, d = div_at(xp.broadcast_to(steps, (n, steps.shape[0])), k_end)
+    d_end, big = d[:, -1:], d[:, :-1] > budget
     start = steps[xp.clip(xp.sum(big, axis=-1, keepdims=True) - 1, 0, None)]
-    m_fine, big = big_at(start + xp.arange(STRIDE + 1, sums.ratio))
+    m_fine, d = div_at(start + xp.arange(STRIDE + 1, sums.ratio))
+    big = d > budget
     m_lo = xp.maximum(sums.m_end, xp.amax(xp.where(big, m_fine, -math.inf), axis=-1, keepdims=True))
     m_hi = xp.minimum(sums.tv, xp.amin(xp.where(big, math.inf, m_fine), axis=-1, keepdims=True))
     m_lo = xp.minimum(m_lo, m_hi)
-    return (m_lo, m_hi) + locate((m_lo + m_hi) / 2)
+    return (m_lo, m_hi) + locate((m_lo + m_hi) / 2) + (d_end,)
 
 
 def _small_b_knots(xp, sums):
@@ -261,15 +269,16 @@ def primal_point(bp, budget: torch.Tensor, div, bound: bool, with_value: bool = 
         sums = bp.arrays(xp)
         b = xp.asarray(budget.to(torch.float64))
         m, seg = _primal(xp, bp, b, div, bound)
-        failed = divergence_on(xp, m, seg, div, bound) > b * (1 + 1e-12)
-        m = xp.where(failed, sums.tv, snap(xp, m, sums.tv))
+        snapped = snap(xp, m, sums.tv)
+        d = divergence_on(xp, xp.concatenate([m, snapped], axis=-1), seg, div, bound)  # [N, 2]: one call
+        failed = d[:, :1] > b * (1 + 1e-12)
+        m = xp.where(failed, sums.tv, snapped)
         ab = ab_on(xp, m, seg)
         at_sd = m >= sums.tv
         a, b_out = xp.where(at_sd, 0.0, ab[0]), xp.where(at_sd, 0.0, ab[1])
         value = None
-        if with_value:
-            value = xp.where(failed | at_sd, 0.0, xp.maximum(divergence_on(xp, m, seg, div, bound), 0.0))
-            value = xp.to_torch(value)
+        if with_value:  # D_f at the snapped point (the point unless the search failed: then 0)
+            value = xp.to_torch(xp.where(failed | at_sd, 0.0, xp.maximum(d[:, 1:], 0.0)))
     return xp.to_torch(a), xp.to_torch(b_out), xp.to_torch(m), value
 
 
@@ -280,11 +289,12 @@ def _primal(xp, bp, budget, div, bound):
     kb_torch = None if small else _b_knots(bp)
     kb = _small_b_knots(xp, sums) if small else xp.asarray(kb_torch)
     k_end = xp.minimum(xp.clip(xp.searchsorted(kb, sums.m_end), 1, None), sums.n_lt)
-    d_end = divergence_on(xp, sums.m_end, make_segment(xp, sums, sums.j_max, k_end, mid, bound), div, bound)
-    inner = xp.where((budget > 0) & (budget < d_end), budget, d_end / 2)  # keeps the search well posed
-    if small:
-        m_lo, m_hi, j, k = _bracket_small(xp, sums, kb, inner, div, bound, mid)
+    if small:  # D_f at the end comes with the bracket's first round
+        m_lo, m_hi, j, k, d_end = _bracket_small(xp, sums, kb, k_end, budget, div, bound, mid)
+        inner = xp.where((budget > 0) & (budget < d_end), budget, d_end / 2)  # keeps the search well posed
     else:
+        d_end = divergence_on(xp, sums.m_end, make_segment(xp, sums, sums.j_max, k_end, mid, bound), div, bound)
+        inner = xp.where((budget > 0) & (budget < d_end), budget, d_end / 2)
         m_lo, m_hi, (j, k) = _bracket_large(bp, xp.to_torch(inner), div, bound, kb_torch)
         m_lo, m_hi, j, k = (xp.asarray(x) for x in (m_lo, m_hi, j, k))
     at_end = (budget >= d_end) & (budget > 0)  # the end fits: a one-point bracket on its segment

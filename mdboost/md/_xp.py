@@ -217,7 +217,7 @@ class NumpyOps(_Namespace, library=np):
 
     @staticmethod
     def errstate():
-        return np.errstate(divide="ignore", invalid="ignore")  # inf budgets / inf terms, as in torch
+        return np.errstate(divide="ignore", invalid="ignore", over="ignore")  # inf budgets / inf terms, as in torch
 
 
 TORCH, NUMPY = TorchOps(), NumpyOps()

@@ -79,6 +79,12 @@ class Breakpoints:
         self.dtype = dtype
         self.vocab = r_sorted.shape[-1]
         self._r = r_sorted  # [N, V] input dtype, sorted ascending
+        self._prefix_cache: dict = {}
+        self._arrays: dict = {}  # namespace name -> SortedSums
+        self._np = _small_ok(r_sorted)
+        if self._np:  # small CPU rows: the same sums with numpy's cheaper tiny ops
+            self._init_numpy(r_sorted.numpy(), p_sorted.numpy(), q_sorted.numpy(), normalize)
+            return
         p64, self._q = p_sorted.to(ACC_DTYPE), q_sorted.to(ACC_DTYPE)  # [N, V] float64, by ratio
         threshold, self._r_cmp, self.normalized = 1.0, r_sorted, False
         if normalize and r_sorted.shape[0]:  # rows within the sum tolerance, rescaled in float64
@@ -111,8 +117,47 @@ class Breakpoints:
         self._j_max = torch.maximum(self._n_fin - 1, self._n_le)  # last A segment (the end)
         self._tv = self.q_pre(self._n_lt) - self.p_pre(self._n_lt)  # [N, 1] = F(0) = TV(p, q)
         self._m_end = torch.minimum(self.p_suf(self._n_fin), self._tv)  # [N, 1] = p(q = 0)
-        self._prefix_cache: dict = {}
-        self._arrays: dict = {}  # namespace name -> SortedSums
+
+    def _init_numpy(self, r, p, q, normalize: bool):
+        """:meth:`__init__` on numpy arrays [N, V] (the same steps; counts instead of ``searchsorted``)."""
+        vocab = self.vocab
+        p64, q64 = p.astype(np.float64), q.astype(np.float64)
+        threshold, r_cmp, self.normalized = 1.0, r, False
+        if normalize:
+            sp, sq = p64.sum(-1, keepdims=True), q64.sum(-1, keepdims=True)
+            if ((sp != 1) | (sq != 1)).any():
+                p64, q64, self.normalized = p64 / sp, q64 / sq, True
+                threshold = (sp / sq).astype(r.dtype)
+        sums = _cumsums_np(p64, q64)
+        inf_r = np.isinf(r)
+        if np.where(inf_r, q64, 0.0).any():  # overflowed ratios count as q_i = 0 (docs/theory.md, section 9)
+            q64 = np.where(inf_r, 0.0, q64)
+            sums = _cumsums_np(p64, q64)
+        cp, cq, rp, rq = sums
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if self.normalized:
+                neutral = 1.0 / np.asarray(threshold, dtype=np.float64)
+                ratio = np.where(q64 > 0, p64 / q64, np.where(p64 > 0, math.inf, neutral))
+                r_cmp = ratio
+            elif r.dtype == np.float64:
+                ratio = r
+            else:
+                ratio = np.where(q64 > 0, p64 / q64, math.inf)
+        thr = np.asarray(threshold, dtype=r.dtype)
+        # counts on sorted rows = searchsorted (left: <, right: <=)
+        n_lt = (r < thr).sum(-1, keepdims=True, dtype=np.int64)
+        n_le = (r <= thr).sum(-1, keepdims=True, dtype=np.int64)
+        n_fin = vocab - inf_r.sum(-1, keepdims=True, dtype=np.int64)
+        j_max = np.maximum(n_fin - 1, n_le)
+        tv = np.take_along_axis(cq, n_lt, -1) - np.take_along_axis(cp, n_lt, -1)
+        m_end = np.minimum(np.take_along_axis(rp, vocab - n_fin, -1), tv)
+        t = torch.from_numpy
+        self._q, self._ratio, self._r_cmp = t(q64), t(ratio), t(r_cmp)
+        self._cp, self._cq, self._rp, self._rq = (t(x) for x in sums)
+        self._n_lt, self._n_le, self._n_fin, self._j_max, self._tv, self._m_end = (
+            t(x) for x in (n_lt, n_le, n_fin, j_max, tv, m_end))
+        self._arrays["numpy"] = SortedSums(cp, cq, rp, rq, ratio, n_lt, n_le, j_max, tv, m_end)
+        self._np_r_cmp, self._np_q = r_cmp, q64
 
     # ------------------------------------------------------------------ build
     @classmethod
@@ -182,7 +227,12 @@ class Breakpoints:
         terms (``q_i g(r_i)`` explodes for extreme ratios) and ``+inf`` terms stay exact.
         """
         if div not in self._prefix_cache:
-            self._prefix_cache[div] = _prefix_sums(self._r_cmp, self._q, self._ratio, self._n_lt, self._n_le, div)
+            if self._np:
+                sums = self._arrays["numpy"]
+                mid = _prefix_sums_np(self._np_r_cmp, self._np_q, sums.ratio, sums.n_lt, sums.n_le, div)
+                self._prefix_cache[div] = torch.from_numpy(mid)
+            else:
+                self._prefix_cache[div] = _prefix_sums(self._r_cmp, self._q, self._ratio, self._n_lt, self._n_le, div)
         return self._prefix_cache[div]
 
     def mass_prefix(self) -> torch.Tensor:
@@ -345,6 +395,41 @@ class Breakpoints:
 
 def _numpy_ok(x: torch.Tensor) -> bool:
     return x.device.type == "cpu" and not x.requires_grad and x.numel() > 0
+
+
+NUMPY_VOCAB = 4096  # rows up to this vocabulary build their sums in numpy on CPU (a tiny op costs less)
+
+
+def _small_ok(r: torch.Tensor) -> bool:
+    return _numpy_ok(r) and r.shape[-1] <= NUMPY_VOCAB and r.dtype in (torch.float32, torch.float64)
+
+
+def _cumsums_np(p, q):  # [N, V] float64 x2 -> 4 x [N, V + 1]: the numpy twin of :func:`_cumsums`
+    n, vocab = p.shape
+    outs = [np.empty((n, vocab + 1)) for _ in range(4)]
+    for out, src in zip(outs, (p, q, p[:, ::-1], q[:, ::-1])):
+        out[:, 0] = 0
+        np.cumsum(src, -1, out=out[:, 1:])
+    return outs
+
+
+def _prefix_sums_np(r, q, ratio, n_lt, n_le, div: Divergence) -> np.ndarray:  # [N, V] each -> [N, V + 1]
+    """The numpy twin of :func:`_prefix_sums` (one block: small rows)."""
+    n, vocab = r.shape
+    with np.errstate(all="ignore"):  # inf and NaN terms as in torch (masked below)
+        if div.name == "kl" and div.f is _KL_F:
+            terms = q * (np.where(ratio > 0, ratio * np.log(ratio), 0.0) - ratio + 1)
+        else:
+            z = np.nan_to_num(r.astype(np.float64), posinf=1.0)
+            terms = q * div.g(torch.from_numpy(z)).numpy()
+    mid = np.zeros((n, vocab + 1))
+    lo_w, hi_s = int(n_lt.max()), int(n_le.min())
+    low = np.where(r[:, :lo_w] < 1, terms[:, :lo_w], 0.0)[:, ::-1]
+    mid[:, :lo_w] = np.cumsum(low, -1)[:, ::-1]  # [k] = sum_{k <= i < n_lt}
+    rh = r[:, hi_s:]
+    high = np.where((rh > 1) & (rh < math.inf), terms[:, hi_s:], 0.0)
+    mid[:, hi_s + 1:] += np.cumsum(high, -1)  # [j] = sum_{n_le <= i < j}, 0 up to n_le
+    return mid
 
 
 def _sort_rows(r, p, q):  # [N, V] each -> r, p, q permuted so that r is ascending
