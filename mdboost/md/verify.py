@@ -315,6 +315,23 @@ def _solve_lazily(p, q, budget, dual, div, u_acc, p_x, q_x, needed_only, normali
     batch, num_draft = u_acc.shape
     out = [torch.full((batch, num_draft), float("nan"), dtype=u_acc.dtype, device=u_acc.device) for _ in range(4)]
     zero = torch.zeros_like(u_acc)
+    if not _buckets.applies(p):
+        # small rows: a call's fixed cost outweighs its rows, so solve every candidate position in
+        # one call, then keep the reached ones (the same values: each row is solved on its own)
+        todo = u_acc >= _accept_ratio(zero, q_x, p_x) if needed_only else torch.ones_like(u_acc, dtype=torch.bool)
+        if bool(todo.any()):
+            got = _solve(p[todo], q[todo], budget[todo], dual, div, normalize)
+            solved = [torch.full_like(out[0], float("nan")) for _ in range(4)]
+            for dst, src in zip(solved, got):
+                dst[todo] = src.to(dst.dtype)
+            a = torch.nan_to_num(solved[0], nan=0.0)
+            accepted = u_acc < _accept_ratio(a, q_x, p_x)  # [B, K]
+            # reached: every earlier draft accepted
+            reached = torch.cat([torch.ones_like(accepted[:, :1]), accepted[:, :-1].cumprod(-1).bool()], dim=1)
+            keep = todo & reached
+            for dst, src in zip(out, solved):
+                dst[keep] = src[keep]
+        return tuple(out)
     rows = torch.arange(batch, device=u_acc.device)
     for j in range(num_draft):
         if rows.numel() == 0:
