@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from mdboost.md import breakpoints
+from mdboost.md import _sums
 from mdboost.md.breakpoints import Breakpoints
 from mdboost.md.divergences import GENERATORS
 from mdboost.md.solve import solve
@@ -24,7 +24,7 @@ def _both(monkeypatch, p, q, normalize=True):
     """``(numpy build, torch build)`` of the same rows."""
     fast = Breakpoints.build(p, q, validate=False, normalize=normalize)
     with monkeypatch.context() as m:
-        m.setattr(breakpoints, "NUMPY_VOCAB", 0)  # every row through the torch build
+        m.setattr(_sums, "NUMPY_VOCAB", 0)  # every row through the torch build
         ref = Breakpoints.build(p, q, validate=False, normalize=normalize)
     assert fast._np and not ref._np
     return fast, ref
@@ -86,7 +86,7 @@ def test_solve_on_small_rows_equals_the_torch_build(monkeypatch, name):
         for kwargs in ({"max_divergence": 0.05}, {"min_acceptance": 0.9}):
             fast = solve(*args, divergence=name, **kwargs)
             with monkeypatch.context() as m:
-                m.setattr(breakpoints, "NUMPY_VOCAB", 0)
+                m.setattr(_sums, "NUMPY_VOCAB", 0)
                 ref = solve(*args, divergence=name, **kwargs)
             for field in ("acceptance", "achieved_divergence", "sd_acceptance"):
                 _close(getattr(fast, field), getattr(ref, field))

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from mdboost.md import breakpoints
+from mdboost.md import _sums
 from mdboost.md.breakpoints import Breakpoints
 
 
@@ -24,7 +24,7 @@ def _rows(dtype, vocab=300, rows=4, seed=0):
 def test_sort_rows_is_a_sorting_permutation(dtype):
     p, q = _rows(dtype)
     r = torch.nan_to_num(p / q, nan=1.0, posinf=math.inf)
-    r_s, p_s, q_s = breakpoints._sort_rows(r, p, q)
+    r_s, p_s, q_s = _sums._sort_rows(r, p, q)
     ref = torch.sort(r, dim=-1).values
     if dtype == torch.float32:
         assert torch.equal(r_s, ref)
@@ -46,7 +46,7 @@ def test_sort_rows_is_a_sorting_permutation(dtype):
 def test_numpy_and_torch_paths_agree(dtype, monkeypatch):
     p, q = _rows(dtype, seed=1)
     fast = Breakpoints.build(p, q).for_divergence(0.05, "kl")
-    monkeypatch.setattr(breakpoints, "_numpy_ok", lambda x: False)
+    monkeypatch.setattr(_sums, "_numpy_ok", lambda x: False)
     slow = Breakpoints.build(p, q).for_divergence(0.05, "kl")
     tol = 1e-10 if dtype == torch.float64 else 1e-6
     for x, y in zip(fast, slow):
