@@ -317,10 +317,14 @@ def _events(xp, h: Histogram, div: Divergence | None) -> Events:
 def _ss(xp, sorted_rows, x, right):  # row-wise searchsorted on [N, L] with x [N, Q]
     if xp is TORCH:
         return torch.searchsorted(sorted_rows.contiguous(), x.contiguous(), right=right)
+    side = "right" if right else "left"
     if sorted_rows.shape[0] == 1:
-        return np.searchsorted(sorted_rows[0], x, side="right" if right else "left")
-    rows, x = torch.from_numpy(np.ascontiguousarray(sorted_rows)), torch.from_numpy(np.ascontiguousarray(x))
-    return torch.searchsorted(rows, x, right=right).numpy()
+        return np.searchsorted(sorted_rows[0], x, side=side)
+    # row by row: numpy's search of sorted queries is several times faster than torch's batched one
+    out = np.empty(x.shape, dtype=np.int64)
+    for i in range(x.shape[0]):
+        out[i] = np.searchsorted(sorted_rows[i], x[i], side=side)
+    return out
 
 
 def bracket(ev: Events, budget: torch.Tensor):  # budget [N, 1] -> m_lo, m_hi [N, 1]
