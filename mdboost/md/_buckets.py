@@ -294,14 +294,14 @@ def _events(xp, h: Histogram, div: Divergence | None) -> Events:
     cp_a, cq_a, cs_a, cp_b, cq_b = fwd[0], fwd[1], fwd[2], fwd[3], fwd[4]
     rp_a, rq_a, rp_b, rq_b, rs_b = rev[0], rev[1], rev[3], rev[4], rev[5]
     p_inf = xp.asarray(h.p[:, INF:].contiguous())
-    tv = xp.maximum(cq_b[:, -1:] - cp_b[:, -1:], 0.0)  # F(0) = sum_{r < 1} (q - p)
+    tv = xp.clip(cq_b[:, -1:] - cp_b[:, -1:], 0.0, None)  # F(0) = sum_{r < 1} (q - p)
     m_end = xp.minimum(p_inf, tv)
     ea, eb = xp.asarray(e_a), xp.asarray(e_b)
     m_a = xp.where(rq_a > 0, rp_a - ea * rq_a, 0.0) + p_inf
     m_a = xp.minimum(xp.maximum(m_a, m_end), tv)
     m_a[:, 0:1] = tv  # E(0) = F(0) = TV exactly
     m_a = -_cummax(xp, -m_a)  # running minimum
-    m_b = xp.minimum(xp.maximum(eb * cq_b - cp_b, 0.0), tv)
+    m_b = xp.minimum(xp.clip(eb * cq_b - cp_b, 0.0, None), tv)
     m_b[:, -1:] = tv
     m_b = _cummax(xp, m_b)
     if div is None:
@@ -401,7 +401,7 @@ def _reduction(xp, ev: Events, m_lo, m_hi, div: Divergence | None) -> Reduction:
         mid_q, mid_p = agg_q[:, 1:3], agg_p[:, 1:3]
         ratio = xp.where(mid_q > 0, mid_p / xp.where(mid_q > 0, mid_q, 1.0), 1.0)
         own = xp.sum(_qg(xp, mid_q, _g(xp, div, ratio)), axis=-1, keepdims=True)
-        delta = xp.maximum(take(ev.cs_a, s_a) + take(ev.rs_b, s_b) - own, 0.0)
+        delta = xp.clip(take(ev.cs_a, s_a) + take(ev.rs_b, s_b) - own, 0.0, None)
     out = (s_a, t_a, t_b, s_b, agg_p, agg_q, delta)
     return Reduction(*(xp.to_torch(x) for x in out))
 
