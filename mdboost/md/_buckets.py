@@ -36,12 +36,14 @@ import math
 import sys
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
+from mdboost.md._xp import TORCH, namespace_for
 from mdboost.md.breakpoints import Breakpoints
 from mdboost.md.divergences import GENERATORS, Divergence
 
-PER_OCTAVE_BITS = 4  # 16 buckets per octave: a bucket spans a ratio of 2^(1/16), about 4.4%
+PER_OCTAVE_BITS = 5  # 32 buckets per octave: a bucket spans at most a ratio of 1 + 1/32
 OCTAVES = 64  # the regular buckets cover [2^-64, 2^64)
 _SHIFT = 52 - PER_OCTAVE_BITS
 _BASE = (1023 - OCTAVES) << PER_OCTAVE_BITS  # (bits >> _SHIFT) of 2^-64
@@ -141,6 +143,7 @@ class Histogram(NamedTuple):
     q: torch.Tensor
     s: torch.Tensor  # sum of q_i g(r_i)
     index: torch.Tensor
+    sums: torch.Tensor | None = None  # [3, N, FINITE + 1]: p, q, s stacked (the three are its views)
 
 
 _F32_SHIFT = 23 - PER_OCTAVE_BITS
@@ -164,40 +167,92 @@ def _terms32(p64, q64, ratio, div: Divergence):  # q_i g(r_i) [n, V] float64 fro
 _TINY32 = 1e-38  # float32 counterpart of _TINY: p log(max(r, _TINY32)) is 0 for p = 0
 
 
+def _index_into(ratio: torch.Tensor, out: torch.Tensor) -> None:  # [n, V] float32/64 ratio -> out [n, V] long
+    """:func:`bucket_index32` (float32) or :func:`bucket_index` (float64 inputs) written into ``out``.
+
+    In int32 arithmetic only (comparisons to bool and mixed-dtype ops cost several passes more):
+    ``x = clip(bits - offset, 0, x_inf)``, where ``x_inf`` is the value of ``inf``, and the ``inf``
+    bucket's extra 1 is ``(x + 2^k - x_inf) >> k`` for ``2^k > x_inf``.
+    """
+    if ratio.dtype == torch.float32:
+        t, offset, x_inf = ratio.view(torch.int32) >> _F32_SHIFT, _F32_OFFSET, _F32_INF - _F32_OFFSET
+    else:
+        t, offset = ratio.view(torch.int32)[..., _HI::2] >> (_SHIFT - 32), _BASE - 1
+        x_inf = (_INF_HI[torch.float64] >> (_SHIFT - 32)) - offset
+    k = x_inf.bit_length()
+    t.sub_(offset).clamp_(0, x_inf)
+    beyond = t.add((1 << k) - x_inf).bitwise_right_shift_(k)  # 1 for inf, else 0
+    out.copy_(t.clamp_(max=FINITE - 1).add_(beyond))
+
+
+def _plogr(p64, ratio):  # p_i log r_i [n, V] float64 (0 where p_i = 0): the KL terms less p - q
+    tiny = _TINY32 if ratio.dtype == torch.float32 else _TINY
+    return torch.log(ratio.clamp(min=tiny)).to(torch.float64).mul_(p64)
+
+
 def histogram(rows: Rows, div: Divergence) -> Histogram:
-    """Bucket sums of ``p``, ``q`` and ``q g(r)``: one pass over the entries, by row blocks."""
+    """Bucket sums of ``p``, ``q`` and ``q g(r)``: one pass over the entries, by row blocks.
+
+    For KL the pass sums ``p log r`` only: ``q g(r) = p log r - p + q``, so a bucket's sum of
+    ``q g(r)`` is its ``p log r`` sum minus its ``p`` sum plus its ``q`` sum (two passes fewer).
+    """
     n, vocab = rows.p.shape
-    out = [torch.zeros((n, FINITE + 1), dtype=torch.float64, device=rows.p.device) for _ in range(3)]
+    sums = torch.zeros((3, n, FINITE + 1), dtype=torch.float64, device=rows.p.device)
+    out = list(sums)
     index = torch.empty((n, vocab), dtype=torch.int64, device=rows.p.device)
     f32 = rows.p.dtype == torch.float32  # float32 rows: ratio, bucket and log in float32 (sums in float64)
+    kl = div.name == "kl" and div.f is _KL_F
     for blk in _row_blocks(n, vocab, rows.p.device):
-        if f32:
-            p64, q64, ratio = rows.block32(blk)
-            idx, terms = bucket_index32(ratio), _terms32(p64, q64, ratio, div)
+        p64, q64, ratio = rows.block32(blk) if f32 else rows.block(blk)
+        idx = index[blk]
+        if f32 or rows.p.dtype == torch.float64:
+            _index_into(ratio, idx)
         else:
-            p64, q64, ratio = rows.block(blk)
-            idx, terms = bucket_index(ratio, rows.p.dtype), _terms(p64, q64, ratio, div)
+            idx.copy_(bucket_index(ratio, rows.p.dtype))
+        if kl:
+            terms = _plogr(p64, ratio)
+        else:
+            terms = _terms32(p64, q64, ratio, div) if f32 else _terms(p64, q64, ratio, div)
         out[0][blk].scatter_add_(1, idx, p64)
         out[1][blk].scatter_add_(1, idx, q64)
         out[2][blk].scatter_add_(1, idx, terms)
-        index[blk] = idx
-    return Histogram(*out, index)
+    if kl:  # sum of q g(r) = sum p log r - sum p + sum q (>= 0; inf in the q = 0 bucket, never read)
+        out[2].sub_(out[0]).add_(out[1]).clamp_(min=0.0)
+    return Histogram(*out, index, sums)
 
 
-def _cum(x):  # [N, L] -> [N, L + 1]: sum_{b < t}
-    return torch.nn.functional.pad(torch.cumsum(x, -1), (1, 0))
+_EDGE_G: dict = {}
 
 
-def _rcum(x):  # [N, L] -> [N, L + 1]: sum_{b >= t}
-    return torch.nn.functional.pad(torch.flip(torch.cumsum(torch.flip(x, [-1]), -1), [-1]), (0, 1))
+def _edge_g(xp, div: Divergence, e_a, e_b):  # g at the A and B edges, [C1 + 1] each, cached per divergence
+    key = (div, str(e_a.device), xp.name)
+    if key not in _EDGE_G:
+        if len(_EDGE_G) >= 64:  # divergences made on the fly: keep the cache bounded
+            _EDGE_G.clear()
+        _EDGE_G[key] = (xp.asarray(div.g(e_a)), xp.asarray(div.g(e_b)))
+    return _EDGE_G[key]
 
 
-def _qg(q, g):  # q g with 0 where q = 0 (g may be inf there)
-    return torch.where(q > 0, q * g, 0.0)
+def _cummax(xp, x):  # running maximum along the last axis, in torch (numpy's accumulate is slower)
+    if xp is TORCH:
+        return torch.cummax(x, -1).values
+    return torch.cummax(torch.from_numpy(x), -1).values.numpy()
+
+
+def _qg(xp, q, g):  # q g with 0 where q = 0 (g may be inf there)
+    return xp.where(q > 0, q * g, 0.0)
+
+
+def _g(xp, div: Divergence, z):  # div.g through torch (the same values in both namespaces)
+    return div.g(z) if xp is TORCH else div.g(torch.from_numpy(z)).numpy()
 
 
 class Events(NamedTuple):
-    """The curve at the bucket edges: A side ``x = e[C1 + u]``, B side ``y = e[l]`` ([N, C1 + 1] each)."""
+    """The curve at the bucket edges: A side ``x = e[C1 + u]``, B side ``y = e[l]`` ([N, C1 + 1] each).
+
+    Arrays of the namespace ``xp`` (numpy views on CPU: these are a few dozen ops on
+    ``[N, C1 + 1]`` arrays, where a numpy op costs a fraction of a torch one).
+    """
 
     m_a: torch.Tensor  # E(x - 1), non-increasing in u, m_a[0] = TV
     m_b: torch.Tensor  # F(1 - y), non-decreasing in l, m_b[C1] = TV
@@ -217,61 +272,89 @@ class Events(NamedTuple):
     rq_b: torch.Tensor
     rs_b: torch.Tensor  # sum_{l <= b < C1} q g(r)
     p_inf: torch.Tensor  # [N, 1]
+    xp: object = None  # the namespace of the arrays
 
 
 def events(h: Histogram, div: Divergence | None) -> Events:
     """Exact ``E``, ``F`` and the two parts of ``D~`` at every bucket edge (``docs/theory.md``, section 4)."""
+    xp = namespace_for(h.p)
+    with xp.errstate():  # inf edges times zero sums are masked
+        return _events(xp, h, div)
+
+
+def _events(xp, h: Histogram, div: Divergence | None) -> Events:
     e = edges(h.p.device)
     e_a, e_b = e[C1:], e[:C1 + 1]  # [C1 + 1] each (FINITE - C1 = C1 - 1 regular A buckets + top)
-    pa, qa, sa = h.p[:, C1:FINITE], h.q[:, C1:FINITE], h.s[:, C1:FINITE]
-    pb, qb, sb = h.p[:, :C1], h.q[:, :C1], h.s[:, :C1]
-    p_inf = h.p[:, INF:]
-    rp_a, rq_a, cp_a, cq_a, cs_a = _rcum(pa), _rcum(qa), _cum(pa), _cum(qa), _cum(sa)
-    cp_b, cq_b, rp_b, rq_b, rs_b = _cum(pb), _cum(qb), _rcum(pb), _rcum(qb), _rcum(sb)
-    tv = (cq_b[:, -1:] - cp_b[:, -1:]).clamp(min=0.0)  # F(0) = sum_{r < 1} (q - p)
-    m_end = torch.minimum(p_inf, tv)
-    m_a = torch.where(rq_a > 0, rp_a - e_a * rq_a, 0.0) + p_inf
-    m_a = torch.minimum(torch.maximum(m_a, m_end), tv)
+    # the ten prefix / suffix sums in two torch scans of one [6, N, C1] stack (p, q, s of A, then B)
+    sums = h.sums if h.sums is not None else torch.stack([h.p, h.q, h.s])  # [3, N, FINITE + 1]
+    both = torch.cat([sums[..., C1:FINITE], sums[..., :C1]])  # [6, N, C1]
+    pad = torch.nn.functional.pad
+    fwd = xp.asarray(pad(torch.cumsum(both, -1), (1, 0)))  # [6, N, C1 + 1]: sum_{b < t}
+    rev = xp.asarray(pad(torch.flip(torch.cumsum(torch.flip(both, [-1]), -1), [-1]), (0, 1)))  # sum_{b >= t}
+    cp_a, cq_a, cs_a, cp_b, cq_b = fwd[0], fwd[1], fwd[2], fwd[3], fwd[4]
+    rp_a, rq_a, rp_b, rq_b, rs_b = rev[0], rev[1], rev[3], rev[4], rev[5]
+    p_inf = xp.asarray(h.p[:, INF:].contiguous())
+    tv = xp.clip(cq_b[:, -1:] - cp_b[:, -1:], 0.0, None)  # F(0) = sum_{r < 1} (q - p)
+    m_end = xp.minimum(p_inf, tv)
+    ea, eb = xp.asarray(e_a), xp.asarray(e_b)
+    m_a = xp.where(rq_a > 0, rp_a - ea * rq_a, 0.0) + p_inf
+    m_a = xp.minimum(xp.maximum(m_a, m_end), tv)
     m_a[:, 0:1] = tv  # E(0) = F(0) = TV exactly
-    m_a = torch.cummin(m_a, -1).values
-    m_b = torch.minimum((e_b * cq_b - cp_b).clamp(min=0.0), tv)
+    m_a = -_cummax(xp, -m_a)  # running minimum
+    m_b = xp.minimum(xp.clip(eb * cq_b - cp_b, 0.0, None), tv)
     m_b[:, -1:] = tv
-    m_b = torch.cummax(m_b, -1).values
+    m_b = _cummax(xp, m_b)
     if div is None:
         d_a = d_b = None
     else:
-        g_a, g_b = div.g(e_a), div.g(e_b)
-        d_a = _qg(rq_a, g_a) + cs_a
-        d_b = rs_b + _qg(cq_b, g_b)
-    return Events(m_a, m_b, d_a, d_b, tv, m_end, rp_a, rq_a, cp_a, cq_a, cs_a, cp_b, cq_b, rp_b, rq_b, rs_b, p_inf)
+        g_a, g_b = _edge_g(xp, div, e_a, e_b)
+        d_a = _qg(xp, rq_a, g_a) + cs_a
+        d_b = rs_b + _qg(xp, cq_b, g_b)
+    return Events(m_a, m_b, d_a, d_b, tv, m_end, rp_a, rq_a, cp_a, cq_a, cs_a, cp_b, cq_b, rp_b, rq_b, rs_b, p_inf,
+                  xp)
 
 
-def _ss(sorted_rows, x, right):  # row-wise searchsorted on [N, L] with x [N, Q]
-    return torch.searchsorted(sorted_rows.contiguous(), x.contiguous(), right=right)
+def _ss(xp, sorted_rows, x, right):  # row-wise searchsorted on [N, L] with x [N, Q]
+    if xp is TORCH:
+        return torch.searchsorted(sorted_rows.contiguous(), x.contiguous(), right=right)
+    side = "right" if right else "left"
+    if sorted_rows.shape[0] == 1:
+        return np.searchsorted(sorted_rows[0], x, side=side)
+    # row by row: numpy's search of sorted queries is several times faster than torch's batched one
+    out = np.empty(x.shape, dtype=np.int64)
+    for i in range(x.shape[0]):
+        out[i] = np.searchsorted(sorted_rows[i], x[i], side=side)
+    return out
 
 
 def bracket(ev: Events, budget: torch.Tensor):  # budget [N, 1] -> m_lo, m_hi [N, 1]
     """``[m_lo, m_hi]`` holding the primal crossing: ``D > budget`` at ``m_lo`` unless it is the end,
     ``D <= budget`` at ``m_hi``. Bounds: at an A event the B parameter lies in one bucket ``l``
     (``D~`` between its two edges), at a B event the A parameter in one bucket ``u``."""
+    xp = ev.xp
+    with xp.errstate():
+        return _bracket(xp, ev, xp.asarray(budget.to(torch.float64).contiguous()))
+
+
+def _bracket(xp, ev: Events, budget):
     top = C1 - 1  # last bucket index on either side (local)
     neg_a = -ev.m_a
     # A events: B bucket l with m_b[l] <= m <= m_b[l + 1]
-    l = (_ss(ev.m_b, ev.m_a, True) - 1).clamp(0, top)
-    lb_a = ev.d_a + ev.d_b.gather(1, l + 1)
-    ub_a = ev.d_a + ev.d_b.gather(1, l)
+    l = xp.clip(_ss(xp, ev.m_b, ev.m_a, True) - 1, 0, top)
+    lb_a = ev.d_a + xp.take(ev.d_b, l + 1)
+    ub_a = ev.d_a + xp.take(ev.d_b, l)
     # B events: A bucket u with m_a[u] >= m >= m_a[u + 1]; only points of the curve (m >= m_end)
-    u = (_ss(neg_a, -ev.m_b, True) - 1).clamp(0, top)
-    lb_b = ev.d_a.gather(1, u) + ev.d_b
-    ub_b = ev.d_a.gather(1, u + 1) + ev.d_b
+    u = xp.clip(_ss(xp, neg_a, -ev.m_b, True) - 1, 0, top)
+    lb_b = xp.take(ev.d_a, u) + ev.d_b
+    ub_b = xp.take(ev.d_a, u + 1) + ev.d_b
     on_curve = ev.m_b >= ev.m_end
     neg = -math.inf
-    m_lo = torch.maximum(torch.where(lb_a > budget, ev.m_a, neg).amax(-1, keepdim=True),
-                         torch.where((lb_b > budget) & on_curve, ev.m_b, neg).amax(-1, keepdim=True))
-    m_hi = torch.minimum(torch.where(ub_a <= budget, ev.m_a, math.inf).amin(-1, keepdim=True),
-                         torch.where((ub_b <= budget) & on_curve, ev.m_b, math.inf).amin(-1, keepdim=True))
-    m_hi = torch.minimum(m_hi, ev.tv)
-    return torch.minimum(torch.maximum(m_lo, ev.m_end), m_hi), m_hi
+    m_lo = xp.maximum(xp.amax(xp.where(lb_a > budget, ev.m_a, neg), axis=-1, keepdims=True),
+                      xp.amax(xp.where((lb_b > budget) & on_curve, ev.m_b, neg), axis=-1, keepdims=True))
+    m_hi = xp.minimum(xp.amin(xp.where(ub_a <= budget, ev.m_a, math.inf), axis=-1, keepdims=True),
+                      xp.amin(xp.where((ub_b <= budget) & on_curve, ev.m_b, math.inf), axis=-1, keepdims=True))
+    m_hi = xp.minimum(m_hi, ev.tv)
+    return xp.minimum(xp.maximum(m_lo, ev.m_end), m_hi), m_hi
 
 
 class Reduction(NamedTuple):
@@ -287,30 +370,40 @@ class Reduction(NamedTuple):
 
 
 def reduction(ev: Events, m_lo, m_hi, div: Divergence | None) -> Reduction:
-    """Which buckets stay individual for every ``m`` in ``[m_lo, m_hi]``, and the sums of the others."""
+    """Which buckets stay individual for every ``m`` in ``[m_lo, m_hi]``, and the sums of the others.
+
+    ``m_lo``, ``m_hi`` [N, 1] in the namespace of ``ev``; returns torch tensors.
+    """
+    xp = ev.xp
+    with xp.errstate():
+        return _reduction(xp, ev, m_lo, m_hi, div)
+
+
+def _reduction(xp, ev: Events, m_lo, m_hi, div: Divergence | None) -> Reduction:
     neg_a = -ev.m_a
-    t_a = _ss(neg_a, -m_lo, False)  # first u with m_a[u] <= m_lo: entries from there on stay in A
-    s_a = (_ss(neg_a, -m_hi, True) - 1).clamp(min=0)  # last u with m_a[u] >= m_hi: below it, M
+    t_a = _ss(xp, neg_a, -m_lo, False)  # first u with m_a[u] <= m_lo: entries from there on stay in A
+    s_a = xp.clip(_ss(xp, neg_a, -m_hi, True) - 1, 0, None)  # last u with m_a[u] >= m_hi: below it, M
     # E is flat (= m_end) above the largest finite ratio, F flat (= 0) below the smallest: at the
     # curve's end their buckets stay individual, so that a = r_max - 1 and b = 1 - r_min there
-    s_a = torch.minimum(s_a, (_ss(neg_a, -ev.m_end, False) - 1).clamp(min=0))
-    t_a = torch.maximum(t_a, s_a)
-    t_b = (_ss(ev.m_b, m_lo, True) - 1).clamp(min=0)  # last l with m_b[l] <= m_lo: below it, B
-    s_b = _ss(ev.m_b, m_hi, False)  # first l with m_b[l] >= m_hi: from there on, M
-    s_b = torch.maximum(torch.maximum(s_b, _ss(ev.m_b, torch.zeros_like(m_hi), True)), t_b).clamp(max=C1)
-    take = torch.gather
-    agg_p = torch.cat([take(ev.rp_a, 1, t_a), take(ev.cp_a, 1, s_a), take(ev.rp_b, 1, s_b), take(ev.cp_b, 1, t_b),
-                       ev.p_inf], -1)
-    agg_q = torch.cat([take(ev.rq_a, 1, t_a), take(ev.cq_a, 1, s_a), take(ev.rq_b, 1, s_b), take(ev.cq_b, 1, t_b),
-                       torch.zeros_like(ev.p_inf)], -1)
+    s_a = xp.minimum(s_a, xp.clip(_ss(xp, neg_a, -ev.m_end, False) - 1, 0, None))
+    t_a = xp.maximum(t_a, s_a)
+    t_b = xp.clip(_ss(xp, ev.m_b, m_lo, True) - 1, 0, None)  # last l with m_b[l] <= m_lo: below it, B
+    s_b = _ss(xp, ev.m_b, m_hi, False)  # first l with m_b[l] >= m_hi: from there on, M
+    s_b = xp.clip(xp.maximum(xp.maximum(s_b, _ss(xp, ev.m_b, xp.zeros_like(m_hi), True)), t_b), None, C1)
+    take = xp.take
+    agg_p = xp.concatenate([take(ev.rp_a, t_a), take(ev.cp_a, s_a), take(ev.rp_b, s_b), take(ev.cp_b, t_b),
+                            ev.p_inf], -1)
+    agg_q = xp.concatenate([take(ev.rq_a, t_a), take(ev.cq_a, s_a), take(ev.rq_b, s_b), take(ev.cq_b, t_b),
+                            xp.zeros_like(ev.p_inf)], -1)
     if div is None:
-        delta = torch.zeros_like(m_lo)
+        delta = xp.zeros_like(m_lo)
     else:
         mid_q, mid_p = agg_q[:, 1:3], agg_p[:, 1:3]
-        ratio = torch.where(mid_q > 0, mid_p / torch.where(mid_q > 0, mid_q, 1.0), 1.0)
-        own = _qg(mid_q, div.g(ratio)).sum(-1, keepdim=True)
-        delta = (take(ev.cs_a, 1, s_a) + take(ev.rs_b, 1, s_b) - own).clamp(min=0.0)
-    return Reduction(s_a, t_a, t_b, s_b, agg_p, agg_q, delta)
+        ratio = xp.where(mid_q > 0, mid_p / xp.where(mid_q > 0, mid_q, 1.0), 1.0)
+        own = xp.sum(_qg(xp, mid_q, _g(xp, div, ratio)), axis=-1, keepdims=True)
+        delta = xp.clip(take(ev.cs_a, s_a) + take(ev.rs_b, s_b) - own, 0.0, None)
+    out = (s_a, t_a, t_b, s_b, agg_p, agg_q, delta)
+    return Reduction(*(xp.to_torch(x) for x in out))
 
 
 def reduced_pair(rows: Rows, h: Histogram, red: Reduction, sorted_rows=None):
@@ -326,6 +419,8 @@ def reduced_pair(rows: Rows, h: Histogram, red: Reduction, sorted_rows=None):
     b = torch.arange(FINITE + 1, device=dev)  # [FINITE + 1]: which buckets each row keeps, looked up per entry
     kept_bucket = ((b >= C1 + red.s_a) & (b < C1 + red.t_a)).logical_or_((b >= red.t_b) & (b < red.s_b))
     keep = kept_bucket.gather(1, h.index)  # [N, V]
+    if namespace_for(rows.p) is not TORCH and rows.p.dtype in (torch.float32, torch.float64):
+        return _reduced_pair_np(rows, keep, red, sorted_rows)
     flat = keep.view(-1).nonzero().squeeze(-1)  # row-major: row by row, in vocabulary order
     row = flat // vocab
     counts = torch.bincount(row, minlength=n)  # [N]
@@ -354,6 +449,36 @@ def reduced_pair(rows: Rows, h: Histogram, red: Reduction, sorted_rows=None):
     return out_p, out_q, fallback
 
 
+def _reduced_pair_np(rows: Rows, keep: torch.Tensor, red: Reduction, sorted_rows):
+    """:func:`reduced_pair` after the per-entry lookup, in numpy (CPU rows): the same values, a
+    fraction of the per-op cost (a few dozen ops on the kept entries and on [N] arrays)."""
+    n, vocab = rows.p.shape
+    flat = np.flatnonzero(keep.numpy())  # row-major: row by row, in vocabulary order
+    row = flat // vocab
+    counts = np.bincount(row, minlength=n)  # [N]
+    fallback = counts > max(FALLBACK_FRACTION * vocab, 64)
+    if sorted_rows is not None:
+        fallback |= sorted_rows.numpy()
+    kept = np.where(fallback, 0, counts)
+    width = int(kept.max()) if n else 0
+    if fallback.any():
+        sel = ~fallback[row]
+        flat, row = flat[sel], row[sel]
+    pos = np.arange(flat.size) - (np.cumsum(kept) - kept)[row]
+    vals_p = rows.p.numpy().reshape(-1)[flat].astype(np.float64)
+    vals_q = rows.q.numpy().reshape(-1)[flat].astype(np.float64)
+    if rows.scale_p is not None:  # the same float64 values as in the histogram's pass
+        vals_p, vals_q = vals_p / rows.scale_p.numpy()[row, 0], vals_q / rows.scale_q.numpy()[row, 0]
+    total = width + AGGREGATES
+    out_p, out_q = np.zeros((n, total)), np.zeros((n, total))
+    dst = row * total + pos
+    out_p.reshape(-1)[dst] = vals_p
+    out_q.reshape(-1)[dst] = vals_q
+    out_p[:, width:] = red.agg_p.numpy()
+    out_q[:, width:] = red.agg_q.numpy()
+    return torch.from_numpy(out_p), torch.from_numpy(out_q), torch.from_numpy(fallback)
+
+
 class Prepared(NamedTuple):
     """The reduced problem of every row: solve it with :class:`Breakpoints` and add ``delta``."""
 
@@ -376,7 +501,7 @@ def prepare_primal(p, q, budget, div: Divergence, normalize: bool) -> tuple[Prep
     rp, rq, fallback = reduced_pair(rows, h, red, ((budget > 0) & (budget < NOISE_BUDGET)).reshape(-1))
     reduced_budget = torch.where(torch.isinf(budget) | (budget <= 0), budget, (budget - red.delta).clamp(min=0.0))
     bp = Breakpoints(*_sorted(rp, rq), rp.shape[:-1], torch.float64)
-    return Prepared(bp, red.delta, fallback, ev.tv, ev.m_end), reduced_budget
+    return Prepared(bp, red.delta, fallback, ev.xp.to_torch(ev.tv), ev.xp.to_torch(ev.m_end)), reduced_budget
 
 
 def prepare_dual(p, q, min_acceptance, div: Divergence, normalize: bool) -> tuple[Prepared, torch.Tensor]:
@@ -384,11 +509,13 @@ def prepare_dual(p, q, min_acceptance, div: Divergence, normalize: bool) -> tupl
     rows = rows_of(p, q, normalize)
     h = histogram(rows, div)
     ev = events(h, div)
-    m = torch.minimum(torch.maximum(1 - min_acceptance, ev.m_end), ev.tv)
-    red = reduction(ev, m, m, div)
+    tv, m_end = ev.xp.to_torch(ev.tv), ev.xp.to_torch(ev.m_end)
+    m = torch.minimum(torch.maximum(1 - min_acceptance, m_end), tv)
+    m_x = ev.xp.asarray(m.contiguous())
+    red = reduction(ev, m_x, m_x, div)
     rp, rq, fallback = reduced_pair(rows, h, red)
     bp = Breakpoints(*_sorted(rp, rq), rp.shape[:-1], torch.float64)
-    return Prepared(bp, red.delta, fallback, ev.tv, ev.m_end), m
+    return Prepared(bp, red.delta, fallback, tv, m_end), m
 
 
 def _sorted(rp, rq):

@@ -1,0 +1,52 @@
+"""The bucket path's bookkeeping (events, bracket, reduction, reduced pair) in both namespaces.
+
+On CPU the per-row bookkeeping runs in numpy; on accelerators (and with autograd) in torch.
+Forcing the torch namespace on CPU runs the accelerator code path here: both must agree with
+the sorted breakpoints, and with each other to rounding.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mdboost.md import _buckets, _xp
+from mdboost.md.divergences import resolve
+from tests.test_md_buckets import T64, _assert_same, _llm_rows
+from tests.test_md_solve import _case
+
+
+@pytest.fixture
+def torch_namespace(monkeypatch):
+    monkeypatch.setattr(_buckets, "namespace_for", lambda x: _xp.TORCH)
+
+
+def _rows(kind, n, rows):
+    p, q = _case(kind, n, seed=n + 11)
+    return torch.from_numpy(p)[None].expand(rows, n), torch.from_numpy(q)[None].expand(rows, n)
+
+
+@pytest.mark.parametrize("kind,n", [("plain", 5000), ("zeros", 5000), ("peaked", 40), ("equal", 40)])
+@pytest.mark.parametrize("name", ["kl", "hellinger", "rkl"])
+def test_torch_namespace_matches_the_sorted_path_and_numpy(torch_namespace, monkeypatch, kind, n, name):
+    div = resolve(name)
+    budgets = torch.tensor([0.0, 1e-4, 0.02, 0.3, 5.0], **T64).reshape(-1, 1)
+    targets = torch.tensor([0.0, 0.3, 0.8, 0.95, 1.0], **T64).reshape(-1, 1)
+    p, q = _rows(kind, n, 5)
+    for value, dual in ((budgets, False), (targets, True)):
+        fast = _buckets.solve_rows(p, q, value, div, dual, False)[:4]
+        ref = _buckets.sorted_solve(p, q, value, div, dual, False)[:4]
+        _assert_same(fast, ref)
+        monkeypatch.setattr(_buckets, "namespace_for", _xp.namespace_for)  # numpy on CPU
+        other = _buckets.solve_rows(p, q, value, div, dual, False)[:4]
+        monkeypatch.setattr(_buckets, "namespace_for", lambda x: _xp.TORCH)
+        for a, b in zip(fast, other):
+            torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+
+
+def test_torch_namespace_on_float32_llm_rows(torch_namespace):
+    p, q = _llm_rows(6, 8192, 5, torch.float32)
+    budget = torch.tensor([1e-4, 0.01, 0.05, 0.2, 1.0, 10.0], **T64).reshape(-1, 1)
+    fast = _buckets.solve_rows(p, q, budget, resolve("kl"), False, True)[:4]
+    ref = _buckets.sorted_solve(p, q, budget, resolve("kl"), False, True)[:4]
+    torch.testing.assert_close(fast[2], ref[2], atol=1e-6, rtol=0)
