@@ -3,7 +3,7 @@
 The exact primal and dual of :mod:`mdboost.md.solve` without sorting the vocabulary
 (``docs/theory.md``, section 4, "Linear-time solve"):
 
-1. **Histogram.** The ratios ``r_i = p_i / q_i`` are put in :data:`FINITE` fixed buckets whose
+1. **Histogram** (:mod:`mdboost.md._histogram`). The ratios ``r_i = p_i / q_i`` are put in :data:`FINITE` fixed buckets whose
    edges are read off the float64 bits (``PER_OCTAVE`` buckets per octave over
    ``[2^-64, 2^64)``, one bucket below, one above, and one for ``q_i = 0``); per bucket the sums
    of ``p``, ``q`` and ``q g(r)`` in float64 (one ``scatter_add`` each). Float32 rows take the
@@ -33,192 +33,20 @@ rows that fall back).
 from __future__ import annotations
 
 import math
-import sys
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
+from mdboost.md._histogram import C1, FINITE, INF, Histogram, Rows, edges, histogram, rows_of
 from mdboost.md._xp import TORCH, namespace_for
 from mdboost.md.breakpoints import Breakpoints
-from mdboost.md.divergences import GENERATORS, Divergence
+from mdboost.md.divergences import Divergence
 
-PER_OCTAVE_BITS = 5  # 32 buckets per octave: a bucket spans at most a ratio of 1 + 1/32
-OCTAVES = 64  # the regular buckets cover [2^-64, 2^64)
-_SHIFT = 52 - PER_OCTAVE_BITS
-_BASE = (1023 - OCTAVES) << PER_OCTAVE_BITS  # (bits >> _SHIFT) of 2^-64
-FINITE = 2 * OCTAVES * (1 << PER_OCTAVE_BITS) + 2  # [0, 2^-64), regular buckets, [2^64, max]
-INF = FINITE  # the bucket of q_i = 0 < p_i (and of ratios beyond the input dtype's range)
-C1 = 1 + OCTAVES * (1 << PER_OCTAVE_BITS)  # edge index of r = 1
 AGGREGATES = 5  # top of A, upper M, lower M, bottom of B, q = 0
 FALLBACK_FRACTION = 0.25  # a row whose bracketing buckets hold more entries is solved sorted
 NOISE_BUDGET = 1e-12  # primal budgets in (0, NOISE_BUDGET) take the sorted path (D_f is rounding noise there)
 MIN_VOCAB = 4096  # solve / verify use this path from this vocabulary on (smaller rows: sorted)
-_KL_F = GENERATORS["kl"].f
-_TINY = 1e-300  # log(max(r, _TINY)) times p: exact 0 for p = 0, and p log r within 1e-298 otherwise
-_EDGES: dict = {}
-
-
-def edges(device) -> torch.Tensor:
-    """The bucket edges [FINITE + 1] float64: ``e[0] = 0``, ``e[C1] = 1``, ``e[FINITE] = inf``."""
-    key = str(device)
-    if key not in _EDGES:
-        bits = (torch.arange(FINITE - 1, dtype=torch.int64) + _BASE) << _SHIFT
-        reg = bits.view(torch.float64)  # e[1..FINITE-1]: 2^-64 ... 2^64
-        e = torch.cat([torch.zeros(1, dtype=torch.float64), reg, torch.full((1,), math.inf, dtype=torch.float64)])
-        _EDGES[key] = e.to(device)
-    return _EDGES[key]
-
-
-_HI = 1 if sys.byteorder == "little" else 0  # the int32 word of a float64 holding sign, exponent, top mantissa
-_INF_HI = {torch.float64: 0x7FF00000, torch.float32: 0x47F00000}  # high words from inf, and from 2^128
-
-
-def bucket_index(ratio: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # [n, V] float64 -> [n, V] long
-    """The bucket of every ratio (no NaN): :data:`INF` for ``inf`` and, for float32 inputs, from 2^128 on.
-
-    Read off the high 32 bits of the float64 (its exponent and top mantissa bits; the order of
-    non-negative floats is the order of their bits).
-    """
-    hi = ratio.view(torch.int32)[..., _HI::2]
-    idx = (hi >> (_SHIFT - 32)).sub_(_BASE - 1).clamp_(0, FINITE - 1)
-    return idx.add_(hi >= _INF_HI.get(dtype, _INF_HI[torch.float32])).long()
-
-
-def _terms(p, q, ratio, div: Divergence):  # q_i g(r_i), [n, V] float64 (only finite buckets are read)
-    if div.name == "kl" and div.f is _KL_F:  # q (r log r - r + 1) = p log r - p + q; p = 0 gives q
-        return torch.log(ratio.clamp(min=_TINY)).mul_(p).sub_(p).add_(q)
-    return q * div.g(torch.nan_to_num(ratio, posinf=1.0))
-
-
-BLOCK_ELEMS = 1 << 17  # CPU passes run over row blocks of about this many entries (cache resident)
-
-
-def _row_blocks(n: int, vocab: int, device) -> list[slice]:
-    """Row blocks of the full passes: one block on accelerators, cache-sized blocks on CPU."""
-    step = n if device.type != "cpu" else max(1, BLOCK_ELEMS // max(vocab, 1))
-    return [slice(s, min(n, s + step)) for s in range(0, n, max(step, 1))]
-
-
-class Rows(NamedTuple):
-    """The input rows and how each block's float64 view is made (same bits in every pass)."""
-
-    p: torch.Tensor  # [N, V] input dtype
-    q: torch.Tensor
-    scale_p: torch.Tensor | None  # [N, 1] float64 row sums (rows rescaled to sum to 1), or None
-    scale_q: torch.Tensor | None
-
-    def block(self, rows: slice):
-        """``(p64, q64, ratio)`` [n, V] float64 of a block; ``0/0`` is 1."""
-        p64, q64 = self.p[rows].to(torch.float64), self.q[rows].to(torch.float64)
-        if self.scale_p is not None:
-            p64, q64 = p64 / self.scale_p[rows], q64 / self.scale_q[rows]
-        return p64, q64, torch.div(p64, q64).nan_to_num_(nan=1.0, posinf=math.inf)
-
-    def block32(self, rows: slice):
-        """``(p64, q64, ratio)`` of a float32 block: ``p64``, ``q64`` as in :meth:`block`, the ratio
-        float32 (of the rescaled rows, ``0/0`` is 1; it overflows to ``inf`` where the input dtype does)."""
-        p, q = self.p[rows], self.q[rows]
-        p64, q64 = p.to(torch.float64), q.to(torch.float64)
-        if self.scale_p is None:
-            ratio = torch.div(p, q)
-        else:
-            p64, q64 = p64 / self.scale_p[rows], q64 / self.scale_q[rows]
-            ratio = torch.div(p, q).mul_((self.scale_q[rows] / self.scale_p[rows]).to(torch.float32))
-        return p64, q64, ratio.nan_to_num_(nan=1.0, posinf=math.inf)
-
-
-def rows_of(p, q, normalize: bool) -> Rows:
-    """:class:`Rows` of ``[N, V]`` inputs; ``normalize`` rescales rows to sum to 1 in float64."""
-    scale_p = scale_q = None
-    if normalize:  # rows within the sum tolerance, rescaled in float64 (docs/theory.md, section 9)
-        scale_p, scale_q = p.sum(-1, keepdim=True, dtype=torch.float64), q.sum(-1, keepdim=True, dtype=torch.float64)
-    return Rows(p, q, scale_p, scale_q)
-
-
-class Histogram(NamedTuple):
-    """Per-row bucket sums [N, FINITE + 1] float64, and the bucket of every entry [N, V] long."""
-
-    p: torch.Tensor
-    q: torch.Tensor
-    s: torch.Tensor  # sum of q_i g(r_i)
-    index: torch.Tensor
-    sums: torch.Tensor | None = None  # [3, N, FINITE + 1]: p, q, s stacked (the three are its views)
-
-
-_F32_SHIFT = 23 - PER_OCTAVE_BITS
-_F32_OFFSET = ((127 - OCTAVES) << PER_OCTAVE_BITS) - 1  # (bits >> _F32_SHIFT) of 2^-64, minus 1
-_F32_INF = 0x7F800000 >> _F32_SHIFT
-
-
-def bucket_index32(ratio: torch.Tensor) -> torch.Tensor:  # [n, V] float32 (no NaN) -> [n, V] long
-    """The bucket of every float32 ratio, read off its bits (the same edges as :func:`bucket_index`)."""
-    t = ratio.view(torch.int32) >> _F32_SHIFT
-    idx = (t - _F32_OFFSET).clamp_(0, FINITE - 1)
-    return idx.add_(t >= _F32_INF).long()
-
-
-def _terms32(p64, q64, ratio, div: Divergence):  # q_i g(r_i) [n, V] float64 from a float32 ratio
-    if div.name == "kl" and div.f is _KL_F:  # p log r - p + q: the log in float32, the rest in float64
-        return torch.log(ratio.clamp(min=_TINY32)).to(torch.float64).mul_(p64).sub_(p64).add_(q64)
-    return q64 * div.g(torch.nan_to_num(ratio, posinf=1.0).to(torch.float64))
-
-
-_TINY32 = 1e-38  # float32 counterpart of _TINY: p log(max(r, _TINY32)) is 0 for p = 0
-
-
-def _index_into(ratio: torch.Tensor, out: torch.Tensor) -> None:  # [n, V] float32/64 ratio -> out [n, V] long
-    """:func:`bucket_index32` (float32) or :func:`bucket_index` (float64 inputs) written into ``out``.
-
-    In int32 arithmetic only (comparisons to bool and mixed-dtype ops cost several passes more):
-    ``x = clip(bits - offset, 0, x_inf)``, where ``x_inf`` is the value of ``inf``, and the ``inf``
-    bucket's extra 1 is ``(x + 2^k - x_inf) >> k`` for ``2^k > x_inf``.
-    """
-    if ratio.dtype == torch.float32:
-        t, offset, x_inf = ratio.view(torch.int32) >> _F32_SHIFT, _F32_OFFSET, _F32_INF - _F32_OFFSET
-    else:
-        t, offset = ratio.view(torch.int32)[..., _HI::2] >> (_SHIFT - 32), _BASE - 1
-        x_inf = (_INF_HI[torch.float64] >> (_SHIFT - 32)) - offset
-    k = x_inf.bit_length()
-    t.sub_(offset).clamp_(0, x_inf)
-    beyond = t.add((1 << k) - x_inf).bitwise_right_shift_(k)  # 1 for inf, else 0
-    out.copy_(t.clamp_(max=FINITE - 1).add_(beyond))
-
-
-def _plogr(p64, ratio):  # p_i log r_i [n, V] float64 (0 where p_i = 0): the KL terms less p - q
-    tiny = _TINY32 if ratio.dtype == torch.float32 else _TINY
-    return torch.log(ratio.clamp(min=tiny)).to(torch.float64).mul_(p64)
-
-
-def histogram(rows: Rows, div: Divergence) -> Histogram:
-    """Bucket sums of ``p``, ``q`` and ``q g(r)``: one pass over the entries, by row blocks.
-
-    For KL the pass sums ``p log r`` only: ``q g(r) = p log r - p + q``, so a bucket's sum of
-    ``q g(r)`` is its ``p log r`` sum minus its ``p`` sum plus its ``q`` sum (two passes fewer).
-    """
-    n, vocab = rows.p.shape
-    sums = torch.zeros((3, n, FINITE + 1), dtype=torch.float64, device=rows.p.device)
-    out = list(sums)
-    index = torch.empty((n, vocab), dtype=torch.int64, device=rows.p.device)
-    f32 = rows.p.dtype == torch.float32  # float32 rows: ratio, bucket and log in float32 (sums in float64)
-    kl = div.name == "kl" and div.f is _KL_F
-    for blk in _row_blocks(n, vocab, rows.p.device):
-        p64, q64, ratio = rows.block32(blk) if f32 else rows.block(blk)
-        idx = index[blk]
-        if f32 or rows.p.dtype == torch.float64:
-            _index_into(ratio, idx)
-        else:
-            idx.copy_(bucket_index(ratio, rows.p.dtype))
-        if kl:
-            terms = _plogr(p64, ratio)
-        else:
-            terms = _terms32(p64, q64, ratio, div) if f32 else _terms(p64, q64, ratio, div)
-        out[0][blk].scatter_add_(1, idx, p64)
-        out[1][blk].scatter_add_(1, idx, q64)
-        out[2][blk].scatter_add_(1, idx, terms)
-    if kl:  # sum of q g(r) = sum p log r - sum p + sum q (>= 0; inf in the q = 0 bucket, never read)
-        out[2].sub_(out[0]).add_(out[1]).clamp_(min=0.0)
-    return Histogram(*out, index, sums)
 
 
 _EDGE_G: dict = {}
@@ -286,7 +114,7 @@ def _events(xp, h: Histogram, div: Divergence | None) -> Events:
     e = edges(h.p.device)
     e_a, e_b = e[C1:], e[:C1 + 1]  # [C1 + 1] each (FINITE - C1 = C1 - 1 regular A buckets + top)
     # the ten prefix / suffix sums in two torch scans of one [6, N, C1] stack (p, q, s of A, then B)
-    sums = h.sums if h.sums is not None else torch.stack([h.p, h.q, h.s])  # [3, N, FINITE + 1]
+    sums = h.sums  # [3, N, FINITE + 1]
     both = torch.cat([sums[..., C1:FINITE], sums[..., :C1]])  # [6, N, C1]
     pad = torch.nn.functional.pad
     fwd = xp.asarray(pad(torch.cumsum(both, -1), (1, 0)))  # [6, N, C1 + 1]: sum_{b < t}
