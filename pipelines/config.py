@@ -133,6 +133,10 @@ class CacheConfig:
     there) starts a Dask ``LocalCluster`` of ``n_jobs`` worker processes for the run and closes
     it at the end; an address (``tcp://host:8786``) connects to a running scheduler, whose
     workers then build the shards (every worker must see ``dir`` at the same path).
+
+    ``mentored_text`` (with ``acceptance_source: sampled``): every prompt-lookup drafter's points
+    with a budget are predicted on continuations sampled by MD itself at that point
+    (``mdboost.cache.mentored``, ``docs/ranking.md``), one more sampling pass per temperature.
     """
 
     dir: str = ".mdboost_cache/logits"
@@ -149,6 +153,7 @@ class CacheConfig:
     scheduler: str | None = None
     cost_context: int = 128
     cost_repeats: int = 21
+    mentored_text: bool = True
 
     def __post_init__(self):
         _check(self.k >= 1, "k (>= 1)", self.k)

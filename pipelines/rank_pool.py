@@ -35,6 +35,7 @@ from typing import NamedTuple
 import yaml
 
 from mdboost.cache import open_or_build_cache
+from mdboost.cache.mentored import attach_mentored
 from mdboost.cache.keys import PoolCacheSpec
 from mdboost.cache.pool_cache import BuildInfo, PoolCache
 from mdboost.ranking import report
@@ -260,6 +261,9 @@ def _run(cfg: RankConfig) -> dict:
         t0 = time.perf_counter()
         spec = cfg.cache_spec(temperature)
         pc, cache_info = open_or_build_cache(spec, progress=cfg.progress)  # costs: measured once per pool
+        if cfg.cache.mentored_text:  # prompt lookup's points with a budget, on MD's own text
+            pc = attach_mentored(spec, pc, cfg.md.divergences, cfg.md.budgets, cfg.speed.gamma_max,
+                                 progress=cfg.progress)
         t1 = time.perf_counter()
         more, more_details = score_all(cfg, pc, temperature)
         t_cache, t_score = t_cache + t1 - t0, t_score + time.perf_counter() - t1

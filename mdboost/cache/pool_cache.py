@@ -19,7 +19,7 @@ from the speed file (:meth:`PoolCache.cost_ratio`, :meth:`PoolCache.cost_samples
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -36,13 +36,16 @@ class PoolCache:
     """Opened member caches sharing the same rows (same records, tokenizer and positions).
 
     ``caches``: member name -> :class:`~mdboost.cache.reader.LogitCache`, the target first;
-    ``acceptance``: the members' target-sampled caches (``acceptance_source: sampled``) or None.
+    ``acceptance``: the members' target-sampled caches (``acceptance_source: sampled``) or None;
+    ``mentored``: prompt-lookup drafter -> ``{(divergence, budget): rows file}`` of continuations
+    sampled by MD itself (:func:`mdboost.cache.mentored.attach_mentored`; empty: none).
     """
 
     caches: dict
     target: str
     acceptance: PoolCache | None = None
     speed: SpeedStore | None = None
+    mentored: dict = field(default_factory=dict)
 
     @property
     def vocab_size(self) -> int:

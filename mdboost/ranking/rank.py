@@ -48,6 +48,7 @@ from mdboost.ranking.acceptance import md_operating_points, sd_acceptance
 from mdboost.ranking.boosting import boost_greedy, boost_target_first
 from mdboost.ranking.diagnostics import boost_coefficient, pair_diagnostics
 from mdboost.ranking.layout import SequenceLayout
+from mdboost.ranking.mentored import mentored_process
 from mdboost.ranking.process import PointInputs, budget_tilt, score_process
 from mdboost.ranking.scores import PairScore, PairStats, PointScore, Quantiles, SpeedChoice
 from mdboost.ranking.speed import SpeedProfile, check_verify_costs, gamma_speedups
@@ -234,7 +235,7 @@ def _process_scores(acc: PairRows, aligned: Aligned, ops, sd, settings: ScoreSet
 
 def score_pair(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | None = None,
                acceptance: PairRows | None = None, acceptance_source: str | None = None,
-               speed_profile: SpeedProfile | None = None) -> PairScore:
+               speed_profile: SpeedProfile | None = None, mentored=None) -> PairScore:
     """All metrics of one ordered pair, one :class:`~mdboost.ranking.scores.PointScore` per
     (divergence, budget).
 
@@ -257,6 +258,11 @@ def score_pair(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | Non
         The target's verification cost table and the MD overhead for this pair's drafts
         (:mod:`mdboost.ranking.speed`); default: ``v = 1``, ``s = 0`` (Leviathan et al.). The
         overhead applies to budgets > 0 only.
+    mentored : mapping, optional
+        ``(divergence, max_divergence) -> PairRows`` on text sampled by MD itself at that point
+        (:func:`~mdboost.ranking.mentored.mentored_pair_rows`, prompt-lookup drafters): that
+        point's process columns come from there (:func:`~mdboost.ranking.mentored.mentored_process`),
+        its ``process_text`` column says ``"mentored"`` (else ``"target"``).
     """
     s = settings or ScoreSettings()
     profile = speed_profile or SpeedProfile()
@@ -273,9 +279,13 @@ def score_pair(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | Non
     ref_ops = acc_ops if acceptance is None else _one_plain_point(
         md_operating_points(aligned, pair.draft.rows.valid, s.divergences, s.budgets, s.mode))
     process = None if acc.layout is None else _process_scores(acc, acc_aligned, acc_ops, sd, s, profile)
+    mentored = dict(mentored or {})
     points = []
     for i, (op, ref_op) in enumerate(zip(acc_ops, ref_ops, strict=True)):
         overhead = profile.md_overhead if op.max_divergence > 0 else 0.0
+        on_text = mentored.get((op.divergence, float(op.max_divergence))) if op.max_divergence > 0 else None
+        if on_text is not None:
+            process[i + 1] = mentored_process(on_text, op.divergence, op.max_divergence, vocab_size, s, profile)
         nll_clamp = _mean(quality.nll_mentored(pair.draft.rows, pair.target.rows, ref_op.a, ref_op.b))
         tv = _tv_boosted(pair, aligned, stats, ref_op, s, nll_clamp)
         points.append(PointScore(
@@ -285,7 +295,7 @@ def score_pair(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | Non
             nll_mentored=nll_clamp if tv is None or s.tv_mentor == "clamp" else tv["nll_tv_boosted"],
             iid=_iid_choice(_mean(op.acceptance), acc.draft.cost_ratio, s, profile, overhead, stats.sd_acceptance),
             process=None if process is None else process[i + 1], verify_costs=tuple(verify.tolist()),
-            md_overhead=float(overhead), tv=tv))
+            md_overhead=float(overhead), tv=tv, text="target" if on_text is None else "mentored"))
     return PairScore(pair.draft.name, pair.target.name,
                      acceptance_source or ("reference" if acceptance is None else "sampled"), stats, sd.numpy(),
                      sd_iid, None if process is None else process[0], tuple(points), s.temperature,

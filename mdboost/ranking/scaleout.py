@@ -22,10 +22,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mdboost.cache.mentored import load_mentored
 from mdboost.cache.pool_cache import PoolCache
 from mdboost.cache.reader import LogitCache
 from mdboost.cache.speed import SpeedStore
 from mdboost.ranking.rank import ScoreSettings, score_pair
+from mdboost.ranking.mentored import mentored_pair_rows
 from mdboost.ranking.rows import MemberLoader, acceptance_rows, pair_rows, speed_profile
 from mdboost.ranking.scores import PairScore
 
@@ -51,12 +53,16 @@ def score_cached_pair(pc: PoolCache, drafter: str, target: str, settings: ScoreS
         ``settings.temperature`` (default: new ones, each member read once for this pair).
     """
     loader = MemberLoader(pc, settings.quality_temperature) if loader is None else loader
-    acceptance = None
+    acceptance, mentored = None, {}
     if pc.acceptance is not None:
         acc_loader = MemberLoader(pc.acceptance, settings.temperature) if acceptance_loader is None else acceptance_loader
         acceptance = acceptance_rows(acc_loader, pc, drafter, target)
+        if target == pc.target:  # the mentored texts were sampled from the pool target
+            mentored = {point: mentored_pair_rows(load_mentored(path), acceptance, settings.temperature)
+                        for point, path in pc.mentored.get(drafter, {}).items()}
     return score_pair(pair_rows(loader, drafter, target), pc.vocab_size, settings=settings, acceptance=acceptance,
-                      acceptance_source=acceptance_source, speed_profile=speed_profile(pc, drafter, target))
+                      acceptance_source=acceptance_source, speed_profile=speed_profile(pc, drafter, target),
+                      mentored=mentored)
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,7 @@ class CacheLocation:
     folders: tuple[tuple[str, str], ...]
     acceptance: tuple[tuple[str, str], ...] | None = None
     speed: SpeedStore | None = None
+    mentored: tuple = ()  # (drafter, ((divergence, budget, rows file), ...)) per prompt-lookup drafter
 
     @classmethod
     def of(cls, pc: PoolCache) -> CacheLocation:
@@ -82,7 +89,10 @@ class CacheLocation:
         def folders(p: PoolCache) -> tuple[tuple[str, str], ...]:
             return tuple((name, str(cache.out_dir)) for name, cache in p.caches.items())
 
-        return cls(pc.target, folders(pc), None if pc.acceptance is None else folders(pc.acceptance), pc.speed)
+        mentored = tuple((d, tuple((f, b, str(path)) for (f, b), path in points.items()))
+                         for d, points in pc.mentored.items())
+        return cls(pc.target, folders(pc), None if pc.acceptance is None else folders(pc.acceptance), pc.speed,
+                   mentored)
 
     def open(self, members) -> PoolCache:
         """The pool cache of ``members`` and the pool target (which every pair's costs and rows
@@ -101,7 +111,8 @@ class CacheLocation:
             return {name: LogitCache.open(folder, verify=False) for name, folder in folders if name in wanted}
 
         acc = None if self.acceptance is None else PoolCache(opened(self.acceptance), self.target)
-        return PoolCache(opened(self.folders), self.target, acc, self.speed)
+        mentored = {d: {(f, b): path for f, b, path in points} for d, points in self.mentored if d in wanted}
+        return PoolCache(opened(self.folders), self.target, acc, self.speed, mentored)
 
 
 def score_pair_task(location: CacheLocation, drafter: str, target: str, settings: ScoreSettings,

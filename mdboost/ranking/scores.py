@@ -102,6 +102,7 @@ class PointScore:
     verify_costs: tuple
     md_overhead: float
     tv: dict | None = None  # TV points: the clamp's and the boosted projection's NLL columns (rank._tv_boosted)
+    text: str = "target"  # the text the process ran on: the target's continuations, or "mentored" (MD's own)
 
     @property
     def gamma(self) -> int:
@@ -216,7 +217,7 @@ def score_rows(score: PairScore) -> list[dict]:
             "md_acceptance_median": quantile(acc, 0.5), "md_acceptance_q90": quantile(acc, 0.9),
             "acceptance_gain": float(acc.mean()) - common["sd_acceptance"],
             "achieved_divergence": point.achieved_divergence,
-            "md_overhead": point.md_overhead, "k_median": quantile(k, 0.5), "k_q90": quantile(k, 0.9),
+            "md_overhead": point.md_overhead, "process_text": point.text, "k_median": quantile(k, 0.5), "k_q90": quantile(k, 0.9),
             "nll_mentored": point.nll_mentored, "beats_target": bool(point.nll_mentored < common["nll_target"]),
             **(point.tv or {}),
         }
