@@ -178,7 +178,7 @@ def _child_runs(rows: list[dict], pool_target: str) -> list:
         name = point_name(row["drafter"], row["divergence"], row["max_divergence"], row["gamma"], row["temperature"],
                           target=target)
         params = {k: row[k] for k in ("drafter", "target", "temperature", "divergence", "max_divergence", "gamma",
-                                      "acceptance_source")}
+                                      "acceptance_source", "process_text")}
         children.append(ChildRun(name, params, ordered_metrics(row), {"rank": str(row["rank"])}))
     return children
 

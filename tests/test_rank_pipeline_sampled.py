@@ -80,6 +80,9 @@ def test_sampled_source_is_recorded_and_reused(sampled_run):
                 if r.data.tags.get("mlflow.parentRunId") == summary["run_id"]]
     # 2 target pairs x 2 temperatures x (plain SD + kl 0.3 + tv 0.3), each at its best gamma
     assert len(children) == 12 and {c.data.params["acceptance_source"] for c in children} == {"sampled"}
+    # prompt lookup's lossy points ran on MD's own text, every other point on the target's
+    texts = {(c.data.params["drafter"], c.data.params["max_divergence"]): c.data.params["process_text"] for c in children}
+    assert {k: v for k, v in texts.items() if v == "mentored"} == {("ngram:2", "0.3"): "mentored"}
     before = read_csv(tmp_path / "out" / "ranking.csv")
     again = run(_config(tmp_path, tracking={"enabled": False}))
     assert again["cache_reused"] is True
