@@ -1,9 +1,10 @@
 """Benchmark: does MD's own text raise prompt lookup's acceptance beyond the ranking's prediction?
 
-The ranking predicts every point from continuations the *target* sampled
-(``cache.acceptance_source: sampled``); a lossy point's engine emits ``pi`` instead
-(``docs/ranking.md``, "The text is the target's"). This script separates that cause from prompt
-differences: it runs the engine on the ranking's **own** cache prompts (the records the
+The ranking predicts model drafters' points from continuations the *target* sampled
+(``cache.acceptance_source: sampled``), and prompt lookup's points with a budget from
+continuations MD sampled at that point (``cache.mentored_text``); a lossy point's engine emits
+``pi``, not ``q`` (``docs/ranking.md``, "The text is the target's"). This script separates that
+cause from prompt differences: it runs the engine on the ranking's **own** cache prompts (the records the
 continuations were sampled from, same encoding, same 64 new tokens), SD and MD at the same
 temperature and gamma, several seeds, and compares the realized mean accepted length with the
 ranking's predicted ``engine_mean_accepted_length`` (``outputs/rank/ranking.csv`` of
