@@ -198,20 +198,26 @@ _NP_BITS = {
 }
 
 
-def _index_np(ratio: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> None:  # [n, V] -> out [n, V] int64
-    """:func:`_index_into` in numpy, on the bits with the sign cleared (``-0.0`` is 0, ``-inf`` is
-    ``inf``). NaN (``0 / 0``, a neutral ``p_i = q_i = 0`` entry) lands in :data:`INF`, whose
-    ``p`` and ``q`` sums it leaves unchanged and whose entries are never kept."""
+def _index_np(ratio: np.ndarray, tmp: np.ndarray, beyond: np.ndarray, out: np.ndarray) -> None:
+    """:func:`_index_into` in numpy (``[n, V]`` ratio -> ``out`` int64), on the bits with the sign
+    cleared (``-0.0`` is 0, ``-inf`` is ``inf``); ``tmp``, ``beyond``: int scratch of the ratio's width.
+
+    ``t = bits >> shift`` (exponent and top mantissa bits) is at least ``t_inf`` exactly for
+    ``inf`` and NaN, and below ``2 t_inf``, so ``(t + 2^k - t_inf) >> k`` with ``2^k > t_inf``
+    is their extra 1 (the :data:`INF` bucket). NaN (``0 / 0``, a neutral ``p_i = q_i = 0``
+    entry) lands there too: it leaves that bucket's ``p`` and ``q`` sums unchanged and is never kept.
+    """
     int_t, shift, offset, x_inf, _ = _NP_BITS[torch.float32 if ratio.dtype == np.float32 else torch.float64]
-    k = int(x_inf).bit_length()
+    t_inf = x_inf + offset
+    k = int(t_inf).bit_length()
     np.right_shift(ratio.view(int_t), shift, out=tmp)
-    tmp &= (1 << (8 * tmp.itemsize - 1 - shift)) - 1  # drop the sign bit (and its arithmetic-shift copies)
-    tmp -= offset
-    np.clip(tmp, 0, x_inf, out=tmp)
-    np.minimum(tmp, FINITE - 1, out=out, casting="unsafe")
-    tmp += (1 << k) - x_inf
-    tmp >>= k  # 1 for inf, else 0
-    out += tmp
+    np.bitwise_and(tmp, (1 << (8 * tmp.itemsize - 1 - shift)) - 1, out=tmp)  # drop the sign (and its copies)
+    np.add(tmp, (1 << k) - t_inf, out=beyond)
+    np.right_shift(beyond, k, out=beyond)  # 1 for inf and NaN, else 0
+    np.subtract(tmp, offset, out=tmp)
+    np.clip(tmp, 0, FINITE - 1, out=tmp)
+    np.add(tmp, beyond, out=tmp)
+    np.copyto(out, tmp)
 
 
 def _histogram_np(rows: Rows, div: Divergence) -> Histogram:
@@ -228,7 +234,7 @@ def _histogram_np(rows: Rows, div: Divergence) -> Histogram:
     src = torch.empty((3, step, vocab), dtype=torch.float64)  # p, q, q g(r) of a block, float64
     src_np = src.numpy()
     ratio_buf = np.empty((step, vocab), dtype=p_np.dtype)
-    tmp_buf = np.empty((step, vocab), dtype=int_t)
+    tmp_buf = np.empty((2, step, vocab), dtype=int_t)
     for blk in blocks:
         size = blk.stop - blk.start
         ratio, p64, q64 = ratio_buf[:size], src_np[0, :size], src_np[1, :size]
@@ -243,7 +249,7 @@ def _histogram_np(rows: Rows, div: Divergence) -> Histogram:
                 np.divide(p_np[blk], q_np[blk], out=ratio)
                 if rows.scale_p is not None:
                     ratio *= (rows.scale_q[blk] / rows.scale_p[blk]).to(torch.float32).numpy()
-            _index_np(ratio, tmp_buf[:size], index_np[blk])
+            _index_np(ratio, tmp_buf[0, :size], tmp_buf[1, :size], index_np[blk])
             terms = src_np[2, :size]
             if kl:  # p log r (0 where p = 0: the clamp keeps log finite there)
                 torch.from_numpy(ratio).clamp_(min=tiny)
