@@ -340,33 +340,40 @@ def _solve_lazily(p, q, budget, dual, div, u_acc, p_x, q_x, needed_only, normali
             for dst, src in zip(out, solved):
                 dst[keep] = src[keep]
         return tuple(out)
-    # large rows: rounds, each solving in one call, on every row still undecided, the positions it
-    # surely reaches: from its next position to its next draft SD rejects (drafts SD accepts are
-    # accepted for every a >= 0); "needed" solves the rejected one only. A row continues only if
-    # the budget accepted that draft: usually one or two rounds instead of K position calls.
+    # large rows, round 1: every row solves, in one call, the positions it surely reaches: up to
+    # its first draft SD rejects (drafts SD accepts are accepted for every a >= 0; "needed"
+    # solves the rejected one only). Round 2: the rows whose draft the budget accepted solve all
+    # their remaining candidates in one call, kept where reached (two calls instead of K).
     sd_reject = u_acc >= _accept_ratio(zero, q_x, p_x)  # [B, K]
     pos = torch.arange(num_draft, device=u_acc.device)
-    start = torch.zeros(batch, dtype=torch.long, device=u_acc.device)  # [B] first undecided position
-    active = torch.ones(batch, dtype=torch.bool, device=u_acc.device)
-    while bool(active.any()):
-        ahead = (pos >= start.unsqueeze(-1)) & active.unsqueeze(-1)  # [B, K]
-        stop = sd_reject & ahead
-        has_stop = stop.any(-1)  # [B]
-        j_stop = torch.where(has_stop, stop.long().argmax(-1), num_draft)  # [B] (K: none left)
-        if needed_only:
-            todo = stop & (pos == j_stop.unsqueeze(-1))
-        else:
-            todo = ahead & (pos <= j_stop.unsqueeze(-1))
-        if bool(todo.any()):
-            got = _solve(p[todo], q[todo], budget[todo], dual, div, normalize)
-            for dst, src in zip(out, got):
-                dst[todo] = src.to(dst.dtype)
-        j = j_stop.clamp(max=num_draft - 1).unsqueeze(-1)  # [B, 1]
-        a_j = torch.nan_to_num(out[0].gather(1, j), nan=0.0)
-        accepted = (u_acc.gather(1, j) < _accept_ratio(a_j, q_x.gather(1, j), p_x.gather(1, j))).squeeze(-1)
-        start = j_stop + 1
-        active = active & has_stop & accepted & (start < num_draft)
+    first = sd_reject.long().argmax(-1)  # [B]
+    has_reject = sd_reject.any(-1)
+    j_stop = torch.where(has_reject, first, num_draft)  # [B] (K: none)
+    todo = sd_reject & (pos == j_stop.unsqueeze(-1)) if needed_only else pos <= j_stop.unsqueeze(-1)
+    _solve_into(out, todo, p, q, budget, dual, div, normalize)
+    j = j_stop.clamp(max=num_draft - 1).unsqueeze(-1)  # [B, 1]
+    a_j = torch.nan_to_num(out[0].gather(1, j), nan=0.0)
+    accepted = (u_acc.gather(1, j) < _accept_ratio(a_j, q_x.gather(1, j), p_x.gather(1, j))).squeeze(-1)
+    active = has_reject & accepted & (j_stop + 1 < num_draft)  # [B]
+    ahead = (pos > j_stop.unsqueeze(-1)) & active.unsqueeze(-1)  # [B, K]
+    todo = ahead & sd_reject if needed_only else ahead
+    if bool(todo.any()):
+        solved = [torch.full_like(out[0], float("nan")) for _ in range(4)]
+        _solve_into(solved, todo, p, q, budget, dual, div, normalize)
+        a = torch.nan_to_num(torch.where(todo, solved[0], out[0]), nan=0.0)
+        accepted = u_acc < _accept_ratio(a, q_x, p_x)  # [B, K]
+        reached = torch.cat([torch.ones_like(accepted[:, :1]), accepted[:, :-1].cumprod(-1).bool()], dim=1)
+        keep = todo & reached
+        for dst, src in zip(out, solved):
+            dst[keep] = src[keep]
     return tuple(out)
+
+
+def _solve_into(out, todo, p, q, budget, dual, div, normalize):  # 4 x [B, K] filled where todo [B, K]
+    if bool(todo.any()):
+        got = _solve(p[todo], q[todo], budget[todo], dual, div, normalize)
+        for dst, src in zip(out, got):
+            dst[todo] = src.to(dst.dtype)
 
 
 def _final_token(p_r, q_r, a, b, bonus, ids, num_accepted, u):  # -> [B] token ids
