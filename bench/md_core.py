@@ -13,7 +13,7 @@ Side by side in one process, reported as ratios:
    ``top_k=256`` (goal <= 1.2), ``solve="all"`` and the engine's default ``solve="needed"``.
 
 Run: ``.venv/bin/python bench/md_core.py`` (a few minutes on one CPU core); ``--baseline``
-measures and writes section 2 only.
+measures and writes section 2 only; ``--verify`` measures item 4 and prints it (no write).
 The machine may be shared: paired measurements are interleaved and ratios are medians.
 """
 
@@ -301,6 +301,19 @@ def bench_verify(batch=8, k=4, repeats=9):
     return out
 
 
+def verify_lines(ver):
+    """The ``verify`` rows of the ``md_core`` table."""
+    ms, lines = 1e3, []
+    for (top_k, mode), (sd_t, md_t, ratio) in ver.items():
+        label = "top_k=256" if top_k else "full vocabulary"
+        goal = ("<= 1.2" if top_k else "<= 2") if mode == "all" else ""
+        lines.append(
+            f"| `verify` `[8, 4, {VOCAB}]` {label}, solve=\"{mode}\": SD {sd_t * ms:.1f} ms, MD {md_t * ms:.1f} ms | | "
+            f"MD/SD {ratio:.2f} | {goal} |"
+        )
+    return lines
+
+
 def main():
     torch.set_num_threads(1)
     t0 = time.perf_counter()
@@ -335,13 +348,7 @@ def main():
         lines.append(f"| single-row `solve`, V = {vocab} float32 | {on * ms:.3f} ms (validate=False: "
                      f"{off * ms:.3f} ms) | | {goal} |")
     lines.append(f"| `solve` per row in a batch of 64, V = {VOCAB} float32 | {single['batch'] * ms:.2f} ms | | |")
-    for (top_k, mode), (sd_t, md_t, ratio) in ver.items():
-        label = "top_k=256" if top_k else "full vocabulary"
-        goal = ("<= 1.2" if top_k else "<= 2") if mode == "all" else ""
-        lines.append(
-            f"| `verify` `[8, 4, {VOCAB}]` {label}, solve=\"{mode}\": SD {sd_t * ms:.1f} ms, MD {md_t * ms:.1f} ms | | "
-            f"MD/SD {ratio:.2f} | {goal} |"
-        )
+    lines += verify_lines(ver)
     lines += ["", f"_Total benchmark time {time.perf_counter() - t0:.0f} s; `python bench/md_core.py`._"]
     text = "\n".join(lines)
     update_section("md_core", "## md_core: mentored decoding core\n\n" + text)
@@ -352,5 +359,8 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--baseline"]:
         torch.set_num_threads(1)
         print(baseline_section())
+    elif sys.argv[1:] == ["--verify"]:  # the verify rows only, printed (bench/RESULTS.md untouched)
+        torch.set_num_threads(1)
+        print("\n".join([machine_line(), ""] + verify_lines(bench_verify())))
     else:
         main()

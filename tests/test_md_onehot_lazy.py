@@ -70,7 +70,7 @@ def _batch(batch, k, vocab, seed):
     return tokens, p, q
 
 
-@pytest.mark.parametrize("vocab", [30, 4096])  # small rows: one call for every candidate; large: position by position
+@pytest.mark.parametrize("vocab", [30, 4096])  # small rows: one call for every candidate; large: two rounds
 @pytest.mark.parametrize("mode", ["reached", "needed"])
 @pytest.mark.parametrize("dual", [False, True])
 def test_lazy_solving_emits_the_same_tokens(mode, dual, vocab):

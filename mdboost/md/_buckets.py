@@ -76,14 +76,15 @@ def _g(xp, div: Divergence, z):  # div.g through torch (the same values in both 
 
 
 class Events(NamedTuple):
-    """The curve at the bucket edges: A side ``x = e[C1 + u]``, B side ``y = e[l]`` ([N, C1 + 1] each).
+    """The curve at the bucket edges: A side ``x = e[C1 + u]``, B side ``y = e[C1 - side + l]``
+    ([N, side + 1] each; ``side`` spans the buckets any row occupies, empty ones beyond add nothing).
 
     Arrays of the namespace ``xp`` (numpy views on CPU: these are a few dozen ops on
-    ``[N, C1 + 1]`` arrays, where a numpy op costs a fraction of a torch one).
+    ``[N, side + 1]`` arrays, where a numpy op costs a fraction of a torch one).
     """
 
     m_a: torch.Tensor  # E(x - 1), non-increasing in u, m_a[0] = TV
-    m_b: torch.Tensor  # F(1 - y), non-decreasing in l, m_b[C1] = TV
+    m_b: torch.Tensor  # F(1 - y), non-decreasing in l, m_b[side] = TV
     d_a: torch.Tensor  # A part of D~: q(r >= x) g(x) + sum of q g(r) over [1, x)
     d_b: torch.Tensor  # B part of D~: sum of q g(r) over [y, 1) + q(r < y) g(y)
     tv: torch.Tensor  # [N, 1]
@@ -94,13 +95,14 @@ class Events(NamedTuple):
     cp_a: torch.Tensor  # sum_{C1 <= b < C1 + u} p
     cq_a: torch.Tensor
     cs_a: torch.Tensor  # sum_{C1 <= b < C1 + u} q g(r)
-    cp_b: torch.Tensor  # sum_{b < l} p
+    cp_b: torch.Tensor  # sum_{b < C1 - side + l} p (B indices l are local)
     cq_b: torch.Tensor
-    rp_b: torch.Tensor  # sum_{l <= b < C1} p
+    rp_b: torch.Tensor  # sum_{C1 - side + l <= b < C1} p
     rq_b: torch.Tensor
-    rs_b: torch.Tensor  # sum_{l <= b < C1} q g(r)
+    rs_b: torch.Tensor  # sum_{C1 - side + l <= b < C1} q g(r)
     p_inf: torch.Tensor  # [N, 1]
     xp: object = None  # the namespace of the arrays
+    side: int = C1  # buckets per side kept: A buckets C1 .. C1 + side - 1, B buckets C1 - side .. C1 - 1
 
 
 def events(h: Histogram, div: Divergence | None) -> Events:
@@ -110,14 +112,32 @@ def events(h: Histogram, div: Divergence | None) -> Events:
         return _events(xp, h, div)
 
 
+def _side(xp, h: Histogram) -> int:
+    """Buckets per side from ``r = 1`` out to the farthest one any row occupies (at least 1).
+
+    The events at edges beyond it repeat the values at its last edge (their buckets add zeros to
+    every sum), so dropping them changes no bracket and no index. In numpy only (one host read
+    of the occupied buckets); the torch namespace keeps all :data:`C1` buckets (no host sync).
+    """
+    if xp is TORCH:
+        return C1
+    sums = h.sums.numpy()
+    used = np.flatnonzero((sums[0, :, :FINITE] > 0).any(0) | (sums[1, :, :FINITE] > 0).any(0))
+    if used.size == 0:
+        return 1
+    return int(max(1, C1 - used[0], used[-1] + 1 - C1))
+
+
 def _events(xp, h: Histogram, div: Divergence | None) -> Events:
     e = edges(h.p.device)
-    e_a, e_b = e[C1:], e[:C1 + 1]  # [C1 + 1] each (FINITE - C1 = C1 - 1 regular A buckets + top)
-    # the ten prefix / suffix sums in two torch scans of one [6, N, C1] stack (p, q, s of A, then B)
+    side = _side(xp, h)
+    lo = C1 - side  # first B bucket kept
+    e_a, e_b = e[C1:C1 + side + 1], e[lo:C1 + 1]  # [side + 1] each (at most C1 buckets per side)
+    # the ten prefix / suffix sums in two torch scans of one [6, N, side] stack (p, q, s of A, then B)
     sums = h.sums  # [3, N, FINITE + 1]
-    both = torch.cat([sums[..., C1:FINITE], sums[..., :C1]])  # [6, N, C1]
+    both = torch.cat([sums[..., C1:C1 + side], sums[..., lo:C1]])  # [6, N, side]
     pad = torch.nn.functional.pad
-    fwd = xp.asarray(pad(torch.cumsum(both, -1), (1, 0)))  # [6, N, C1 + 1]: sum_{b < t}
+    fwd = xp.asarray(pad(torch.cumsum(both, -1), (1, 0)))  # [6, N, side + 1]: sum_{b < t}
     rev = xp.asarray(pad(torch.flip(torch.cumsum(torch.flip(both, [-1]), -1), [-1]), (0, 1)))  # sum_{b >= t}
     cp_a, cq_a, cs_a, cp_b, cq_b = fwd[0], fwd[1], fwd[2], fwd[3], fwd[4]
     rp_a, rq_a, rp_b, rq_b, rs_b = rev[0], rev[1], rev[3], rev[4], rev[5]
@@ -135,11 +155,11 @@ def _events(xp, h: Histogram, div: Divergence | None) -> Events:
     if div is None:
         d_a = d_b = None
     else:
-        g_a, g_b = _edge_g(xp, div, e_a, e_b)
-        d_a = _qg(xp, rq_a, g_a) + cs_a
-        d_b = rs_b + _qg(xp, cq_b, g_b)
+        g_a, g_b = _edge_g(xp, div, e[C1:], e[:C1 + 1])
+        d_a = _qg(xp, rq_a, g_a[:side + 1]) + cs_a
+        d_b = rs_b + _qg(xp, cq_b, g_b[lo:])
     return Events(m_a, m_b, d_a, d_b, tv, m_end, rp_a, rq_a, cp_a, cq_a, cs_a, cp_b, cq_b, rp_b, rq_b, rs_b, p_inf,
-                  xp)
+                  xp, side)
 
 
 def _ss(xp, sorted_rows, x, right):  # row-wise searchsorted on [N, L] with x [N, Q]
@@ -165,7 +185,7 @@ def bracket(ev: Events, budget: torch.Tensor):  # budget [N, 1] -> m_lo, m_hi [N
 
 
 def _bracket(xp, ev: Events, budget):
-    top = C1 - 1  # last bucket index on either side (local)
+    top = ev.side - 1  # last bucket index on either side (local)
     neg_a = -ev.m_a
     # A events: B bucket l with m_b[l] <= m <= m_b[l + 1]
     l = xp.clip(_ss(xp, ev.m_b, ev.m_a, True) - 1, 0, top)
@@ -186,7 +206,7 @@ def _bracket(xp, ev: Events, budget):
 
 
 class Reduction(NamedTuple):
-    """The bracketing buckets (local A indices ``[s_a, t_a)``, B indices ``[t_b, s_b)``) and aggregates."""
+    """The bracketing buckets (A buckets ``C1 + [s_a, t_a)``, B buckets ``[t_b, s_b)``) and aggregates."""
 
     s_a: torch.Tensor  # [N, 1] long
     t_a: torch.Tensor
@@ -217,7 +237,7 @@ def _reduction(xp, ev: Events, m_lo, m_hi, div: Divergence | None) -> Reduction:
     t_a = xp.maximum(t_a, s_a)
     t_b = xp.clip(_ss(xp, ev.m_b, m_lo, True) - 1, 0, None)  # last l with m_b[l] <= m_lo: below it, B
     s_b = _ss(xp, ev.m_b, m_hi, False)  # first l with m_b[l] >= m_hi: from there on, M
-    s_b = xp.clip(xp.maximum(xp.maximum(s_b, _ss(xp, ev.m_b, xp.zeros_like(m_hi), True)), t_b), None, C1)
+    s_b = xp.clip(xp.maximum(xp.maximum(s_b, _ss(xp, ev.m_b, xp.zeros_like(m_hi), True)), t_b), None, ev.side)
     take = xp.take
     agg_p = xp.concatenate([take(ev.rp_a, t_a), take(ev.cp_a, s_a), take(ev.rp_b, s_b), take(ev.cp_b, t_b),
                             ev.p_inf], -1)
@@ -230,7 +250,8 @@ def _reduction(xp, ev: Events, m_lo, m_hi, div: Divergence | None) -> Reduction:
         ratio = xp.where(mid_q > 0, mid_p / xp.where(mid_q > 0, mid_q, 1.0), 1.0)
         own = xp.sum(_qg(xp, mid_q, _g(xp, div, ratio)), axis=-1, keepdims=True)
         delta = xp.clip(take(ev.cs_a, s_a) + take(ev.rs_b, s_b) - own, 0.0, None)
-    out = (s_a, t_a, t_b, s_b, agg_p, agg_q, delta)
+    lo = C1 - ev.side  # B indices from local to global
+    out = (s_a, t_a, t_b + lo, s_b + lo, agg_p, agg_q, delta)
     return Reduction(*(xp.to_torch(x) for x in out))
 
 
@@ -244,11 +265,15 @@ def reduced_pair(rows: Rows, h: Histogram, red: Reduction, sorted_rows=None):
     """
     n, vocab = rows.p.shape
     dev = rows.p.device
-    b = torch.arange(FINITE + 1, device=dev)  # [FINITE + 1]: which buckets each row keeps, looked up per entry
+    if namespace_for(rows.p) is not TORCH and rows.p.dtype in (torch.float32, torch.float64):
+        b = np.arange(FINITE + 1)  # [FINITE + 1]: which buckets each row keeps, looked up per entry
+        s_a, t_a, t_b, s_b = (x.numpy() for x in red[:4])
+        kept_bucket = ((b >= C1 + s_a) & (b < C1 + t_a)) | ((b >= t_b) & (b < s_b))
+        keep = torch.from_numpy(kept_bucket).gather(1, h.index)  # [N, V]
+        return _reduced_pair_np(rows, keep, red, sorted_rows)
+    b = torch.arange(FINITE + 1, device=dev)
     kept_bucket = ((b >= C1 + red.s_a) & (b < C1 + red.t_a)).logical_or_((b >= red.t_b) & (b < red.s_b))
     keep = kept_bucket.gather(1, h.index)  # [N, V]
-    if namespace_for(rows.p) is not TORCH and rows.p.dtype in (torch.float32, torch.float64):
-        return _reduced_pair_np(rows, keep, red, sorted_rows)
     flat = keep.view(-1).nonzero().squeeze(-1)  # row-major: row by row, in vocabulary order
     row = flat // vocab
     counts = torch.bincount(row, minlength=n)  # [N]

@@ -13,9 +13,11 @@ import math
 import sys
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from mdboost.md._sums import _blocks
+from mdboost.md._xp import NUMPY, namespace_for
 from mdboost.md.divergences import GENERATORS, Divergence
 
 PER_OCTAVE_BITS = 5  # 32 buckets per octave: a bucket spans at most a ratio of 1 + 1/32
@@ -160,7 +162,10 @@ def histogram(rows: Rows, div: Divergence) -> Histogram:
 
     For KL the pass sums ``p log r`` only: ``q g(r) = p log r - p + q``, so a bucket's sum of
     ``q g(r)`` is its ``p log r`` sum minus its ``p`` sum plus its ``q`` sum (two passes fewer).
+    CPU float32 / float64 rows take :func:`_histogram_np` (the same buckets and sums).
     """
+    if namespace_for(rows.p) is NUMPY and rows.p.dtype in _NP_BITS:
+        return _histogram_np(rows, div)
     n, vocab = rows.p.shape
     sums = torch.zeros((3, n, FINITE + 1), dtype=torch.float64, device=rows.p.device)
     out = list(sums)
@@ -183,4 +188,79 @@ def histogram(rows: Rows, div: Divergence) -> Histogram:
         out[2][blk].scatter_add_(1, idx, terms)
     if kl:  # sum of q g(r) = sum p log r - sum p + sum q (>= 0; inf in the q = 0 bucket, never read)
         out[2].sub_(out[0]).add_(out[1]).clamp_(min=0.0)
+    return Histogram(sums, index)
+
+
+# numpy spelling of the CPU pass: (int view, shift of the bits, offset, value of inf, tiny, log dtype)
+_NP_BITS = {
+    torch.float32: (np.int32, _F32_SHIFT, _F32_OFFSET, _F32_INF - _F32_OFFSET, _TINY32),
+    torch.float64: (np.int64, _SHIFT, _BASE - 1, (0x7FF0000000000000 >> _SHIFT) - (_BASE - 1), _TINY),
+}
+
+
+def _index_np(ratio: np.ndarray, tmp: np.ndarray, beyond: np.ndarray, out: np.ndarray) -> None:
+    """:func:`_index_into` in numpy (``[n, V]`` ratio -> ``out`` int64), on the bits with the sign
+    cleared (``-0.0`` is 0, ``-inf`` is ``inf``); ``tmp``, ``beyond``: int scratch of the ratio's width.
+
+    ``t = bits >> shift`` (exponent and top mantissa bits) is at least ``t_inf`` exactly for
+    ``inf`` and NaN, and below ``2 t_inf``, so ``(t + 2^k - t_inf) >> k`` with ``2^k > t_inf``
+    is their extra 1 (the :data:`INF` bucket). NaN (``0 / 0``, a neutral ``p_i = q_i = 0``
+    entry) lands there too: it leaves that bucket's ``p`` and ``q`` sums unchanged and is never kept.
+    """
+    int_t, shift, offset, x_inf, _ = _NP_BITS[torch.float32 if ratio.dtype == np.float32 else torch.float64]
+    t_inf = x_inf + offset
+    k = int(t_inf).bit_length()
+    np.right_shift(ratio.view(int_t), shift, out=tmp)
+    np.bitwise_and(tmp, (1 << (8 * tmp.itemsize - 1 - shift)) - 1, out=tmp)  # drop the sign (and its copies)
+    np.add(tmp, (1 << k) - t_inf, out=beyond)
+    np.right_shift(beyond, k, out=beyond)  # 1 for inf and NaN, else 0
+    np.subtract(tmp, offset, out=tmp)
+    np.clip(tmp, 0, FINITE - 1, out=tmp)
+    np.add(tmp, beyond, out=tmp)
+    np.copyto(out, tmp)
+
+
+def _histogram_np(rows: Rows, div: Divergence) -> Histogram:
+    """:func:`histogram` of CPU float32 / float64 rows: the elementwise steps in numpy (a float32
+    ``log`` several times cheaper than torch's), one ``scatter_add`` of the three stacked sums."""
+    n, vocab = rows.p.shape
+    int_t, _, _, _, tiny = _NP_BITS[rows.p.dtype]
+    sums = torch.zeros((3, n, FINITE + 1), dtype=torch.float64)
+    index = torch.empty((n, vocab), dtype=torch.int64)
+    kl = div.name == "kl" and div.f is _KL_F
+    p_np, q_np, index_np = rows.p.numpy(), rows.q.numpy(), index.numpy()
+    blocks = _row_blocks(n, vocab, rows.p.device)
+    step = blocks[0].stop - blocks[0].start if blocks else 0
+    src = torch.empty((3, step, vocab), dtype=torch.float64)  # p, q, q g(r) of a block, float64
+    src_np = src.numpy()
+    ratio_buf = np.empty((step, vocab), dtype=p_np.dtype)
+    tmp_buf = np.empty((2, step, vocab), dtype=int_t)
+    for blk in blocks:
+        size = blk.stop - blk.start
+        ratio, p64, q64 = ratio_buf[:size], src_np[0, :size], src_np[1, :size]
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            p64[...], q64[...] = p_np[blk], q_np[blk]
+            if rows.scale_p is not None:  # the float64 values and ratio of Rows.block / block32
+                p64 /= rows.scale_p[blk].numpy()
+                q64 /= rows.scale_q[blk].numpy()
+            if ratio.dtype == np.float64:
+                np.divide(p64, q64, out=ratio)
+            else:
+                np.divide(p_np[blk], q_np[blk], out=ratio)
+                if rows.scale_p is not None:
+                    ratio *= (rows.scale_q[blk] / rows.scale_p[blk]).to(torch.float32).numpy()
+            _index_np(ratio, tmp_buf[0, :size], tmp_buf[1, :size], index_np[blk])
+            terms = src_np[2, :size]
+            if kl:  # p log r (0 where p = 0: the clamp keeps log finite there)
+                torch.from_numpy(ratio).clamp_(min=tiny)
+                np.log(ratio, out=ratio)
+                terms[...] = ratio
+                terms *= p64
+            else:
+                terms[...] = ratio
+                terms[...] = _terms(torch.from_numpy(p64), torch.from_numpy(q64), torch.from_numpy(terms), div)
+        sums[:, blk].scatter_add_(2, index[blk].unsqueeze(0).expand(3, size, vocab), src[:, :size])
+    sums[2, :, INF] = 0.0  # the q = 0 bucket's q g(r) is never read (inf or NaN terms there)
+    if kl:
+        sums[2].sub_(sums[0]).add_(sums[1]).clamp_(min=0.0)
     return Histogram(sums, index)

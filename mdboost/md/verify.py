@@ -100,12 +100,20 @@ def draw_uniforms(batch: int, num_draft: int, *, dtype, device, generator=None) 
 
 
 def _sample(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:  # [B, W], [B] -> [B]
-    """Inverse-CDF draw; never returns a zero-weight index (rounding-safe)."""
+    """Inverse-CDF draw; never returns a zero-weight index (rounding-safe).
+
+    The first index whose CDF exceeds ``u`` times the total has a positive weight, unless
+    rounding puts ``u`` times the total at the total itself (no index then): those rows take
+    the last positive weight, looked up only when some row needs it.
+    """
     cdf = torch.cumsum(weights, dim=-1)
     idx = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1).contiguous(), right=True).squeeze(-1)
     width = weights.shape[-1]
-    last = width - 1 - torch.flip(weights > 0, [-1]).long().argmax(dim=-1)
-    return torch.minimum(idx, last)
+    beyond = idx >= width  # [B]
+    if bool(beyond.any()):
+        last = width - 1 - torch.flip(weights[beyond] > 0, [-1]).long().argmax(dim=-1)
+        idx = idx.masked_scatter(beyond, last)
+    return idx
 
 
 def _position_budget(name, value, batch, num_draft, device, upper, validate):
@@ -305,7 +313,7 @@ def _solve(p, q, budget, dual, div, normalize=False):  # [N, W], [N, W], [N] -> 
 
 
 def _solve_lazily(p, q, budget, dual, div, u_acc, p_x, q_x, needed_only, normalize=False):  # [B, K, W] ... -> 4 x [B, K]
-    """:func:`_solve` position by position, only on rows that reached the position.
+    """:func:`_solve` only on the positions each row reaches (in a few batched calls).
 
     Row ``i`` reaches position ``j`` iff ``u_acc[i, :j]`` accepted drafts ``0..j-1`` (the tests
     :func:`verify` makes afterwards). With ``needed_only`` a reached position is solved only
@@ -332,19 +340,40 @@ def _solve_lazily(p, q, budget, dual, div, u_acc, p_x, q_x, needed_only, normali
             for dst, src in zip(out, solved):
                 dst[keep] = src[keep]
         return tuple(out)
-    rows = torch.arange(batch, device=u_acc.device)
-    for j in range(num_draft):
-        if rows.numel() == 0:
-            break
-        sd_ok = u_acc[rows, j] < _accept_ratio(zero[rows, j], q_x[rows, j], p_x[rows, j])
-        todo = rows[~sd_ok] if needed_only else rows
-        if todo.numel():
-            got = _solve(p[todo, j], q[todo, j], budget[todo, j], dual, div, normalize)
-            for dst, src in zip(out, got):
-                dst[todo, j] = src.to(dst.dtype)
-        a_j = torch.nan_to_num(out[0][rows, j], nan=0.0)
-        rows = rows[u_acc[rows, j] < _accept_ratio(a_j, q_x[rows, j], p_x[rows, j])]
+    # large rows, round 1: every row solves, in one call, the positions it surely reaches: up to
+    # its first draft SD rejects (drafts SD accepts are accepted for every a >= 0; "needed"
+    # solves the rejected one only). Round 2: the rows whose draft the budget accepted solve all
+    # their remaining candidates in one call, kept where reached (two calls instead of K).
+    sd_reject = u_acc >= _accept_ratio(zero, q_x, p_x)  # [B, K]
+    pos = torch.arange(num_draft, device=u_acc.device)
+    first = sd_reject.long().argmax(-1)  # [B]
+    has_reject = sd_reject.any(-1)
+    j_stop = torch.where(has_reject, first, num_draft)  # [B] (K: none)
+    todo = sd_reject & (pos == j_stop.unsqueeze(-1)) if needed_only else pos <= j_stop.unsqueeze(-1)
+    _solve_into(out, todo, p, q, budget, dual, div, normalize)
+    j = j_stop.clamp(max=num_draft - 1).unsqueeze(-1)  # [B, 1]
+    a_j = torch.nan_to_num(out[0].gather(1, j), nan=0.0)
+    accepted = (u_acc.gather(1, j) < _accept_ratio(a_j, q_x.gather(1, j), p_x.gather(1, j))).squeeze(-1)
+    active = has_reject & accepted & (j_stop + 1 < num_draft)  # [B]
+    ahead = (pos > j_stop.unsqueeze(-1)) & active.unsqueeze(-1)  # [B, K]
+    todo = ahead & sd_reject if needed_only else ahead
+    if bool(todo.any()):
+        solved = [torch.full_like(out[0], float("nan")) for _ in range(4)]
+        _solve_into(solved, todo, p, q, budget, dual, div, normalize)
+        a = torch.nan_to_num(torch.where(todo, solved[0], out[0]), nan=0.0)
+        accepted = u_acc < _accept_ratio(a, q_x, p_x)  # [B, K]
+        reached = torch.cat([torch.ones_like(accepted[:, :1]), accepted[:, :-1].cumprod(-1).bool()], dim=1)
+        keep = todo & reached
+        for dst, src in zip(out, solved):
+            dst[keep] = src[keep]
     return tuple(out)
+
+
+def _solve_into(out, todo, p, q, budget, dual, div, normalize):  # 4 x [B, K] filled where todo [B, K]
+    if bool(todo.any()):
+        got = _solve(p[todo], q[todo], budget[todo], dual, div, normalize)
+        for dst, src in zip(out, got):
+            dst[todo] = src.to(dst.dtype)
 
 
 def _final_token(p_r, q_r, a, b, bonus, ids, num_accepted, u):  # -> [B] token ids
@@ -356,14 +385,14 @@ def _final_token(p_r, q_r, a, b, bonus, ids, num_accepted, u):  # -> [B] token i
         rpos = torch.zeros_like(num_accepted)
     else:
         rpos = num_accepted.clamp(max=num_draft - 1)  # [B]
-        gidx = rpos.view(batch, 1, 1).expand(batch, 1, p_r.shape[-1])
-        p_rej = torch.gather(p_r, 1, gidx).squeeze(1)  # [B, W]
-        q_rej = torch.gather(q_r, 1, gidx).squeeze(1)
-        a_rej = torch.gather(a, 1, rpos.unsqueeze(1))  # [B, 1]
-        b_rej = torch.gather(b, 1, rpos.unsqueeze(1))
-        resid = ((1 - b_rej) * q_rej - p_rej).clamp(min=0)
-        fallback = mentored_distribution(p_rej, q_rej, a_rej.squeeze(1), b_rej.squeeze(1), validate=False)
-        resid = torch.where(resid.sum(-1, keepdim=True) > 0, resid, fallback)
+        rows = torch.arange(batch, device=a.device)
+        p_rej, q_rej = p_r[rows, rpos], q_r[rows, rpos]  # [B, W]: the first rejection's position only
+        a_rej, b_rej = a[rows, rpos], b[rows, rpos]  # [B]
+        resid = ((1 - b_rej).unsqueeze(-1) * q_rej - p_rej).clamp_(min=0)
+        empty = (resid.sum(-1) <= 0) & ~all_acc  # [B]: p already equals pi there (the fallback)
+        if bool(empty.any()):
+            fallback = mentored_distribution(p_rej[empty], q_rej[empty], a_rej[empty], b_rej[empty], validate=False)
+            resid[empty] = fallback.to(resid.dtype)
         weights = torch.where(all_acc.unsqueeze(-1), bonus, resid)
     idx = _sample(weights, u)  # [B]
     if ids is None:
