@@ -15,7 +15,6 @@ Usage: ``.venv/bin/python bench/md_overhead.py [--config configs/default.yaml] [
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import statistics
 import sys
@@ -25,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench._results import machine_line, update_section  # noqa: E402
-from bench.predictions import GRID_SETTINGS, _line, compare, grid_cells, predicted_rows  # noqa: E402
+from bench.predictions import (GRID_SETTINGS, TABLE_HEAD, _line, compare, grid_arguments, grid_cells,  # noqa: E402
+                               predicted_rows)
 from mdboost.validation.calibration import predictive_scale  # noqa: E402
 from pipelines.config import RankConfig  # noqa: E402
 from pipelines.loader import load_yaml  # noqa: E402
@@ -59,11 +59,7 @@ def rows_with_overhead(cfg: RankConfig, overhead: dict | None) -> list[dict]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default="configs/default.yaml")
-    ap.add_argument("--cells", type=Path, default=ROOT / "bench" / "generation_cells.json")
-    ap.add_argument("--no-write", action="store_true")
-    args = ap.parse_args()
+    args = grid_arguments(__doc__.splitlines()[0])
     import torch
 
     torch.set_num_threads(1)
@@ -89,9 +85,7 @@ def main() -> None:
         *(f"| {k} | {stored[k]:.4f} | {fresh[k]:.4f} |" for k in ("dense", "onehot")), "",
         f"MD predictions at the grid's points move by {statistics.median(moved):+.4f} (median) "
         f"[{min(moved):+.4f}, {max(moved):+.4f}] with the fresh `s` ({len(moved)} MD cells).", "",
-        "| `s` | cells | n | Spearman | MAE | MAE noise floor | max err | coverage | regret | predicted best | "
-        "realized best | MAL MAE | MAL coverage |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-        "| stored | " + _line("all", old_cells)[2:], "| now | " + _line("all", new_cells)[2:],
+        *TABLE_HEAD[1:], _line("all, `s` as stored", old_cells), _line("all, `s` measured now", new_cells),
         "",
         "Grid cells measured before the solver changed ran the old engine; a like-for-like comparison with "
         "the fresh `s` needs those MD cells measured again (`bench/generation.py`).",

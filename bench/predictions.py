@@ -192,6 +192,28 @@ def replicate_line(cells: list[dict]) -> str:
             f"{worst['realized_max']:.2f}): a single run's error of that order is sampling noise, not the model's.")
 
 
+TABLE_HEAD = ["", "| cells | n | Spearman | MAE | MAE noise floor | max err | coverage | regret | predicted best | "
+              "realized best | MAL MAE | MAL coverage |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+
+def table(cells: list[dict], reference_check: bool = False) -> list[str]:
+    """The comparison's table lines: per temperature, both, without prompt lookup (the drafter
+    whose text depends most on the prompts), optionally the cells whose AR reference passed the
+    check, and the replicated cells."""
+    lines = list(TABLE_HEAD)
+    for t in sorted({c["temperature"] for c in cells}, reverse=True):
+        lines.append(_line(f"T = {t:g}", [c for c in cells if c["temperature"] == t]))
+    lines.append(_line("both", cells))
+    lines.append(_line("both, without ngram:3", [c for c in cells if not c["drafter"].startswith("ngram")]))
+    kept = [c for c in cells if not c["flagged"]]
+    if reference_check and len(kept) < len(cells):
+        lines.append(_line("both, reference check passed", kept))
+    reps = [c for c in cells if c["seeds"] > 1]
+    if reps:
+        lines.append(_line("both, replicated cells only", reps))
+    return lines
+
+
 def report(cells: list[dict], cfg: RankConfig, grid_conditions: str = "", scale: float = 1.0,
            prompts: int | None = None) -> str:
     lines = [
@@ -204,21 +226,7 @@ def report(cells: list[dict], cfg: RankConfig, grid_conditions: str = "", scale:
         "validation. MAE noise floor: the MAE an exactly right model would still show from that noise "
         "(`noise_floor`: sigma sqrt(2/pi) per cell, sigma from the predictive interval). Caveats: the grid ran on HumanEval/0-9, the ranking on its own cache prompts; grid "
         f"conditions: {grid_conditions or 'not recorded'}._",
-        "", "| cells | n | Spearman | MAE | MAE noise floor | max err | coverage | regret | predicted best | "
-        "realized best | MAL MAE | MAL coverage |", "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for t in sorted({c["temperature"] for c in cells}, reverse=True):
-        lines.append(_line(f"T = {t:g}", [c for c in cells if c["temperature"] == t]))
-    lines.append(_line("both", cells))
-    # prompt lookup's acceptance feeds back on MD's own text, which the process does not model
-    # (docs/ranking.md, "The text is the target's"): the figures without it isolate that cause
-    lines.append(_line("both, without ngram:3", [c for c in cells if not c["drafter"].startswith("ngram")]))
-    kept = [c for c in cells if not c["flagged"]]
-    if len(kept) < len(cells):
-        lines.append(_line("both, reference check passed", kept))
-    reps = [c for c in cells if c["seeds"] > 1]
-    if reps:
-        lines.append(_line("both, replicated cells only", reps))
+    ] + table(cells, reference_check=True)
     flagged = sorted({(c["drafter"], c["temperature"], round(c["ar_tok_s"], 2), round(100 * c["ar_deviation"]))
                       for c in cells if c["flagged"]})
     goals = ("Goals (issue text): Spearman >= 0.97, MAE <= 0.03, predicted best within 5% of the realized best "
@@ -236,25 +244,21 @@ def same_prompts_report(cells: list[dict], prompts: int, scale: float) -> str:
         f"_The same comparison with the pool ranked on HumanEval/0-9 ({prompts} prompts, the grid's): no prompt-set "
         f"difference. Intervals widened x{scale:.2f} (`predictive_scale`, as if the run's prompts were new: an upper "
         "bound here, since the prompts' own effect is shared and only the texts sampled on them differ)._",
-        "", "| cells | n | Spearman | MAE | MAE noise floor | max err | coverage | regret | predicted best | "
-        "realized best | MAL MAE | MAL coverage |", "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for t in sorted({c["temperature"] for c in cells}, reverse=True):
-        lines.append(_line(f"T = {t:g}", [c for c in cells if c["temperature"] == t]))
-    lines.append(_line("both", cells))
-    lines.append(_line("both, without ngram:3", [c for c in cells if not c["drafter"].startswith("ngram")]))
-    reps = [c for c in cells if c["seeds"] > 1]
-    if reps:
-        lines.append(_line("both, replicated cells only", reps))
-    return "\n".join(lines)
+    return "\n".join(lines + table(cells))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def grid_arguments(description: str) -> argparse.Namespace:
+    """``--config``, ``--cells`` and ``--no-write``, the options of the scripts comparing with the grid."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--config", default="configs/default.yaml")
     ap.add_argument("--cells", type=Path, default=ROOT / "bench" / "generation_cells.json")
     ap.add_argument("--no-write", action="store_true")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = grid_arguments(__doc__.splitlines()[0])
     cfg = load_yaml(ROOT / args.config, RankConfig)
     summary = predicted_rows(cfg)
     prompts = summary["bootstrap"]["prompts"]
