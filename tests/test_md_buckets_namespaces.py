@@ -50,3 +50,26 @@ def test_torch_namespace_on_float32_llm_rows(torch_namespace):
     fast = _buckets.solve_rows(p, q, budget, resolve("kl"), False, True)[:4]
     ref = _buckets.sorted_solve(p, q, budget, resolve("kl"), False, True)[:4]
     torch.testing.assert_close(fast[2], ref[2], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_negative_zero_target_entries_are_zeros_in_both_namespaces(monkeypatch, dtype):
+    """``q = -0.0`` is a zero of the target (``p / q = -inf`` there): both the numpy pass and the
+    torch pass bucket it with the ``q = 0`` entries, so the solution equals that of ``q = +0.0``."""
+    from mdboost.md.solve import solve
+
+    p, q = _rows("zeros", 4096, 3)
+    p, q = p.to(dtype), q.to(dtype)
+    zero = q == 0
+    assert bool(zero.any()) and bool((p[zero] > 0).any())
+    negative = torch.where(zero, torch.full_like(q, -0.0), q)
+    assert bool(torch.signbit(negative[zero]).all())
+    for namespace in (_xp.NUMPY, _xp.TORCH):
+        monkeypatch.setattr(_buckets, "namespace_for", lambda x, ns=namespace: ns)
+        from mdboost.md import _histogram
+
+        monkeypatch.setattr(_histogram, "namespace_for", lambda x, ns=namespace: ns)
+        ref = solve(p, q, max_divergence=0.05)
+        got = solve(p, negative, max_divergence=0.05)
+        torch.testing.assert_close(got.acceptance, ref.acceptance, rtol=0, atol=0)
+        torch.testing.assert_close(got.a, ref.a, rtol=1e-12, atol=0)

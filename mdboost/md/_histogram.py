@@ -53,7 +53,7 @@ def bucket_index(ratio: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # [n
     Read off the high 32 bits of the float64 (its exponent and top mantissa bits; the order of
     non-negative floats is the order of their bits).
     """
-    hi = ratio.view(torch.int32)[..., _HI::2]
+    hi = ratio.view(torch.int32)[..., _HI::2] & 0x7FFFFFFF  # sign cleared: -0.0 is 0, -inf (p / -0.0) is inf
     idx = (hi >> (_SHIFT - 32)).sub_(_BASE - 1).clamp_(0, FINITE - 1)
     return idx.add_(hi >= _INF_HI.get(dtype, _INF_HI[torch.float32])).long()
 
@@ -141,10 +141,11 @@ def _index_into(ratio: torch.Tensor, out: torch.Tensor) -> None:  # [n, V] float
     ``x = clip(bits - offset, 0, x_inf)``, where ``x_inf`` is the value of ``inf``, and the ``inf``
     bucket's extra 1 is ``(x + 2^k - x_inf) >> k`` for ``2^k > x_inf``.
     """
+    sign_off = 0x7FFFFFFF  # the bits with the sign cleared: -0.0 is 0 and -inf is inf (p / -0.0), as in numpy
     if ratio.dtype == torch.float32:
-        t, offset, x_inf = ratio.view(torch.int32) >> _F32_SHIFT, _F32_OFFSET, _F32_INF - _F32_OFFSET
+        t, offset, x_inf = (ratio.view(torch.int32) & sign_off) >> _F32_SHIFT, _F32_OFFSET, _F32_INF - _F32_OFFSET
     else:
-        t, offset = ratio.view(torch.int32)[..., _HI::2] >> (_SHIFT - 32), _BASE - 1
+        t, offset = (ratio.view(torch.int32)[..., _HI::2] & sign_off) >> (_SHIFT - 32), _BASE - 1
         x_inf = (_INF_HI[torch.float64] >> (_SHIFT - 32)) - offset
     k = x_inf.bit_length()
     t.sub_(offset).clamp_(0, x_inf)
