@@ -127,15 +127,15 @@ class _Row:
 
     def segment(self, j, k):
         """``(pA, denA, offA, qA, loA, hiA, pB, denB, offB, qB, loB, hiB, rest)`` of ``A = [j, V)``, ``B = [0, k)``."""
-        v, ratio = self.v, self.ratio
-        q_a, p_a = float(self.rq[v - j]), float(self.rp[v - j])
-        q_b, p_b = float(self.cq[k]), float(self.cp[k])
-        r_j = float(ratio[min(j, v - 1)]) if j < v else _INF
-        lo_a = max(float(ratio[max(j - 1, 0)]) - 1.0, 0.0) if j > self.n_le else 0.0
+        v, ratio = self.v, self.ratio.item
+        q_a, p_a = self.rq.item(v - j), self.rp.item(v - j)
+        q_b, p_b = self.cq.item(k), self.cp.item(k)
+        r_j = ratio(min(j, v - 1)) if j < v else _INF
+        lo_a = max(ratio(max(j - 1, 0)) - 1.0, 0.0) if j > self.n_le else 0.0
         hi_a = max(r_j - 1.0, lo_a)
-        hi_b = min(max(1.0 - float(ratio[max(k - 1, 0)]), 0.0), 1.0) if k >= 1 else 1.0
-        lo_b = min(min(max(1.0 - float(ratio[min(k, v - 1)]), 0.0), 1.0) if k < self.n_lt else 0.0, hi_b)
-        rest = float(self.mid[k]) + float(self.mid[j])
+        hi_b = min(max(1.0 - ratio(max(k - 1, 0)), 0.0), 1.0) if k >= 1 else 1.0
+        lo_b = min(min(max(1.0 - ratio(min(k, v - 1)), 0.0), 1.0) if k < self.n_lt else 0.0, hi_b)
+        rest = self.mid.item(k) + self.mid.item(j)
         return (p_a, q_a if q_a > 0 else _INF, -1.0 if q_a > 0 else 0.0, q_a, lo_a, hi_a,
                 p_b, -q_b if q_b > 0 else _INF, 1.0 if q_b > 0 else 0.0, q_b, lo_b, hi_b, rest)
 

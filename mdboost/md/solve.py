@@ -303,7 +303,7 @@ def solve(
         sol = MDSolution(*_buckets.solve_batch(p, q, value, div, dual, normalize=validate))
         p64, q64 = _rows64(p, q, validate) if dual or support == "any" else (None, None)
         return _finish(sol, p64, q64, value, dual, div, support, on_infeasible)
-    bp = Breakpoints.build(p, q, validate=False, normalize=validate)
+    bp = Breakpoints._from_pair(p, q, normalize=validate)
     if not p.shape[:-1].numel():  # an empty batch: the queries check the budget, then nothing to solve
         point = (bp.for_acceptance(min_acceptance, validate=validate) if min_acceptance is not None
                  else bp.for_divergence(max_divergence, div, validate=validate))
