@@ -78,3 +78,70 @@ def test_single_row_solve_uses_the_scalar_search(monkeypatch):
     assert calls == [1]
     torch.testing.assert_close(one.acceptance, batch.acceptance[0], atol=1e-11, rtol=0)
     torch.testing.assert_close(one.achieved_divergence, batch.achieved_divergence[0], atol=1e-11, rtol=1e-9)
+
+
+def _overflow_row(dtype):
+    """A float32 row whose ratio p_i / q_i overflows (q_i counts as 0) and a row with zeros in q."""
+    p = torch.tensor([0.3, 0.3, 0.2, 0.2, 0.0], dtype=torch.float64)
+    q = torch.tensor([0.5, 1e-39, 0.25, 0.25 - 1e-39, 0.0], dtype=torch.float64)
+    return p.to(dtype), q.to(dtype)
+
+
+def _rows():
+    for n, peaked in [(2, False), (3, True), (50, False), (257, True), (2000, False)]:
+        p, q = dirichlet_pairs(3, n, 7 * n + peaked, alpha=0.05 if peaked else 0.7, equal_row=n > 2)
+        for dtype in (torch.float64, torch.float32):
+            for i in range(3):
+                yield p[i].to(dtype), q[i].to(dtype)
+    for dtype in (torch.float64, torch.float32):
+        yield _overflow_row(dtype)
+        yield torch.tensor([0.5, 0.5], dtype=dtype), torch.tensor([1.0, 0.0], dtype=dtype)
+        yield torch.tensor([1.0], dtype=dtype), torch.tensor([1.0], dtype=dtype)
+
+
+@pytest.mark.parametrize("name", sorted(GENERATORS))
+def test_one_row_solve_equals_the_batched_path_exactly(name):
+    """``solve`` on a 1-D row (``_scalar.solve_row``: its own sums) gives the same floats as the same
+    row as a batch of one (``Breakpoints`` and the search), with and without validation."""
+    for p, q in _rows():
+        for budget in BUDGETS:
+            for validate in (True, False):
+                one = solve(p, q, max_divergence=budget, divergence=name, validate=validate)
+                ref = solve(p[None], q[None], max_divergence=budget, divergence=name, validate=validate)
+                for field in ("a", "b", "acceptance", "achieved_divergence", "sd_acceptance", "off_support", "feasible"):
+                    x, y = getattr(one, field), getattr(ref, field)[0]
+                    assert x.shape == () and x.dtype == y.dtype, field
+                    assert bool(x == y), (field, p.shape, p.dtype, budget, validate, float(x), float(y))
+
+
+def test_one_row_solve_takes_the_row_path(monkeypatch):
+    calls = []
+    original = _scalar.solve_row
+    monkeypatch.setattr(_scalar, "solve_row", lambda *a: calls.append(1) or original(*a))
+    p, q = dirichlet_pairs(2, 100, 5, alpha=0.7)
+    solve(p[0], q[0], max_divergence=0.05)
+    solve(p[0], q[0], max_divergence=1)  # a Python int budget too
+    assert calls == [1, 1]
+    solve(p[0], q[0], max_divergence=torch.tensor(0.05))  # a tensor budget: the general path
+    solve(p[0], q[0], max_divergence=0.05, divergence=alpha(0.5))  # no scalar twin
+    solve(p[0], q[0], min_acceptance=0.5)
+    solve(p[0].float(), q[0], max_divergence=0.05)  # mixed dtypes
+    assert calls == [1, 1]
+
+
+@pytest.mark.parametrize("p,q,budget", [
+    ([0.5, float("nan")], [0.5, 0.5], 0.1),
+    ([0.5, 0.5], [1.5, -0.5], 0.1),
+    ([0.5, 0.6], [0.5, 0.5], 0.1),
+    ([0.5, 0.5], [0.5, float("inf")], 0.1),
+    ([0.5, 0.5], [0.5, 0.5], -1.0),
+    ([0.5, 0.5], [0.5, 0.5], float("nan")),
+])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_one_row_solve_raises_the_errors_of_the_general_path(p, q, budget, dtype):
+    p, q = torch.tensor(p, dtype=dtype), torch.tensor(q, dtype=dtype)
+    with pytest.raises(ValueError) as one:
+        solve(p, q, max_divergence=budget)
+    with pytest.raises(ValueError) as ref:
+        solve(p[None], q[None], max_divergence=budget)
+    assert str(one.value) == str(ref.value)
