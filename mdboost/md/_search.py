@@ -30,8 +30,9 @@ import math
 
 import torch
 
+from mdboost.md import _scalar
 from mdboost.md._segment import Segment, ab_on, divergence_on, make_segment
-from mdboost.md._xp import namespace_for
+from mdboost.md._xp import NUMPY, namespace_for
 
 FANOUT = 16
 LARGE_FANOUT = 64  # primal segment search: fewer rounds of slightly wider tiny ops
@@ -44,6 +45,7 @@ _GRID = torch.linspace(0, 1, GRID + 1, dtype=torch.float64)
 _EPS = torch.finfo(torch.float64).eps
 SMALL_VOCAB = 2048  # primal: the sorted-breakpoint bracket up to this vocabulary, the fanout search above
 STRIDE = 16  # small bracket: coarse stride over the sorted breakpoints
+SCALAR_ROW = True  # one small CPU row: the search in Python floats (mdboost.md._scalar); False: the array search
 
 
 def _iters(vocab: int, fanout: int = FANOUT) -> int:
@@ -263,8 +265,13 @@ def primal_point(bp, budget: torch.Tensor, div, bound: bool, with_value: bool = 
     the float64 sums cannot resolve), the row falls back to the curve's start (``pi = q``).
     ``m`` is snapped (:func:`snap`); ``(a, b)`` are exactly 0 at ``m >= tv``; ``value`` is
     ``D_f`` (or the bound) at the point, 0 at the start, None unless ``with_value``.
+    One small CPU row of the exact mode searches in Python floats (:mod:`mdboost.md._scalar`).
     """
     xp = namespace_for(bp._r)
+    if not bound and xp is NUMPY and bp._r.shape[0] == 1 and bp.vocab <= SMALL_VOCAB and SCALAR_ROW:
+        g = _scalar.scalar_g(div)
+        if g is not None:
+            return _scalar.primal_point(bp, float(budget), div, g, with_value)
     with xp.errstate():
         sums = bp.arrays(xp)
         b = xp.asarray(budget.to(torch.float64))

@@ -149,8 +149,9 @@ class Breakpoints:
         n_le = (r <= thr).sum(-1, keepdims=True, dtype=np.int64)
         n_fin = vocab - inf_r.sum(-1, keepdims=True, dtype=np.int64)
         j_max = np.maximum(n_fin - 1, n_le)
-        tv = np.take_along_axis(cq, n_lt, -1) - np.take_along_axis(cp, n_lt, -1)
-        m_end = np.minimum(np.take_along_axis(rp, vocab - n_fin, -1), tv)
+        rows = np.arange(0, cq.size, vocab + 1).reshape(-1, 1)  # flat offsets of the rows of [N, V + 1]
+        tv = cq.take(n_lt + rows) - cp.take(n_lt + rows)
+        m_end = np.minimum(rp.take(vocab - n_fin + rows), tv)
         t = torch.from_numpy
         self._q, self._ratio, self._r_cmp = t(q64), t(ratio), t(r_cmp)
         self._cp, self._cq, self._rp, self._rq = (t(x) for x in sums)
@@ -179,12 +180,20 @@ class Breakpoints:
             Rescale the rows in float64 (None: when ``validate``).
         """
         p, q = check_pair(draft_probs, target_probs, validate=validate)
+        return cls._from_pair(p, q, validate if normalize is None else normalize)
+
+    @classmethod
+    def _from_pair(cls, p: torch.Tensor, q: torch.Tensor, normalize: bool) -> "Breakpoints":
+        """:meth:`build` on a pair already through :func:`~mdboost.md._checks.check_pair`."""
         vocab = p.shape[-1]
         p2, q2 = p.reshape(-1, vocab), q.reshape(-1, vocab)
-        r = torch.div(p2, q2).nan_to_num_(nan=1.0, posinf=math.inf)  # 0/0 -> 1 (neutral), in place
+        if _small_ok(p2) and p2.dtype == q2.dtype:  # the same division in numpy (a tiny torch op costs more)
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                r = torch.from_numpy(np.nan_to_num(p2.numpy() / q2.numpy(), nan=1.0, posinf=math.inf))
+        else:
+            r = torch.div(p2, q2).nan_to_num_(nan=1.0, posinf=math.inf)  # 0/0 -> 1 (neutral), in place
         r_sorted, p_sorted, q_sorted = _sort_rows(r, p2, q2)
-        return cls(r_sorted, p_sorted, q_sorted, p.shape[:-1], p.dtype,
-                   normalize=validate if normalize is None else normalize)
+        return cls(r_sorted, p_sorted, q_sorted, p.shape[:-1], p.dtype, normalize=normalize)
 
     # -------------------------------------------------- sums at sorted positions
     def p_pre(self, k):

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mdboost.md import _buckets
+from mdboost.md import _buckets, _scalar
 from mdboost.md import support as _support
 from mdboost.md._checks import _as_real_tensor, check_budget, check_pair, check_probs
 from mdboost.md.breakpoints import Breakpoints
@@ -295,6 +295,12 @@ def solve(
     if not isinstance(on_infeasible, str) or on_infeasible not in ON_INFEASIBLE:
         raise ValueError(f"on_infeasible must be one of {ON_INFEASIBLE}, got {on_infeasible!r}")
     div = resolve(divergence)
+    if (mode == "exact" and support == "target" and min_acceptance is None and _scalar.row_applies(draft_probs, target_probs)
+            and (type(max_divergence) is float or (type(max_divergence) is int and abs(max_divergence) <= 1 << 53))
+            and not _buckets.applies(draft_probs)):
+        g = _scalar.scalar_g(div)
+        if g is not None:  # one small CPU row: numpy sums, the search in Python floats
+            return _solve_row(draft_probs, target_probs, float(max_divergence), div, g, validate)
     p, q = check_pair(draft_probs, target_probs, validate=validate)
     if mode == "exact" and _buckets.applies(p):  # expected linear time (docs/theory.md, section 4)
         dual = min_acceptance is not None
@@ -303,7 +309,7 @@ def solve(
         sol = MDSolution(*_buckets.solve_batch(p, q, value, div, dual, normalize=validate))
         p64, q64 = _rows64(p, q, validate) if dual or support == "any" else (None, None)
         return _finish(sol, p64, q64, value, dual, div, support, on_infeasible)
-    bp = Breakpoints.build(p, q, validate=False, normalize=validate)
+    bp = Breakpoints._from_pair(p, q, normalize=validate)
     if not p.shape[:-1].numel():  # an empty batch: the queries check the budget, then nothing to solve
         point = (bp.for_acceptance(min_acceptance, validate=validate) if min_acceptance is not None
                  else bp.for_divergence(max_divergence, div, validate=validate))
@@ -325,6 +331,15 @@ def solve(
     sol = MDSolution(bp._out(point.a), bp._out(point.b), bp._out(point.acceptance), bp._out(value),
                      bp.sd_acceptance)
     return _finish(sol, p64, q64, min_acceptance if dual else max_divergence, dual, div, support, on_infeasible)
+
+
+def _solve_row(p, q, budget: float, div, g, validate: bool) -> MDSolution:
+    """:func:`solve` of one small CPU row by :func:`mdboost.md._scalar.solve_row` (the same values)."""
+    a, b, acc, value, sd = _scalar.solve_row(p, q, budget, div, g, validate)
+    if a == 0 and b == 0:
+        value = 0.0
+    out = torch.tensor([a, b, acc, value, sd, 0.0], dtype=p.dtype).unbind()  # one tensor, 0-d views
+    return MDSolution(out[0], out[1], out[2], out[3], out[4], torch.ones((), dtype=torch.bool), out[5])
 
 
 def _rows64(p, q, normalized: bool):  # [..., V] x2 -> float64 [..., V] x2

@@ -1,0 +1,446 @@
+"""The exact primal of one small CPU row: its sums in numpy, its search in Python floats.
+
+Two entry points over one search (docs/theory.md, section 4):
+
+- :func:`primal_point` on a :class:`~mdboost.md.breakpoints.Breakpoints` of one row, for
+  :func:`mdboost.md._search.primal_point` (``N = 1``, ``V <= SMALL_VOCAB``, exact mode);
+- :func:`solve_row` on the pair itself, for :func:`mdboost.md.solve.solve` on one 1-D CPU row:
+  the input check, the sort and the sums of :class:`Breakpoints` (the same steps and the same
+  float64 values, only the parts the search reads: the prefix sums up to ``n_lt``, the suffix
+  sums from ``n_le``), then the search, returning Python floats.
+
+The search is the one of the array path, with its two searches in another form. The bracket:
+a binary search over the A-breakpoints (``D_f`` at each on the B segment found by
+``searchsorted``), then over the B-breakpoints inside the A segment found (as
+``_search._bracket_large``): ``O(log V)`` evaluations. Inside the segment, a bracketed secant
+with a probe across the crossing and a bisection safeguard, down to the array refinement's
+tolerance (``2^-50`` of the segment or a few ulps of ``m``), keeping the side ``D_f <= budget``.
+
+Why: one row costs a fixed number of tiny array operations, and at ``V <= 2048`` their call
+overhead is most of a ``solve`` call; here each evaluation of ``D_f`` is a few float operations.
+Used for the built-in generators with a scalar twin (:func:`scalar_g`); the others, the bound
+mode and batches take the array search. Tested equal to it (``tests/test_md_scalar_row.py``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from mdboost.md._checks import _check_budget_range, _check_row_values
+from mdboost.md._sums import _prefix_sums_np
+from mdboost.md.divergences import GENERATORS, Divergence
+
+_INF = math.inf
+_EPS = float(np.finfo(np.float64).eps)
+_TOL_SEG = 2.0 ** -50  # of the segment's width, as the array refinement
+MAX_ROUNDS = 128  # refinement rounds; a round that does not halve the bracket is followed by a bisection
+_KL = GENERATORS["kl"]
+
+
+def _xlogx(z):
+    return 0.0 if z == 0 else z * math.log(z)
+
+
+def _f_kl(z):
+    return _xlogx(z)
+
+
+def _f_rkl(z):
+    return _INF if z == 0 else -math.log(z)
+
+
+def _f_hellinger(z):
+    s = math.sqrt(z) - 1.0
+    return s * s
+
+
+def _f_pearson(z):
+    s = z - 1.0
+    return s * s
+
+
+def _f_neyman(z):
+    s = z - 1.0
+    return _INF if z == 0 else s * s / z
+
+
+def _f_tv(z):
+    return abs(z - 1.0) / 2.0
+
+
+def _f_js(z):
+    w = 1.0 + z
+    return (_xlogx(z) - (0.0 if w == 0 else w * math.log(w / 2.0))) / 2.0
+
+
+# the generators of mdboost.md.divergences in Python floats (same values; inf where torch gives inf)
+_TWINS = {GENERATORS[name].f: fn for name, fn in (
+    ("kl", _f_kl), ("rkl", _f_rkl), ("hellinger", _f_hellinger), ("pearson", _f_pearson),
+    ("neyman", _f_neyman), ("tv", _f_tv), ("js", _f_js))}
+
+
+def _g_kl(z):  # g of the built-in kl: z log z - (z - 1), inf at z = inf (the asymptote)
+    if z == 0:
+        return 1.0
+    out = z * math.log(z) - (z - 1.0)
+    return out if out == out else _INF
+
+
+def _g_rkl(z):  # g of the built-in rkl: -log z + (z - 1)
+    if z == 0:
+        return _INF
+    out = -math.log(z) + (z - 1.0)
+    return out if out == out else _INF
+
+
+def _make_scalar_g(div: Divergence):
+    """``g(z)`` of ``div`` on a Python float (:meth:`Divergence.g`), or None without a scalar twin."""
+    f = _TWINS.get(div.f)
+    if f is None:
+        return None
+    for name, fast in (("kl", _g_kl), ("rkl", _g_rkl)):  # the two most used, in one call
+        ref = GENERATORS[name]
+        if (div.f, div.fprime_one, div.inf_slope, div.standardize) == (ref.f, ref.fprime_one, ref.inf_slope,
+                                                                       ref.standardize):
+            return fast
+    slope = div.fprime_one if div.standardize else 0.0
+    asym = div.inf_slope - div.fprime_one
+
+    def g(z):
+        try:
+            out = f(z) - slope * (z - 1.0) if slope else f(z)
+        except OverflowError:
+            out = math.nan
+        return asym * z if out != out else out  # NaN (inf - inf): the asymptote, as Divergence.g
+
+    return g
+
+
+_G_CACHE: dict = {}
+
+
+def scalar_g(div: Divergence):
+    """``g(z)`` of ``div`` on a Python float (:meth:`Divergence.g`), or None without a scalar twin (cached)."""
+    try:
+        return _G_CACHE[div]
+    except KeyError:
+        g = _G_CACHE[div] = _make_scalar_g(div)
+        return g
+    except TypeError:  # an unhashable generator: no cache
+        return _make_scalar_g(div)
+
+
+class _Row:
+    """One row's sorted sums (1-D numpy float64) and scalars, and ``D_f`` on its segments.
+
+    The index conventions of :class:`~mdboost.md._segment.SortedSums`: ``cp[k]``, ``cq[k]`` sum the
+    sorted positions ``< k`` (read for ``k <= n_lt``), ``rp[V - j]``, ``rq[V - j]`` those ``>= j``
+    (read for ``j >= n_le``), so the arrays may stop where the search stops reading them.
+    ``mid`` [V + 1] is the ``q_i g(r_i)`` prefix of :meth:`Breakpoints.prefix`; ``kb`` [n_lt + 1]
+    the B-breakpoint values made monotone (``_search._small_b_knots`` up to ``n_lt``).
+    """
+
+    __slots__ = ("cp", "cq", "rp", "rq", "ratio", "mid", "v", "n_lt", "n_le", "j_max", "tv", "m_end", "g", "kb")
+
+    def __init__(self, cp, cq, rp, rq, ratio, mid, n_lt, n_le, j_max, tv, m_end, g):
+        self.cp, self.cq, self.rp, self.rq, self.ratio, self.mid = cp, cq, rp, rq, ratio, mid
+        self.v, self.n_lt, self.n_le, self.j_max, self.tv, self.m_end = ratio.shape[0], n_lt, n_le, j_max, tv, m_end
+        self.g = g
+        kb = np.empty(n_lt + 1)
+        np.multiply(ratio[:n_lt], cq[:n_lt], out=kb[:n_lt])
+        np.subtract(kb[:n_lt], cp[:n_lt], out=kb[:n_lt])
+        kb[n_lt] = tv
+        self.kb = np.maximum.accumulate(kb, out=kb)
+
+    @classmethod
+    def of_breakpoints(cls, bp, div, g) -> "_Row":
+        """The row of a one-row :class:`~mdboost.md.breakpoints.Breakpoints` (its numpy views)."""
+        from mdboost.md._xp import NUMPY
+
+        s = bp.arrays(NUMPY)
+        with np.errstate(invalid="ignore", over="ignore"):
+            return cls(s.cp[0], s.cq[0], s.rp[0], s.rq[0], s.ratio[0], bp.prefix(div).numpy()[0], int(s.n_lt[0, 0]),
+                       int(s.n_le[0, 0]), int(s.j_max[0, 0]), float(s.tv[0, 0]), float(s.m_end[0, 0]), g)
+
+    def locate_k(self, m):
+        """The B segment of ``m`` (``_search.locate_k``): ``B = [0, k)``."""
+        return min(max(int(self.kb.searchsorted(m)), 1), self.n_lt)
+
+    def knot_a(self, j):
+        """``m`` at the A-breakpoint ``a = r_j - 1`` for ``j`` in ``[n_le, j_max]`` (``Breakpoints.knot_a``)."""
+        if j >= self.j_max:
+            return self.m_end
+        t = self.v - j
+        m = self.rp.item(t) - self.ratio.item(j) * self.rq.item(t)
+        return min(max(m, self.m_end), self.tv)
+
+    def knot_b(self, k, m_lo, m_hi):
+        """``m`` at the (monotone) B-breakpoint ``b = 1 - r_k``, within ``[m_lo, m_hi]``."""
+        return min(max(self.kb.item(k), m_lo), m_hi)
+
+    def segment(self, j, k):
+        """``(pA, denA, offA, qA, loA, hiA, pB, denB, offB, qB, loB, hiB, rest)`` of ``A = [j, V)``, ``B = [0, k)``."""
+        v, ratio = self.v, self.ratio.item
+        q_a, p_a = self.rq.item(v - j), self.rp.item(v - j)
+        q_b, p_b = self.cq.item(k), self.cp.item(k)
+        r_j = ratio(min(j, v - 1)) if j < v else _INF
+        lo_a = max(ratio(max(j - 1, 0)) - 1.0, 0.0) if j > self.n_le else 0.0
+        hi_a = max(r_j - 1.0, lo_a)
+        hi_b = min(max(1.0 - ratio(max(k - 1, 0)), 0.0), 1.0) if k >= 1 else 1.0
+        lo_b = min(min(max(1.0 - ratio(min(k, v - 1)), 0.0), 1.0) if k < self.n_lt else 0.0, hi_b)
+        rest = self.mid.item(k) + self.mid.item(j)
+        return (p_a, q_a if q_a > 0 else _INF, -1.0 if q_a > 0 else 0.0, q_a, lo_a, hi_a,
+                p_b, -q_b if q_b > 0 else _INF, 1.0 if q_b > 0 else 0.0, q_b, lo_b, hi_b, rest)
+
+    @staticmethod
+    def ab(m, seg):
+        """``(a, b)`` at ``m`` on ``seg``, within the segment's range (``mdboost.md._segment.ab_on``)."""
+        p_a, den_a, off_a, _, lo_a, hi_a, p_b, den_b, off_b, _, lo_b, hi_b, _ = seg
+        return (min(max((p_a - m) / den_a + off_a, lo_a), hi_a),
+                min(max((p_b + m) / den_b + off_b, lo_b), hi_b))
+
+    def div(self, m, seg):
+        """``D_f`` at ``m`` on ``seg`` (``mdboost.md._segment.divergence_on``, exact mode)."""
+        p_a, den_a, off_a, q_a, lo_a, hi_a, p_b, den_b, off_b, q_b, lo_b, hi_b, rest = seg
+        total = rest
+        if q_a > 0:
+            total += q_a * self.g(1.0 + min(max((p_a - m) / den_a + off_a, lo_a), hi_a))
+        if q_b > 0:
+            total += q_b * self.g(1.0 - min(max((p_b + m) / den_b + off_b, lo_b), hi_b))
+        return total
+
+
+def _bracket(row: _Row, budget):
+    """``(m_lo, m_hi, seg)``: the segment holding the crossing of ``D_f = budget`` and its ends.
+
+    ``D_f`` grows as ``m`` falls. First the A segment: the first A-breakpoint ``j`` in
+    ``[n_le, j_max]`` with ``D_f > budget`` (``D_f`` at the curve's end exceeds the budget: the
+    caller checked), then inside it the first B-breakpoint ``k`` with ``D_f <= budget``.
+    """
+    lo, hi = row.n_le, row.j_max
+    while lo < hi:
+        mid = (lo + hi) // 2
+        m = row.knot_a(mid)
+        if row.div(m, row.segment(mid, row.locate_k(m))) > budget:
+            hi = mid
+        else:
+            lo = mid + 1
+    j = lo
+    m_lo = row.knot_a(j)
+    m_hi = row.knot_a(j - 1) if j > row.n_le else row.tv
+    lo, hi = row.locate_k(m_lo), row.locate_k(m_hi)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if row.div(row.knot_b(mid, m_lo, m_hi), row.segment(j, mid)) <= budget:
+            hi = mid
+        else:
+            lo = mid + 1
+    k = lo
+    top = row.knot_b(k, m_lo, m_hi)
+    bot = row.knot_b(k - 1, m_lo, top) if k > 0 else m_lo
+    return bot, top, row.segment(j, k)
+
+
+def _refine(row: _Row, seg, lo, hi, budget):
+    """The crossing of ``D_f = budget`` in ``[lo, hi]``, the ``D_f <= budget`` side (``_search.refine``).
+
+    ``h = D_f - budget`` falls in ``m``. Each round evaluates the secant point ``x`` of the bracket
+    (the midpoint if the previous round did not halve it), then a probe on the other side of the
+    crossing at twice the secant's own error estimate ``|h(x)| / slope``, so that both ends of the
+    bracket close in (the role of the array search's ladder); stops at the same tolerance.
+    """
+    h_hi = row.div(hi, seg) - budget
+    if h_hi > 0:  # nothing fits: the answer is hi
+        return hi
+    h_lo = row.div(lo, seg) - budget
+    if not h_lo > 0:  # everything fits: the answer is lo
+        return lo
+    tol = max((hi - lo) * _TOL_SEG, abs(hi) * (8 * _EPS))
+    halve = False
+    for _ in range(MAX_ROUNDS):
+        width = hi - lo
+        if width <= tol:
+            break
+        x = lo + width / 2 if halve else lo + width * (h_lo / (h_lo - h_hi))
+        if not lo < x < hi:  # a secant at an end (or NaN): the midpoint
+            x = lo + width / 2
+        h = row.div(x, seg) - budget
+        if h > 0:
+            lo, h_lo = x, h
+        else:
+            hi, h_hi = x, h
+        slope = (h_lo - h_hi) / (hi - lo)
+        step = abs(h) / slope * 2 + tol / 4 if slope > 0 else width / 4
+        y = x + step if h > 0 else x - step
+        if lo < y < hi:
+            h = row.div(y, seg) - budget
+            if h > 0:
+                lo, h_lo = y, h
+            else:
+                hi, h_hi = y, h
+        halve = hi - lo > width / 2
+    return hi
+
+
+def _point(row: _Row, budget: float):
+    """``(a, b, m, value)`` in Python floats: the search, the snap and the fallback of ``_search.primal_point``."""
+    tv, m_end = row.tv, row.m_end
+    if not budget > 0:  # pi = q (a NaN budget, unchecked, too)
+        return 0.0, 0.0, tv, 0.0
+    seg = row.segment(row.j_max, row.locate_k(m_end))
+    if budget >= row.div(m_end, seg):  # the end fits: a one-point bracket on its segment
+        m = m_end
+    else:
+        m_lo, m_hi, seg = _bracket(row, budget)
+        m = _refine(row, seg, m_lo, m_hi, budget)
+    # the snap of _search.snap: 1 - (1 - m) == m exactly, capped at tv
+    acc = 1 - m
+    if 1 - acc < m:
+        acc = math.nextafter(acc, 0.0)
+    if row.div(m, seg) > budget * (1 + 1e-12):  # rounding defeated the search: the curve's start
+        return 0.0, 0.0, tv, 0.0
+    m = min(1 - acc, max(tv, m))
+    if m >= tv:
+        return 0.0, 0.0, m, 0.0
+    a, b = row.ab(m, seg)
+    return a, b, m, max(row.div(m, seg), 0.0)
+
+
+def primal_point(src, budget: float, div: Divergence, g, with_value: bool = False, floats: bool = False):
+    """:func:`mdboost.md._search.primal_point` for one row: ``(a, b, m, value)`` as torch [1, 1] float64.
+
+    ``src``: a one-row :class:`~mdboost.md.breakpoints.Breakpoints` or a :class:`_Row`; with
+    ``floats``, Python floats instead of tensors (``value`` then always given).
+    """
+    row = src if isinstance(src, _Row) else _Row.of_breakpoints(src, div, g)
+    a, b, m, value = _point(row, budget)
+    if floats:
+        return a, b, m, value
+    out = torch.tensor([[a], [b], [m], [value]], dtype=torch.float64)
+    return out[0:1], out[1:2], out[2:3], out[3:4] if with_value else None
+
+
+_ARANGE: dict = {}
+
+
+def _arange(v: int):
+    if v not in _ARANGE:
+        _ARANGE[v] = np.arange(v, dtype=np.int64)
+    return _ARANGE[v]
+
+
+def _sort_order(r):
+    """The stable ascending order of ``r >= 0`` [V] as ``_sums._sort_rows`` on CPU (packed integer keys)."""
+    v = r.shape[0]
+    if r.dtype == np.float32:
+        key = r.view(np.int32).astype(np.int64)
+        key <<= 32
+        mask = 0xFFFFFFFF
+    else:
+        shift = max(1, (v - 1).bit_length())
+        mask = (1 << shift) - 1
+        key = r.view(np.int64) & np.int64(~mask)
+    key |= _arange(v)
+    key.sort()
+    key &= mask
+    return key
+
+
+def row_applies(p, q) -> bool:
+    """Whether :func:`solve_row` takes the pair: one CPU row of float32 or float64, ``V <= 2048``, no autograd."""
+    return (type(p) is torch.Tensor and type(q) is torch.Tensor and p.ndim == 1 and q.ndim == 1
+            and 0 < p.shape[0] == q.shape[0] <= ROW_VOCAB and p.dtype == q.dtype
+            and p.dtype in (torch.float32, torch.float64) and p.device.type == "cpu" and q.device.type == "cpu"
+            and not (p.requires_grad or q.requires_grad))
+
+
+ROW_VOCAB = 2048  # solve_row up to this vocabulary (the sorted-breakpoint bracket's range)
+
+
+def solve_row(p: torch.Tensor, q: torch.Tensor, budget: float, div: Divergence, g, validate: bool):
+    """``solve(p, q, max_divergence=budget)`` on one row (:func:`row_applies`) as Python floats.
+
+    Returns ``(a, b, acceptance, achieved_divergence, sd_acceptance)``, the values of the
+    general path (:class:`~mdboost.md.breakpoints.Breakpoints` and :func:`primal_point`): the same
+    check (with the row sums of the normalisation, the sorted rows' float64 sums: they differ
+    from the unsorted sums by rounding only), the same sort, the same float64 sums where the
+    search reads them, the same search. Raises the errors of ``check_pair`` / ``check_budget``.
+    """
+    pn, qn = p.numpy(), q.numpy()
+    v = pn.shape[0]
+    with np.errstate(all="ignore"):
+        if validate:
+            lo_p, lo_q = float(pn.min()), float(qn.min())
+        r = pn / qn  # [V] input dtype; 0/0 -> 1 (neutral), p / 0 -> inf
+        zeros = not (validate and lo_q > 0)  # q may have zeros (or is unchecked)
+        if zeros:
+            np.copyto(r, 1.0, where=r != r)
+        order = _sort_order(r)
+        r_s = r.take(order)
+        w = np.empty((2, v))  # sorted p, q in float64
+        w[0], w[1] = pn.take(order), qn.take(order)
+        p64, q64 = w
+        thr = 1.0
+        normalized = False
+        if validate:  # the check's row sums are the normalisation's (Breakpoints, docs/theory.md section 9)
+            sp, sq = float(p64.sum()), float(q64.sum())
+            _check_row_values("draft_probs", p, (lo_p, sp, sp))
+            _check_row_values("target_probs", q, (lo_q, sq, sq))
+            _check_budget_range("max_divergence", budget, budget, None)
+            if sp != 1 or sq != 1:
+                p64 /= sp
+                q64 /= sq
+                normalized = True
+                thr = r_s.dtype.type(sp / sq)  # r_i (sq / sp) < 1  <=>  r_i < sp / sq
+        n_lt, n_le = int(r_s.searchsorted(thr, "left")), int(r_s.searchsorted(thr, "right"))
+        n_fin = int(r_s.searchsorted(_INF, "left"))
+        if n_fin < v and q64[n_fin:].any():  # a ratio that overflows the input dtype: q_i = 0 (section 9)
+            q64[n_fin:] = 0.0
+        if normalized:
+            ratio = p64 / q64
+            if zeros:
+                ratio = np.where(q64 > 0, ratio, np.where(p64 > 0, _INF, 1.0 / np.float64(thr)))
+            r_cmp = ratio
+        elif r_s.dtype == np.float64:
+            ratio = r_cmp = r_s
+        else:
+            ratio = p64 / q64 if not zeros else np.where(q64 > 0, p64 / q64, _INF)
+            r_cmp = r_s
+        pre = np.empty((2, n_lt + 1))  # cp, cq up to n_lt
+        pre[:, 0] = 0.0
+        np.cumsum(w[:, :n_lt], axis=1, out=pre[:, 1:])
+        suf = np.empty((2, v - n_le + 1))  # rp, rq from n_le (read backwards)
+        suf[:, 0] = 0.0
+        np.cumsum(w[:, :n_le - 1 if n_le else None:-1], axis=1, out=suf[:, 1:])
+        tv = pre.item(1, n_lt) - pre.item(0, n_lt)
+        m_end = min(suf.item(0, v - n_fin), tv)
+        if div is _KL:
+            mid = _kl_mid(ratio, q64, r_cmp, n_lt, n_le, n_fin, normalized)
+        else:
+            mid = _prefix_sums_np(r_cmp[None], q64[None], ratio[None], np.array([[n_lt]]), np.array([[n_le]]), div)[0]
+        row = _Row(pre[0], pre[1], suf[0], suf[1], ratio, mid, n_lt, n_le, max(n_fin - 1, n_le), tv, m_end, g)
+    a, b, m, value = primal_point(row, budget, div, g, True, floats=True)
+    return a, b, min(max(1.0 - m, 0.0), 1.0), value, min(max(1.0 - tv, 0.0), 1.0)
+
+
+def _kl_mid(ratio, q, r_cmp, n_lt, n_le, n_fin, normalized):
+    """``_sums._prefix_sums_np`` of the built-in kl on one row: only the terms it keeps (the same values)."""
+    v = ratio.shape[0]
+    mid = np.zeros(v + 1)
+    if n_lt:
+        z = ratio[:n_lt]
+        terms = q[:n_lt] * (np.where(z > 0, z * np.log(z), 0.0) - z + 1)
+        if normalized:
+            terms = np.where(r_cmp[:n_lt] < 1, terms, 0.0)
+        np.cumsum(terms[::-1], out=mid[n_lt - 1::-1])  # [k] = sum_{k <= i < n_lt}
+    if n_fin > n_le:
+        z = ratio[n_le:n_fin]
+        terms = q[n_le:n_fin] * (z * np.log(z) - z + 1)
+        if normalized:
+            terms = np.where(r_cmp[n_le:n_fin] > 1, terms, 0.0)
+        np.cumsum(terms, out=mid[n_le + 1:n_fin + 1])  # [j] = sum_{n_le <= i < j}, 0 up to n_le
+        mid[n_fin + 1:] = mid[n_fin]
+    return mid

@@ -1,0 +1,147 @@
+"""One small CPU row searches in Python floats (``mdboost.md._scalar``): the same point as the array search.
+
+``mdboost.md._search.primal_point`` takes the scalar search for ``N = 1`` rows (switch
+``_search.SCALAR_ROW``); with the switch off the same row goes through the array search of the
+namespace tests. Both must give the same excess mass ``m`` (so the same acceptance), the same
+``D_f`` at the point, and keep ``D_f <= budget``, for every built-in generator with a scalar twin.
+"""
+
+import math
+
+import pytest
+import torch
+
+from mdboost.md import _scalar, _search
+from mdboost.md.breakpoints import Breakpoints
+from mdboost.md.divergences import GENERATORS, alpha, resolve
+from mdboost.md.solve import solve
+from tests._md_pairs import dirichlet_pairs
+
+BUDGETS = (0.0, 1e-9, 1e-4, 0.01, 0.1, 1.0, 10.0, math.inf)
+
+
+def _both(monkeypatch, bp, budget, div):
+    col = torch.tensor([[budget]], dtype=torch.float64)
+    monkeypatch.setattr(_search, "SCALAR_ROW", True)
+    fast = _search.primal_point(bp, col, div, False, with_value=True)
+    monkeypatch.setattr(_search, "SCALAR_ROW", False)
+    ref = _search.primal_point(bp, col, div, False, with_value=True)
+    return fast, ref
+
+
+@pytest.mark.parametrize("name", sorted(GENERATORS))
+@pytest.mark.parametrize("n,peaked", [(2, False), (3, True), (50, False), (257, True), (2000, False)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_scalar_row_equals_array_search(monkeypatch, name, n, peaked, dtype):
+    div = GENERATORS[name]
+    assert _scalar.scalar_g(div) is not None
+    p, q = dirichlet_pairs(3, n, n + len(name), alpha=0.05 if peaked else 0.7, equal_row=True)
+    for i in range(3):
+        bp = Breakpoints.build(p[i:i + 1].to(dtype), q[i:i + 1].to(dtype))
+        for budget in BUDGETS:
+            (a, b, m, value), (a0, b0, m0, value0) = _both(monkeypatch, bp, budget, div)
+            torch.testing.assert_close(m, m0, atol=1e-11, rtol=0)  # the acceptance is 1 - m
+            if 0 < budget < math.inf:
+                assert float(value) <= budget * (1 + 1e-12)  # the kept side fits
+            if float(value0) < 1e3:  # D_f of the extreme peaked rows is ill-conditioned in m
+                torch.testing.assert_close(value, value0, atol=1e-9, rtol=1e-7)
+            # (a, b) agree in mass: pi differs by less than the tolerance of m
+            pi = torch.maximum((1 - b) * bp._q, torch.minimum(bp._ratio * bp._q, (1 + a) * bp._q))
+            pi0 = torch.maximum((1 - b0) * bp._q, torch.minimum(bp._ratio * bp._q, (1 + a0) * bp._q))
+            assert float(torch.nan_to_num(pi - pi0).abs().sum()) <= 1e-9
+
+
+def test_scalar_generators_equal_the_torch_generators():
+    z = [0.0, 1e-300, 1e-8, 0.3, 1.0, 1.7, 1e8, 1e300, math.inf]
+    for name in sorted(GENERATORS):
+        div = GENERATORS[name]
+        g = _scalar.scalar_g(div)
+        ref = div.g(torch.tensor(z, dtype=torch.float64)).tolist()
+        for x, want in zip(z, ref):
+            got = g(x)
+            assert (got == want) or math.isclose(got, want, rel_tol=1e-14, abs_tol=1e-300), (name, x, got, want)
+
+
+def test_generators_without_a_twin_take_the_array_search():
+    assert _scalar.scalar_g(alpha(0.5)) is None
+    assert _scalar.scalar_g(resolve(lambda z: (z - 1.0) ** 2)) is None
+
+
+def test_single_row_solve_uses_the_scalar_search(monkeypatch):
+    calls = []
+    original = _scalar.primal_point
+    monkeypatch.setattr(_scalar, "primal_point", lambda *a, **k: calls.append(1) or original(*a, **k))
+    p, q = dirichlet_pairs(2, 100, 5, alpha=0.7)
+    one = solve(p[0], q[0], max_divergence=0.05)
+    assert calls == [1]
+    batch = solve(p, q, max_divergence=0.05)  # two rows: the array search
+    assert calls == [1]
+    torch.testing.assert_close(one.acceptance, batch.acceptance[0], atol=1e-11, rtol=0)
+    torch.testing.assert_close(one.achieved_divergence, batch.achieved_divergence[0], atol=1e-11, rtol=1e-9)
+
+
+def _overflow_row(dtype):
+    """A float32 row whose ratio p_i / q_i overflows (q_i counts as 0) and a row with zeros in q."""
+    p = torch.tensor([0.3, 0.3, 0.2, 0.2, 0.0], dtype=torch.float64)
+    q = torch.tensor([0.5, 1e-39, 0.25, 0.25 - 1e-39, 0.0], dtype=torch.float64)
+    return p.to(dtype), q.to(dtype)
+
+
+def _rows():
+    for n, peaked in [(2, False), (3, True), (50, False), (257, True), (2000, False)]:
+        p, q = dirichlet_pairs(3, n, 7 * n + peaked, alpha=0.05 if peaked else 0.7, equal_row=n > 2)
+        for dtype in (torch.float64, torch.float32):
+            for i in range(3):
+                yield p[i].to(dtype), q[i].to(dtype)
+    for dtype in (torch.float64, torch.float32):
+        yield _overflow_row(dtype)
+        yield torch.tensor([0.5, 0.5], dtype=dtype), torch.tensor([1.0, 0.0], dtype=dtype)
+        yield torch.tensor([1.0], dtype=dtype), torch.tensor([1.0], dtype=dtype)
+
+
+@pytest.mark.parametrize("name", sorted(GENERATORS))
+def test_one_row_solve_equals_the_batched_path_exactly(name):
+    """``solve`` on a 1-D row (``_scalar.solve_row``: its own sums) gives the same floats as the same
+    row as a batch of one (``Breakpoints`` and the search), with and without validation."""
+    for p, q in _rows():
+        for budget in BUDGETS:
+            for validate in (True, False):
+                one = solve(p, q, max_divergence=budget, divergence=name, validate=validate)
+                ref = solve(p[None], q[None], max_divergence=budget, divergence=name, validate=validate)
+                for field in ("a", "b", "acceptance", "achieved_divergence", "sd_acceptance", "off_support", "feasible"):
+                    x, y = getattr(one, field), getattr(ref, field)[0]
+                    assert x.shape == () and x.dtype == y.dtype, field
+                    assert bool(x == y), (field, p.shape, p.dtype, budget, validate, float(x), float(y))
+
+
+def test_one_row_solve_takes_the_row_path(monkeypatch):
+    calls = []
+    original = _scalar.solve_row
+    monkeypatch.setattr(_scalar, "solve_row", lambda *a: calls.append(1) or original(*a))
+    p, q = dirichlet_pairs(2, 100, 5, alpha=0.7)
+    solve(p[0], q[0], max_divergence=0.05)
+    solve(p[0], q[0], max_divergence=1)  # a Python int budget too
+    assert calls == [1, 1]
+    solve(p[0], q[0], max_divergence=torch.tensor(0.05))  # a tensor budget: the general path
+    solve(p[0], q[0], max_divergence=0.05, divergence=alpha(0.5))  # no scalar twin
+    solve(p[0], q[0], min_acceptance=0.5)
+    solve(p[0].float(), q[0], max_divergence=0.05)  # mixed dtypes
+    assert calls == [1, 1]
+
+
+@pytest.mark.parametrize("p,q,budget", [
+    ([0.5, float("nan")], [0.5, 0.5], 0.1),
+    ([0.5, 0.5], [1.5, -0.5], 0.1),
+    ([0.5, 0.6], [0.5, 0.5], 0.1),
+    ([0.5, 0.5], [0.5, float("inf")], 0.1),
+    ([0.5, 0.5], [0.5, 0.5], -1.0),
+    ([0.5, 0.5], [0.5, 0.5], float("nan")),
+])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_one_row_solve_raises_the_errors_of_the_general_path(p, q, budget, dtype):
+    p, q = torch.tensor(p, dtype=dtype), torch.tensor(q, dtype=dtype)
+    with pytest.raises(ValueError) as one:
+        solve(p, q, max_divergence=budget)
+    with pytest.raises(ValueError) as ref:
+        solve(p[None], q[None], max_divergence=budget)
+    assert str(one.value) == str(ref.value)
