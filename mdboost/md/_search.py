@@ -193,6 +193,12 @@ def _knots(xp, sums):
     return knots, last, neg_ka
 
 
+def _cummax_np(x: np.ndarray) -> np.ndarray:
+    """``np.maximum.accumulate(x, -1)`` of a float64 [N, W] array by torch's cummax (the same
+    values, NaN propagating alike; several times faster than numpy's along rows)."""
+    return torch.cummax(torch.from_numpy(x), -1).values.numpy()
+
+
 def _knots_np(sums):
     """:func:`_knots` in numpy: the same values in fewer calls (slices and in-place writes)."""
     n, v = sums.ratio.shape
@@ -206,7 +212,7 @@ def _knots_np(sums):
     neg_ka = np.negative(m_a)
     np.copyto(neg_ka, inf, where=idx > sums.j_max)
     np.copyto(neg_ka, -inf, where=idx < sums.n_le)
-    np.maximum.accumulate(neg_ka, -1, out=neg_ka)
+    neg_ka = _cummax_np(neg_ka)
     knots = np.empty((n, 2 * v))
     knots[:, :v] = m_a[:, v - 1::-1]
     m_b = knots[:, v:]
@@ -234,7 +240,7 @@ def _small_b_knots(xp, sums):
         idx = np.arange(v + 1)
         np.copyto(kb, sums.tv, where=idx == sums.n_lt)
         np.copyto(kb, math.inf, where=idx > sums.n_lt)
-        return np.maximum.accumulate(kb, -1, out=kb)
+        return _cummax_np(kb)
     idx = xp.arange(sums.ratio.shape[1] + 1, sums.ratio)
     ratio = xp.concatenate([sums.ratio, sums.ratio[:, -1:]], axis=-1)
     m_b = xp.where(idx >= sums.n_lt, sums.tv, ratio * sums.cq - sums.cp)
