@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from mdboost.md import _scalar
@@ -141,26 +142,15 @@ def _bracket_small(xp, sums, kb, k_end, budget, div, bound, mid):
     ``budget`` is outside ``(0, d_end)`` do not use the bracket (:func:`_primal` overrides them).
     """
     n, v = sums.ratio.shape
-    idx = xp.arange(v + 1, sums.ratio)  # [V + 1], broadcast against the [N, 1] counts
-    ratio = xp.concatenate([sums.ratio, sums.ratio[:, -1:]], axis=-1)  # knot_a / knot_b at every index, by slices
-    m_a = xp.where(idx >= sums.j_max, sums.m_end, xp.flip(sums.rp) - ratio * xp.flip(sums.rq))  # [N, V + 1]
-    m_a = xp.minimum(xp.maximum(m_a, sums.m_end), sums.tv)
-    neg_ka = xp.cummax(xp.where(idx < sums.n_le, -math.inf, xp.where(idx > sums.j_max, math.inf, -m_a)))
+    if xp is NUMPY:
+        knots, last, neg_ka = _knots_np(sums)
+    else:
+        knots, last, neg_ka = _knots(xp, sums)
 
     def locate(m):
         k = xp.minimum(xp.clip(xp.searchsorted(kb, m), 1, None), sums.n_lt)
         j = xp.minimum(xp.maximum(xp.searchsorted(neg_ka, -m), sums.n_le), sums.j_max)
         return j, k
-
-    idx_v, m_a = idx[:v], m_a[:, :v]
-    m_b = xp.minimum(xp.maximum(xp.where(idx_v >= sums.n_lt, sums.tv, ratio[:, :v] * sums.cq[:, :v] - sums.cp[:, :v]),
-                                sums.m_end), sums.tv)
-    # m_a decreases along the sorted order and m_b increases: reversed A then B is a few sorted
-    # runs, which a stable (tim)sort merges in about linear time
-    valid = xp.concatenate([xp.flip((idx_v >= sums.n_le) & (idx_v < sums.j_max)),
-                            (idx_v >= 1) & (idx_v < sums.n_lt)], axis=-1)
-    knots = xp.sort(xp.where(valid, xp.concatenate([xp.flip(m_a), m_b], axis=-1), math.inf))  # [N, 2V]
-    last = xp.clip(xp.sum(valid, axis=-1, keepdims=True) - 1, 0, None)
 
     def div_at(cols, end=None):  # D_f at sorted breakpoints (and at the end, on its segment, if given)
         m = xp.where(xp.isfinite(knots[:, :1]), xp.take(knots, xp.minimum(cols, last)), sums.tv)
@@ -182,8 +172,75 @@ def _bracket_small(xp, sums, kb, k_end, budget, div, bound, mid):
     return (m_lo, m_hi) + locate((m_lo + m_hi) / 2) + (d_end,)
 
 
+def _knots(xp, sums):
+    """``(knots, last, neg_ka)``: all breakpoint values sorted [N, 2V] (``+inf`` padded), the index
+    of the last valid one [N, 1], and the negated A-breakpoint values made monotone [N, V + 1]."""
+    n, v = sums.ratio.shape
+    idx = xp.arange(v + 1, sums.ratio)  # [V + 1], broadcast against the [N, 1] counts
+    ratio = xp.concatenate([sums.ratio, sums.ratio[:, -1:]], axis=-1)  # knot_a / knot_b at every index, by slices
+    m_a = xp.where(idx >= sums.j_max, sums.m_end, xp.flip(sums.rp) - ratio * xp.flip(sums.rq))  # [N, V + 1]
+    m_a = xp.minimum(xp.maximum(m_a, sums.m_end), sums.tv)
+    neg_ka = xp.cummax(xp.where(idx < sums.n_le, -math.inf, xp.where(idx > sums.j_max, math.inf, -m_a)))
+    idx_v, m_a = idx[:v], m_a[:, :v]
+    m_b = xp.minimum(xp.maximum(xp.where(idx_v >= sums.n_lt, sums.tv, ratio[:, :v] * sums.cq[:, :v] - sums.cp[:, :v]),
+                                sums.m_end), sums.tv)
+    # m_a decreases along the sorted order and m_b increases: reversed A then B is a few sorted
+    # runs, which a stable (tim)sort merges in about linear time
+    valid = xp.concatenate([xp.flip((idx_v >= sums.n_le) & (idx_v < sums.j_max)),
+                            (idx_v >= 1) & (idx_v < sums.n_lt)], axis=-1)
+    knots = xp.sort(xp.where(valid, xp.concatenate([xp.flip(m_a), m_b], axis=-1), math.inf))  # [N, 2V]
+    last = xp.clip(xp.sum(valid, axis=-1, keepdims=True) - 1, 0, None)
+    return knots, last, neg_ka
+
+
+def _cummax_np(x: np.ndarray) -> np.ndarray:
+    """``np.maximum.accumulate(x, -1)`` of a float64 [N, W] array by torch's cummax (the same
+    values, NaN propagating alike; several times faster than numpy's along rows)."""
+    return torch.cummax(torch.from_numpy(x), -1).values.numpy()
+
+
+def _knots_np(sums):
+    """:func:`_knots` in numpy: the same values in fewer calls (slices and in-place writes)."""
+    n, v = sums.ratio.shape
+    ratio, idx, inf = sums.ratio, np.arange(v + 1), math.inf
+    m_a = np.empty((n, v + 1))  # knot_a at every index: rp[V - i] - r_i rq[V - i]
+    np.multiply(ratio, sums.rq[:, v:0:-1], out=m_a[:, :v])
+    np.subtract(sums.rp[:, v:0:-1], m_a[:, :v], out=m_a[:, :v])
+    np.copyto(m_a, sums.m_end, where=idx >= sums.j_max)  # column V included (j_max <= V)
+    np.maximum(m_a, sums.m_end, out=m_a)
+    np.minimum(m_a, sums.tv, out=m_a)
+    neg_ka = np.negative(m_a)
+    np.copyto(neg_ka, inf, where=idx > sums.j_max)
+    np.copyto(neg_ka, -inf, where=idx < sums.n_le)
+    neg_ka = _cummax_np(neg_ka)
+    knots = np.empty((n, 2 * v))
+    knots[:, :v] = m_a[:, v - 1::-1]
+    m_b = knots[:, v:]
+    np.multiply(ratio, sums.cq[:, :v], out=m_b)
+    np.subtract(m_b, sums.cp[:, :v], out=m_b)
+    idx_v = idx[:v]
+    np.copyto(m_b, sums.tv, where=idx_v >= sums.n_lt)
+    np.maximum(m_b, sums.m_end, out=m_b)
+    np.minimum(m_b, sums.tv, out=m_b)
+    np.copyto(knots[:, :v], inf, where=~((idx_v >= sums.n_le) & (idx_v < sums.j_max))[:, ::-1])
+    np.copyto(m_b, inf, where=~((idx_v >= 1) & (idx_v < sums.n_lt)))
+    knots.sort(-1, kind="stable")
+    last = np.maximum(sums.j_max - sums.n_le + np.maximum(sums.n_lt - 1, 0) - 1, 0)
+    return knots, last, neg_ka
+
+
 def _small_b_knots(xp, sums):
     """Monotone B-breakpoint values [N, V + 1] for ``searchsorted`` (``+inf`` after ``n_lt``)."""
+    if xp is NUMPY:  # the same values in fewer numpy calls (in place, no [N, V + 1] concatenation)
+        n, v = sums.ratio.shape
+        kb = np.empty((n, v + 1))
+        np.multiply(sums.ratio, sums.cq[:, :v], out=kb[:, :v])
+        np.multiply(sums.ratio[:, -1], sums.cq[:, v], out=kb[:, v])
+        kb -= sums.cp
+        idx = np.arange(v + 1)
+        np.copyto(kb, sums.tv, where=idx == sums.n_lt)
+        np.copyto(kb, math.inf, where=idx > sums.n_lt)
+        return _cummax_np(kb)
     idx = xp.arange(sums.ratio.shape[1] + 1, sums.ratio)
     ratio = xp.concatenate([sums.ratio, sums.ratio[:, -1:]], axis=-1)
     m_b = xp.where(idx >= sums.n_lt, sums.tv, ratio * sums.cq - sums.cp)

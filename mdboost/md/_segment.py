@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from mdboost.md.divergences import Divergence
@@ -76,6 +77,8 @@ def make_segment(xp, sums: SortedSums, j, k, mid=None, bound: bool = False) -> S
     ``mid`` (see :meth:`~mdboost.md.breakpoints.Breakpoints.prefix`) if given, else None. With numpy, call it
     inside ``xp.errstate()``.
     """
+    if xp.name == "numpy":
+        return _make_segment_np(xp, sums, j, k, mid, bound)
     vocab = sums.ratio.shape[1]
     qb = xp.take(sums.cq, k)
     q = xp.stack2(xp.take(sums.rq, vocab - j), qb)
@@ -91,6 +94,52 @@ def make_segment(xp, sums: SortedSums, j, k, mid=None, bound: bool = False) -> S
         rest = None
     ends = xp.stack2(xp.take(sums.rp, vocab - j), xp.take(sums.cp, k))
     return Segment(ends, den, q, xp.where(nonempty, sign, 0.0), rest, lo, hi)
+
+
+def _make_segment_np(xp, sums: SortedSums, j, k, mid, bound: bool) -> Segment:
+    """:func:`make_segment` on numpy arrays: the same values, each row's offsets computed once."""
+    ratio, n_le, n_lt = sums.ratio, sums.n_le, sums.n_lt
+    n, vocab = ratio.shape
+    shape = np.broadcast_shapes(j.shape, k.shape)
+    col = (n,) + (1,) * (len(shape) - 1)
+    if len(shape) > 2:
+        n_le, n_lt = n_le.reshape(col), n_lt.reshape(col)
+    o1 = np.arange(0, n * (vocab + 1), vocab + 1).reshape(col)  # flat row offsets of the [N, V + 1] sums
+    o0 = np.arange(0, n * vocab, vocab).reshape(col)  # and of the [N, V] ratios
+    fa, fk = (vocab - j) + o1, k + o1
+    q, ends, lo, hi = (np.empty((2,) + shape) for _ in range(4))
+    q[0], q[1] = sums.rq.take(fa), sums.cq.take(fk)
+    ends[0], ends[1] = sums.rp.take(fa), sums.cp.take(fk)
+    nonempty = q > 0
+    den = q.copy()
+    np.negative(den[1], out=den[1])  # q / (1, -1): exact
+    np.copyto(den, math.inf, where=~nonempty)  # an empty set divides by inf: a = 0, b = 0
+    sign = _consts(xp, j)[0]
+    offset = np.where(nonempty, sign, 0.0)
+    # _ab_range, written into the stacked rows
+    lo_a, lo_b, hi_a, hi_b = lo[0], lo[1], hi[0], hi[1]
+    np.subtract(ratio.take(np.minimum(j, vocab - 1) + o0), 1, out=hi_a)
+    np.copyto(hi_a, math.inf, where=j >= vocab)
+    np.subtract(ratio.take(np.maximum(j - 1, 0) + o0), 1, out=lo_a)
+    np.maximum(lo_a, 0.0, out=lo_a)
+    np.copyto(lo_a, 0.0, where=j <= n_le)
+    np.maximum(hi_a, lo_a, out=hi_a)
+    np.subtract(1, ratio.take(np.maximum(k - 1, 0) + o0), out=hi_b)
+    np.maximum(hi_b, 0.0, out=hi_b)
+    np.minimum(hi_b, 1.0, out=hi_b)
+    np.copyto(hi_b, 1.0, where=k < 1)
+    np.subtract(1, ratio.take(np.minimum(k, vocab - 1) + o0), out=lo_b)
+    np.maximum(lo_b, 0.0, out=lo_b)
+    np.minimum(lo_b, 1.0, out=lo_b)
+    np.copyto(lo_b, 0.0, where=k >= n_lt)
+    np.minimum(lo_b, hi_b, out=lo_b)
+    if mid is not None:
+        rest = mid.take(fk) + mid.take(j + o1)
+    elif bound:
+        rest = sums.cq.take(j + o1) - q[1]
+    else:
+        rest = None
+    return Segment(ends, den, q, offset, rest, lo, hi)
 
 
 def _col(x, like):  # a per-row [N, 1] array viewed to broadcast against [N, ...]
@@ -128,9 +177,28 @@ def divergence_on(xp, m, seg: Segment, div: Divergence, bound: bool):
     ``q(A) g(1 + a) + q(B) g(1 - b)`` plus the M-set sum (exact) or ``q(M) max(g(1 + a), g(1 - b))``
     (bound); docs/theory.md, section 4. Empty sets have ``1 + a = 1 - b = 1`` and ``g(1) = 0``.
     """
+    if not bound and xp.name == "numpy":
+        return _divergence_np(xp, m, seg, div)
     sign = _consts(xp, m)[0]
     g = xp.g(div, 1 - sign * ab_on(xp, m, seg))  # (1 + a, 1 - b): one generator call on the stacked rows
     total = xp.where(seg.q > 0, seg.q * g, 0.0).sum(0)  # a set without mass adds 0 (even where g = inf)
     if bound:
         return total + xp.where(seg.rest > 0, seg.rest * xp.maximum(g[0], g[1]), 0.0)
     return total + seg.rest
+
+
+def _divergence_np(xp, m, seg: Segment, div: Divergence):
+    """:func:`divergence_on` (exact mode) on numpy arrays: the same operations, mostly in place."""
+    sign = _consts(xp, m)[0]
+    z = np.add(seg.ends, sign * m)  # ab_on, then (1 + a, 1 - b) = 1 - sign (a, b)
+    z /= seg.den
+    z += seg.offset
+    np.maximum(z, seg.lo, out=z)
+    np.minimum(z, seg.hi, out=z)
+    z *= sign
+    np.subtract(1, z, out=z)
+    terms = np.multiply(xp.g(div, z), seg.q)
+    np.copyto(terms, 0.0, where=~(seg.q > 0))  # a set without mass adds 0 (even where g = inf)
+    total = np.add(terms[0], terms[1])
+    total += seg.rest
+    return total

@@ -189,7 +189,11 @@ class Breakpoints:
         p2, q2 = p.reshape(-1, vocab), q.reshape(-1, vocab)
         if _small_ok(p2) and p2.dtype == q2.dtype:  # the same division in numpy (a tiny torch op costs more)
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-                r = torch.from_numpy(np.nan_to_num(p2.numpy() / q2.numpy(), nan=1.0, posinf=math.inf))
+                rn = p2.numpy() / q2.numpy()
+                np.copyto(rn, 1.0, where=rn != rn)  # np.nan_to_num(nan=1.0, posinf=inf) in fewer calls
+                if rn.size and rn.min() == -math.inf:  # only from negative (unchecked) input
+                    np.copyto(rn, np.finfo(rn.dtype).min, where=rn == -math.inf)
+                r = torch.from_numpy(rn)
         else:
             r = torch.div(p2, q2).nan_to_num_(nan=1.0, posinf=math.inf)  # 0/0 -> 1 (neutral), in place
         r_sorted, p_sorted, q_sorted = _sort_rows(r, p2, q2)
