@@ -145,3 +145,22 @@ def test_one_row_solve_raises_the_errors_of_the_general_path(p, q, budget, dtype
     with pytest.raises(ValueError) as ref:
         solve(p[None], q[None], max_divergence=budget)
     assert str(one.value) == str(ref.value)
+
+
+def test_a_budget_at_the_rounding_of_the_divergence_takes_the_array_search():
+    """At D = 6e-17 the row's ``D_f - budget`` is within its float64 rounding: the Python-float
+    secant path came out 1.2e-8 of acceptance short of the bound mode's (a fuzz case); such
+    budgets take the array search, which is at least the bound mode's there."""
+    from mdboost.md import _search
+    from mdboost.md.solve import solve
+
+    p = torch.tensor([[0.014471228469469048, 9.588757294622285e-24, 0.985528771530472, 5.897504794016364e-14]],
+                     dtype=torch.float64)
+    q = torch.tensor([[0.1693977143382682, 0.5581831599275944, 0.27241912573413746, 0.0]], dtype=torch.float64)
+    budget = 6.422339998779586e-17
+    assert budget < _search.SCALAR_MIN_BUDGET
+    for pp, qq in ((p, q), (p[0], q[0])):  # the batch-of-one route and the 1-D row route
+        exact = solve(pp, qq, max_divergence=budget, divergence="js")
+        bound = solve(pp, qq, max_divergence=budget, divergence="js", mode="bound")
+        assert float(exact.acceptance) >= float(bound.acceptance) - 1e-12
+        assert float(exact.achieved_divergence) <= budget * (1 + 1e-6) + 1e-15

@@ -47,6 +47,11 @@ _EPS = torch.finfo(torch.float64).eps
 SMALL_VOCAB = 2048  # primal: the sorted-breakpoint bracket up to this vocabulary, the fanout search above
 STRIDE = 16  # small bracket: coarse stride over the sorted breakpoints
 SCALAR_ROW = True  # one small CPU row: the search in Python floats (mdboost.md._scalar); False: the array search
+# Budgets below this take the array search even for one small row: there D_f - budget is within the
+# rounding of D_f's float64 evaluation (~V * eps of its O(1) terms), whose sign then steers a single
+# secant path astray (acceptance 1e-8 short of the bound mode's at D = 6e-17), while the array
+# search's ladder evaluates many points per round and keeps the feasible side.
+SCALAR_MIN_BUDGET = 1e-12
 
 
 def _iters(vocab: int, fanout: int = FANOUT) -> int:
@@ -325,7 +330,8 @@ def primal_point(bp, budget: torch.Tensor, div, bound: bool, with_value: bool = 
     One small CPU row of the exact mode searches in Python floats (:mod:`mdboost.md._scalar`).
     """
     xp = namespace_for(bp._r)
-    if not bound and xp is NUMPY and bp._r.shape[0] == 1 and bp.vocab <= SMALL_VOCAB and SCALAR_ROW:
+    if (not bound and xp is NUMPY and bp._r.shape[0] == 1 and bp.vocab <= SMALL_VOCAB and SCALAR_ROW
+            and not float(budget) < SCALAR_MIN_BUDGET):
         g = _scalar.scalar_g(div)
         if g is not None:
             return _scalar.primal_point(bp, float(budget), div, g, with_value)

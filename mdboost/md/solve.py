@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mdboost.md import _buckets, _scalar
+from mdboost.md import _buckets, _scalar, _search
 from mdboost.md import support as _support
 from mdboost.md._checks import _as_real_tensor, check_budget, check_pair, check_probs
 from mdboost.md.breakpoints import Breakpoints
@@ -297,7 +297,7 @@ def solve(
     div = resolve(divergence)
     if (mode == "exact" and support == "target" and min_acceptance is None and _scalar.row_applies(draft_probs, target_probs)
             and (type(max_divergence) is float or (type(max_divergence) is int and abs(max_divergence) <= 1 << 53))
-            and not _buckets.applies(draft_probs)):
+            and not 0 <= max_divergence < _search.SCALAR_MIN_BUDGET and not _buckets.applies(draft_probs)):
         g = _scalar.scalar_g(div)
         if g is not None:  # one small CPU row: numpy sums, the search in Python floats
             return _solve_row(draft_probs, target_probs, float(max_divergence), div, g, validate)
