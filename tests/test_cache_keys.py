@@ -123,3 +123,17 @@ def test_each_temperature_has_its_folders_and_t1_keeps_the_old_ones():
     cold, warm = cfg.cache_spec(0.7), cfg.cache_spec(1.0)
     assert all(cold.member_dir(m) != warm.member_dir(m) for m in cold.names)
     assert {m: warm.member_dir(m).name for m in warm.names} == PINNED["default"]["main"]
+
+
+def test_mentored_continuations_keep_their_names():
+    """The mentored rows files of the default pool (prompt lookup's budget points, T = 1), and the
+    sampler version they are keyed on."""
+    from mdboost.cache.mentored import MENTORED_SAMPLER, mentored_path
+
+    spec = load_yaml("configs/default.yaml", RankConfig).cache_spec(1.0)
+    names = {(d, b): mentored_path(spec, "ngram:3", d, b, 8).parent.name
+             for d, b in (("kl", 0.05), ("tv", 0.2), ("hellinger", 1.0))}
+    assert names == {("kl", 0.05): "mentored-051f416ef971a45b", ("tv", 0.2): "mentored-81b5d659151980fc",
+                     ("hellinger", 1.0): "mentored-ef47a77b253cdb7e"}
+    assert MENTORED_SAMPLER.startswith("mentored/v1:")
+    assert mentored_path(spec, "ngram:3", "kl", 0.05, 8).parent.parent == spec.continuations_path(64).parent.parent
