@@ -327,18 +327,7 @@ def _solve_lazily(p, q, budget, dual, div, u_acc, p_x, q_x, needed_only, normali
         # small rows: a call's fixed cost outweighs its rows, so solve every candidate position in
         # one call, then keep the reached ones (the same values: each row is solved on its own)
         todo = u_acc >= _accept_ratio(zero, q_x, p_x) if needed_only else torch.ones_like(u_acc, dtype=torch.bool)
-        if bool(todo.any()):
-            got = _solve(p[todo], q[todo], budget[todo], dual, div, normalize)
-            solved = [torch.full_like(out[0], float("nan")) for _ in range(4)]
-            for dst, src in zip(solved, got):
-                dst[todo] = src.to(dst.dtype)
-            a = torch.nan_to_num(solved[0], nan=0.0)
-            accepted = u_acc < _accept_ratio(a, q_x, p_x)  # [B, K]
-            # reached: every earlier draft accepted
-            reached = torch.cat([torch.ones_like(accepted[:, :1]), accepted[:, :-1].cumprod(-1).bool()], dim=1)
-            keep = todo & reached
-            for dst, src in zip(out, solved):
-                dst[keep] = src[keep]
+        _solve_reached(out, todo, p, q, budget, dual, div, normalize, u_acc, q_x, p_x)
         return tuple(out)
     # large rows, round 1: every row solves, in one call, the positions it surely reaches: up to
     # its first draft SD rejects (drafts SD accepts are accepted for every a >= 0; "needed"
@@ -356,17 +345,23 @@ def _solve_lazily(p, q, budget, dual, div, u_acc, p_x, q_x, needed_only, normali
     accepted = (u_acc.gather(1, j) < _accept_ratio(a_j, q_x.gather(1, j), p_x.gather(1, j))).squeeze(-1)
     active = has_reject & accepted & (j_stop + 1 < num_draft)  # [B]
     ahead = (pos > j_stop.unsqueeze(-1)) & active.unsqueeze(-1)  # [B, K]
-    todo = ahead & sd_reject if needed_only else ahead
-    if bool(todo.any()):
-        solved = [torch.full_like(out[0], float("nan")) for _ in range(4)]
-        _solve_into(solved, todo, p, q, budget, dual, div, normalize)
-        a = torch.nan_to_num(torch.where(todo, solved[0], out[0]), nan=0.0)
-        accepted = u_acc < _accept_ratio(a, q_x, p_x)  # [B, K]
-        reached = torch.cat([torch.ones_like(accepted[:, :1]), accepted[:, :-1].cumprod(-1).bool()], dim=1)
-        keep = todo & reached
-        for dst, src in zip(out, solved):
-            dst[keep] = src[keep]
+    _solve_reached(out, ahead & sd_reject if needed_only else ahead, p, q, budget, dual, div, normalize, u_acc, q_x, p_x)
     return tuple(out)
+
+
+def _solve_reached(out, todo, p, q, budget, dual, div, normalize, u_acc, q_x, p_x):  # 4 x [B, K], todo [B, K]
+    """Solve the candidate positions ``todo`` in one call and keep those reached: every earlier
+    draft accepted, at the clamps of ``out`` (earlier solves) and of this call (unsolved: ``a = 0``)."""
+    if not bool(todo.any()):
+        return
+    solved = [torch.full_like(out[0], float("nan")) for _ in range(4)]
+    _solve_into(solved, todo, p, q, budget, dual, div, normalize)
+    a = torch.nan_to_num(torch.where(todo, solved[0], out[0]), nan=0.0)
+    accepted = u_acc < _accept_ratio(a, q_x, p_x)  # [B, K]
+    reached = torch.cat([torch.ones_like(accepted[:, :1]), accepted[:, :-1].cumprod(-1).bool()], dim=1)
+    keep = todo & reached
+    for dst, src in zip(out, solved):
+        dst[keep] = src[keep]
 
 
 def _solve_into(out, todo, p, q, budget, dual, div, normalize):  # 4 x [B, K] filled where todo [B, K]
