@@ -12,15 +12,9 @@ from mdboost.data import humaneval_path, load_texts
 from mdboost.ranking.report import read_csv
 from mdboost.tracking.datasets import DIGEST_CHARS, FINGERPRINT_TAG, SPLIT_TAG
 from mdboost.tracking.runs import KEY_METRICS
+from tests.test_validation_pipeline import RANK as VALIDATION_RANK
 
-RANK = {
-    "name": "tracking", "pool": {"target": "tiny", "drafters": ["int8", "ngram:2"], "pairs": "target", "device": "cpu"},
-    "data": {"source": "humaneval", "split": "cache", "limit": 2, "max_tokens": 32},
-    "cache": {"k": 16, "full_logits": True, "shard_size": 2, "cost_repeats": 1, "cost_context": 8},
-    "md": {"divergences": ["kl"], "budgets": [0.0, 0.2], "temperatures": [0.5, 1.0]},
-    "speed": {"gamma_min": 1, "gamma_max": 3}, "boosting": {"n_estimators": 2, "orders": ["target_first"]},
-    "ranking": {"top": 3}, "progress": False,
-}
+RANK = {**VALIDATION_RANK, "name": "tracking", "ranking": {"top": 3}}  # the validation e2e's tiny ranking
 CELLS, PROMPTS = 3, 2
 
 
