@@ -39,7 +39,8 @@ from mdboost.validation.report import (
     write_validation_csv,
 )
 from pipelines.loader import from_dict, to_dict
-from pipelines.config import RankConfig, SourceConfig, TrackingConfig, ValidateConfig
+from pipelines.config import RankConfig, TrackingConfig
+from pipelines.validate_config import SourceConfig, ValidateConfig
 
 RANKING_FILES = ("ranking.csv", "config.resolved.yaml")
 

@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from mdboost import cli
-from pipelines.config import RankConfig, ValidateConfig
+from pipelines.config import RankConfig
+from pipelines.validate_config import ValidateConfig
 from pipelines.loader import apply_overrides, load_yaml, parse_override
 
 REPO = Path(__file__).resolve().parents[1]

@@ -7,7 +7,8 @@ import pytest
 
 from mdboost.cache.keys import fingerprint
 from pipelines.loader import from_dict, load_yaml, to_dict
-from pipelines.config import CacheConfig, GenerationConfig, MDConfig, RankConfig, ValidateConfig
+from pipelines.config import CacheConfig, MDConfig, RankConfig
+from pipelines.validate_config import GenerationConfig, ValidateConfig
 
 
 def test_empty_mapping_gives_defaults():

@@ -19,7 +19,8 @@ import yaml
 distributed = pytest.importorskip("distributed")
 
 from mdboost.cluster import dask_client  # noqa: E402
-from pipelines.config import RankConfig, ValidateConfig  # noqa: E402
+from pipelines.config import RankConfig  # noqa: E402
+from pipelines.validate_config import ValidateConfig  # noqa: E402
 from pipelines.loader import from_dict, load_yaml, to_dict  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -24,7 +24,8 @@ def store(tmp_path_factory):
     from mlflow.tracking import MlflowClient
 
     from pipelines import rank_pool, validate_pairs
-    from pipelines.config import RankConfig, ValidateConfig
+    from pipelines.config import RankConfig
+    from pipelines.validate_config import ValidateConfig
     from pipelines.loader import from_dict
 
     tmp = tmp_path_factory.mktemp("tracking")

@@ -122,7 +122,7 @@ def test_validate_cli_refuses_a_temperature_mismatch(tmp_path, capsys):
 def test_validate_plan_takes_the_rankings_temperature(tmp_path):
     from pipelines import validate_pairs
     from pipelines.loader import from_dict
-    from pipelines.config import ValidateConfig
+    from pipelines.validate_config import ValidateConfig
 
     cfg = from_dict(ValidateConfig, {"ranking": {"ranking_dir": _ranking_dir(tmp_path, 0.5), "cells": 4},
                                      "tracking": {"enabled": False}})

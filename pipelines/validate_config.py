@@ -1,0 +1,110 @@
+"""The schema of ``mdboost validate``'s YAML: :class:`ValidateConfig` and its own sections.
+
+It follows the conventions of :mod:`pipelines.config` (nested dataclasses with defaults, built by
+the strict loader of :mod:`pipelines.loader`) and shares its :class:`~pipelines.config.TrackingConfig`;
+the ranking it validates is read from that ranking's own resolved :class:`~pipelines.config.RankConfig`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from mdboost.md.verify import SOLVE
+from pipelines.config import TrackingConfig, _check_cluster, _cluster
+from pipelines.loader import check as _check
+
+
+@dataclass
+class SourceConfig:
+    """Which ranking, and how many of its cells to validate.
+
+    ``ranking_dir``: a folder holding ``ranking.csv`` and ``config.resolved.yaml`` (and the
+    ranking's ``summary.json`` when it has one), or ``ranking_run_id``: an MLflow parent run
+    holding them as artifacts. ``cells``: further cells validated after the recommendation's,
+    spread over temperatures, SD / MD, drafters, gammas and budgets
+    (:func:`mdboost.validation.cells.select_cells`).
+    """
+
+    ranking_dir: str | None = None
+    ranking_run_id: str | None = None
+    cells: int = 12
+
+    def __post_init__(self):
+        if (self.ranking_dir is None) == (self.ranking_run_id is None):
+            raise ValueError(f"set exactly one of ranking_dir / ranking_run_id, got {self.ranking_dir!r}, {self.ranking_run_id!r}")
+        if self.cells < 0:
+            raise ValueError(f"cells must be >= 0, got {self.cells!r}")
+
+
+@dataclass
+class GenerationConfig:
+    """Generation settings of the validation runs; ``prompts`` held-out prompts per cell, from
+    the ``first_prompt``-th held-out record on (another ``first_prompt`` validates on other prompts).
+
+    Sampling settings come from the ranking (each cell runs at its row's temperature, with the
+    ranking's ``top_k`` / ``top_p``); ``null`` (the default) takes them. A value set here must
+    agree with the ranking (:func:`mdboost.validation.cells.resolve_sampling`), else the run is
+    refused: ``temperature`` must be one the ranking predicted for (only its cells are then
+    validated), ``top_k`` / ``top_p`` must equal the ranking's. Likewise ``md_solve`` (the
+    engine's argument in MD runs) must equal the one the ranking's speed model assumed.
+
+    ``scheduler`` (``docs/scale_out.md``): null runs the cells here, one after another, the
+    cells of a target and temperature sharing one AR run; ``local`` (a Dask ``LocalCluster`` of
+    ``n_workers`` processes for the run) or a scheduler address runs one cell per task, each
+    with its own AR run on its worker (timings mean something only with one device per worker).
+    """
+
+    prompts: int = 4
+    first_prompt: int = 0
+    max_new_tokens: int = 64
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int = 0
+    md_solve: Literal[SOLVE] | None = None
+    scheduler: str | None = None
+    n_workers: int = 2
+
+    def __post_init__(self):
+        if self.scheduler is not None:
+            _check_cluster("generation.scheduler", self.scheduler)
+        _check(self.n_workers >= 1, "generation.n_workers (>= 1)", self.n_workers)
+        if self.prompts < 1 or self.max_new_tokens < 2:
+            raise ValueError(f"need prompts >= 1 and max_new_tokens >= 2, got {self.prompts!r}, {self.max_new_tokens!r}")
+        if self.first_prompt < 0:
+            raise ValueError(f"first_prompt must be >= 0 (held-out prompts skipped), got {self.first_prompt!r}")
+        if self.temperature is not None and not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0 or null, got {self.temperature!r}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1 or null, got {self.top_k!r}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1] or null, got {self.top_p!r}")
+
+    def cluster(self):
+        """The validation's Dask client (:func:`mdboost.cluster.dask_client`), or a context yielding
+        None without a ``scheduler``."""
+        return _cluster(self.scheduler, self.n_workers)
+
+
+@dataclass
+class HumanEvalConfig:
+    """HumanEval pass@1 of AR vs MD completions (held-out tasks); off when ``tasks: 0``."""
+
+    tasks: int = 4
+    max_new_tokens: int = 128
+    timeout: float = 10.0
+
+
+@dataclass
+class ValidateConfig:
+    """Everything ``mdboost validate`` needs (``pipelines/validate_pairs.py``)."""
+
+    name: str = "default"
+    output_dir: str = "outputs/validate"
+    ranking: SourceConfig = field(default_factory=lambda: SourceConfig(ranking_dir="outputs/rank"))
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    humaneval: HumanEvalConfig = field(default_factory=HumanEvalConfig)
+    tolerance: float = 0.03
+    tracking: TrackingConfig = field(default_factory=lambda: TrackingConfig(experiment="mdboost-validate"))
+    progress: bool = True
