@@ -361,14 +361,25 @@ def _solve_reached(out, todo, p, q, budget, dual, div, normalize, u_acc, q_x, p_
     reached = torch.cat([torch.ones_like(accepted[:, :1]), accepted[:, :-1].cumprod(-1).bool()], dim=1)
     keep = todo & reached
     for dst, src in zip(out, solved):
-        dst[keep] = src[keep]
+        torch.where(keep, src, dst, out=dst)
 
 
 def _solve_into(out, todo, p, q, budget, dual, div, normalize):  # 4 x [B, K] filled where todo [B, K]
-    if bool(todo.any()):
-        got = _solve(p[todo], q[todo], budget[todo], dual, div, normalize)
+    """Solve the positions ``todo`` in one call, on their rows gathered by index."""
+    idx = todo.reshape(-1).nonzero().squeeze(-1)  # [n] flat positions b * K + k, row-major (the mask's order)
+    if idx.numel():
+        got = _solve(_take_rows(p, idx), _take_rows(q, idx), _take_rows(budget, idx), dual, div, normalize)
         for dst, src in zip(out, got):
-            dst[todo] = src.to(dst.dtype)
+            dst.view(-1).index_copy_(0, idx, src.to(dst.dtype))
+
+
+def _take_rows(x, idx):  # [B, K, ...], [n] flat positions b * K + k -> [n, ...]
+    """The positions ``idx`` of ``x``, copying only those rows: ``q[:, :K]`` is a view of the
+    target's ``[B, K + 1, V]`` rows, whose ``reshape(-1, V)`` would copy every row first."""
+    if x.is_contiguous():
+        return x.view((-1,) + x.shape[2:]).index_select(0, idx)
+    num = x.shape[1]
+    return x[idx // num, idx % num]
 
 
 def _final_token(p_r, q_r, a, b, bonus, ids, num_accepted, u):  # -> [B] token ids
