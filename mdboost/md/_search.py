@@ -9,8 +9,8 @@ in-segment refinement checks convergence once per round):
 - :func:`primal`: the point where ``D_f`` crosses the budget (``D_f`` grows along the curve,
   docs/theory.md section 4). First the bracket, the pair of neighbouring breakpoints around the
   crossing. For small vocabularies (``<= SMALL_VOCAB``, e.g. a top-k restriction, Lemma 6.1)
-  :func:`_bracket_small` sorts all breakpoint values and evaluates ``D_f`` at every
-  ``STRIDE``-th, then at every breakpoint of the stride holding the crossing; above,
+  :func:`_bracket_small` evaluates ``D_f`` at every ``STRIDE``-th A-breakpoint and B-breakpoint
+  (two sorted runs), then at every breakpoint of the two strides straddling the crossing; above,
   :func:`_bracket_large` runs a ``LARGE_FANOUT``-ary search over the A-breakpoints (each knot's
   B segment by one ``searchsorted`` on the precomputed B-breakpoint values), then the same search
   over the B-breakpoints inside. Inside the segment ``D_f`` is an ``O(1)`` closed form
@@ -45,7 +45,7 @@ _PROBES = torch.cat([-_LADDER, _LADDER, torch.zeros(1, dtype=torch.float64)])  #
 _GRID = torch.linspace(0, 1, GRID + 1, dtype=torch.float64)
 _EPS = torch.finfo(torch.float64).eps
 SMALL_VOCAB = 2048  # primal: the sorted-breakpoint bracket up to this vocabulary, the fanout search above
-STRIDE = 16  # small bracket: coarse stride over the sorted breakpoints
+STRIDE = 16  # small bracket: coarse stride over the A-breakpoints and over the B-breakpoints
 SCALAR_ROW = True  # one small CPU row: the search in Python floats (mdboost.md._scalar); False: the array search
 # Budgets below this take the array search even for one small row: there D_f - budget is within the
 # rounding of D_f's float64 evaluation (~V * eps of its O(1) terms), whose sign then steers a single
@@ -138,100 +138,92 @@ def _bracket_large(bp, budget, div, bound, kb):
     return torch.minimum(torch.maximum(bot, m_lo), top), top, (j, k)
 
 
-def _bracket_small(xp, sums, kb, k_end, budget, div, bound, mid):
-    """``(m_lo, m_hi, j, k, d_end)``: the neighbouring breakpoints around the crossing, all values sorted.
+def _bracket_small(xp, sums, kb, neg_ka, k_end, budget, div, bound, mid):
+    """``(m_lo, m_hi, j, k, d_end)``: the neighbouring breakpoints around the crossing.
 
-    ``D_f`` decreases in ``m``: it is evaluated at every ``STRIDE``-th sorted breakpoint, then at
-    every breakpoint of the one stride that holds the crossing. The first round also gives
-    ``d_end`` [N, 1], ``D_f`` at the curve's end on its segment ``(j_max, k_end)``; rows whose
-    ``budget`` is outside ``(0, d_end)`` do not use the bracket (:func:`_primal` overrides them).
+    ``D_f`` decreases in ``m``. The A-breakpoints (``-neg_ka[j]``, non-increasing in ``j``) and the
+    B-breakpoints (``kb[k]``, non-decreasing in ``k``) are two sorted runs: ``D_f`` is evaluated at
+    every ``STRIDE``-th of each (a breakpoint's own index gives one of its two sets, one
+    ``searchsorted`` the other), then at every breakpoint of the two strides that straddle the
+    crossing (no other breakpoint lies strictly between the kept neighbours). The first round
+    also gives ``d_end`` [N, 1], ``D_f`` at the curve's end on its segment ``(j_max, k_end)``;
+    rows whose ``budget`` is outside ``(0, d_end)`` do not use the bracket (:func:`_primal`
+    overrides them).
     """
-    n, v = sums.ratio.shape
-    if xp is NUMPY:
-        knots, last, neg_ka = _knots_np(sums)
-    else:
-        knots, last, neg_ka = _knots(xp, sums)
+    lo_k = xp.clip(sums.n_lt, None, 1)  # B-breakpoints are k in [1, n_lt) (none if n_lt = 0)
 
-    def locate(m):
-        k = xp.minimum(xp.clip(xp.searchsorted(kb, m), 1, None), sums.n_lt)
-        j = xp.minimum(xp.maximum(xp.searchsorted(neg_ka, -m), sums.n_le), sums.j_max)
-        return j, k
+    def a_points(j):  # A-breakpoints j in [n_le, j_max] (j_max: the end): (m, j, k)
+        j = xp.minimum(xp.maximum(j, sums.n_le), sums.j_max)
+        m = -xp.take(neg_ka, j)
+        return m, j, xp.minimum(xp.maximum(xp.searchsorted(kb, m), lo_k), sums.n_lt)
 
-    def div_at(cols, end=None):  # D_f at sorted breakpoints (and at the end, on its segment, if given)
-        m = xp.where(xp.isfinite(knots[:, :1]), xp.take(knots, xp.minimum(cols, last)), sums.tv)
-        j, k = locate(m)
-        pts = m
-        if end is not None:
-            pts, j, k = (xp.concatenate([x, y], axis=-1) for x, y in zip((m, j, k), (sums.m_end, sums.j_max, end)))
-        return m, divergence_on(xp, pts, make_segment(xp, sums, j, k, mid, bound), div, bound)
+    def b_points(k):  # B-breakpoints k in [1, n_lt] (n_lt: the start, m = tv)
+        k = xp.minimum(xp.maximum(k, lo_k), sums.n_lt)
+        m = xp.minimum(xp.maximum(xp.take(kb, k), sums.m_end), sums.tv)
+        return m, xp.minimum(xp.maximum(xp.searchsorted(neg_ka, -m), sums.n_le), sums.j_max), k
 
-    steps = xp.arange(2 * v + STRIDE, sums.ratio, STRIDE)
-    _, d = div_at(xp.broadcast_to(steps, (n, steps.shape[0])), k_end)
-    d_end, big = d[:, -1:], d[:, :-1] > budget
-    start = steps[xp.clip(xp.sum(big, axis=-1, keepdims=True) - 1, 0, None)]
-    m_fine, d = div_at(start + xp.arange(STRIDE + 1, sums.ratio))
-    big = d > budget
-    m_lo = xp.maximum(sums.m_end, xp.amax(xp.where(big, m_fine, -math.inf), axis=-1, keepdims=True))
-    m_hi = xp.minimum(sums.tv, xp.amin(xp.where(big, math.inf, m_fine), axis=-1, keepdims=True))
+    def evaluate(*groups):  # D_f at the points of every group, in one call
+        m, j, k = (xp.concatenate(x, axis=-1) for x in zip(*groups))
+        return m, divergence_on(xp, m, make_segment(xp, sums, j, k, mid, bound), div, bound)
+
+    def kept(m, d, m_lo, m_hi):  # the tightest neighbours of the crossing among the points
+        big = d > budget
+        m_lo = xp.maximum(m_lo, xp.amax(xp.where(big, m, -math.inf), axis=-1, keepdims=True))
+        return m_lo, xp.minimum(m_hi, xp.amin(xp.where(big, math.inf, m), axis=-1, keepdims=True))
+
+    n_a = int(xp.amax(sums.j_max - sums.n_le)) + 1  # A-breakpoints per row, the end included
+    n_b = int(xp.amax(sums.n_lt))  # B-breakpoints per row, the start included
+    steps_a = xp.arange(n_a + STRIDE - 1, sums.ratio, STRIDE)  # [S_A]: ceil(n_a / STRIDE) samples
+    steps_b = xp.arange(n_b + STRIDE - 1, sums.ratio, STRIDE)
+    ma, ja, ka = a_points(sums.n_le + steps_a)  # [N, S_A]
+    mb, jb, kb_ = b_points(lo_k + steps_b)  # [N, S_B]
+    end = (sums.m_end, sums.j_max, k_end)
+    m, d = evaluate((ma, ja, ka), (mb, jb, kb_), end)
+    d_end = d[:, -1:]
+    m_lo, m_hi = kept(m[:, :-1], d[:, :-1], sums.m_end, sums.tv)
     m_lo = xp.minimum(m_lo, m_hi)
-    return (m_lo, m_hi) + locate((m_lo + m_hi) / 2) + (d_end,)
+    # the samples are monotone: the A ones at or above m_hi are a prefix, the B ones at or below m_lo too;
+    # the breakpoints strictly inside (m_lo, m_hi) lie between the last of that prefix and the next sample
+    s_a = xp.sum(ma >= m_hi, axis=-1, keepdims=True)  # [N, 1]
+    s_b = xp.sum(mb <= m_lo, axis=-1, keepdims=True)
+    fine = xp.arange(STRIDE + 1, sums.ratio)  # [STRIDE + 1]
+    fa = a_points(sums.n_le + (s_a - 1) * STRIDE + fine)
+    fb = b_points(lo_k + (s_b - 1) * STRIDE + fine)
+    m_lo, m_hi = kept(*evaluate(fa, fb), m_lo, m_hi)
+    m_lo = xp.minimum(m_lo, m_hi)
+    mid_m = (m_lo + m_hi) / 2
+    k = xp.minimum(xp.maximum(xp.searchsorted(kb, mid_m), lo_k), sums.n_lt)
+    j = xp.minimum(xp.maximum(xp.searchsorted(neg_ka, -mid_m), sums.n_le), sums.j_max)
+    return m_lo, m_hi, j, k, d_end
 
 
-def _knots(xp, sums):
-    """``(knots, last, neg_ka)``: all breakpoint values sorted [N, 2V] (``+inf`` padded), the index
-    of the last valid one [N, 1], and the negated A-breakpoint values made monotone [N, V + 1]."""
+def _a_knots(xp, sums):
+    """The negated A-breakpoint values made monotone [N, V + 1]: ``-knot_a(j)`` for ``j`` in
+    ``[n_le, j_max]`` (``-m_end`` at ``j_max``) as a running maximum, ``-inf`` before, ``+inf`` after."""
     n, v = sums.ratio.shape
+    if xp is NUMPY:  # the same values in fewer numpy calls (in place)
+        ratio, idx, inf = sums.ratio, np.arange(v + 1), math.inf
+        m_a = np.empty((n, v + 1))  # knot_a at every index: rp[V - i] - r_i rq[V - i]
+        np.multiply(ratio, sums.rq[:, v:0:-1], out=m_a[:, :v])
+        np.subtract(sums.rp[:, v:0:-1], m_a[:, :v], out=m_a[:, :v])
+        np.copyto(m_a, sums.m_end, where=idx >= sums.j_max)  # column V included (j_max <= V)
+        np.maximum(m_a, sums.m_end, out=m_a)
+        np.minimum(m_a, sums.tv, out=m_a)
+        neg_ka = np.negative(m_a, out=m_a)
+        np.copyto(neg_ka, inf, where=idx > sums.j_max)
+        np.copyto(neg_ka, -inf, where=idx < sums.n_le)
+        return _cummax_np(neg_ka)
     idx = xp.arange(v + 1, sums.ratio)  # [V + 1], broadcast against the [N, 1] counts
-    ratio = xp.concatenate([sums.ratio, sums.ratio[:, -1:]], axis=-1)  # knot_a / knot_b at every index, by slices
+    ratio = xp.concatenate([sums.ratio, sums.ratio[:, -1:]], axis=-1)  # knot_a at every index, by slices
     m_a = xp.where(idx >= sums.j_max, sums.m_end, xp.flip(sums.rp) - ratio * xp.flip(sums.rq))  # [N, V + 1]
     m_a = xp.minimum(xp.maximum(m_a, sums.m_end), sums.tv)
-    neg_ka = xp.cummax(xp.where(idx < sums.n_le, -math.inf, xp.where(idx > sums.j_max, math.inf, -m_a)))
-    idx_v, m_a = idx[:v], m_a[:, :v]
-    m_b = xp.minimum(xp.maximum(xp.where(idx_v >= sums.n_lt, sums.tv, ratio[:, :v] * sums.cq[:, :v] - sums.cp[:, :v]),
-                                sums.m_end), sums.tv)
-    # m_a decreases along the sorted order and m_b increases: reversed A then B is a few sorted
-    # runs, which a stable (tim)sort merges in about linear time
-    valid = xp.concatenate([xp.flip((idx_v >= sums.n_le) & (idx_v < sums.j_max)),
-                            (idx_v >= 1) & (idx_v < sums.n_lt)], axis=-1)
-    knots = xp.sort(xp.where(valid, xp.concatenate([xp.flip(m_a), m_b], axis=-1), math.inf))  # [N, 2V]
-    last = xp.clip(xp.sum(valid, axis=-1, keepdims=True) - 1, 0, None)
-    return knots, last, neg_ka
+    return xp.cummax(xp.where(idx < sums.n_le, -math.inf, xp.where(idx > sums.j_max, math.inf, -m_a)))
 
 
 def _cummax_np(x: np.ndarray) -> np.ndarray:
     """``np.maximum.accumulate(x, -1)`` of a float64 [N, W] array by torch's cummax (the same
     values, NaN propagating alike; several times faster than numpy's along rows)."""
     return torch.cummax(torch.from_numpy(x), -1).values.numpy()
-
-
-def _knots_np(sums):
-    """:func:`_knots` in numpy: the same values in fewer calls (slices and in-place writes)."""
-    n, v = sums.ratio.shape
-    ratio, idx, inf = sums.ratio, np.arange(v + 1), math.inf
-    m_a = np.empty((n, v + 1))  # knot_a at every index: rp[V - i] - r_i rq[V - i]
-    np.multiply(ratio, sums.rq[:, v:0:-1], out=m_a[:, :v])
-    np.subtract(sums.rp[:, v:0:-1], m_a[:, :v], out=m_a[:, :v])
-    np.copyto(m_a, sums.m_end, where=idx >= sums.j_max)  # column V included (j_max <= V)
-    np.maximum(m_a, sums.m_end, out=m_a)
-    np.minimum(m_a, sums.tv, out=m_a)
-    neg_ka = np.negative(m_a)
-    np.copyto(neg_ka, inf, where=idx > sums.j_max)
-    np.copyto(neg_ka, -inf, where=idx < sums.n_le)
-    neg_ka = _cummax_np(neg_ka)
-    knots = np.empty((n, 2 * v))
-    knots[:, :v] = m_a[:, v - 1::-1]
-    m_b = knots[:, v:]
-    np.multiply(ratio, sums.cq[:, :v], out=m_b)
-    np.subtract(m_b, sums.cp[:, :v], out=m_b)
-    idx_v = idx[:v]
-    np.copyto(m_b, sums.tv, where=idx_v >= sums.n_lt)
-    np.maximum(m_b, sums.m_end, out=m_b)
-    np.minimum(m_b, sums.tv, out=m_b)
-    np.copyto(knots[:, :v], inf, where=~((idx_v >= sums.n_le) & (idx_v < sums.j_max))[:, ::-1])
-    np.copyto(m_b, inf, where=~((idx_v >= 1) & (idx_v < sums.n_lt)))
-    knots.sort(-1, kind="stable")
-    last = np.maximum(sums.j_max - sums.n_le + np.maximum(sums.n_lt - 1, 0) - 1, 0)
-    return knots, last, neg_ka
 
 
 def _small_b_knots(xp, sums):
@@ -360,7 +352,7 @@ def _primal(xp, bp, budget, div, bound):
     kb = _small_b_knots(xp, sums) if small else xp.asarray(kb_torch)
     k_end = xp.minimum(xp.clip(xp.searchsorted(kb, sums.m_end), 1, None), sums.n_lt)
     if small:  # D_f at the end comes with the bracket's first round
-        m_lo, m_hi, j, k, d_end = _bracket_small(xp, sums, kb, k_end, budget, div, bound, mid)
+        m_lo, m_hi, j, k, d_end = _bracket_small(xp, sums, kb, _a_knots(xp, sums), k_end, budget, div, bound, mid)
         inner = xp.where((budget > 0) & (budget < d_end), budget, d_end / 2)  # keeps the search well posed
     else:
         d_end = divergence_on(xp, sums.m_end, make_segment(xp, sums, sums.j_max, k_end, mid, bound), div, bound)
