@@ -304,12 +304,16 @@ def _solve(p, q, budget, dual, div, normalize=False):  # [N, W], [N, W], [N] -> 
     """
     if _buckets.applies(p):
         return _buckets.solve_batch(p, q, budget, div, dual, normalize)[:4]
-    bp = Breakpoints.build(p, q, validate=False, normalize=normalize)
+    bp = Breakpoints._from_pair(p, q, normalize)  # verify checked the pair; dtypes already match
     if dual:
         point = bp.for_acceptance(budget, validate=False)
         return point.a, point.b, point.acceptance, bp.divergence_at(point.acceptance, div, validate=False)
-    point, value = bp.for_divergence_with_value(budget, div, validate=False)
-    return point.a, point.b, point.acceptance, value
+    # the primal's float64 point and value (Breakpoints.for_divergence_with_value without its
+    # per-field conversions): one [N, 4] tensor to the output dtype; budget 0 is pi = q (value 0)
+    point, flat, value = bp._primal64(budget, div, False, False, with_value=True)
+    value = torch.where(flat <= 0, 0.0, value)
+    out = torch.cat([point.a, point.b, point.acceptance, value], dim=-1).to(p.dtype)  # [N, 4]
+    return out.reshape(budget.shape + (4,)).unbind(-1)
 
 
 def _solve_lazily(p, q, budget, dual, div, u_acc, p_x, q_x, needed_only, normalize=False):  # [B, K, W] ... -> 4 x [B, K]
