@@ -111,11 +111,17 @@ class Rows(NamedTuple):
         return p64, q64, ratio.nan_to_num_(nan=1.0, posinf=math.inf)
 
 
-def rows_of(p, q, normalize: bool) -> Rows:
-    """:class:`Rows` of ``[N, V]`` inputs; ``normalize`` rescales rows to sum to 1 in float64."""
+def rows_of(p, q, normalize: bool, sums=None) -> Rows:
+    """:class:`Rows` of ``[N, V]`` inputs; ``normalize`` rescales rows to sum to 1 in float64.
+
+    ``sums``: the float64 row sums ``(sum p, sum q)`` [N] if the caller has them already (the
+    input check reads them), else they are taken here (one more pass over each input).
+    """
     scale_p = scale_q = None
     if normalize:  # rows within the sum tolerance, rescaled in float64 (docs/theory.md, section 9)
-        scale_p, scale_q = p.sum(-1, keepdim=True, dtype=torch.float64), q.sum(-1, keepdim=True, dtype=torch.float64)
+        if sums is None:
+            sums = p.sum(-1, dtype=torch.float64), q.sum(-1, dtype=torch.float64)
+        scale_p, scale_q = (x.reshape(-1, 1) for x in sums)
     return Rows(p, q, scale_p, scale_q)
 
 
