@@ -4,7 +4,8 @@ The ratios ``r_i = p_i / q_i`` fall into :data:`FINITE` fixed buckets whose edge
 the float64 bits (``2^PER_OCTAVE_BITS`` buckets per octave over ``[2^-64, 2^64)``, one bucket
 below, one above, and :data:`INF` for ``q_i = 0``); per bucket the sums of ``p``, ``q`` and
 ``q g(r)`` in float64 (:func:`histogram`, one pass over the entries by row blocks). Float32 rows
-take the ratio, its bucket and the KL log in float32 (the same edges, all exact in float32).
+take the ratio, its bucket and the log of ``kl`` / ``rkl`` in float32 (the same edges, all exact
+in float32).
 """
 
 from __future__ import annotations
@@ -27,9 +28,24 @@ _BASE = (1023 - OCTAVES) << PER_OCTAVE_BITS  # (bits >> _SHIFT) of 2^-64
 FINITE = 2 * OCTAVES * (1 << PER_OCTAVE_BITS) + 2  # [0, 2^-64), regular buckets, [2^64, max]
 INF = FINITE  # the bucket of q_i = 0 < p_i (and of ratios beyond the input dtype's range)
 C1 = 1 + OCTAVES * (1 << PER_OCTAVE_BITS)  # edge index of r = 1
-_KL_F = GENERATORS["kl"].f
+_KL, _RKL = GENERATORS["kl"], GENERATORS["rkl"]
 _TINY = 1e-300  # log(max(r, _TINY)) times p: exact 0 for p = 0, and p log r within 1e-298 otherwise
 _EDGES: dict = {}
+
+
+def log_form(div: Divergence):
+    """``(w, sign)`` where ``q g(r) = sign (w log r - p + q)`` with ``w`` = ``p`` (0) or ``q`` (1), else None.
+
+    The built-in ``kl`` (``g(r) = r log r - r + 1``: ``w = p``, sign +1) and ``rkl``
+    (``g(r) = -log r + r - 1``: ``w = q``, sign -1): a bucket's ``q g(r)`` sum is then its
+    ``w log r`` sum and its ``p`` and ``q`` sums, so the pass takes one ``log`` per entry and
+    none of the generator's other operations.
+    """
+    for ref, form in ((_KL, (0, 1.0)), (_RKL, (1, -1.0))):
+        if (div.f is ref.f and div.fprime_one == ref.fprime_one and div.inf_slope == ref.inf_slope
+                and div.standardize == ref.standardize):
+            return form
+    return None
 
 
 def edges(device) -> torch.Tensor:
@@ -95,11 +111,17 @@ class Rows(NamedTuple):
         return p64, q64, ratio.nan_to_num_(nan=1.0, posinf=math.inf)
 
 
-def rows_of(p, q, normalize: bool) -> Rows:
-    """:class:`Rows` of ``[N, V]`` inputs; ``normalize`` rescales rows to sum to 1 in float64."""
+def rows_of(p, q, normalize: bool, sums=None) -> Rows:
+    """:class:`Rows` of ``[N, V]`` inputs; ``normalize`` rescales rows to sum to 1 in float64.
+
+    ``sums``: the float64 row sums ``(sum p, sum q)`` [N] if the caller has them already (the
+    input check reads them), else they are taken here (one more pass over each input).
+    """
     scale_p = scale_q = None
     if normalize:  # rows within the sum tolerance, rescaled in float64 (docs/theory.md, section 9)
-        scale_p, scale_q = p.sum(-1, keepdim=True, dtype=torch.float64), q.sum(-1, keepdim=True, dtype=torch.float64)
+        if sums is None:
+            sums = p.sum(-1, dtype=torch.float64), q.sum(-1, dtype=torch.float64)
+        scale_p, scale_q = (x.reshape(-1, 1) for x in sums)
     return Rows(p, q, scale_p, scale_q)
 
 
@@ -153,16 +175,28 @@ def _index_into(ratio: torch.Tensor, out: torch.Tensor) -> None:  # [n, V] float
     out.copy_(t.clamp_(max=FINITE - 1).add_(beyond))
 
 
-def _plogr(p64, ratio):  # p_i log r_i [n, V] float64 (0 where p_i = 0): the KL terms less p - q
-    tiny = _TINY32 if ratio.dtype == torch.float32 else _TINY
-    return torch.log(ratio.clamp(min=tiny)).to(torch.float64).mul_(p64)
+def _wlogr(w64, ratio, weight: int):  # w_i log r_i [n, V] float64 (log_form): the terms less p - q
+    if weight == 0:  # w = p: 0 where p_i = 0 (the clamp keeps log finite there)
+        ratio = ratio.clamp(min=_TINY32 if ratio.dtype == torch.float32 else _TINY)
+    return torch.log(ratio).to(torch.float64).mul_(w64)  # w = q: -inf where p_i = 0 < q_i (g(0) = inf)
+
+
+def _from_log_sums(sums: torch.Tensor, sign: float) -> None:  # [3, N, FINITE + 1], in place
+    """The ``q g(r)`` sums ``sign (S - P + Q)`` from the ``w log r`` sums ``S`` (:func:`log_form`), >= 0."""
+    s = sums[2]
+    s[:, INF] = 0.0  # the q = 0 bucket's q g(r) is never read (inf or NaN terms there)
+    s.sub_(sums[0]).add_(sums[1])
+    if sign < 0:
+        s.neg_()
+    s.clamp_(min=0.0)
 
 
 def histogram(rows: Rows, div: Divergence) -> Histogram:
     """Bucket sums of ``p``, ``q`` and ``q g(r)``: one pass over the entries, by row blocks.
 
-    For KL the pass sums ``p log r`` only: ``q g(r) = p log r - p + q``, so a bucket's sum of
-    ``q g(r)`` is its ``p log r`` sum minus its ``p`` sum plus its ``q`` sum (two passes fewer).
+    For ``kl`` and ``rkl`` the pass sums ``w log r`` only (:func:`log_form`): ``q g(r) =
+    sign (w log r - p + q)``, so a bucket's sum of ``q g(r)`` follows from its ``w log r``, ``p``
+    and ``q`` sums (one ``log`` per entry, none of the generator's other operations).
     CPU float32 / float64 rows take :func:`_histogram_np` (the same buckets and sums).
     """
     if namespace_for(rows.p) is NUMPY and rows.p.dtype in _NP_BITS:
@@ -172,7 +206,7 @@ def histogram(rows: Rows, div: Divergence) -> Histogram:
     out = list(sums)
     index = torch.empty((n, vocab), dtype=torch.int64, device=rows.p.device)
     f32 = rows.p.dtype == torch.float32  # float32 rows: ratio, bucket and log in float32 (sums in float64)
-    kl = div.name == "kl" and div.f is _KL_F
+    form = log_form(div)
     for blk in _row_blocks(n, vocab, rows.p.device):
         p64, q64, ratio = rows.block32(blk) if f32 else rows.block(blk)
         idx = index[blk]
@@ -180,15 +214,15 @@ def histogram(rows: Rows, div: Divergence) -> Histogram:
             _index_into(ratio, idx)
         else:
             idx.copy_(bucket_index(ratio, rows.p.dtype))
-        if kl:
-            terms = _plogr(p64, ratio)
+        if form is not None:
+            terms = _wlogr(q64 if form[0] else p64, ratio, form[0])
         else:
             terms = _terms32(p64, q64, ratio, div) if f32 else _terms(p64, q64, ratio, div)
         out[0][blk].scatter_add_(1, idx, p64)
         out[1][blk].scatter_add_(1, idx, q64)
         out[2][blk].scatter_add_(1, idx, terms)
-    if kl:  # sum of q g(r) = sum p log r - sum p + sum q (>= 0; inf in the q = 0 bucket, never read)
-        out[2].sub_(out[0]).add_(out[1]).clamp_(min=0.0)
+    if form is not None:
+        _from_log_sums(sums, form[1])
     return Histogram(sums, index)
 
 
@@ -228,7 +262,7 @@ def _histogram_np(rows: Rows, div: Divergence) -> Histogram:
     int_t, _, _, _, tiny = _NP_BITS[rows.p.dtype]
     sums = torch.zeros((3, n, FINITE + 1), dtype=torch.float64)
     index = torch.empty((n, vocab), dtype=torch.int64)
-    kl = div.name == "kl" and div.f is _KL_F
+    form = log_form(div)
     p_np, q_np, index_np = rows.p.numpy(), rows.q.numpy(), index.numpy()
     blocks = _row_blocks(n, vocab, rows.p.device)
     step = blocks[0].stop - blocks[0].start if blocks else 0
@@ -252,16 +286,18 @@ def _histogram_np(rows: Rows, div: Divergence) -> Histogram:
                     ratio *= (rows.scale_q[blk] / rows.scale_p[blk]).to(torch.float32).numpy()
             _index_np(ratio, tmp_buf[0, :size], tmp_buf[1, :size], index_np[blk])
             terms = src_np[2, :size]
-            if kl:  # p log r (0 where p = 0: the clamp keeps log finite there)
-                torch.from_numpy(ratio).clamp_(min=tiny)
-                np.log(ratio, out=ratio)
+            if form is not None:  # w log r (log_form)
+                if form[0] == 0:  # w = p: 0 where p = 0 (the clamp keeps log finite there)
+                    np.maximum(ratio, tiny, out=ratio)
+                np.log(ratio, out=ratio)  # w = q: -inf where p = 0 < q (g(0) = inf)
                 terms[...] = ratio
-                terms *= p64
+                terms *= q64 if form[0] else p64
             else:
                 terms[...] = ratio
                 terms[...] = _terms(torch.from_numpy(p64), torch.from_numpy(q64), torch.from_numpy(terms), div)
         sums[:, blk].scatter_add_(2, index[blk].unsqueeze(0).expand(3, size, vocab), src[:, :size])
-    sums[2, :, INF] = 0.0  # the q = 0 bucket's q g(r) is never read (inf or NaN terms there)
-    if kl:
-        sums[2].sub_(sums[0]).add_(sums[1]).clamp_(min=0.0)
+    if form is not None:
+        _from_log_sums(sums, form[1])
+    else:
+        sums[2, :, INF] = 0.0  # the q = 0 bucket's q g(r) is never read (inf or NaN terms there)
     return Histogram(sums, index)
