@@ -395,35 +395,60 @@ def solve_row(p: torch.Tensor, q: torch.Tensor, budget: float, div: Divergence, 
                 q64 /= sq
                 normalized = True
                 thr = r_s.dtype.type(sp / sq)  # r_i (sq / sp) < 1  <=>  r_i < sp / sq
-        n_lt, n_le = int(r_s.searchsorted(thr, "left")), int(r_s.searchsorted(thr, "right"))
-        n_fin = int(r_s.searchsorted(_INF, "left"))
-        if n_fin < v and q64[n_fin:].any():  # a ratio that overflows the input dtype: q_i = 0 (section 9)
-            q64[n_fin:] = 0.0
-        if normalized:
-            ratio = p64 / q64
-            if zeros:
-                ratio = np.where(q64 > 0, ratio, np.where(p64 > 0, _INF, 1.0 / np.float64(thr)))
-            r_cmp = ratio
-        elif r_s.dtype == np.float64:
-            ratio = r_cmp = r_s
-        else:
-            ratio = p64 / q64 if not zeros else np.where(q64 > 0, p64 / q64, _INF)
-            r_cmp = r_s
-        pre = np.empty((2, n_lt + 1))  # cp, cq up to n_lt
-        pre[:, 0] = 0.0
-        np.cumsum(w[:, :n_lt], axis=1, out=pre[:, 1:])
-        suf = np.empty((2, v - n_le + 1))  # rp, rq from n_le (read backwards)
-        suf[:, 0] = 0.0
-        np.cumsum(w[:, :n_le - 1 if n_le else None:-1], axis=1, out=suf[:, 1:])
-        tv = pre.item(1, n_lt) - pre.item(0, n_lt)
-        m_end = min(suf.item(0, v - n_fin), tv)
-        if div is _KL:
-            mid = _kl_mid(ratio, q64, r_cmp, n_lt, n_le, n_fin, normalized)
-        else:
-            mid = _prefix_sums_np(r_cmp[None], q64[None], ratio[None], np.array([[n_lt]]), np.array([[n_le]]), div)[0]
-        row = _Row(pre[0], pre[1], suf[0], suf[1], ratio, mid, n_lt, n_le, max(n_fin - 1, n_le), tv, m_end, g)
+        row = _row_of_sorted(r_s, w, thr, normalized, zeros, div, g)
     a, b, m, value = primal_point(row, budget, div, g, True, floats=True)
-    return a, b, min(max(1.0 - m, 0.0), 1.0), value, min(max(1.0 - tv, 0.0), 1.0)
+    return a, b, min(max(1.0 - m, 0.0), 1.0), value, min(max(1.0 - row.tv, 0.0), 1.0)
+
+
+def reduced_row(p: np.ndarray, q: np.ndarray, div: Divergence, g) -> _Row:
+    """The :class:`_Row` of one float64 pair [W] used as given (no rescaling, zeros allowed): the
+    reduced pair of the linear-time solve (:mod:`mdboost.md._buckets`), with the sort, the sums
+    and the prefix of ``Breakpoints(r, p, q)`` on it where the search reads them."""
+    with np.errstate(all="ignore"):
+        r = p / q  # 0/0 -> 1 (neutral), p / 0 -> inf
+        np.copyto(r, 1.0, where=r != r)
+        if r.size and r.min() == -_INF:  # only from negative (unchecked) input: as torch's nan_to_num
+            np.copyto(r, np.finfo(np.float64).min, where=r == -_INF)
+        order = _sort_order(r)
+        w = np.empty((2, r.shape[0]))
+        w[0], w[1] = p.take(order), q.take(order)
+        return _row_of_sorted(r.take(order), w, 1.0, False, True, div, g)
+
+
+def _row_of_sorted(r_s, w, thr, normalized: bool, zeros: bool, div: Divergence, g) -> _Row:
+    """The :class:`_Row` of sorted ratios ``r_s`` [V] (input dtype) and sorted ``w = (p, q)`` [2, V]
+    float64 (rescaled if ``normalized``; ``zeros``: ``q`` may hold zeros): the steps of
+    :class:`~mdboost.md.breakpoints.Breakpoints` from the counts on, only the sums the search reads.
+    Call under ``np.errstate(all="ignore")``; ``w`` may be changed in place."""
+    v = r_s.shape[0]
+    p64, q64 = w
+    n_lt, n_le = int(r_s.searchsorted(thr, "left")), int(r_s.searchsorted(thr, "right"))
+    n_fin = int(r_s.searchsorted(_INF, "left"))
+    if n_fin < v and q64[n_fin:].any():  # a ratio that overflows the input dtype: q_i = 0 (section 9)
+        q64[n_fin:] = 0.0
+    if normalized:
+        ratio = p64 / q64
+        if zeros:
+            ratio = np.where(q64 > 0, ratio, np.where(p64 > 0, _INF, 1.0 / np.float64(thr)))
+        r_cmp = ratio
+    elif r_s.dtype == np.float64:
+        ratio = r_cmp = r_s
+    else:
+        ratio = p64 / q64 if not zeros else np.where(q64 > 0, p64 / q64, _INF)
+        r_cmp = r_s
+    pre = np.empty((2, n_lt + 1))  # cp, cq up to n_lt
+    pre[:, 0] = 0.0
+    np.cumsum(w[:, :n_lt], axis=1, out=pre[:, 1:])
+    suf = np.empty((2, v - n_le + 1))  # rp, rq from n_le (read backwards)
+    suf[:, 0] = 0.0
+    np.cumsum(w[:, :n_le - 1 if n_le else None:-1], axis=1, out=suf[:, 1:])
+    tv = pre.item(1, n_lt) - pre.item(0, n_lt)
+    m_end = min(suf.item(0, v - n_fin), tv)
+    if div is _KL:
+        mid = _kl_mid(ratio, q64, r_cmp, n_lt, n_le, n_fin, normalized)
+    else:
+        mid = _prefix_sums_np(r_cmp[None], q64[None], ratio[None], np.array([[n_lt]]), np.array([[n_le]]), div)[0]
+    return _Row(pre[0], pre[1], suf[0], suf[1], ratio, mid, n_lt, n_le, max(n_fin - 1, n_le), tv, m_end, g)
 
 
 def _kl_mid(ratio, q, r_cmp, n_lt, n_le, n_fin, normalized):
