@@ -276,6 +276,22 @@ def _one_row_primal(rows: Rows, h: Histogram, ev, budget: float, div: Divergence
     return a, b, acc, 0.0 if budget <= 0 else value, tv
 
 
+def solve_one(p, q, budget: float, div: Divergence, normalize: bool, row_sums=None):
+    """The primal of one CPU row ``[..., V]`` (one row in all) as Python floats
+    ``(a, b, acceptance, D_f, tv)``: :func:`solve_rows` on it, the same values, without tensors
+    for the outputs. None where that takes the array search (autograd, a generator without a
+    scalar twin: :func:`mdboost.md._scalar.scalar_g`)."""
+    g = _scalar.scalar_g(div) if _search.SCALAR_ROW else None
+    if g is None or namespace_for(p) is not NUMPY:
+        return None
+    vocab = p.shape[-1]
+    if row_sums is not None:
+        row_sums = tuple(s.reshape(1, 1) for s in row_sums)
+    rows = _rows(p.reshape(1, vocab), q.reshape(1, vocab), normalize, row_sums)
+    h = histogram(rows, div)
+    return _one_row_primal(rows, h, events(NUMPY, h, div), budget, div, g)
+
+
 def solve_rows(p, q, value, div: Divergence | None, dual: bool, normalize: bool, row_sums=None):
     """Exact primal (``value`` = budget) or dual (``value`` = min acceptance) on [N, V] rows.
 
