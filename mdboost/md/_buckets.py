@@ -66,11 +66,7 @@ def reduced_pair(xp, rows: Rows, h: Histogram, red: Reduction, sorted_rows=None)
     n, vocab = rows.p.shape
     dev = rows.p.device
     if xp is not TORCH and rows.p.dtype in (torch.float32, torch.float64):
-        b = np.arange(FINITE + 1)  # [FINITE + 1]: which buckets each row keeps, looked up per entry
-        s_a, t_a, t_b, s_b = red[:4]
-        kept_bucket = ((b >= C1 + s_a) & (b < C1 + t_a)) | ((b >= t_b) & (b < s_b))
-        keep = torch.from_numpy(kept_bucket).gather(1, h.index)  # [N, V]
-        return _reduced_pair_np(rows, keep, red, sorted_rows)
+        return _reduced_pair_np(rows, h, red, sorted_rows)
     red = Reduction(*(xp.to_torch(x) for x in red))
     b = torch.arange(FINITE + 1, device=dev)
     kept_bucket = ((b >= C1 + red.s_a) & (b < C1 + red.t_a)).logical_or_((b >= red.t_b) & (b < red.s_b))
@@ -103,53 +99,55 @@ def reduced_pair(xp, rows: Rows, h: Histogram, red: Reduction, sorted_rows=None)
     return out_p, out_q, fallback
 
 
-def _reduced_pair_np(rows: Rows, keep: torch.Tensor, red: Reduction, sorted_rows):
-    """:func:`reduced_pair` after the per-entry lookup, in numpy (CPU rows): the same values, a
-    fraction of the per-op cost (a few dozen ops on the kept entries and on [N] arrays)."""
+def _kept_np(h: Histogram, red: Reduction) -> list:
+    """The kept entries' positions in each CPU row [count_i], in vocabulary order: the bucket
+    table of the row looked up per entry (one ``take``, the row's indices read once, in cache)."""
+    n = h.index.shape[0]
+    b = np.arange(FINITE + 1)  # [FINITE + 1]: which buckets each row keeps
+    s_a, t_a, t_b, s_b = red[:4]
+    kept_bucket = ((b >= C1 + s_a) & (b < C1 + t_a)) | ((b >= t_b) & (b < s_b))  # [N, FINITE + 1]
+    index = h.index.numpy()
+    return [np.flatnonzero(kept_bucket[i].take(index[i])) for i in range(n)]
+
+
+def _reduced_pair_np(rows: Rows, h: Histogram, red: Reduction, sorted_rows):
+    """:func:`reduced_pair` of CPU rows in numpy, row by row (a handful of ops per row on its
+    kept entries): the same values."""
     n, vocab = rows.p.shape
-    flat = np.flatnonzero(keep.numpy())  # row-major: row by row, in vocabulary order
-    row = flat // vocab
-    counts = np.bincount(row, minlength=n)  # [N]
+    kept = _kept_np(h, red)
+    counts = np.array([k.size for k in kept], dtype=np.int64)
     fallback = _too_full(counts, vocab)
     if sorted_rows is not None:
         fallback |= sorted_rows.numpy()
-    kept = np.where(fallback, 0, counts)
-    width = int(kept.max()) if n else 0
-    if fallback.any():
-        sel = ~fallback[row]
-        flat, row = flat[sel], row[sel]
-    pos = np.arange(flat.size) - (np.cumsum(kept) - kept)[row]
-    vals_p = rows.p.numpy().reshape(-1)[flat].astype(np.float64)
-    vals_q = rows.q.numpy().reshape(-1)[flat].astype(np.float64)
-    if rows.scale_p is not None:  # the same float64 values as in the histogram's pass
-        vals_p, vals_q = vals_p / rows.scale_p.numpy()[row, 0], vals_q / rows.scale_q.numpy()[row, 0]
+    width = int(np.where(fallback, 0, counts).max()) if n else 0
     total = width + AGGREGATES
     out_p, out_q = np.zeros((n, total)), np.zeros((n, total))
-    dst = row * total + pos
-    out_p.reshape(-1)[dst] = vals_p
-    out_q.reshape(-1)[dst] = vals_q
+    pn, qn = rows.p.numpy(), rows.q.numpy()
+    scale = None if rows.scale_p is None else (rows.scale_p.numpy()[:, 0], rows.scale_q.numpy()[:, 0])
+    for i in np.flatnonzero(~fallback).tolist():
+        c, k = counts.item(i), kept[i]
+        dst_p, dst_q = out_p[i, :c], out_q[i, :c]
+        dst_p[...], dst_q[...] = pn[i].take(k), qn[i].take(k)
+        if scale is not None:  # the same float64 values as in the histogram's pass
+            dst_p /= scale[0][i]
+            dst_q /= scale[1][i]
     out_p[:, width:] = red.agg_p
     out_q[:, width:] = red.agg_q
     return torch.from_numpy(out_p), torch.from_numpy(out_q), torch.from_numpy(fallback)
 
 
 def _reduced_row(rows: Rows, h: Histogram, red: Reduction):
-    """:func:`reduced_pair` of one CPU row as 1-D float64 arrays ``(p', q')``, or None where it
-    falls back: the kept buckets looked up per entry in one ``take`` of a bucket table."""
-    vocab = rows.p.shape[1]
-    s_a, t_a, t_b, s_b = (int(x[0, 0]) for x in red[:4])
-    table = np.zeros(FINITE + 1, dtype=bool)
-    table[C1 + s_a:C1 + t_a] = True
-    table[t_b:s_b] = True
-    flat = np.flatnonzero(table.take(h.index.numpy()[0]))  # in vocabulary order
-    if _too_full(flat.size, vocab):
+    """:func:`reduced_pair` of one CPU row as 1-D float64 arrays ``(p', q')``, or None where it falls back."""
+    (flat,) = _kept_np(h, red)
+    if _too_full(flat.size, rows.p.shape[1]):
         return None
-    p_r, q_r = np.empty(flat.size + AGGREGATES), np.empty(flat.size + AGGREGATES)
-    p_r[:flat.size], q_r[:flat.size] = rows.p.numpy()[0].take(flat), rows.q.numpy()[0].take(flat)
+    c = flat.size
+    p_r, q_r = np.empty(c + AGGREGATES), np.empty(c + AGGREGATES)
+    p_r[:c], q_r[:c] = rows.p.numpy()[0].take(flat), rows.q.numpy()[0].take(flat)
     if rows.scale_p is not None:  # the same float64 values as in the histogram's pass
-        p_r[:flat.size] /= rows.scale_p.numpy()[0, 0]
-        q_r[:flat.size] /= rows.scale_q.numpy()[0, 0]
-    p_r[flat.size:], q_r[flat.size:] = red.agg_p[0], red.agg_q[0]
+        p_r[:c] /= rows.scale_p.numpy()[0, 0]
+        q_r[:c] /= rows.scale_q.numpy()[0, 0]
+    p_r[c:], q_r[c:] = red.agg_p[0], red.agg_q[0]
     return p_r, q_r
 
 
