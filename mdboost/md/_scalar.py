@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from mdboost.md._checks import _check_budget_range, _check_row_values
-from mdboost.md._sums import _prefix_sums_np
+from mdboost.md._xp import g_numpy
 from mdboost.md.divergences import GENERATORS, Divergence
 
 _INF = math.inf
@@ -444,28 +444,36 @@ def _row_of_sorted(r_s, w, thr, normalized: bool, zeros: bool, div: Divergence, 
     np.cumsum(w[:, :n_le - 1 if n_le else None:-1], axis=1, out=suf[:, 1:])
     tv = pre.item(1, n_lt) - pre.item(0, n_lt)
     m_end = min(suf.item(0, v - n_fin), tv)
-    if div is _KL:
-        mid = _kl_mid(ratio, q64, r_cmp, n_lt, n_le, n_fin, normalized)
-    else:
-        mid = _prefix_sums_np(r_cmp[None], q64[None], ratio[None], np.array([[n_lt]]), np.array([[n_le]]), div)[0]
+    mid = _row_mid(ratio, q64, r_cmp, n_lt, n_le, n_fin, normalized, div)
     return _Row(pre[0], pre[1], suf[0], suf[1], ratio, mid, n_lt, n_le, max(n_fin - 1, n_le), tv, m_end, g)
 
 
-def _kl_mid(ratio, q, r_cmp, n_lt, n_le, n_fin, normalized):
-    """``_sums._prefix_sums_np`` of the built-in kl on one row: only the terms it keeps (the same values)."""
+def _row_mid(ratio, q, r_cmp, n_lt, n_le, n_fin, normalized, div: Divergence):
+    """``_sums._prefix_sums_np`` on one row (``Breakpoints.prefix``): only the terms it keeps, the
+    same values (the built-in kl by its formula on ``ratio``, any other generator on ``r_cmp``)."""
     v = ratio.shape[0]
     mid = np.zeros(v + 1)
+    if div is _KL:
+        if n_lt:
+            z = ratio[:n_lt]
+            terms = q[:n_lt] * (np.where(z > 0, z * np.log(z), 0.0) - z + 1)
+            if normalized:
+                terms = np.where(r_cmp[:n_lt] < 1, terms, 0.0)
+            np.cumsum(terms[::-1], out=mid[n_lt - 1::-1])  # [k] = sum_{k <= i < n_lt}
+        if n_fin > n_le:
+            z = ratio[n_le:n_fin]
+            terms = q[n_le:n_fin] * (z * np.log(z) - z + 1)
+            if normalized:
+                terms = np.where(r_cmp[n_le:n_fin] > 1, terms, 0.0)
+            np.cumsum(terms, out=mid[n_le + 1:n_fin + 1])  # [j] = sum_{n_le <= i < j}, 0 up to n_le
+            mid[n_fin + 1:] = mid[n_fin]
+        return mid
+    terms = q * g_numpy(div, np.nan_to_num(r_cmp.astype(np.float64), posinf=1.0))  # one generator call
     if n_lt:
-        z = ratio[:n_lt]
-        terms = q[:n_lt] * (np.where(z > 0, z * np.log(z), 0.0) - z + 1)
-        if normalized:
-            terms = np.where(r_cmp[:n_lt] < 1, terms, 0.0)
-        np.cumsum(terms[::-1], out=mid[n_lt - 1::-1])  # [k] = sum_{k <= i < n_lt}
-    if n_fin > n_le:
-        z = ratio[n_le:n_fin]
-        terms = q[n_le:n_fin] * (z * np.log(z) - z + 1)
-        if normalized:
-            terms = np.where(r_cmp[n_le:n_fin] > 1, terms, 0.0)
-        np.cumsum(terms, out=mid[n_le + 1:n_fin + 1])  # [j] = sum_{n_le <= i < j}, 0 up to n_le
+        r_lo = r_cmp[:n_lt]
+        np.cumsum(np.where(r_lo < 1, terms[:n_lt], 0.0)[::-1], out=mid[n_lt - 1::-1])
+    if n_fin > n_le:  # beyond n_fin the terms are masked (infinite ratios): the sum stays
+        r_hi = r_cmp[n_le:n_fin]
+        np.cumsum(np.where((r_hi > 1) & (r_hi < _INF), terms[n_le:n_fin], 0.0), out=mid[n_le + 1:n_fin + 1])
         mid[n_fin + 1:] = mid[n_fin]
     return mid
