@@ -28,12 +28,12 @@ from mdboost.md.divergences import Divergence
 _EDGE_G: dict = {}
 
 
-def _edge_g(xp, div: Divergence, e_a, e_b):  # g at the A and B edges, [C1 + 1] each, cached per divergence
-    key = (div, str(e_a.device), xp.name)
+def _edge_g(xp, div: Divergence, e):  # g at the A and B edges e[C1:], e[:C1 + 1], cached per divergence
+    key = (div, str(e.device), xp.name)
     if key not in _EDGE_G:
         if len(_EDGE_G) >= 64:  # divergences made on the fly: keep the cache bounded
             _EDGE_G.clear()
-        _EDGE_G[key] = (xp.asarray(div.g(e_a)), xp.asarray(div.g(e_b)))
+        _EDGE_G[key] = (xp.asarray(div.g(e[C1:])), xp.asarray(div.g(e[:C1 + 1])))
     return _EDGE_G[key]
 
 
@@ -98,7 +98,10 @@ def _side(xp, h: Histogram) -> int:
     if xp is TORCH:
         return C1
     sums = h.sums.numpy()
-    used = np.flatnonzero((sums[0, :, :FINITE] > 0).any(0) | (sums[1, :, :FINITE] > 0).any(0))
+    if sums.shape[1] == 1:  # one row: no reduction over the rows
+        used = np.flatnonzero((sums[0, 0, :FINITE] > 0) | (sums[1, 0, :FINITE] > 0))
+    else:
+        used = np.flatnonzero((sums[0, :, :FINITE] > 0).any(0) | (sums[1, :, :FINITE] > 0).any(0))
     if used.size == 0:
         return 1
     return int(max(1, C1 - used[0], used[-1] + 1 - C1))
@@ -135,7 +138,7 @@ def _events(xp, h: Histogram, div: Divergence | None) -> Events:
     fwd, rev = _scans(xp, h.sums, side)  # the ten prefix / suffix sums
     cp_a, cq_a, cs_a, cp_b, cq_b = fwd[0], fwd[1], fwd[2], fwd[3], fwd[4]
     rp_a, rq_a, rp_b, rq_b, rs_b = rev[0], rev[1], rev[3], rev[4], rev[5]
-    p_inf = xp.asarray(h.p[:, INF:].contiguous())
+    p_inf = h.p[:, INF:].contiguous() if xp is TORCH else h.sums.numpy()[0, :, INF:]  # [N, 1]
     tv = xp.clip(cq_b[:, -1:] - cp_b[:, -1:], 0.0, None)  # F(0) = sum_{r < 1} (q - p)
     m_end = xp.minimum(p_inf, tv)
     ea, eb = xp.asarray(e_a), xp.asarray(e_b)
@@ -149,7 +152,7 @@ def _events(xp, h: Histogram, div: Divergence | None) -> Events:
     if div is None:
         d_a = d_b = None
     else:
-        g_a, g_b = _edge_g(xp, div, e[C1:], e[:C1 + 1])
+        g_a, g_b = _edge_g(xp, div, e)
         d_a = _qg(xp, rq_a, g_a[:side + 1]) + cs_a
         d_b = rs_b + _qg(xp, cq_b, g_b[lo:])
     return Events(m_a, m_b, d_a, d_b, tv, m_end, rp_a, rq_a, cp_a, cq_a, cs_a, cp_b, cq_b, rp_b, rq_b, rs_b, p_inf,
