@@ -138,3 +138,43 @@ def test_g_numpy_equals_the_generator(div):
     ref = div.g(torch.from_numpy(z)).numpy()
     assert got.dtype == np.float64
     np.testing.assert_array_equal(got, ref)
+
+
+def test_check_statistics_in_torch_equal_those_in_numpy(monkeypatch):
+    """Off the CPU the check reads its minima and sum ranges from torch (one read-back): the same
+    values, so the same sums, errors and solutions."""
+    from mdboost.md import _checks
+
+    p, q = _llm_rows(2, 20000, 4, torch.float32)
+    host = checked_pair(p, q)[2]
+    bad = p.clone()
+    bad[1, 5] = -1e-4
+    with pytest.raises(ValueError) as host_error:
+        checked_pair(bad, q)
+    monkeypatch.setattr(_checks, "_host_ok", lambda x: False)
+    dev = checked_pair(p, q)[2]
+    assert torch.equal(host[0], dev[0]) and torch.equal(host[1], dev[1])
+    with pytest.raises(ValueError) as dev_error:
+        checked_pair(bad, q)
+    assert str(dev_error.value) == str(host_error.value)
+
+
+def test_torch_namespace_with_the_check_sums(monkeypatch):
+    """The accelerators' code path (the torch namespace, forced on CPU) with the check's row sums:
+    one row and a batch agree with the numpy namespace and with the sorted breakpoints."""
+    from mdboost.md import _histogram, _xp
+
+    p, q = _llm_rows(3, 20000, 9, torch.float32)
+    budgets = torch.tensor([1e-4, 0.05, 2.0], dtype=torch.float64)
+    ref = [solve(p[i], q[i], max_divergence=float(budgets[i]), divergence="rkl") for i in range(3)]
+    batch = solve(p, q, max_divergence=budgets, divergence="rkl")
+    for module in (_buckets, _histogram):
+        monkeypatch.setattr(module, "namespace_for", lambda x: _xp.TORCH)
+    for i in range(3):
+        one = solve(p[i], q[i], max_divergence=float(budgets[i]), divergence="rkl")
+        torch.testing.assert_close(one.acceptance, ref[i].acceptance, atol=1e-6, rtol=0)
+        torch.testing.assert_close(one.achieved_divergence, ref[i].achieved_divergence, atol=1e-7, rtol=1e-5)
+    got = solve(p, q, max_divergence=budgets, divergence="rkl")
+    torch.testing.assert_close(got.acceptance, batch.acceptance, atol=1e-6, rtol=0)
+    sorted_ref = _buckets.sorted_solve(p, q, budgets.reshape(-1, 1), resolve("rkl"), False, True)
+    torch.testing.assert_close(got.acceptance.double(), sorted_ref[2].reshape(-1), atol=1e-6, rtol=0)
