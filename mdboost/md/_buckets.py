@@ -10,7 +10,7 @@ The exact primal and dual of :mod:`mdboost.md.solve` without sorting the vocabul
    ratio, its bucket (read off the float32 bits: the same edges, all exact in float32) and the
    KL log in float32, the terms and sums in float64: the float32 rounding of a ratio moves
    ``D_f`` by about ``1e-8``, far inside float32's contract (``docs/theory.md``, section 9).
-2. **Bracket.** At a bucket edge ``x = 1 + a`` the excess ``E(a)`` is exact from the bucket sums,
+2. **Bracket** (:mod:`mdboost.md._bracket`). At a bucket edge ``x = 1 + a`` the excess ``E(a)`` is exact from the bucket sums,
    and so is ``F(b)`` at an edge ``y = 1 - b``. At each such *event* the other parameter lies in
    one bucket, and ``D~(x, y) = sum_i q_i g(clip(r_i, y, x))`` (increasing in ``x``, decreasing
    in ``y``, exact at two edges) bounds ``D_f`` on both sides. The crossing of the budget lies
@@ -28,6 +28,12 @@ Worst case: when the bracketing buckets hold more than :data:`FALLBACK_FRACTION`
 entries (all ratios within one bucket, ties), the row is solved on its full sorted breakpoints
 instead: ``O(V log V)``, exact as ever. Host synchronisations: one (the reduced width and the
 rows that fall back).
+
+The namespace of steps 2 and 3 is chosen once (:func:`~mdboost.md._xp.namespace_for` of the
+rows): numpy on CPU, torch elsewhere. One CPU row of the exact primal (:func:`solve_one`) skips
+the reduced pair's :class:`Breakpoints`: its reduced pair goes to the Python-float search of
+:mod:`mdboost.md._scalar` (:func:`mdboost.md._scalar.reduced_row`), the values of the batched
+steps on a batch of one, bit for bit.
 """
 
 from __future__ import annotations

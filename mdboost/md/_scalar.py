@@ -1,13 +1,15 @@
 """The exact primal of one small CPU row: its sums in numpy, its search in Python floats.
 
-Two entry points over one search (docs/theory.md, section 4):
+Three entry points over one search (docs/theory.md, section 4):
 
 - :func:`primal_point` on a :class:`~mdboost.md.breakpoints.Breakpoints` of one row, for
   :func:`mdboost.md._search.primal_point` (``N = 1``, ``V <= SMALL_VOCAB``, exact mode);
 - :func:`solve_row` on the pair itself, for :func:`mdboost.md.solve.solve` on one 1-D CPU row:
   the input check, the sort and the sums of :class:`Breakpoints` (the same steps and the same
   float64 values, only the parts the search reads: the prefix sums up to ``n_lt``, the suffix
-  sums from ``n_le``), then the search, returning Python floats.
+  sums from ``n_le``), then the search, returning Python floats;
+- :func:`reduced_row` on the reduced pair of one row of the linear-time solve
+  (:func:`mdboost.md._buckets.solve_one`): the same sort and sums, for :func:`primal_point`.
 
 The search is the one of the array path, with its two searches in another form. The bracket:
 a binary search over the A-breakpoints (``D_f`` at each on the B segment found by
