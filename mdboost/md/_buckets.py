@@ -109,9 +109,14 @@ def _kept_np(h: Histogram, red: Reduction) -> list:
     """The kept entries' positions in each CPU row [count_i], in vocabulary order: the bucket
     table of the row looked up per entry (one ``take``, the row's indices read once, in cache)."""
     n = h.index.shape[0]
-    b = np.arange(FINITE + 1)  # [FINITE + 1]: which buckets each row keeps
     s_a, t_a, t_b, s_b = red[:4]
-    kept_bucket = ((b >= C1 + s_a) & (b < C1 + t_a)) | ((b >= t_b) & (b < s_b))  # [N, FINITE + 1]
+    if n == 1:  # one row: its table by two slices
+        kept_bucket = np.zeros((1, FINITE + 1), dtype=bool)
+        kept_bucket[0, C1 + s_a.item():C1 + t_a.item()] = True
+        kept_bucket[0, t_b.item():s_b.item()] = True
+    else:
+        b = np.arange(FINITE + 1)  # [FINITE + 1]: which buckets each row keeps
+        kept_bucket = ((b >= C1 + s_a) & (b < C1 + t_a)) | ((b >= t_b) & (b < s_b))  # [N, FINITE + 1]
     index = h.index.numpy()
     return [np.flatnonzero(kept_bucket[i].take(index[i])) for i in range(n)]
 
