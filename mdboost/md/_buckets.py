@@ -10,19 +10,19 @@ The exact primal and dual of :mod:`mdboost.md.solve` without sorting the vocabul
    ratio, its bucket (read off the float32 bits: the same edges, all exact in float32) and the
    KL log in float32, the terms and sums in float64: the float32 rounding of a ratio moves
    ``D_f`` by about ``1e-8``, far inside float32's contract (``docs/theory.md``, section 9).
-2. **Bracket** (:mod:`mdboost.md._bracket`). At a bucket edge ``x = 1 + a`` the excess ``E(a)`` is exact from the bucket sums,
-   and so is ``F(b)`` at an edge ``y = 1 - b``. At each such *event* the other parameter lies in
-   one bucket, and ``D~(x, y) = sum_i q_i g(clip(r_i, y, x))`` (increasing in ``x``, decreasing
-   in ``y``, exact at two edges) bounds ``D_f`` on both sides. The crossing of the budget lies
-   between the largest event whose lower bound exceeds the budget and the smallest one whose
-   upper bound fits.
-3. **Reduce.** For every point of that bracket, the entries of the buckets beyond it stay in
-   ``A`` (or ``B``) and those between stay in ``M``: they are summed into four aggregate entries
-   (same ``p``, ``q`` sums, so ``E`` and ``F`` are unchanged on the bracket), and ``D_f`` is off
-   by a known constant ``delta`` (the M buckets' ``q g(r)`` sums minus their aggregates' terms).
-   The entries of the bracketing buckets plus five aggregates form a small pair, solved exactly
-   by :class:`~mdboost.md.breakpoints.Breakpoints` (sort + search) with the budget minus
-   ``delta``: the same point as the full sorted solve.
+2. **Bracket** (:mod:`mdboost.md._bracket`). At a bucket edge ``x = 1 + a`` the excess ``E(a)`` is
+   exact from the bucket sums, and so is ``F(b)`` at an edge ``y = 1 - b``. At each such *event*
+   the other parameter lies in one bucket, and ``D~(x, y) = sum_i q_i g(clip(r_i, y, x))``
+   (increasing in ``x``, decreasing in ``y``, exact at two edges) bounds ``D_f`` on both sides. The
+   crossing of the budget lies between the largest event whose lower bound exceeds the budget and
+   the smallest one whose upper bound fits.
+3. **Reduce** (:mod:`mdboost.md._bracket`, then :func:`reduced_pair`). For every point of that
+   bracket, the entries of the buckets beyond it stay in ``A`` (or ``B``) and those between stay in
+   ``M``: they are summed into four aggregate entries (same ``p``, ``q`` sums, so ``E`` and ``F``
+   are unchanged on the bracket), and ``D_f`` is off by a known constant ``delta`` (the M buckets'
+   ``q g(r)`` sums minus their aggregates' terms). The entries of the bracketing buckets plus five
+   aggregates form a small pair, solved exactly by :class:`~mdboost.md.breakpoints.Breakpoints`
+   (sort + search) with the budget minus ``delta``: the same point as the full sorted solve.
 
 Worst case: when the bracketing buckets hold more than :data:`FALLBACK_FRACTION` of a row's
 entries (all ratios within one bucket, ties), the row is solved on its full sorted breakpoints
@@ -205,7 +205,8 @@ def _prepare_primal(xp, rows, h, ev, budget, div):
     return Prepared(bp, delta, fallback, xp.to_torch(ev.tv), xp.to_torch(ev.m_end)), _reduced_budget(budget, delta)
 
 
-def prepare_dual(p, q, min_acceptance, div: Divergence, normalize: bool, row_sums=None) -> tuple[Prepared, torch.Tensor]:
+def prepare_dual(p, q, min_acceptance, div: Divergence, normalize: bool,
+                 row_sums=None) -> tuple[Prepared, torch.Tensor]:
     """Histogram and reduction of the dual at ``m = clip(1 - min_acceptance)``; returns ``m`` [N, 1]."""
     xp = namespace_for(p)
     rows = _rows(p, q, normalize, row_sums)
