@@ -124,16 +124,32 @@ def check_pair(draft_probs, target_probs, *, validate: bool = True) -> tuple[tor
 
     With ``validate``, both rows' checks are read back in one device synchronisation.
     """
+    return checked_pair(draft_probs, target_probs, validate=validate)[:2]
+
+
+def checked_pair(draft_probs, target_probs, *, validate: bool = True):
+    """:func:`check_pair`, and the float64 row sums ``(p, q)`` [..., 1] the check made, or None.
+
+    The sums are ``x.sum(-1, keepdim=True, dtype=torch.float64)`` of the returned rows (those of
+    the rescaling in :func:`mdboost.md._histogram.rows_of`, the same values), given only where
+    the check summed in torch on rows the compute dtype leaves unchanged.
+    """
     p = _check_rows_structure("draft_probs", draft_probs, None)
     q = _check_rows_structure("target_probs", target_probs, None)
+    sums = None
     if validate and p.numel() and q.numel() and _numpy_stats_ok(p) and _numpy_stats_ok(q):
         stats = _row_stats_np(p) + _row_stats_np(q)  # CPU: one numpy reduction pass each, no read-back
         _check_row_values("draft_probs", p, stats[:3])
         _check_row_values("target_probs", q, stats[3:])
-    elif validate and p.device == q.device and p.numel() and q.numel():
-        stats = torch.cat([_row_stats(p), _row_stats(q)]).tolist()  # one read-back for both
-        _check_row_values("draft_probs", p, stats[:3])
-        _check_row_values("target_probs", q, stats[3:])
+    elif validate and p.device == q.device and p.numel() and q.numel() and p.shape == q.shape:
+        sums = p.sum(-1, keepdim=True, dtype=torch.float64), q.sum(-1, keepdim=True, dtype=torch.float64)
+        if _host_ok(p) and _host_ok(q):  # CPU: the minima and the sums' range in numpy, no torch op
+            stats = [_stats_host(x, s) for x, s in ((p, sums[0]), (q, sums[1]))]
+        else:
+            stats = torch.cat([_stats_of(x, s) for x, s in ((p, sums[0]), (q, sums[1]))]).tolist()  # one read-back
+            stats = [stats[:3], stats[3:]]
+        _check_row_values("draft_probs", p, stats[0])
+        _check_row_values("target_probs", q, stats[1])
     elif validate:
         check_probs("draft_probs", p)
         check_probs("target_probs", q)
@@ -144,7 +160,25 @@ def check_pair(draft_probs, target_probs, *, validate: bool = True) -> tuple[tor
     if p.device != q.device:
         raise ValueError(f"draft_probs and target_probs must be on one device, got {p.device} and {q.device}")
     dtype = compute_dtype(torch.promote_types(p.dtype, q.dtype))
-    return p.to(dtype), q.to(dtype)
+    if sums is not None and not (p.dtype == q.dtype == dtype):  # converted rows: their own sums
+        sums = None
+    return p.to(dtype), q.to(dtype), sums
+
+
+def _host_ok(x: torch.Tensor) -> bool:
+    return x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and not x.requires_grad
+
+
+def _stats_of(x: torch.Tensor, row_sums: torch.Tensor):
+    """:func:`_row_stats` with the row sums given ([..., 1] float64)."""
+    return torch.stack([x.amin().double(), *torch.aminmax(row_sums)])
+
+
+def _stats_host(x: torch.Tensor, row_sums: torch.Tensor) -> list:
+    """:func:`_stats_of` of a CPU tensor in numpy (minima and maxima are exact: the same values)."""
+    s = row_sums.numpy()
+    return [float(np.minimum.reduce(x.numpy(), axis=None)), float(np.minimum.reduce(s, axis=None)),
+            float(np.maximum.reduce(s, axis=None))]
 
 
 def _as_real_tensor(name: str, value, device) -> torch.Tensor:

@@ -1,13 +1,15 @@
 """The exact primal of one small CPU row: its sums in numpy, its search in Python floats.
 
-Two entry points over one search (docs/theory.md, section 4):
+Three entry points over one search (docs/theory.md, section 4):
 
 - :func:`primal_point` on a :class:`~mdboost.md.breakpoints.Breakpoints` of one row, for
   :func:`mdboost.md._search.primal_point` (``N = 1``, ``V <= SMALL_VOCAB``, exact mode);
 - :func:`solve_row` on the pair itself, for :func:`mdboost.md.solve.solve` on one 1-D CPU row:
   the input check, the sort and the sums of :class:`Breakpoints` (the same steps and the same
   float64 values, only the parts the search reads: the prefix sums up to ``n_lt``, the suffix
-  sums from ``n_le``), then the search, returning Python floats.
+  sums from ``n_le``), then the search, returning Python floats;
+- :func:`reduced_row` on the reduced pair of one row of the linear-time solve
+  (:func:`mdboost.md._buckets.solve_one`): the same sort and sums, for :func:`primal_point`.
 
 The search is the one of the array path, with its two searches in another form. The bracket:
 a binary search over the A-breakpoints (``D_f`` at each on the B segment found by
@@ -30,7 +32,7 @@ import numpy as np
 import torch
 
 from mdboost.md._checks import _check_budget_range, _check_row_values
-from mdboost.md._sums import _prefix_sums_np
+from mdboost.md._xp import g_numpy
 from mdboost.md.divergences import GENERATORS, Divergence
 
 _INF = math.inf
@@ -395,52 +397,85 @@ def solve_row(p: torch.Tensor, q: torch.Tensor, budget: float, div: Divergence, 
                 q64 /= sq
                 normalized = True
                 thr = r_s.dtype.type(sp / sq)  # r_i (sq / sp) < 1  <=>  r_i < sp / sq
-        n_lt, n_le = int(r_s.searchsorted(thr, "left")), int(r_s.searchsorted(thr, "right"))
-        n_fin = int(r_s.searchsorted(_INF, "left"))
-        if n_fin < v and q64[n_fin:].any():  # a ratio that overflows the input dtype: q_i = 0 (section 9)
-            q64[n_fin:] = 0.0
-        if normalized:
-            ratio = p64 / q64
-            if zeros:
-                ratio = np.where(q64 > 0, ratio, np.where(p64 > 0, _INF, 1.0 / np.float64(thr)))
-            r_cmp = ratio
-        elif r_s.dtype == np.float64:
-            ratio = r_cmp = r_s
-        else:
-            ratio = p64 / q64 if not zeros else np.where(q64 > 0, p64 / q64, _INF)
-            r_cmp = r_s
-        pre = np.empty((2, n_lt + 1))  # cp, cq up to n_lt
-        pre[:, 0] = 0.0
-        np.cumsum(w[:, :n_lt], axis=1, out=pre[:, 1:])
-        suf = np.empty((2, v - n_le + 1))  # rp, rq from n_le (read backwards)
-        suf[:, 0] = 0.0
-        np.cumsum(w[:, :n_le - 1 if n_le else None:-1], axis=1, out=suf[:, 1:])
-        tv = pre.item(1, n_lt) - pre.item(0, n_lt)
-        m_end = min(suf.item(0, v - n_fin), tv)
-        if div is _KL:
-            mid = _kl_mid(ratio, q64, r_cmp, n_lt, n_le, n_fin, normalized)
-        else:
-            mid = _prefix_sums_np(r_cmp[None], q64[None], ratio[None], np.array([[n_lt]]), np.array([[n_le]]), div)[0]
-        row = _Row(pre[0], pre[1], suf[0], suf[1], ratio, mid, n_lt, n_le, max(n_fin - 1, n_le), tv, m_end, g)
+        row = _row_of_sorted(r_s, w, thr, normalized, zeros, div, g)
     a, b, m, value = primal_point(row, budget, div, g, True, floats=True)
-    return a, b, min(max(1.0 - m, 0.0), 1.0), value, min(max(1.0 - tv, 0.0), 1.0)
+    return a, b, min(max(1.0 - m, 0.0), 1.0), value, min(max(1.0 - row.tv, 0.0), 1.0)
 
 
-def _kl_mid(ratio, q, r_cmp, n_lt, n_le, n_fin, normalized):
-    """``_sums._prefix_sums_np`` of the built-in kl on one row: only the terms it keeps (the same values)."""
+def reduced_row(p: np.ndarray, q: np.ndarray, div: Divergence, g) -> _Row:
+    """The :class:`_Row` of one float64 pair [W] used as given (no rescaling, zeros allowed): the
+    reduced pair of the linear-time solve (:mod:`mdboost.md._buckets`), with the sort, the sums
+    and the prefix of ``Breakpoints(r, p, q)`` on it where the search reads them."""
+    with np.errstate(all="ignore"):
+        r = p / q  # 0/0 -> 1 (neutral), p / 0 -> inf
+        np.copyto(r, 1.0, where=r != r)
+        if r.size and r.min() == -_INF:  # only from negative (unchecked) input: as torch's nan_to_num
+            np.copyto(r, np.finfo(np.float64).min, where=r == -_INF)
+        order = _sort_order(r)
+        w = np.empty((2, r.shape[0]))
+        w[0], w[1] = p.take(order), q.take(order)
+        return _row_of_sorted(r.take(order), w, 1.0, False, True, div, g)
+
+
+def _row_of_sorted(r_s, w, thr, normalized: bool, zeros: bool, div: Divergence, g) -> _Row:
+    """The :class:`_Row` of sorted ratios ``r_s`` [V] (input dtype) and sorted ``w = (p, q)`` [2, V]
+    float64 (rescaled if ``normalized``; ``zeros``: ``q`` may hold zeros): the steps of
+    :class:`~mdboost.md.breakpoints.Breakpoints` from the counts on, only the sums the search reads.
+    Call under ``np.errstate(all="ignore")``; ``w`` may be changed in place."""
+    v = r_s.shape[0]
+    p64, q64 = w
+    n_lt, n_le = int(r_s.searchsorted(thr, "left")), int(r_s.searchsorted(thr, "right"))
+    n_fin = int(r_s.searchsorted(_INF, "left"))
+    if n_fin < v and q64[n_fin:].any():  # a ratio that overflows the input dtype: q_i = 0 (section 9)
+        q64[n_fin:] = 0.0
+    if normalized:
+        ratio = p64 / q64
+        if zeros:
+            ratio = np.where(q64 > 0, ratio, np.where(p64 > 0, _INF, 1.0 / np.float64(thr)))
+        r_cmp = ratio
+    elif r_s.dtype == np.float64:
+        ratio = r_cmp = r_s
+    else:
+        ratio = p64 / q64 if not zeros else np.where(q64 > 0, p64 / q64, _INF)
+        r_cmp = r_s
+    pre = np.empty((2, n_lt + 1))  # cp, cq up to n_lt
+    pre[:, 0] = 0.0
+    np.cumsum(w[:, :n_lt], axis=1, out=pre[:, 1:])
+    suf = np.empty((2, v - n_le + 1))  # rp, rq from n_le (read backwards)
+    suf[:, 0] = 0.0
+    np.cumsum(w[:, :n_le - 1 if n_le else None:-1], axis=1, out=suf[:, 1:])
+    tv = pre.item(1, n_lt) - pre.item(0, n_lt)
+    m_end = min(suf.item(0, v - n_fin), tv)
+    mid = _row_mid(ratio, q64, r_cmp, n_lt, n_le, n_fin, normalized, div)
+    return _Row(pre[0], pre[1], suf[0], suf[1], ratio, mid, n_lt, n_le, max(n_fin - 1, n_le), tv, m_end, g)
+
+
+def _row_mid(ratio, q, r_cmp, n_lt, n_le, n_fin, normalized, div: Divergence):
+    """``_sums._prefix_sums_np`` on one row (``Breakpoints.prefix``): only the terms it keeps, the
+    same values (the built-in kl by its formula on ``ratio``, any other generator on ``r_cmp``)."""
     v = ratio.shape[0]
     mid = np.zeros(v + 1)
+    if div is _KL:
+        if n_lt:
+            z = ratio[:n_lt]
+            terms = q[:n_lt] * (np.where(z > 0, z * np.log(z), 0.0) - z + 1)
+            if normalized:
+                terms = np.where(r_cmp[:n_lt] < 1, terms, 0.0)
+            np.cumsum(terms[::-1], out=mid[n_lt - 1::-1])  # [k] = sum_{k <= i < n_lt}
+        if n_fin > n_le:
+            z = ratio[n_le:n_fin]
+            terms = q[n_le:n_fin] * (z * np.log(z) - z + 1)
+            if normalized:
+                terms = np.where(r_cmp[n_le:n_fin] > 1, terms, 0.0)
+            np.cumsum(terms, out=mid[n_le + 1:n_fin + 1])  # [j] = sum_{n_le <= i < j}, 0 up to n_le
+            mid[n_fin + 1:] = mid[n_fin]
+        return mid
+    terms = q * g_numpy(div, np.nan_to_num(r_cmp.astype(np.float64), posinf=1.0))  # one generator call
     if n_lt:
-        z = ratio[:n_lt]
-        terms = q[:n_lt] * (np.where(z > 0, z * np.log(z), 0.0) - z + 1)
-        if normalized:
-            terms = np.where(r_cmp[:n_lt] < 1, terms, 0.0)
-        np.cumsum(terms[::-1], out=mid[n_lt - 1::-1])  # [k] = sum_{k <= i < n_lt}
-    if n_fin > n_le:
-        z = ratio[n_le:n_fin]
-        terms = q[n_le:n_fin] * (z * np.log(z) - z + 1)
-        if normalized:
-            terms = np.where(r_cmp[n_le:n_fin] > 1, terms, 0.0)
-        np.cumsum(terms, out=mid[n_le + 1:n_fin + 1])  # [j] = sum_{n_le <= i < j}, 0 up to n_le
+        r_lo = r_cmp[:n_lt]
+        np.cumsum(np.where(r_lo < 1, terms[:n_lt], 0.0)[::-1], out=mid[n_lt - 1::-1])
+    if n_fin > n_le:  # beyond n_fin the terms are masked (infinite ratios): the sum stays
+        r_hi = r_cmp[n_le:n_fin]
+        np.cumsum(np.where((r_hi > 1) & (r_hi < _INF), terms[n_le:n_fin], 0.0), out=mid[n_le + 1:n_fin + 1])
         mid[n_fin + 1:] = mid[n_fin]
     return mid

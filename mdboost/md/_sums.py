@@ -13,6 +13,7 @@ import math
 import numpy as np
 import torch
 
+from mdboost.md._xp import g_numpy
 from mdboost.md.divergences import GENERATORS, Divergence
 
 ACC_DTYPE = torch.float64
@@ -62,7 +63,7 @@ def _prefix_sums_np(r, q, ratio, n_lt, n_le, div: Divergence) -> np.ndarray:  # 
             terms = q * (np.where(ratio > 0, ratio * np.log(ratio), 0.0) - ratio + 1)
         else:
             z = np.nan_to_num(r.astype(np.float64), posinf=1.0)
-            terms = q * div.g(torch.from_numpy(z)).numpy()
+            terms = q * g_numpy(div, z)
     mid = np.zeros((n, vocab + 1))
     lo_w, hi_s = int(n_lt.max()), int(n_le.min())
     low = np.where(r[:, :lo_w] < 1, terms[:, :lo_w], 0.0)

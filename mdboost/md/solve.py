@@ -24,7 +24,7 @@ import torch
 
 from mdboost.md import _buckets, _scalar, _search
 from mdboost.md import support as _support
-from mdboost.md._checks import _as_real_tensor, check_budget, check_pair, check_probs
+from mdboost.md._checks import _as_real_tensor, _check_budget_range, check_budget, check_pair, check_probs, checked_pair
 from mdboost.md.breakpoints import Breakpoints
 from mdboost.md.contract import tolerance
 from mdboost.md.divergences import f_divergence, resolve
@@ -296,17 +296,23 @@ def solve(
         raise ValueError(f"on_infeasible must be one of {ON_INFEASIBLE}, got {on_infeasible!r}")
     div = resolve(divergence)
     if (mode == "exact" and support == "target" and min_acceptance is None and _scalar.row_applies(draft_probs, target_probs)
-            and (type(max_divergence) is float or (type(max_divergence) is int and abs(max_divergence) <= 1 << 53))
+            and _is_number(max_divergence)
             and not 0 <= max_divergence < _search.SCALAR_MIN_BUDGET and not _buckets.applies(draft_probs)):
         g = _scalar.scalar_g(div)
         if g is not None:  # one small CPU row: numpy sums, the search in Python floats
             return _solve_row(draft_probs, target_probs, float(max_divergence), div, g, validate)
-    p, q = check_pair(draft_probs, target_probs, validate=validate)
+    p, q, row_sums = checked_pair(draft_probs, target_probs, validate=validate)
     if mode == "exact" and _buckets.applies(p):  # expected linear time (docs/theory.md, section 4)
         dual = min_acceptance is not None
+        if not dual and support == "target" and p.numel() == p.shape[-1] and _is_number(max_divergence):
+            if validate:
+                _check_budget_range("max_divergence", float(max_divergence), float(max_divergence), None)
+            out = _buckets.solve_one(p, q, float(max_divergence), div, validate, row_sums)
+            if out is not None:  # one CPU row: the result tensors made once
+                return _one_solution(out, p)
         name, value = ("min_acceptance", min_acceptance) if dual else ("max_divergence", max_divergence)
         value = check_budget(name, value, p.shape[:-1], p.device, upper=1.0 if dual else None, validate=validate)
-        sol = MDSolution(*_buckets.solve_batch(p, q, value, div, dual, normalize=validate))
+        sol = MDSolution(*_buckets.solve_batch(p, q, value, div, dual, normalize=validate, row_sums=row_sums))
         p64, q64 = _rows64(p, q, validate) if dual or support == "any" else (None, None)
         return _finish(sol, p64, q64, value, dual, div, support, on_infeasible)
     bp = Breakpoints._from_pair(p, q, normalize=validate)
@@ -340,6 +346,19 @@ def _solve_row(p, q, budget: float, div, g, validate: bool) -> MDSolution:
         value = 0.0
     out = torch.tensor([a, b, acc, value, sd, 0.0], dtype=p.dtype).unbind()  # one tensor, 0-d views
     return MDSolution(out[0], out[1], out[2], out[3], out[4], torch.ones((), dtype=torch.bool), out[5])
+
+
+def _is_number(value) -> bool:  # a Python float, or an int that converts to one exactly
+    return type(value) is float or (type(value) is int and abs(value) <= 1 << 53)
+
+
+def _one_solution(out, p) -> MDSolution:
+    """The :class:`MDSolution` of one row from the floats ``(a, b, acceptance, D_f, tv)`` of
+    :func:`mdboost.md._buckets.solve_one`: the clamps of :func:`solve_batch` and :func:`_finish`."""
+    a, b, acc, value, tv = out
+    vals = [a, b, acc, value if not value < 0 else 0.0, min(max(1.0 - tv, 0.0), 1.0), 0.0]
+    t = torch.tensor(vals, dtype=p.dtype).reshape((6,) + tuple(p.shape[:-1])).unbind(0)
+    return MDSolution(t[0], t[1], t[2], t[3], t[4], torch.ones(p.shape[:-1], dtype=torch.bool), t[5])
 
 
 def _rows64(p, q, normalized: bool):  # [..., V] x2 -> float64 [..., V] x2
