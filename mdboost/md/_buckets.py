@@ -172,12 +172,6 @@ class Prepared(NamedTuple):
     m_end: torch.Tensor  # [N, 1]
 
 
-def _rows(p, q, normalize: bool, row_sums):
-    if normalize and row_sums is not None:  # the input check's float64 row sums (the same values)
-        return Rows(p, q, *row_sums)
-    return rows_of(p, q, normalize)
-
-
 def _reduced_budget(budget, delta):
     return torch.where(torch.isinf(budget) | (budget <= 0), budget, (budget - delta).clamp(min=0.0))
 
@@ -188,7 +182,7 @@ def prepare_primal(p, q, budget, div: Divergence, normalize: bool, row_sums=None
     ``row_sums``: the float64 row sums ``(p, q)`` [N, 1] of the input check, if it made them.
     """
     xp = namespace_for(p)
-    rows = _rows(p, q, normalize, row_sums)
+    rows = rows_of(p, q, normalize, row_sums)
     h = histogram(rows, div)
     ev = events(xp, h, div)
     return _prepare_primal(xp, rows, h, ev, budget, div)
@@ -209,7 +203,7 @@ def prepare_dual(p, q, min_acceptance, div: Divergence, normalize: bool,
                  row_sums=None) -> tuple[Prepared, torch.Tensor]:
     """Histogram and reduction of the dual at ``m = clip(1 - min_acceptance)``; returns ``m`` [N, 1]."""
     xp = namespace_for(p)
-    rows = _rows(p, q, normalize, row_sums)
+    rows = rows_of(p, q, normalize, row_sums)
     h = histogram(rows, div)
     ev = events(xp, h, div)
     tv, m_end = xp.to_torch(ev.tv), xp.to_torch(ev.m_end)
@@ -297,7 +291,7 @@ def solve_one(p, q, budget: float, div: Divergence, normalize: bool, row_sums=No
     vocab = p.shape[-1]
     if row_sums is not None:
         row_sums = tuple(s.reshape(1, 1) for s in row_sums)
-    rows = _rows(p.reshape(1, vocab), q.reshape(1, vocab), normalize, row_sums)
+    rows = rows_of(p.reshape(1, vocab), q.reshape(1, vocab), normalize, row_sums)
     h = histogram(rows, div)
     return _one_row_primal(rows, h, events(NUMPY, h, div), budget, div, g)
 
@@ -314,7 +308,7 @@ def solve_rows(p, q, value, div: Divergence | None, dual: bool, normalize: bool,
         point, div_value = _finish_dual(prep.bp, m, div, prep.delta, prep.tv)
     else:
         xp = namespace_for(p)
-        rows = _rows(p, q, normalize, row_sums)
+        rows = rows_of(p, q, normalize, row_sums)
         h = histogram(rows, div)
         ev = events(xp, h, div)
         g = _scalar.scalar_g(div) if xp is NUMPY and p.shape[0] == 1 and _search.SCALAR_ROW else None

@@ -114,7 +114,7 @@ class Rows(NamedTuple):
 def rows_of(p, q, normalize: bool, sums=None) -> Rows:
     """:class:`Rows` of ``[N, V]`` inputs; ``normalize`` rescales rows to sum to 1 in float64.
 
-    ``sums``: the float64 row sums ``(sum p, sum q)`` [N] if the caller has them already (the
+    ``sums``: the float64 row sums ``(sum p, sum q)`` ([N] or [N, 1]) if the caller has them already (the
     input check reads them), else they are taken here (one more pass over each input).
     """
     scale_p = scale_q = None
