@@ -76,7 +76,7 @@ def reduced_pair(xp, rows: Rows, h: Histogram, red: Reduction, sorted_rows=None)
     red = Reduction(*(xp.to_torch(x) for x in red))
     b = torch.arange(FINITE + 1, device=dev)
     kept_bucket = ((b >= C1 + red.s_a) & (b < C1 + red.t_a)).logical_or_((b >= red.t_b) & (b < red.s_b))
-    keep = kept_bucket.gather(1, h.index)  # [N, V]
+    keep = kept_bucket.gather(1, h.index.long())  # [N, V] (the CPU pass stores int16)
     flat = keep.view(-1).nonzero().squeeze(-1)  # row-major: row by row, in vocabulary order
     row = flat // vocab
     counts = torch.bincount(row, minlength=n)  # [N]
