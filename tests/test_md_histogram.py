@@ -64,3 +64,58 @@ def test_log_form_sums_equal_the_generic_pass(monkeypatch, namespace, dtype, nam
     tol = 1e-14 if dtype == torch.float64 else 1e-7
     torch.testing.assert_close(s[finite], s_ref[finite], rtol=0, atol=tol)
     assert bool((s[finite] >= 0).all())
+
+
+def _bad_inputs(dtype):
+    """(p, q, which argument is bad) on the bucketed path, one defect each."""
+    p, q = _llm_rows(3, 4096, 11, dtype)
+    cases = []
+    for name, idx, value in (("draft_probs", (1, 7), math.nan), ("target_probs", (2, 9), -1e-3),
+                             ("draft_probs", (0, 3), math.inf)):
+        pp, qq = p.clone(), q.clone()
+        (pp if name == "draft_probs" else qq)[idx] = value
+        cases.append((pp, qq, name))
+    qq = q.clone()
+    qq[1] *= 1.01  # a row summing to 1.01, beyond both dtypes' tolerance
+    cases.append((p, qq, "target_probs"))
+    return cases
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_checks_in_the_pass_raise_the_input_checks_errors(dtype):
+    """Rows on the linear-time path are checked in the histogram's pass: a bad entry raises the
+    same ValueError (naming the argument) as the check made before it, for one row and batches."""
+    from mdboost.md._checks import check_pair
+    from mdboost.md.solve import solve
+
+    for p, q, name in _bad_inputs(dtype):
+        assert _histogram.takes_numpy_pass(p, q)
+        with pytest.raises(ValueError) as expected:
+            check_pair(p, q)
+        assert name in str(expected.value)
+        for pp, qq in ((p, q), (p[1], q[1]) if name == "target_probs" else (p[0], q[0])):
+            if pp is not p:  # the one-row call holds the defect only if that row has it
+                try:
+                    check_pair(pp, qq)
+                    continue
+                except ValueError as err:
+                    message = str(err)
+            else:
+                message = str(expected.value)
+            for dual in (False, True):
+                kwargs = dict(min_acceptance=0.9) if dual else dict(max_divergence=0.05)
+                with pytest.raises(ValueError) as got:
+                    solve(pp, qq, **kwargs)
+                assert str(got.value) == message
+
+
+def test_half_precision_rows_keep_their_own_tolerance():
+    """Half-precision rows are checked before their conversion (the float16 tolerance), not in the pass."""
+    from mdboost.md.solve import solve
+
+    p, q = _llm_rows(2, 4096, 12, torch.float64)
+    p16, q16 = p.to(torch.float16), (q * 1.004).to(torch.float16)  # sums ~1.004: within float16's 1e-2
+    ref = solve(p16.float() / p16.float().sum(-1, keepdim=True), q16.float() / q16.float().sum(-1, keepdim=True),
+                max_divergence=0.05)
+    got = solve(p16, q16, max_divergence=0.05)
+    torch.testing.assert_close(got.acceptance.float(), ref.acceptance, atol=1e-6, rtol=0)

@@ -46,7 +46,7 @@ import torch
 
 from mdboost.md import _scalar, _search
 from mdboost.md._bracket import Reduction, bracket, events, reduction
-from mdboost.md._histogram import C1, FINITE, Histogram, Rows, histogram, rows_of
+from mdboost.md._histogram import C1, FINITE, Histogram, Rows, histogram_of, takes_numpy_pass
 from mdboost.md._xp import NUMPY, TORCH, namespace_for
 from mdboost.md.breakpoints import Breakpoints
 from mdboost.md.divergences import Divergence
@@ -176,14 +176,14 @@ def _reduced_budget(budget, delta):
     return torch.where(torch.isinf(budget) | (budget <= 0), budget, (budget - delta).clamp(min=0.0))
 
 
-def prepare_primal(p, q, budget, div: Divergence, normalize: bool, row_sums=None) -> tuple[Prepared, torch.Tensor]:
+def prepare_primal(p, q, budget, div: Divergence, normalize: bool, row_sums=None, check: bool = False) -> tuple[Prepared, torch.Tensor]:
     """Histogram, bracket and reduction of the primal; returns the reduced budget [N, 1] too.
 
-    ``row_sums``: the float64 row sums ``(p, q)`` [N, 1] of the input check, if it made them.
+    ``row_sums``: the float64 row sums ``(p, q)`` [N, 1] of the input check, if it made them;
+    ``check``: make the input's value checks in the histogram's pass (:func:`solve_batch`).
     """
     xp = namespace_for(p)
-    rows = rows_of(p, q, normalize, row_sums)
-    h = histogram(rows, div)
+    rows, h = histogram_of(p, q, div, normalize, row_sums, check)
     ev = events(xp, h, div)
     return _prepare_primal(xp, rows, h, ev, budget, div)
 
@@ -200,11 +200,10 @@ def _prepare_primal(xp, rows, h, ev, budget, div):
 
 
 def prepare_dual(p, q, min_acceptance, div: Divergence, normalize: bool,
-                 row_sums=None) -> tuple[Prepared, torch.Tensor]:
+                 row_sums=None, check: bool = False) -> tuple[Prepared, torch.Tensor]:
     """Histogram and reduction of the dual at ``m = clip(1 - min_acceptance)``; returns ``m`` [N, 1]."""
     xp = namespace_for(p)
-    rows = rows_of(p, q, normalize, row_sums)
-    h = histogram(rows, div)
+    rows, h = histogram_of(p, q, div, normalize, row_sums, check)
     ev = events(xp, h, div)
     tv, m_end = xp.to_torch(ev.tv), xp.to_torch(ev.m_end)
     m = torch.minimum(torch.maximum(1 - min_acceptance, m_end), tv)
@@ -280,7 +279,7 @@ def _one_row_primal(rows: Rows, h: Histogram, ev, budget: float, div: Divergence
     return a, b, acc, 0.0 if budget <= 0 else value, tv
 
 
-def solve_one(p, q, budget: float, div: Divergence, normalize: bool, row_sums=None):
+def solve_one(p, q, budget: float, div: Divergence, normalize: bool, row_sums=None, check: bool = False):
     """The primal of one CPU row ``[..., V]`` (one row in all) as Python floats
     ``(a, b, acceptance, D_f, tv)``: :func:`solve_rows` on it, the same values, without tensors
     for the outputs. None where that takes the array search (autograd, a generator without a
@@ -291,12 +290,12 @@ def solve_one(p, q, budget: float, div: Divergence, normalize: bool, row_sums=No
     vocab = p.shape[-1]
     if row_sums is not None:
         row_sums = tuple(s.reshape(1, 1) for s in row_sums)
-    rows = rows_of(p.reshape(1, vocab), q.reshape(1, vocab), normalize, row_sums)
-    h = histogram(rows, div)
+    rows, h = histogram_of(p.reshape(1, vocab), q.reshape(1, vocab), div, normalize, row_sums, check)
     return _one_row_primal(rows, h, events(NUMPY, h, div), budget, div, g)
 
 
-def solve_rows(p, q, value, div: Divergence | None, dual: bool, normalize: bool, row_sums=None):
+def solve_rows(p, q, value, div: Divergence | None, dual: bool, normalize: bool, row_sums=None,
+               check: bool = False):
     """Exact primal (``value`` = budget) or dual (``value`` = min acceptance) on [N, V] rows.
 
     Returns ``(a, b, acceptance, D_f, tv)`` as float64 [N, 1] tensors (``D_f`` None for a dual
@@ -304,12 +303,11 @@ def solve_rows(p, q, value, div: Divergence | None, dual: bool, normalize: bool,
     :func:`sorted_solve` (the documented worst case). ``row_sums``: see :func:`prepare_primal`.
     """
     if dual:
-        prep, m = prepare_dual(p, q, value, div, normalize, row_sums)
+        prep, m = prepare_dual(p, q, value, div, normalize, row_sums, check)
         point, div_value = _finish_dual(prep.bp, m, div, prep.delta, prep.tv)
     else:
         xp = namespace_for(p)
-        rows = rows_of(p, q, normalize, row_sums)
-        h = histogram(rows, div)
+        rows, h = histogram_of(p, q, div, normalize, row_sums, check)
         ev = events(xp, h, div)
         g = _scalar.scalar_g(div) if xp is NUMPY and p.shape[0] == 1 and _search.SCALAR_ROW else None
         if g is not None:
@@ -328,22 +326,31 @@ def solve_rows(p, q, value, div: Divergence | None, dual: bool, normalize: bool,
     return tuple(out)
 
 
+def checks_in_pass(p: torch.Tensor, q: torch.Tensor) -> bool:
+    """Whether rows on this path are checked inside the histogram's pass (CPU rows of float32 or
+    float64 in numpy: one read of the rows instead of a check, then the pass)."""
+    return applies(p) and takes_numpy_pass(p, q)
+
+
 def applies(p: torch.Tensor) -> bool:
     """Whether :func:`solve` and :func:`~mdboost.md.verify.verify` take this path for rows ``p``."""
     return p.shape[-1] >= MIN_VOCAB and p.numel() > 0
 
 
-def solve_batch(p, q, value, div: Divergence | None, dual: bool, normalize: bool, row_sums=None):
+def solve_batch(p, q, value, div: Divergence | None, dual: bool, normalize: bool, row_sums=None,
+                check: bool = False):
     """:func:`solve_rows` on ``[..., V]`` rows with ``value`` [...]: ``(a, b, acceptance, D_f, sd_acceptance)``.
 
     Outputs have shape [...] in ``p``'s dtype (``D_f`` None for a dual without divergence).
-    ``row_sums``: the float64 row sums ``(p, q)`` [...] of the input check (used when ``normalize``).
+    ``row_sums``: the float64 row sums ``(p, q)`` [...] of the input check (used when ``normalize``);
+    ``check``: the input's value checks are made in the histogram's pass
+    (:func:`mdboost.md._histogram.histogram_of`, see :func:`checks_in_pass`).
     """
     vocab = p.shape[-1]
     shape = p.shape[:-1]
     if row_sums is not None:
         row_sums = tuple(s.reshape(-1, 1) for s in row_sums)
     a, b, acc, value, tv = solve_rows(p.reshape(-1, vocab), q.reshape(-1, vocab),
-                                      value.reshape(-1, 1).to(torch.float64), div, dual, normalize, row_sums)
+                                      value.reshape(-1, 1).to(torch.float64), div, dual, normalize, row_sums, check)
     out = (a, b, acc, None if value is None else value.clamp(min=0), (1 - tv).clamp(0.0, 1.0))
     return tuple(None if x is None else x.reshape(shape).to(p.dtype) for x in out)

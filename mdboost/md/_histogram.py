@@ -191,6 +191,34 @@ def _from_log_sums(sums: torch.Tensor, sign: float) -> None:  # [3, N, FINITE + 
     s.clamp_(min=0.0)
 
 
+def takes_numpy_pass(p, q) -> bool:
+    """Whether the rows ``p``, ``q`` [N, V] take the CPU pass in numpy (:func:`_histogram_np`)."""
+    return namespace_for(p) is NUMPY and p.dtype in _NP_BITS and q.dtype == p.dtype
+
+
+def histogram_of(p, q, div: Divergence, normalize: bool, sums=None, check: bool = False) -> tuple[Rows, Histogram]:
+    """:func:`rows_of` and :func:`histogram` of ``[N, V]`` inputs: the rows (with their scales) and their histogram.
+
+    ``check``: make the value checks of :func:`mdboost.md._checks.check_pair` (finite,
+    non-negative, rows summing to 1 within the tolerance; the same errors). On the CPU pass the
+    checks and the row sums of the rescaling (unless given) are taken per row block from the
+    float64 copy of the rows the pass makes anyway: the rows are read once instead of two or
+    three times. Elsewhere they are made before the pass.
+    """
+    if takes_numpy_pass(p, q):
+        return _histogram_np(Rows(p, q, *_scales(sums)), div, normalize, check)
+    if check:
+        from mdboost.md._checks import check_pair
+
+        check_pair(p, q)
+    rows = rows_of(p, q, normalize, sums)
+    return rows, histogram(rows, div)
+
+
+def _scales(sums):  # given row sums -> (scale_p, scale_q) [N, 1] or (None, None)
+    return (None, None) if sums is None else tuple(x.reshape(-1, 1) for x in sums)
+
+
 def histogram(rows: Rows, div: Divergence) -> Histogram:
     """Bucket sums of ``p``, ``q`` and ``q g(r)``: one pass over the entries, by row blocks.
 
@@ -199,8 +227,8 @@ def histogram(rows: Rows, div: Divergence) -> Histogram:
     and ``q`` sums (one ``log`` per entry, none of the generator's other operations).
     CPU float32 / float64 rows take :func:`_histogram_np` (the same buckets and sums).
     """
-    if namespace_for(rows.p) is NUMPY and rows.p.dtype in _NP_BITS:
-        return _histogram_np(rows, div)
+    if takes_numpy_pass(rows.p, rows.q):
+        return _histogram_np(rows, div)[1]
     n, vocab = rows.p.shape
     sums = torch.zeros((3, n, FINITE + 1), dtype=torch.float64, device=rows.p.device)
     out = list(sums)
@@ -255,10 +283,20 @@ def _index_np(ratio: np.ndarray, tmp: np.ndarray, beyond: np.ndarray, out: np.nd
     np.copyto(out, tmp)
 
 
-def _histogram_np(rows: Rows, div: Divergence) -> Histogram:
+def _histogram_np(rows: Rows, div: Divergence, normalize: bool | None = None, check: bool = False):
     """:func:`histogram` of CPU float32 / float64 rows: the elementwise steps in numpy (a float32
-    ``log`` several times cheaper than torch's), one ``scatter_add`` of the three stacked sums."""
+    ``log`` several times cheaper than torch's), one ``scatter_add`` of the three stacked sums.
+
+    Returns ``(rows, histogram)``. ``normalize`` without the scales in ``rows``: the row sums are
+    taken per block (numpy float64 sums of the block's float64 copy) and returned in ``rows``;
+    ``check``: the value checks of :func:`histogram_of` on every block (None: as ``rows`` says).
+    """
     n, vocab = rows.p.shape
+    own = bool(normalize) and rows.scale_p is None  # this pass takes the row sums
+    if own:
+        rows = Rows(rows.p, rows.q, torch.empty((n, 1), dtype=torch.float64), torch.empty((n, 1), dtype=torch.float64))
+    scaled = rows.scale_p is not None
+    scale_p_np, scale_q_np = (rows.scale_p.numpy(), rows.scale_q.numpy()) if scaled else (None, None)
     int_t, _, _, _, tiny = _NP_BITS[rows.p.dtype]
     sums = torch.zeros((3, n, FINITE + 1), dtype=torch.float64)
     index = torch.empty((n, vocab), dtype=torch.int16)  # FINITE + 1 buckets fit int16
@@ -277,15 +315,21 @@ def _histogram_np(rows: Rows, div: Divergence) -> Histogram:
         ratio, p64, q64 = ratio_buf[:size], src_np[0, :size], src_np[1, :size]
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             p64[...], q64[...] = p_np[blk], q_np[blk]
-            if rows.scale_p is not None:  # the float64 values and ratio of Rows.block / block32
-                p64 /= rows.scale_p[blk].numpy()
-                q64 /= rows.scale_q[blk].numpy()
+            if own or check:
+                sp, sq = p64.sum(-1, keepdims=True), q64.sum(-1, keepdims=True)  # [size, 1]
+                if check:
+                    _check_block(rows, blk, p64, q64, sp, sq)
+                if own:
+                    scale_p_np[blk], scale_q_np[blk] = sp, sq
+            if scaled:  # the float64 values and ratio of Rows.block / block32
+                p64 /= scale_p_np[blk]
+                q64 /= scale_q_np[blk]
             if ratio.dtype == np.float64:
                 np.divide(p64, q64, out=ratio)
             else:
                 np.divide(p_np[blk], q_np[blk], out=ratio)
-                if rows.scale_p is not None:
-                    ratio *= (rows.scale_q[blk] / rows.scale_p[blk]).to(torch.float32).numpy()
+                if scaled:
+                    ratio *= (scale_q_np[blk] / scale_p_np[blk]).astype(np.float32)
             _index_np(ratio, tmp_buf[0, :size], tmp_buf[1, :size], idx_np[:size])
             np.copyto(index_np[blk], tmp_buf[0, :size], casting="unsafe")  # the same values (< 2^15)
             terms = src_np[2, :size]
@@ -303,4 +347,14 @@ def _histogram_np(rows: Rows, div: Divergence) -> Histogram:
         _from_log_sums(sums, form[1])
     else:
         sums[2, :, INF] = 0.0  # the q = 0 bucket's q g(r) is never read (inf or NaN terms there)
-    return Histogram(sums, index)
+    return rows, Histogram(sums, index)
+
+
+def _check_block(rows: Rows, blk: slice, p64, q64, sp, sq) -> None:
+    """The value checks of ``check_pair`` on one block: its minima and row sums (float64, exact
+    copies of the inputs), the same errors (naming the argument) as the check before the pass."""
+    from mdboost.md._checks import _check_row_values
+
+    with np.errstate(invalid="ignore"):
+        for name, x, x64, s in (("draft_probs", rows.p, p64, sp), ("target_probs", rows.q, q64, sq)):
+            _check_row_values(name, x[blk], [float(x64.min()), float(s.min()), float(s.max())])

@@ -301,18 +301,25 @@ def solve(
         g = _scalar.scalar_g(div)
         if g is not None:  # one small CPU row: numpy sums, the search in Python floats
             return _solve_row(draft_probs, target_probs, float(max_divergence), div, g, validate)
-    p, q, row_sums = checked_pair(draft_probs, target_probs, validate=validate)
+    p, q, row_sums = checked_pair(draft_probs, target_probs, validate=False)
+    # CPU float32 / float64 rows on the linear-time path are checked in its histogram pass (one read
+    # of the rows; the same errors), the others here
+    in_pass = (validate and mode == "exact" and draft_probs.dtype == p.dtype == target_probs.dtype
+               and _buckets.checks_in_pass(p, q))
+    if validate and not in_pass:
+        p, q, row_sums = checked_pair(draft_probs, target_probs, validate=True)
     if mode == "exact" and _buckets.applies(p):  # expected linear time (docs/theory.md, section 4)
         dual = min_acceptance is not None
         if not dual and support == "target" and p.numel() == p.shape[-1] and _is_number(max_divergence):
             if validate:
                 _check_budget_range("max_divergence", float(max_divergence), float(max_divergence), None)
-            out = _buckets.solve_one(p, q, float(max_divergence), div, validate, row_sums)
+            out = _buckets.solve_one(p, q, float(max_divergence), div, validate, row_sums, in_pass)
             if out is not None:  # one CPU row: the result tensors made once
                 return _one_solution(out, p)
         name, value = ("min_acceptance", min_acceptance) if dual else ("max_divergence", max_divergence)
         value = check_budget(name, value, p.shape[:-1], p.device, upper=1.0 if dual else None, validate=validate)
-        sol = MDSolution(*_buckets.solve_batch(p, q, value, div, dual, normalize=validate, row_sums=row_sums))
+        sol = MDSolution(*_buckets.solve_batch(p, q, value, div, dual, normalize=validate, row_sums=row_sums,
+                                               check=in_pass))
         p64, q64 = _rows64(p, q, validate) if dual or support == "any" else (None, None)
         return _finish(sol, p64, q64, value, dual, div, support, on_infeasible)
     bp = Breakpoints._from_pair(p, q, normalize=validate)
