@@ -158,14 +158,14 @@ class _Row:
         self.kb = np.maximum.accumulate(kb, out=kb)
 
     @classmethod
-    def of_breakpoints(cls, bp, div, g) -> "_Row":
-        """The row of a one-row :class:`~mdboost.md.breakpoints.Breakpoints` (its numpy views)."""
+    def of_breakpoints(cls, bp, div, g, row: int = 0) -> "_Row":
+        """Row ``row`` of a :class:`~mdboost.md.breakpoints.Breakpoints` of CPU rows (its numpy views)."""
         from mdboost.md._xp import NUMPY
 
-        s = bp.arrays(NUMPY)
+        s, i = bp.arrays(NUMPY), row
         with np.errstate(invalid="ignore", over="ignore"):
-            return cls(s.cp[0], s.cq[0], s.rp[0], s.rq[0], s.ratio[0], bp.prefix(div).numpy()[0], int(s.n_lt[0, 0]),
-                       int(s.n_le[0, 0]), int(s.j_max[0, 0]), float(s.tv[0, 0]), float(s.m_end[0, 0]), g)
+            return cls(s.cp[i], s.cq[i], s.rp[i], s.rq[i], s.ratio[i], bp.prefix(div).numpy()[i], int(s.n_lt[i, 0]),
+                       int(s.n_le[i, 0]), int(s.j_max[i, 0]), float(s.tv[i, 0]), float(s.m_end[i, 0]), g)
 
     def locate_k(self, m):
         """The B segment of ``m`` (``_search.locate_k``): ``B = [0, k)``."""

@@ -339,9 +339,33 @@ def primal_point(bp, budget: torch.Tensor, div, bound: bool, with_value: bool = 
         at_sd = m >= sums.tv
         a, b_out = xp.where(at_sd, 0.0, ab[0]), xp.where(at_sd, 0.0, ab[1])
         value = None
-        if with_value:  # D_f at the snapped point (the point unless the search failed: then 0)
-            value = xp.to_torch(xp.where(failed | at_sd, 0.0, xp.maximum(d[:, 1:], 0.0)))
+        value = xp.where(failed | at_sd, 0.0, xp.maximum(d[:, 1:], 0.0))  # D_f at the snapped point
+        if not bound and xp is NUMPY and bp.vocab <= SMALL_VOCAB and SCALAR_ROW and failed.any():
+            _rescue_rows(bp, b, div, failed[:, 0], (a, b_out, m, value))
+        value = xp.to_torch(value) if with_value else None
     return xp.to_torch(a), xp.to_torch(b_out), xp.to_torch(m), value
+
+
+def _rescue_rows(bp, budget, div, failed, out) -> None:
+    """Rows where rounding defeated the array search: solved again one by one by the Python-float
+    search (:mod:`mdboost.md._scalar`), whose segments are evaluated from their own breakpoints.
+
+    A segment's closed form divides by its ``A`` (or ``B``) mass; where that mass is tiny beside
+    the excess ``m`` (``q`` down to subnormals), the form evaluated at the segment's far end can be
+    off by many orders of magnitude, and the array search then finds no feasible point inside.
+    ``out``: the numpy ``(a, b, m, value)`` [N, 1] arrays, overwritten in place on those rows
+    (rows the scalar search also loses keep the curve's start).
+    """
+    g = _scalar.scalar_g(div)
+    if g is None:
+        return
+    for i in np.flatnonzero(failed).tolist():
+        if float(budget[i, 0]) < SCALAR_MIN_BUDGET:  # the scalar search's own limit
+            continue
+        row = _scalar.primal_point(_scalar._Row.of_breakpoints(bp, div, g, i), float(budget[i, 0]), div, g, True,
+                                   floats=True)
+        for dst, x in zip(out, row):
+            dst[i, 0] = x
 
 
 def _primal(xp, bp, budget, div, bound):
