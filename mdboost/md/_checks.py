@@ -83,25 +83,32 @@ def _check_rows_structure(name: str, x, ndim: int | None) -> torch.Tensor:
     return x
 
 
-def _row_stats(x: torch.Tensor):
-    """``[min entry, min row sum, max row sum]`` as float64 [3] (one reduction pass over ``x``)."""
-    row_sums = x.sum(dim=-1, dtype=torch.float64)  # a NaN or inf entry makes the sums non-finite
+def _row_stats(x: torch.Tensor, row_sums: torch.Tensor | None = None):
+    """``[min entry, min row sum, max row sum]`` as float64 [3] (one reduction pass over ``x``).
+
+    ``row_sums``: the float64 row sums of ``x`` if the caller took them, else taken here.
+    """
+    if row_sums is None:
+        row_sums = x.sum(dim=-1, dtype=torch.float64)  # a NaN or inf entry makes the sums non-finite
     return torch.stack([x.amin().double(), *torch.aminmax(row_sums)])
 
 
-def _row_stats_np(x: torch.Tensor) -> list:
-    """:func:`_row_stats` of a CPU tensor through numpy, as a list (no torch op: a fraction of the cost)."""
-    a = x.numpy()
-    row_sums = np.add.reduce(a, axis=-1, dtype=np.float64)
-    return [float(np.minimum.reduce(a, axis=None)), float(row_sums.min()), float(row_sums.max())]
+def _stats_np(a: np.ndarray, row_sums: np.ndarray) -> list:
+    """:func:`_row_stats` of a CPU array and its float64 row sums in numpy, as floats (no torch op:
+    a fraction of the cost; minima and maxima are exact, so the same values)."""
+    return [float(np.minimum.reduce(a, axis=None)), float(np.minimum.reduce(row_sums, axis=None)),
+            float(np.maximum.reduce(row_sums, axis=None))]
 
 
 NUMPY_STATS_ELEMS = 1 << 14  # up to this many entries numpy's reductions cost less than torch's (measured)
 
 
+def _host_ok(x: torch.Tensor) -> bool:  # a CPU tensor numpy can read as it is
+    return x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and not x.requires_grad
+
+
 def _numpy_stats_ok(x: torch.Tensor) -> bool:
-    return (x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and not x.requires_grad
-            and x.numel() <= NUMPY_STATS_ELEMS)
+    return _host_ok(x) and x.numel() <= NUMPY_STATS_ELEMS
 
 
 def _check_row_values(name, x, stats, sums: bool = True) -> None:
@@ -138,15 +145,16 @@ def checked_pair(draft_probs, target_probs, *, validate: bool = True):
     q = _check_rows_structure("target_probs", target_probs, None)
     sums = None
     if validate and p.numel() and q.numel() and _numpy_stats_ok(p) and _numpy_stats_ok(q):
-        stats = _row_stats_np(p) + _row_stats_np(q)  # CPU: one numpy reduction pass each, no read-back
+        stats = [v for x in (p.numpy(), q.numpy())  # CPU: one numpy reduction pass each, no read-back
+                 for v in _stats_np(x, np.add.reduce(x, axis=-1, dtype=np.float64))]
         _check_row_values("draft_probs", p, stats[:3])
         _check_row_values("target_probs", q, stats[3:])
     elif validate and p.device == q.device and p.numel() and q.numel() and p.shape == q.shape:
         sums = p.sum(-1, keepdim=True, dtype=torch.float64), q.sum(-1, keepdim=True, dtype=torch.float64)
         if _host_ok(p) and _host_ok(q):  # CPU: the minima and the sums' range in numpy, no torch op
-            stats = [_stats_host(x, s) for x, s in ((p, sums[0]), (q, sums[1]))]
+            stats = [_stats_np(x.numpy(), s.numpy()) for x, s in ((p, sums[0]), (q, sums[1]))]
         else:
-            stats = torch.cat([_stats_of(x, s) for x, s in ((p, sums[0]), (q, sums[1]))]).tolist()  # one read-back
+            stats = torch.cat([_row_stats(x, s) for x, s in ((p, sums[0]), (q, sums[1]))]).tolist()  # one read-back
             stats = [stats[:3], stats[3:]]
         _check_row_values("draft_probs", p, stats[0])
         _check_row_values("target_probs", q, stats[1])
@@ -163,22 +171,6 @@ def checked_pair(draft_probs, target_probs, *, validate: bool = True):
     if sums is not None and not (p.dtype == q.dtype == dtype):  # converted rows: their own sums
         sums = None
     return p.to(dtype), q.to(dtype), sums
-
-
-def _host_ok(x: torch.Tensor) -> bool:
-    return x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and not x.requires_grad
-
-
-def _stats_of(x: torch.Tensor, row_sums: torch.Tensor):
-    """:func:`_row_stats` with the row sums given ([..., 1] float64)."""
-    return torch.stack([x.amin().double(), *torch.aminmax(row_sums)])
-
-
-def _stats_host(x: torch.Tensor, row_sums: torch.Tensor) -> list:
-    """:func:`_stats_of` of a CPU tensor in numpy (minima and maxima are exact: the same values)."""
-    s = row_sums.numpy()
-    return [float(np.minimum.reduce(x.numpy(), axis=None)), float(np.minimum.reduce(s, axis=None)),
-            float(np.maximum.reduce(s, axis=None))]
 
 
 def _as_real_tensor(name: str, value, device) -> torch.Tensor:
@@ -214,7 +206,7 @@ def check_budget(
     is None (an unlimited divergence budget). NaN is always an error. The values are checked
     as given, before broadcasting, so that a bad budget is reported even for an empty batch.
     """
-    if type(value) is float or (type(value) is int and abs(value) <= 1 << 53):  # a Python number: no tensor op
+    if is_number(value):  # a Python number: no tensor op
         if validate:
             _check_budget_range(name, float(value), float(value), upper)
         return torch.full(tuple(batch_shape), float(value), dtype=torch.float64, device=device)
@@ -228,6 +220,11 @@ def check_budget(
     if validate and t.numel():
         _check_budget_range(name, *torch.stack(torch.aminmax(t)).tolist(), upper)
     return out
+
+
+def is_number(value) -> bool:
+    """Whether ``value`` is a Python float, or an int that converts to one exactly (no tensor needed)."""
+    return type(value) is float or (type(value) is int and abs(value) <= 1 << 53)
 
 
 def _check_budget_range(name: str, lo: float, hi: float, upper: float | None) -> None:

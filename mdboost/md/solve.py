@@ -24,7 +24,8 @@ import torch
 
 from mdboost.md import _buckets, _scalar, _search
 from mdboost.md import support as _support
-from mdboost.md._checks import _as_real_tensor, _check_budget_range, check_budget, check_pair, check_probs, checked_pair
+from mdboost.md._checks import (_as_real_tensor, _check_budget_range, check_budget, check_pair, check_probs, checked_pair,
+                                is_number)
 from mdboost.md.breakpoints import Breakpoints
 from mdboost.md.contract import tolerance
 from mdboost.md.divergences import f_divergence, resolve
@@ -296,7 +297,7 @@ def solve(
         raise ValueError(f"on_infeasible must be one of {ON_INFEASIBLE}, got {on_infeasible!r}")
     div = resolve(divergence)
     if (mode == "exact" and support == "target" and min_acceptance is None and _scalar.row_applies(draft_probs, target_probs)
-            and _is_number(max_divergence)
+            and is_number(max_divergence)
             and not 0 <= max_divergence < _search.SCALAR_MIN_BUDGET and not _buckets.applies(draft_probs)):
         g = _scalar.scalar_g(div)
         if g is not None:  # one small CPU row: numpy sums, the search in Python floats
@@ -310,7 +311,7 @@ def solve(
         p, q, row_sums = checked_pair(draft_probs, target_probs, validate=True)
     if mode == "exact" and _buckets.applies(p):  # expected linear time (docs/theory.md, section 4)
         dual = min_acceptance is not None
-        if not dual and support == "target" and p.numel() == p.shape[-1] and _is_number(max_divergence):
+        if not dual and support == "target" and p.numel() == p.shape[-1] and is_number(max_divergence):
             if validate:
                 _check_budget_range("max_divergence", float(max_divergence), float(max_divergence), None)
             out = _buckets.solve_one(p, q, float(max_divergence), div, validate, row_sums, in_pass)
@@ -353,10 +354,6 @@ def _solve_row(p, q, budget: float, div, g, validate: bool) -> MDSolution:
         value = 0.0
     out = torch.tensor([a, b, acc, value, sd, 0.0], dtype=p.dtype).unbind()  # one tensor, 0-d views
     return MDSolution(out[0], out[1], out[2], out[3], out[4], torch.ones((), dtype=torch.bool), out[5])
-
-
-def _is_number(value) -> bool:  # a Python float, or an int that converts to one exactly
-    return type(value) is float or (type(value) is int and abs(value) <= 1 << 53)
 
 
 def _one_solution(out, p) -> MDSolution:
