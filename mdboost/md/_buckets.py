@@ -288,8 +288,6 @@ def solve_one(p, q, budget: float, div: Divergence, normalize: bool, row_sums=No
     if g is None or namespace_for(p) is not NUMPY:
         return None
     vocab = p.shape[-1]
-    if row_sums is not None:
-        row_sums = tuple(s.reshape(1, 1) for s in row_sums)
     rows, h = histogram_of(p.reshape(1, vocab), q.reshape(1, vocab), div, normalize, row_sums, check)
     return _one_row_primal(rows, h, events(NUMPY, h, div), budget, div, g)
 
@@ -348,8 +346,6 @@ def solve_batch(p, q, value, div: Divergence | None, dual: bool, normalize: bool
     """
     vocab = p.shape[-1]
     shape = p.shape[:-1]
-    if row_sums is not None:
-        row_sums = tuple(s.reshape(-1, 1) for s in row_sums)
     a, b, acc, value, tv = solve_rows(p.reshape(-1, vocab), q.reshape(-1, vocab),
                                       value.reshape(-1, 1).to(torch.float64), div, dual, normalize, row_sums, check)
     out = (a, b, acc, None if value is None else value.clamp(min=0), (1 - tv).clamp(0.0, 1.0))

@@ -117,12 +117,11 @@ def rows_of(p, q, normalize: bool, sums=None) -> Rows:
     ``sums``: the float64 row sums ``(sum p, sum q)`` ([N] or [N, 1]) if the caller has them already (the
     input check reads them), else they are taken here (one more pass over each input).
     """
-    scale_p = scale_q = None
-    if normalize:  # rows within the sum tolerance, rescaled in float64 (docs/theory.md, section 9)
-        if sums is None:
-            sums = p.sum(-1, dtype=torch.float64), q.sum(-1, dtype=torch.float64)
-        scale_p, scale_q = (x.reshape(-1, 1) for x in sums)
-    return Rows(p, q, scale_p, scale_q)
+    if not normalize:
+        return Rows(p, q, None, None)
+    if sums is None:  # rows within the sum tolerance, rescaled in float64 (docs/theory.md, section 9)
+        sums = p.sum(-1, dtype=torch.float64), q.sum(-1, dtype=torch.float64)
+    return Rows(p, q, *_scales(sums))
 
 
 class Histogram(NamedTuple):
@@ -215,7 +214,7 @@ def histogram_of(p, q, div: Divergence, normalize: bool, sums=None, check: bool 
     return rows, histogram(rows, div)
 
 
-def _scales(sums):  # given row sums -> (scale_p, scale_q) [N, 1] or (None, None)
+def _scales(sums):  # row sums (any shape of N entries) -> (scale_p, scale_q) [N, 1], or (None, None)
     return (None, None) if sums is None else tuple(x.reshape(-1, 1) for x in sums)
 
 
@@ -288,8 +287,9 @@ def _histogram_np(rows: Rows, div: Divergence, normalize: bool | None = None, ch
     ``log`` several times cheaper than torch's), one ``scatter_add`` of the three stacked sums.
 
     Returns ``(rows, histogram)``. ``normalize`` without the scales in ``rows``: the row sums are
-    taken per block (numpy float64 sums of the block's float64 copy) and returned in ``rows``;
-    ``check``: the value checks of :func:`histogram_of` on every block (None: as ``rows`` says).
+    taken per block (numpy float64 sums of the block's float64 copy) and returned in ``rows``
+    (otherwise the scales in ``rows``, if any, are used); ``check``: the value checks of
+    :func:`histogram_of` on every block.
     """
     n, vocab = rows.p.shape
     own = bool(normalize) and rows.scale_p is None  # this pass takes the row sums

@@ -350,19 +350,21 @@ def solve(
 def _solve_row(p, q, budget: float, div, g, validate: bool) -> MDSolution:
     """:func:`solve` of one small CPU row by :func:`mdboost.md._scalar.solve_row` (the same values)."""
     a, b, acc, value, sd = _scalar.solve_row(p, q, budget, div, g, validate)
-    if a == 0 and b == 0:
-        value = 0.0
-    out = torch.tensor([a, b, acc, value, sd, 0.0], dtype=p.dtype).unbind()  # one tensor, 0-d views
-    return MDSolution(out[0], out[1], out[2], out[3], out[4], torch.ones((), dtype=torch.bool), out[5])
+    return _row_solution(a, b, acc, 0.0 if a == 0 and b == 0 else value, sd, p)
+
+
+def _row_solution(a: float, b: float, acc: float, value: float, sd: float, p) -> MDSolution:
+    """The :class:`MDSolution` of one row from Python floats: one tensor of ``p``'s dtype, viewed
+    in the batch shape ``p.shape[:-1]`` (all ones), ``feasible`` True, ``off_support`` 0."""
+    t = torch.tensor([a, b, acc, value, sd, 0.0], dtype=p.dtype).reshape((6,) + tuple(p.shape[:-1])).unbind(0)
+    return MDSolution(t[0], t[1], t[2], t[3], t[4], torch.ones(p.shape[:-1], dtype=torch.bool), t[5])
 
 
 def _one_solution(out, p) -> MDSolution:
     """The :class:`MDSolution` of one row from the floats ``(a, b, acceptance, D_f, tv)`` of
     :func:`mdboost.md._buckets.solve_one`: the clamps of :func:`solve_batch` and :func:`_finish`."""
     a, b, acc, value, tv = out
-    vals = [a, b, acc, value if not value < 0 else 0.0, min(max(1.0 - tv, 0.0), 1.0), 0.0]
-    t = torch.tensor(vals, dtype=p.dtype).reshape((6,) + tuple(p.shape[:-1])).unbind(0)
-    return MDSolution(t[0], t[1], t[2], t[3], t[4], torch.ones(p.shape[:-1], dtype=torch.bool), t[5])
+    return _row_solution(a, b, acc, value if not value < 0 else 0.0, min(max(1.0 - tv, 0.0), 1.0), p)
 
 
 def _rows64(p, q, normalized: bool):  # [..., V] x2 -> float64 [..., V] x2
