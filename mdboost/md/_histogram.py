@@ -19,7 +19,7 @@ import torch
 
 from mdboost.md._sums import _blocks
 from mdboost.md._xp import NUMPY, namespace_for
-from mdboost.md.divergences import GENERATORS, Divergence
+from mdboost.md.divergences import Divergence, is_generator
 
 PER_OCTAVE_BITS = 5  # 32 buckets per octave: a bucket spans at most a ratio of 1 + 1/32
 OCTAVES = 64  # the regular buckets cover [2^-64, 2^64)
@@ -28,7 +28,6 @@ _BASE = (1023 - OCTAVES) << PER_OCTAVE_BITS  # (bits >> _SHIFT) of 2^-64
 FINITE = 2 * OCTAVES * (1 << PER_OCTAVE_BITS) + 2  # [0, 2^-64), regular buckets, [2^64, max]
 INF = FINITE  # the bucket of q_i = 0 < p_i (and of ratios beyond the input dtype's range)
 C1 = 1 + OCTAVES * (1 << PER_OCTAVE_BITS)  # edge index of r = 1
-_KL, _RKL = GENERATORS["kl"], GENERATORS["rkl"]
 _TINY = 1e-300  # log(max(r, _TINY)) times p: exact 0 for p = 0, and p log r within 1e-298 otherwise
 _EDGES: dict = {}
 
@@ -41,9 +40,8 @@ def log_form(div: Divergence):
     ``w log r`` sum and its ``p`` and ``q`` sums, so the pass takes one ``log`` per entry and
     none of the generator's other operations.
     """
-    for ref, form in ((_KL, (0, 1.0)), (_RKL, (1, -1.0))):
-        if (div.f is ref.f and div.fprime_one == ref.fprime_one and div.inf_slope == ref.inf_slope
-                and div.standardize == ref.standardize):
+    for name, form in (("kl", (0, 1.0)), ("rkl", (1, -1.0))):
+        if is_generator(div, name):
             return form
     return None
 

@@ -33,13 +33,12 @@ import torch
 
 from mdboost.md._checks import _check_budget_range, _check_row_values
 from mdboost.md._xp import g_numpy
-from mdboost.md.divergences import GENERATORS, Divergence
+from mdboost.md.divergences import GENERATORS, Divergence, is_generator
 
 _INF = math.inf
 _EPS = float(np.finfo(np.float64).eps)
 _TOL_SEG = 2.0 ** -50  # of the segment's width, as the array refinement
 MAX_ROUNDS = 128  # refinement rounds; a round that does not halve the bracket is followed by a bisection
-_KL = GENERATORS["kl"]
 
 
 def _xlogx(z):
@@ -104,9 +103,7 @@ def _make_scalar_g(div: Divergence):
     if f is None:
         return None
     for name, fast in (("kl", _g_kl), ("rkl", _g_rkl)):  # the two most used, in one call
-        ref = GENERATORS[name]
-        if (div.f, div.fprime_one, div.inf_slope, div.standardize) == (ref.f, ref.fprime_one, ref.inf_slope,
-                                                                       ref.standardize):
+        if is_generator(div, name):
             return fast
     slope = div.fprime_one if div.standardize else 0.0
     asym = div.inf_slope - div.fprime_one
@@ -455,7 +452,7 @@ def _row_mid(ratio, q, r_cmp, n_lt, n_le, n_fin, normalized, div: Divergence):
     same values (the built-in kl by its formula on ``ratio``, any other generator on ``r_cmp``)."""
     v = ratio.shape[0]
     mid = np.zeros(v + 1)
-    if div is _KL:
+    if is_generator(div, "kl"):
         if n_lt:
             z = ratio[:n_lt]
             terms = q[:n_lt] * (np.where(z > 0, z * np.log(z), 0.0) - z + 1)

@@ -14,10 +14,9 @@ import numpy as np
 import torch
 
 from mdboost.md._xp import g_numpy
-from mdboost.md.divergences import GENERATORS, Divergence
+from mdboost.md.divergences import Divergence, is_generator
 
 ACC_DTYPE = torch.float64
-_KL_F = GENERATORS["kl"].f
 
 
 def _numpy_ok(x: torch.Tensor) -> bool:
@@ -59,7 +58,7 @@ def _prefix_sums_np(r, q, ratio, n_lt, n_le, div: Divergence) -> np.ndarray:  # 
     """The numpy twin of :func:`_prefix_sums` (one block: small rows)."""
     n, vocab = r.shape
     with np.errstate(all="ignore"):  # inf and NaN terms as in torch (masked below)
-        if div.name == "kl" and div.f is _KL_F:
+        if is_generator(div, "kl"):
             terms = q * (np.where(ratio > 0, ratio * np.log(ratio), 0.0) - ratio + 1)
         else:
             z = np.nan_to_num(r.astype(np.float64), posinf=1.0)
@@ -152,7 +151,7 @@ def _prefix_sums(r, q, ratio, n_lt, n_le, div: Divergence) -> torch.Tensor:  # [
     (mid,) = _empty_sums(n, vocab, 1, r)
     for blk in _blocks(n, vocab):
         rb, qb, zb = r[blk], q[blk], ratio[blk]
-        if div.name == "kl" and div.f is _KL_F:
+        if is_generator(div, "kl"):
             terms = qb * (torch.where(zb > 0, zb * torch.log(zb), 0.0) - zb + 1)
         else:
             # q_i = 0 gives 0 * g(1) = 0; an overflowed ratio (q_i tiny) is treated as q_i = 0

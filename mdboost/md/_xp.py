@@ -22,7 +22,7 @@ import contextlib
 import numpy as np
 import torch
 
-from mdboost.md.divergences import GENERATORS
+from mdboost.md.divergences import is_generator
 
 
 # the functions spelled, and called, the same in torch and numpy
@@ -103,11 +103,6 @@ class TorchOps(_Namespace, library=torch):
     @staticmethod
     def errstate():
         return contextlib.nullcontext()  # torch does not warn on 1/0 or inf - inf
-
-
-def _is_builtin_kl(div) -> bool:
-    kl = GENERATORS["kl"]
-    return div.f is kl.f and div.fprime_one == kl.fprime_one and div.standardize
 
 
 def _reducer(ufunc):
@@ -204,7 +199,7 @@ class NumpyOps(_Namespace, library=np):
     @staticmethod
     def g(div, z: np.ndarray) -> np.ndarray:
         """``g(z)`` of ``div``: the built-in KL directly in numpy, any other by :func:`g_numpy`."""
-        if _is_builtin_kl(div):
+        if is_generator(div, "kl"):
             return np.where(z > 0, z * np.log(z), 0.0) - (z - 1.0)  # log(0) warnings: see errstate
         return g_numpy(div, z)
 

@@ -121,6 +121,20 @@ DIVERGENCES: tuple[str, ...] = tuple(GENERATORS)
 """Names of the shipped generators, in the order of :data:`GENERATORS`."""
 
 
+def is_generator(div: Divergence, name: str) -> bool:
+    """Whether ``div`` has the standardized generator ``g`` of the shipped ``name``: the same ``f``
+    and the same ``f'(1)``, asymptote and standardisation (what :meth:`Divergence.g` reads).
+
+    The solvers' closed forms for ``kl`` and ``rkl`` (``docs/theory.md``, section 4) apply then.
+
+    >>> is_generator(resolve("kl"), "kl"), is_generator(resolve("hellinger"), "kl")
+    (True, False)
+    """
+    ref = GENERATORS[name]
+    return (div.f is ref.f and div.fprime_one == ref.fprime_one and div.inf_slope == ref.inf_slope
+            and div.standardize == ref.standardize)
+
+
 def names() -> list[str]:
     """Names accepted by :func:`resolve` (plus ``"alpha:<a>"``)."""
     return sorted(DIVERGENCES) + ["alpha:<a>"]
