@@ -348,10 +348,14 @@ class Breakpoints:
     def for_divergence_with_value(self, max_divergence, divergence="kl", *,
                                   validate: bool = True) -> tuple[CurvePoint, torch.Tensor]:
         """:meth:`for_divergence` and ``D_f(pi || q)`` at the solution, without a second search."""
-        point, budget, value = self._primal(max_divergence, divergence, False, validate, with_value=True)
+        point, budget, value = self._primal64(max_divergence, divergence, False, validate, with_value=True)
         if not self._r.shape[0]:
-            return point, self._out(budget.reshape(-1))
-        return point, self._out(torch.where(budget <= 0, 0.0, value.clamp(min=0)))  # budget 0: pi = q
+            return self._empty_point(), self._out(budget.reshape(-1))
+        value = torch.where(budget <= 0, 0.0, value.clamp(min=0))  # budget 0: pi = q
+        # the four float64 [N, 1] fields to the output dtype in one conversion
+        out = torch.cat([point.a, point.b, point.acceptance, value], dim=-1).to(self.dtype)  # [N, 4]
+        a, b, acc, value = out.reshape(self.batch_shape + (4,)).unbind(-1)
+        return CurvePoint(a, b, acc), value
 
     def _primal(self, max_divergence, divergence, bound, validate, with_value=False):
         """The primal point, the flat budget [N, 1] and ``D_f`` at the point (if ``with_value``)."""

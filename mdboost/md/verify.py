@@ -308,12 +308,8 @@ def _solve(p, q, budget, dual, div, normalize=False):  # [N, W], [N, W], [N] -> 
     if dual:
         point = bp.for_acceptance(budget, validate=False)
         return point.a, point.b, point.acceptance, bp.divergence_at(point.acceptance, div, validate=False)
-    # the primal's float64 point and value (Breakpoints.for_divergence_with_value without its
-    # per-field conversions): one [N, 4] tensor to the output dtype; budget 0 is pi = q (value 0)
-    point, flat, value = bp._primal64(budget, div, False, False, with_value=True)
-    value = torch.where(flat <= 0, 0.0, value)
-    out = torch.cat([point.a, point.b, point.acceptance, value], dim=-1).to(p.dtype)  # [N, 4]
-    return out.reshape(budget.shape + (4,)).unbind(-1)
+    point, value = bp.for_divergence_with_value(budget, div, validate=False)
+    return point.a, point.b, point.acceptance, value
 
 
 def _solve_lazily(p, q, budget, dual, div, u_acc, p_x, q_x, needed_only, normalize=False):  # [B, K, W] ... -> 4 x [B, K]
