@@ -2,7 +2,7 @@
 
 ``mdboost.md._buckets.solve_one`` (``solve`` on one row of ``V >= 4096``) builds the reduced pair
 of the row directly and hands it to the Python-float search of ``mdboost.md._scalar`` (its own
-sort and sums, ``_scalar.reduced_row``); the batched steps build ``Breakpoints`` on the reduced
+sort and sums, ``_scalar_rows.reduced_row``); the batched steps build ``Breakpoints`` on the reduced
 pair and search there. The input check hands its float64 row sums to the rescaling
 (``_checks.checked_pair``), and the numpy namespace evaluates generators by ``_xp.g_numpy``.
 Each shortcut must give the same floats as the route it replaces.

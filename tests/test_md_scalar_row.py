@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from mdboost.md import _scalar, _search
+from mdboost.md import _scalar, _scalar_rows, _search
 from mdboost.md.breakpoints import Breakpoints
 from mdboost.md.divergences import GENERATORS, alpha, resolve
 from mdboost.md.divergences import f_divergence
@@ -102,7 +102,7 @@ def _rows():
 
 @pytest.mark.parametrize("name", sorted(GENERATORS))
 def test_one_row_solve_equals_the_batched_path_exactly(name):
-    """``solve`` on a 1-D row (``_scalar.solve_row``: its own sums) gives the same floats as the same
+    """``solve`` on a 1-D row (``_scalar_rows.solve_row``: its own sums) gives the same floats as the same
     row as a batch of one (``Breakpoints`` and the search), with and without validation."""
     for p, q in _rows():
         for budget in BUDGETS:
@@ -117,8 +117,8 @@ def test_one_row_solve_equals_the_batched_path_exactly(name):
 
 def test_one_row_solve_takes_the_row_path(monkeypatch):
     calls = []
-    original = _scalar.solve_row
-    monkeypatch.setattr(_scalar, "solve_row", lambda *a: calls.append(1) or original(*a))
+    original = _scalar_rows.solve_row
+    monkeypatch.setattr(_scalar_rows, "solve_row", lambda *a: calls.append(1) or original(*a))
     p, q = dirichlet_pairs(2, 100, 5, alpha=0.7)
     solve(p[0], q[0], max_divergence=0.05)
     solve(p[0], q[0], max_divergence=1)  # a Python int budget too

@@ -32,7 +32,7 @@ rows that fall back).
 The namespace of steps 2 and 3 is chosen once (:func:`~mdboost.md._xp.namespace_for` of the
 rows): numpy on CPU, torch elsewhere. One CPU row of the exact primal (:func:`solve_one`) skips
 the reduced pair's :class:`Breakpoints`: its reduced pair goes to the Python-float search of
-:mod:`mdboost.md._scalar` (:func:`mdboost.md._scalar.reduced_row`), the values of the batched
+:mod:`mdboost.md._scalar` (:func:`mdboost.md._scalar_rows.reduced_row`), the values of the batched
 steps on a batch of one, bit for bit.
 """
 
@@ -44,7 +44,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from mdboost.md import _scalar, _search
+from mdboost.md import _scalar, _scalar_rows, _search
 from mdboost.md._bracket import Reduction, bracket, events, reduction
 from mdboost.md._histogram import C1, FINITE, Histogram, Rows, histogram_of, takes_numpy_pass
 from mdboost.md._xp import NUMPY, TORCH, namespace_for
@@ -273,7 +273,7 @@ def _one_row_primal(rows: Rows, h: Histogram, ev, budget: float, div: Divergence
                                       torch.full((1, 1), delta, dtype=torch.float64))
         a, b, acc, value = (float(x) for x in (*point, value))
     else:
-        a, b, m, value = _scalar.primal_point(_scalar.reduced_row(*pair, div, g), reduced, div, g, True, floats=True)
+        a, b, m, value = _scalar.primal_point(_scalar_rows.reduced_row(*pair, div, g), reduced, div, g, True, floats=True)
         acc = min(max(1.0 - m, 0.0), 1.0)
         value = 0.0 if (a == 0 and b == 0) or reduced <= 0 else value + delta
     return a, b, acc, 0.0 if budget <= 0 else value, tv

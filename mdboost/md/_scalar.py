@@ -1,15 +1,11 @@
-"""The exact primal of one small CPU row: its sums in numpy, its search in Python floats.
+"""The exact primal of one small CPU row: its search in Python floats (docs/theory.md, section 4).
 
-Three entry points over one search (docs/theory.md, section 4):
-
-- :func:`primal_point` on a :class:`~mdboost.md.breakpoints.Breakpoints` of one row, for
-  :func:`mdboost.md._search.primal_point` (``N = 1``, ``V <= SMALL_VOCAB``, exact mode);
-- :func:`solve_row` on the pair itself, for :func:`mdboost.md.solve.solve` on one 1-D CPU row:
-  the input check, the sort and the sums of :class:`Breakpoints` (the same steps and the same
-  float64 values, only the parts the search reads: the prefix sums up to ``n_lt``, the suffix
-  sums from ``n_le``), then the search, returning Python floats;
-- :func:`reduced_row` on the reduced pair of one row of the linear-time solve
-  (:func:`mdboost.md._buckets.solve_one`): the same sort and sums, for :func:`primal_point`.
+:func:`primal_point` searches a :class:`_Row` (one row's sorted sums as 1-D numpy float64
+arrays and its scalars), given directly or read off a one-row
+:class:`~mdboost.md.breakpoints.Breakpoints` (for :func:`mdboost.md._search.primal_point`:
+``N = 1``, ``V <= SMALL_VOCAB``, exact mode, and the rows the batched search loses to rounding).
+The rows built from a pair itself or from the reduced pair of the linear-time solve are made by
+:mod:`mdboost.md._scalar_rows`.
 
 The search is the one of the array path, with its two searches in another form. The bracket:
 a binary search over the A-breakpoints (``D_f`` at each on the B segment found by
@@ -23,7 +19,6 @@ overhead is most of a ``solve`` call; here each evaluation of ``D_f`` is a few f
 Used for the built-in generators with a scalar twin (:func:`scalar_g`); the others, the bound
 mode and batches take the array search. Tested equal to it (``tests/test_md_scalar_row.py``).
 """
-
 from __future__ import annotations
 
 import math
@@ -31,8 +26,6 @@ import math
 import numpy as np
 import torch
 
-from mdboost.md._checks import _check_budget_range, _check_row_values
-from mdboost.md._xp import g_numpy
 from mdboost.md.divergences import GENERATORS, Divergence, is_generator
 
 _INF = math.inf
@@ -320,159 +313,3 @@ def primal_point(src, budget: float, div: Divergence, g, with_value: bool = Fals
         return a, b, m, value
     out = torch.tensor([[a], [b], [m], [value]], dtype=torch.float64)
     return out[0:1], out[1:2], out[2:3], out[3:4] if with_value else None
-
-
-_ARANGE: dict = {}
-
-
-def _arange(v: int):
-    if v not in _ARANGE:
-        _ARANGE[v] = np.arange(v, dtype=np.int64)
-    return _ARANGE[v]
-
-
-def _sort_order(r):
-    """The stable ascending order of ``r >= 0`` [V] as ``_sums._sort_rows`` on CPU (packed integer keys)."""
-    v = r.shape[0]
-    if r.dtype == np.float32:
-        key = r.view(np.int32).astype(np.int64)
-        key <<= 32
-        mask = 0xFFFFFFFF
-    else:
-        shift = max(1, (v - 1).bit_length())
-        mask = (1 << shift) - 1
-        key = r.view(np.int64) & np.int64(~mask)
-    key |= _arange(v)
-    key.sort()
-    key &= mask
-    return key
-
-
-def row_applies(p, q) -> bool:
-    """Whether :func:`solve_row` takes the pair: one CPU row of float32 or float64, ``V <= 2048``, no autograd."""
-    return (type(p) is torch.Tensor and type(q) is torch.Tensor and p.ndim == 1 and q.ndim == 1
-            and 0 < p.shape[0] == q.shape[0] <= ROW_VOCAB and p.dtype == q.dtype
-            and p.dtype in (torch.float32, torch.float64) and p.device.type == "cpu" and q.device.type == "cpu"
-            and not (p.requires_grad or q.requires_grad))
-
-
-ROW_VOCAB = 2048  # solve_row up to this vocabulary (the sorted-breakpoint bracket's range)
-
-
-def solve_row(p: torch.Tensor, q: torch.Tensor, budget: float, div: Divergence, g, validate: bool):
-    """``solve(p, q, max_divergence=budget)`` on one row (:func:`row_applies`) as Python floats.
-
-    Returns ``(a, b, acceptance, achieved_divergence, sd_acceptance)``, the values of the
-    general path (:class:`~mdboost.md.breakpoints.Breakpoints` and :func:`primal_point`): the same
-    check (with the row sums of the normalisation, the sorted rows' float64 sums: they differ
-    from the unsorted sums by rounding only), the same sort, the same float64 sums where the
-    search reads them, the same search. Raises the errors of ``check_pair`` / ``check_budget``.
-    """
-    pn, qn = p.numpy(), q.numpy()
-    v = pn.shape[0]
-    with np.errstate(all="ignore"):
-        if validate:
-            lo_p, lo_q = float(pn.min()), float(qn.min())
-        r = pn / qn  # [V] input dtype; 0/0 -> 1 (neutral), p / 0 -> inf
-        zeros = not (validate and lo_q > 0)  # q may have zeros (or is unchecked)
-        if zeros:
-            np.copyto(r, 1.0, where=r != r)
-        order = _sort_order(r)
-        r_s = r.take(order)
-        w = np.empty((2, v))  # sorted p, q in float64
-        w[0], w[1] = pn.take(order), qn.take(order)
-        p64, q64 = w
-        thr = 1.0
-        normalized = False
-        if validate:  # the check's row sums are the normalisation's (Breakpoints, docs/theory.md section 9)
-            sp, sq = float(p64.sum()), float(q64.sum())
-            _check_row_values("draft_probs", p, (lo_p, sp, sp))
-            _check_row_values("target_probs", q, (lo_q, sq, sq))
-            _check_budget_range("max_divergence", budget, budget, None)
-            if sp != 1 or sq != 1:
-                p64 /= sp
-                q64 /= sq
-                normalized = True
-                thr = r_s.dtype.type(sp / sq)  # r_i (sq / sp) < 1  <=>  r_i < sp / sq
-        row = _row_of_sorted(r_s, w, thr, normalized, zeros, div, g)
-    a, b, m, value = primal_point(row, budget, div, g, True, floats=True)
-    return a, b, min(max(1.0 - m, 0.0), 1.0), value, min(max(1.0 - row.tv, 0.0), 1.0)
-
-
-def reduced_row(p: np.ndarray, q: np.ndarray, div: Divergence, g) -> _Row:
-    """The :class:`_Row` of one float64 pair [W] used as given (no rescaling, zeros allowed): the
-    reduced pair of the linear-time solve (:mod:`mdboost.md._buckets`), with the sort, the sums
-    and the prefix of ``Breakpoints(r, p, q)`` on it where the search reads them."""
-    with np.errstate(all="ignore"):
-        r = p / q  # 0/0 -> 1 (neutral), p / 0 -> inf
-        np.copyto(r, 1.0, where=r != r)
-        if r.size and r.min() == -_INF:  # only from negative (unchecked) input: as torch's nan_to_num
-            np.copyto(r, np.finfo(np.float64).min, where=r == -_INF)
-        order = _sort_order(r)
-        w = np.empty((2, r.shape[0]))
-        w[0], w[1] = p.take(order), q.take(order)
-        return _row_of_sorted(r.take(order), w, 1.0, False, True, div, g)
-
-
-def _row_of_sorted(r_s, w, thr, normalized: bool, zeros: bool, div: Divergence, g) -> _Row:
-    """The :class:`_Row` of sorted ratios ``r_s`` [V] (input dtype) and sorted ``w = (p, q)`` [2, V]
-    float64 (rescaled if ``normalized``; ``zeros``: ``q`` may hold zeros): the steps of
-    :class:`~mdboost.md.breakpoints.Breakpoints` from the counts on, only the sums the search reads.
-    Call under ``np.errstate(all="ignore")``; ``w`` may be changed in place."""
-    v = r_s.shape[0]
-    p64, q64 = w
-    n_lt, n_le = int(r_s.searchsorted(thr, "left")), int(r_s.searchsorted(thr, "right"))
-    n_fin = int(r_s.searchsorted(_INF, "left"))
-    if n_fin < v and q64[n_fin:].any():  # a ratio that overflows the input dtype: q_i = 0 (section 9)
-        q64[n_fin:] = 0.0
-    if normalized:
-        ratio = p64 / q64
-        if zeros:
-            ratio = np.where(q64 > 0, ratio, np.where(p64 > 0, _INF, 1.0 / np.float64(thr)))
-        r_cmp = ratio
-    elif r_s.dtype == np.float64:
-        ratio = r_cmp = r_s
-    else:
-        ratio = p64 / q64 if not zeros else np.where(q64 > 0, p64 / q64, _INF)
-        r_cmp = r_s
-    pre = np.empty((2, n_lt + 1))  # cp, cq up to n_lt
-    pre[:, 0] = 0.0
-    np.cumsum(w[:, :n_lt], axis=1, out=pre[:, 1:])
-    suf = np.empty((2, v - n_le + 1))  # rp, rq from n_le (read backwards)
-    suf[:, 0] = 0.0
-    np.cumsum(w[:, :n_le - 1 if n_le else None:-1], axis=1, out=suf[:, 1:])
-    tv = pre.item(1, n_lt) - pre.item(0, n_lt)
-    m_end = min(suf.item(0, v - n_fin), tv)
-    mid = _row_mid(ratio, q64, r_cmp, n_lt, n_le, n_fin, normalized, div)
-    return _Row(pre[0], pre[1], suf[0], suf[1], ratio, mid, n_lt, n_le, max(n_fin - 1, n_le), tv, m_end, g)
-
-
-def _row_mid(ratio, q, r_cmp, n_lt, n_le, n_fin, normalized, div: Divergence):
-    """``_sums._prefix_sums_np`` on one row (``Breakpoints.prefix``): only the terms it keeps, the
-    same values (the built-in kl by its formula on ``ratio``, any other generator on ``r_cmp``)."""
-    v = ratio.shape[0]
-    mid = np.zeros(v + 1)
-    if is_generator(div, "kl"):
-        if n_lt:
-            z = ratio[:n_lt]
-            terms = q[:n_lt] * (np.where(z > 0, z * np.log(z), 0.0) - z + 1)
-            if normalized:
-                terms = np.where(r_cmp[:n_lt] < 1, terms, 0.0)
-            np.cumsum(terms[::-1], out=mid[n_lt - 1::-1])  # [k] = sum_{k <= i < n_lt}
-        if n_fin > n_le:
-            z = ratio[n_le:n_fin]
-            terms = q[n_le:n_fin] * (z * np.log(z) - z + 1)
-            if normalized:
-                terms = np.where(r_cmp[n_le:n_fin] > 1, terms, 0.0)
-            np.cumsum(terms, out=mid[n_le + 1:n_fin + 1])  # [j] = sum_{n_le <= i < j}, 0 up to n_le
-            mid[n_fin + 1:] = mid[n_fin]
-        return mid
-    terms = q * g_numpy(div, np.nan_to_num(r_cmp.astype(np.float64), posinf=1.0))  # one generator call
-    if n_lt:
-        r_lo = r_cmp[:n_lt]
-        np.cumsum(np.where(r_lo < 1, terms[:n_lt], 0.0)[::-1], out=mid[n_lt - 1::-1])
-    if n_fin > n_le:  # beyond n_fin the terms are masked (infinite ratios): the sum stays
-        r_hi = r_cmp[n_le:n_fin]
-        np.cumsum(np.where((r_hi > 1) & (r_hi < _INF), terms[n_le:n_fin], 0.0), out=mid[n_le + 1:n_fin + 1])
-        mid[n_fin + 1:] = mid[n_fin]
-    return mid

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mdboost.md import _buckets, _scalar, _search
+from mdboost.md import _buckets, _scalar, _scalar_rows, _search
 from mdboost.md import support as _support
 from mdboost.md._checks import (_as_real_tensor, _check_budget_range, check_budget, check_pair, check_probs, checked_pair,
                                 is_number)
@@ -296,7 +296,7 @@ def solve(
     if not isinstance(on_infeasible, str) or on_infeasible not in ON_INFEASIBLE:
         raise ValueError(f"on_infeasible must be one of {ON_INFEASIBLE}, got {on_infeasible!r}")
     div = resolve(divergence)
-    if (mode == "exact" and support == "target" and min_acceptance is None and _scalar.row_applies(draft_probs, target_probs)
+    if (mode == "exact" and support == "target" and min_acceptance is None and _scalar_rows.row_applies(draft_probs, target_probs)
             and is_number(max_divergence)
             and not 0 <= max_divergence < _search.SCALAR_MIN_BUDGET and not _buckets.applies(draft_probs)):
         g = _scalar.scalar_g(div)
@@ -348,8 +348,8 @@ def solve(
 
 
 def _solve_row(p, q, budget: float, div, g, validate: bool) -> MDSolution:
-    """:func:`solve` of one small CPU row by :func:`mdboost.md._scalar.solve_row` (the same values)."""
-    a, b, acc, value, sd = _scalar.solve_row(p, q, budget, div, g, validate)
+    """:func:`solve` of one small CPU row by :func:`mdboost.md._scalar_rows.solve_row` (the same values)."""
+    a, b, acc, value, sd = _scalar_rows.solve_row(p, q, budget, div, g, validate)
     return _row_solution(a, b, acc, 0.0 if a == 0 and b == 0 else value, sd, p)
 
 
