@@ -14,11 +14,15 @@ Side by side in one process, reported as ratios:
 
 Run: ``.venv/bin/python bench/md_core.py`` (a few minutes on one CPU core); ``--baseline``
 measures and writes section 2 only; ``--verify`` measures item 4 and prints it (no write).
+``--device cuda`` runs everything on a GPU (the inputs are made on CPU from the same seeds, then
+moved; every clock reading waits for the device) and writes the sections ``md_core_cuda`` and
+``md_baseline_cuda`` instead; ``--no-write`` prints only. On CPU torch uses one thread.
 The machine may be shared: paired measurements are interleaved and ratios are medians.
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import time
@@ -40,27 +44,47 @@ from mdboost.md.verify import verify  # noqa: E402
 
 VOCAB = 49152
 BUDGET = 0.05
+DEVICE = torch.device("cpu")  # set once by the command line (--device)
+
+
+def _sync():
+    """Wait for the device's queued work (a no-op on CPU), so that a clock reading covers it."""
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
 
 
 def timeit(fn, repeats=5, warmup=1):
-    """Median wall time of ``fn()`` in seconds."""
+    """Median wall time of ``fn()`` in seconds (the device's work included)."""
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(repeats):
+        _sync()
         t0 = time.perf_counter()
         fn()
+        _sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
 def llm_like_pair(rows, vocab, dtype, seed=0):
-    """Correlated drafter/target rows with a heavy-tailed (LLM-like) logit profile."""
+    """Correlated drafter/target rows with a heavy-tailed (LLM-like) logit profile, on :data:`DEVICE`
+    (made on CPU from ``seed``: the same values on every device)."""
     gen = torch.Generator().manual_seed(seed)
     base = torch.randn(rows, vocab, generator=gen, dtype=torch.float64) * 2.5
     draft = base + 0.8 * torch.randn(rows, vocab, generator=gen, dtype=torch.float64)
     target = base + 0.8 * torch.randn(rows, vocab, generator=gen, dtype=torch.float64)
-    return torch.softmax(draft, -1).to(dtype), torch.softmax(target, -1).to(dtype)
+    return torch.softmax(draft, -1).to(DEVICE, dtype), torch.softmax(target, -1).to(DEVICE, dtype)
+
+
+def _generator(seed):
+    """A generator on :data:`DEVICE` (``verify`` draws its uniforms there)."""
+    return torch.Generator(device=DEVICE).manual_seed(seed)
+
+
+def _suffix():
+    """The results sections' suffix: none on CPU, ``_cuda`` on a GPU."""
+    return "" if DEVICE.type == "cpu" else f"_{DEVICE.type}"
 
 
 def bench_build_and_queries(repeats=5):
@@ -108,8 +132,10 @@ def bench_single_row(repeats=30):
 
 
 def _clock(fn):
+    _sync()
     t0 = time.perf_counter()
     out = fn()
+    _sync()
     return time.perf_counter() - t0, out
 
 
@@ -268,13 +294,21 @@ def baseline_lines(base):
     return lines
 
 
-def baseline_section(repeats=5):
-    """Measure and write the ``md_baseline`` section (``python -c "import md_core; md_core.baseline_section()"``)."""
+def _command(extra=""):
+    """The command line that makes a section, as the section states it."""
+    device = "" if DEVICE.type == "cpu" else f" --device {DEVICE.type}"
+    return f"`python bench/md_core.py{device}{extra}`"
+
+
+def baseline_section(repeats=5, write=True):
+    """Measure the ``md_baseline`` section (``md_baseline_cuda`` on a GPU) and write it unless ``write`` is False."""
     t0 = time.perf_counter()
     lines = baseline_lines(bench_baseline(repeats))
-    lines += ["", f"_Total {time.perf_counter() - t0:.0f} s; `python bench/md_core.py` (or `--baseline` alone)._"]
+    lines += ["", f"_Total {time.perf_counter() - t0:.0f} s; {_command()} (or with `--baseline` alone)._"]
     text = "\n".join(lines)
-    update_section("md_baseline", "## md_baseline: mdboost against the notebook's algorithm\n\n" + text)
+    if write:
+        update_section(f"md_baseline{_suffix()}",
+                       f"## md_baseline{_suffix()}: mdboost against the notebook's algorithm\n\n" + text)
     return text
 
 
@@ -284,12 +318,12 @@ def bench_verify(batch=8, k=4, repeats=9):
     p, q = llm_like_pair(batch * (k + 1), VOCAB, torch.float32, seed=2)
     draft = p.reshape(batch, k + 1, VOCAB)[:, :k].contiguous()
     target = q.reshape(batch, k + 1, VOCAB).contiguous()
-    tokens = torch.multinomial(draft.reshape(-1, VOCAB), 1, generator=gen).reshape(batch, k)
+    tokens = torch.multinomial(draft.reshape(-1, VOCAB).cpu(), 1, generator=gen).reshape(batch, k).to(DEVICE)
     out = {}
     for top_k, mode in ((256, "all"), (None, "all"), (256, "needed"), (None, "needed")):
         def run(budget, top_k=top_k, mode=mode):
             verify(tokens, draft, target, max_divergence=budget, top_k=top_k, solve=mode,
-                   generator=torch.Generator().manual_seed(0), validate=False)
+                   generator=_generator(0), validate=False)
 
         run(0.0), run(BUDGET)  # warm-up
         sd_t, md_t = [], []
@@ -314,12 +348,11 @@ def verify_lines(ver):
     return lines
 
 
-def main():
-    torch.set_num_threads(1)
+def main(write=True):
     t0 = time.perf_counter()
     core = bench_build_and_queries()
     single = bench_single_row()
-    print(baseline_section())
+    print(baseline_section(write=write))
     ver = bench_verify()
     ms = 1e3
     lines = [
@@ -327,7 +360,7 @@ def main():
         "",
         f"Inputs: LLM-like correlated drafter/target rows, KL budget {BUDGET}. Times are medians; "
         f"ratios are medians of per-repeat ratios (the paired calls interleaved). "
-        f"The notebook baseline: section `md_baseline`.",
+        f"The notebook baseline: section `md_baseline{_suffix()}`.",
         "",
         "| measurement | time | ratio | goal |",
         "|---|---|---|---|",
@@ -349,18 +382,43 @@ def main():
                      f"{off * ms:.3f} ms) | | {goal} |")
     lines.append(f"| `solve` per row in a batch of 64, V = {VOCAB} float32 | {single['batch'] * ms:.2f} ms | | |")
     lines += verify_lines(ver)
-    lines += ["", f"_Total benchmark time {time.perf_counter() - t0:.0f} s; `python bench/md_core.py`._"]
+    lines += ["", f"_Total benchmark time {time.perf_counter() - t0:.0f} s; {_command()}._"]
     text = "\n".join(lines)
-    update_section("md_core", "## md_core: mentored decoding core\n\n" + text)
+    if write:
+        update_section(f"md_core{_suffix()}", f"## md_core{_suffix()}: mentored decoding core\n\n" + text)
     print(text)
 
 
-if __name__ == "__main__":
-    if sys.argv[1:] == ["--baseline"]:
-        torch.set_num_threads(1)
-        print(baseline_section())
-    elif sys.argv[1:] == ["--verify"]:  # the verify rows only, printed (bench/RESULTS.md untouched)
-        torch.set_num_threads(1)
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    part = ap.add_mutually_exclusive_group()
+    part.add_argument("--baseline", action="store_true", help="the notebook comparison only (section 2)")
+    part.add_argument("--verify", action="store_true", help="the verify rows only, printed (item 4; never written)")
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
+    ap.add_argument("--no-write", action="store_true", help="print only; bench/RESULTS.md untouched")
+    return ap.parse_args(argv)
+
+
+def cli(argv=None) -> int:
+    global DEVICE
+    args = parse_args(argv)
+    try:
+        DEVICE = torch.device(args.device)
+    except RuntimeError as exc:
+        print(f"md_core.py: --device {args.device!r}: {exc}", file=sys.stderr)
+        return 2
+    if DEVICE.type == "cuda" and not torch.cuda.is_available():
+        print(f"md_core.py: --device {args.device}: torch.cuda.is_available() is False", file=sys.stderr)
+        return 2
+    torch.set_num_threads(1)
+    if args.baseline:
+        print(baseline_section(write=not args.no_write))
+    elif args.verify:
         print("\n".join([machine_line(), ""] + verify_lines(bench_verify())))
     else:
-        main()
+        main(write=not args.no_write)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

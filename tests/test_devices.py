@@ -1,0 +1,178 @@
+"""The core and the engine on every available device, against CPU float64 references.
+
+Each test runs on CPU and, where ``torch.cuda.is_available()``, on CUDA too (``bench/gpu.sh`` runs
+this file on a GPU machine). On CUDA the core takes its torch namespace (``mdboost.md._xp``), so
+these are the tests of that path on real device tensors: results equal the CPU float64 sorted
+reference within the contract's tolerances (``mdboost.md.contract``), outputs stay on the input's
+device, and the engine keeps its exactness properties (greedy SD = greedy AR, zero budget = SD).
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from mdboost.engine import GenerationSettings, ModelDrafter, generate
+from mdboost.md.breakpoints import Breakpoints
+from mdboost.md.contract import tolerance
+from mdboost.md.divergences import f_divergence
+from mdboost.md.solve import mentored_distribution, solve
+from mdboost.md.verify import PLACEHOLDER_TOKEN_ID, draw_uniforms, verify
+from mdboost.models.tiny import EOS_ID, tiny_llama
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+DIVERGENCES = ["kl", "rkl", "hellinger", "js", "tv"]
+# 50 and 1000: the sorted breakpoints; 6000: the linear-time bucketed path (from 4096 entries on)
+VOCABS = [50, 1000, 6000]
+BUDGETS = [0.01, 0.05, 0.3]
+
+
+def _pair(rows, vocab, seed):  # float64 [rows, vocab] x2, CPU: correlated, heavy-tailed rows
+    gen = torch.Generator().manual_seed(seed)
+    base = torch.randn(rows, vocab, generator=gen, dtype=torch.float64) * 2.5
+    p = torch.softmax(base + 0.8 * torch.randn(rows, vocab, generator=gen, dtype=torch.float64), -1)
+    q = torch.softmax(base + 0.8 * torch.randn(rows, vocab, generator=gen, dtype=torch.float64), -1)
+    return p, q
+
+
+def _acc_tol(dtype):
+    """Acceptance agreement with the float64 reference: the contract's sum tolerance, plus the
+    float32 rounding of the inputs (about 1e-7 relative per entry) where the rows are float32."""
+    return 1e-8 if dtype == torch.float64 else 2e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("vocab", VOCABS)
+@pytest.mark.parametrize("div", DIVERGENCES)
+def test_primal_matches_the_cpu_sorted_reference(device, dtype, vocab, div):
+    p, q = _pair(len(BUDGETS), vocab, seed=vocab)
+    budget = torch.tensor(BUDGETS, dtype=torch.float64)
+    sol = solve(p.to(device, dtype), q.to(device, dtype), max_divergence=budget.to(device), divergence=div)
+    assert sol.acceptance.device.type == device and sol.acceptance.dtype == dtype
+    p_in, q_in = (x.to(dtype).to(torch.float64) for x in (p, q))  # the rows the device solved, in float64
+    ref = Breakpoints.build(p_in, q_in).for_divergence(budget, div)
+    assert torch.allclose(sol.acceptance.cpu().double(), ref.acceptance, atol=_acc_tol(dtype), rtol=0)
+    # the emitted distribution stays within the budget (the contract's tolerance)
+    p64, q64 = p_in / p_in.sum(-1, keepdim=True), q_in / q_in.sum(-1, keepdim=True)
+    pi = mentored_distribution(p64, q64, sol.a.cpu().double(), sol.b.cpu().double())
+    tol = tolerance(dtype)
+    realized = f_divergence(pi, q64, div)
+    assert torch.all(realized <= budget * (1 + tol.divergence_rel) + tol.divergence_abs + 2e-6 * (dtype != torch.float64))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("vocab", VOCABS)
+def test_dual_and_bound_on_the_device(device, vocab):
+    p, q = _pair(3, vocab, seed=vocab + 1)
+    bp = Breakpoints.build(p, q)
+    target = bp.sd_acceptance + torch.tensor([0.0, 0.02, 0.1], dtype=torch.float64)
+    dual = solve(p.to(device), q.to(device), min_acceptance=target.to(device), divergence="kl")
+    assert dual.acceptance.device.type == device
+    ref = bp.for_acceptance(target)
+    assert torch.allclose(dual.acceptance.cpu(), ref.acceptance, atol=1e-9, rtol=0)
+    assert torch.allclose(dual.achieved_divergence.cpu(), bp.divergence_at(ref.acceptance, "kl"), atol=1e-9, rtol=1e-7)
+    # the bound mode never spends more than the budget, and the exact mode accepts at least as much
+    budget = torch.full((3,), 0.05, dtype=torch.float64)
+    bound = solve(p.to(device), q.to(device), max_divergence=budget.to(device), mode="bound")
+    exact = solve(p.to(device), q.to(device), max_divergence=budget.to(device))
+    pi = mentored_distribution(p, q, bound.a.cpu(), bound.b.cpu())
+    assert torch.all(f_divergence(pi, q, "kl") <= budget * (1 + 1e-9) + 1e-12)
+    assert torch.all(exact.acceptance.cpu() >= bound.acceptance.cpu() - 1e-9)
+
+
+def _verify_inputs(batch, k, vocab, seed):
+    p, q = _pair(batch * (k + 1), vocab, seed)
+    draft = p.reshape(batch, k + 1, vocab)[:, :k].contiguous()
+    target = q.reshape(batch, k + 1, vocab).contiguous()
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.multinomial(draft.reshape(-1, vocab), 1, generator=gen).reshape(batch, k)
+    return tokens, draft, target
+
+
+def _reference_sd(tokens, p, q, u):
+    """Textbook SD, row by row: u_k < min(1, q/p); residual (q - p)_+; inverse CDF with u_K."""
+    batch, k, _ = p.shape
+    out = np.full((batch, k + 1), PLACEHOLDER_TOKEN_ID)
+    for i in range(batch):
+        n = 0
+        while n < k and u[i, n] < min(1.0, q[i, n, tokens[i, n]] / p[i, n, tokens[i, n]]):
+            out[i, n] = tokens[i, n]
+            n += 1
+        w = q[i, k] if n == k else np.maximum(q[i, n] - p[i, n], 0)
+        cdf = np.cumsum(w)
+        out[i, n] = int(np.searchsorted(cdf, u[i, k] * cdf[-1], side="right"))
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("vocab", [40, 6000])
+def test_zero_budget_verify_is_textbook_sd_on_the_device(device, vocab):
+    tokens, draft, target = _verify_inputs(16, 3, vocab, seed=vocab)
+    seed = 5
+    res = verify(tokens.to(device), draft.to(device), target.to(device),
+                 generator=torch.Generator(device=device).manual_seed(seed))
+    assert res.tokens.device.type == device
+    u = draw_uniforms(16, 3, dtype=torch.float64, device=device,
+                      generator=torch.Generator(device=device).manual_seed(seed)).cpu().numpy()
+    ref = _reference_sd(tokens.numpy(), draft.numpy(), target.numpy(), u)
+    np.testing.assert_array_equal(res.tokens.cpu().numpy(), ref)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("vocab,top_k", [(40, None), (6000, None), (6000, 64)])
+@pytest.mark.parametrize("solve_mode", ["all", "needed"])
+def test_verify_stats_match_cpu(device, vocab, top_k, solve_mode):
+    tokens, draft, target = _verify_inputs(6, 4, vocab, seed=vocab + 7)
+    budget = torch.tensor([0.0, 0.01, 0.05, 0.1, 0.3, 1.0], dtype=torch.float64)
+    kw = dict(max_divergence=budget, top_k=top_k, solve=solve_mode)
+    cpu = verify(tokens, draft, target, generator=torch.Generator().manual_seed(3), **kw)
+    dev = verify(tokens.to(device), draft.to(device), target.to(device),
+                 generator=torch.Generator(device=device).manual_seed(3), **{**kw, "max_divergence": budget.to(device)})
+    assert dev.a.device.type == device
+    for name in ("a", "b", "acceptance_probability", "divergence", "sd_acceptance"):
+        got, want = getattr(dev, name).cpu(), getattr(cpu, name)
+        solved = ~torch.isnan(want) & ~torch.isnan(got)
+        if solve_mode == "all":  # every position solved on both sides
+            assert bool(solved.all()), name
+        assert torch.allclose(got[solved], want[solved], atol=1e-7, rtol=1e-6), name
+    # the emitted rows: accepted drafts, then one token (a positive-probability one), then padding
+    for i in range(6):
+        n = int(dev.num_accepted[i])
+        row = dev.tokens[i].cpu()
+        assert torch.equal(row[:n], tokens[i, :n])
+        assert 0 <= int(row[n]) < vocab and torch.all(row[n + 1:] == PLACEHOLDER_TOKEN_ID)
+
+
+@pytest.fixture(scope="module")
+def tiny_models():
+    target = tiny_llama(vocab_size=32, num_layers=3, seed=0)
+    drafter = tiny_llama(vocab_size=32, num_layers=1, seed=1)
+    return target, drafter
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_engine_keeps_its_exactness_on_the_device(device, tiny_models):
+    target, drafter = (m.to(device) for m in tiny_models)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        ids = torch.randint(4, 32, (2, 6), generator=gen).to(device)
+        greedy = dict(max_new_tokens=16, temperature=0, eos_token_id=EOS_ID)
+        ar = generate(target, ids, GenerationSettings(**greedy))
+        sd = generate(target, ids, GenerationSettings(gamma=3, **greedy), drafter=ModelDrafter(drafter))
+        assert ar.sequences.device.type == device
+        assert torch.equal(sd.sequences, ar.sequences)  # lossless: greedy SD is the target's greedy output
+        sampled = dict(max_new_tokens=12, gamma=3)
+        runs = {}
+        for budget in (0.0, 0.1):
+            out = generate(target, ids.repeat(16, 1), GenerationSettings(max_divergence=budget, **sampled),
+                           drafter=ModelDrafter(drafter), generator=torch.Generator(device=device).manual_seed(2))
+            again = generate(target, ids.repeat(16, 1), GenerationSettings(max_divergence=budget, **sampled),
+                             drafter=ModelDrafter(drafter), generator=torch.Generator(device=device).manual_seed(2))
+            assert torch.equal(out.sequences, again.sequences)  # the generator is the only randomness
+            assert out.stats.max_divergence <= budget + 1e-5
+            runs[budget] = out.stats.acceptance_rate
+        assert runs[0.1] > runs[0.0]
+    finally:
+        for m in tiny_models:
+            m.to("cpu")
+
