@@ -1,10 +1,11 @@
 """The core and the engine on every available device, against CPU float64 references.
 
-Each test runs on CPU and, where ``torch.cuda.is_available()``, on CUDA too (``bench/gpu.sh`` runs
-this file on a GPU machine). On CUDA the core takes its torch namespace (``mdboost.md._xp``), so
-these are the tests of that path on real device tensors: results equal the CPU float64 sorted
-reference within the contract's tolerances (``mdboost.md.contract``), outputs stay on the input's
-device, and the engine keeps its exactness properties (greedy SD = greedy AR, zero budget = SD).
+Each test runs on CPU, on CPU with the core forced onto its torch namespace (``"cpu-torch"``: the
+code path of accelerators, ``mdboost.md._xp``, on CPU tensors) and, where
+``torch.cuda.is_available()``, on CUDA (``bench/gpu.sh`` runs this file on a GPU machine). Results
+equal the CPU float64 sorted reference within the contract's tolerances (``mdboost.md.contract``),
+outputs stay on the input's device, and the engine keeps its exactness properties (greedy SD =
+greedy AR, zero budget = SD).
 """
 
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from mdboost.engine import GenerationSettings, ModelDrafter, generate
+from mdboost.md import _buckets, _checks, _histogram, _scalar_rows, _search, _sums, _xp
 from mdboost.md.breakpoints import Breakpoints
 from mdboost.md.contract import tolerance
 from mdboost.md.divergences import f_divergence
@@ -19,11 +21,26 @@ from mdboost.md.solve import mentored_distribution, solve
 from mdboost.md.verify import PLACEHOLDER_TOKEN_ID, draw_uniforms, verify
 from mdboost.models.tiny import EOS_ID, tiny_llama
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+DEVICES = ["cpu", "cpu-torch"] + (["cuda"] if torch.cuda.is_available() else [])
 DIVERGENCES = ["kl", "rkl", "hellinger", "js", "tv"]
 # 50 and 1000: the sorted breakpoints; 6000: the linear-time bucketed path (from 4096 entries on)
 VOCABS = [50, 1000, 6000]
 BUDGETS = [0.01, 0.05, 0.3]
+
+
+def _use(device, monkeypatch):
+    """The torch device of a test's ``device``; ``"cpu-torch"`` patches every CPU shortcut of the
+    core (the numpy namespace, the numpy sums and checks, the one-row searches, the CPU row
+    blocks) so that CPU tensors take the path CUDA tensors take."""
+    if device != "cpu-torch":
+        return device
+    for module in (_xp, _buckets, _histogram, _search):
+        monkeypatch.setattr(module, "namespace_for", lambda x: _xp.TORCH)
+    monkeypatch.setattr(_checks, "_host_ok", lambda x: False)
+    monkeypatch.setattr(_sums, "_numpy_ok", lambda x: False)
+    monkeypatch.setattr(_scalar_rows, "row_applies", lambda p, q: False)
+    monkeypatch.setattr(_histogram, "_row_blocks", lambda n, vocab, dev: [slice(0, n)])
+    return "cpu"
 
 
 def _pair(rows, vocab, seed):  # float64 [rows, vocab] x2, CPU: correlated, heavy-tailed rows
@@ -44,13 +61,14 @@ def _acc_tol(dtype):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
 @pytest.mark.parametrize("vocab", VOCABS)
 @pytest.mark.parametrize("div", DIVERGENCES)
-def test_primal_matches_the_cpu_sorted_reference(device, dtype, vocab, div):
+def test_primal_matches_the_cpu_sorted_reference(device, dtype, vocab, div, monkeypatch):
     p, q = _pair(len(BUDGETS), vocab, seed=vocab)
     budget = torch.tensor(BUDGETS, dtype=torch.float64)
+    ref = Breakpoints.build(*(x.to(dtype).to(torch.float64) for x in (p, q))).for_divergence(budget, div)
+    device = _use(device, monkeypatch)
     sol = solve(p.to(device, dtype), q.to(device, dtype), max_divergence=budget.to(device), divergence=div)
     assert sol.acceptance.device.type == device and sol.acceptance.dtype == dtype
     p_in, q_in = (x.to(dtype).to(torch.float64) for x in (p, q))  # the rows the device solved, in float64
-    ref = Breakpoints.build(p_in, q_in).for_divergence(budget, div)
     assert torch.allclose(sol.acceptance.cpu().double(), ref.acceptance, atol=_acc_tol(dtype), rtol=0)
     # the emitted distribution stays within the budget (the contract's tolerance)
     p64, q64 = p_in / p_in.sum(-1, keepdim=True), q_in / q_in.sum(-1, keepdim=True)
@@ -62,15 +80,17 @@ def test_primal_matches_the_cpu_sorted_reference(device, dtype, vocab, div):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("vocab", VOCABS)
-def test_dual_and_bound_on_the_device(device, vocab):
+def test_dual_and_bound_on_the_device(device, vocab, monkeypatch):
     p, q = _pair(3, vocab, seed=vocab + 1)
     bp = Breakpoints.build(p, q)
     target = bp.sd_acceptance + torch.tensor([0.0, 0.02, 0.1], dtype=torch.float64)
+    ref = bp.for_acceptance(target)
+    ref_div = bp.divergence_at(ref.acceptance, "kl")
+    device = _use(device, monkeypatch)
     dual = solve(p.to(device), q.to(device), min_acceptance=target.to(device), divergence="kl")
     assert dual.acceptance.device.type == device
-    ref = bp.for_acceptance(target)
     assert torch.allclose(dual.acceptance.cpu(), ref.acceptance, atol=1e-9, rtol=0)
-    assert torch.allclose(dual.achieved_divergence.cpu(), bp.divergence_at(ref.acceptance, "kl"), atol=1e-9, rtol=1e-7)
+    assert torch.allclose(dual.achieved_divergence.cpu(), ref_div, atol=1e-9, rtol=1e-7)
     # the bound mode never spends more than the budget, and the exact mode accepts at least as much
     budget = torch.full((3,), 0.05, dtype=torch.float64)
     bound = solve(p.to(device), q.to(device), max_divergence=budget.to(device), mode="bound")
@@ -106,8 +126,9 @@ def _reference_sd(tokens, p, q, u):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("vocab", [40, 6000])
-def test_zero_budget_verify_is_textbook_sd_on_the_device(device, vocab):
+def test_zero_budget_verify_is_textbook_sd_on_the_device(device, vocab, monkeypatch):
     tokens, draft, target = _verify_inputs(16, 3, vocab, seed=vocab)
+    device = _use(device, monkeypatch)
     seed = 5
     res = verify(tokens.to(device), draft.to(device), target.to(device),
                  generator=torch.Generator(device=device).manual_seed(seed))
@@ -121,26 +142,38 @@ def test_zero_budget_verify_is_textbook_sd_on_the_device(device, vocab):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("vocab,top_k", [(40, None), (6000, None), (6000, 64)])
 @pytest.mark.parametrize("solve_mode", ["all", "needed"])
-def test_verify_stats_match_cpu(device, vocab, top_k, solve_mode):
+def test_verify_stats_match_cpu(device, vocab, top_k, solve_mode, monkeypatch):
     tokens, draft, target = _verify_inputs(6, 4, vocab, seed=vocab + 7)
     budget = torch.tensor([0.0, 0.01, 0.05, 0.1, 0.3, 1.0], dtype=torch.float64)
-    kw = dict(max_divergence=budget, top_k=top_k, solve=solve_mode)
-    cpu = verify(tokens, draft, target, generator=torch.Generator().manual_seed(3), **kw)
-    dev = verify(tokens.to(device), draft.to(device), target.to(device),
-                 generator=torch.Generator(device=device).manual_seed(3), **{**kw, "max_divergence": budget.to(device)})
-    assert dev.a.device.type == device
-    for name in ("a", "b", "acceptance_probability", "divergence", "sd_acceptance"):
+    # the reference solves every position (its stats do not depend on the uniforms)
+    cpu = verify(tokens, draft, target, max_divergence=budget, top_k=top_k, solve="all",
+                 generator=torch.Generator().manual_seed(3))
+    device = _use(device, monkeypatch)
+    dev = verify(tokens.to(device), draft.to(device), target.to(device), max_divergence=budget.to(device),
+                 top_k=top_k, solve=solve_mode, generator=torch.Generator(device=device).manual_seed(3))
+    assert dev.a.device.type == torch.device(device).type
+    assert torch.allclose(dev.sd_acceptance.cpu(), cpu.sd_acceptance, atol=1e-12, rtol=0)
+    solved = ~torch.isnan(dev.a.cpu())  # "needed": the reached positions SD rejects (at least the first rejection)
+    assert bool(solved.all()) if solve_mode == "all" else bool(solved.any())
+    for name in ("a", "b", "acceptance_probability", "divergence"):
         got, want = getattr(dev, name).cpu(), getattr(cpu, name)
-        solved = ~torch.isnan(want) & ~torch.isnan(got)
-        if solve_mode == "all":  # every position solved on both sides
-            assert bool(solved.all()), name
+        assert torch.equal(torch.isnan(got), ~solved), name
         assert torch.allclose(got[solved], want[solved], atol=1e-7, rtol=1e-6), name
-    # the emitted rows: accepted drafts, then one token (a positive-probability one), then padding
+    # the emitted rows: accepted drafts, then one token of positive probability, then padding
+    k = tokens.shape[1]
     for i in range(6):
         n = int(dev.num_accepted[i])
         row = dev.tokens[i].cpu()
-        assert torch.equal(row[:n], tokens[i, :n])
-        assert 0 <= int(row[n]) < vocab and torch.all(row[n + 1:] == PLACEHOLDER_TOKEN_ID)
+        tok = int(row[n])
+        assert torch.equal(row[:n], tokens[i, :n]) and torch.all(row[n + 1:] == PLACEHOLDER_TOKEN_ID)
+        if top_k is not None:  # from the target's top-k at that position
+            assert tok in set(torch.topk(target[i, n], top_k).indices.tolist())
+        elif n == k:  # the bonus token, from the target
+            assert target[i, k, tok] > 0
+        else:  # the first rejection's residual ((1 - b) q - p)_+ (SD's (q - p)_+ at budget 0)
+            b = float(dev.b[i, n])
+            resid = (1 - b) * target[i, n] - draft[i, n]
+            assert resid[tok] > 0 or not bool((resid > 0).any())
 
 
 @pytest.fixture(scope="module")
@@ -151,7 +184,8 @@ def tiny_models():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_engine_keeps_its_exactness_on_the_device(device, tiny_models):
+def test_engine_keeps_its_exactness_on_the_device(device, tiny_models, monkeypatch):
+    device = _use(device, monkeypatch)
     target, drafter = (m.to(device) for m in tiny_models)
     try:
         gen = torch.Generator().manual_seed(0)

@@ -188,7 +188,7 @@ def _from_log_sums(sums: torch.Tensor, sign: float) -> None:  # [3, N, FINITE + 
         s += x[1]
         if sign < 0:
             np.negative(s, out=s)
-        np.maximum(s, 0.0, out=s)
+        np.copyto(s, 0.0, where=s < 0)  # clamp_(min=0): -0.0 and NaN stay
         return
     s = sums[2]
     s[:, INF] = 0.0

@@ -72,6 +72,24 @@ class TorchOps(_Namespace, library=torch):
         return torch.arange(0, stop, step, device=like.device)
 
     @staticmethod
+    def maximum(a, b):
+        """``torch.maximum``, a Python number on either side taken as numpy takes it (``clamp``)."""
+        if isinstance(b, (int, float)):
+            return torch.clamp(a, min=b)
+        if isinstance(a, (int, float)):
+            return torch.clamp(b, min=a)
+        return torch.maximum(a, b)
+
+    @staticmethod
+    def minimum(a, b):
+        """``torch.minimum``, a Python number on either side taken as numpy takes it (``clamp``)."""
+        if isinstance(b, (int, float)):
+            return torch.clamp(a, max=b)
+        if isinstance(a, (int, float)):
+            return torch.clamp(b, max=a)
+        return torch.minimum(a, b)
+
+    @staticmethod
     def take(arr: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         """``arr[n, idx[n, ...]]`` for ``arr`` [N, L] and ``idx`` [N, ...]."""
         if idx.ndim == 2:
