@@ -50,7 +50,13 @@ def parse_args(argv=None):
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-write", action="store_true")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    for name in ("layers", "hidden", "heads", "kv_heads", "mlp", "exit", "gamma", "prompt_len", "new_tokens", "repeats"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
+    if args.exit >= args.layers:
+        ap.error(f"--exit must be below --layers ({args.layers}), got {args.exit}")
+    return args
 
 
 def _sync(device):
