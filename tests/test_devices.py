@@ -12,13 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-from mdboost.engine import GenerationSettings, ModelDrafter, generate
+from mdboost.engine import GenerationSettings, ModelDrafter, NgramAdapter, generate
 from mdboost.md import _buckets, _checks, _histogram, _scalar_rows, _search, _sums, _xp
 from mdboost.md.breakpoints import Breakpoints
 from mdboost.md.contract import tolerance
 from mdboost.md.divergences import f_divergence
 from mdboost.md.solve import mentored_distribution, solve
 from mdboost.md.verify import PLACEHOLDER_TOKEN_ID, draw_uniforms, verify
+from mdboost.models.drafters import early_exit_model
+from mdboost.models.ngram import NgramDrafter
 from mdboost.models.tiny import EOS_ID, tiny_llama
 
 DEVICES = ["cpu", "cpu-torch"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -189,12 +191,16 @@ def test_engine_keeps_its_exactness_on_the_device(device, tiny_models, monkeypat
     target, drafter = (m.to(device) for m in tiny_models)
     try:
         gen = torch.Generator().manual_seed(0)
-        ids = torch.randint(4, 32, (2, 6), generator=gen).to(device)
+        ids = torch.randint(4, 32, (2, 6), generator=gen)
+        ids = torch.cat([ids, ids, ids[:, :2]], dim=1).to(device)  # repetitive: prompt lookup proposes something
         greedy = dict(max_new_tokens=16, temperature=0, eos_token_id=EOS_ID)
         ar = generate(target, ids, GenerationSettings(**greedy))
-        sd = generate(target, ids, GenerationSettings(gamma=3, **greedy), drafter=ModelDrafter(drafter))
-        assert ar.sequences.device.type == device
-        assert torch.equal(sd.sequences, ar.sequences)  # lossless: greedy SD is the target's greedy output
+        assert ar.sequences.device.type == torch.device(device).type
+        # lossless: greedy SD is the target's greedy output, with a private-cache model drafter, an early
+        # exit on the target's own KV cache and prompt lookup
+        for draft in (ModelDrafter(drafter), ModelDrafter(early_exit_model(target, 1)), NgramAdapter(NgramDrafter(2))):
+            sd = generate(target, ids, GenerationSettings(gamma=3, **greedy), drafter=draft)
+            assert torch.equal(sd.sequences, ar.sequences)
         sampled = dict(max_new_tokens=12, gamma=3)
         runs = {}
         for budget in (0.0, 0.1):
@@ -210,3 +216,26 @@ def test_engine_keeps_its_exactness_on_the_device(device, tiny_models, monkeypat
         for m in tiny_models:
             m.to("cpu")
 
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_hf_custom_generate_on_the_device(device, tiny_models, monkeypatch):
+    """``model.generate(custom_generate=mentored_generate)`` on device tensors: greedy equals
+    transformers' own greedy output, and a sampled MD run stays within its budget."""
+    from mdboost.hf import mentored_generate
+
+    device = _use(device, monkeypatch)
+    target, drafter = (m.to(device) for m in tiny_models)
+    try:
+        ids = torch.randint(4, 32, (2, 6), generator=torch.Generator().manual_seed(4)).to(device)
+        plain = target.generate(ids, do_sample=False, max_new_tokens=16)
+        ours = target.generate(ids, custom_generate=mentored_generate, drafter=drafter, do_sample=False,
+                               max_new_tokens=16)
+        assert ours.device.type == torch.device(device).type and torch.equal(ours, plain)
+        out = target.generate(ids, custom_generate=mentored_generate, drafter=drafter, max_divergence=0.05,
+                              do_sample=True, max_new_tokens=16, return_dict_in_generate=True,
+                              generator=torch.Generator(device=device).manual_seed(1))
+        assert out.stats.mode == "md" and out.stats.max_divergence <= 0.05 * (1 + 1e-5)
+    finally:
+        for m in tiny_models:
+            m.to("cpu")
