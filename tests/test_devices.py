@@ -22,6 +22,7 @@ from mdboost.md.verify import PLACEHOLDER_TOKEN_ID, draw_uniforms, verify
 from mdboost.models.drafters import early_exit_model
 from mdboost.models.ngram import NgramDrafter
 from mdboost.models.tiny import EOS_ID, tiny_llama
+from tests._md_pairs import RESCUE_P, RESCUE_Q
 
 DEVICES = ["cpu", "cpu-torch"] + (["cuda"] if torch.cuda.is_available() else [])
 DIVERGENCES = ["kl", "rkl", "hellinger", "js", "tv"]
@@ -239,3 +240,20 @@ def test_hf_custom_generate_on_the_device(device, tiny_models, monkeypatch):
     finally:
         for m in tiny_models:
             m.to("cpu")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rows_lost_to_rounding_are_rescued_on_the_device(device, monkeypatch):
+    """The fuzz-found pearson row the batched small-row search loses to rounding: the Python-float
+    search of its row (copied to the host off the CPU) finds the optimum, not the curve's start."""
+    p1, q1 = torch.tensor(RESCUE_P, dtype=torch.float64), torch.tensor(RESCUE_Q, dtype=torch.float64)
+    p = torch.stack([p1, torch.full_like(p1, 1 / 16)])  # two rows: the array search
+    q = torch.stack([q1, torch.softmax(torch.arange(16, dtype=torch.float64) / 4, -1)])
+    budget = 15.417473254491748
+    one = solve(p1, q1, max_divergence=budget, divergence="pearson")  # one CPU row: the scalar search
+    device = _use(device, monkeypatch)
+    batch = solve(p.to(device), q.to(device), max_divergence=budget, divergence="pearson")
+    assert float(batch.acceptance[0]) > 0.98 > float(batch.sd_acceptance[0])
+    assert abs(float(batch.acceptance[0]) - float(one.acceptance)) <= 1e-12
+    pi = mentored_distribution(p1, q1, batch.a[0].cpu(), batch.b[0].cpu())
+    assert 0 < float(f_divergence(pi, q1, "pearson")) <= budget * (1 + 1e-9)

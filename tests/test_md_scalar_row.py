@@ -16,7 +16,7 @@ from mdboost.md.breakpoints import Breakpoints
 from mdboost.md.divergences import GENERATORS, alpha, resolve
 from mdboost.md.divergences import f_divergence
 from mdboost.md.solve import mentored_distribution, solve
-from tests._md_pairs import dirichlet_pairs
+from tests._md_pairs import RESCUE_P, RESCUE_Q, dirichlet_pairs
 
 BUDGETS = (0.0, 1e-9, 1e-4, 0.01, 0.1, 1.0, 10.0, math.inf)
 
@@ -167,22 +167,12 @@ def test_a_budget_at_the_rounding_of_the_divergence_takes_the_array_search():
         assert float(exact.achieved_divergence) <= budget * (1 + 1e-6) + 1e-15
 
 
-# A fuzz case (float64, pearson): q down to subnormals, ratios up to 1e287. The segment holding the
-# crossing has an A mass of ~1e-40, and its closed form at the segment's far end is off by ten
-# orders of magnitude, so the array search found no feasible point and returned the curve's start.
-_RESCUE_P = [0.0168930309937012, 7.059658083545426e-33, 9.265360495615195e-60, 4.4e-323, 3.234236099639141e-05,
-             4.4e-323, 0.09954921112496959, 1.8530720991230388e-48, 9.265360495615195e-45, 9.26536049561517e-310,
-             9.265360495615195e-25, 9.265360495615195e-60, 7.685127644810356e-09, 0.8835254078352052, 9.265e-320,
-             9.265e-320]
-_RESCUE_Q = [2.2598117609441386e-45, 2.2598117609441383e-38, 2.2598117609441e-310, 2.259811760944138e-40,
-             2.2598117609441383e-60, 2.259811760944138e-40, 0.31234995436701507, 2.2598117609441387e-25,
-             2.259811760944139e-09, 2.2598117609441386e-30, 2.259811760944139e-09, 2.2598117609441383e-38,
-             0.2613116784492232, 0.17195292755013322, 2.2598117609441e-310, 0.2543854351140049]
+
 
 
 def test_rows_the_array_search_loses_to_rounding_are_solved_by_the_scalar_search():
-    p1 = torch.tensor(_RESCUE_P, dtype=torch.float64)
-    q1 = torch.tensor(_RESCUE_Q, dtype=torch.float64)
+    p1 = torch.tensor(RESCUE_P, dtype=torch.float64)
+    q1 = torch.tensor(RESCUE_Q, dtype=torch.float64)
     p = torch.stack([p1, torch.full_like(p1, 1 / 16)])  # two rows: the array search
     q = torch.stack([q1, torch.softmax(torch.arange(16, dtype=torch.float64) / 4, -1)])
     budget = 15.417473254491748

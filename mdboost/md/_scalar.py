@@ -149,13 +149,15 @@ class _Row:
 
     @classmethod
     def of_breakpoints(cls, bp, div, g, row: int = 0) -> "_Row":
-        """Row ``row`` of a :class:`~mdboost.md.breakpoints.Breakpoints` of CPU rows (its numpy views)."""
-        from mdboost.md._xp import NUMPY
-
-        s, i = bp.arrays(NUMPY), row
+        """Row ``row`` of a :class:`~mdboost.md.breakpoints.Breakpoints` (numpy views of CPU rows; a
+        host copy of that one row from other devices)."""
+        i = row
+        cp, cq, rp, rq, ratio, mid = (x[i].detach().cpu().numpy() for x in (bp._cp, bp._cq, bp._rp, bp._rq, bp._ratio,
+                                                                              bp.prefix(div)))
+        counts = torch.cat([x[i] for x in (bp._n_lt, bp._n_le, bp._j_max)]).tolist()
+        tv, m_end = torch.cat([bp._tv[i], bp._m_end[i]]).tolist()
         with np.errstate(invalid="ignore", over="ignore"):
-            return cls(s.cp[i], s.cq[i], s.rp[i], s.rq[i], s.ratio[i], bp.prefix(div).numpy()[i], int(s.n_lt[i, 0]),
-                       int(s.n_le[i, 0]), int(s.j_max[i, 0]), float(s.tv[i, 0]), float(s.m_end[i, 0]), g)
+            return cls(cp, cq, rp, rq, ratio, mid, *counts, tv, m_end, g)
 
     def locate_k(self, m):
         """The B segment of ``m`` (``_search.locate_k``): ``B = [0, k)``."""

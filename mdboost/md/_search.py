@@ -340,7 +340,7 @@ def primal_point(bp, budget: torch.Tensor, div, bound: bool, with_value: bool = 
         a, b_out = xp.where(at_sd, 0.0, ab[0]), xp.where(at_sd, 0.0, ab[1])
         value = None
         value = xp.where(failed | at_sd, 0.0, xp.maximum(d[:, 1:], 0.0))  # D_f at the snapped point
-        if not bound and xp is NUMPY and bp.vocab <= SMALL_VOCAB and SCALAR_ROW and failed.any():
+        if not bound and bp.vocab <= SMALL_VOCAB and SCALAR_ROW and bool(failed.any()):  # a host read off the CPU
             _rescue_rows(bp, b, div, failed[:, 0], (a, b_out, m, value))
         value = xp.to_torch(value) if with_value else None
     return xp.to_torch(a), xp.to_torch(b_out), xp.to_torch(m), value
@@ -353,13 +353,15 @@ def _rescue_rows(bp, budget, div, failed, out) -> None:
     A segment's closed form divides by its ``A`` (or ``B``) mass; where that mass is tiny beside
     the excess ``m`` (``q`` down to subnormals), the form evaluated at the segment's far end can be
     off by many orders of magnitude, and the array search then finds no feasible point inside.
-    ``out``: the numpy ``(a, b, m, value)`` [N, 1] arrays, overwritten in place on those rows
-    (rows the scalar search also loses keep the curve's start).
+    ``out``: the ``(a, b, m, value)`` [N, 1] arrays of the search's namespace, overwritten in place
+    on those rows (rows the scalar search also loses keep the curve's start). Off the CPU each such
+    row is copied to the host for its search (they are rare: extreme inputs).
     """
     g = _scalar.scalar_g(div)
     if g is None:
         return
-    for i in np.flatnonzero(failed).tolist():
+    rows = failed.nonzero()[0].tolist() if isinstance(failed, np.ndarray) else failed.nonzero()[:, 0].tolist()
+    for i in rows:
         if float(budget[i, 0]) < SCALAR_MIN_BUDGET:  # the scalar search's own limit
             continue
         row = _scalar.primal_point(_scalar._Row.of_breakpoints(bp, div, g, i), float(budget[i, 0]), div, g, True,
