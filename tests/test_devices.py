@@ -257,3 +257,15 @@ def test_rows_lost_to_rounding_are_rescued_on_the_device(device, monkeypatch):
     assert abs(float(batch.acceptance[0]) - float(one.acceptance)) <= 1e-12
     pi = mentored_distribution(p1, q1, batch.a[0].cpu(), batch.b[0].cpu())
     assert 0 < float(f_divergence(pi, q1, "pearson")) <= budget * (1 + 1e-9)
+
+
+def test_fuzzed_inputs_keep_the_contract_on_the_accelerator_path(monkeypatch):
+    """The seeded fuzz harness of the core (``tests/_fuzz_core.py``: CPU tensors over the whole float
+    range) with the core on its accelerator path (``cpu-torch``; plain CPU: ``tests/test_fuzz_core.py``)."""
+    from tests import _fuzz_core
+
+    _use("cpu-torch", monkeypatch)
+    report = _fuzz_core.run(20261202, 250, (torch.float64, torch.float32), time_budget=30.0)
+    assert report.total >= 200
+    for kind in _fuzz_core.KINDS:
+        assert report.count(kind) == 0, f"{report.count(kind)} {kind}: {report.failures[kind][:3]}"
