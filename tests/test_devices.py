@@ -23,6 +23,7 @@ from mdboost.models.drafters import early_exit_model
 from mdboost.models.ngram import NgramDrafter
 from mdboost.models.tiny import EOS_ID, tiny_llama
 from tests._md_pairs import RESCUE_P, RESCUE_Q
+from tests._sd_reference import reference_sd
 
 DEVICES = ["cpu", "cpu-torch"] + (["cuda"] if torch.cuda.is_available() else [])
 DIVERGENCES = ["kl", "rkl", "hellinger", "js", "tv"]
@@ -112,21 +113,6 @@ def _verify_inputs(batch, k, vocab, seed):
     return tokens, draft, target
 
 
-def _reference_sd(tokens, p, q, u):
-    """Textbook SD, row by row: u_k < min(1, q/p); residual (q - p)_+; inverse CDF with u_K."""
-    batch, k, _ = p.shape
-    out = np.full((batch, k + 1), PLACEHOLDER_TOKEN_ID)
-    for i in range(batch):
-        n = 0
-        while n < k and u[i, n] < min(1.0, q[i, n, tokens[i, n]] / p[i, n, tokens[i, n]]):
-            out[i, n] = tokens[i, n]
-            n += 1
-        w = q[i, k] if n == k else np.maximum(q[i, n] - p[i, n], 0)
-        cdf = np.cumsum(w)
-        out[i, n] = int(np.searchsorted(cdf, u[i, k] * cdf[-1], side="right"))
-    return out
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("vocab", [40, 6000])
 def test_zero_budget_verify_is_textbook_sd_on_the_device(device, vocab, monkeypatch):
@@ -138,7 +124,7 @@ def test_zero_budget_verify_is_textbook_sd_on_the_device(device, vocab, monkeypa
     assert res.tokens.device.type == device
     u = draw_uniforms(16, 3, dtype=torch.float64, device=device,
                       generator=torch.Generator(device=device).manual_seed(seed)).cpu().numpy()
-    ref = _reference_sd(tokens.numpy(), draft.numpy(), target.numpy(), u)
+    ref = reference_sd(tokens.numpy(), draft.numpy(), target.numpy(), u)
     np.testing.assert_array_equal(res.tokens.cpu().numpy(), ref)
 
 

@@ -9,6 +9,7 @@ from scipy.stats import chisquare
 
 from mdboost.md.solve import mentored_distribution, solve
 from mdboost.md.verify import PLACEHOLDER_TOKEN_ID, draw_uniforms, verify
+from tests._sd_reference import reference_sd
 from tests.test_md_reference import random_pair
 
 T64 = dict(dtype=torch.float64)
@@ -106,21 +107,6 @@ def test_top_k_samples_the_masked_solution():
     assert _chi2_pvalue(res.tokens[:, 0].numpy(), pi) > 1e-3
 
 
-def _reference_sd(tokens, p, q, u):
-    """Textbook SD, row by row: u_k < min(1, q/p); residual (q - p)_+; inverse CDF with u_K."""
-    batch, k, _ = p.shape
-    out = np.full((batch, k + 1), PLACEHOLDER_TOKEN_ID)
-    for i in range(batch):
-        n = 0
-        while n < k and u[i, n] < min(1.0, q[i, n, tokens[i, n]] / p[i, n, tokens[i, n]]):
-            out[i, n] = tokens[i, n]
-            n += 1
-        w = q[i, k] if n == k else np.maximum(q[i, n] - p[i, n], 0)
-        cdf = torch.cumsum(torch.tensor(w), 0)
-        out[i, n] = int(torch.searchsorted(cdf, u[i, k] * cdf[-1], right=True))
-    return out
-
-
 @pytest.mark.parametrize("as_tensor", [False, True])
 def test_zero_budget_is_exactly_speculative_decoding(as_tensor):
     batch, k, v = 64, 4, 12
@@ -131,7 +117,7 @@ def test_zero_budget_is_exactly_speculative_decoding(as_tensor):
     budget = torch.zeros(batch, **T64) if as_tensor else 0.0
     res = verify(tokens, p, q, max_divergence=budget, generator=torch.Generator().manual_seed(5))
     u = draw_uniforms(batch, k, dtype=torch.float64, device="cpu", generator=torch.Generator().manual_seed(5))
-    ref = _reference_sd(tokens.numpy(), p.numpy(), q.numpy(), u)
+    ref = reference_sd(tokens.numpy(), p.numpy(), q.numpy(), u)
     np.testing.assert_array_equal(res.tokens.numpy(), ref)
     assert torch.all(res.a == 0) and torch.all(res.b == 0)
 

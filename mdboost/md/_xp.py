@@ -40,6 +40,21 @@ class _Namespace:
                 setattr(cls, fn, staticmethod(getattr(library, fn)))
 
 
+def _number_aware(fn, bound: str):
+    """``fn`` (``torch.maximum`` / ``torch.minimum``) taking a Python number on either side as
+    numpy's ufunc takes it: ``clamp`` with that number as its ``bound`` (NaN propagates alike)."""
+
+    def op(a, b):
+        if isinstance(b, (int, float)):
+            return torch.clamp(a, **{bound: b})
+        if isinstance(a, (int, float)):
+            return torch.clamp(b, **{bound: a})
+        return fn(a, b)
+
+    op.__name__ = fn.__name__
+    return staticmethod(op)
+
+
 class TorchOps(_Namespace, library=torch):
     """The namespace over torch tensors (any device)."""
 
@@ -71,23 +86,8 @@ class TorchOps(_Namespace, library=torch):
     def arange(stop: int, like: torch.Tensor, step: int = 1) -> torch.Tensor:
         return torch.arange(0, stop, step, device=like.device)
 
-    @staticmethod
-    def maximum(a, b):
-        """``torch.maximum``, a Python number on either side taken as numpy takes it (``clamp``)."""
-        if isinstance(b, (int, float)):
-            return torch.clamp(a, min=b)
-        if isinstance(a, (int, float)):
-            return torch.clamp(b, min=a)
-        return torch.maximum(a, b)
-
-    @staticmethod
-    def minimum(a, b):
-        """``torch.minimum``, a Python number on either side taken as numpy takes it (``clamp``)."""
-        if isinstance(b, (int, float)):
-            return torch.clamp(a, max=b)
-        if isinstance(a, (int, float)):
-            return torch.clamp(b, max=a)
-        return torch.minimum(a, b)
+    maximum = _number_aware(torch.maximum, "min")
+    minimum = _number_aware(torch.minimum, "max")
 
     @staticmethod
     def take(arr: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
