@@ -255,3 +255,23 @@ def test_fuzzed_inputs_keep_the_contract_on_the_accelerator_path(monkeypatch):
     assert report.total >= 200
     for kind in _fuzz_core.KINDS:
         assert report.count(kind) == 0, f"{report.count(kind)} {kind}: {report.failures[kind][:3]}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bfloat16_models_keep_the_budget_on_the_device(device, tiny_models, monkeypatch):
+    """The pool loads models in bfloat16 on CUDA: MD on bfloat16 logits (solved in float32, the
+    core's compute dtype for half precision) stays within its budget and is seeded."""
+    device = _use(device, monkeypatch)
+    target, drafter = (m.to(device, torch.bfloat16) for m in tiny_models)
+    try:
+        ids = torch.randint(4, 32, (8, 6), generator=torch.Generator().manual_seed(5)).to(device)
+        settings = GenerationSettings(max_new_tokens=10, gamma=3, max_divergence=0.1)
+        runs = [generate(target, ids, settings, drafter=ModelDrafter(drafter),
+                         generator=torch.Generator(device=device).manual_seed(0)) for _ in range(2)]
+        assert torch.equal(runs[0].sequences, runs[1].sequences)
+        s = runs[0].stats
+        assert s.mode == "md" and s.num_budget_accepted > 0 and s.max_divergence <= 0.1 * (1 + 1e-5) + 1e-7
+        assert int(runs[0].sequences.max()) < 32 and int(runs[0].sequences.min()) >= 0
+    finally:
+        for m in tiny_models:
+            m.to("cpu", torch.float32)
