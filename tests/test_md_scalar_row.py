@@ -186,3 +186,30 @@ def test_rows_the_array_search_loses_to_rounding_are_solved_by_the_scalar_search
     pi = mentored_distribution(p1, q1, batch.a[0], batch.b[0])
     assert abs(float(pi.sum()) - 1) < 1e-9
     assert abs(float(f_divergence(pi, q1, "pearson")) - float(batch.achieved_divergence[0])) < 1e-9
+
+
+# A fuzz case (float64, neyman, seed 5): ratios up to 1.4e282, where (z - 1)^2 alone overflows
+# although g(z) = (z - 1)^2 / z (about z) is finite, so D_f at the curve's end read inf and both
+# exact searches returned the curve's start (acceptance 0.92) below the bound mode's 0.9995.
+_NEYMAN_P = [3.078841435283305e-11, 0.0005133678441577196, 0.07788289674783588, 2.1328639669260042e-09,
+             2.1176544283049892e-16, 0.9216037331622859, 8.206788199772695e-11]
+_NEYMAN_Q = [7.6e-322, 1.5371499327880813e-28, 4.611449798364243e-12, 4.611449798364243e-12,
+             1.5371499327880813e-298, 0.9999999999907772, 1.5371499327880813e-28]
+
+
+def test_neyman_at_ratios_beyond_the_square_s_range_reaches_the_curve_s_end():
+    z = torch.tensor([1e154, 1e200, 1.3e282, 1.7e308], dtype=torch.float64)
+    g = GENERATORS["neyman"].g(z)
+    exact = z - 2 + 1 / z  # (z - 1)^2 / z expanded; rounds to z here
+    assert torch.equal(g, exact) and [_scalar.scalar_g(GENERATORS["neyman"])(float(x)) for x in z] == g.tolist()
+    p, q = torch.tensor(_NEYMAN_P, dtype=torch.float64), torch.tensor(_NEYMAN_Q, dtype=torch.float64)
+    budget = 0.28298881995329983
+    for rows in (p[None], torch.stack([p, torch.full_like(p, 1 / 7)])):  # the scalar and the array search
+        qs = q[None] if rows.shape[0] == 1 else torch.stack([q, torch.softmax(torch.arange(7.0, dtype=torch.float64), -1)])
+        exact_sol = solve(rows, qs, max_divergence=budget, divergence="neyman")
+        bound = solve(rows, qs, max_divergence=budget, divergence="neyman", mode="bound")
+        assert float(exact_sol.acceptance[0]) >= float(bound.acceptance[0]) > 0.999  # not the curve's start (0.92)
+        # D_f at the curve's end (about 0.085) fits the budget: the optimum is the end, acceptance 1 - p(q = 0)
+        assert float(exact_sol.acceptance[0]) == pytest.approx(float(Breakpoints.build(p, q).max_acceptance), abs=1e-15)
+        pi = mentored_distribution(p, q, exact_sol.a[0], exact_sol.b[0])
+        assert 0 < float(f_divergence(pi, q, "neyman")) <= budget

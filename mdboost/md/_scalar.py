@@ -58,7 +58,7 @@ def _f_pearson(z):
 
 def _f_neyman(z):
     s = z - 1.0
-    return _INF if z == 0 else s * s / z
+    return _INF if z == 0 else s * (s / z)  # as divergences._neyman: no overflow of the square
 
 
 def _f_tv(z):

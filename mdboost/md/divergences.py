@@ -96,7 +96,9 @@ def _pearson(z):
 
 
 def _neyman(z):
-    return (z - 1.0) ** 2 / z
+    # (z - 1)^2 / z as (z - 1) ((z - 1) / z): the square alone overflows from z ~ 1.3e154 on, while
+    # the value (about z) is finite up to the float range
+    return (z - 1.0) * ((z - 1.0) / z)
 
 
 def _tv(z):
