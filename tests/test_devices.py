@@ -275,3 +275,30 @@ def test_bfloat16_models_keep_the_budget_on_the_device(device, tiny_models, monk
     finally:
         for m in tiny_models:
             m.to("cpu", torch.float32)
+
+
+# A fuzz case (bfloat16, pearson, seed 8): q down to subnormals; D_f jumps from 0.12 to 1.4e33 within
+# 0.006 of acceptance, so the budget's crossing lies ~1e-19 from an excess mass of ~0.47, below float64's
+# resolution there: every exact search loses it and the bound search's point is the answer.
+_SUBNORMAL_P = [0.006195068359375, 0.193359375, 0.041748046875, 0.0693359375, 0.361328125, 0.12158203125, 0.20703125]
+_SUBNORMAL_Q = [1.1479437019748901e-38, 9.183549615799121e-41, 0.0087890625, 1.1479437019748901e-38, 0.87109375,
+                0.1220703125, 0.0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rows_every_exact_search_loses_take_the_bound_point(device, monkeypatch):
+    p1 = torch.tensor(_SUBNORMAL_P, dtype=torch.bfloat16)
+    q1 = torch.tensor(_SUBNORMAL_Q, dtype=torch.bfloat16)
+    budget = 1.0359972466620255
+    device = _use(device, monkeypatch)
+    for p, q in ((p1, q1), (torch.stack([p1, torch.full_like(p1, 1 / 7)]), torch.stack([q1, torch.full_like(q1, 1 / 7)]))):
+        p, q = p.to(device), q.to(device)
+        exact = solve(p, q, max_divergence=budget, divergence="pearson")
+        bound = solve(p, q, max_divergence=budget, divergence="pearson", mode="bound")
+        acc, acc_bound, sd = (float(x.reshape(-1)[0]) for x in (exact.acceptance, bound.acceptance, exact.sd_acceptance))
+        assert acc >= acc_bound - 1e-5 and acc > sd + 0.02  # not the curve's start (0.491)
+        p64, q64 = (x.reshape(-1, 7)[0].double().cpu() for x in (p, q))
+        p64, q64 = p64 / p64.sum(), q64 / q64.sum()
+        a, b = (float(x.reshape(-1)[0]) for x in (exact.a, exact.b))
+        pi = mentored_distribution(p64, q64, torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64))
+        assert 0 < float(f_divergence(pi, q64, "pearson")) <= budget * (1 + 1e-5)

@@ -267,15 +267,19 @@ def _one_row_primal(rows: Rows, h: Histogram, ev, budget: float, div: Divergence
         return tuple(float(x) for x in out)
     delta = float(red.delta[0, 0])
     reduced = budget if math.isinf(budget) or budget <= 0 else max(budget - delta, 0.0)
-    if pair[0].shape[0] > _search.SMALL_VOCAB or reduced < _search.SCALAR_MIN_BUDGET:  # the array search
+    scalar = not (pair[0].shape[0] > _search.SMALL_VOCAB or reduced < _search.SCALAR_MIN_BUDGET)
+    if scalar:
+        row = _scalar_rows.reduced_row(*pair, div, g)
+        a, b, m, value = _scalar.primal_point(row, reduced, div, g, True, floats=True)
+        scalar = not _scalar.lost(m, reduced, row.tv, row.m_end)  # lost to rounding: the array search's fallbacks
+    if scalar:
+        acc = min(max(1.0 - m, 0.0), 1.0)
+        value = 0.0 if (a == 0 and b == 0) or reduced <= 0 else value + delta
+    else:  # the array search
         bp = Breakpoints(*_sorted(*(torch.from_numpy(x)[None] for x in pair)), (1,), torch.float64)
         point, value = _finish_primal(bp, torch.full((1, 1), reduced, dtype=torch.float64), div,
                                       torch.full((1, 1), delta, dtype=torch.float64))
         a, b, acc, value = (float(x) for x in (*point, value))
-    else:
-        a, b, m, value = _scalar.primal_point(_scalar_rows.reduced_row(*pair, div, g), reduced, div, g, True, floats=True)
-        acc = min(max(1.0 - m, 0.0), 1.0)
-        value = 0.0 if (a == 0 and b == 0) or reduced <= 0 else value + delta
     return a, b, acc, 0.0 if budget <= 0 else value, tv
 
 

@@ -303,6 +303,13 @@ def _point(row: _Row, budget: float):
     return a, b, m, max(row.div(m, seg), 0.0)
 
 
+def lost(m: float, budget: float, tv: float, m_end: float) -> bool:
+    """Whether a point at excess mass ``m`` is the curve's start that a search lost to rounding
+    returns: a positive budget on a curve of more than one point has a feasible ``m < tv``
+    (``D_f`` is continuous and 0 at the start)."""
+    return budget > 0 and m >= tv > m_end
+
+
 def primal_point(src, budget: float, div: Divergence, g, with_value: bool = False, floats: bool = False):
     """:func:`mdboost.md._search.primal_point` for one row: ``(a, b, m, value)`` as torch [1, 1] float64.
 

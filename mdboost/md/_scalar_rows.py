@@ -98,6 +98,13 @@ def solve_row(p: torch.Tensor, q: torch.Tensor, budget: float, div: Divergence, 
                 thr = r_s.dtype.type(sp / sq)  # r_i (sq / sp) < 1  <=>  r_i < sp / sq
         row = _row_of_sorted(r_s, w, thr, normalized, zeros, div, g)
     a, b, m, value = _scalar.primal_point(row, budget, div, g, True, floats=True)
+    if _scalar.lost(m, budget, row.tv, row.m_end):  # lost to rounding: the general path's rescue and fallback
+        from mdboost.md import _search
+        from mdboost.md.breakpoints import Breakpoints
+
+        bp = Breakpoints._from_pair(p[None], q[None], validate)
+        point = _search.primal_point(bp, torch.full((1, 1), budget, dtype=torch.float64), div, False, True)
+        a, b, m, value = (float(x) for x in point)
     return a, b, min(max(1.0 - m, 0.0), 1.0), value, min(max(1.0 - row.tv, 0.0), 1.0)
 
 

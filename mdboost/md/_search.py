@@ -316,7 +316,9 @@ def primal_point(bp, budget: torch.Tensor, div, bound: bool, with_value: bool = 
     """:func:`primal` finished in the same namespace: ``(a, b, m, value)`` as torch [N, 1] float64.
 
     The search keeps the side with ``D <= budget``; where rounding defeated it (extreme ratios
-    the float64 sums cannot resolve), the row falls back to the curve's start (``pi = q``).
+    the float64 sums cannot resolve), a small row is searched again in Python floats
+    (:func:`_rescue_rows`), then takes the bound search's point if its ``D_f`` fits
+    (:func:`_bound_fallback`), else falls back to the curve's start (``pi = q``).
     ``m`` is snapped (:func:`snap`); ``(a, b)`` are exactly 0 at ``m >= tv``; ``value`` is
     ``D_f`` (or the bound) at the point, 0 at the start, None unless ``with_value``.
     One small CPU row of the exact mode searches in Python floats (:mod:`mdboost.md._scalar`).
@@ -326,7 +328,11 @@ def primal_point(bp, budget: torch.Tensor, div, bound: bool, with_value: bool = 
             and not float(budget) < SCALAR_MIN_BUDGET):
         g = _scalar.scalar_g(div)
         if g is not None:
-            return _scalar.primal_point(bp, float(budget), div, g, with_value)
+            point = _scalar.primal_point(bp, float(budget), div, g, True, floats=True)
+            if not _scalar.lost(point[2], float(budget), float(bp._tv), float(bp._m_end)):
+                out = torch.tensor([[x] for x in point], dtype=torch.float64)
+                return out[0:1], out[1:2], out[2:3], out[3:4] if with_value else None
+            # lost to rounding: the array search, its rescue and the bound fallback below
     with xp.errstate():
         sums = bp.arrays(xp)
         b = xp.asarray(budget.to(torch.float64))
@@ -340,10 +346,35 @@ def primal_point(bp, budget: torch.Tensor, div, bound: bool, with_value: bool = 
         a, b_out = xp.where(at_sd, 0.0, ab[0]), xp.where(at_sd, 0.0, ab[1])
         value = None
         value = xp.where(failed | at_sd, 0.0, xp.maximum(d[:, 1:], 0.0))  # D_f at the snapped point
-        if not bound and bp.vocab <= SMALL_VOCAB and SCALAR_ROW and bool(failed.any()):  # a host read off the CPU
-            _rescue_rows(bp, b, div, failed[:, 0], (a, b_out, m, value))
+        if not bound and bool(failed.any()):  # a host read off the CPU
+            if bp.vocab <= SMALL_VOCAB and SCALAR_ROW:
+                _rescue_rows(bp, b, div, failed[:, 0], (a, b_out, m, value))
+            lost = failed & (m >= sums.tv)  # still at the start
+            if bool(lost.any()):
+                _bound_fallback(xp, bp, b, div, lost, (a, b_out, m, value))
         value = xp.to_torch(value) if with_value else None
     return xp.to_torch(a), xp.to_torch(b_out), xp.to_torch(m), value
+
+
+def _bound_fallback(xp, bp, budget, div, lost, out) -> None:
+    """Rows every exact search lost to rounding take the bound search's point where ``D_f``, read
+    exactly at that point, fits the budget (else they keep the curve's start).
+
+    The Theorem 3.12 bound is at least ``D_f``, so its point is feasible in exact arithmetic and
+    no worse than the start; where ``D_f`` changes by many orders of magnitude within float64's
+    resolution of ``m`` (``q`` down to subnormals), the exact crossing cannot be represented while
+    the bound's search still lands on a fitting point (docs/theory.md, section 9). ``lost`` [N, 1]
+    bool and ``out`` ``(a, b, m, value)`` [N, 1] of the namespace ``xp``, overwritten in place.
+    """
+    m_b, _ = _primal(xp, bp, budget, div, True)
+    m_t = xp.to_torch(snap(xp, m_b, bp.arrays(xp).tv))
+    j, k = locate_j(bp, m_t), locate_k(bp, m_t)
+    a_t, b_t = bp.ab(m_t, bp.segment(j, k, None, False), bp._tv)
+    d_t = bp.div_at(m_t, j, k, div, False)
+    ok = xp.to_torch(lost) & (m_t < bp._tv) & (d_t <= xp.to_torch(budget) * (1 + 1e-12))
+    ok_x = xp.asarray(ok)
+    for dst, src in zip(out, (a_t, b_t, m_t, d_t.clamp(min=0.0))):
+        dst[...] = xp.where(ok_x, xp.asarray(src), dst)
 
 
 def _rescue_rows(bp, budget, div, failed, out) -> None:
