@@ -180,7 +180,7 @@ def _wlogr(w64, ratio, weight: int):  # w_i log r_i [n, V] float64 (log_form): t
 
 def _from_log_sums(sums: torch.Tensor, sign: float) -> None:  # [3, N, FINITE + 1], in place
     """The ``q g(r)`` sums ``sign (S - P + Q)`` from the ``w log r`` sums ``S`` (:func:`log_form`), >= 0."""
-    if sums.device.type == "cpu":  # the same IEEE operations on the numpy view (a tiny torch op costs more)
+    if namespace_for(sums) is NUMPY:  # the same IEEE operations on the numpy view (a tiny torch op costs more)
         x = sums.numpy()
         s = x[2]
         s[:, INF] = 0.0  # the q = 0 bucket's q g(r) is never read (inf or NaN terms there)

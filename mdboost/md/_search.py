@@ -328,10 +328,9 @@ def primal_point(bp, budget: torch.Tensor, div, bound: bool, with_value: bool = 
             and not float(budget) < SCALAR_MIN_BUDGET):
         g = _scalar.scalar_g(div)
         if g is not None:
-            point = _scalar.primal_point(bp, float(budget), div, g, True, floats=True)
-            if not _scalar.lost(point[2], float(budget), float(bp._tv), float(bp._m_end)):
-                out = torch.tensor([[x] for x in point], dtype=torch.float64)
-                return out[0:1], out[1:2], out[2:3], out[3:4] if with_value else None
+            point = _scalar.primal_point(bp, float(budget), div, g, with_value)
+            if not _scalar.lost(float(point[2]), float(budget), float(bp._tv), float(bp._m_end)):
+                return point
             # lost to rounding: the array search, its rescue and the bound fallback below
     with xp.errstate():
         sums = bp.arrays(xp)
