@@ -105,6 +105,32 @@ def test_llm_like_rows_reduce_to_few_entries_and_match():
         _assert_same(*_both(p, q, budget, name))
 
 
+def test_kept_entries_are_those_of_the_bracketing_buckets():
+    """The kept positions equal a lookup of every entry's bucket in a table of the kept buckets
+    (A: ``C1 + [s_a, t_a)``, B: ``[t_b, s_b)``), for random ranges, empty and inverted ones included."""
+    from mdboost.md._bracket import Reduction
+    from mdboost.md._histogram import C1, FINITE
+
+    p, q = _llm_rows(6, 8192, 2, torch.float32)
+    _, h = _buckets.histogram_of(p, q, resolve("kl"), False)
+    index = h.index.numpy()
+    rng = np.random.default_rng(0)
+    hits = 0
+    for _ in range(50):
+        s_a = rng.integers(0, C1, (6, 1))
+        t_a = s_a + rng.integers(-2, 300, (6, 1))
+        t_b = rng.integers(0, C1 + 1, (6, 1))
+        s_b = t_b + rng.integers(-2, 300, (6, 1))
+        buckets = np.arange(FINITE + 1)
+        table = ((buckets >= C1 + s_a) & (buckets < C1 + t_a)) | ((buckets >= t_b) & (buckets < s_b))
+        kept = _buckets._kept_np(h, Reduction(s_a, t_a, t_b, s_b, None, None, None))
+        for i in range(6):
+            expected = np.flatnonzero(table[i].take(index[i]))
+            np.testing.assert_array_equal(kept[i], expected)
+            hits += expected.size
+    assert hits > 0
+
+
 def test_float32_rows_match_the_sorted_path():
     p, q = _llm_rows(6, 8192, 1, torch.float32)
     budget = torch.tensor([1e-4, 0.01, 0.05, 0.2, 1.0, 10.0], **T64)

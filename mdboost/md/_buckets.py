@@ -106,19 +106,28 @@ def reduced_pair(xp, rows: Rows, h: Histogram, red: Reduction, sorted_rows=None)
 
 
 def _kept_np(h: Histogram, red: Reduction) -> list:
-    """The kept entries' positions in each CPU row [count_i], in vocabulary order: the bucket
-    table of the row looked up per entry (one ``take``, the row's indices read once, in cache)."""
+    """The kept entries' positions in each CPU row [count_i], in vocabulary order.
+
+    A bucket index ``i`` lies in ``[lo, lo + w)`` iff ``(i - lo) mod 2^16 < w`` (indices and
+    widths are below ``2^15``): two subtractions and two comparisons of the row's int16 indices
+    read as uint16, cheaper than a table lookup per entry.
+    """
     n = h.index.shape[0]
-    s_a, t_a, t_b, s_b = red[:4]
-    if n == 1:  # one row: its table by two slices
-        kept_bucket = np.zeros((1, FINITE + 1), dtype=bool)
-        kept_bucket[0, C1 + s_a.item():C1 + t_a.item()] = True
-        kept_bucket[0, t_b.item():s_b.item()] = True
-    else:
-        b = np.arange(FINITE + 1)  # [FINITE + 1]: which buckets each row keeps
-        kept_bucket = ((b >= C1 + s_a) & (b < C1 + t_a)) | ((b >= t_b) & (b < s_b))  # [N, FINITE + 1]
+    s_a, t_a, t_b, s_b = (np.asarray(x).reshape(n) for x in red[:4])
+    lo_a, w_a = (C1 + s_a).astype(np.uint16), np.maximum(t_a - s_a, 0).astype(np.uint16)  # A: C1 + [s_a, t_a)
+    lo_b, w_b = t_b.astype(np.uint16), np.maximum(s_b - t_b, 0).astype(np.uint16)  # B: [t_b, s_b)
     index = h.index.numpy()
-    return [np.flatnonzero(kept_bucket[i].take(index[i])) for i in range(n)]
+    index = index.view(np.uint16) if index.dtype == np.int16 else index.astype(np.uint16)
+    vocab = index.shape[1]
+    shifted, in_a, in_b = np.empty(vocab, dtype=np.uint16), np.empty(vocab, dtype=bool), np.empty(vocab, dtype=bool)
+    out = []
+    for i in range(n):
+        np.subtract(index[i], lo_a[i], out=shifted)
+        np.less(shifted, w_a[i], out=in_a)
+        np.subtract(index[i], lo_b[i], out=shifted)
+        np.less(shifted, w_b[i], out=in_b)
+        out.append(np.flatnonzero(np.logical_or(in_a, in_b, out=in_a)))
+    return out
 
 
 def _reduced_pair_np(rows: Rows, h: Histogram, red: Reduction, sorted_rows):
