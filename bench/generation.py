@@ -61,6 +61,7 @@ from bench._generation_report import report  # noqa: E402
 from bench._results import machine_line, update_section  # noqa: E402
 from mdboost.data import encode_prompt, load_texts  # noqa: E402
 from mdboost.engine import ConfidenceStop, GenerationSettings, ModelDrafter, NgramAdapter, generate  # noqa: E402
+from mdboost.models.loading import synchronize  # noqa: E402
 from mdboost.models.pool import build_pool, parse_drafter  # noqa: E402,F401
 
 
@@ -118,10 +119,6 @@ def _check_args(args):
 
 # --------------------------------------------------------------------------- measuring
 
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
 
 def run_interleaved(configs, prompts, device, deadline=None):
     """Time every config on every prompt, configs interleaved per prompt. Returns per config:
@@ -131,10 +128,10 @@ def run_interleaved(configs, prompts, device, deadline=None):
     start = time.monotonic()
     for done, ids in enumerate(prompts, 1):
         for key, fn in configs:
-            _sync(device)
+            synchronize(device)
             tic = time.perf_counter()
             new, extra = fn(ids, None)
-            _sync(device)
+            synchronize(device)
             res = results[key]
             res["seconds"] += time.perf_counter() - tic
             res["tokens"] += new.numel()

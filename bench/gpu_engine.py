@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._results import machine_line, update_section  # noqa: E402
 from mdboost.engine import GenerationSettings, ModelDrafter, generate  # noqa: E402
 from mdboost.models.drafters import early_exit_model  # noqa: E402
+from mdboost.models.loading import synchronize  # noqa: E402
 from mdboost.models.tiny import tiny_llama  # noqa: E402
 
 
@@ -59,10 +60,6 @@ def parse_args(argv=None):
     return args
 
 
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
 
 def measure(args, vocab: int, device: torch.device) -> dict:
     """AR, SD and MD interleaved on one target of ``vocab`` entries: per mode, medians of time per
@@ -81,11 +78,11 @@ def measure(args, vocab: int, device: torch.device) -> dict:
     rows = {m: [] for m in modes}
     for rep in range(args.repeats + 1):  # the first round warms up (kernels, allocator)
         for mode, (settings, draft) in modes.items():
-            _sync(device)
+            synchronize(device)
             t0 = time.perf_counter()
             out = generate(target, ids, settings, drafter=draft,
                            generator=torch.Generator(device=device).manual_seed(rep))
-            _sync(device)
+            synchronize(device)
             wall = time.perf_counter() - t0
             s = out.stats
             if rep:

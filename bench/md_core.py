@@ -41,6 +41,7 @@ from mdboost.md.breakpoints import Breakpoints  # noqa: E402
 from mdboost.md.divergences import f_divergence  # noqa: E402
 from mdboost.md.solve import acceptance_probability, mentored_distribution, solve  # noqa: E402
 from mdboost.md.verify import verify  # noqa: E402
+from mdboost.models.loading import synchronize  # noqa: E402
 
 VOCAB = 49152
 BUDGET = 0.05
@@ -48,9 +49,8 @@ DEVICE = torch.device("cpu")  # set once by the command line (--device)
 
 
 def _sync():
-    """Wait for the device's queued work (a no-op on CPU), so that a clock reading covers it."""
-    if DEVICE.type == "cuda":
-        torch.cuda.synchronize(DEVICE)
+    """Wait for :data:`DEVICE`'s queued work (a no-op on CPU), so that a clock reading covers it."""
+    synchronize(DEVICE)
 
 
 def timeit(fn, repeats=5, warmup=1):

@@ -33,6 +33,7 @@ from mdboost.engine.kv import CachedLM, left_pad
 from mdboost.engine.settings import GenerationSettings
 from mdboost.engine.stats import GenerationStats
 from mdboost.md.probs import logits_to_probs
+from mdboost.models.loading import synchronize
 
 DEFAULT_SETTINGS = GenerationSettings()
 
@@ -60,11 +61,10 @@ class _Timer:
     """Accumulates wall time into a stats field; synchronizes CUDA only at the boundaries."""
 
     def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
+        self.device = device
 
     def now(self) -> float:
-        if self.cuda:
-            torch.cuda.synchronize()
+        synchronize(self.device)
         return time.perf_counter()
 
 

@@ -16,12 +16,7 @@ import time
 
 import torch
 
-from .loading import cache_kwarg
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+from .loading import cache_kwarg, synchronize
 
 
 @torch.no_grad()
@@ -69,10 +64,10 @@ def _time_alternating(steps: dict, device, repeats: int, warmup: int) -> dict:
     times = {key: [] for key in steps}
     for i in range(warmup + repeats):
         for key, step in steps.items():
-            _sync(device)
+            synchronize(device)
             start = time.perf_counter()
             step()
-            _sync(device)
+            synchronize(device)
             if i >= warmup:
                 times[key].append(time.perf_counter() - start)
     return {key: statistics.median(t) for key, t in times.items()}

@@ -30,6 +30,12 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
         raise ValueError(f"device must be a torch device string, got {device!r}") from err
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (CUDA; a no-op elsewhere), so that a clock reading covers it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def default_dtype(device: torch.device) -> torch.dtype:
     """bfloat16 on CUDA, float32 elsewhere."""
     return torch.bfloat16 if device.type == "cuda" else torch.float32
