@@ -164,11 +164,12 @@ def _ss(xp, sorted_rows, x, right):  # row-wise searchsorted on [N, L] with x [N
         return torch.searchsorted(sorted_rows.contiguous(), x.contiguous(), right=right)
     side = "right" if right else "left"
     if sorted_rows.shape[0] == 1:
-        return np.searchsorted(sorted_rows[0], x, side=side)
+        return sorted_rows[0].searchsorted(x, side=side)
     # row by row: numpy's search of sorted queries is several times faster than torch's batched one
+    # (the array method: np.searchsorted's wrappers cost more than a row's search here)
     out = np.empty(x.shape, dtype=np.int64)
-    for i in range(x.shape[0]):
-        out[i] = np.searchsorted(sorted_rows[i], x[i], side=side)
+    for row, queries, dst in zip(sorted_rows, x, out):
+        dst[...] = row.searchsorted(queries, side=side)
     return out
 
 

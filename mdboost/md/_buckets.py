@@ -131,26 +131,29 @@ def _kept_np(h: Histogram, red: Reduction) -> list:
 
 
 def _reduced_pair_np(rows: Rows, h: Histogram, red: Reduction, sorted_rows):
-    """:func:`reduced_pair` of CPU rows in numpy, row by row (a handful of ops per row on its
-    kept entries): the same values."""
+    """:func:`reduced_pair` of CPU rows in numpy: the kept positions row by row (:func:`_kept_np`),
+    then one gather of all of them into the rows of the output: the same values."""
     n, vocab = rows.p.shape
     kept = _kept_np(h, red)
     counts = np.array([k.size for k in kept], dtype=np.int64)
     fallback = _too_full(counts, vocab)
     if sorted_rows is not None:
         fallback |= sorted_rows.numpy()
-    width = int(np.where(fallback, 0, counts).max()) if n else 0
+    counts[fallback] = 0
+    width = int(counts.max()) if n else 0
     total = width + AGGREGATES
     out_p, out_q = np.zeros((n, total)), np.zeros((n, total))
-    pn, qn = rows.p.numpy(), rows.q.numpy()
-    scale = None if rows.scale_p is None else (rows.scale_p.numpy()[:, 0], rows.scale_q.numpy()[:, 0])
-    for i in np.flatnonzero(~fallback).tolist():
-        c, k = counts.item(i), kept[i]
-        dst_p, dst_q = out_p[i, :c], out_q[i, :c]
-        dst_p[...], dst_q[...] = pn[i].take(k), qn[i].take(k)
-        if scale is not None:  # the same float64 values as in the histogram's pass
-            dst_p /= scale[0][i]
-            dst_q /= scale[1][i]
+    if width:
+        row = np.repeat(np.arange(n), counts)  # [K] the row of every kept entry, rows in order
+        starts = np.cumsum(counts) - counts
+        src = np.concatenate([k for k, f in zip(kept, fallback.tolist()) if not f]) + row * vocab
+        dst = np.arange(row.size) + (row * total - starts[row])  # row * total + position in its row
+        vals_p, vals_q = rows.p.numpy().reshape(-1).take(src), rows.q.numpy().reshape(-1).take(src)
+        if rows.scale_p is None:
+            out_p.reshape(-1)[dst], out_q.reshape(-1)[dst] = vals_p, vals_q
+        else:  # the same float64 values as in the histogram's pass
+            out_p.reshape(-1)[dst] = vals_p.astype(np.float64) / rows.scale_p.numpy()[row, 0]
+            out_q.reshape(-1)[dst] = vals_q.astype(np.float64) / rows.scale_q.numpy()[row, 0]
     out_p[:, width:] = red.agg_p
     out_q[:, width:] = red.agg_q
     return torch.from_numpy(out_p), torch.from_numpy(out_q), torch.from_numpy(fallback)
