@@ -176,12 +176,15 @@ def _row_mid(ratio, q, r_cmp, n_lt, n_le, n_fin, normalized, div: Divergence):
             np.cumsum(terms, out=mid[n_le + 1:n_fin + 1])  # [j] = sum_{n_le <= i < j}, 0 up to n_le
             mid[n_fin + 1:] = mid[n_fin]
         return mid
-    terms = q * g_numpy(div, np.nan_to_num(r_cmp.astype(np.float64), posinf=1.0))  # one generator call
+    # the generator on the two kept slices only (elementwise: the same values as on the whole row); the
+    # ratios there are finite and not NaN, so the batched path's nan_to_num leaves them as they are
     if n_lt:
         r_lo = r_cmp[:n_lt]
-        np.cumsum(np.where(r_lo < 1, terms[:n_lt], 0.0)[::-1], out=mid[n_lt - 1::-1])
+        terms = q[:n_lt] * g_numpy(div, r_lo.astype(np.float64))
+        np.cumsum(np.where(r_lo < 1, terms, 0.0)[::-1], out=mid[n_lt - 1::-1])
     if n_fin > n_le:  # beyond n_fin the terms are masked (infinite ratios): the sum stays
         r_hi = r_cmp[n_le:n_fin]
-        np.cumsum(np.where((r_hi > 1) & (r_hi < _INF), terms[n_le:n_fin], 0.0), out=mid[n_le + 1:n_fin + 1])
+        terms = q[n_le:n_fin] * g_numpy(div, r_hi.astype(np.float64))
+        np.cumsum(np.where((r_hi > 1) & (r_hi < _INF), terms, 0.0), out=mid[n_le + 1:n_fin + 1])
         mid[n_fin + 1:] = mid[n_fin]
     return mid
