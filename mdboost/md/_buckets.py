@@ -91,7 +91,7 @@ def reduced_pair(xp, rows: Rows, h: Histogram, red: Reduction, sorted_rows=None)
     pos = torch.arange(flat.numel(), device=dev) - (torch.cumsum(kept, 0) - kept).index_select(0, row)
     vals_p = rows.p.reshape(-1).index_select(0, flat).to(torch.float64)
     vals_q = rows.q.reshape(-1).index_select(0, flat).to(torch.float64)
-    if rows.scale_p is not None:  # the same float64 values as in the histogram's pass
+    if rows.scale_p is not None:  # the float64 entries of the rescaled rows (Rows.block / block32)
         vals_p, vals_q = vals_p / rows.scale_p[:, 0][row], vals_q / rows.scale_q[:, 0][row]
     total = width + AGGREGATES
     out_p = torch.zeros(n * total, dtype=torch.float64, device=dev)
@@ -151,7 +151,7 @@ def _reduced_pair_np(rows: Rows, h: Histogram, red: Reduction, sorted_rows):
         vals_p, vals_q = rows.p.numpy().reshape(-1).take(src), rows.q.numpy().reshape(-1).take(src)
         if rows.scale_p is None:
             out_p.reshape(-1)[dst], out_q.reshape(-1)[dst] = vals_p, vals_q
-        else:  # the same float64 values as in the histogram's pass
+        else:  # the float64 entries of the rescaled rows (Rows.block / block32)
             out_p.reshape(-1)[dst] = vals_p.astype(np.float64) / rows.scale_p.numpy()[row, 0]
             out_q.reshape(-1)[dst] = vals_q.astype(np.float64) / rows.scale_q.numpy()[row, 0]
     out_p[:, width:] = red.agg_p
@@ -167,7 +167,7 @@ def _reduced_row(rows: Rows, h: Histogram, red: Reduction):
     c = flat.size
     p_r, q_r = np.empty(c + AGGREGATES), np.empty(c + AGGREGATES)
     p_r[:c], q_r[:c] = rows.p.numpy()[0].take(flat), rows.q.numpy()[0].take(flat)
-    if rows.scale_p is not None:  # the same float64 values as in the histogram's pass
+    if rows.scale_p is not None:  # the float64 entries of the rescaled rows (Rows.block / block32)
         p_r[:c] /= rows.scale_p.numpy()[0, 0]
         q_r[:c] /= rows.scale_q.numpy()[0, 0]
     p_r[c:], q_r[c:] = red.agg_p[0], red.agg_q[0]

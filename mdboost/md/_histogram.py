@@ -329,10 +329,13 @@ def _histogram_np(rows: Rows, div: Divergence, normalize: bool | None = None, ch
                     _check_block(rows, blk, sp, sq)
                 if own:
                     scale_p_np[blk], scale_q_np[blk] = sp, sq
-            if scaled:  # the float64 values and ratio of Rows.block / block32
-                p64 /= scale_p_np[blk]
-                q64 /= scale_q_np[blk]
+            # the ratio of Rows.block / block32: float64 rows divide their rescaled entries; float32
+            # rows take the input's ratio times the scale factor, and are rescaled in their bucket sums
+            # below (a division per bucket instead of two per entry)
             if ratio.dtype == np.float64:
+                if scaled:
+                    p64 /= scale_p_np[blk]
+                    q64 /= scale_q_np[blk]
                 np.divide(p64, q64, out=ratio)
             else:
                 np.divide(p_np[blk], q_np[blk], out=ratio)
@@ -351,6 +354,11 @@ def _histogram_np(rows: Rows, div: Divergence, normalize: bool | None = None, ch
                 terms[...] = ratio
                 terms[...] = _terms(torch.from_numpy(p64), torch.from_numpy(q64), torch.from_numpy(terms), div)
         sums[:, blk].scatter_add_(2, idx[:size].unsqueeze(0).expand(3, size, vocab), src[:, :size])
+        if scaled and ratio_buf.dtype == np.float32:  # the sums of the rescaled rows: a bucket's sum over the row's
+            s_np = sums.numpy()
+            s_np[0, blk] /= scale_p_np[blk]
+            s_np[1, blk] /= scale_q_np[blk]
+            s_np[2, blk] /= scale_p_np[blk] if form is not None and form[0] == 0 else scale_q_np[blk]
     if form is not None:
         _from_log_sums(sums, form[1])
     else:
