@@ -348,8 +348,7 @@ def _histogram_np(rows: Rows, div: Divergence, normalize: bool | None = None, ch
                 if form[0] == 0:  # w = p: 0 where p = 0 (the clamp keeps log finite there)
                     np.maximum(ratio, tiny, out=ratio)
                 np.log(ratio, out=ratio)  # w = q: -inf where p = 0 < q (g(0) = inf)
-                terms[...] = ratio
-                terms *= q64 if form[0] else p64
+                np.multiply(ratio, q64 if form[0] else p64, out=terms)  # the log widened exactly, then the product
             else:
                 terms[...] = ratio
                 terms[...] = _terms(torch.from_numpy(p64), torch.from_numpy(q64), torch.from_numpy(terms), div)
