@@ -149,3 +149,42 @@ def test_property_random_dirichlet_pairs(pair, name, budget):
     bp = Breakpoints.build(p, q)
     dual = bp.for_acceptance(sol.acceptance)
     assert float(dual.a) == pytest.approx(float(sol.a), rel=1e-6, abs=1e-9)
+
+
+def _negative_zeros(x):  # the exact zeros of x as -0.0
+    return torch.where(x == 0, torch.full_like(x, -0.0), x)
+
+
+@pytest.mark.parametrize("vocab,rows", [(3, 1), (300, 1), (300, 4), (300, 20), (5000, 3)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_negative_zero_entries_are_zeros(vocab, rows, dtype):
+    """``-0.0`` in ``q`` (or ``p``) is a zero like ``+0.0``: the same solution on every path (one
+    small row, a few rows, many rows, the bucketed vocabulary), the same SD acceptance, and
+    ``verify`` never emits a token the target excludes."""
+    gen = torch.Generator().manual_seed(vocab + rows)
+    p = torch.softmax(torch.randn(rows, vocab, generator=gen, dtype=torch.float64) * 2, -1)
+    q = torch.softmax(torch.randn(rows, vocab, generator=gen, dtype=torch.float64) * 2, -1)
+    q[:, : max(1, vocab // 4)] = 0.0  # a top-k-like target: zeros where p has mass
+    p[:, -1] = 0.0
+    q, p = (q / q.sum(-1, keepdim=True)).to(dtype), (p / p.sum(-1, keepdim=True)).to(dtype)
+    if rows == 1:
+        p, q = p[0], q[0]
+    q_neg, p_neg = _negative_zeros(q), _negative_zeros(p)
+    assert bool(torch.signbit(q_neg[q == 0]).all())
+    for name in ["kl", "hellinger", "rkl"]:
+        for kw in (dict(max_divergence=0.05), dict(min_acceptance=0.99)):
+            ref = solve(p, q, divergence=name, **kw)
+            for got in (solve(p, q_neg, divergence=name, **kw), solve(p_neg, q_neg, divergence=name, **kw)):
+                for field in ("a", "b", "acceptance", "achieved_divergence", "sd_acceptance", "feasible"):
+                    assert torch.equal(getattr(got, field), getattr(ref, field)), (name, kw, field)
+    bp_ref, bp = Breakpoints.build(p, q), Breakpoints.build(p, q_neg)
+    assert torch.equal(bp.sd_acceptance, bp_ref.sd_acceptance)
+    assert float(bp_ref.sd_acceptance.max()) < 1.0  # p has mass where q is zero
+    # verify: the draft token with q = -0.0 is never accepted, and no emitted token has q = 0
+    p2, q2 = p.reshape(-1, vocab)[:1], q_neg.reshape(-1, vocab)[:1]
+    tokens = torch.nonzero(q2[0] == 0)[:1].reshape(1, 1)
+    target = torch.stack([q2[0], q2[0]])[None]
+    for seed in range(20):
+        out = verify(tokens, p2[:, None], target, max_divergence=1.0, generator=torch.Generator().manual_seed(seed))
+        assert int(out.num_accepted) == 0
+        assert float(q2[0, int(out.tokens[0, 0])]) > 0

@@ -229,7 +229,7 @@ def prepare_dual(p, q, min_acceptance, div: Divergence, normalize: bool,
 def _sorted(rp, rq):
     from mdboost.md._sums import _sort_rows
 
-    r = torch.div(rp, rq).nan_to_num_(nan=1.0, posinf=math.inf)
+    r = torch.div(rp, rq).nan_to_num_(nan=1.0, posinf=math.inf, neginf=math.inf)
     return _sort_rows(r, rp, rq)
 
 

@@ -77,8 +77,9 @@ def solve_row(p: torch.Tensor, q: torch.Tensor, budget: float, div: Divergence, 
             lo_p, lo_q = float(pn.min()), float(qn.min())
         r = pn / qn  # [V] input dtype; 0/0 -> 1 (neutral), p / 0 -> inf
         zeros = not (validate and lo_q > 0)  # q may have zeros (or is unchecked)
-        if zeros:
+        if zeros:  # 0/0 -> 1 (neutral), p / -0.0 -> inf (a zero of q, as p / +0.0)
             np.copyto(r, 1.0, where=r != r)
+            np.copyto(r, _INF, where=r == -_INF)
         order = _sort_order(r)
         r_s = r.take(order)
         w = np.empty((2, v))  # sorted p, q in float64
@@ -115,8 +116,8 @@ def reduced_row(p: np.ndarray, q: np.ndarray, div: Divergence, g) -> _Row:
     with np.errstate(all="ignore"):
         r = p / q  # 0/0 -> 1 (neutral), p / 0 -> inf
         np.copyto(r, 1.0, where=r != r)
-        if r.size and r.min() == -_INF:  # only from negative (unchecked) input: as torch's nan_to_num
-            np.copyto(r, np.finfo(np.float64).min, where=r == -_INF)
+        if r.size and r.min() == -_INF:  # p / -0.0: a zero of q, as p / +0.0 (Breakpoints._from_pair)
+            np.copyto(r, _INF, where=r == -_INF)
         order = _sort_order(r)
         w = np.empty((2, r.shape[0]))
         w[0], w[1] = p.take(order), q.take(order)

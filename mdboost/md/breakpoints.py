@@ -190,12 +190,12 @@ class Breakpoints:
         if _small_ok(p2) and p2.dtype == q2.dtype:  # the same division in numpy (a tiny torch op costs more)
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                 rn = p2.numpy() / q2.numpy()
-                np.copyto(rn, 1.0, where=rn != rn)  # np.nan_to_num(nan=1.0, posinf=inf) in fewer calls
-                if rn.size and rn.min() == -math.inf:  # only from negative (unchecked) input
-                    np.copyto(rn, np.finfo(rn.dtype).min, where=rn == -math.inf)
+                np.copyto(rn, 1.0, where=rn != rn)  # 0/0 -> 1 (neutral)
+                if rn.size and rn.min() == -math.inf:  # p / -0.0: a zero of q, as p / +0.0 (docs/theory.md, section 9)
+                    np.copyto(rn, math.inf, where=rn == -math.inf)
                 r = torch.from_numpy(rn)
         else:
-            r = torch.div(p2, q2).nan_to_num_(nan=1.0, posinf=math.inf)  # 0/0 -> 1 (neutral), in place
+            r = torch.div(p2, q2).nan_to_num_(nan=1.0, posinf=math.inf, neginf=math.inf)  # 0/0 -> 1, p / -0.0 -> inf
         r_sorted, p_sorted, q_sorted = _sort_rows(r, p2, q2)
         return cls(r_sorted, p_sorted, q_sorted, p.shape[:-1], p.dtype, normalize=normalize)
 
