@@ -70,6 +70,6 @@ def test_default_namespace_is_the_rule(monkeypatch):
     seen = []
     original = _search._primal
     monkeypatch.setattr(_search, "_primal", lambda xp, *args: seen.append(xp) or original(xp, *args))
-    p, q = _pairs(4, 50, 3)
+    p, q = _pairs(_search.SCALAR_ROWS + 1, 50, 3)  # more rows than the scalar search takes
     Breakpoints.build(p, q).for_divergence(0.1, "kl")
     assert seen == [NUMPY]

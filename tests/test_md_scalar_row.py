@@ -1,6 +1,6 @@
-"""One small CPU row searches in Python floats (``mdboost.md._scalar``): the same point as the array search.
+"""Few small CPU rows search in Python floats (``mdboost.md._scalar``): the same point as the array search.
 
-``mdboost.md._search.primal_point`` takes the scalar search for ``N = 1`` rows (switch
+``mdboost.md._search.primal_point`` takes the scalar search for up to ``SCALAR_ROWS`` rows (switch
 ``_search.SCALAR_ROW``); with the switch off the same row goes through the array search of the
 namespace tests. Both must give the same excess mass ``m`` (so the same acceptance), the same
 ``D_f`` at the point, and keep ``D_f <= budget``, for every built-in generator with a scalar twin.
@@ -68,17 +68,29 @@ def test_generators_without_a_twin_take_the_array_search():
     assert _scalar.scalar_g(resolve(lambda z: (z - 1.0) ** 2)) is None
 
 
-def test_single_row_solve_uses_the_scalar_search(monkeypatch):
+def test_few_rows_take_the_scalar_search_and_more_the_array_search(monkeypatch):
     calls = []
-    original = _scalar.primal_point
-    monkeypatch.setattr(_scalar, "primal_point", lambda *a, **k: calls.append(1) or original(*a, **k))
-    p, q = dirichlet_pairs(2, 100, 5, alpha=0.7)
-    one = solve(p[0], q[0], max_divergence=0.05)
+    original = _search._primal
+    monkeypatch.setattr(_search, "_primal", lambda *a, **k: calls.append(1) or original(*a, **k))
+    p, q = dirichlet_pairs(_search.SCALAR_ROWS + 1, 100, 5, alpha=0.7)
+    few = solve(p[:_search.SCALAR_ROWS], q[:_search.SCALAR_ROWS], max_divergence=0.05)
+    assert calls == []  # row by row in Python floats
+    more = solve(p, q, max_divergence=0.05)  # one row more: the array search
     assert calls == [1]
-    batch = solve(p, q, max_divergence=0.05)  # two rows: the array search
-    assert calls == [1]
-    torch.testing.assert_close(one.acceptance, batch.acceptance[0], atol=1e-11, rtol=0)
-    torch.testing.assert_close(one.achieved_divergence, batch.achieved_divergence[0], atol=1e-11, rtol=1e-9)
+    torch.testing.assert_close(few.acceptance, more.acceptance[:-1], atol=1e-11, rtol=0)
+    torch.testing.assert_close(few.achieved_divergence, more.achieved_divergence[:-1], atol=1e-11, rtol=1e-9)
+
+
+@pytest.mark.parametrize("name", ["kl", "rkl", "hellinger", "tv"])
+def test_a_few_rows_equal_their_rows_solved_alone_exactly(name):
+    """Each row of a batch of few rows is searched alone: the same floats as that row as a batch of one."""
+    p, q = dirichlet_pairs(_search.SCALAR_ROWS, 300, 9, alpha=0.3)
+    budgets = torch.tensor([1e-6, 1e-3, 0.02, 0.1, 0.5, 2.0, 10.0, math.inf] * 2, dtype=torch.float64)[:p.shape[0]]
+    batch = solve(p, q, max_divergence=budgets, divergence=name)
+    for i in range(p.shape[0]):
+        one = solve(p[i:i + 1], q[i:i + 1], max_divergence=budgets[i:i + 1], divergence=name)
+        for field in ("a", "b", "acceptance", "achieved_divergence"):
+            assert bool(getattr(batch, field)[i] == getattr(one, field)[0]), (field, i)
 
 
 def _overflow_row(dtype):

@@ -1,9 +1,11 @@
-"""The exact primal of one small CPU row: its search in Python floats (docs/theory.md, section 4).
+"""The exact primal of a few small CPU rows: each row's search in Python floats (docs/theory.md, section 4).
 
 :func:`primal_point` searches a :class:`_Row` (one row's sorted sums as 1-D numpy float64
 arrays and its scalars), given directly or read off a one-row
-:class:`~mdboost.md.breakpoints.Breakpoints` (for :func:`mdboost.md._search.primal_point`:
-``N = 1``, ``V <= SMALL_VOCAB``, exact mode, and the rows the batched search loses to rounding).
+:class:`~mdboost.md.breakpoints.Breakpoints` (the rows the batched search loses to rounding);
+:func:`primal_points` searches every row of a :class:`~mdboost.md.breakpoints.Breakpoints` one
+by one (for :func:`mdboost.md._search.primal_point`: ``N <= SCALAR_ROWS``, ``V <= SMALL_VOCAB``,
+exact mode).
 The rows built from a pair itself or from the reduced pair of the linear-time solve are made by
 :mod:`mdboost.md._scalar_rows`.
 
@@ -17,7 +19,7 @@ tolerance (``2^-50`` of the segment or a few ulps of ``m``), keeping the side ``
 Why: one row costs a fixed number of tiny array operations, and at ``V <= 2048`` their call
 overhead is most of a ``solve`` call; here each evaluation of ``D_f`` is a few float operations.
 Used for the built-in generators with a scalar twin (:func:`scalar_g`); the others, the bound
-mode and batches take the array search. Tested equal to it (``tests/test_md_scalar_row.py``).
+mode and larger batches take the array search. Tested equal to it (``tests/test_md_scalar_row.py``).
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import math
 import numpy as np
 import torch
 
+from mdboost.md._xp import NUMPY
 from mdboost.md.divergences import GENERATORS, Divergence, is_generator
 
 _INF = math.inf
@@ -308,6 +311,30 @@ def lost(m: float, budget: float, tv: float, m_end: float) -> bool:
     returns: a positive budget on a curve of more than one point has a feasible ``m < tv``
     (``D_f`` is continuous and 0 at the start)."""
     return budget > 0 and m >= tv > m_end
+
+
+def primal_points(bp, budget: torch.Tensor, div: Divergence, g, min_budget: float):
+    """:func:`primal_point` on every row of a CPU :class:`~mdboost.md.breakpoints.Breakpoints`:
+    ``(a, b, m, value)`` as torch [N, 1] float64, or None where a row's budget is below
+    ``min_budget`` (the array search's case) or a row's search is lost to rounding (:func:`lost`).
+    Each row is searched alone, on the numpy views of its sums: the values of a batch of one."""
+    budgets = budget.reshape(-1).tolist()
+    if any(b < min_budget for b in budgets):
+        return None
+    sums, mid = bp.arrays(NUMPY), bp.prefix(div).numpy()
+    n_lt, n_le, j_max = (x[:, 0].tolist() for x in (sums.n_lt, sums.n_le, sums.j_max))
+    tv, m_end = sums.tv[:, 0].tolist(), sums.m_end[:, 0].tolist()
+    out = []
+    with np.errstate(invalid="ignore", over="ignore"):
+        for i, b in enumerate(budgets):
+            row = _Row(sums.cp[i], sums.cq[i], sums.rp[i], sums.rq[i], sums.ratio[i], mid[i], n_lt[i], n_le[i],
+                       j_max[i], tv[i], m_end[i], g)
+            point = _point(row, b)
+            if lost(point[2], b, tv[i], m_end[i]):
+                return None
+            out.append(point)
+    t = torch.tensor(out, dtype=torch.float64)  # [N, 4]
+    return t[:, 0:1], t[:, 1:2], t[:, 2:3], t[:, 3:4]
 
 
 def primal_point(src, budget: float, div: Divergence, g, with_value: bool = False, floats: bool = False):

@@ -46,7 +46,12 @@ _GRID = torch.linspace(0, 1, GRID + 1, dtype=torch.float64)
 _EPS = torch.finfo(torch.float64).eps
 SMALL_VOCAB = 2048  # primal: the sorted-breakpoint bracket up to this vocabulary, the fanout search above
 STRIDE = 16  # small bracket: coarse stride over the A-breakpoints and over the B-breakpoints
-SCALAR_ROW = True  # one small CPU row: the search in Python floats (mdboost.md._scalar); False: the array search
+SCALAR_ROW = True  # few small CPU rows: the search in Python floats (mdboost.md._scalar); False: the array search
+# Up to this many small CPU rows the exact primal searches row by row in Python floats. Measured
+# (one thread, kl and hellinger, W = 257 to 2000, after a large op had cooled the caches as in
+# verify): about 70 us a row there against about 0.9 ms for the array search's call plus 20 us a
+# row; the two cost the same from 12 to 16 rows
+SCALAR_ROWS = 12
 # Budgets below this take the array search even for one small row: there D_f - budget is within the
 # rounding of D_f's float64 evaluation (~V * eps of its O(1) terms), whose sign then steers a single
 # secant path astray (acceptance 1e-8 short of the bound mode's at D = 6e-17), while the array
@@ -321,17 +326,17 @@ def primal_point(bp, budget: torch.Tensor, div, bound: bool, with_value: bool = 
     (:func:`_bound_fallback`), else falls back to the curve's start (``pi = q``).
     ``m`` is snapped (:func:`snap`); ``(a, b)`` are exactly 0 at ``m >= tv``; ``value`` is
     ``D_f`` (or the bound) at the point, 0 at the start, None unless ``with_value``.
-    One small CPU row of the exact mode searches in Python floats (:mod:`mdboost.md._scalar`).
+    Up to :data:`SCALAR_ROWS` small CPU rows of the exact mode are searched one by one in Python
+    floats (:func:`mdboost.md._scalar.primal_points`).
     """
     xp = namespace_for(bp._r)
-    if (not bound and xp is NUMPY and bp._r.shape[0] == 1 and bp.vocab <= SMALL_VOCAB and SCALAR_ROW
-            and not float(budget) < SCALAR_MIN_BUDGET):
+    if not bound and xp is NUMPY and 0 < bp._r.shape[0] <= SCALAR_ROWS and bp.vocab <= SMALL_VOCAB and SCALAR_ROW:
         g = _scalar.scalar_g(div)
-        if g is not None:
-            point = _scalar.primal_point(bp, float(budget), div, g, with_value)
-            if not _scalar.lost(float(point[2]), float(budget), float(bp._tv), float(bp._m_end)):
-                return point
-            # lost to rounding: the array search, its rescue and the bound fallback below
+        points = None if g is None else _scalar.primal_points(bp, budget, div, g, SCALAR_MIN_BUDGET)
+        if points is not None:
+            return points if with_value else (*points[:3], None)
+        # a budget at the rounding level of D_f, or a row lost to rounding: the array search, its
+        # rescue and the bound fallback below
     with xp.errstate():
         sums = bp.arrays(xp)
         b = xp.asarray(budget.to(torch.float64))
