@@ -4,7 +4,7 @@ Shared by ``tests/test_fuzz_core.py`` (a fixed seed and a time budget in the fas
 ``bench/fuzz_core.py`` (the large run whose counts go to ``bench/RESULTS.md``). Each case draws
 one call of a public entry point (``solve``, ``Breakpoints``, ``curve``, ``verify``,
 ``f_divergence``, ``mentored_distribution``, ``logits_to_probs``, the pool-mode estimator) on
-inputs across the whole float range: subnormal and near-overflow entries, exact zeros, one-hot
+inputs across the whole float range: subnormal and near-overflow entries, exact zeros (also -0.0), one-hot
 rows, LLM-like logits at low temperature, empty batch dimensions, inputs that require grad,
 and half-precision inputs; or a malformed version of such a call (one argument spoiled).
 
@@ -97,7 +97,8 @@ def _row(rng, v):
         idx = rng.choice(v, size=rng.integers(1, v), replace=False)
         x[idx] = rng.choice(TINY, size=idx.size)
     if kind == "zeros" and v > 1:
-        x[rng.choice(v, size=rng.integers(1, v), replace=False)] = 0.0
+        idx = rng.choice(v, size=rng.integers(1, v), replace=False)
+        x[idx] = -0.0 if idx.size % 2 else 0.0  # a negative zero is a zero too (no extra draw)
     if x.sum() == 0:
         x[rng.integers(v)] = 1.0
     return x / x.sum()

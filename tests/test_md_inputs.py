@@ -171,8 +171,8 @@ def test_negative_zero_entries_are_zeros(vocab, rows, dtype):
         p, q = p[0], q[0]
     q_neg, p_neg = _negative_zeros(q), _negative_zeros(p)
     assert bool(torch.signbit(q_neg[q == 0]).all())
-    for name in ["kl", "hellinger", "rkl"]:
-        for kw in (dict(max_divergence=0.05), dict(min_acceptance=0.99)):
+    for name in ["kl", "hellinger", "rkl", "neyman"]:
+        for kw in (dict(max_divergence=0.05), dict(min_acceptance=0.99), dict(min_acceptance=1.0)):
             ref = solve(p, q, divergence=name, **kw)
             for got in (solve(p, q_neg, divergence=name, **kw), solve(p_neg, q_neg, divergence=name, **kw)):
                 for field in ("a", "b", "acceptance", "achieved_divergence", "sd_acceptance", "feasible"):
@@ -188,3 +188,16 @@ def test_negative_zero_entries_are_zeros(vocab, rows, dtype):
         out = verify(tokens, p2[:, None], target, max_divergence=1.0, generator=torch.Generator().manual_seed(seed))
         assert int(out.num_accepted) == 0
         assert float(q2[0, int(out.tokens[0, 0])]) > 0
+
+
+@pytest.mark.parametrize("name", sorted(GENERATORS) + ["alpha:-3", "alpha:-1.5", "alpha:3"])
+def test_generators_read_a_negative_zero_as_zero(name):
+    """``f(-0.0) == f(0.0)`` and ``g(-0.0) == g(0.0)`` (``neyman``'s ``(z - 1) ((z - 1) / z)`` and odd
+    negative powers would give ``-inf``), so ``D_f`` of a ``pi`` with negative zeros is that with zeros."""
+    div = resolve(name)
+    z = torch.tensor([-0.0, 0.0], dtype=torch.float64)
+    f, g = div(z), div.g(z)
+    assert torch.equal(f[0], f[1]) and torch.equal(g[0], g[1]), (f, g)
+    pi = torch.tensor([0.5, 0.5, -0.0], dtype=torch.float64)
+    q = torch.tensor([0.4, 0.4, 0.2], dtype=torch.float64)
+    assert torch.equal(f_divergence(pi, q, name), f_divergence(pi.abs(), q, name))

@@ -233,7 +233,7 @@ def g_numpy(div, z: np.ndarray) -> np.ndarray:
     fraction of two torch calls' cost on small rows); the standardisation and the asymptote in
     numpy (the same IEEE operations in the same order). Call under :meth:`NumpyOps.errstate`
     (``inf - inf`` is masked as in torch)."""
-    out = np.negative(np.log(z)) if is_generator(div, "rkl") else div.f(torch.from_numpy(z)).numpy()
+    out = np.negative(np.log(z)) if is_generator(div, "rkl") else div(torch.from_numpy(z)).numpy()
     if div.standardize and div.fprime_one != 0.0:
         out = out - div.fprime_one * (z - 1.0)
     return np.where(np.isnan(out), (div.inf_slope - div.fprime_one) * z, out)

@@ -64,14 +64,18 @@ class Divergence:
     standardize: bool = True
 
     def __call__(self, z: torch.Tensor) -> torch.Tensor:
-        return self.f(z)
+        """``f(z)``, with a negative zero read as 0 (``f`` sees ``z + 0.0``: ``-0.0`` becomes ``+0.0``,
+        which a generator such as ``neyman``'s ``(z - 1) ((z - 1) / z)`` would otherwise send to ``-inf``)."""
+        return self.f(z + 0.0)
 
     def g(self, z: torch.Tensor) -> torch.Tensor:
         """Standardized generator ``g(z) = f(z) - f'(1) (z - 1)`` (``>= 0``, ``g(1) = 0``).
 
         Where ``f`` overflows for a huge ratio (``inf - inf``: NaN), the asymptote
-        ``(lim f(z) / z - f'(1)) z`` is returned instead.
+        ``(lim f(z) / z - f'(1)) z`` is returned instead. A negative zero is read as 0 (as in
+        :meth:`__call__`).
         """
+        z = z + 0.0
         if not self.standardize or self.fprime_one == 0.0:
             out = self.f(z)
         else:
@@ -263,7 +267,7 @@ def f_divergence(
     pi, q = torch.where(below, 0.0, pi), torch.where(below, 0.0, q)
     pos = q > 0
     z = torch.where(pos, pi / torch.where(pos, q, torch.ones_like(q)), torch.ones_like(q))
-    inside = q * div.f(z)
+    inside = q * div(z)
     # q_i = 0 < pi_i, and the overflow regime of a tiny q_i: the limit pi_i * lim f(z) / z
     outside = torch.where(pi > 0, pi * div.inf_slope, torch.zeros_like(pi)) if div.inf_slope else torch.zeros_like(pi)
     limit = ~pos | torch.isinf(z) | torch.isnan(inside)
