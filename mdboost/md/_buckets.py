@@ -146,9 +146,9 @@ def _reduced_pair_np(rows: Rows, h: Histogram, red: Reduction, sorted_rows):
     if width:
         row = np.repeat(np.arange(n), counts)  # [K] the row of every kept entry, rows in order
         starts = np.cumsum(counts) - counts
-        src = np.concatenate([k for k, f in zip(kept, fallback.tolist()) if not f]) + row * vocab
+        col = np.concatenate([k for k, f in zip(kept, fallback.tolist()) if not f])  # [K] their positions
         dst = np.arange(row.size) + (row * total - starts[row])  # row * total + position in its row
-        vals_p, vals_q = rows.p.numpy().reshape(-1).take(src), rows.q.numpy().reshape(-1).take(src)
+        vals_p, vals_q = rows.p.numpy()[row, col], rows.q.numpy()[row, col]  # (strided rows are not copied)
         if rows.scale_p is None:
             out_p.reshape(-1)[dst], out_q.reshape(-1)[dst] = vals_p, vals_q
         else:  # the float64 entries of the rescaled rows (Rows.block / block32)
