@@ -60,7 +60,6 @@ def parse_args(argv=None):
     return args
 
 
-
 def measure(args, vocab: int, device: torch.device) -> dict:
     """AR, SD and MD interleaved on one target of ``vocab`` entries: per mode, medians of time per
     target call, verification time per target call, tokens per target call and tokens per second."""

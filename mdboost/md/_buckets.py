@@ -227,10 +227,9 @@ def prepare_dual(p, q, min_acceptance, div: Divergence, normalize: bool,
 
 
 def _sorted(rp, rq):
-    from mdboost.md._sums import _sort_rows
+    from mdboost.md._sums import _sort_rows, neutral_ratios
 
-    r = torch.div(rp, rq).nan_to_num_(nan=1.0, posinf=math.inf, neginf=math.inf)
-    return _sort_rows(r, rp, rq)
+    return _sort_rows(neutral_ratios(torch.div(rp, rq)), rp, rq)
 
 
 def _finish_primal(bp: Breakpoints, budget, div: Divergence, delta):

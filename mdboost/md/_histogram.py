@@ -17,7 +17,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from mdboost.md._sums import _blocks
+from mdboost.md._sums import _blocks, neutral_ratios
 from mdboost.md._xp import NUMPY, namespace_for
 from mdboost.md.divergences import Divergence, is_generator
 
@@ -94,7 +94,7 @@ class Rows(NamedTuple):
         p64, q64 = self.p[rows].to(torch.float64), self.q[rows].to(torch.float64)
         if self.scale_p is not None:
             p64, q64 = p64 / self.scale_p[rows], q64 / self.scale_q[rows]
-        return p64, q64, torch.div(p64, q64).nan_to_num_(nan=1.0, posinf=math.inf, neginf=math.inf)
+        return p64, q64, neutral_ratios(torch.div(p64, q64))
 
     def block32(self, rows: slice):
         """``(p64, q64, ratio)`` of a float32 block: ``p64``, ``q64`` as in :meth:`block`, the ratio
@@ -106,7 +106,7 @@ class Rows(NamedTuple):
         else:
             p64, q64 = p64 / self.scale_p[rows], q64 / self.scale_q[rows]
             ratio = torch.div(p, q).mul_((self.scale_q[rows] / self.scale_p[rows]).to(torch.float32))
-        return p64, q64, ratio.nan_to_num_(nan=1.0, posinf=math.inf, neginf=math.inf)
+        return p64, q64, neutral_ratios(ratio)
 
 
 def rows_of(p, q, normalize: bool, sums=None) -> Rows:

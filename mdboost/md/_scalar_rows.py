@@ -20,6 +20,7 @@ import torch
 from mdboost.md import _scalar
 from mdboost.md._checks import _check_budget_range, _check_row_values
 from mdboost.md._scalar import _INF, _Row
+from mdboost.md._sums import neutral_ratios
 from mdboost.md._xp import g_numpy
 from mdboost.md.divergences import Divergence, is_generator
 
@@ -77,9 +78,8 @@ def solve_row(p: torch.Tensor, q: torch.Tensor, budget: float, div: Divergence, 
             lo_p, lo_q = float(pn.min()), float(qn.min())
         r = pn / qn  # [V] input dtype; 0/0 -> 1 (neutral), p / 0 -> inf
         zeros = not (validate and lo_q > 0)  # q may have zeros (or is unchecked)
-        if zeros:  # 0/0 -> 1 (neutral), p / -0.0 -> inf (a zero of q, as p / +0.0)
-            np.copyto(r, 1.0, where=r != r)
-            np.copyto(r, _INF, where=r == -_INF)
+        if zeros:  # 0/0 and p / -0.0 (the ratio is canonical otherwise)
+            neutral_ratios(r)
         order = _sort_order(r)
         r_s = r.take(order)
         w = np.empty((2, v))  # sorted p, q in float64
@@ -114,10 +114,7 @@ def reduced_row(p: np.ndarray, q: np.ndarray, div: Divergence, g) -> _Row:
     reduced pair of the linear-time solve (:mod:`mdboost.md._buckets`), with the sort, the sums
     and the prefix of ``Breakpoints(r, p, q)`` on it where the search reads them."""
     with np.errstate(all="ignore"):
-        r = p / q  # 0/0 -> 1 (neutral), p / 0 -> inf
-        np.copyto(r, 1.0, where=r != r)
-        if r.size and r.min() == -_INF:  # p / -0.0: a zero of q, as p / +0.0 (Breakpoints._from_pair)
-            np.copyto(r, _INF, where=r == -_INF)
+        r = neutral_ratios(p / q)  # p / 0 -> inf
         order = _sort_order(r)
         w = np.empty((2, r.shape[0]))
         w[0], w[1] = p.take(order), q.take(order)

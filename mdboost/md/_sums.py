@@ -73,6 +73,18 @@ def _prefix_sums_np(r, q, ratio, n_lt, n_le, div: Divergence) -> np.ndarray:  # 
     return mid
 
 
+def neutral_ratios(r):
+    """The ratios ``r = p / q`` (numpy array or torch tensor) made canonical, in place: ``0 / 0``
+    (NaN) is 1 (neutral), and ``p / -0.0`` (``-inf``) is ``+inf``: a negative zero of ``q`` is a zero
+    of the target like ``+0.0`` (docs/theory.md, section 4). Returns ``r``."""
+    if torch.is_tensor(r):
+        return r.nan_to_num_(nan=1.0, posinf=math.inf, neginf=math.inf)
+    np.copyto(r, 1.0, where=r != r)
+    if r.size and r.min() == -math.inf:
+        np.copyto(r, math.inf, where=r == -math.inf)
+    return r
+
+
 def _sort_rows(r, p, q):  # [N, V] each -> r, p, q permuted so that r is ascending
     """Sort rows of ``r >= 0`` (``+inf`` allowed, no NaN) and permute ``p``, ``q`` alike.
 

@@ -34,7 +34,7 @@ import torch
 from mdboost.md import _search
 from mdboost.md._checks import check_budget, check_pair
 from mdboost.md._segment import Segment, SortedSums, ab_on, divergence_on, make_segment
-from mdboost.md._sums import ACC_DTYPE, _small_ok, _cumsums_np, _prefix_sums_np, _sort_rows, _cumsums, _prefix_sums, _mass_sums, _bcast
+from mdboost.md._sums import ACC_DTYPE, neutral_ratios, _small_ok, _cumsums_np, _prefix_sums_np, _sort_rows, _cumsums, _prefix_sums, _mass_sums, _bcast
 from mdboost.md._xp import TORCH
 from mdboost.md.divergences import Divergence, resolve
 
@@ -189,13 +189,9 @@ class Breakpoints:
         p2, q2 = p.reshape(-1, vocab), q.reshape(-1, vocab)
         if _small_ok(p2) and p2.dtype == q2.dtype:  # the same division in numpy (a tiny torch op costs more)
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-                rn = p2.numpy() / q2.numpy()
-                np.copyto(rn, 1.0, where=rn != rn)  # 0/0 -> 1 (neutral)
-                if rn.size and rn.min() == -math.inf:  # p / -0.0: a zero of q, as p / +0.0 (docs/theory.md, section 9)
-                    np.copyto(rn, math.inf, where=rn == -math.inf)
-                r = torch.from_numpy(rn)
+                r = torch.from_numpy(neutral_ratios(p2.numpy() / q2.numpy()))
         else:
-            r = torch.div(p2, q2).nan_to_num_(nan=1.0, posinf=math.inf, neginf=math.inf)  # 0/0 -> 1, p / -0.0 -> inf
+            r = neutral_ratios(torch.div(p2, q2))
         r_sorted, p_sorted, q_sorted = _sort_rows(r, p2, q2)
         return cls(r_sorted, p_sorted, q_sorted, p.shape[:-1], p.dtype, normalize=normalize)
 
