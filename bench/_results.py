@@ -28,6 +28,13 @@ def machine_line() -> str:
     )
 
 
+def load_line(start: float) -> str:
+    """The host's 1-minute load average when a measurement started (``start``, from
+    ``os.getloadavg()[0]``) and now: other processes sharing the cores slow the many small ops of
+    a call more than a few large ones, so ratios measured on a busy host differ."""
+    return f"_Host load (1-minute average): {start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end._"
+
+
 def update_section(name: str, markdown: str, path: Path = RESULTS) -> None:
     """Replace (or append) the block of ``name`` in the results file, atomically."""
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):

@@ -23,6 +23,7 @@ The machine may be shared: paired measurements are interleaved and ratios are me
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -33,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _results import machine_line, update_section  # noqa: E402
+from _results import load_line, machine_line, update_section  # noqa: E402
 
 from _notebook import emitted_distribution, notebook_solve  # noqa: E402
 
@@ -190,6 +191,7 @@ def bench_baseline(repeats=5):
     per row), and one call at V = 1000 and V = 50 (64 rows one by one). The calls are interleaved
     ``repeats`` times; speedups are medians of per-repeat ratios. Exactness over 64 rows each.
     """
+    load = os.getloadavg()[0]
     big_p, big_q = llm_like_pair(64, VOCAB, torch.float32, seed=1)
     small_p, small_q = llm_like_pair(64, 1000, torch.float32, seed=3)
     tiny_p, tiny_q = llm_like_pair(64, 50, torch.float32, seed=4)
@@ -231,6 +233,7 @@ def bench_baseline(repeats=5):
                                ("mdboost", _mdboost_accept(p, q, BUDGET)))
     }
     out["repeats"] = repeats
+    out["load"] = load
     return out
 
 
@@ -242,6 +245,7 @@ def baseline_lines(base):
     md_ok = {v: exact[(v, "mdboost")]["over"] for v in (VOCAB, 1000, 50)}
     lines = [
         machine_line(),
+        load_line(base["load"]),
         "",
         f"The public mentored decoding notebook (Tran-Thien, `vivien000/mentored_decoding`, `notebook.ipynb`, "
         f"`mentored_sampling`, commit `ace0902`), ported line by line in `bench/_notebook.py`: one sort of "
@@ -349,7 +353,7 @@ def verify_lines(ver):
 
 
 def main(write=True):
-    t0 = time.perf_counter()
+    t0, load = time.perf_counter(), os.getloadavg()[0]
     core = bench_build_and_queries()
     single = bench_single_row()
     print(baseline_section(write=write))
@@ -357,6 +361,7 @@ def main(write=True):
     ms = 1e3
     lines = [
         machine_line(),
+        load_line(load),
         "",
         f"Inputs: LLM-like correlated drafter/target rows, KL budget {BUDGET}. Times are medians; "
         f"ratios are medians of per-repeat ratios (the paired calls interleaved). "
@@ -414,7 +419,9 @@ def cli(argv=None) -> int:
     if args.baseline:
         print(baseline_section(write=not args.no_write))
     elif args.verify:
-        print("\n".join([machine_line(), ""] + verify_lines(bench_verify())))
+        load = os.getloadavg()[0]
+        ver = bench_verify()
+        print("\n".join([machine_line(), load_line(load), ""] + verify_lines(ver)))
     else:
         main(write=not args.no_write)
     return 0
