@@ -143,3 +143,87 @@ def test_pool_validation():
         SelfNormalizedBoostClassifier(pool=[scorer, TableScorer(tables[1][:, :10])]).fit(X, y)
     with pytest.raises(ValueError, match="not in classes_"):
         SelfNormalizedBoostClassifier(pool=[scorer]).fit(X, y + 100)
+
+
+def test_clone_keeps_pool_scorers_and_cross_validation_runs():
+    from sklearn.base import clone
+    from sklearn.model_selection import StratifiedKFold, cross_val_score
+
+    X, y = make_classification(n_samples=120, n_features=6, n_classes=3, n_informative=4, random_state=0)
+    lr = LogisticRegression(max_iter=500).fit(X, y)  # a fitted sklearn classifier, used by reference
+    table = TableScorer(np.random.RandomState(0).randn(120, 3))
+    clf = SelfNormalizedBoostClassifier(n_estimators=3, pool=[lr])
+    twin = clone(clf)
+    assert twin.pool is not clf.pool and twin.pool[0] is lr
+    assert clone(SelfNormalizedBoostClassifier(pool=(table,))).pool == (table,)
+    assert clone(SelfNormalizedBoostClassifier(n_estimators=7)).get_params() == SelfNormalizedBoostClassifier(
+        n_estimators=7).get_params()
+    cv = StratifiedKFold(3)
+    expected = [SelfNormalizedBoostClassifier(n_estimators=3, pool=[lr]).fit(X[tr], y[tr]).score(X[te], y[te])
+                for tr, te in cv.split(X, y)]
+    np.testing.assert_array_equal(cross_val_score(clf, X, y, cv=cv), expected)
+
+
+def test_row_constant_scorer_is_dropped_not_leveraged_on_rounding_noise():
+    rng = np.random.RandomState(0)
+    for n_rows, n_classes, level in ((300, 3, 0.3), (200, 1000, 20.0)):
+        y = rng.randint(0, n_classes, n_rows)
+        good = rng.randn(n_rows, n_classes)
+        good[np.arange(n_rows), y] += 2.0
+        const = np.repeat(rng.rand(n_rows, 1) + level, n_classes, axis=1)  # scores constant over the classes
+        rows = np.arange(n_rows)[:, None]
+        assert 0 < np.abs(TableScorer(const).label_scores(rows, y)).max() < 1e-12  # rounding noise, not 0
+        alone = SelfNormalizedBoostClassifier(n_estimators=5, pool=[TableScorer(const)]).fit(rows, y)
+        assert alone.estimators_ == [] and "useless hypothesis" in alone.stop_reason_
+        for scorer in (TableScorer(const), _NoLabelScores(const)):
+            mixed = SelfNormalizedBoostClassifier(n_estimators=10, pool=[TableScorer(good), scorer]).fit(rows, y)
+            ref = SelfNormalizedBoostClassifier(n_estimators=10, pool=[TableScorer(good)]).fit(rows, y)
+            assert all(e is mixed.pool[0] for e in mixed.estimators_)
+            np.testing.assert_array_equal(mixed.estimator_weights_, ref.estimator_weights_)
+
+
+def test_failed_fit_leaves_no_half_fitted_state():
+    from sklearn.exceptions import NotFittedError
+
+    class _Broken(TableScorer):
+        def label_scores(self, X, Y):
+            raise RuntimeError("cache read failed")
+
+    rows = np.arange(60)[:, None]
+    y = np.arange(60) % 3
+    clf = SelfNormalizedBoostClassifier(n_estimators=3, pool=[_Broken(np.ones((60, 3)))])
+    with pytest.raises(RuntimeError):
+        clf.fit(rows, y)
+    with pytest.raises(NotFittedError):
+        clf.predict(rows)
+    good = TableScorer(np.random.RandomState(1).randn(60, 3))
+    clf.set_params(pool=[good]).fit(rows, y)
+    before = (clf.classes_.copy(), list(clf.estimators_), clf.predict_proba(rows))
+    clf.set_params(pool=[_Broken(np.ones((60, 5)))])
+    with pytest.raises(RuntimeError):
+        clf.fit(rows, np.arange(60) % 5)
+    np.testing.assert_array_equal(clf.classes_, before[0])  # the previous fit, whole
+    assert clf.estimators_ == before[1]
+    np.testing.assert_array_equal(clf.set_params(pool=[good]).predict_proba(rows), before[2])
+
+
+def test_pool_classes_must_be_sorted():
+    rows = np.arange(6)[:, None]
+    with pytest.raises(ValueError, match=r"pool\[0\]\.classes_ must be sorted and unique"):
+        SelfNormalizedBoostClassifier(pool=[TableScorer(np.ones((6, 3)), classes=[2, 0, 1])]).fit(rows, [0, 1, 2] * 2)
+    with pytest.raises(ValueError, match=r"it lacks classes_"):
+        SelfNormalizedBoostClassifier(pool=[LogisticRegression()]).fit(rows, [0, 1, 2] * 2)
+
+
+def test_margins_read_y_as_fit_does_and_name_bad_arguments():
+    X, y = make_classification(n_samples=80, n_features=5, n_classes=3, n_informative=3, random_state=1)
+    clf = SelfNormalizedBoostClassifier(n_estimators=5, random_state=0).fit(X, y)
+    with pytest.warns(Warning):  # DataConversionWarning, as fit gives for a column y
+        column = clf.margins(X, y[:, None])
+    np.testing.assert_array_equal(column, clf.margins(X, y))
+    with pytest.raises(ValueError, match=r"y must have one row per row of X \(80\)"):
+        clf.margins(X, y[:10])
+    with pytest.raises(ValueError, match="theta must lie in"):
+        clf.margin_risk(X, y, 2.0)
+    with pytest.raises(ValueError, match="Sample weights must contain at least one non-zero"):
+        clf.score(X, y, sample_weight=np.zeros(80))

@@ -52,7 +52,10 @@ class SelfNormalizedBoostClassifier(ClassifierMixin, BaseEstimator):
     elsewhere), ``h*_t = max_i |g_ti|``, ``u_ti = g_ti / h*_t``, the edge
     ``mu_t = sum_i w_ti u_ti``, ``alpha_t = ln((1 + mu_t) / (1 - mu_t)) / (2 h*_t)`` and the
     weights ``w_(t+1),i = w_ti (1 - mu_t u_ti) / (1 - mu_t^2)`` (they sum to 1 unnormalized).
-    ``h*_t`` is taken over the examples of positive weight, so a zero weight drops an example.
+    ``h*_t`` is taken over the examples of positive weight, so a zero weight drops an example
+    from the rounds. ``classes_`` still comes from all of ``y`` (as in scikit-learn's ensembles):
+    a class whose examples all weigh 0 stays a class (the coding's ``n`` counts it), so that
+    case differs from dropping its examples.
 
     Parameters
     ----------
@@ -65,7 +68,8 @@ class SelfNormalizedBoostClassifier(ClassifierMixin, BaseEstimator):
         estimator mode) hypothesis; ``stop_reason_`` says which.
     pool : list of fixed scorers, default=None
         Pool mode: fixed pre-trained scorers (:class:`~mdboost.boosting.scorers.FixedScorer`),
-        never cloned or refitted; each round picks the scorer of largest ``|mu|`` (it may be picked again). A
+        never cloned or refitted (:func:`sklearn.base.clone` of this estimator keeps the
+        same scorers, so ``cross_val_score`` and ``GridSearchCV`` work); each round picks the scorer of largest ``|mu|`` (it may be picked again). A
         negative edge gives a negative ``alpha`` (the round uses ``-h``), which is fine. ``X``
         is validated with ``dtype=None, ensure_all_finite=False`` and handed to the scorers:
         any 2-D array they accept, e.g. row indices of shape (m, 1) into a logit cache. When
@@ -140,6 +144,19 @@ class SelfNormalizedBoostClassifier(ClassifierMixin, BaseEstimator):
         self.hypothesis = hypothesis
         self.random_state = random_state
 
+    def __sklearn_is_fitted__(self):
+        """Fitted once a fit finished (``estimators_`` set): a fit that raised is not fitted."""
+        return hasattr(self, "estimators_")
+
+    def __sklearn_clone__(self):
+        """:func:`sklearn.base.clone`: every parameter cloned as scikit-learn does, except
+        ``pool``, whose scorers are fixed and kept by reference (a new list of the same objects):
+        cloning would leave a fitted classifier unfitted and copy a whole logit table per fold."""
+        params = self.get_params(deep=False)
+        pool = params.pop("pool")
+        params = {k: clone(v, safe=False) for k, v in params.items()}
+        return type(self)(**params, pool=None if pool is None else type(pool)(pool))
+
     # ------------------------------------------------------------------ validation
     def _x_kwargs(self) -> dict:
         if self.pool is not None:
@@ -206,48 +223,51 @@ class SelfNormalizedBoostClassifier(ClassifierMixin, BaseEstimator):
         Parameters are not validated here (``fit`` does it); the fitted attributes are set once
         the generator is exhausted.
         """
-        X, self.classes_, labels, w = self._validate_training_data(X, y, sample_weight)
+        X, classes, labels, w = self._validate_training_data(X, y, sample_weight)
         random_state = check_random_state(self.random_state)
         pool_g = self._pool_label_scores(X, labels) if self.pool is not None else None
         base = DecisionTreeClassifier(max_depth=1) if self.estimator is None else self.estimator
-        self._template = (base, sorted(k for k in base.get_params(deep=True) if k.endswith("random_state")))
+        template = (base, sorted(k for k in base.get_params(deep=True) if k.endswith("random_state")))
         hyps, steps = [], []
-        self.stop_reason_ = f"n_estimators={self.n_estimators} rounds done"
+        stop_reason = f"n_estimators={self.n_estimators} rounds done"
         for iboost in range(self.n_estimators):
-            hyp, step = self._boost(iboost, X, labels, w, random_state, pool_g)
+            hyp, step = self._boost(iboost, X, labels, w, random_state, pool_g, template)
             if step.weights is not None:
                 hyps.append(hyp)
                 steps.append(step)
                 w = step.weights
             if step.stop_reason is not None:
-                self.stop_reason_ = f"round {iboost}: {step.stop_reason}"
+                stop_reason = f"round {iboost}: {step.stop_reason}"
                 break
             yield w.copy()
-        del self._template
+        # only now, all together: a fit that raises leaves no half-fitted state (a refit, the old one)
+        self.classes_, self.stop_reason_ = classes, stop_reason
         self.estimators_ = hyps
         self.estimator_weights_ = np.array([s.alpha for s in steps], dtype=np.float64)
         self.edges_ = np.array([s.edge for s in steps], dtype=np.float64)
         self.normalizers_ = np.array([s.normalizer for s in steps], dtype=np.float64)
         self.boosting_advantage_ = float(np.sum(self.edges_**2))
 
-    def _boost(self, iboost, X, labels, sample_weight, random_state, pool_g=None):
+    def _boost(self, iboost, X, labels, sample_weight, random_state, pool_g=None, template=None):
         """One round: returns ``(hypothesis, Step)``; ``Step.weights`` is None if rejected.
 
         Estimator mode fits a weak learner (a label set ``Y_i`` is expanded into one row per
         potential label with weight ``w_i / n_i``); pool mode picks the best ``|edge|`` scorer
-        from the precomputed label scores ``pool_g`` of shape (n_scorers, m).
+        from the precomputed ``pool_g = (label scores [n_scorers, m], rounding tolerance)``
+        (:meth:`_pool_label_scores`); ``template``: the weak learner and its seed keys.
         """
         if pool_g is not None:
+            g, tol = pool_g
             support = sample_weight > 0
-            h_star = np.abs(pool_g[:, support]).max(axis=1)
-            safe = np.where(h_star > 0, h_star, 1.0)
-            edges = np.where(h_star > 0, (pool_g @ sample_weight) / safe, 0.0)
+            h_star = np.abs(g[:, support]).max(axis=1)
+            useful = h_star > tol  # a scorer constant over the classes has rounding noise as label scores
+            edges = np.where(useful, (g @ sample_weight) / np.where(useful, h_star, 1.0), 0.0)
             k = int(np.argmax(np.abs(edges)))
-            step = edge_step(pool_g[k], sample_weight)
+            step = edge_step(g[k], sample_weight, tol=tol)
             if step.weights is not None and step.edge == 0.0:
                 step = type(step)(None, 0.0, 0.0, step.normalizer, "no pool scorer has a nonzero edge")
             return self.pool[k], step
-        estimator = self._make_estimator(random_state)
+        estimator = self._make_estimator(random_state, template)
         rows, cols, share = labels.expand()
         X_fit = X if labels.index is not None else X[rows]
         estimator.fit(X_fit, cols, sample_weight=sample_weight[rows] * share)
@@ -258,15 +278,21 @@ class SelfNormalizedBoostClassifier(ClassifierMixin, BaseEstimator):
             step = type(step)(None, step.edge, 0.0, step.normalizer, f"non-positive edge {step.edge:.3g}")
         return estimator, step
 
-    def _make_estimator(self, random_state):
-        base, seed_keys = self._template
+    def _make_estimator(self, random_state, template):
+        base, seed_keys = template
         estimator = clone(base)
         if seed_keys:
             estimator.set_params(**{k: random_state.randint(np.iinfo(np.int32).max) for k in seed_keys})
         return estimator
 
     def _pool_label_scores(self, X, labels):
-        return np.stack([label_scores_of(s, X, labels) for s in self.pool])  # [K, m]
+        """``(g, tol)``: the label scores of every scorer [K, m] and the rounding tolerance of
+        ``h*``: ``64 eps max(1, M)``, as in estimator mode, with ``M`` the largest score
+        magnitude the pool shows (of the score matrices built here, and of the label scores)."""
+        pairs = [label_scores_of(s, X, labels, with_scale=True) for s in self.pool]
+        g = np.stack([pair[0] for pair in pairs])  # [K, m]
+        scale = max([float(np.abs(g).max(initial=0.0))] + [pair[1] for pair in pairs if pair[1] is not None])
+        return g, 64 * np.finfo(np.float64).eps * max(1.0, scale)
 
     def _weak_scores(self, estimator, X, n_classes):
         if self.hypothesis == "predict":
@@ -351,6 +377,9 @@ class SelfNormalizedBoostClassifier(ClassifierMixin, BaseEstimator):
             yield self.classes_[np.argmax(H, axis=1)]
 
     def _accuracy(self, pred, y, sample_weight):
+        if sample_weight is not None:
+            # scikit-learn's checks (shape, negative entries, an all-zero weight), not np.average's ZeroDivisionError
+            sample_weight = _check_sample_weight(sample_weight, pred, dtype=np.float64, ensure_non_negative=True)
         if np.ndim(y) == 2 and np.shape(y)[1] > 1:
             _, labels = encode_labels(np.asarray(y), classes=self.classes_)
             hits = labels.contains(np.searchsorted(self.classes_, pred))
@@ -385,7 +414,12 @@ class SelfNormalizedBoostClassifier(ClassifierMixin, BaseEstimator):
         """
         check_is_fitted(self)
         X = self._check_X(X)
-        _, labels = encode_labels(np.asarray(y), classes=self.classes_)
+        y = np.asarray(y)
+        if y.ndim == 2 and y.shape[1] == 1:  # a column of labels, as fit reads it
+            y = column_or_1d(y, warn=True)
+        if y.shape[:1] != (X.shape[0],):
+            raise ValueError(f"y must have one row per row of X ({X.shape[0]}), got shape {y.shape}")
+        _, labels = encode_labels(y, classes=self.classes_)
         margin = np.zeros(labels.n_samples)
         for hyp, alpha in zip(self.estimators_, self.estimator_weights_):
             g = label_scores_of(hyp, X, labels) if self.pool is not None else labels.scores(self._scores(hyp, X))

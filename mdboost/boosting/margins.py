@@ -146,6 +146,12 @@ def margin_risk(normalized_margins, theta, sample_weight=None):
     rho = np.asarray(normalized_margins, dtype=np.float64)
     w = np.ones_like(rho) if sample_weight is None else np.asarray(sample_weight, np.float64)
     theta_arr = np.asarray(theta, dtype=np.float64)
+    if np.any(~np.isfinite(theta_arr)) or np.any(np.abs(theta_arr) > 1):  # as margin_bound
+        raise ValueError(f"theta must lie in [-1, 1], got {theta!r}")
+    if w.shape != rho.shape:
+        raise ValueError(f"sample_weight must have shape {rho.shape}, got {w.shape}")
+    if not w.sum() > 0:
+        raise ValueError(f"sample_weight must have a positive sum, got {w.sum()}")
     below = rho[None, :] <= theta_arr.reshape(-1, 1)
     out = (below @ w) / w.sum()
     return out.reshape(theta_arr.shape) if theta_arr.ndim else float(out[0])

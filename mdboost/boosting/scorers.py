@@ -57,11 +57,18 @@ def check_pool(pool) -> np.ndarray:
         raise ValueError("pool must hold at least one scorer, got an empty pool")
     classes = None
     for k, scorer in enumerate(pool):
-        if not callable(getattr(scorer, "decision_function", None)) or not hasattr(scorer, "classes_"):
+        missing = [name for name, ok in (("decision_function(X)", callable(getattr(scorer, "decision_function", None))),
+                                         ("classes_", hasattr(scorer, "classes_"))) if not ok]
+        if missing:
             raise ValueError(
-                f"pool[{k}] ({type(scorer).__name__}) must expose decision_function(X) and classes_"
+                f"pool[{k}] ({type(scorer).__name__}) must expose decision_function(X) and classes_; "
+                f"it lacks {' and '.join(missing)} (a fitted classifier, or a fixed scorer)"
             )
         mine = np.asarray(scorer.classes_)
+        if mine.ndim != 1:
+            raise ValueError(f"pool[{k}].classes_ must be 1-D, got shape {mine.shape}")
+        if mine.size > 1 and not bool(np.all(mine[1:] > mine[:-1])):
+            raise ValueError(f"pool[{k}].classes_ must be sorted and unique, got {mine[:8]}")
         if classes is None:
             classes = mine
         elif mine.shape != classes.shape or not np.array_equal(mine, classes):
@@ -122,8 +129,12 @@ def scores_of(scorer, X, n_classes: int) -> np.ndarray:
     return scores
 
 
-def label_scores_of(scorer, X, labels: LabelSets) -> np.ndarray:
-    """``y_i^T h(x_i)`` of a scorer, shape (m,): its ``label_scores`` if any, else from scores."""
+def label_scores_of(scorer, X, labels: LabelSets, with_scale: bool = False):
+    """``y_i^T h(x_i)`` of a scorer, shape (m,): its ``label_scores`` if any, else from scores.
+
+    ``with_scale``: return ``(g, scale)``, ``scale`` the largest ``|h|`` of the score matrix
+    when one was built here, else None (the rounding scale of ``g``).
+    """
     if callable(getattr(scorer, "label_scores", None)):
         g = np.asarray(_call(scorer, "label_scores", X, labels.payload), dtype=np.float64)
         if g.shape != (labels.n_samples,):
@@ -131,8 +142,10 @@ def label_scores_of(scorer, X, labels: LabelSets) -> np.ndarray:
                 f"{type(scorer).__name__}.label_scores returned shape {g.shape}, "
                 f"expected ({labels.n_samples},)"
             )
-        return g
-    return labels.scores(scores_of(scorer, X, labels.n_classes))
+        return (g, None) if with_scale else g
+    scores = scores_of(scorer, X, labels.n_classes)
+    g = labels.scores(scores)
+    return (g, float(np.abs(scores).max(initial=0.0))) if with_scale else g
 
 
 class TableScorer:
