@@ -92,8 +92,9 @@ def one_line(err: BaseException) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run a subcommand; a ``ValueError`` / ``OSError`` (a user's mistake: a bad config value, a
     missing file or model) prints one line and returns 2, its traceback shown only with
-    ``--debug`` (accepted anywhere on the command line). Arguments the subcommand does not take
-    are reported under its own usage (exit code 2, as argparse does)."""
+    ``--debug`` (accepted anywhere on the command line); Ctrl-C prints one line and returns 130.
+    Arguments the subcommand does not take are reported under its own usage (exit code 2, as
+    argparse does)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = "--debug" in argv
     parser = build_parser()
@@ -108,8 +109,15 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as err:
         if debug:
             raise
-        print(f"mdboost {command}: error: {one_line(err)} (--debug shows the traceback)", file=sys.stderr)
+        message = one_line(err)  # a config error already says so ("config error at 'md': ...")
+        kind = "" if message.startswith("config error") else "error: "
+        print(f"mdboost {command}: {kind}{message} (--debug shows the traceback)", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line, the shell's status for SIGINT
+        if debug:
+            raise
+        print(f"mdboost {command}: interrupted", file=sys.stderr)
+        return 130
     return result if isinstance(result, int) else 0
 
 

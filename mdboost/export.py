@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import tempfile
@@ -62,7 +63,8 @@ def load_ranking(source: str, *, tracking_uri: str | None = None) -> dict:
         if summary is None or "recommendation" not in summary:
             raise ValueError(f"ranking folder {source!r} has no summary.json with a recommendation: "
                              f"run `mdboost rank --config ...` first")
-        return _ranking(summary["recommendation"], summary.get("sampling") or {}, folder, source)
+        return _ranking(summary["recommendation"], summary.get("sampling") or {}, folder, source,
+                        summary.get("ranking_csv_sha256"))
     if _RUN_ID.fullmatch(source):
         return _from_run(source, tracking_uri)
     raise ValueError(f"ranking must be a ranking folder or an MLflow run id (32 hex digits), got {source!r}: "
@@ -73,10 +75,15 @@ def _read_json(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def _ranking(rec: dict, sampling: dict, folder: Path, source: str) -> dict:
+def _ranking(rec: dict, sampling: dict, folder: Path, source: str, csv_sha256: str | None = None) -> dict:
+    """The ranking of ``folder``; ``csv_sha256``: the digest of ``ranking.csv`` its summary
+    records (rankings from before it recorded one: None, not checked)."""
     csv = folder / "ranking.csv"
     if not csv.is_file():
         raise ValueError(f"ranking {source!r} has no ranking.csv")
+    if csv_sha256 is not None and hashlib.sha256(csv.read_bytes()).hexdigest() != csv_sha256:
+        raise ValueError(f"ranking {source!r}: ranking.csv is not the one its summary.json was written with "
+                         f"(an interrupted rerun?): run `mdboost rank` again")
     device = "cpu"
     config = folder / "config.resolved.yaml"
     if config.is_file():
@@ -91,7 +98,9 @@ def _from_run(run_id: str, tracking_uri: str | None) -> dict:
     import mlflow
     from mlflow.exceptions import MlflowException
 
-    client = mlflow.MlflowClient(tracking_uri)
+    from mdboost.tracking.store import check_tracking_uri
+
+    client = mlflow.MlflowClient(None if tracking_uri is None else check_tracking_uri(tracking_uri))
     try:
         run = client.get_run(run_id)
     except MlflowException as err:
@@ -104,7 +113,8 @@ def _from_run(run_id: str, tracking_uri: str | None) -> dict:
                 pass  # optional files; ranking.csv is checked by _ranking
         summary = _read_json(Path(tmp) / "summary.json")
         if summary is not None and "recommendation" in summary:
-            return _ranking(summary["recommendation"], summary.get("sampling") or {}, Path(tmp), run_id)
+            return _ranking(summary["recommendation"], summary.get("sampling") or {}, Path(tmp), run_id,
+                            summary.get("ranking_csv_sha256"))
         params = run.data.params
         rec = {k[len("recommendation."):]: v for k, v in params.items() if k.startswith("recommendation.")}
         if "drafter" not in rec:

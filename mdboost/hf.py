@@ -134,7 +134,7 @@ def mentored_generate(
     batch = input_ids.shape[0]
     sampling, processors = split_sampling(logits_processor, bool(config.do_sample))
     _check_processors(processors, batch)
-    max_length, eos_id, criteria = split_stopping(stopping_criteria, config)
+    max_length, eos_id, criteria = split_stopping(stopping_criteria, config, input_ids.shape[1])
     pad = config._pad_token_tensor if getattr(config, "_pad_token_tensor", None) is not None else config.pad_token_id
     settings = GenerationSettings(
         max_new_tokens=_max_new_tokens(max_length, input_ids.shape[1]), gamma=num_draft_tokens, **sampling,
@@ -213,9 +213,19 @@ def _check_processors(processors, batch: int) -> None:
                              f"time, or drop it (batch of {batch} rows)")
 
 
-def split_stopping(criteria, config) -> tuple[int, int | None, StoppingCriteriaList | None]:
-    """``(max_length, single EOS id or None, criteria left to run as a hook or None)``."""
-    rest, max_length, eos_id = [], config.max_length, None
+def split_stopping(criteria, config,
+                   prompt_length: int | None = None) -> tuple[int, int | None, StoppingCriteriaList | None]:
+    """``(max_length, single EOS id or None, criteria left to run as a hook or None)``.
+
+    ``config.max_new_tokens`` takes precedence over ``config.max_length``, as in transformers
+    (which turns it into ``max_length`` before calling ``custom_generate``; a direct call
+    gives it here, with the ``prompt_length``).
+    """
+    max_length = config.max_length
+    new = getattr(config, "max_new_tokens", None)
+    if new is not None and prompt_length is not None:
+        max_length = prompt_length + int(new)
+    rest, eos_id = [], None
     for c in criteria or []:
         if isinstance(c, MaxLengthCriteria):
             max_length = min(max_length, c.max_length) if max_length is not None else c.max_length

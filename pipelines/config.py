@@ -22,6 +22,7 @@ reads :class:`RankConfig`, ``mdboost validate`` :class:`~pipelines.validate_conf
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -77,6 +78,13 @@ class PoolConfig:
                 check_drafter(spec, self.target, self.home)
             except ValueError as err:
                 raise ValueError(f"invalid drafters[{i}]: {err}") from None
+        if self.device is not None:  # a device this machine has (no model loads onto a missing GPU)
+            from mdboost.models.loading import resolve_device
+
+            try:
+                resolve_device(self.device)
+            except ValueError as err:
+                raise ValueError(f"invalid device: {err}") from None
 
 
 @dataclass
@@ -227,6 +235,13 @@ class TrackingConfig:
         _check(self.tracking_uri is None or bool(self.tracking_uri), "tracking_uri (a URI, or null)",
                self.tracking_uri)
         self.tracking_uri = resolve_tracking_uri(self.tracking_uri)
+        if self.enabled:
+            from mdboost.tracking.store import check_tracking_uri
+
+            try:
+                check_tracking_uri(self.tracking_uri)
+            except ValueError as err:
+                raise ValueError(f"invalid tracking.tracking_uri: {err}") from None
 
 
 # --------------------------------------------------------------------------- ranking sections
@@ -250,13 +265,14 @@ class MDConfig:
 
     def __post_init__(self):
         _check(len(self.divergences) >= 1, "divergences (need at least one)", self.divergences)
-        _check(len(self.budgets) >= 1 and all(b >= 0 for b in self.budgets), "budgets (>= 0)", self.budgets)
+        _check(len(self.budgets) >= 1 and all(math.isfinite(b) and b >= 0 for b in self.budgets),
+               "budgets (finite, >= 0)", self.budgets)
         if self.temperature is not None and self.temperatures is not None:
             raise ValueError(f"md: give temperature or temperatures, not both, got temperature={self.temperature!r}, "
                              f"temperatures={self.temperatures!r}")
         temps = self.sampling_temperatures
-        _check(len(temps) >= 1 and all(t >= 0 for t in temps) and len(set(temps)) == len(temps),
-               "temperatures (distinct, >= 0; 0 is greedy decoding)", temps)
+        _check(len(temps) >= 1 and all(math.isfinite(t) and t >= 0 for t in temps) and len(set(temps)) == len(temps),
+               "temperatures (distinct, finite, >= 0; 0 is greedy decoding)", temps)
 
     @property
     def sampling_temperatures(self) -> list[float]:

@@ -26,8 +26,8 @@ changes to budgets, gamma range, boosting or the ranking rule only re-score from
 
 from __future__ import annotations
 
+import hashlib
 import json
-import sys
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -274,6 +274,10 @@ def _run(cfg: RankConfig) -> dict:
     rec = recommend(rows)
     bootstrap = next(iter(details.values())).bootstrap
     out = Path(cfg.output_dir)
+    # summary.json is written last and marks a complete ranking: a rerun that fails or is
+    # interrupted from here on leaves a folder without one (export refuses it), never the old
+    # recommendation beside a new ranking.csv
+    (out / "summary.json").unlink(missing_ok=True)
     paths = write_outputs(cfg, rows, details, out)
     snippet = engine_snippet(rec, cfg)
     spec, pc, cache_info = opened[0]
@@ -287,7 +291,8 @@ def _run(cfg: RankConfig) -> dict:
                "measured_speed_profile": any(o.info.measured_speed_profile for o in opened),
                "sampling": {"temperatures": cfg.md.sampling_temperatures, "top_k": None, "top_p": None},
                "md_solve": cfg.speed.md_solve, "bootstrap": bootstrap,
-               "recommendation": rec.to_dict(), "verdict": rec.verdict(), "engine_snippet": snippet}
+               "recommendation": rec.to_dict(), "verdict": rec.verdict(), "engine_snippet": snippet,
+               "ranking_csv_sha256": hashlib.sha256(Path(paths["csv"]).read_bytes()).hexdigest()}
     summary["recommendation_markdown"] = ranking_note(
         rec, best_gamma_rows(rows), bootstrap=bootstrap, snippet=snippet, n_pairs=summary["n_pairs"],
         n_rows=len(rows), nll_tolerance=cfg.ranking.nll_tolerance, top=cfg.ranking.top,
@@ -311,12 +316,12 @@ def _run(cfg: RankConfig) -> dict:
 
 
 def main(config: str, overrides=()) -> int:
-    """CLI entry point: ``mdboost rank --config <yaml> [--set key.path=value ...]``; returns the exit status."""
-    try:
-        cfg = load_yaml(config, RankConfig, overrides)
-    except ValueError as err:
-        print(f"mdboost rank: {err}", file=sys.stderr)
-        return 2
+    """CLI entry point: ``mdboost rank --config <yaml> [--set key.path=value ...]``; returns the exit status.
+
+    A bad config raises its ValueError (``config error ...``), reported by :func:`mdboost.cli.main`
+    as one line (exit 2, the traceback with ``--debug``).
+    """
+    cfg = load_yaml(config, RankConfig, overrides)
     if not cfg.progress:
         quiet_libraries()
     summary = run(cfg)

@@ -7,6 +7,7 @@ the ranking it validates is read from that ranking's own resolved :class:`~pipel
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -74,8 +75,8 @@ class GenerationConfig:
             raise ValueError(f"need prompts >= 1 and max_new_tokens >= 2, got {self.prompts!r}, {self.max_new_tokens!r}")
         if self.first_prompt < 0:
             raise ValueError(f"first_prompt must be >= 0 (held-out prompts skipped), got {self.first_prompt!r}")
-        if self.temperature is not None and not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0 or null, got {self.temperature!r}")
+        if self.temperature is not None and not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be finite and >= 0, or null, got {self.temperature!r}")
         if self.top_k is not None and self.top_k < 1:
             raise ValueError(f"top_k must be >= 1 or null, got {self.top_k!r}")
         if self.top_p is not None and not 0 < self.top_p <= 1:

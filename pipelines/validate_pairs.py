@@ -16,6 +16,7 @@ parent run and one nested run per cell, tagged ``mdboost.ranking_run_id``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import sys
@@ -70,7 +71,8 @@ def _ranking_sampling(summary: dict | None, md_section: dict) -> dict:
 
 
 def fetch_ranking(src: SourceConfig, tracking: TrackingConfig, tmp: Path) -> Ranking:
-    """The ranking from a folder or an MLflow run (``summary.json`` optional)."""
+    """The ranking from a folder or an MLflow run (``summary.json`` optional in a run; a folder
+    needs it, written last by ``mdboost rank``, and its ``ranking.csv`` must match the digest there)."""
     folder, run_id = (Path(src.ranking_dir) if src.ranking_dir else None), src.ranking_run_id
     if run_id is not None:
         import mlflow
@@ -90,9 +92,17 @@ def fetch_ranking(src: SourceConfig, tracking: TrackingConfig, tmp: Path) -> Ran
             from pipelines.prerequisites import missing_ranking
 
             raise ValueError(missing_ranking(src.ranking_dir, name))
+    summary = json.loads((folder / "summary.json").read_text()) if (folder / "summary.json").is_file() else None
+    where = f"MLflow run {run_id!r}" if run_id is not None else f"ranking folder {src.ranking_dir!r}"
+    if summary is None and run_id is None:  # written last by mdboost rank: without it the folder is incomplete
+        raise ValueError(f"{where} has ranking files but no summary.json (a rerun failed or was interrupted): "
+                         "run `mdboost rank` again")
+    digest = (summary or {}).get("ranking_csv_sha256")
+    if digest is not None and hashlib.sha256((folder / "ranking.csv").read_bytes()).hexdigest() != digest:
+        raise ValueError(f"{where}: ranking.csv is not the one its summary.json was written with (an interrupted "
+                         "rerun?): run `mdboost rank` again")
     raw = yaml.safe_load((folder / "config.resolved.yaml").read_text()) or {}
     config = from_dict(RankConfig, raw)
-    summary = json.loads((folder / "summary.json").read_text()) if (folder / "summary.json").is_file() else None
     rows = sorted(read_csv(folder / "ranking.csv"), key=lambda r: int(r["rank"]))
     md_solve = (summary or {}).get("md_solve") or config.speed.md_solve
     return Ranking(rows, config, summary, run_id, _ranking_sampling(summary, raw.get("md") or {}), md_solve)
@@ -312,19 +322,16 @@ def main(config: str, overrides=()) -> int:
     """CLI entry point: ``mdboost validate --config <yaml> [--set key.path=value ...]``; returns
     the exit status.
 
-    A config error, or a config that contradicts the ranking, prints one line and returns 2.
+    A config error, or a config that contradicts the ranking, raises its ValueError before any
+    generation, reported by :func:`mdboost.cli.main` as one line (exit 2, the traceback with ``--debug``).
     """
     from pipelines.loader import load_yaml
     from pipelines.noise import quiet_libraries
 
-    try:
-        cfg = load_yaml(config, ValidateConfig, overrides)
-        if not cfg.progress:
-            quiet_libraries()
-        the_plan = plan(cfg)
-    except ValueError as err:
-        print(f"mdboost validate: {err}", file=sys.stderr)
-        return 2
+    cfg = load_yaml(config, ValidateConfig, overrides)
+    if not cfg.progress:
+        quiet_libraries()
+    the_plan = plan(cfg)
     torch.manual_seed(cfg.generation.seed)
     note = generation_length_note(the_plan.ranking, cfg.generation.max_new_tokens)
     if note:

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 import yaml
 
 from mdboost import cli
@@ -93,3 +94,76 @@ def test_library_checks_name_the_argument():
     check_drafter("early_exit:29", "smollm2-135m")
     with pytest.raises(ValueError, match="early_exit:30"):
         check_drafter("early_exit:30", "smollm2-135m")
+
+
+@pytest.mark.parametrize("overrides, key, value", [
+    (["pool.device=cuda:7"], "'pool'", "cuda:7"),
+    (["tracking.tracking_uri=bogus://x"], "tracking_uri", "bogus://x"),
+    (["md.budgets=[0, .inf]"], "budgets", "inf"),
+    (["md.temperatures=[.inf]"], "temperatures", "inf"),
+])
+def test_more_mistakes_are_config_errors_before_any_work(tmp_path, capsys, monkeypatch, overrides, key, value):
+    import pipelines.rank_pool as rank_pool
+
+    if overrides[0].startswith("pool.device") and torch.cuda.device_count() > 7:
+        pytest.skip("this machine has a cuda:7")
+    monkeypatch.setattr(rank_pool, "run", lambda cfg: pytest.fail("a bad config must not start the pipeline"))
+    argv = ["rank", "--config", str(write_config(tmp_path))] + [a for o in overrides for a in ("--set", o)]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("mdboost rank: config error") and key in err and value in err, err
+
+
+def test_config_errors_and_interrupts_with_and_without_debug(tmp_path, capsys, monkeypatch):
+    import pipelines.rank_pool as rank_pool
+
+    path = write_config(tmp_path)
+    bad = ["rank", "--config", str(path), "--set", "md.budgts=[0]"]
+    assert cli.main(bad) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mdboost rank: config error: unknown key 'budgts' at 'md'") and len(err.splitlines()) == 1
+    with pytest.raises(ValueError, match="unknown key 'budgts'"):
+        cli.main(bad + ["--debug"])
+
+    def interrupted(cfg):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rank_pool, "run", interrupted)
+    assert cli.main(["rank", "--config", str(path)]) == 130
+    assert capsys.readouterr().err.strip() == "mdboost rank: interrupted"
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(["rank", "--config", str(path), "--debug"])
+
+
+def test_a_failed_rerun_leaves_no_stale_summary_and_export_checks_the_csv(tmp_path, capsys, monkeypatch):
+    import json
+
+    import pipelines.rank_pool as rank_pool
+
+    out = tmp_path / "out"
+    path = write_config(tmp_path, tracking={"enabled": False})
+    argv = ["rank", "--config", str(path), "--set", f"output_dir={out}", "--set", f"cache.dir={tmp_path / 'cache'}"]
+    assert cli.main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert cli.main(["export", "--ranking", str(out)]) == 0
+    capsys.readouterr()
+    csv = (out / "ranking.csv").read_bytes()
+    (out / "ranking.csv").write_bytes(csv.replace(b"\n", b"\n", 1) + b"\n")  # another ranking.csv
+    assert cli.main(["export", "--ranking", str(out)]) == 2
+    assert "ranking.csv is not the one its summary.json was written with" in capsys.readouterr().err
+    (out / "ranking.csv").write_bytes(csv)
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(rank_pool.report, "write_html", broken)  # the rerun fails after ranking.csv
+    assert cli.main(argv) == 2
+    assert not (out / "summary.json").exists() and summary["ranking_csv_sha256"]
+    assert cli.main(["export", "--ranking", str(out)]) == 2
+    assert "has no summary.json" in capsys.readouterr().err
+    val = tmp_path / "val.yaml"
+    val.write_text(yaml.safe_dump({"ranking": {"ranking_dir": str(out)}, "output_dir": str(tmp_path / "val"),
+                                   "tracking": {"enabled": False}}))
+    assert cli.main(["validate", "--config", str(val)]) == 2
+    assert "has ranking files but no summary.json" in capsys.readouterr().err
+    assert not (tmp_path / "val").exists()

@@ -145,12 +145,12 @@ def test_validate_without_a_ranking_says_what_to_run(tmp_path, monkeypatch, caps
     monkeypatch.chdir(tmp_path)
     assert cli.main(["validate", "--config", "configs/validate_tiny.yaml"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == ("mdboost validate: no ranking in outputs/rank-tiny (no ranking.csv): "
-                   "run `mdboost rank --config configs/tiny.yaml` first")
+    assert err == ("mdboost validate: error: no ranking in outputs/rank-tiny (no ranking.csv): "
+                   "run `mdboost rank --config configs/tiny.yaml` first (--debug shows the traceback)")
     assert cli.main(["validate", "--config", "configs/validate_tiny.yaml", "--set", "ranking.ranking_dir=elsewhere"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == ("mdboost validate: no ranking in elsewhere (no ranking.csv): run `mdboost rank --config "
-                   "<your ranking config> --set output_dir=elsewhere` first")
+    assert err == ("mdboost validate: error: no ranking in elsewhere (no ranking.csv): run `mdboost rank --config "
+                   "<your ranking config> --set output_dir=elsewhere` first (--debug shows the traceback)")
 
 
 def test_validate_config_defaults_point_at_the_default_ranking(tmp_path, monkeypatch):

@@ -210,6 +210,19 @@ def test_same_tokens_as_the_engine(target, other):
     assert out.stats.num_accepted_tokens == ref.stats.num_accepted_tokens
 
 
+def test_direct_call_reads_max_new_tokens_as_generate_does(target, other):
+    """Called directly (no generate to turn max_new_tokens into max_length first), a config's
+    max_new_tokens still sets the length, and wins over its max_length as in transformers."""
+    ids = prompt(8, 6, batch=2)
+    ref = md(target, ids, drafter=other, num_draft_tokens=2, do_sample=False, max_new_tokens=5)
+    for config in (GenerationConfig(do_sample=False, max_new_tokens=5, eos_token_id=EOS_ID, pad_token_id=PAD_ID),
+                   GenerationConfig(do_sample=False, max_new_tokens=5, max_length=40, eos_token_id=EOS_ID,
+                                    pad_token_id=PAD_ID)):
+        out = mentored_generate(target, ids, LogitsProcessorList(), StoppingCriteriaList(), config, drafter=other,
+                                num_draft_tokens=2)
+        assert torch.equal(out, ref) and out.shape[1] <= 6 + 5
+
+
 # --- streamer, drafters, bad input ------------------------------------------------------------
 
 class Recorder:

@@ -107,16 +107,20 @@ def _ranking_dir(tmp_path, temperature: float) -> str:
 
 
 def test_validate_cli_refuses_a_temperature_mismatch(tmp_path, capsys):
-    from pipelines import validate_pairs
+    from mdboost import cli
 
     val = {"ranking": {"ranking_dir": _ranking_dir(tmp_path, 0.5)}, "generation": {"temperature": 1.0},
            "output_dir": str(tmp_path / "val"), "tracking": {"enabled": False}}
     (tmp_path / "val.yaml").write_text(yaml.safe_dump(val))
-    assert validate_pairs.main(str(tmp_path / "val.yaml")) == 2
+    assert cli.main(["validate", "--config", str(tmp_path / "val.yaml")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0
-    assert err.startswith("mdboost validate: generation.temperature is 1.0 but the ranking predicts at temperature 0.5")
+    assert err.startswith(
+        "mdboost validate: error: generation.temperature is 1.0 but the ranking predicts at temperature 0.5")
+    assert err.endswith("(--debug shows the traceback)")
     assert not (tmp_path / "val").exists()
+    with pytest.raises(ValueError, match="generation.temperature is 1.0"):  # --debug: the traceback
+        cli.main(["validate", "--debug", "--config", str(tmp_path / "val.yaml")])
 
 
 def test_validate_plan_takes_the_rankings_temperature(tmp_path):

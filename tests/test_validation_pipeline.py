@@ -110,5 +110,5 @@ def test_terminal_shows_a_table_and_the_verdict(validated, capsys):
     assert "speedup pred [90%]" in lines[0] and lines[-1] == json.loads((tmp / "val2" / "summary.json").read_text())["verdict"]
     assert not any(line.startswith("{") for line in lines)
     (tmp / "bad.yaml").write_text(yaml.safe_dump({**quiet, "generation": {"temperature": 0.7}}))
-    assert validate_pairs.main(str(tmp / "bad.yaml")) == 2
-    assert "generation.temperature is 0.7 but the ranking predicts at temperatures [0.5, 1.0]" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"generation.temperature is 0.7 but the ranking predicts at temperatures \[0.5, 1.0\]"):
+        validate_pairs.main(str(tmp / "bad.yaml"))

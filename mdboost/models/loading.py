@@ -21,13 +21,25 @@ _TINY = re.compile(r"tiny(?::(\d+))?")  # "tiny" or "tiny:<seed>"
 
 
 def resolve_device(device: str | torch.device | None = None) -> torch.device:
-    """``device`` as a ``torch.device``; ``None`` means CUDA when available, else CPU."""
+    """``device`` as a ``torch.device``; ``None`` means CUDA when available, else CPU.
+
+    A CUDA device this machine does not have (no CUDA build or device, or an index beyond the
+    devices) is a ValueError naming it, raised here rather than deep inside a model's ``.to``.
+    """
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        return torch.device(device)
+        out = torch.device(device)
     except (RuntimeError, TypeError) as err:
         raise ValueError(f"device must be a torch device string, got {device!r}") from err
+    if out.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"device {device!r} is not available: this torch has no CUDA device "
+                             f"(torch {torch.__version__}; use 'cpu' or leave device unset)")
+        if out.index is not None and out.index >= count:
+            raise ValueError(f"device {device!r} is not available: {count} CUDA device(s) here")
+    return out
 
 
 def synchronize(device: torch.device) -> None:

@@ -32,6 +32,34 @@ def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
     return tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
 
 
+def check_tracking_uri(tracking_uri: str) -> str:
+    """``tracking_uri`` if MLflow has a tracking store for its scheme (its built-in ones and any
+    installed plugin's), else a ValueError naming the URI and the schemes there are.
+
+    >>> check_tracking_uri("sqlite:///mlruns/mlflow.db")
+    'sqlite:///mlruns/mlflow.db'
+    >>> check_tracking_uri("bogus://x")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: tracking_uri 'bogus://x' has no MLflow tracking store (schemes: ...
+    """
+    try:  # MLflow's own registry of store builders (entry-point plugins included); private, so guarded
+        from mlflow.tracking._tracking_service.utils import _tracking_store_registry as registry
+
+        schemes = sorted(registry._registry)
+    except (ImportError, AttributeError):  # another MLflow layout: MLflow reports it when the store opens
+        return tracking_uri
+    from urllib.parse import urlparse
+
+    scheme = urlparse(tracking_uri).scheme
+    if len(scheme) == 1:  # a Windows drive letter: a local path
+        scheme = ""
+    if scheme not in schemes:
+        raise ValueError(f"tracking_uri {tracking_uri!r} has no MLflow tracking store (schemes: "
+                         f"{', '.join(repr(s) for s in schemes)}; a plain path is a local store)")
+    return tracking_uri
+
+
 def setup(experiment: str, tracking_uri: str = DEFAULT_TRACKING_URI,
           artifact_root: str = DEFAULT_ARTIFACT_ROOT) -> str:
     """Point MLflow at the store and make sure ``experiment`` exists; returns its id.
