@@ -32,6 +32,7 @@ BAD = {
                                        "early_exit:99"),
     "tuned depth at the last layer": ({"pool": {"drafters": ["tuned:4"]}}, "drafters[0]", "tuned:4"),
     "the target as its only drafter": ({"pool": {"drafters": ["tiny"]}}, "drafters[0]", "target itself"),
+    "a misspelt drafter kind": ({"pool": {"drafters": ["foo:3"]}}, "drafters[0]", "drafter specs are ngram:N"),
     "unknown backend with one job": ({"cache": {"backend": "nonexistent_backend", "n_jobs": 1}}, "'cache'",
                                      "nonexistent_backend"),
 }

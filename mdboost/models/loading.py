@@ -144,6 +144,16 @@ def check_model_source(name: str) -> None:
         if not (path.is_file() if name.endswith(".gguf") else path.exists()):
             raise ValueError(f"model {name!r}: no such {'GGUF file' if name.endswith('.gguf') else 'model folder'}")
     elif not path.exists() and hub_revision(name) is None:
+        try:  # not a name the hub could hold: say so (no request, no "unreachable")
+            from huggingface_hub.utils import HFValidationError, validate_repo_id
+        except ImportError:  # pragma: no cover - transformers depends on it
+            pass
+        else:
+            try:
+                validate_repo_id(name)
+            except HFValidationError as err:
+                raise ValueError(f"model {name!r} is neither a local path nor a valid hub model name "
+                                 f"({' '.join(str(err).split())})") from None
         offline = hub_offline()
         why = (f"model {name!r} is not a local path and not in the local hub cache (HF_HUB_OFFLINE is set)"
                if offline else _hub_unreachable(name))

@@ -179,7 +179,13 @@ def check_drafter(spec: str, target: str, home=None) -> None:
             raise ValueError(f"drafter spec {spec!r}: the depth must be in [1, {'L - 1' if depth is None else depth - 1}]"
                              f" for target {target!r}" + ("" if depth is None else f" ({depth} layers)"))
     if kind == "hf":
-        check_model_source(spec)
+        try:
+            check_model_source(spec)
+        except ValueError as err:
+            if ":" in spec and "valid hub model name" in str(err):  # a misspelt kind, most likely
+                raise ValueError(f"{err}; drafter specs are ngram:N, early_exit:N, tuned:N, int8, or a model "
+                                 f"name or path") from None
+            raise
 
 
 # How a kind's cached rows are computed, where it changed since caches were first keyed: part of
