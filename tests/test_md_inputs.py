@@ -201,3 +201,39 @@ def test_generators_read_a_negative_zero_as_zero(name):
     pi = torch.tensor([0.5, 0.5, -0.0], dtype=torch.float64)
     q = torch.tensor([0.4, 0.4, 0.2], dtype=torch.float64)
     assert torch.equal(f_divergence(pi, q, name), f_divergence(pi.abs(), q, name))
+
+
+def test_verify_reads_a_budget_sequence_as_the_tensor_of_its_values():
+    """A list or array budget of length B is per row, as a (B,) tensor is (not per position)."""
+    g = torch.Generator().manual_seed(0)
+    p = torch.softmax(torch.randn(2, 2, 6, generator=g, dtype=torch.float64), -1)
+    q = torch.softmax(torch.randn(2, 3, 6, generator=g, dtype=torch.float64), -1)
+    tokens = torch.tensor([[0, 1], [2, 3]])
+
+    def a_of(budget):
+        return verify(tokens, p, q, max_divergence=budget, generator=torch.Generator().manual_seed(1)).a
+
+    per_row = a_of(torch.tensor([0.0, 0.5], dtype=torch.float64))
+    assert torch.equal(per_row[0], torch.zeros(2)) and bool((per_row[1] > 0).all())
+    for budget in ([0.0, 0.5], np.array([0.0, 0.5]), (0.0, 0.5)):
+        torch.testing.assert_close(a_of(budget), per_row, rtol=0, atol=0)
+    per_position = a_of([[0.0, 0.5], [0.0, 0.5]])
+    assert bool((per_position[:, 0] == 0).all()) and bool((per_position[:, 1] > 0).all())
+    with pytest.raises(ValueError, match=r"max_divergence given per row must have shape \(2,\), got \(3,\)"):
+        a_of([0.0, 0.5, 0.5])
+    with pytest.raises(ValueError, match="solve must be one of"):  # checked on every path
+        verify(tokens, p, q, mentored_probs=p, solve="bogus")
+
+
+def test_budgets_beyond_float64_and_wrong_divergence_types_are_named():
+    huge = 10 ** 400
+    with pytest.raises(ValueError, match="max_divergence holds a number too large for float64"):
+        solve(P, Q, max_divergence=huge)
+    with pytest.raises(ValueError, match="max_divergence holds a number too large for float64"):
+        verify(torch.tensor([[0]]), P.reshape(1, 1, 3), torch.stack([Q, Q]).reshape(1, 2, 3), max_divergence=huge)
+    assert float(solve(P, Q, max_divergence=10 ** 300).acceptance) == 1.0  # a large int that fits: no limit
+    for bad in (3, None, 1.5):
+        with pytest.raises(TypeError, match="divergence must be a name"):
+            resolve(bad)
+    with pytest.raises(ValueError, match="divergence must be one of"):
+        resolve("klx")

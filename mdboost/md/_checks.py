@@ -187,6 +187,8 @@ def _as_real_tensor(name: str, value, device) -> torch.Tensor:
         raise TypeError(f"{name} must be a real number, got {value!r}")
     try:
         return torch.as_tensor(value, dtype=torch.float64, device=device)
+    except OverflowError as exc:  # a Python int beyond float64
+        raise ValueError(f"{name} holds a number too large for float64 (use math.inf for no limit)") from exc
     except (TypeError, ValueError, RuntimeError) as exc:
         raise TypeError(f"{name} must be a number or a tensor, got {value!r}") from exc
 

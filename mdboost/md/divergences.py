@@ -206,7 +206,7 @@ def resolve(divergence) -> Divergence:
         raise ValueError(f"divergence must be one of {names()} or a callable, got {divergence!r}")
     if callable(divergence):
         return from_callable(divergence)
-    raise ValueError(f"divergence must be one of {names()} or a callable, got {divergence!r}")
+    raise TypeError(f"divergence must be a name (one of {names()}), a Divergence or a callable, got {divergence!r}")
 
 
 FLOOR = {torch.float64: 1e-290, torch.float32: 1e-30}

@@ -169,7 +169,8 @@ def mentored_distribution(
     Returns
     -------
     torch.Tensor of shape (..., V)
-        In the dtype of ``draft_probs`` (float32 for half precision); an ``a`` beyond that
+        In the common dtype of ``draft_probs`` and ``target_probs`` (float32 for half
+        precision; float32 with float64 gives float64); an ``a`` beyond that
         dtype's range acts as its largest finite value, and a ``q_i`` whose ratio ``p_i / q_i``
         overflows the dtype counts as 0, as in the solvers (``docs/theory.md``, section 9).
 

@@ -38,7 +38,8 @@ from dataclasses import dataclass
 import torch
 
 from mdboost.md import _buckets
-from mdboost.md._checks import check_budget, check_positive_int, check_probs, check_tokens, compute_dtype
+from mdboost.md._checks import (_as_real_tensor, check_budget, check_positive_int, check_probs, check_tokens,
+                                compute_dtype, is_number)
 from mdboost.md.breakpoints import Breakpoints
 from mdboost.md.divergences import resolve
 from mdboost.md.onehot import one_hot_dual, one_hot_primal
@@ -117,6 +118,10 @@ def _sample(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:  # [B, W], 
 
 
 def _position_budget(name, value, batch, num_draft, device, upper, validate):
+    """A budget as documented: a number, or of shape (), (B,) (per row) or (B, K); a sequence or
+    array reads as the tensor of its values (so ``[d_0, d_1]`` is per row, as a tensor is)."""
+    if not torch.is_tensor(value) and not is_number(value):
+        value = _as_real_tensor(name, value, device)
     if torch.is_tensor(value) and value.ndim == 1:
         if value.shape[0] != batch:
             raise ValueError(f"{name} given per row must have shape ({batch},), got {tuple(value.shape)}")
@@ -181,7 +186,9 @@ def verify(
         Where the clamp is computed (see the module docstring): every position; positions a
         row reached; or only reached positions that SD would reject. The same tokens and
         ``num_accepted`` for the same uniforms; the per-position stats (``a``, ``b``,
-        ``acceptance_probability``, ``divergence``) of unsolved positions are NaN.
+        ``acceptance_probability``, ``divergence``) of unsolved positions are NaN. Where every
+        position costs no solve (budget 0: SD; every draft one-hot: the closed form) all
+        positions have their stats whatever ``solve`` says.
     validate : bool, default=True
         Check inputs (raises ValueError naming the argument).
     mentored_probs : torch.Tensor of shape (B, K, V), optional
@@ -204,11 +211,11 @@ def verify(
             f"{tuple(p.shape)}, got {tuple(q_all.shape)}"
         )
     tokens = check_tokens("draft_tokens", draft_tokens, (batch, num_draft), vocab, validate=validate)
+    if not isinstance(solve, str) or solve not in SOLVE:
+        raise ValueError(f"solve must be one of {SOLVE}, got {solve!r}")
     if mentored_probs is not None:  # an explicit pi per position (docs/theory.md, section 2)
         return _verify_towards(tokens, p, q_all, mentored_probs, max_divergence, min_acceptance, top_k, divergence,
                                generator, validate)
-    if not isinstance(solve, str) or solve not in SOLVE:
-        raise ValueError(f"solve must be one of {SOLVE}, got {solve!r}")
     top_k = check_positive_int("top_k", top_k)
     dtype = compute_dtype(torch.promote_types(p.dtype, q_all.dtype))
     p, q_all, device = p.to(dtype), q_all.to(dtype), p.device
