@@ -236,3 +236,16 @@ def test_bad_parameters_raise():
         SelfNormalizedBoostClassifier().fit(X, y, sample_weight=np.zeros(len(y)))
     with pytest.raises(ValueError, match="theta"):
         SelfNormalizedBoostClassifier(n_estimators=2).fit(X, y).margin_bound(1.5)
+
+
+def test_weak_learner_needs_weights_and_the_scores_its_hypothesis_reads():
+    from sklearn.linear_model import RidgeClassifier
+    from sklearn.neighbors import KNeighborsClassifier
+
+    X, y = load_iris(return_X_y=True)
+    ridge = SelfNormalizedBoostClassifier(RidgeClassifier(), n_estimators=5, hypothesis="predict").fit(X, y)
+    assert ridge.score(X, y) > 0.5 and len(ridge.estimators_) >= 1
+    with pytest.raises(ValueError, match="RidgeClassifier has no predict_proba"):
+        SelfNormalizedBoostClassifier(RidgeClassifier(), n_estimators=5).fit(X, y)
+    with pytest.raises(ValueError, match="KNeighborsClassifier does not support sample_weight"):
+        SelfNormalizedBoostClassifier(KNeighborsClassifier(), n_estimators=5).fit(X, y)

@@ -101,7 +101,7 @@ def test_validation_cells_on_a_local_cluster_match_the_sequential_figures(dask_r
     ({"backend": "dask", "scheduler": "tcp://10.0.0.5", "n_jobs": 2}, "cache.scheduler .*'tcp://10.0.0.5'"),
     ({"backend": "dask", "scheduler": "cluster-please", "n_jobs": 2}, "cache.scheduler .*'cluster-please'"),
     ({"backend": "loky", "scheduler": "local", "n_jobs": 2}, "cache.scheduler .*backend 'loky'.*'local'"),
-    ({"backend": "dask", "scheduler": "local", "n_jobs": 1}, "cache.n_jobs .*: 1$"),
+    ({"backend": "dask", "scheduler": "local", "n_jobs": 1}, r"cache.n_jobs .*: 1 \(--debug shows the traceback\)$"),
 ])
 def test_bad_scheduler_settings_are_one_line_config_errors(tmp_path, capsys, cache, message):
     from mdboost.cli import main

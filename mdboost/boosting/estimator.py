@@ -29,6 +29,7 @@ from sklearn.utils.validation import (
     _check_sample_weight,
     check_is_fitted,
     column_or_1d,
+    has_fit_parameter,
     validate_data,
 )
 
@@ -60,8 +61,8 @@ class SelfNormalizedBoostClassifier(ClassifierMixin, BaseEstimator):
     Parameters
     ----------
     estimator : object, default=None
-        Weak learner with ``fit(X, y, sample_weight)`` and ``predict_proba``, cloned each round.
-        None means ``DecisionTreeClassifier(max_depth=1)``. Must be None in pool mode.
+        Weak learner with ``fit(X, y, sample_weight)`` and ``predict_proba`` (``predict`` for
+        ``hypothesis="predict"``, e.g. ``RidgeClassifier``), cloned each round. None means ``DecisionTreeClassifier(max_depth=1)``. Must be None in pool mode.
     n_estimators : int, default=50
         Maximum number of rounds, in ``[1, inf)``. Boosting stops earlier on a perfect
         (``|mu| = 1``, alpha capped via ``EDGE_EPS``) or useless (``h* = 0``, or ``mu <= 0`` in
@@ -130,7 +131,7 @@ class SelfNormalizedBoostClassifier(ClassifierMixin, BaseEstimator):
     """
 
     _parameter_constraints: dict = {
-        "estimator": [HasMethods(["fit", "predict_proba"]), None],
+        "estimator": [HasMethods(["fit", "predict"]), None],  # predict_proba too unless hypothesis="predict" (fit)
         "n_estimators": [Interval(Integral, 1, None, closed="left")],
         "pool": [list, tuple, None],
         "hypothesis": [StrOptions({"proba", "log_proba", "predict"})],
@@ -227,6 +228,8 @@ class SelfNormalizedBoostClassifier(ClassifierMixin, BaseEstimator):
         random_state = check_random_state(self.random_state)
         pool_g = self._pool_label_scores(X, labels) if self.pool is not None else None
         base = DecisionTreeClassifier(max_depth=1) if self.estimator is None else self.estimator
+        if self.estimator is not None:
+            self._check_weak_learner(base)
         template = (base, sorted(k for k in base.get_params(deep=True) if k.endswith("random_state")))
         hyps, steps = [], []
         stop_reason = f"n_estimators={self.n_estimators} rounds done"
@@ -277,6 +280,15 @@ class SelfNormalizedBoostClassifier(ClassifierMixin, BaseEstimator):
         if step.weights is not None and step.edge <= 0:
             step = type(step)(None, step.edge, 0.0, step.normalizer, f"non-positive edge {step.edge:.3g}")
         return estimator, step
+
+    def _check_weak_learner(self, base) -> None:
+        """The weak learner takes weights and gives the scores ``hypothesis`` reads (as AdaBoost checks)."""
+        if not has_fit_parameter(base, "sample_weight"):
+            raise ValueError(f"estimator {type(base).__name__} does not support sample_weight: boosting reweights "
+                             f"the examples every round")
+        if self.hypothesis != "predict" and not callable(getattr(base, "predict_proba", None)):
+            raise ValueError(f"estimator {type(base).__name__} has no predict_proba, which hypothesis="
+                             f"{self.hypothesis!r} reads: use hypothesis='predict' or a probabilistic classifier")
 
     def _make_estimator(self, random_state, template):
         base, seed_keys = template
