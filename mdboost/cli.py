@@ -77,9 +77,13 @@ def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.Argume
 
 def export_main(ranking: str, format: str = "json", tracking_uri: str | None = None) -> int:
     """``mdboost export``: print the recommendation's calls (:mod:`mdboost.export`)."""
+    import os
+
     from mdboost.export import export_plan, load_ranking, render
     from mdboost.tracking.store import resolve_tracking_uri
 
+    # stdout is the plan (JSON or code): MLflow's download bars would clutter stderr (a user's setting wins)
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     print(render(export_plan(load_ranking(ranking, tracking_uri=resolve_tracking_uri(tracking_uri))), format))
     return 0
 

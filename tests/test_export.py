@@ -150,7 +150,7 @@ def test_bad_sources_are_named(tmp_path):
         render({}, "yaml")
 
 
-def test_run_id_resolves_through_the_runs_artifacts(tmp_path):
+def test_run_id_resolves_through_the_runs_artifacts(tmp_path, capsys):
     """A ranking run without summary.json: ranking.csv artifact plus the recommendation.* parameters."""
     import mlflow
 
@@ -168,3 +168,8 @@ def test_run_id_resolves_through_the_runs_artifacts(tmp_path):
     assert export_plan(loaded)["vllm"]["nearest_lossless"]["rank"] == 5
     with pytest.raises(ValueError, match="no MLflow run"):
         load_ranking("0" * 32, tracking_uri=uri)
+    capsys.readouterr()
+    assert main(["export", "--ranking", run.info.run_id, "--tracking-uri", uri]) == 0
+    assert json.loads(capsys.readouterr().out)["vllm"]["nearest_lossless"]["rank"] == 5
+    with pytest.raises(ValueError, match="tracking_uri 'bogus://x' has no MLflow tracking store"):
+        load_ranking(run.info.run_id, tracking_uri="bogus://x")
