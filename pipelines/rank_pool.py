@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -325,9 +326,14 @@ def main(config: str, overrides=()) -> int:
     if not cfg.progress:
         quiet_libraries()
     summary = run(cfg)
+    if cfg.cache.acceptance_source == "reference":
+        print("mdboost rank: warning: cache.acceptance_source is 'reference': acceptance is read on the reference "
+              "text, which flatters drafters that copy it (prompt lookup); rank on 'sampled' for predictions to act "
+              "on (docs/ranking.md, \"Draft-start process\")", file=sys.stderr)
     print(f"\nTop points at their best gamma ({summary['n_pairs']} pairs, {summary['n_points']} operating points, "
           f"{summary['n_rows']} rows with every gamma; rule: predicted speedup among points with NLL <= target + "
-          f"{cfg.ranking.nll_tolerance:g} nats; 90% intervals over {summary['bootstrap']['prompts']} prompts):")
+          f"{cfg.ranking.nll_tolerance:g} nats; {summary['bootstrap']['level']:.0%} intervals over "
+          f"{summary['bootstrap']['prompts']} prompts):")
     print(report.format_table(best_gamma_rows(summary["rows"]), cfg.ranking.top))
     print(f"\nranking: {summary['paths']['csv']}  cache: {summary['cache_dir']} "
           f"({'reused' if summary['cache_reused'] else 'built'})  time: {summary['seconds_total']:.1f}s"

@@ -53,7 +53,7 @@ class Ranking:
     rows: list[dict]
     config: RankConfig
     summary: dict | None  # the ranking's summary.json, when it has one
-    run_id: str | None
+    run_id: str | None  # its MLflow parent run: given, or named by a folder's summary.json
     sampling: dict        # {temperatures, top_k, top_p}
     md_solve: str
 
@@ -105,7 +105,10 @@ def fetch_ranking(src: SourceConfig, tracking: TrackingConfig, tmp: Path) -> Ran
     config = from_dict(RankConfig, raw)
     rows = sorted(read_csv(folder / "ranking.csv"), key=lambda r: int(r["rank"]))
     md_solve = (summary or {}).get("md_solve") or config.speed.md_solve
-    return Ranking(rows, config, summary, run_id, _ranking_sampling(summary, raw.get("md") or {}), md_solve)
+    # the ranking's MLflow parent run: the one given, else the one a ranking folder's summary names
+    # (linked when the validation logs to the same store: ranking_children)
+    link = run_id or (summary or {}).get("run_id")
+    return Ranking(rows, config, summary, link, _ranking_sampling(summary, raw.get("md") or {}), md_solve)
 
 
 @dataclass
@@ -225,10 +228,14 @@ def ranking_children(parent_run_id: str | None, tracking: TrackingConfig) -> dic
     """Nested ranking runs keyed by (drafter, target, divergence, budget, temperature or None)."""
     if parent_run_id is None:
         return {}
+    from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking.tracking_uri)
-    parent = client.get_run(parent_run_id)
+    try:
+        parent = client.get_run(parent_run_id)
+    except MlflowException:  # a folder's ranking logged to another store: nothing to link to
+        return {}
     runs = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent_run_id}'",
                               max_results=5000)
     out = {}

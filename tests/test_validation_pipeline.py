@@ -112,3 +112,21 @@ def test_terminal_shows_a_table_and_the_verdict(validated, capsys):
     (tmp / "bad.yaml").write_text(yaml.safe_dump({**quiet, "generation": {"temperature": 0.7}}))
     with pytest.raises(ValueError, match=r"generation.temperature is 0.7 but the ranking predicts at temperatures \[0.5, 1.0\]"):
         validate_pairs.main(str(tmp / "bad.yaml"))
+
+
+def test_a_ranking_folder_links_to_its_mlflow_run(validated, tmp_path):
+    """From a folder, the ranking run is the one its summary.json names (in the same store), so
+    the cells link to the nested ranking runs as from a run id."""
+    from pipelines.config import TrackingConfig
+    from pipelines.validate_config import SourceConfig
+    from pipelines.validate_pairs import fetch_ranking, ranking_children
+
+    client, rank_parent, tmp, val = validated
+    tracking = TrackingConfig(tracking_uri=val["tracking"]["tracking_uri"])
+    ranking = fetch_ranking(SourceConfig(ranking_dir=str(tmp / "rank")), tracking, tmp_path)
+    assert ranking.run_id == rank_parent
+    children = ranking_children(ranking.run_id, tracking)
+    assert children and all(client.get_run(r).data.tags["mlflow.parentRunId"] == rank_parent
+                            for r in children.values())
+    other = TrackingConfig(tracking_uri=f"sqlite:///{tmp_path / 'other.db'}")  # another store: nothing to link
+    assert ranking_children(ranking.run_id, other) == {}
