@@ -261,8 +261,9 @@ def test_adaptive_gamma_keeps_greedy_exact(target, drafters):
         (dict(max_new_tokens=2.5), "max_new_tokens must be a positive integer, got 2.5"),
         (dict(gamma=0), "gamma must be a positive integer, got 0"),
         (dict(gamma=True), "gamma must be a positive integer, got True"),
-        (dict(temperature=-1.0), "temperature must be a number >= 0, got -1.0"),
-        (dict(temperature=float("nan")), "temperature must be a number >= 0, got nan"),
+        (dict(temperature=-1.0), "temperature must be a finite number >= 0, got -1.0"),
+        (dict(temperature=float("nan")), "temperature must be a finite number >= 0, got nan"),
+        (dict(temperature=float("inf")), "temperature must be a finite number >= 0, got inf"),
         (dict(top_k=0), "top_k must be a positive integer or None, got 0"),
         (dict(top_p=1.5), r"top_p must be in \(0, 1\] or None, got 1.5"),
         (dict(max_divergence=-1.0), "max_divergence must be a number >= 0, got -1.0"),
@@ -535,3 +536,30 @@ def test_layer_view_continues_the_target_cache(target):
     lm.keep([chunk.shape[1]] * 3)
     with pytest.raises(ValueError, match="decoder layers"):
         lm.layer_view(target)
+
+
+@pytest.mark.parametrize("batch, settings", [
+    (64, GenerationSettings(max_new_tokens=12, gamma=5, eos_token_id=2)),  # EOS inside accepted drafts
+    (2, GenerationSettings(max_new_tokens=9, gamma=4, temperature=0.0)),  # a row ahead drafts past its limit
+])
+def test_stats_count_only_the_drafts_a_row_emits(batch, settings):
+    """Accepted drafts that EOS or max_new_tokens discard are not counted: every counted accepted
+    token is an emitted one, and a row-step emits its counted accepted drafts plus at most one."""
+    target = tiny_llama(vocab_size=8, num_layers=4, hidden_size=32, seed=0)
+    drafter = ModelDrafter(early_exit_model(target, 3))  # accepts a lot
+    if batch == 2:
+        ids = torch.tensor([[0, 0, 1, 5, 6, 7], [1, 4, 6, 5, 7, 3]])
+        mask = (torch.arange(6) >= torch.tensor([[2], [0]])).long()
+    else:
+        ids, mask = torch.tensor([[1, 4, 5]] * batch), None
+    row_steps = [0]
+
+    def on_tokens(rows):
+        row_steps[0] += sum(1 for r in rows if r)
+
+    out = generate(target, ids, settings, drafter=drafter, attention_mask=mask,
+                   generator=torch.Generator().manual_seed(0), on_tokens=on_tokens)
+    s, kept = out.stats, int(out.num_new_tokens.sum())
+    assert s.num_accepted_tokens <= kept <= s.num_accepted_tokens + row_steps[0]
+    assert sum(s.accepted_tokens_per_position) == s.num_accepted_tokens
+    assert sum(s.draft_tokens_per_position) == s.num_draft_tokens

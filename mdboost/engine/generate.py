@@ -297,7 +297,6 @@ class _State:
     def append(self, drafts, num_accepted, new_tokens, lengths, stats) -> int:
         """Record one step's emitted tokens; returns how many count as new (active rows only)."""
         self.last_active, self.last_accepted = self.active_rows(), num_accepted
-        stats.add_position_counts([lengths[b] for b in self.last_active], [num_accepted[b] for b in self.last_active])
         emitted = {}
         for b in self.last_active:
             row = drafts[b][: num_accepted[b]] + [new_tokens[b]]
@@ -308,6 +307,16 @@ class _State:
         if self.stop is not None:
             for b, n in stop_lengths(self.stop, self.contexts(), emitted, self.pad, self.device).items():
                 emitted[b], self.active[b] = emitted[b][:n], False
+        # the per-position stats of what the row emits: where EOS, max_new_tokens or a stopping
+        # criterion cut the row inside its accepted drafts, the drafts after the cut are discarded
+        # and not counted (neither as drafted nor as accepted)
+        drafted, accepted = [], []
+        for b in self.last_active:
+            n = len(emitted[b])
+            cut = n < num_accepted[b] + 1
+            drafted.append(n if cut else lengths[b])
+            accepted.append(min(num_accepted[b], n))
+        stats.add_position_counts(drafted, accepted)
         self.last_emitted = [emitted.get(b, []) for b in range(len(self.generated))]
         for b, row in emitted.items():
             self.generated[b] += row

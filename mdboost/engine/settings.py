@@ -13,6 +13,7 @@ Change a field with :func:`dataclasses.replace`, which validates again.
 
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass
 from typing import Callable
@@ -133,8 +134,8 @@ class GenerationSettings:
     def __post_init__(self):
         _positive_int("max_new_tokens", self.max_new_tokens)
         _positive_int("gamma", self.gamma)
-        if not _is_real(self.temperature) or not self.temperature >= 0:
-            raise ValueError(f"temperature must be a number >= 0, got {self.temperature!r}")
+        if not _is_real(self.temperature) or not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         _positive_int("top_k", self.top_k, optional=True)
         if self.top_p is not None and not (_is_real(self.top_p) and 0 < self.top_p <= 1):
             raise ValueError(f"top_p must be in (0, 1] or None, got {self.top_p!r}")
