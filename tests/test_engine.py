@@ -563,3 +563,23 @@ def test_stats_count_only_the_drafts_a_row_emits(batch, settings):
     assert s.num_accepted_tokens <= kept <= s.num_accepted_tokens + row_steps[0]
     assert sum(s.accepted_tokens_per_position) == s.num_accepted_tokens
     assert sum(s.draft_tokens_per_position) == s.num_draft_tokens
+
+
+def test_generate_names_bad_arguments_before_any_work():
+    target = tiny_llama(vocab_size=8, num_layers=2, hidden_size=32, seed=0)
+    ids = torch.tensor([[1, 4, 5]])
+    s = GenerationSettings(max_new_tokens=2)
+    for kwargs, error, match in (
+        (dict(input_ids=ids.float()), TypeError, "input_ids must hold integer token ids"),
+        (dict(input_ids=torch.zeros((0, 3), dtype=torch.long)), ValueError, "at least one row"),
+        (dict(input_ids=torch.tensor([[1, 9]])), ValueError, r"token id 9 outside the target's vocabulary \[0, 8\)"),
+        (dict(input_ids=torch.tensor([[-1, 2]])), ValueError, "token id -1 outside"),
+        (dict(attention_mask=[[1, 1, 1]]), TypeError, "attention_mask must be a tensor"),
+        (dict(generator=0), TypeError, "generator must be a torch.Generator"),
+        (dict(on_tokens=3), TypeError, "on_tokens must be a callable"),
+    ):
+        args = dict(input_ids=ids, **{k: v for k, v in kwargs.items() if k != "input_ids"})
+        if "input_ids" in kwargs:
+            args["input_ids"] = kwargs["input_ids"]
+        with pytest.raises(error, match=match):
+            generate(target, args.pop("input_ids"), s, **args)

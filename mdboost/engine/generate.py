@@ -72,6 +72,12 @@ def _prompts(input_ids, attention_mask) -> list[list[int]]:
     if not torch.is_tensor(input_ids) or input_ids.ndim != 2 or input_ids.shape[1] < 1:
         got = tuple(input_ids.shape) if torch.is_tensor(input_ids) else type(input_ids).__name__
         raise ValueError(f"input_ids must be a LongTensor [B, T] with T >= 1, got {got}")
+    if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+        raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
+    if input_ids.shape[0] < 1:
+        raise ValueError(f"input_ids must hold at least one row, got shape {tuple(input_ids.shape)}")
+    if attention_mask is not None and not torch.is_tensor(attention_mask):
+        raise TypeError(f"attention_mask must be a tensor [B, T] or None, got {type(attention_mask).__name__}")
     if attention_mask is None:
         return input_ids.tolist()
     if attention_mask.shape != input_ids.shape:
@@ -126,7 +132,17 @@ def generate(
     if drafter is not None and not isinstance(drafter, Drafter):
         raise TypeError(f"drafter must be a Drafter or None (convert a model or n-gram drafter with as_drafter), "
                         f"got {type(drafter).__name__}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    if on_tokens is not None and not callable(on_tokens):
+        raise TypeError(f"on_tokens must be a callable or None, got {on_tokens!r}")
     prompts = _prompts(input_ids, attention_mask)
+    vocab = getattr(getattr(target, "config", None), "vocab_size", None)
+    if vocab is not None and prompts:
+        lo, hi = min(min(r) for r in prompts), max(max(r) for r in prompts)
+        if lo < 0 or hi >= vocab:
+            raise ValueError(f"input_ids holds token id {lo if lo < 0 else hi} outside the target's vocabulary "
+                             f"[0, {vocab})")
     device = input_ids.device
     mode = "ar" if drafter is None else ("md" if settings.lossy else "sd")
     stats = GenerationStats(mode=mode, budget=settings.max_divergence if mode == "md" and settings.max_divergence > 0 else None)
