@@ -19,13 +19,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import tempfile
 from pathlib import Path
 
-from mdboost.ranking.report import read_csv
+from mdboost.ranking.report import check_csv_digest, read_csv
 
 FORMATS = ("json", "mdboost", "hf", "vllm")
 VLLM_METHODS = ("draft_model", "ngram")
@@ -81,9 +80,7 @@ def _ranking(rec: dict, sampling: dict, folder: Path, source: str, csv_sha256: s
     csv = folder / "ranking.csv"
     if not csv.is_file():
         raise ValueError(f"ranking {source!r} has no ranking.csv")
-    if csv_sha256 is not None and hashlib.sha256(csv.read_bytes()).hexdigest() != csv_sha256:
-        raise ValueError(f"ranking {source!r}: ranking.csv is not the one its summary.json was written with "
-                         f"(an interrupted rerun?): run `mdboost rank` again")
+    check_csv_digest(csv, csv_sha256, f"ranking {source!r}")
     device = "cpu"
     config = folder / "config.resolved.yaml"
     if config.is_file():

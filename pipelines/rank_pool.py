@@ -26,7 +26,6 @@ changes to budgets, gamma range, boosting or the ranking rule only re-score from
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 import time
@@ -293,7 +292,7 @@ def _run(cfg: RankConfig) -> dict:
                "sampling": {"temperatures": cfg.md.sampling_temperatures, "top_k": None, "top_p": None},
                "md_solve": cfg.speed.md_solve, "bootstrap": bootstrap,
                "recommendation": rec.to_dict(), "verdict": rec.verdict(), "engine_snippet": snippet,
-               "ranking_csv_sha256": hashlib.sha256(Path(paths["csv"]).read_bytes()).hexdigest()}
+               "ranking_csv_sha256": report.csv_sha256(paths["csv"])}
     summary["recommendation_markdown"] = ranking_note(
         rec, best_gamma_rows(rows), bootstrap=bootstrap, snippet=snippet, n_pairs=summary["n_pairs"],
         n_rows=len(rows), nll_tolerance=cfg.ranking.nll_tolerance, top=cfg.ranking.top,

@@ -16,7 +16,6 @@ parent run and one nested run per cell, tagged ``mdboost.ranking_run_id``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import sys
@@ -27,7 +26,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from mdboost.ranking.report import read_csv
+from mdboost.ranking.report import check_csv_digest, read_csv
 from mdboost.validation.cells import check_md_solve, complete_rows, resolve_sampling, select_cells
 from mdboost.validation.points import heldout_prompts, humaneval_pass_at_1, realize_cells
 from mdboost.validation.report import COLUMNS as VALIDATION_COLUMNS
@@ -97,10 +96,7 @@ def fetch_ranking(src: SourceConfig, tracking: TrackingConfig, tmp: Path) -> Ran
     if summary is None and run_id is None:  # written last by mdboost rank: without it the folder is incomplete
         raise ValueError(f"{where} has ranking files but no summary.json (a rerun failed or was interrupted): "
                          "run `mdboost rank` again")
-    digest = (summary or {}).get("ranking_csv_sha256")
-    if digest is not None and hashlib.sha256((folder / "ranking.csv").read_bytes()).hexdigest() != digest:
-        raise ValueError(f"{where}: ranking.csv is not the one its summary.json was written with (an interrupted "
-                         "rerun?): run `mdboost rank` again")
+    check_csv_digest(folder / "ranking.csv", (summary or {}).get("ranking_csv_sha256"), where)
     raw = yaml.safe_load((folder / "config.resolved.yaml").read_text()) or {}
     config = from_dict(RankConfig, raw)
     rows = sorted(read_csv(folder / "ranking.csv"), key=lambda r: int(r["rank"]))

@@ -8,6 +8,7 @@ not listed are appended in sorted order so nothing computed is dropped.
 from __future__ import annotations
 
 import csv
+import hashlib
 import html
 import io
 import math
@@ -75,6 +76,19 @@ def read_csv(path: str | os.PathLike) -> list[dict]:
     """Rows of a ranking CSV as dicts of strings."""
     with open(path, newline="") as fh:
         return list(csv.DictReader(fh))
+
+
+def csv_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 of a ranking CSV's bytes, as ``summary.json`` records it (``ranking_csv_sha256``)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def check_csv_digest(path: str | os.PathLike, digest: str | None, source: str) -> None:
+    """Raise ValueError naming ``source`` when the CSV at ``path`` is not the one a summary's
+    ``digest`` was written with (an interrupted rerun); None (rankings from before it was recorded): no check."""
+    if digest is not None and csv_sha256(path) != digest:
+        raise ValueError(f"{source}: ranking.csv is not the one its summary.json was written with "
+                         f"(an interrupted rerun?): run `mdboost rank` again")
 
 
 def _fmt(value) -> str:
