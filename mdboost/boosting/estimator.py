@@ -62,7 +62,8 @@ class SelfNormalizedBoostClassifier(ClassifierMixin, BaseEstimator):
     ----------
     estimator : object, default=None
         Weak learner with ``fit(X, y, sample_weight)`` and ``predict_proba`` (``predict`` for
-        ``hypothesis="predict"``, e.g. ``RidgeClassifier``), cloned each round. None means ``DecisionTreeClassifier(max_depth=1)``. Must be None in pool mode.
+        ``hypothesis="predict"``, e.g. ``RidgeClassifier``), cloned each round. None means
+        ``DecisionTreeClassifier(max_depth=1)``. Must be None in pool mode.
     n_estimators : int, default=50
         Maximum number of rounds, in ``[1, inf)``. Boosting stops earlier on a perfect
         (``|mu| = 1``, alpha capped via ``EDGE_EPS``) or useless (``h* = 0``, or ``mu <= 0`` in
@@ -70,7 +71,8 @@ class SelfNormalizedBoostClassifier(ClassifierMixin, BaseEstimator):
     pool : list of fixed scorers, default=None
         Pool mode: fixed pre-trained scorers (:class:`~mdboost.boosting.scorers.FixedScorer`),
         never cloned or refitted (:func:`sklearn.base.clone` of this estimator keeps the
-        same scorers, so ``cross_val_score`` and ``GridSearchCV`` work); each round picks the scorer of largest ``|mu|`` (it may be picked again). A
+        same scorers, so ``cross_val_score`` and ``GridSearchCV`` work); each round picks the
+        scorer of largest ``|mu|`` (it may be picked again). A
         negative edge gives a negative ``alpha`` (the round uses ``-h``), which is fine. ``X``
         is validated with ``dtype=None, ensure_all_finite=False`` and handed to the scorers:
         any 2-D array they accept, e.g. row indices of shape (m, 1) into a logit cache. When
