@@ -445,7 +445,7 @@ def test_confidence_stop_rule():
     confidence = torch.softmax(logits, -1)[torch.arange(3), tokens]  # 0.87, 0.25, ~0.5
     for threshold in (0.0, 0.3, 0.6, 1.0):
         assert ConfidenceStop(threshold).stops(logits, tokens).tolist() == (confidence < threshold).tolist()
-    with pytest.raises(ValueError, match=r"threshold must be in \[0, 1\], got 1.5"):
+    with pytest.raises(ValueError, match=r"threshold must be a number in \[0, 1\], got 1.5"):
         ConfidenceStop(1.5)
 
 
@@ -563,6 +563,40 @@ def test_stats_count_only_the_drafts_a_row_emits(batch, settings):
     assert s.num_accepted_tokens <= kept <= s.num_accepted_tokens + row_steps[0]
     assert sum(s.accepted_tokens_per_position) == s.num_accepted_tokens
     assert sum(s.draft_tokens_per_position) == s.num_draft_tokens
+    # each counted verified position gave one emitted token; the rest are bonus tokens (one per row-step at most)
+    assert s.num_verified_positions <= kept <= s.num_verified_positions + row_steps[0]
+    assert sum(s.acceptance_probability_count_per_position) == s.num_verified_positions  # SD: computed everywhere
+
+
+@pytest.mark.parametrize("make, error, match", [
+    (lambda: ModelDrafter(None), TypeError, "model must be a transformers causal LM .*got NoneType"),
+    (lambda: ModelDrafter(tiny_llama(vocab_size=8, num_layers=1), schedule=3), TypeError,
+     "schedule must be a DraftSchedule .*got 3"),
+    (lambda: ModelDrafter(tiny_llama(vocab_size=8, num_layers=1), confidence_stop=0.4), TypeError,
+     "confidence_stop must be a ConfidenceStop or None, got 0.4"),
+    (lambda: ModelDrafter(tiny_llama(vocab_size=8, num_layers=1), share_kv="no"), TypeError,
+     "share_kv must be True or False, got 'no'"),
+    (lambda: NgramAdapter(3), TypeError, "ngram must be an NgramDrafter .*got 3"),
+    (lambda: NgramAdapter(NgramDrafter(2), schedule=None), TypeError, "schedule must be a DraftSchedule .*got None"),
+    (lambda: ConfidenceStop("a"), ValueError, r"threshold must be a number in \[0, 1\], got 'a'"),
+    (lambda: ConfidenceStop(float("nan")), ValueError, r"threshold must be a number in \[0, 1\], got nan"),
+    (lambda: AdaptiveDraftLength(float("inf")), ValueError, "max_length must be a positive integer or None, got inf"),
+    (lambda: AdaptiveDraftLength(2.5), ValueError, "max_length must be a positive integer or None, got 2.5"),
+    (lambda: NgramDrafter(float("nan")), ValueError, "n must be a positive integer, got nan"),
+    (lambda: NgramDrafter(2, max_lookback=float("inf")), ValueError,
+     "max_lookback must be an integer >= 2 or None, got inf"),
+])
+def test_drafter_and_schedule_arguments_are_named_when_built(make, error, match):
+    with pytest.raises(error, match=match):
+        make()
+
+
+@pytest.mark.parametrize("name", ["eos_token_id", "pad_token_id"])
+def test_generate_names_a_special_token_outside_the_vocabulary(name):
+    target = tiny_llama(vocab_size=8, num_layers=1, seed=0)
+    settings = GenerationSettings(max_new_tokens=2, **{name: 8})
+    with pytest.raises(ValueError, match=f"settings.{name}=8 is outside the target's vocabulary"):
+        generate(target, torch.tensor([[1, 2]]), settings)
 
 
 def test_generate_names_bad_arguments_before_any_work():

@@ -113,6 +113,12 @@ class _ScheduledSession(DraftSession):
         self._length = self._schedule.next_length(self._length, self._gamma, self._drafted, lengths, num_accepted)
 
 
+def _check_schedule(schedule) -> None:
+    if not callable(getattr(schedule, "next_length", None)):
+        raise TypeError(f"schedule must be a DraftSchedule (an object with next_length), e.g. FixedDraftLength(), "
+                        f"got {schedule!r}")
+
+
 def shares_layers(drafter, target) -> bool:
     """True when ``drafter``'s embeddings and decoder layers are the target's first ones (same modules)."""
     try:
@@ -145,6 +151,17 @@ class ModelDrafter(Drafter):
     schedule: DraftSchedule = field(default_factory=FixedDraftLength)
     confidence_stop: ConfidenceStop | None = None
     share_kv: bool = True
+
+    def __post_init__(self):  # named here, not as an AttributeError in the first step
+        config = getattr(self.model, "config", None)
+        if not (callable(self.model) and callable(getattr(config, "get_text_config", None))):
+            raise TypeError(f"model must be a transformers causal LM (a module with a config), "
+                            f"got {type(self.model).__name__}")
+        _check_schedule(self.schedule)
+        if self.confidence_stop is not None and not callable(getattr(self.confidence_stop, "stops", None)):
+            raise TypeError(f"confidence_stop must be a ConfidenceStop or None, got {self.confidence_stop!r}")
+        if not isinstance(self.share_kv, bool):
+            raise TypeError(f"share_kv must be True or False, got {self.share_kv!r}")
 
     def start(self, prompts, target, settings) -> DraftSession:
         width = self.model.config.get_text_config().vocab_size
@@ -267,6 +284,11 @@ class NgramAdapter(Drafter):
 
     ngram: NgramDrafter
     schedule: DraftSchedule = field(default_factory=FixedDraftLength)
+
+    def __post_init__(self):
+        if not callable(getattr(self.ngram, "propose", None)):
+            raise TypeError(f"ngram must be an NgramDrafter (an object with propose), got {self.ngram!r}")
+        _check_schedule(self.schedule)
 
     def start(self, prompts, target, settings) -> DraftSession:
         return _NgramSession(self.ngram, target.vocab_size, target.device, self.schedule, settings.gamma)

@@ -143,6 +143,10 @@ def generate(
         if lo < 0 or hi >= vocab:
             raise ValueError(f"input_ids holds token id {lo if lo < 0 else hi} outside the target's vocabulary "
                              f"[0, {vocab})")
+    for name in ("eos_token_id", "pad_token_id"):  # the settings checked them >= 0; the vocabulary is the target's
+        value = getattr(settings, name)
+        if vocab is not None and value is not None and value >= vocab:
+            raise ValueError(f"settings.{name}={value} is outside the target's vocabulary [0, {vocab})")
     device = input_ids.device
     mode = "ar" if drafter is None else ("md" if settings.lossy else "sd")
     stats = GenerationStats(mode=mode, budget=settings.max_divergence if mode == "md" and settings.max_divergence > 0 else None)
@@ -201,10 +205,11 @@ def _step(lm, session, state, limit, sampling, md_args, generator, stats, timer,
         target_probs = logits_to_probs(logits, **sampling)
     t2 = timer.now()
 
+    verified = None  # per row: (divergences, acceptance probabilities, accepted by the budget) per position
     if greedy:  # the argmax on which logits_to_probs(temperature=0) puts its one-hot
-        num_accepted, new_tokens = _verify_greedy(drafts, logits, lengths, stats, state)
+        num_accepted, new_tokens, verified = _verify_greedy(drafts, logits, lengths)
     elif width:
-        num_accepted, new_tokens = _verify(drafts, draft_probs, target_probs, lengths, md_args, generator, stats, state)
+        num_accepted, new_tokens, verified = _verify(drafts, draft_probs, target_probs, lengths, md_args, generator)
     else:
         num_accepted, new_tokens = [0] * batch, sample(target_probs[:, 0], generator).tolist()
     t3 = timer.now()
@@ -217,42 +222,44 @@ def _step(lm, session, state, limit, sampling, md_args, generator, stats, timer,
     stats.time_target += t2 - t1
     stats.time_verify += t3 - t2
     draft_rows = drafts.tolist() if width else [[]] * batch
-    stats.num_new_tokens += state.append(draft_rows, num_accepted, new_tokens, lengths, stats)
+    stats.num_new_tokens += state.append(draft_rows, num_accepted, new_tokens, lengths, stats, verified)
     if limit:
         session.update([num_accepted[b] for b in state.last_active], [lengths[b] for b in state.last_active])
 
 
-def _verify_greedy(drafts, logits, lengths, stats, state):  # [B, K] or None, [B, K+1, V]
+def _verify_greedy(drafts, logits, lengths):  # [B, K] or None, [B, K+1, V]
     """Lossless verification of greedy decoding (temperature 0, no budget) without building ``q``.
 
     With one-hot ``q`` (the target's argmax) SD accepts a draft iff it equals the argmax, and
     the correction/bonus token is the argmax at the first mismatch (or at the row's draft
     length): exactly :func:`verify` at budget 0 on these inputs, without its ``[B, K+1, V]``
-    probabilities or random draws. Stats: acceptance probability 1 on a match, 0 otherwise;
-    divergence 0.
+    probabilities or random draws. Per-position stats (as :func:`_verify`'s): acceptance
+    probability 1 on a match, 0 otherwise; divergence 0.
     """
     if torch.isnan(logits).any():  # logits_to_probs's check
         raise ValueError("logits contains NaN")
     best = logits.argmax(dim=-1).tolist()  # [B][K + 1]
     rows = drafts.tolist() if drafts is not None else [[] for _ in best]
-    num_accepted, new_tokens = [], []
+    num_accepted, new_tokens, verified = [], [], []
     for b, (row, top) in enumerate(zip(rows, best)):
         match = [float(x == y) for x, y in zip(row[: lengths[b]], top)]
         n = match.index(0.0) if 0.0 in match else len(match)
         num_accepted.append(n)
         new_tokens.append(top[n])
-        if state.active[b] and lengths[b]:
-            visited = min(n + 1, lengths[b])
-            stats.add_verified([0.0] * visited, match[:visited])
-    return num_accepted, new_tokens
+        verified.append(([0.0] * len(match), match, [False] * len(match)))
+    return num_accepted, new_tokens, verified
 
 
-def _verify(drafts, draft_probs, target_probs, lengths, md_args, generator, stats, state):
+def _verify(drafts, draft_probs, target_probs, lengths, md_args, generator):
     """Run ``verify``; rows with fewer valid drafts than the width stop at their length.
 
     A row with ``lengths[b] < K`` that accepted all its valid drafts takes its next token
     from ``q`` at position ``lengths[b]`` instead (what a length-``lengths[b]`` draft would
     give: the bonus token of SD and MD is always drawn from ``q``).
+
+    Returns ``num_accepted``, ``new_tokens`` and per row the stats of its verified positions
+    (its first ``lengths[b]``): realized divergence (NaN where the clamp was not solved, see
+    ``md_solve``), MD acceptance probability, and whether the budget alone accepted the draft.
     """
     from mdboost.md.verify import verify
 
@@ -271,19 +278,9 @@ def _verify(drafts, draft_probs, target_probs, lengths, md_args, generator, stat
         resampled = sample(target_probs[index, at], generator).tolist()
         for b, tok in zip(short, resampled):
             num_accepted[b], new_tokens[b] = lengths[b], tok
-    _divergence_stats(result, num_accepted, lengths, stats, state)
-    return num_accepted, new_tokens
-
-
-def _divergence_stats(result, num_accepted, lengths, stats, state) -> None:
-    """Realized divergence, MD acceptance probability and budget-only acceptances at the
-    verified positions of active rows (divergence and probability where the clamp was solved)."""
-    divergence = result.divergence.tolist()  # [B, K]; NaN where not solved (md_solve)
-    acc_prob = result.acceptance_probability.tolist()  # [B, K]
-    by_budget = result.accepted_by_budget.tolist()  # [B, K]
-    for b in state.active_rows():
-        visited = min(num_accepted[b] + 1, lengths[b])  # positions whose distribution was used
-        stats.add_verified(divergence[b][:visited], acc_prob[b][:visited], sum(by_budget[b][: num_accepted[b]]))
+    columns = (result.divergence.tolist(), result.acceptance_probability.tolist(), result.accepted_by_budget.tolist())
+    verified = [tuple(col[b][: lengths[b]] for col in columns) for b in range(len(lengths))]  # [B, K] each
+    return num_accepted, new_tokens, verified
 
 
 class _State:
@@ -310,8 +307,12 @@ class _State:
     def contexts(self) -> list[list[int]]:
         return [p + g for p, g in zip(self.prompts, self.generated)]
 
-    def append(self, drafts, num_accepted, new_tokens, lengths, stats) -> int:
-        """Record one step's emitted tokens; returns how many count as new (active rows only)."""
+    def append(self, drafts, num_accepted, new_tokens, lengths, stats, verified=None) -> int:
+        """Record one step's emitted tokens; returns how many count as new (active rows only).
+
+        ``verified``: per row, the stats of its verified positions (see :func:`_verify`), or
+        None (no drafts): counted for the positions whose token the row emits.
+        """
         self.last_active, self.last_accepted = self.active_rows(), num_accepted
         emitted = {}
         for b in self.last_active:
@@ -326,12 +327,17 @@ class _State:
         # the per-position stats of what the row emits: where EOS, max_new_tokens or a stopping
         # criterion cut the row inside its accepted drafts, the drafts after the cut are discarded
         # and not counted (neither as drafted nor as accepted)
+        # the verified positions' stats too: position j's distribution gave the row's j-th token
         drafted, accepted = [], []
         for b in self.last_active:
             n = len(emitted[b])
             cut = n < num_accepted[b] + 1
             drafted.append(n if cut else lengths[b])
             accepted.append(min(num_accepted[b], n))
+            if verified is not None and lengths[b]:
+                used = min(n, lengths[b])  # every drafted position up to the first rejection, or the cut
+                divergences, acc_probs, by_budget = verified[b]
+                stats.add_verified(divergences[:used], acc_probs[:used], sum(by_budget[: accepted[-1]]))
         stats.add_position_counts(drafted, accepted)
         self.last_emitted = [emitted.get(b, []) for b in range(len(self.generated))]
         for b, row in emitted.items():

@@ -18,6 +18,8 @@ from typing import Protocol
 
 import torch
 
+from mdboost.engine.settings import _is_real, _positive_int
+
 
 class DraftSchedule(Protocol):
     """The draft length of the next step from the outcome of the last one."""
@@ -73,10 +75,8 @@ class AdaptiveDraftLength:
 
     max_length: int | None = None
 
-    def __post_init__(self):
-        if self.max_length is not None and (isinstance(self.max_length, bool) or int(self.max_length) != self.max_length
-                                            or self.max_length < 1):
-            raise ValueError(f"max_length must be a positive integer or None, got {self.max_length!r}")
+    def __post_init__(self):  # checked as GenerationSettings checks gamma
+        _positive_int("max_length", self.max_length, optional=True)
 
     def next_length(self, length, gamma, drafted, lengths, num_accepted) -> int:
         cap = int(self.max_length or 4 * gamma)
@@ -109,8 +109,8 @@ class ConfidenceStop:
     threshold: float = 0.4
 
     def __post_init__(self):
-        if isinstance(self.threshold, bool) or not 0 <= self.threshold <= 1:
-            raise ValueError(f"threshold must be in [0, 1], got {self.threshold!r}")
+        if not (_is_real(self.threshold) and 0 <= self.threshold <= 1):  # NaN and strings included
+            raise ValueError(f"threshold must be a number in [0, 1], got {self.threshold!r}")
 
     def stops(self, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:  # [B, V], [B] -> [B] bool
         """Which rows stop after drafting ``tokens`` from ``logits``."""

@@ -3,7 +3,8 @@
 Plain dataclasses: the engine fills them, pipelines log them (nothing is logged here).
 
 Definitions (counted over rows that are still generating; a "draft" is one row's proposal of
-at least one token in one engine step):
+at least one token in one engine step; a position counts only if the row emits its token, so
+drafts that EOS, ``max_new_tokens`` or a stopping criterion discard are not counted anywhere):
 
 - ``num_drafts``, ``num_draft_tokens``, ``num_accepted_tokens`` (accepted draft tokens, not
   counting the target's correction/bonus token);
