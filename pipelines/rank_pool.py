@@ -327,8 +327,9 @@ def main(config: str, overrides=()) -> int:
     summary = run(cfg)
     if cfg.cache.acceptance_source == "reference":
         print("mdboost rank: warning: cache.acceptance_source is 'reference': acceptance is read on the reference "
-              "text, which flatters drafters that copy it (prompt lookup); rank on 'sampled' for predictions to act "
-              "on (docs/ranking.md, \"Draft-start process\")", file=sys.stderr)
+              "text, not on text the target samples (the process takes each position's expected acceptance and "
+              "credits prompt lookup only for its own proposals); rank on 'sampled' for predictions to act on "
+              "(docs/ranking.md, \"Draft-start process\")", file=sys.stderr)
     print(f"\nTop points at their best gamma ({summary['n_pairs']} pairs, {summary['n_points']} operating points, "
           f"{summary['n_rows']} rows with every gamma; rule: predicted speedup among points with NLL <= target + "
           f"{cfg.ranking.nll_tolerance:g} nats; {summary['bootstrap']['level']:.0%} intervals over "

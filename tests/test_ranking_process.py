@@ -338,3 +338,62 @@ def test_resampled_tables_are_whole_repeats():
     assert tables.shape == (50, 3) and all(tuple(t) in repeats for t in tables.tolist())
     assert len({tuple(t) for t in tables.tolist()}) == 3  # 50 draws hit all three repeats
     assert torch.equal(tables, resample_tables(samples, 50, seed=3))
+
+
+class _Proposals:  # the one method of a cache that SequenceLayout.proposals reads
+    def __init__(self, props):
+        self.props = props
+
+    def ngram_proposals(self, member):
+        return self.props
+
+
+def _reference_rows(length, one_hot, width):
+    """One reference sequence whose every token the drafter 'predicts' (prompt lookup copying it,
+    or a model with p = q at the reference token), while the position's P_acc is low."""
+    from mdboost.ranking.layout import SequenceLayout
+    from mdboost.ranking.support import MemberRows
+
+    labels = torch.tensor([1, 2, 3] * (length // 3))
+    props = torch.full((length, width), -1, dtype=torch.long)
+    for s in range(length):
+        ahead = labels[s:s + width]
+        props[s, :ahead.numel()] = ahead  # a perfect copy of the reference
+    zeros, ones = torch.zeros(length), torch.ones(length, dtype=torch.bool)
+    draft = MemberRows(props[:, :1], zeros[:, None], zeros, zeros, ones, one_hot=one_hot)  # log p(x) = 0
+    target = MemberRows(props[:, :1], zeros[:, None], zeros, zeros, ones)  # log q(x) = 0 too: c = 1 everywhere
+    layout = SequenceLayout(torch.zeros(length, dtype=torch.long), cache=_Proposals(props), member="ngram:2")
+    return layout, draft, target, labels
+
+
+@pytest.mark.parametrize("one_hot", [True, False])
+def test_on_reference_text_the_process_takes_the_expected_acceptance(one_hot):
+    """A reference text read at its own tokens flatters a drafter that predicts it (c = 1 at every
+    token, a reviewer's prompt-lookup case: P_acc 0.014, predicted 1.2x, realized below 1). On
+    reference rows the chain is P_acc of the verified position: here constant, so the process
+    is the i.i.d. model up to the sequence's end."""
+    from mdboost.ranking.process import PointInputs, score_process
+
+    length, width, alpha, cost = 3000, 4, 0.014, 0.05
+    layout, draft, target, labels = _reference_rows(length, one_hot, width)
+    acc = torch.full((length,), alpha, dtype=torch.float64)
+    point = [PointInputs(torch.zeros(length), torch.zeros(length), acc)]
+    args = (layout, draft, target, labels, point, [1, 2, 3, 4], cost)
+    biased, = score_process(*args)  # c read at the reference token: every draft accepted
+    fixed, = score_process(*args, on_reference=True)
+    assert float(biased.values["mean_accepted_length"][-1]) == pytest.approx(width + 1, rel=1e-2)
+    assert float(biased.values["speedup"].max()) > 2
+    for i, g in enumerate([1, 2, 3, 4]):  # the i.i.d. closed forms (v = 1, s = 0)
+        assert float(fixed.values["mean_accepted_length"][i]) == pytest.approx((1 - alpha ** (g + 1)) / (1 - alpha),
+                                                                               rel=1e-3)
+        assert float(fixed.values["speedup"][i]) == pytest.approx(float(walltime_speedup(alpha, g, cost)), rel=1e-3)
+    assert float(fixed.values["speedup"].max()) < 1  # drafting does not pay, as in the real runs
+    assert torch.allclose(fixed.values["acceptance_conditional"], fixed.values["acceptance"])
+
+
+def test_expected_chain_of_prompt_lookup_counts_only_its_own_proposals():
+    from mdboost.ranking.process import expected_chain
+
+    acc = torch.tensor([[0.5, 0.25, 0.75]], dtype=torch.float64)
+    same = torch.tensor([[[True, False], [True, True], [False, False]]])  # start 2 offers nothing
+    assert expected_chain(acc, 2, same).tolist() == [[[0.5, 0.0], [0.25, 0.75], [0.0, 0.0]]]

@@ -288,27 +288,66 @@ def budget_tilt(p_mass: torch.Tensor, q_mass: torch.Tensor, a, b, acceptance) ->
     return delta.clamp(0.0, 1.0)
 
 
+def expected_chain(acceptance: torch.Tensor, width: int, same=None) -> torch.Tensor:  # [B, L] -> [B, L, W]
+    """The chain of a text the loop does not emit (a reference): each draft's expected acceptance.
+
+    On a reference text the conditional acceptance ``c_t`` read at the reference token is not
+    the engine's: the emitted tokens follow ``pi``, not the reference, so ``c`` at the reference
+    token is biased (a drafter that copies the reference, prompt lookup, would look accepted
+    where the target rarely emits its proposal). The chain then takes ``P_acc`` of the position
+    a draft is verified at (its mean under ``pi``, the same value the i.i.d. speed model uses):
+    ``chain[s, i] = P_acc_{s+i}`` for a model drafter. For prompt lookup ``P_acc_{s+i}`` is the
+    acceptance of the position's own proposal, so it counts only where the chain's ``i``-th
+    draft is that proposal (``same``); another token's acceptance is not cached, and 0 is taken
+    (a lower bound: chains that leave the reference are not credited).
+
+    Parameters
+    ----------
+    acceptance : float64 [B, L]
+        ``P_acc`` per position of each sequence (0 where the drafter offers nothing).
+    width : int
+    same : bool [B, L, W] or None
+        Prompt lookup: whether draft ``i`` of a start ``s`` is the proposal at ``s + i``.
+
+    Examples
+    --------
+    >>> expected_chain(torch.tensor([[0.5, 0.25, 1.0]], dtype=torch.float64), 2).tolist()
+    [[[0.5, 0.25], [0.25, 1.0], [1.0, 0.0]]]
+    """
+    chain = chain_from_positions(acceptance, width)
+    return chain if same is None else chain * same
+
+
 def _tilted(chain, delta, same=None):  # [B, L, W], [B, L, W], [B, L, W] bool or None
     extra = (1 - chain) * delta
     return chain + (extra if same is None else extra * same)
 
 
-def _chains(layout: SequenceLayout, draft_rows, target_rows, labels, points, width: int):
+def _chains(layout: SequenceLayout, draft_rows, target_rows, labels, points, width: int, on_reference: bool = False):
     """``(chains [P, B, L, W], raw chains, offered [B, L] or None, index [B, L], lengths [B])``.
 
     ``raw``: the conditional acceptance ``c``; ``chains``: tilted by each point's
     :func:`budget_tilt` (a prompt-lookup chain only where the draft is the position's own proposal).
+    ``on_reference``: the text is not one the loop emits, so both are the expected chain
+    (:func:`expected_chain`).
     """
     index, lengths = padded_index(layout.sequence)
     tilts = [torch.zeros(index.shape, dtype=torch.float64) if pt.tilt is None else gather_rows(pt.tilt.double(), index)
              for pt in points]
+    offered, same = None, None
     if draft_rows.one_hot:
         props = gather_rows(layout.proposals(width), index, -1)  # [B, L, W]
         chain, offered = chain_from_proposals(props, gather_rows(torch.as_tensor(labels).long(), index, -1), width)
         first = chain_from_positions(props[..., 0].double(), width)  # the proposal at s + i
         same = (props.double() == first) & (props >= 0)
-        tilted = [_tilted(chain, chain_from_positions(t, width), same) for t in tilts]
-        return torch.stack(tilted), chain.expand(len(points), *chain.shape), offered, index, lengths
+        if not on_reference:
+            tilted = [_tilted(chain, chain_from_positions(t, width), same) for t in tilts]
+            return torch.stack(tilted), chain.expand(len(points), *chain.shape), offered, index, lengths
+    if on_reference:
+        valid = draft_rows.valid
+        chains = torch.stack([expected_chain(gather_rows(torch.where(valid, pt.acceptance.double(), 0.0), index),
+                                             width, same) for pt in points])
+        return chains, chains, offered, index, lengths
     raw, tilted = [], []
     for pt, t in zip(points, tilts):
         c = conditional_acceptance(draft_rows.true_logp, target_rows.true_logp, pt.a, pt.b)
@@ -321,7 +360,7 @@ def _chains(layout: SequenceLayout, draft_rows, target_rows, labels, points, wid
 def score_process(layout: SequenceLayout, draft_rows, target_rows, labels, points: list[PointInputs], gammas,
                   cost_ratio: float, *, verify_costs=None, md_solve: str = "reached",
                   sd_acceptance=None, bootstrap=None, cost_samples=None, verify_samples=None,
-                  prefill_per_token=(0.0, 0.0)) -> list[ProcessScore]:
+                  prefill_per_token=(0.0, 0.0), on_reference: bool = False) -> list[ProcessScore]:
     """Best gamma, speedup and engine-side acceptance of every operating point of a pair.
 
     Parameters
@@ -353,6 +392,10 @@ def score_process(layout: SequenceLayout, draft_rows, target_rows, labels, point
         ``(beta_t, beta_d)``: the target's and the drafter's own prefill cost per prompt token
         (:func:`~mdboost.ranking.speed.process_speedup`), applied to ``layout.prompt_lengths``
         (ignored where the layout has none).
+    on_reference : bool, default=False
+        The rows' text is a reference (teacher-forced), not text sampled from the target: the
+        chains are the expected acceptances (:func:`expected_chain`) instead of the conditional
+        acceptance at the text's token, and ``acceptance_conditional`` equals ``acceptance``.
 
     Returns
     -------
@@ -367,7 +410,8 @@ def score_process(layout: SequenceLayout, draft_rows, target_rows, labels, point
     if not gammas or min(gammas) < 1:
         raise ValueError(f"gammas must be a non-empty list of ints >= 1, got {gammas!r}")
     n_p, n_g = len(points), len(gammas)
-    chains, raw, offered, index, lengths = _chains(layout, draft_rows, target_rows, labels, points, max(gammas))
+    chains, raw, offered, index, lengths = _chains(layout, draft_rows, target_rows, labels, points, max(gammas),
+                                                   on_reference)
     n_b, length, width = chains.shape[1:]
     batch = chains[:, None].expand(n_p, n_g, n_b, length, width).reshape(-1, length, width)
     gamma = torch.tensor(gammas)[None, :, None].expand(n_p, n_g, n_b).reshape(-1)

@@ -219,8 +219,10 @@ def _pair_stats(pair: PairRows, aligned: Aligned, acc: PairRows, acc_aligned: Al
         nll_boosted=_mean(nll_b), boosted_scale=scale, nll_boosted_rescaled=nll_scaled)
 
 
-def _process_scores(acc: PairRows, aligned: Aligned, ops, sd, settings: ScoreSettings, profile: SpeedProfile):
-    """Process predictions (:mod:`mdboost.ranking.process`): SD first, then one per operating point."""
+def _process_scores(acc: PairRows, aligned: Aligned, ops, sd, settings: ScoreSettings, profile: SpeedProfile,
+                    on_reference: bool = False):
+    """Process predictions (:mod:`mdboost.ranking.process`): SD first, then one per operating point
+    (``on_reference``: ``acc`` holds the reference text, see :func:`~mdboost.ranking.process.score_process`)."""
     zeros = torch.zeros_like(sd, dtype=torch.float64)
     p_mass, q_mass = aligned.p_mass, aligned.q_mass
     points = [PointInputs(zeros, zeros, sd.double(), 0.0)]
@@ -230,7 +232,8 @@ def _process_scores(acc: PairRows, aligned: Aligned, ops, sd, settings: ScoreSet
                          settings.gammas, acc.draft.cost_ratio, verify_costs=profile.verify_cost,
                          md_solve=settings.md_solve, sd_acceptance=sd, bootstrap=settings.bootstrap,
                          cost_samples=acc.draft.cost_samples, verify_samples=profile.verify_samples,
-                         prefill_per_token=(profile.prefill_per_token, acc.draft.prefill_per_token))
+                         prefill_per_token=(profile.prefill_per_token, acc.draft.prefill_per_token),
+                         on_reference=on_reference)
 
 
 def score_pair(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | None = None,
@@ -278,7 +281,9 @@ def score_pair(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | Non
     acc_ops = _one_plain_point(md_operating_points(acc_aligned, acc_valid, s.divergences, s.budgets, s.mode))
     ref_ops = acc_ops if acceptance is None else _one_plain_point(
         md_operating_points(aligned, pair.draft.rows.valid, s.divergences, s.budgets, s.mode))
-    process = None if acc.layout is None else _process_scores(acc, acc_aligned, acc_ops, sd, s, profile)
+    # without target-sampled rows the process runs on the reference text (expected chains, no c at its tokens)
+    process = None if acc.layout is None else _process_scores(acc, acc_aligned, acc_ops, sd, s, profile,
+                                                              on_reference=acceptance is None)
     mentored = dict(mentored or {})
     points = []
     for i, (op, ref_op) in enumerate(zip(acc_ops, ref_ops, strict=True)):
