@@ -465,7 +465,7 @@ def score_process(layout: SequenceLayout, draft_rows, target_rows, labels, point
     figures = {"speedup": speed, "acceptance": num_v / drafted, "acceptance_conditional": num_c / drafted,
                "mean_accepted_length": 1 + pooled(res.accepted) / drafted,
                "tokens_per_call": tokens / pooled(res.steps)}  # each [R, P, G]
-    bounds = {name: percentile_interval(x[1:], boot.level) for name, x in figures.items()}
+    bounds = {name: percentile_interval(x[1:], boot.level, num_prompts=n_b) for name, x in figures.items()}
     best = speed[0].argmax(-1)  # first maximum: the smallest gamma on ties
     return [ProcessScore(gammas, {f: x[0, i] for f, x in figures.items()}, {f: b[0][i] for f, b in bounds.items()},
                          {f: b[1][i] for f, b in bounds.items()}, int(best[i])) for i in range(n_p)]

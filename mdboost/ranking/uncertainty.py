@@ -7,8 +7,14 @@ the position: a resample draws ``B`` prompts with replacement, i.e. integer weig
 ``w ~ Multinomial(B, 1/B)`` over the ``B`` sequences, and every sum over sequences becomes the
 weighted sum (:func:`resample_sums`). Ratios are formed per resample; the interval is the
 percentile interval of the resampled values (:func:`percentile_interval`; Efron & Tibshirani
-1993, ch. 13). The point estimate stays the full-sample value (weights 1), so it need not be
-the interval's midpoint, and a skewed interval is reported as such.
+1993, ch. 13), *expanded* for the number of prompts ``B`` (Hesterberg 2015, "What teachers
+should know about the bootstrap", The American Statistician 69(4), section 5): the
+quantiles taken are ``alpha' / 2`` and ``1 - alpha' / 2`` with
+``alpha' / 2 = Phi(-sqrt(B / (B - 1)) t_{B-1, (1 + level) / 2})`` (:func:`expanded_tail`),
+which corrects the plain percentile interval's narrowness at small ``B`` (it covers about
+``level`` only for large ``B``; ``bench/interval_coverage.py`` measures both). The point
+estimate stays the full-sample value (weights 1), so it need not be the interval's midpoint,
+and a skewed interval is reported as such.
 
 The cost ratio of the drafter is measured, not known: when its repeated measurements are
 given, each resample also draws one cost ratio (:func:`resample_values`), so the interval of
@@ -37,7 +43,8 @@ class BootstrapSettings:
     num_resamples : int, default=1000
         Bootstrap resamples of the prompts (``>= 1``); 0 disables the bootstrap (intervals NaN).
     level : float, default=0.9
-        Coverage of the percentile interval, in (0, 1).
+        Nominal coverage of the interval, in (0, 1) (the percentile interval expanded for the
+        number of prompts, see the module docstring).
     seed : int, default=0
         Seeds the resampling generator.
     """
@@ -106,8 +113,31 @@ def resample_values(samples, num_resamples: int, seed: int = 0) -> torch.Tensor:
     return samples[torch.randint(0, samples.numel(), (num_resamples,), generator=gen)]
 
 
-def percentile_interval(samples: torch.Tensor, level: float = DEFAULT_LEVEL) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(lo, hi)``: the ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles over axis 0.
+def expanded_tail(level: float, num_prompts: int) -> float:
+    """``alpha' / 2 = Phi(-sqrt(B / (B - 1)) t_{B-1, (1 + level) / 2})``: the lower quantile of the
+    expanded percentile interval over ``B = num_prompts`` (0 for one prompt: the resamples' range).
+
+    It tends to ``(1 - level) / 2`` as ``B`` grows.
+
+    >>> round(expanded_tail(0.9, 4), 4), round(expanded_tail(0.9, 16), 4), round(expanded_tail(0.9, 10**6), 4)
+    (0.0033, 0.0351, 0.05)
+    """
+    from scipy import stats
+
+    if isinstance(num_prompts, bool) or not isinstance(num_prompts, int) or num_prompts < 1:
+        raise ValueError(f"num_prompts must be an int >= 1, got {num_prompts!r}")
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level!r}")
+    if num_prompts == 1:
+        return 0.0
+    n = num_prompts
+    return float(stats.norm.cdf(-((n / (n - 1)) ** 0.5) * stats.t.ppf((1 + level) / 2, n - 1)))
+
+
+def percentile_interval(samples: torch.Tensor, level: float = DEFAULT_LEVEL,
+                        num_prompts: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(lo, hi)``: the ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles over axis 0, or with
+    ``num_prompts`` those of the expanded interval (:func:`expanded_tail`).
 
     NaN resamples (a ratio with an empty denominator in that resample) are ignored; an all-NaN
     column gives NaN bounds.
@@ -115,11 +145,15 @@ def percentile_interval(samples: torch.Tensor, level: float = DEFAULT_LEVEL) -> 
     >>> lo, hi = percentile_interval(torch.arange(101.0)[:, None], 0.9)
     >>> round(float(lo), 9), round(float(hi), 9)
     (5.0, 95.0)
+    >>> lo, hi = percentile_interval(torch.arange(101.0)[:, None], 0.9, num_prompts=16)
+    >>> round(float(lo), 2), round(float(hi), 2)
+    (3.51, 96.49)
     """
     samples = torch.as_tensor(samples, dtype=torch.float64)
     if samples.shape[0] == 0:
         nan = torch.full(samples.shape[1:], float("nan"), dtype=torch.float64)
         return nan, nan.clone()
-    q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
+    tail = (1 - level) / 2 if num_prompts is None else expanded_tail(level, num_prompts)
+    q = torch.tensor([tail, 1 - tail], dtype=torch.float64)
     bounds = torch.nanquantile(samples, q, dim=0)
     return bounds[0], bounds[1]
