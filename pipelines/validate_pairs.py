@@ -146,10 +146,15 @@ def interval_settings(ranking: Ranking, new_prompts: int) -> dict:
 
 def generation_length_note(ranking: Ranking, max_new_tokens: int) -> str | None:
     """A warning when the ranking predicted for generations of another length (its sampled
-    continuations' ``acceptance_max_new_tokens``): the prompt's share of the time, and so every
-    speedup, then differs (``docs/theory.md`` section 8)."""
+    continuations' ``acceptance_max_new_tokens``, or reference texts of their own lengths): the
+    prompt's share of the time, and so every speedup, then differs (``docs/theory.md`` section 8)."""
     c = ranking.config.cache
-    if c.acceptance_source != "sampled" or c.acceptance_max_new_tokens == max_new_tokens:
+    if c.acceptance_source == "reference":
+        return (f"warning: the ranking read its acceptance on reference text (cache.acceptance_source: reference), "
+                f"whose lengths are the references' own, not the {max_new_tokens} tokens this validation generates "
+                f"(generation.max_new_tokens): realized speedups differ by the prompt's share of the time and by "
+                f"the reference's approximation (docs/ranking.md, \"Draft-start process\")")
+    if c.acceptance_max_new_tokens == max_new_tokens:
         return None
     return (f"warning: the ranking predicts for {c.acceptance_max_new_tokens}-token generations "
             f"(cache.acceptance_max_new_tokens), this validation generates {max_new_tokens} "

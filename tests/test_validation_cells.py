@@ -133,3 +133,21 @@ def test_validate_plan_takes_the_rankings_temperature(tmp_path):
     plan = validate_pairs.plan(cfg)
     assert plan.sampling == {"temperatures": [0.5], "top_k": None, "top_p": None}
     assert len(plan.cells) == 5 and {float(c["temperature"]) for c in plan.cells} == {0.5}
+
+
+@pytest.mark.parametrize("source, ranked, generated, expected", [
+    ("sampled", 64, 64, None),
+    ("sampled", 32, 64, "predicts for 32-token generations"),
+    ("reference", 64, 64, "reference text .*not the 64 tokens this validation generates"),
+])
+def test_generation_length_note(source, ranked, generated, expected):
+    """Predictions made for another generation length, or on reference texts of their own
+    lengths, are flagged before the runs."""
+    import re
+    from types import SimpleNamespace
+
+    from pipelines.validate_pairs import generation_length_note
+
+    cache = SimpleNamespace(acceptance_source=source, acceptance_max_new_tokens=ranked)
+    note = generation_length_note(SimpleNamespace(config=SimpleNamespace(cache=cache)), generated)
+    assert (note is None) if expected is None else re.search(expected, note)
