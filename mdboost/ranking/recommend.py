@@ -69,8 +69,17 @@ class Recommendation:
         >>> r = Recommendation("ngram:3", "t", 0.7, "kl", 0.2, 4, 0.86, 0.8, 0.92, False, True, 1.0, 1.01)
         >>> r.verdict()
         'plain decoding is fastest here; the best speculative point is ngram:3 -> t, T=0.7, kl <= 0.2, gamma 4 at 0.86x [0.80, 0.92]'
+
+        Without an interval (no bootstrap) nothing is called faster, and the verdict says why:
+
+        >>> nan = float("nan")
+        >>> Recommendation("int8", "t", 1.0, "kl", 0.1, 5, 1.43, nan, nan, False, True, 1.0, 1.01).verdict()
+        'no interval, so no point is called faster than plain decoding (ranking.resamples: 0 computes none); the best speculative point is int8 -> t, T=1, kl <= 0.1, gamma 5 at 1.43x'
         """
         quality = "" if self.quality_ok else " (no point met the quality tolerance)"
+        if not self.beats_plain_decoding and not math.isfinite(self.predicted_speedup_lo):
+            return (f"no interval, so no point is called faster than plain decoding (ranking.resamples: 0 computes "
+                    f"none); the best speculative point is {self.point} at {self.predicted_speedup:.2f}x{quality}")
         if not self.beats_plain_decoding:
             return f"plain decoding is fastest here; the best speculative point is {self.point} at {self.interval}{quality}"
         return f"recommended: {self.point}: predicted speedup {self.interval} over plain decoding{quality}"
