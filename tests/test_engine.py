@@ -445,7 +445,7 @@ def test_confidence_stop_rule():
     confidence = torch.softmax(logits, -1)[torch.arange(3), tokens]  # 0.87, 0.25, ~0.5
     for threshold in (0.0, 0.3, 0.6, 1.0):
         assert ConfidenceStop(threshold).stops(logits, tokens).tolist() == (confidence < threshold).tolist()
-    with pytest.raises(ValueError, match=r"threshold must be a number in \[0, 1\], got 1.5"):
+    with pytest.raises(ValueError, match=r"threshold must be in \[0, 1\], got 1.5"):
         ConfidenceStop(1.5)
 
 
@@ -578,25 +578,41 @@ def test_stats_count_only_the_drafts_a_row_emits(batch, settings):
      "share_kv must be True or False, got 'no'"),
     (lambda: NgramAdapter(3), TypeError, "ngram must be an NgramDrafter .*got 3"),
     (lambda: NgramAdapter(NgramDrafter(2), schedule=None), TypeError, "schedule must be a DraftSchedule .*got None"),
-    (lambda: ConfidenceStop("a"), ValueError, r"threshold must be a number in \[0, 1\], got 'a'"),
-    (lambda: ConfidenceStop(float("nan")), ValueError, r"threshold must be a number in \[0, 1\], got nan"),
+    (lambda: ConfidenceStop("a"), TypeError, "threshold must be a real number, got 'a'"),
+    (lambda: ConfidenceStop(float("nan")), ValueError, r"threshold must be in \[0, 1\], got nan"),
     (lambda: AdaptiveDraftLength(float("inf")), ValueError, "max_length must be a positive integer or None, got inf"),
     (lambda: AdaptiveDraftLength(2.5), ValueError, "max_length must be a positive integer or None, got 2.5"),
     (lambda: NgramDrafter(float("nan")), ValueError, "n must be a positive integer, got nan"),
     (lambda: NgramDrafter(2, max_lookback=float("inf")), ValueError,
-     "max_lookback must be an integer >= 2 or None, got inf"),
+     "max_lookback must be a positive integer or None, got inf"),
+    (lambda: NgramDrafter(2, max_lookback=1), ValueError, "max_lookback must be an integer >= 2 or None, got 1"),
 ])
 def test_drafter_and_schedule_arguments_are_named_when_built(make, error, match):
     with pytest.raises(error, match=match):
         make()
 
 
-@pytest.mark.parametrize("name", ["eos_token_id", "pad_token_id"])
-def test_generate_names_a_special_token_outside_the_vocabulary(name):
+def test_integral_floats_numpy_and_tensor_values_are_accepted_as_before():
+    assert AdaptiveDraftLength(4.0).max_length == 4 and AdaptiveDraftLength(np.int64(3)).max_length == 3
+    assert ConfidenceStop(torch.tensor(0.5)).threshold == 0.5 and NgramDrafter(torch.tensor(3)).n == 3
+    assert ModelDrafter(tiny_llama(vocab_size=8, num_layers=1), share_kv=np.True_).share_kv
+
+
+@pytest.mark.parametrize("name, processor", [("eos_token_id", None), ("pad_token_id", lambda ids, scores: scores)])
+def test_generate_names_a_special_token_outside_the_vocabulary(name, processor):
+    """EOS must be a token the target can emit; a pad id only where a logits processor reads the
+    pad-filled rows (transformers allows a pad id outside the vocabulary otherwise)."""
     target = tiny_llama(vocab_size=8, num_layers=1, seed=0)
-    settings = GenerationSettings(max_new_tokens=2, **{name: 8})
+    settings = GenerationSettings(max_new_tokens=2, logits_processor=processor, **{name: 8})
     with pytest.raises(ValueError, match=f"settings.{name}=8 is outside the target's vocabulary"):
         generate(target, torch.tensor([[1, 2]]), settings)
+
+
+def test_a_pad_id_outside_the_vocabulary_only_fills_finished_rows():
+    target = tiny_llama(vocab_size=8, num_layers=1, seed=0)
+    out = generate(target, torch.tensor([[1, 2]]), GenerationSettings(max_new_tokens=3, temperature=0.0, pad_token_id=8))
+    expected = target.generate(torch.tensor([[1, 2]]), max_new_tokens=3, do_sample=False, pad_token_id=8)
+    assert torch.equal(out.sequences, expected)
 
 
 def test_generate_names_bad_arguments_before_any_work():

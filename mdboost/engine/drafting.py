@@ -36,6 +36,7 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from transformers import PreTrainedModel
 
@@ -160,7 +161,7 @@ class ModelDrafter(Drafter):
         _check_schedule(self.schedule)
         if self.confidence_stop is not None and not callable(getattr(self.confidence_stop, "stops", None)):
             raise TypeError(f"confidence_stop must be a ConfidenceStop or None, got {self.confidence_stop!r}")
-        if not isinstance(self.share_kv, bool):
+        if not isinstance(self.share_kv, (bool, np.bool_)):
             raise TypeError(f"share_kv must be True or False, got {self.share_kv!r}")
 
     def start(self, prompts, target, settings) -> DraftSession:

@@ -143,10 +143,15 @@ def generate(
         if lo < 0 or hi >= vocab:
             raise ValueError(f"input_ids holds token id {lo if lo < 0 else hi} outside the target's vocabulary "
                              f"[0, {vocab})")
-    for name in ("eos_token_id", "pad_token_id"):  # the settings checked them >= 0; the vocabulary is the target's
+    # the settings checked them >= 0. EOS must be a token the target can emit; the pad id only fills
+    # finished rows (transformers allows one outside the vocabulary, e.g. an added [PAD] without
+    # resized embeddings), unless a logits processor indexes the scores with the padded rows
+    checked = ("eos_token_id", "pad_token_id") if settings.logits_processor is not None else ("eos_token_id",)
+    for name in checked:
         value = getattr(settings, name)
         if vocab is not None and value is not None and value >= vocab:
-            raise ValueError(f"settings.{name}={value} is outside the target's vocabulary [0, {vocab})")
+            raise ValueError(f"settings.{name}={value} is outside the target's vocabulary [0, {vocab})"
+                             + (" (the logits processor reads the pad-filled rows)" if name == "pad_token_id" else ""))
     device = input_ids.device
     mode = "ar" if drafter is None else ("md" if settings.lossy else "sd")
     stats = GenerationStats(mode=mode, budget=settings.max_divergence if mode == "md" and settings.max_divergence > 0 else None)

@@ -18,7 +18,7 @@ from typing import Protocol
 
 import torch
 
-from mdboost.engine.settings import _is_real, _positive_int
+from mdboost.md._checks import check_positive_int, check_real
 
 
 class DraftSchedule(Protocol):
@@ -75,8 +75,8 @@ class AdaptiveDraftLength:
 
     max_length: int | None = None
 
-    def __post_init__(self):  # checked as GenerationSettings checks gamma
-        _positive_int("max_length", self.max_length, optional=True)
+    def __post_init__(self):  # an integral float, numpy or one-element tensor value is kept as an int
+        object.__setattr__(self, "max_length", check_positive_int("max_length", self.max_length))
 
     def next_length(self, length, gamma, drafted, lengths, num_accepted) -> int:
         cap = int(self.max_length or 4 * gamma)
@@ -108,9 +108,8 @@ class ConfidenceStop:
 
     threshold: float = 0.4
 
-    def __post_init__(self):
-        if not (_is_real(self.threshold) and 0 <= self.threshold <= 1):  # NaN and strings included
-            raise ValueError(f"threshold must be a number in [0, 1], got {self.threshold!r}")
+    def __post_init__(self):  # a numpy or one-element tensor value is kept as a float; NaN is refused
+        object.__setattr__(self, "threshold", check_real("threshold", self.threshold, low=0.0, high=1.0))
 
     def stops(self, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:  # [B, V], [B] -> [B] bool
         """Which rows stop after drafting ``tokens`` from ``logits``."""

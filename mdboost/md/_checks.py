@@ -256,9 +256,11 @@ def check_real(name: str, value, *, low: float, high: float, low_open: bool = Fa
 
 
 def check_positive_int(name: str, value, *, allow_none: bool = True) -> int | None:
-    """A positive integer (an integral float such as ``4.0`` is accepted), or None."""
+    """A positive integer (an integral float such as ``4.0``, or a one-element tensor, is accepted), or None."""
     if value is None and allow_none:
         return None
+    if torch.is_tensor(value) and value.numel() == 1 and not value.is_complex() and value.device.type != "meta":
+        value = value.item()
     if isinstance(value, bool) or not isinstance(value, (Integral, Real)):
         raise TypeError(f"{name} must be a positive integer{' or None' if allow_none else ''}, got {value!r}")
     if isinstance(value, Integral):

@@ -10,19 +10,12 @@ which makes it the pool member most likely to give real speedups on CPU, especia
 
 from __future__ import annotations
 
-import math
-import numbers
-
 import torch
+
+from mdboost.md._checks import check_positive_int
 
 NO_PROPOSAL = -1  # placeholder token id for "no draft" in padded tensors
 
-
-def _is_count(value, least: int) -> bool:
-    """An integer (or an integral float such as ``3.0``) ``>= least``; no bool, NaN or inf."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        return False
-    return int(value) == value and value >= least
 
 
 class NgramDrafter:
@@ -48,12 +41,10 @@ class NgramDrafter:
     kind = "ngram"
 
     def __init__(self, n: int = 3, max_lookback: int | None = None):
-        if not _is_count(n, 1):  # NaN, inf and strings included
-            raise ValueError(f"n must be a positive integer, got {n!r}")
-        if max_lookback is not None and not _is_count(max_lookback, 2):
+        self.n = check_positive_int("n", n, allow_none=False)  # integral floats and tensors too; NaN, inf refused
+        self.max_lookback = check_positive_int("max_lookback", max_lookback)
+        if self.max_lookback is not None and self.max_lookback < 2:
             raise ValueError(f"max_lookback must be an integer >= 2 or None, got {max_lookback!r}")
-        self.n = int(n)
-        self.max_lookback = None if max_lookback is None else int(max_lookback)
 
     def __repr__(self) -> str:
         return f"NgramDrafter(n={self.n}, max_lookback={self.max_lookback})"
