@@ -47,6 +47,16 @@ from mdboost.engine.settings import DEFAULT_MD_SOLVE
 _LENGTH_PROCESSORS = (lp.MinLengthLogitsProcessor, lp.MinNewTokensLengthLogitsProcessor,
                       lp.ExponentialDecayLengthPenalty, lp.ForcedEOSTokenLogitsProcessor,
                       lp.SuppressTokensAtBeginLogitsProcessor)
+# processors that read the whole row: the hooks' extra left padding of rows that fell behind (their
+# pad id) is what they would count, where transformers' rows, in lockstep, have none
+_WHOLE_ROW_PROCESSORS = (lp.RepetitionPenaltyLogitsProcessor, lp.NoRepeatNGramLogitsProcessor,
+                         lp.EncoderNoRepeatNGramLogitsProcessor)
+# processors that keep state from call to call, assuming one call per generated token; the engine
+# calls them at every scored position, on the drafter's logits and the target's
+_STATEFUL_PROCESSORS = tuple(getattr(lp, name) for name in (
+    "UnbatchedClassifierFreeGuidanceLogitsProcessor", "SynthIDTextWatermarkLogitsProcessor",
+    "WhisperTimeStampLogitsProcessor", "BarkEosPrioritizerLogitsProcessor", "DiaClassifierFreeGuidanceLogitsProcessor",
+    "DiaEOSChannelFilterLogitsProcessor", "DiaEOSDelayPatternLogitsProcessor") if hasattr(lp, name))
 # model_kwargs that transformers prepares for its own loop; the engine keeps its own cache and positions
 _IGNORED_MODEL_KWARGS = ("attention_mask", "use_cache", "logits_to_keep", "position_ids", "cache",
                          "past_key_values", "cache_position")
@@ -206,8 +216,13 @@ def split_sampling(processors, do_sample: bool) -> tuple[dict, list]:
 
 def _check_processors(processors, batch: int) -> None:
     for proc in processors:
+        if isinstance(proc, _STATEFUL_PROCESSORS):
+            raise ValueError(f"{type(proc).__name__} keeps state from one call to the next, one call per generated "
+                             f"token (e.g. guidance_scale, a SynthID watermarking_config); the engine calls the "
+                             f"processors at every drafted and verified position, so it is not supported")
         padded = isinstance(proc, lp.RepetitionPenaltyLogitsProcessor) and torch.is_tensor(proc.prompt_ignore_length)
-        if padded or (batch > 1 and isinstance(proc, _LENGTH_PROCESSORS)):
+        lengths = _LENGTH_PROCESSORS + _WHOLE_ROW_PROCESSORS
+        if padded or (batch > 1 and isinstance(proc, lengths)):
             raise ValueError(f"{type(proc).__name__} reads each row's length or padding, which the engine's rows "
                              f"(advancing at different speeds) do not share in a batch: generate one row at a "
                              f"time, or drop it (batch of {batch} rows)")

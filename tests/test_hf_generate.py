@@ -11,7 +11,8 @@ import torch
 from scipy import stats as sps
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.logits_process import (MinPLogitsWarper, RepetitionPenaltyLogitsProcessor,
-                                                    TemperatureLogitsWarper, TopKLogitsWarper)
+                                                    SequenceBiasLogitsProcessor, TemperatureLogitsWarper,
+                                                    TopKLogitsWarper)
 from transformers.generation.stopping_criteria import MaxLengthCriteria
 from transformers.generation.utils import GenerationMixin
 
@@ -176,8 +177,10 @@ def test_sampled_budget0_first_two_tokens_follow_the_target(target, other, case)
         kwargs = dict(temperature=0.8, top_k=12)
         processors = LogitsProcessorList([TemperatureLogitsWarper(0.8), TopKLogitsWarper(12)])
     else:
-        kwargs = dict(temperature=0.8, repetition_penalty=1.5, min_p=0.02)
-        processors = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.5), TemperatureLogitsWarper(0.8),
+        # a context-dependent processor that reads the last token only (whole-row ones are refused for B > 1)
+        bias = {(t, t): -1.5 for t in range(V)}  # repeating the previous token costs 1.5 nats
+        kwargs = dict(temperature=0.8, sequence_bias=bias, min_p=0.02)
+        processors = LogitsProcessorList([SequenceBiasLogitsProcessor(bias), TemperatureLogitsWarper(0.8),
                                           MinPLogitsWarper(0.02)])
     out = md(target, ids.repeat(n, 1), drafter=other, num_draft_tokens=2, do_sample=True, max_new_tokens=2,
              generator=torch.Generator().manual_seed(0), return_dict_in_generate=True, **kwargs)
@@ -272,3 +275,19 @@ def test_length_processors_refused_for_batches(target):
     with pytest.raises(ValueError, match="Min(NewTokens)?LengthLogitsProcessor reads each row's length"):
         md(target, prompt(0, 5, batch=2), drafter="ngram:2", min_new_tokens=3, max_new_tokens=6)
     md(target, prompt(0, 5), drafter="ngram:2", min_new_tokens=3, max_new_tokens=6)  # one row: exact
+
+
+@pytest.mark.parametrize("kwargs", [dict(repetition_penalty=1.5), dict(no_repeat_ngram_size=2),
+                                    dict(logits_processor=LogitsProcessorList([RepetitionPenaltyLogitsProcessor(
+                                        1.5, prompt_ignore_length=5)]))])
+def test_whole_row_processors_refused_for_batches(target, kwargs):
+    """They would count the pad tokens of a row that fell behind (transformers' rows have none)."""
+    with pytest.raises(ValueError, match="reads each row's length or padding"):
+        md(target, prompt(0, 5, batch=2), drafter="ngram:2", do_sample=False, max_new_tokens=4, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [dict(guidance_scale=1.5)])
+def test_stateful_processors_refused(target, kwargs):
+    """Classifier-free guidance keeps a cache across calls, one call per token; the engine calls it per position."""
+    with pytest.raises(ValueError, match="keeps state from one call to the next"):
+        md(target, prompt(0, 5), drafter="ngram:2", do_sample=False, max_new_tokens=4, **kwargs)
