@@ -71,7 +71,32 @@ def load_ranking(source: str, *, tracking_uri: str | None = None) -> dict:
 
 
 def _read_json(path: Path) -> dict | None:
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        out = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON: {err}") from err
+    if not isinstance(out, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {type(out).__name__}")
+    return out
+
+
+# what export_plan reads of the recommendation, and of every ranking row (nearest_lossless)
+_REC_KEYS = ("drafter", "target", "temperature", "divergence", "max_divergence", "gamma", "beats_plain_decoding")
+_ROW_KEYS = ("drafter", "target", "temperature", "max_divergence", "gamma", "rank", "predicted_speedup",
+             "predicted_speedup_lo", "predicted_speedup_hi")
+
+
+def _checked(rec, rows: list[dict], source: str) -> None:
+    if not isinstance(rec, dict):
+        raise ValueError(f"ranking {source!r}: the recommendation must be a mapping, got {type(rec).__name__}")
+    missing = [k for k in _REC_KEYS if k not in rec]
+    if missing:
+        raise ValueError(f"ranking {source!r}: the recommendation lacks {', '.join(missing)}")
+    absent = [k for k in _ROW_KEYS if rows and k not in rows[0]]
+    if absent:
+        raise ValueError(f"ranking {source!r}: ranking.csv lacks the columns {', '.join(absent)}")
 
 
 def _ranking(rec: dict, sampling: dict, folder: Path, source: str, csv_sha256: str | None = None) -> dict:
@@ -81,14 +106,25 @@ def _ranking(rec: dict, sampling: dict, folder: Path, source: str, csv_sha256: s
     if not csv.is_file():
         raise ValueError(f"ranking {source!r} has no ranking.csv")
     check_csv_digest(csv, csv_sha256, f"ranking {source!r}")
+    rows = read_csv(csv)
+    _checked(rec, rows, source)
     device = "cpu"
     config = folder / "config.resolved.yaml"
     if config.is_file():
         import yaml
 
-        device = ((yaml.safe_load(config.read_text()) or {}).get("pool") or {}).get("device") or "cpu"
+        try:
+            resolved = yaml.safe_load(config.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ValueError(f"{config} is not valid YAML: {str(err).splitlines()[0]}") from err
+        pool = resolved.get("pool") if isinstance(resolved, dict) else None
+        if pool is not None and not isinstance(pool, dict):
+            raise ValueError(f"{config}: pool must be a mapping, got {pool!r}")
+        device = (pool or {}).get("device") or "cpu"
+    if not isinstance(sampling, dict):
+        raise ValueError(f"ranking {source!r}: sampling must be a mapping, got {sampling!r}")
     return {"recommendation": dict(rec), "sampling": {"top_k": sampling.get("top_k"), "top_p": sampling.get("top_p")},
-            "rows": read_csv(csv), "device": device, "source": source}
+            "rows": rows, "device": device, "source": source}
 
 
 def _from_run(run_id: str, tracking_uri: str | None) -> dict:
@@ -97,7 +133,10 @@ def _from_run(run_id: str, tracking_uri: str | None) -> dict:
 
     from mdboost.tracking.store import check_tracking_uri
 
-    client = mlflow.MlflowClient(None if tracking_uri is None else check_tracking_uri(tracking_uri))
+    uri = mlflow.get_tracking_uri() if tracking_uri is None else check_tracking_uri(tracking_uri)
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():  # a read creates no store
+        raise ValueError(f"no MLflow run {run_id!r}: the store {uri!r} does not exist")
+    client = mlflow.MlflowClient(uri)
     try:
         run = client.get_run(run_id)
     except MlflowException as err:
@@ -138,8 +177,11 @@ def speculative_config(drafter: str, gamma: int) -> tuple[dict | None, str]:
     if kind == "ngram":  # mdboost's prompt lookup falls back from n-token suffixes down to one token
         return {"method": "ngram", "num_speculative_tokens": int(gamma), "prompt_lookup_max": n,
                 "prompt_lookup_min": 1}, ""
-    if kind == "hf":
-        return {"method": "draft_model", "model": drafter, "num_speculative_tokens": int(gamma)}, ""
+    if kind == "hf":  # an mdboost alias (smollm2-135m, tiny:<seed>) maps to what vLLM can load, or to nothing
+        model, note = vllm_model(drafter)
+        if model is None:
+            return None, f"drafter: {note}"
+        return {"method": "draft_model", "model": model, "num_speculative_tokens": int(gamma)}, ""
     what = {"early_exit": "an early exit of the target (its first layers)",
             "tuned": "an early exit with a tuned-lens translator", "int8": "a dynamically int8-quantized CPU copy"}
     return None, f"vLLM has no drafter method for {drafter!r} ({what[kind]} built by mdboost)"
@@ -245,7 +287,9 @@ def mdboost_snippet(rec: dict, sampling: dict, device: str) -> str:
 
 
 def hf_kwargs(rec: dict, sampling: dict) -> dict:
-    """Keyword arguments of ``target.generate`` for the recommendation (with ``custom_generate`` when drafted)."""
+    """Keyword arguments of ``target.generate`` for the recommendation, next to
+    ``custom_generate=mdboost.hf.mentored_generate`` when drafted (a callable, so not among them:
+    transformers reads a string there as a Hub repository)."""
     sampled = float(rec["temperature"]) > 0
     kwargs = {"do_sample": sampled, "max_new_tokens": MAX_NEW_TOKENS}
     if sampled:  # top_k=0: the ranking's unfiltered sampling (transformers' default with do_sample is top_k=50)
@@ -258,13 +302,18 @@ def hf_kwargs(rec: dict, sampling: dict) -> dict:
     md = {"drafter": rec["drafter"], "num_draft_tokens": int(rec["gamma"])}
     if float(rec["max_divergence"]) > 0:
         md.update(max_divergence=float(rec["max_divergence"]), divergence=rec["divergence"])
-    return {"custom_generate": "mdboost.hf.mentored_generate", **md, **kwargs}
+    return {**md, **kwargs}
+
+
+CUSTOM_GENERATE = "mdboost.hf:mentored_generate"  # the import path (module:attribute) of the hf section's callable
 
 
 def hf_snippet(rec: dict, sampling: dict, device: str) -> str:
     """Python running the recommendation through Hugging Face ``generate``."""
     kwargs = hf_kwargs(rec, sampling)
-    args = ["**inputs"] + [f"{k}={v}" if k == "custom_generate" else f"{k}={v!r}" for k, v in kwargs.items()]
+    drafted = bool(rec["beats_plain_decoding"])
+    args = ["**inputs"] + (["custom_generate=mdboost.hf.mentored_generate"] if drafted else [])
+    args += [f"{k}={v!r}" for k, v in kwargs.items()]
     lines = [f"{args[0]}"]
     for arg in args[1:]:  # wrap the call at about 100 columns
         if len(lines[-1]) + len(arg) > 70:
@@ -272,7 +321,7 @@ def hf_snippet(rec: dict, sampling: dict, device: str) -> str:
         else:
             lines[-1] += f", {arg}"
     call = ",\n                      ".join(lines)
-    return "\n".join([*(["import mdboost.hf"] if "custom_generate" in kwargs else []),
+    return "\n".join([*(["import mdboost.hf"] if drafted else []),
                       "from mdboost.models import load_model", "",
                       f"target, tok = load_model({rec['target']!r}, device={device!r})",
                       f"inputs = tok({PROMPT!r}, return_tensors=\"pt\")",
@@ -303,7 +352,8 @@ def export_plan(ranking: dict) -> dict:
     vllm = _vllm(rec, ranking["rows"], sampling)
     return {"source": ranking["source"], "recommendation": rec, "lossless": float(rec["max_divergence"]) == 0,
             "mdboost": {"python": mdboost_snippet(rec, sampling, device)},
-            "hf": {"generate_kwargs": hf_kwargs(rec, sampling), "python": hf_snippet(rec, sampling, device)},
+            "hf": {"custom_generate": CUSTOM_GENERATE if rec["beats_plain_decoding"] else None,
+                   "generate_kwargs": hf_kwargs(rec, sampling), "python": hf_snippet(rec, sampling, device)},
             "vllm": {**vllm, "python": vllm_snippet(vllm)}}
 
 

@@ -18,7 +18,7 @@ COLUMNS = ("rank", "drafter", "target", "temperature", "divergence", "max_diverg
 ROWS = [  # rank, drafter, temperature, divergence, budget, gamma, speedup
     (1, "tuned:2", 0.7, "kl", 0.1, 4, 1.6),
     (2, "ngram:2", 1.0, "none", 0.0, 5, 1.5),   # the best lossless row, but at another temperature
-    (3, "tiny:1", 0.7, "none", 0.0, 3, 1.3),    # a separate draft model (vLLM: draft_model)
+    (3, "HuggingFaceTB/SmolLM2-135M-Instruct", 0.7, "none", 0.0, 3, 1.3),  # a separate draft model (draft_model)
     (4, "tuned:2", 0.7, "none", 0.0, 4, 1.25),  # lossless, but vLLM cannot run tuned drafters
     (5, "ngram:2", 0.7, "none", 0.0, 6, 1.2),
     (6, "ngram:2", 0.7, "kl", 0.1, 6, 1.1),
@@ -107,7 +107,8 @@ def test_nearest_lossless_is_none_without_a_runnable_budget0_row():
 
 def test_plain_decoding_pick_drafts_nothing(tmp_path):
     plan = plan_for(tmp_path, 5, beats=False)
-    assert "custom_generate" not in plan["hf"]["generate_kwargs"] and "drafter=" not in plan["mdboost"]["python"]
+    assert plan["hf"]["custom_generate"] is None and "drafter=" not in plan["mdboost"]["python"]
+    assert "custom_generate" not in plan["hf"]["python"]
     assert plan["vllm"]["speculative_config"] is None and plan["vllm"]["nearest_lossless"] is None
     assert any("plain decoding is fastest" in note for note in plan["vllm"]["notes"])
 
@@ -124,8 +125,10 @@ def test_the_python_runs(tmp_path, rank, section):
 
 
 def test_hf_kwargs_are_the_recommendation(tmp_path):
-    kwargs = plan_for(tmp_path, 1)["hf"]["generate_kwargs"]
-    assert kwargs == {"custom_generate": "mdboost.hf.mentored_generate", "drafter": "tuned:2", "num_draft_tokens": 4,
+    plan = plan_for(tmp_path, 1)["hf"]
+    kwargs = plan["generate_kwargs"]
+    assert plan["custom_generate"] == "mdboost.hf:mentored_generate"
+    assert kwargs == {"drafter": "tuned:2", "num_draft_tokens": 4,
                       "max_divergence": 0.1, "divergence": "kl", "do_sample": True, "max_new_tokens": 64,
                       "temperature": 0.7, "top_k": 0}  # top_k=0: transformers' default top_k=50 off
 
@@ -173,3 +176,52 @@ def test_run_id_resolves_through_the_runs_artifacts(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["vllm"]["nearest_lossless"]["rank"] == 5
     with pytest.raises(ValueError, match="tracking_uri 'bogus://x' has no MLflow tracking store"):
         load_ranking(run.info.run_id, tracking_uri="bogus://x")
+
+
+def test_drafter_aliases_map_to_what_vllm_loads():
+    """mdboost's model aliases are not names vLLM can load: the bundled SmolLM2 is its converted
+    folder, a tiny test model has no speculative_config."""
+    from mdboost.models.home import models_dir
+
+    config, _ = speculative_config("smollm2-135m", 4)
+    assert config == {"method": "draft_model", "model": str(models_dir() / "smollm2-135m"), "num_speculative_tokens": 4}
+    config, why = speculative_config("tiny:1", 4)
+    assert config is None and "vLLM cannot load it" in why
+
+
+def test_the_hf_section_runs_as_exported(tmp_path):
+    """generate_kwargs pass to generate as they are, next to the callable named by custom_generate."""
+    import importlib
+
+    import torch
+
+    from mdboost.models.tiny import tiny_llama
+
+    hf = plan_for(tmp_path, 5)["hf"]
+    module, name = hf["custom_generate"].split(":")
+    kwargs = dict(hf["generate_kwargs"], drafter="ngram:2", max_new_tokens=4)
+    out = tiny_llama(vocab_size=32, num_layers=1).generate(torch.tensor([[1, 2, 1, 2]]), **kwargs,
+                                                            custom_generate=getattr(importlib.import_module(module), name))
+    assert out.shape == (1, 8)
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda f: (f / "config.resolved.yaml").write_text("pool: [unclosed"), "config.resolved.yaml is not valid YAML"),
+    (lambda f: (f / "config.resolved.yaml").write_text("pool: cpu"), "pool must be a mapping, got 'cpu'"),
+    (lambda f: (f / "summary.json").write_text('{"recommendation": null}'), "the recommendation must be a mapping"),
+    (lambda f: (f / "summary.json").write_text('{"recommendation": {"drafter": "ngram:2"}}'),
+     "the recommendation lacks target, temperature"),
+    (lambda f: (f / "summary.json").write_text("{"), "summary.json is not valid JSON"),
+])
+def test_malformed_ranking_files_are_named(tmp_path, damage, message):
+    folder = ranking_dir(tmp_path, 5)
+    damage(folder)
+    with pytest.raises(ValueError, match=message):
+        load_ranking(str(folder))
+
+
+def test_a_missing_sqlite_store_is_not_created(tmp_path):
+    db = tmp_path / "none.db"
+    with pytest.raises(ValueError, match="does not exist"):
+        load_ranking("0" * 32, tracking_uri=f"sqlite:///{db}")
+    assert not db.exists()
