@@ -4,7 +4,8 @@ Definitions: ``docs/theory.md``, "Multiclass self-normalized boosting".
 
 - :mod:`mdboost.boosting.labels` -- label coding ``y_ij`` and label scores ``y_i^T h``.
 - :mod:`mdboost.boosting.margins` -- one boosting round, the margin bound and risk.
-- :mod:`mdboost.boosting.scorers` -- the fixed scorers of pool mode (LLMs over a logit cache).
+- :mod:`mdboost.boosting.scorers` -- the fixed scorers of pool mode (LLMs over a logit cache), the pool round.
+- :mod:`mdboost.boosting._weak` -- estimator mode's weak learner (private).
 - :mod:`mdboost.boosting.estimator` -- :class:`SelfNormalizedBoostClassifier`.
 """
 

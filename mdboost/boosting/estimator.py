@@ -11,6 +11,10 @@ self-normalized weight update of :mod:`mdboost.boosting.margins`. The combinatio
   weighted sample and uses its ``predict_proba`` (or clipped log-probabilities) as ``h_t``;
 - pool mode: each round picks, among fixed pre-trained scorers (:mod:`mdboost.boosting.scorers`),
   the one with the largest ``|mu|`` under the current weights.
+
+This module is the scikit-learn contract (parameters, validation, fitted attributes, prediction,
+margins); a round's mechanics are estimator mode's :mod:`mdboost.boosting._weak` and pool mode's
+:func:`~mdboost.boosting.scorers.pool_label_scores` and :func:`~mdboost.boosting.scorers.pool_round`.
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ from numbers import Integral
 import numpy as np
 import scipy.sparse as sp
 from sklearn.base import BaseEstimator, ClassifierMixin, _fit_context, clone
-from sklearn.tree import DecisionTreeClassifier
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
 from sklearn.utils.extmath import softmax
@@ -29,20 +32,22 @@ from sklearn.utils.validation import (
     _check_sample_weight,
     check_is_fitted,
     column_or_1d,
-    has_fit_parameter,
     validate_data,
 )
 
+from mdboost.boosting._weak import LOG_PROBA_FLOOR, weak_round, weak_scores, weak_template
 from mdboost.boosting.labels import encode_labels
-from mdboost.boosting.margins import edge_step, margin_bound, margin_risk
-from mdboost.boosting.scorers import check_pool, check_row_indices, label_scores_of, scores_of
+from mdboost.boosting.margins import margin_bound, margin_risk
+from mdboost.boosting.scorers import (
+    check_pool,
+    check_pool_rows,
+    label_scores_of,
+    pool_label_scores,
+    pool_round,
+    scores_of,
+)
 
 __all__ = ["SelfNormalizedBoostClassifier", "LOG_PROBA_FLOOR"]
-
-LOG_PROBA_FLOOR = float(np.log(np.finfo(np.float64).eps))
-"""``hypothesis="log_proba"`` clips ``log p`` from below at ``log(machine eps)`` (about -36.04),
-as SAMME.R clipped probabilities at eps: a class the weak learner gives probability 0 (or never
-saw in its weighted sample) scores this floor instead of ``-inf``."""
 
 
 class SelfNormalizedBoostClassifier(ClassifierMixin, BaseEstimator):
@@ -171,11 +176,7 @@ class SelfNormalizedBoostClassifier(ClassifierMixin, BaseEstimator):
 
     def _check_rows(self, X):
         """Pool mode: row indices ``X`` checked once, against the smallest ``n_rows`` of the pool."""
-        if self.pool is not None:
-            sizes = [int(s.n_rows) for s in self.pool if getattr(s, "n_rows", None) is not None]
-            if sizes and not sp.issparse(X):
-                check_row_indices(X, min(sizes))
-        return X
+        return X if self.pool is None else check_pool_rows(self.pool, X)
 
     def _validate_training_data(self, X, y, sample_weight):
         if sp.issparse(y):
@@ -228,11 +229,8 @@ class SelfNormalizedBoostClassifier(ClassifierMixin, BaseEstimator):
         """
         X, classes, labels, w = self._validate_training_data(X, y, sample_weight)
         random_state = check_random_state(self.random_state)
-        pool_g = self._pool_label_scores(X, labels) if self.pool is not None else None
-        base = DecisionTreeClassifier(max_depth=1) if self.estimator is None else self.estimator
-        if self.estimator is not None:
-            self._check_weak_learner(base)
-        template = (base, sorted(k for k in base.get_params(deep=True) if k.endswith("random_state")))
+        pool_g = pool_label_scores(self.pool, X, labels) if self.pool is not None else None
+        template = weak_template(self.estimator, self.hypothesis)
         hyps, steps = [], []
         stop_reason = f"n_estimators={self.n_estimators} rounds done"
         for iboost in range(self.n_estimators):
@@ -256,75 +254,22 @@ class SelfNormalizedBoostClassifier(ClassifierMixin, BaseEstimator):
     def _boost(self, iboost, X, labels, sample_weight, random_state, pool_g=None, template=None):
         """One round: returns ``(hypothesis, Step)``; ``Step.weights`` is None if rejected.
 
-        Estimator mode fits a weak learner (a label set ``Y_i`` is expanded into one row per
-        potential label with weight ``w_i / n_i``); pool mode picks the best ``|edge|`` scorer
-        from the precomputed ``pool_g = (label scores [n_scorers, m], rounding tolerance)``
-        (:meth:`_pool_label_scores`); ``template``: the weak learner and its seed keys.
+        Estimator mode fits a weak learner (:func:`~mdboost.boosting._weak.weak_round`: a label
+        set ``Y_i`` is expanded into one row per potential label with weight ``w_i / n_i``); pool
+        mode picks the best ``|edge|`` scorer (:func:`~mdboost.boosting.scorers.pool_round`) from
+        the precomputed ``pool_g = (label scores [n_scorers, m], rounding tolerance)``
+        (:func:`~mdboost.boosting.scorers.pool_label_scores`); ``template``: the weak learner and
+        its seed keys (:func:`~mdboost.boosting._weak.weak_template`).
         """
         if pool_g is not None:
             g, tol = pool_g
-            support = sample_weight > 0
-            h_star = np.abs(g[:, support]).max(axis=1)
-            useful = h_star > tol  # a scorer constant over the classes has rounding noise as label scores
-            edges = np.where(useful, (g @ sample_weight) / np.where(useful, h_star, 1.0), 0.0)
-            k = int(np.argmax(np.abs(edges)))
-            step = edge_step(g[k], sample_weight, tol=tol)
-            if step.weights is not None and step.edge == 0.0:
-                step = type(step)(None, 0.0, 0.0, step.normalizer, "no pool scorer has a nonzero edge")
-            return self.pool[k], step
-        estimator = self._make_estimator(random_state, template)
-        rows, cols, share = labels.expand()
-        X_fit = X if labels.index is not None else X[rows]
-        estimator.fit(X_fit, cols, sample_weight=sample_weight[rows] * share)
-        scores = self._weak_scores(estimator, X, labels.n_classes)
-        tol = 64 * np.finfo(np.float64).eps * max(1.0, float(np.abs(scores).max()))
-        step = edge_step(labels.scores(scores), sample_weight, tol=tol)
-        if step.weights is not None and step.edge <= 0:
-            step = type(step)(None, step.edge, 0.0, step.normalizer, f"non-positive edge {step.edge:.3g}")
-        return estimator, step
-
-    def _check_weak_learner(self, base) -> None:
-        """The weak learner takes weights and gives the scores ``hypothesis`` reads (as AdaBoost checks)."""
-        if not has_fit_parameter(base, "sample_weight"):
-            raise ValueError(f"estimator {type(base).__name__} does not support sample_weight: boosting reweights "
-                             f"the examples every round")
-        if self.hypothesis != "predict" and not callable(getattr(base, "predict_proba", None)):
-            raise ValueError(f"estimator {type(base).__name__} has no predict_proba, which hypothesis="
-                             f"{self.hypothesis!r} reads: use hypothesis='predict' or a probabilistic classifier")
-
-    def _make_estimator(self, random_state, template):
-        base, seed_keys = template
-        estimator = clone(base)
-        if seed_keys:
-            estimator.set_params(**{k: random_state.randint(np.iinfo(np.int32).max) for k in seed_keys})
-        return estimator
-
-    def _pool_label_scores(self, X, labels):
-        """``(g, tol)``: the label scores of every scorer [K, m] and the rounding tolerance of
-        ``h*``: ``64 eps max(1, M)``, as in estimator mode, with ``M`` the largest score
-        magnitude the pool shows (of the score matrices built here, and of the label scores)."""
-        pairs = [label_scores_of(s, X, labels, with_scale=True) for s in self.pool]
-        g = np.stack([pair[0] for pair in pairs])  # [K, m]
-        scale = max([float(np.abs(g).max(initial=0.0))] + [pair[1] for pair in pairs if pair[1] is not None])
-        return g, 64 * np.finfo(np.float64).eps * max(1.0, scale)
-
-    def _weak_scores(self, estimator, X, n_classes):
-        if self.hypothesis == "predict":
-            scores = np.zeros((X.shape[0], n_classes))
-            scores[np.arange(X.shape[0]), np.asarray(estimator.predict(X), dtype=np.intp)] = 1.0
-            return scores
-        proba = np.asarray(estimator.predict_proba(X), dtype=np.float64)  # [m, n_seen]
-        scores = np.zeros((proba.shape[0], n_classes))
-        scores[:, np.asarray(estimator.classes_, dtype=np.intp)] = proba
-        if self.hypothesis == "log_proba":
-            with np.errstate(divide="ignore"):
-                scores = np.maximum(np.log(scores), LOG_PROBA_FLOOR)
-        return scores
+            return pool_round(self.pool, g, tol, sample_weight)
+        return weak_round(template, X, labels, sample_weight, random_state, self.hypothesis)
 
     def _scores(self, hyp, X):
         if self.pool is not None:
             return scores_of(hyp, X, len(self.classes_))
-        return self._weak_scores(hyp, X, len(self.classes_))
+        return weak_scores(hyp, X, len(self.classes_), self.hypothesis)
 
     # ------------------------------------------------------------------ prediction
     def _staged_H(self, X, copy=True):

@@ -28,6 +28,10 @@ and MAY expose
 ``X`` is whatever the scorers accept after ``validate_data(dtype=None,
 ensure_all_finite=False)``: any 2-D array, e.g. row indices into a logit cache of shape (m, 1).
 :class:`TableScorer` is a reference scorer of that kind.
+
+The pool-mode round lives here too: :func:`pool_label_scores` computes every scorer's label
+scores once per fit, and :func:`pool_round` picks, under the current weights, the scorer of
+largest ``|mu|`` (``docs/boosting.md``, "Pool mode and the ``FixedScorer`` protocol").
 """
 
 from __future__ import annotations
@@ -35,10 +39,13 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+import scipy.sparse as sp
 
 from mdboost.boosting.labels import LabelSets, label_scores, label_scores_from_sums
+from mdboost.boosting.margins import Step, edge_step
 
-__all__ = ["FixedScorer", "TableScorer", "check_pool", "check_row_indices", "scores_of", "label_scores_of"]
+__all__ = ["FixedScorer", "TableScorer", "check_pool", "check_pool_rows", "check_row_indices", "scores_of",
+           "label_scores_of", "pool_label_scores", "pool_round"]
 
 
 @runtime_checkable
@@ -108,6 +115,18 @@ def check_row_indices(X, n_rows: int) -> np.ndarray:
     return rows.astype(np.intp)
 
 
+def check_pool_rows(pool, X):
+    """Row indices ``X`` checked once, against the smallest ``n_rows`` of the pool.
+
+    Only when some scorer exposes ``n_rows`` and ``X`` is dense (:func:`check_row_indices`);
+    ``X`` itself is returned unchanged.
+    """
+    sizes = [int(s.n_rows) for s in pool if getattr(s, "n_rows", None) is not None]
+    if sizes and not sp.issparse(X):
+        check_row_indices(X, min(sizes))
+    return X
+
+
 def _call(scorer, method: str, *args):
     """``scorer.method(*args)``; an IndexError (a row index outside the scorer's table) names X."""
     try:
@@ -146,6 +165,77 @@ def label_scores_of(scorer, X, labels: LabelSets, with_scale: bool = False):
     scores = scores_of(scorer, X, labels.n_classes)
     g = labels.scores(scores)
     return (g, float(np.abs(scores).max(initial=0.0))) if with_scale else g
+
+
+def pool_label_scores(pool, X, labels: LabelSets) -> tuple[np.ndarray, float]:
+    """The label scores of every scorer and the rounding tolerance of ``h*``, once per fit.
+
+    Parameters
+    ----------
+    pool : sequence of fixed scorers
+    X : array-like of shape (m, n_features)
+        What the scorers read (e.g. row indices of shape (m, 1)).
+    labels : LabelSets
+        The training labels (column indices into the scorers' ``classes_``).
+
+    Returns
+    -------
+    g : ndarray of shape (n_scorers, m)
+        ``y_i^T h_k(x_i)`` of each scorer ``k`` (:func:`label_scores_of`).
+    tol : float
+        ``64 eps max(1, M)``, as in estimator mode, with ``M`` the largest score magnitude the
+        pool shows (of the score matrices built here, and of the label scores).
+    """
+    pairs = [label_scores_of(s, X, labels, with_scale=True) for s in pool]
+    g = np.stack([pair[0] for pair in pairs])  # [K, m]
+    scale = max([float(np.abs(g).max(initial=0.0))] + [pair[1] for pair in pairs if pair[1] is not None])
+    return g, 64 * np.finfo(np.float64).eps * max(1.0, scale)
+
+
+def pool_round(pool, g, tol: float, sample_weight) -> tuple:
+    """One pool-mode round: the scorer of largest ``|mu|`` under ``sample_weight``, and its step.
+
+    ``h*`` of each scorer is taken over the examples of positive weight; a scorer whose ``h*``
+    is at most ``tol`` (constant over the classes: its label scores are rounding noise) has edge
+    0. The first scorer of largest ``|mu|`` is picked (a negative edge is fine: ``alpha < 0``);
+    if that edge is 0 the round is rejected.
+
+    Parameters
+    ----------
+    pool : sequence of fixed scorers
+    g : ndarray of shape (n_scorers, m)
+        From :func:`pool_label_scores`.
+    tol : float
+        From :func:`pool_label_scores`.
+    sample_weight : ndarray of shape (m,)
+        The current weights ``w_t``.
+
+    Returns
+    -------
+    scorer : object
+        The picked member of ``pool`` (by reference).
+    step : Step
+        ``step.weights`` is None when the round is rejected.
+
+    Examples
+    --------
+    >>> from mdboost.boosting.labels import encode_labels
+    >>> pool = [TableScorer([[0.0, 1.0], [0.0, 1.0]]), TableScorer([[2.0, 0.0], [0.0, 1.0]])]
+    >>> X, (_, labels) = np.array([[0], [1]]), encode_labels(np.array([0, 1]))
+    >>> g, tol = pool_label_scores(pool, X, labels)
+    >>> scorer, step = pool_round(pool, g, tol, np.array([0.5, 0.5]))
+    >>> scorer is pool[1], round(step.edge, 6), np.round(step.weights, 4).tolist()  # 2/7, 5/7
+    (True, 0.75, [0.2857, 0.7143])
+    """
+    support = sample_weight > 0
+    h_star = np.abs(g[:, support]).max(axis=1)
+    useful = h_star > tol  # a scorer constant over the classes has rounding noise as label scores
+    edges = np.where(useful, (g @ sample_weight) / np.where(useful, h_star, 1.0), 0.0)
+    k = int(np.argmax(np.abs(edges)))
+    step = edge_step(g[k], sample_weight, tol=tol)
+    if step.weights is not None and step.edge == 0.0:
+        step = Step(None, 0.0, 0.0, step.normalizer, "no pool scorer has a nonzero edge")
+    return pool[k], step
 
 
 class TableScorer:
