@@ -17,7 +17,7 @@ from sklearn.tree import DecisionTreeClassifier
 from sklearn.utils.validation import has_fit_parameter
 
 from mdboost.boosting.labels import LabelSets
-from mdboost.boosting.margins import Step, edge_step
+from mdboost.boosting.margins import Step, edge_step, score_tolerance
 
 __all__ = ["LOG_PROBA_FLOOR", "check_weak_learner", "make_estimator", "weak_round", "weak_scores", "weak_template"]
 
@@ -160,7 +160,7 @@ def weak_round(template, X, labels: LabelSets, sample_weight, random_state, hypo
     X_fit = X if labels.index is not None else X[rows]
     estimator.fit(X_fit, cols, sample_weight=sample_weight[rows] * share)
     scores = weak_scores(estimator, X, labels.n_classes, hypothesis)
-    tol = 64 * np.finfo(np.float64).eps * max(1.0, float(np.abs(scores).max()))
+    tol = score_tolerance(np.abs(scores).max())
     step = edge_step(labels.scores(scores), sample_weight, tol=tol)
     if step.weights is not None and step.edge <= 0:
         step = Step(None, step.edge, 0.0, step.normalizer, f"non-positive edge {step.edge:.3g}")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["EDGE_EPS", "Step", "edge_step", "margin_bound", "margin_risk"]
+__all__ = ["EDGE_EPS", "Step", "edge_step", "margin_bound", "margin_risk", "score_tolerance"]
 
 EDGE_EPS = 1e-10
 """A perfect hypothesis (``|mu| = 1``) has its edge capped at ``1 - EDGE_EPS`` so that
@@ -54,6 +54,16 @@ class Step:
     alpha: float
     normalizer: float
     stop_reason: str | None = None
+
+
+def score_tolerance(scale: float) -> float:
+    """``64 eps max(1, M)``: the rounding level of label scores of magnitude up to ``M`` (``scale``),
+    below which an edge is noise (estimator and pool mode alike).
+
+    >>> bool(score_tolerance(0.5) == 64 * np.finfo(np.float64).eps)
+    True
+    """
+    return 64 * np.finfo(np.float64).eps * max(1.0, float(scale))
 
 
 def edge_step(g, w, tol=0.0) -> Step:

@@ -42,7 +42,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from mdboost.boosting.labels import LabelSets, label_scores, label_scores_from_sums
-from mdboost.boosting.margins import Step, edge_step
+from mdboost.boosting.margins import Step, edge_step, score_tolerance
 
 __all__ = ["FixedScorer", "TableScorer", "check_pool", "check_pool_rows", "check_row_indices", "scores_of",
            "label_scores_of", "pool_label_scores", "pool_round"]
@@ -189,7 +189,7 @@ def pool_label_scores(pool, X, labels: LabelSets) -> tuple[np.ndarray, float]:
     pairs = [label_scores_of(s, X, labels, with_scale=True) for s in pool]
     g = np.stack([pair[0] for pair in pairs])  # [K, m]
     scale = max([float(np.abs(g).max(initial=0.0))] + [pair[1] for pair in pairs if pair[1] is not None])
-    return g, 64 * np.finfo(np.float64).eps * max(1.0, scale)
+    return g, score_tolerance(scale)
 
 
 def pool_round(pool, g, tol: float, sample_weight) -> tuple:
