@@ -397,3 +397,29 @@ def test_expected_chain_of_prompt_lookup_counts_only_its_own_proposals():
     acc = torch.tensor([[0.5, 0.25, 0.75]], dtype=torch.float64)
     same = torch.tensor([[[True, False], [True, True], [False, False]]])  # start 2 offers nothing
     assert expected_chain(acc, 2, same).tolist() == [[[0.5, 0.0], [0.25, 0.75], [0.0, 0.0]]]
+
+
+def test_continuations_of_another_target_take_the_expected_chain(tmp_path):
+    """Acceptance rows whose text this pair's target did not sample (``pool.pairs: all``: the
+    continuations come from the pool target) are scored as reference rows are."""
+    from mdboost.cache import open_or_build_cache
+    from mdboost.ranking.layout import sequence_layout
+    from mdboost.ranking.rank import PairRows, score_pair
+    from mdboost.ranking.rows import MemberLoader, acceptance_rows
+    from tests.test_rank_pipeline_sampled import _config
+
+    cfg = _config(tmp_path, tracking={"enabled": False}, md={"divergences": ["kl"], "budgets": [0.0, 0.3]})
+    pc, _ = open_or_build_cache(cfg.cache_spec())
+    rows = acceptance_rows(MemberLoader(pc.acceptance, cfg.md.sampling_temperatures[0]), pc, "early_exit:2", "tiny")
+    layout = sequence_layout(pc.acceptance.caches["early_exit:2"], "early_exit:2")
+    settings = cfg.score_settings()
+    with_layout = PairRows(rows.draft, rows.target, rows.labels, layout=layout)
+    other = score_pair(PairRows(rows.draft, rows.target, rows.labels), pc.vocab_size, settings=settings,
+                       acceptance=with_layout, on_reference=True)
+    reference = score_pair(with_layout, pc.vocab_size, settings=settings)  # no acceptance rows: the reference path
+    sampled = score_pair(PairRows(rows.draft, rows.target, rows.labels), pc.vocab_size, settings=settings,
+                         acceptance=with_layout)
+    for a, b, c in zip(other.rows, reference.rows, sampled.rows):
+        assert a["predicted_speedup"] == b["predicted_speedup"]
+        assert a["engine_acceptance_conditional"] == a["engine_acceptance"]
+    assert any(a["predicted_speedup"] != c["predicted_speedup"] for a, c in zip(other.rows, sampled.rows))

@@ -238,7 +238,7 @@ def _process_scores(acc: PairRows, aligned: Aligned, ops, sd, settings: ScoreSet
 
 def score_pair(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | None = None,
                acceptance: PairRows | None = None, acceptance_source: str | None = None,
-               speed_profile: SpeedProfile | None = None, mentored=None) -> PairScore:
+               speed_profile: SpeedProfile | None = None, mentored=None, on_reference: bool | None = None) -> PairScore:
     """All metrics of one ordered pair, one :class:`~mdboost.ranking.scores.PointScore` per
     (divergence, budget).
 
@@ -266,6 +266,11 @@ def score_pair(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | Non
         (:func:`~mdboost.ranking.mentored.mentored_pair_rows`, prompt-lookup drafters): that
         point's process columns come from there (:func:`~mdboost.ranking.mentored.mentored_process`),
         its ``process_text`` column says ``"mentored"`` (else ``"target"``).
+    on_reference : bool, optional
+        Whether the acceptance rows' text is one this pair's target does not sample (a reference
+        text, or continuations sampled from another target): the draft-start process then takes
+        expected acceptances (:func:`~mdboost.ranking.process.expected_chain`). Default: True
+        without ``acceptance`` (the reference rows), False with it.
     """
     s = settings or ScoreSettings()
     profile = speed_profile or SpeedProfile()
@@ -283,7 +288,8 @@ def score_pair(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | Non
         md_operating_points(aligned, pair.draft.rows.valid, s.divergences, s.budgets, s.mode))
     # without target-sampled rows the process runs on the reference text (expected chains, no c at its tokens)
     process = None if acc.layout is None else _process_scores(acc, acc_aligned, acc_ops, sd, s, profile,
-                                                              on_reference=acceptance is None)
+                                                              on_reference=acceptance is None if on_reference is None
+                                                              else on_reference)
     mentored = dict(mentored or {})
     points = []
     for i, (op, ref_op) in enumerate(zip(acc_ops, ref_ops, strict=True)):

@@ -62,7 +62,7 @@ def score_cached_pair(pc: PoolCache, drafter: str, target: str, settings: ScoreS
                         for point, path in pc.mentored.get(drafter, {}).items()}
     return score_pair(pair_rows(loader, drafter, target), pc.vocab_size, settings=settings, acceptance=acceptance,
                       acceptance_source=acceptance_source, speed_profile=speed_profile(pc, drafter, target),
-                      mentored=mentored)
+                      mentored=mentored, on_reference=None if acceptance is None else target != pc.target)
 
 
 @dataclass(frozen=True)
