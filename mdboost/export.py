@@ -131,10 +131,11 @@ def _from_run(run_id: str, tracking_uri: str | None) -> dict:
     import mlflow
     from mlflow.exceptions import MlflowException
 
-    from mdboost.tracking.store import check_tracking_uri
+    from mdboost.tracking.store import check_tracking_uri, sqlite_path
 
     uri = mlflow.get_tracking_uri() if tracking_uri is None else check_tracking_uri(tracking_uri)
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():  # a read creates no store
+    db = sqlite_path(uri)
+    if db is not None and not db.is_file():  # a read creates no store
         raise ValueError(f"no MLflow run {run_id!r}: the store {uri!r} does not exist")
     client = mlflow.MlflowClient(uri)
     try:

@@ -51,6 +51,7 @@ _LENGTH_PROCESSORS = (lp.MinLengthLogitsProcessor, lp.MinNewTokensLengthLogitsPr
 # pad id) is what they would count, where transformers' rows, in lockstep, have none
 _WHOLE_ROW_PROCESSORS = (lp.RepetitionPenaltyLogitsProcessor, lp.NoRepeatNGramLogitsProcessor,
                          lp.EncoderNoRepeatNGramLogitsProcessor)
+_ONE_ROW_PROCESSORS = _LENGTH_PROCESSORS + _WHOLE_ROW_PROCESSORS  # exact for one row only
 # processors that keep state from call to call, assuming one call per generated token; the engine
 # calls them at every scored position, on the drafter's logits and the target's
 _STATEFUL_PROCESSORS = tuple(getattr(lp, name) for name in (
@@ -221,8 +222,7 @@ def _check_processors(processors, batch: int) -> None:
                              f"token (e.g. guidance_scale, a SynthID watermarking_config); the engine calls the "
                              f"processors at every drafted and verified position, so it is not supported")
         padded = isinstance(proc, lp.RepetitionPenaltyLogitsProcessor) and torch.is_tensor(proc.prompt_ignore_length)
-        lengths = _LENGTH_PROCESSORS + _WHOLE_ROW_PROCESSORS
-        if padded or (batch > 1 and isinstance(proc, lengths)):
+        if padded or (batch > 1 and isinstance(proc, _ONE_ROW_PROCESSORS)):
             raise ValueError(f"{type(proc).__name__} reads each row's length or padding, which the engine's rows "
                              f"(advancing at different speeds) do not share in a batch: generate one row at a "
                              f"time, or drop it (batch of {batch} rows)")

@@ -329,10 +329,9 @@ class _State:
         if self.stop is not None:
             for b, n in stop_lengths(self.stop, self.contexts(), emitted, self.pad, self.device).items():
                 emitted[b], self.active[b] = emitted[b][:n], False
-        # the per-position stats of what the row emits: where EOS, max_new_tokens or a stopping
-        # criterion cut the row inside its accepted drafts, the drafts after the cut are discarded
-        # and not counted (neither as drafted nor as accepted)
-        # the verified positions' stats too: position j's distribution gave the row's j-th token
+        # the per-position and verified-position stats of what the row emits (position j's
+        # distribution gave its j-th token): where EOS, max_new_tokens or a stopping criterion cut
+        # the row inside its accepted drafts, the drafts after the cut are discarded and not counted
         drafted, accepted = [], []
         for b in self.last_active:
             n = len(emitted[b])

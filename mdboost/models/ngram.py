@@ -17,7 +17,6 @@ from mdboost.md._checks import check_positive_int
 NO_PROPOSAL = -1  # placeholder token id for "no draft" in padded tensors
 
 
-
 class NgramDrafter:
     """Prompt-lookup drafter.
 

@@ -287,9 +287,8 @@ def score_pair(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | Non
     ref_ops = acc_ops if acceptance is None else _one_plain_point(
         md_operating_points(aligned, pair.draft.rows.valid, s.divergences, s.budgets, s.mode))
     # without target-sampled rows the process runs on the reference text (expected chains, no c at its tokens)
-    process = None if acc.layout is None else _process_scores(acc, acc_aligned, acc_ops, sd, s, profile,
-                                                              on_reference=acceptance is None if on_reference is None
-                                                              else on_reference)
+    on_reference = acceptance is None if on_reference is None else on_reference
+    process = None if acc.layout is None else _process_scores(acc, acc_aligned, acc_ops, sd, s, profile, on_reference)
     mentored = dict(mentored or {})
     points = []
     for i, (op, ref_op) in enumerate(zip(acc_ops, ref_ops, strict=True)):
