@@ -12,14 +12,9 @@ import numpy as np
 import pytest
 import torch
 
+from mdboost.ranking.chains import budget_tilt, chain_from_positions, chain_from_proposals, conditional_acceptance
 from mdboost.ranking.layout import gather_rows, padded_index
-from mdboost.ranking.process import (
-    budget_tilt,
-    chain_from_positions,
-    chain_from_proposals,
-    conditional_acceptance,
-    run_process,
-)
+from mdboost.ranking.process import run_process
 from mdboost.ranking.speed import SpeedProfile, process_speedup, walltime_speedup
 
 
@@ -392,7 +387,7 @@ def test_on_reference_text_the_process_takes_the_expected_acceptance(one_hot):
 
 
 def test_expected_chain_of_prompt_lookup_counts_only_its_own_proposals():
-    from mdboost.ranking.process import expected_chain
+    from mdboost.ranking.chains import expected_chain
 
     acc = torch.tensor([[0.5, 0.25, 0.75]], dtype=torch.float64)
     same = torch.tensor([[[True, False], [True, True], [False, False]]])  # start 2 offers nothing

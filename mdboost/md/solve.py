@@ -116,8 +116,8 @@ def clamp(draft_probs, target_probs, a, b) -> torch.Tensor:
 
     The one implementation of the clamp: :func:`mentored_distribution` applies it to whole rows,
     the ranking to single tokens (:func:`mdboost.ranking.quality.mentored_true_prob`), to a
-    common top-k support with its tail bucket (:func:`mdboost.ranking.process.budget_tilt`) and
-    to ratios ``p / q`` with ``q = 1`` (:func:`mdboost.ranking.process.conditional_acceptance`).
+    common top-k support with its tail bucket (:func:`mdboost.ranking.chains.budget_tilt`) and
+    to ratios ``p / q`` with ``q = 1`` (:func:`mdboost.ranking.chains.conditional_acceptance`).
 
     Parameters
     ----------

@@ -5,6 +5,7 @@ Modules (paper results in their docstrings; metric definitions in ``docs/ranking
 - :mod:`~mdboost.ranking.support` -- drafter/target on a common support from a top-k cache;
 - :mod:`~mdboost.ranking.acceptance` -- SD ``1 - TV`` and optimal MD acceptance per budget;
 - :mod:`~mdboost.ranking.speed` -- the speed model (tokens per target call, walltime speedup);
+- :mod:`~mdboost.ranking.chains` -- each draft's acceptance on a given text (the process's chains);
 - :mod:`~mdboost.ranking.process` -- the engine's draft-start process (exact DP over sequences);
 - :mod:`~mdboost.ranking.layout` -- cached rows grouped by sequence (what the process runs on);
 - :mod:`~mdboost.ranking.diagnostics` -- ``eps_pq``, ``rho_pq`` and ``k = sqrt((1+a)/(1-b))``;
@@ -18,8 +19,9 @@ Modules (paper results in their docstrings; metric definitions in ``docs/ranking
 The cache folders the rows come from are built and opened by :mod:`mdboost.cache`.
 """
 
+from mdboost.ranking.chains import conditional_acceptance
 from mdboost.ranking.layout import sequence_layout
-from mdboost.ranking.process import conditional_acceptance, run_process
+from mdboost.ranking.process import run_process
 from mdboost.ranking.rank import PairRows, PairSide, ScoreSettings, rank_rows, score_pair
 from mdboost.ranking.scores import PairScore, PointScore, score_rows
 from mdboost.ranking.speed import (

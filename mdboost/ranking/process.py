@@ -7,28 +7,21 @@ token follows) emit ``n + 1`` tokens and the next step starts at ``s + n + 1``. 
 autocorrelated along a text, so draft starts are not uniform over positions: they follow
 rejections, i.e. hard regions, more often than the i.i.d. speed model (``docs/ranking.md``, "Speed model") assumes.
 
-Given the text ``x`` (the token emitted at every position), the draft at a position ``t`` is
-accepted with the *conditional* acceptance
-
-    ``c_t = P(accepted | emitted x_t) = min(p(x_t), pi(x_t)) / pi(x_t)``
-
-(``docs/theory.md`` section 2: ``P(accept and emit x) = min(p_x, pi_x)``, and the emitted token
-is ``~ pi``), with ``pi = max{(1-b) q, min{p, (1+a) q}}`` at the MD clamp ``(a, b)`` of the
-position (``docs/theory.md`` section 4) and ``pi = q`` for SD, where it reads
-``min(1, p(x)/q(x))``. Given the text these events are independent across positions (each draft
-is a fresh draw from ``p`` given the prefix), so the loop is a Markov chain over start positions and its expectations are an exact
-dynamic program over one sequence of ``L`` positions (:func:`run_process`):
+Given the text ``x`` (the token emitted at every position), the ``i``-th draft of a step started
+at ``s`` is accepted with the conditional acceptance ``c_{s,i}`` of :mod:`mdboost.ranking.chains`
+(``c_t = min(p(x_t), pi(x_t)) / pi(x_t)`` at the MD clamp of the position, ``docs/theory.md``
+section 2). Given the text these events are independent across positions (each draft is a fresh
+draw from ``p`` given the prefix), so the loop is a Markov chain over start positions and its
+expectations are an exact dynamic program over one sequence of ``L`` positions (:func:`run_process`):
 
     ``P(start 0) = 1``,  ``P(start s + n + 1) += P(start s) O_s(n)``,
     ``O_s(n) = prod_{i<n} c_{s,i} (1 - c_{s,n})`` for ``n < K_s``, ``O_s(K_s) = prod_{i<K_s} c_{s,i}``,
 
 with ``K_s = min(gamma, d_s, L - s - 1)`` (the engine's ``min(gamma, remaining - 1)``; ``d_s`` the
 drafts the drafter offers at ``s``: ``gamma`` for a model, the prompt-lookup length for ``ngram``,
-0 where it proposes nothing: that step emits one token undrafted) and ``c_{s,i}`` the acceptance
-of the ``i``-th draft of a step started at ``s``: ``c_{s+i}`` for a model drafter (accepted drafts
-ARE the text, so the drafter's context is the text's prefix), ``1[proposal_s[i] = x_{s+i}]`` for
-prompt lookup (one lookup at ``s`` proposes the whole chain). ``O(L gamma)`` per sequence,
+0 where it proposes nothing: that step emits one token undrafted). ``O(L gamma)`` per sequence,
 batched over sequences (and over operating points and gammas stacked in the batch).
+:func:`score_process` turns it into a pair's predictions with their bootstrap intervals.
 """
 
 from __future__ import annotations
@@ -37,74 +30,9 @@ from dataclasses import dataclass
 
 import torch
 
-from mdboost.md.solve import clamp
 from mdboost.md.verify import SOLVE
-from mdboost.ranking.layout import SequenceLayout, gather_rows, padded_index
-
-
-def conditional_acceptance(draft_logp, target_logp, a=0.0, b=0.0) -> torch.Tensor:  # [N]
-    """``c = min(p(x), pi(x)) / pi(x)`` of the emitted token ``x`` (see the module docstring).
-
-    Parameters
-    ----------
-    draft_logp, target_logp : tensor [N]
-        ``log p(x)`` and ``log q(x)`` of the emitted token (``-inf`` allowed for ``p``).
-    a, b : float or tensor [N]
-        The clamp point (``0, 0``: SD, ``pi = q``).
-
-    Returns
-    -------
-    float64 tensor [N] in [0, 1]: ``min(1, r / max(1 - b, min(r, 1 + a)))`` with ``r = p/q``
-    (0 where ``pi(x) = 0`` or ``q(x) = 0``).
-    """
-    lp = torch.as_tensor(draft_logp, dtype=torch.float64)
-    lq = torch.as_tensor(target_logp, dtype=torch.float64)
-    a = torch.as_tensor(a, dtype=torch.float64)
-    b = torch.as_tensor(b, dtype=torch.float64)
-    if (a < 0).any() or (b < 0).any() or (b > 1).any():
-        raise ValueError(f"the clamp needs a >= 0 and 0 <= b <= 1, got a={a}, b={b}")
-    r = torch.exp(lp - lq)  # p(x) / q(x)
-    pi_over_q = clamp(r, 1.0, a, b)  # pi(x) / q(x)
-    c = torch.minimum(torch.ones_like(r), r / pi_over_q)
-    ok = torch.isfinite(lq) & (pi_over_q > 0) & ~torch.isnan(c)
-    return torch.where(ok, c, torch.zeros_like(c))
-
-
-def chain_from_positions(accept: torch.Tensor, width: int) -> torch.Tensor:  # [B, L] -> [B, L, width]
-    """``chain[b, s, i] = accept[b, s + i]`` (0 past the end): a model drafter's chain."""
-    accept = torch.as_tensor(accept, dtype=torch.float64)
-    n, length = accept.shape
-    padded = torch.cat([accept, accept.new_zeros(n, width)], dim=1)  # [B, L + width]
-    return padded.unfold(1, width, 1)[:, :length]
-
-
-def chain_from_proposals(proposals: torch.Tensor, tokens: torch.Tensor, width: int):
-    """A prompt-lookup drafter's chain and draft lengths.
-
-    Parameters
-    ----------
-    proposals : LongTensor [B, L, J]
-        Drafts offered at a start ``s`` (``-1`` padded; a row of ``-1``: no proposal), ``J >= width``.
-    tokens : LongTensor [B, L]
-        The text (``x_t``; padding arbitrary).
-    width : int
-        Chain width (the largest gamma).
-
-    Returns
-    -------
-    chain : float64 [B, L, width]
-        ``1[proposals[s, i] == x_{s+i}]`` (0 past the end).
-    draft_len : LongTensor [B, L]
-        Offered drafts per start (the valid prefix of the proposal, capped at ``width``).
-    """
-    if proposals.shape[-1] < width:
-        raise ValueError(f"proposals must hold >= {width} drafts per start, got {proposals.shape[-1]}")
-    props = proposals[..., :width].long()
-    n, length = tokens.shape
-    ahead = torch.cat([tokens.long(), tokens.new_full((n, width), -2).long()], dim=1).unfold(1, width, 1)[:, :length]
-    chain = ((props == ahead) & (props >= 0)).double()
-    draft_len = (props >= 0).long().cumprod(-1).sum(-1)
-    return chain, draft_len
+from mdboost.ranking.chains import text_chains
+from mdboost.ranking.layout import SequenceLayout, gather_rows
 
 
 @dataclass
@@ -270,93 +198,6 @@ class PointInputs:
     tilt: torch.Tensor | None = None  # [M] budget_tilt; None: 0
 
 
-def budget_tilt(p_mass: torch.Tensor, q_mass: torch.Tensor, a, b, acceptance) -> torch.Tensor:  # [M, S] -> [M]
-    """``delta = (P_acc - E_q[c]) / (1 - E_q[c])`` in [0, 1]: the acceptance MD adds on ``q``-sampled text.
-
-    The cached text is sampled from ``q``, MD emits from ``pi``: ``E_{x~q}[c(x)] = sum_i
-    q_i min(1, p_i / pi_i)`` falls short of ``P_acc(pi) = E_{x~pi}[c(x)]`` (by ``b (p(B)/(1-b) -
-    q(B))``; 0 for SD). The process's chain uses ``c + (1 - c) delta``, which has the right mean
-    ``P_acc`` at every position and keeps the text's autocorrelation. ``p_mass``, ``q_mass``: the
-    pair on a common support (:class:`~mdboost.ranking.support.Aligned` masses).
-    """
-    a = torch.as_tensor(a, dtype=torch.float64)[..., None]
-    b = torch.as_tensor(b, dtype=torch.float64)[..., None]
-    pi = clamp(p_mass, q_mass, a, b)  # [M, S]
-    ratio = torch.where(pi > 0, p_mass / pi.clamp_min(1e-300), torch.zeros_like(pi)).clamp_max(1.0)
-    expected = (q_mass * ratio).sum(-1)
-    delta = (torch.as_tensor(acceptance, dtype=torch.float64) - expected) / (1 - expected).clamp_min(1e-12)
-    return delta.clamp(0.0, 1.0)
-
-
-def expected_chain(acceptance: torch.Tensor, width: int, same=None) -> torch.Tensor:  # [B, L] -> [B, L, W]
-    """The chain of a text the loop does not emit (a reference): each draft's expected acceptance.
-
-    On a reference text the conditional acceptance ``c_t`` read at the reference token is not
-    the engine's: the emitted tokens follow ``pi``, not the reference, so ``c`` at the reference
-    token is biased (a drafter that copies the reference, prompt lookup, would look accepted
-    where the target rarely emits its proposal). The chain then takes ``P_acc`` of the position
-    a draft is verified at (its mean under ``pi``, the same value the i.i.d. speed model uses):
-    ``chain[s, i] = P_acc_{s+i}`` for a model drafter. For prompt lookup ``P_acc_{s+i}`` is the
-    acceptance of the position's own proposal, so it counts only where the chain's ``i``-th
-    draft is that proposal (``same``); another token's acceptance is not cached, and 0 is taken
-    (a lower bound: chains that leave the reference are not credited).
-
-    Parameters
-    ----------
-    acceptance : float64 [B, L]
-        ``P_acc`` per position of each sequence (0 where the drafter offers nothing).
-    width : int
-    same : bool [B, L, W] or None
-        Prompt lookup: whether draft ``i`` of a start ``s`` is the proposal at ``s + i``.
-
-    Examples
-    --------
-    >>> expected_chain(torch.tensor([[0.5, 0.25, 1.0]], dtype=torch.float64), 2).tolist()
-    [[[0.5, 0.25], [0.25, 1.0], [1.0, 0.0]]]
-    """
-    chain = chain_from_positions(acceptance, width)
-    return chain if same is None else chain * same
-
-
-def _tilted(chain, delta, same=None):  # [B, L, W], [B, L, W], [B, L, W] bool or None
-    extra = (1 - chain) * delta
-    return chain + (extra if same is None else extra * same)
-
-
-def _chains(layout: SequenceLayout, draft_rows, target_rows, labels, points, width: int, on_reference: bool = False):
-    """``(chains [P, B, L, W], raw chains, offered [B, L] or None, index [B, L], lengths [B])``.
-
-    ``raw``: the conditional acceptance ``c``; ``chains``: tilted by each point's
-    :func:`budget_tilt` (a prompt-lookup chain only where the draft is the position's own proposal).
-    ``on_reference``: the text is not one the loop emits, so both are the expected chain
-    (:func:`expected_chain`).
-    """
-    index, lengths = padded_index(layout.sequence)
-    tilts = [torch.zeros(index.shape, dtype=torch.float64) if pt.tilt is None else gather_rows(pt.tilt.double(), index)
-             for pt in points]
-    offered, same = None, None
-    if draft_rows.one_hot:
-        props = gather_rows(layout.proposals(width), index, -1)  # [B, L, W]
-        chain, offered = chain_from_proposals(props, gather_rows(torch.as_tensor(labels).long(), index, -1), width)
-        first = chain_from_positions(props[..., 0].double(), width)  # the proposal at s + i
-        same = (props.double() == first) & (props >= 0)
-        if not on_reference:
-            tilted = [_tilted(chain, chain_from_positions(t, width), same) for t in tilts]
-            return torch.stack(tilted), chain.expand(len(points), *chain.shape), offered, index, lengths
-    if on_reference:
-        valid = draft_rows.valid
-        chains = torch.stack([expected_chain(gather_rows(torch.where(valid, pt.acceptance.double(), 0.0), index),
-                                             width, same) for pt in points])
-        return chains, chains, offered, index, lengths
-    raw, tilted = [], []
-    for pt, t in zip(points, tilts):
-        c = conditional_acceptance(draft_rows.true_logp, target_rows.true_logp, pt.a, pt.b)
-        c = chain_from_positions(gather_rows(torch.where(draft_rows.valid, c, torch.zeros_like(c)), index), width)
-        raw.append(c)
-        tilted.append(_tilted(c, chain_from_positions(t, width)))
-    return torch.stack(tilted), torch.stack(raw), None, index, lengths
-
-
 def score_process(layout: SequenceLayout, draft_rows, target_rows, labels, points: list[PointInputs], gammas,
                   cost_ratio: float, *, verify_costs=None, md_solve: str = "reached",
                   sd_acceptance=None, bootstrap=None, cost_samples=None, verify_samples=None,
@@ -394,7 +235,7 @@ def score_process(layout: SequenceLayout, draft_rows, target_rows, labels, point
         (ignored where the layout has none).
     on_reference : bool, default=False
         The rows' text is a reference (teacher-forced), not text sampled from the target: the
-        chains are the expected acceptances (:func:`expected_chain`) instead of the conditional
+        chains are the expected acceptances (:func:`~mdboost.ranking.chains.expected_chain`) instead of the conditional
         acceptance at the text's token, and ``acceptance_conditional`` equals ``acceptance``.
 
     Returns
@@ -410,7 +251,7 @@ def score_process(layout: SequenceLayout, draft_rows, target_rows, labels, point
     if not gammas or min(gammas) < 1:
         raise ValueError(f"gammas must be a non-empty list of ints >= 1, got {gammas!r}")
     n_p, n_g = len(points), len(gammas)
-    chains, raw, offered, index, lengths = _chains(layout, draft_rows, target_rows, labels, points, max(gammas),
+    chains, raw, offered, index, lengths = text_chains(layout, draft_rows, target_rows, labels, points, max(gammas),
                                                    on_reference)
     n_b, length, width = chains.shape[1:]
     batch = chains[:, None].expand(n_p, n_g, n_b, length, width).reshape(-1, length, width)

@@ -49,7 +49,8 @@ from mdboost.ranking.boosting import boost_greedy, boost_target_first
 from mdboost.ranking.diagnostics import boost_coefficient, pair_diagnostics
 from mdboost.ranking.layout import SequenceLayout
 from mdboost.ranking.mentored import mentored_process
-from mdboost.ranking.process import PointInputs, budget_tilt, score_process
+from mdboost.ranking.chains import budget_tilt
+from mdboost.ranking.process import PointInputs, score_process
 from mdboost.ranking.scores import PairScore, PairStats, PointScore, Quantiles, SpeedChoice
 from mdboost.ranking.speed import SpeedProfile, check_verify_costs, gamma_speedups
 from mdboost.ranking.uncertainty import BootstrapSettings
@@ -269,7 +270,7 @@ def score_pair(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | Non
     on_reference : bool, optional
         Whether the acceptance rows' text is one this pair's target does not sample (a reference
         text, or continuations sampled from another target): the draft-start process then takes
-        expected acceptances (:func:`~mdboost.ranking.process.expected_chain`). Default: True
+        expected acceptances (:func:`~mdboost.ranking.chains.expected_chain`). Default: True
         without ``acceptance`` (the reference rows), False with it.
     """
     s = settings or ScoreSettings()
