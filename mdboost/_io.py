@@ -1,11 +1,14 @@
-"""Atomic file writes: the one place where the project writes files that others read.
+"""Atomic file writes, and checked reads of the JSON and YAML files they leave behind.
 
 Everything is written to a temporary sibling first and renamed into place, so a reader never
-sees a half-written file and an interrupted write leaves nothing behind.
+sees a half-written file and an interrupted write leaves nothing behind. A file that someone
+edited or damaged by hand reads as a ``ValueError`` naming the file (:func:`read_json_object`,
+:func:`read_yaml_mapping`), never as a bare parser error.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from contextlib import contextmanager
@@ -46,3 +49,39 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
         with open(tmp, "w", newline="") as fh:
             fh.write(text)
     return Path(path)
+
+
+def read_json_object(path: str | os.PathLike) -> dict | None:
+    """The JSON object in ``path``, or None when there is no such file.
+
+    Not valid JSON (or not UTF-8), or JSON that is not an object: ``ValueError`` naming the file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        out = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON: {err}") from None
+    if not isinstance(out, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {type(out).__name__}")
+    return out
+
+
+def read_yaml_mapping(path: str | os.PathLike) -> dict:
+    """The YAML mapping in the file ``path`` (an empty file reads as ``{}``).
+
+    Not valid YAML (or not UTF-8), or YAML that is not a mapping: ``ValueError`` naming the file.
+    """
+    import yaml
+
+    path = Path(path)
+    try:
+        out = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not valid YAML: {str(err).splitlines()[0]}") from None
+    if out is None:
+        return {}
+    if not isinstance(out, dict):
+        raise ValueError(f"{path} must hold a YAML mapping, got {type(out).__name__}")
+    return out

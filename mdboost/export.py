@@ -24,6 +24,7 @@ import re
 import tempfile
 from pathlib import Path
 
+from mdboost._io import read_json_object, read_yaml_mapping
 from mdboost.ranking.report import check_csv_digest, read_csv
 
 FORMATS = ("json", "mdboost", "hf", "vllm")
@@ -58,7 +59,7 @@ def load_ranking(source: str, *, tracking_uri: str | None = None) -> dict:
         raise ValueError(f"ranking must be a ranking folder or an MLflow run id, got {source!r}")
     folder = Path(source)
     if folder.is_dir():
-        summary = _read_json(folder / "summary.json")
+        summary = read_json_object(folder / "summary.json")
         if summary is None or "recommendation" not in summary:
             raise ValueError(f"ranking folder {source!r} has no summary.json with a recommendation: "
                              f"run `mdboost rank --config ...` first")
@@ -68,18 +69,6 @@ def load_ranking(source: str, *, tracking_uri: str | None = None) -> dict:
         return _from_run(source, tracking_uri)
     raise ValueError(f"ranking must be a ranking folder or an MLflow run id (32 hex digits), got {source!r}: "
                      "no such folder")
-
-
-def _read_json(path: Path) -> dict | None:
-    if not path.is_file():
-        return None
-    try:
-        out = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not valid JSON: {err}") from err
-    if not isinstance(out, dict):
-        raise ValueError(f"{path} must hold a JSON object, got {type(out).__name__}")
-    return out
 
 
 # what export_plan reads of the recommendation, and of every ranking row (nearest_lossless)
@@ -111,13 +100,7 @@ def _ranking(rec: dict, sampling: dict, folder: Path, source: str, csv_sha256: s
     device = "cpu"
     config = folder / "config.resolved.yaml"
     if config.is_file():
-        import yaml
-
-        try:
-            resolved = yaml.safe_load(config.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise ValueError(f"{config} is not valid YAML: {str(err).splitlines()[0]}") from err
-        pool = resolved.get("pool") if isinstance(resolved, dict) else None
+        pool = read_yaml_mapping(config).get("pool")
         if pool is not None and not isinstance(pool, dict):
             raise ValueError(f"{config}: pool must be a mapping, got {pool!r}")
         device = (pool or {}).get("device") or "cpu"
@@ -148,7 +131,7 @@ def _from_run(run_id: str, tracking_uri: str | None) -> dict:
                 client.download_artifacts(run_id, name, tmp)
             except (MlflowException, OSError):
                 pass  # optional files; ranking.csv is checked by _ranking
-        summary = _read_json(Path(tmp) / "summary.json")
+        summary = read_json_object(Path(tmp) / "summary.json")
         if summary is not None and "recommendation" in summary:
             return _ranking(summary["recommendation"], summary.get("sampling") or {}, Path(tmp), run_id,
                             summary.get("ranking_csv_sha256"))

@@ -16,7 +16,6 @@ parent run and one nested run per cell, tagged ``mdboost.ranking_run_id``.
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import tempfile
@@ -24,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import yaml
 
+from mdboost._io import read_json_object, read_yaml_mapping
 from mdboost.ranking.report import check_csv_digest, read_csv
 from mdboost.validation.cells import check_md_solve, complete_rows, resolve_sampling, select_cells
 from mdboost.validation.points import heldout_prompts, humaneval_pass_at_1, realize_cells
@@ -91,13 +90,13 @@ def fetch_ranking(src: SourceConfig, tracking: TrackingConfig, tmp: Path) -> Ran
             from pipelines.prerequisites import missing_ranking
 
             raise ValueError(missing_ranking(src.ranking_dir, name))
-    summary = json.loads((folder / "summary.json").read_text()) if (folder / "summary.json").is_file() else None
+    summary = read_json_object(folder / "summary.json")
     where = f"MLflow run {run_id!r}" if run_id is not None else f"ranking folder {src.ranking_dir!r}"
     if summary is None and run_id is None:  # written last by mdboost rank: without it the folder is incomplete
         raise ValueError(f"{where} has ranking files but no summary.json (a rerun failed or was interrupted): "
                          "run `mdboost rank` again")
     check_csv_digest(folder / "ranking.csv", (summary or {}).get("ranking_csv_sha256"), where)
-    raw = yaml.safe_load((folder / "config.resolved.yaml").read_text()) or {}
+    raw = read_yaml_mapping(folder / "config.resolved.yaml")
     config = from_dict(RankConfig, raw)
     rows = sorted(read_csv(folder / "ranking.csv"), key=lambda r: int(r["rank"]))
     md_solve = (summary or {}).get("md_solve") or config.speed.md_solve

@@ -130,3 +130,25 @@ def test_a_ranking_folder_links_to_its_mlflow_run(validated, tmp_path):
                             for r in children.values())
     other = TrackingConfig(tracking_uri=f"sqlite:///{tmp_path / 'other.db'}")  # another store: nothing to link
     assert ranking_children(ranking.run_id, other) == {}
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("summary.json", "{", "summary.json is not valid JSON"),
+    ("summary.json", "[1, 2]", "summary.json must hold a JSON object, got list"),
+    ("config.resolved.yaml", "pool: [unclosed", "config.resolved.yaml is not valid YAML"),
+    ("config.resolved.yaml", "- a list", "config.resolved.yaml must hold a YAML mapping, got list"),
+])
+def test_a_damaged_ranking_folder_names_the_file(validated, tmp_path, name, text, message):
+    import shutil
+
+    from pipelines.config import TrackingConfig
+    from pipelines.validate_config import SourceConfig
+    from pipelines.validate_pairs import fetch_ranking
+
+    _, _, tmp, val = validated
+    folder = tmp_path / "rank"
+    shutil.copytree(tmp / "rank", folder)
+    (folder / name).write_text(text)
+    with pytest.raises(ValueError, match=message):
+        fetch_ranking(SourceConfig(ranking_dir=str(folder)), TrackingConfig(tracking_uri=val["tracking"]["tracking_uri"]),
+                      tmp_path / "work")
