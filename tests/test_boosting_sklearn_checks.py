@@ -18,9 +18,20 @@ _TIE_REASON = (
 )
 
 
+# on the check's data (scikit-learn 1.9.1), sparse input: at round 7 the weighted fit and the fit on repeated rows
+# pick two stumps that cut the weighted samples identically (the same impurity decrease to 1e-14)
+# but put their thresholds elsewhere among the zero-weight samples, which the check then predicts
+_ZERO_WEIGHT_TIE_REASON = (
+    "on sparse input two stumps tie (the same partition of the samples of positive weight, the same "
+    "impurity decrease to 1e-14) and differ only on where zero-weight samples fall, which the check "
+    "predicts on; dropping those samples instead of weighting them 0 moves the threshold. Dense input "
+    "passes."
+)
+
+
 def _expected_failed_checks(estimator):
-    if estimator.hypothesis == "log_proba":  # passes on this data: no tie is hit
-        return {}
+    if estimator.hypothesis == "log_proba":  # the dense check passes on this data: no tie is hit
+        return {"check_sample_weight_equivalence_on_sparse_data": _ZERO_WEIGHT_TIE_REASON}
     return {
         "check_sample_weight_equivalence_on_dense_data": _TIE_REASON,
         "check_sample_weight_equivalence_on_sparse_data": _TIE_REASON,
