@@ -53,6 +53,18 @@ def test_sampler_equals_a_plain_loop(model):
         assert part["tokens"].numel() == 14
 
 
+def test_k_above_the_vocabulary_keeps_every_logit(model):
+    """As the logit cache build does: ``k > V`` keeps all ``V`` logits, sorted (``mdboost rank``
+    with ``cache.k`` 128 on the 64-token tiny target once raised ``selected index k out of range``)."""
+    vocab = model.config.vocab_size
+    out = sample_mentored(model, PROMPT, NgramDrafter(2), [("tv", 0.5)], 1.0, 3, [torch.Generator().manual_seed(0)],
+                          k=vocab + 5, width=2)
+    with torch.no_grad():
+        logits = model(PROMPT[None]).logits[0, -1].float()
+    assert out[0]["topk_ids"].shape[-1] == vocab
+    torch.testing.assert_close(out[0]["topk_logits"][0], torch.sort(logits, descending=True).values, atol=1e-4, rtol=1e-4)
+
+
 def test_sampler_stops_after_eos(model):
     logits = model(PROMPT[None]).logits[0, -1]
     eos = int(logits.argmax())

@@ -95,12 +95,12 @@ def sample_mentored(model, prompt: torch.Tensor, drafter, points, temperature: f
     eos_token_id : int, optional
         A continuation stops after it.
     k, width : int
-        Top-k of the target rows, proposals kept per row.
+        Top-k of the target rows (all ``V`` where ``k > V``, as in the logit cache), proposals kept per row.
 
     Returns
     -------
     list of dict
-        Per point: ``tokens`` [N], ``topk_ids`` [N, k], ``topk_logits`` [N, k] (temperature 1),
+        Per point: ``tokens`` [N], ``topk_ids`` [N, min(k, V)], ``topk_logits`` [N, min(k, V)] (temperature 1),
         ``lse`` [N] (``logsumexp(logits / temperature)``), ``true_logit`` [N], ``proposals`` [N, width].
     """
     from mdboost.models.loading import cache_kwarg
@@ -135,7 +135,7 @@ def sample_mentored(model, prompt: torch.Tensor, drafter, points, temperature: f
                 props = drafter.propose(ids, width)
                 props = torch.cat([props.long(), props.new_full((width - props.numel(),), -1).long()])
                 token = _emit(logits[i], int(props[0]), temperature, points[i][1], divs[i], generators[i])
-                top = torch.topk(logits[i], k)
+                top = torch.topk(logits[i], min(k, logits.shape[-1]))  # k above V keeps all (as the cache build)
                 r = rows[i]
                 r["tokens"].append(token)
                 r["topk_ids"].append(top.indices)
