@@ -96,6 +96,11 @@ class HumanEvalConfig:
     max_new_tokens: int = 128
     timeout: float = 10.0
 
+    def __post_init__(self):  # checked when the config is loaded, not after the generation grid
+        _check(self.tasks >= 0, "humaneval.tasks (>= 0; 0 turns HumanEval off)", self.tasks)
+        _check(self.max_new_tokens >= 1, "humaneval.max_new_tokens (>= 1)", self.max_new_tokens)
+        _check(math.isfinite(self.timeout) and self.timeout > 0, "humaneval.timeout (seconds, > 0)", self.timeout)
+
 
 @dataclass
 class ValidateConfig:
@@ -109,3 +114,7 @@ class ValidateConfig:
     tolerance: float = 0.03
     tracking: TrackingConfig = field(default_factory=lambda: TrackingConfig(experiment="mdboost-validate"))
     progress: bool = True
+
+    def __post_init__(self):
+        _check(math.isfinite(self.tolerance) and self.tolerance >= 0, "tolerance (>= 0, the plot's band)",
+               self.tolerance)

@@ -1,5 +1,6 @@
 """Strict config loader: defaults, nested overrides, unknown keys and type errors."""
 
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -162,3 +163,16 @@ def test_temperatures_list_or_scalar():
         from_dict(MDConfig, {"temperature": 0.5, "temperatures": [1.0]})
     with pytest.raises(ValueError, match="temperatures"):
         from_dict(MDConfig, {"temperatures": [0.7, 0.7]})
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"humaneval": {"timeout": 0}}, "invalid humaneval.timeout (seconds, > 0): 0.0"),
+    ({"humaneval": {"tasks": -1}}, "invalid humaneval.tasks (>= 0; 0 turns HumanEval off): -1"),
+    ({"humaneval": {"max_new_tokens": 0}}, "invalid humaneval.max_new_tokens (>= 1): 0"),
+    ({"tolerance": -0.01}, "invalid tolerance (>= 0, the plot's band): -0.01"),
+])
+def test_validate_values_are_checked_when_loaded(data, message):
+    """At load time, not after the generation grid ran (HumanEval is scored last)."""
+    with pytest.raises(ValueError, match=re.escape(message)):
+        from_dict(ValidateConfig, data)
+    assert from_dict(ValidateConfig, {"humaneval": {"tasks": 0}}).humaneval.tasks == 0  # 0 turns it off
