@@ -43,6 +43,20 @@ def test_main_rejects_a_bad_port_before_starting_anything():
         ui.main(port=-1)
 
 
+@pytest.mark.parametrize("uri, message", [
+    ("bogus://x", "tracking_uri 'bogus://x' has no MLflow tracking store"),
+    ("http://127.0.0.1:5999", "tracking_uri 'http://127.0.0.1:5999' is a remote tracking store"),
+])
+def test_a_store_no_server_can_serve_is_one_line_before_anything_starts(uri, message, monkeypatch, capsys):
+    from mdboost import cli
+
+    monkeypatch.setattr(ui.subprocess, "Popen", lambda *a, **k: pytest.fail("a server was started"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # honoured as MLflow does, and checked the same way
+    assert cli.main(["ui"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and message in err, (out, err)
+
+
 def test_running_server_rejects_nonpositive_timeout():
     with pytest.raises(ValueError, match="timeout"):
         with ui.running_server("sqlite:///unused.db", timeout=0):

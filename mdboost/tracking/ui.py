@@ -25,7 +25,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from mdboost.tracking.store import DEFAULT_ARTIFACT_ROOT, DEFAULT_TRACKING_URI, resolve_tracking_uri, sqlite_path
+from mdboost.tracking.store import (DEFAULT_ARTIFACT_ROOT, DEFAULT_TRACKING_URI, check_tracking_uri, resolve_tracking_uri,
+                                   sqlite_path)
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
@@ -91,6 +92,21 @@ def _prepare_store(tracking_uri: str) -> None:
         db.parent.mkdir(parents=True, exist_ok=True)
 
 
+_REMOTE = ("http", "https", "databricks", "databricks-uc", "uc")  # tracking stores a server cannot be started over
+
+
+def _servable(uri: str) -> str:
+    """``uri`` if ``mlflow server`` can serve it (a local path or a database), else a ValueError:
+    a remote tracking server (or Databricks) already has its UI."""
+    from urllib.parse import urlparse
+
+    scheme = urlparse(uri).scheme
+    if scheme in _REMOTE:
+        raise ValueError(f"tracking_uri {uri!r} is a remote tracking store: open its own UI in a browser "
+                         "(mdboost ui serves a local store: a path or a database URI such as sqlite:///mlruns/mlflow.db)")
+    return uri
+
+
 def _url(host: str, port: int) -> str:
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     return f"http://[{shown}]:{port}" if ":" in shown else f"http://{shown}:{port}"
@@ -114,7 +130,7 @@ def main(tracking_uri: str | None = None, port: int = 5000, host: str = "127.0.0
         Artifact folder (or URI) for experiments created through the UI; ``None`` means the
         project's ``mlruns/artifacts`` (``mdboost ui --artifacts-root``).
     """
-    uri = resolve_tracking_uri(tracking_uri)
+    uri = _servable(check_tracking_uri(resolve_tracking_uri(tracking_uri)))  # before the banner and the server start
     artifact_root = DEFAULT_ARTIFACT_ROOT if artifact_root is None else artifact_root
     cmd = server_command(uri, port=port, host=host, artifact_root=artifact_root)
     if host not in _LOOPBACK:
