@@ -261,6 +261,7 @@ def test_drafter_specs_are_built_from_the_target_once(target):
 @pytest.mark.parametrize("kwargs, message", [
     (dict(drafter=None), "drafter is required"),
     (dict(drafter="early_exit:99"), "drafter 'early_exit:99'"),
+    (dict(drafter="/nonexistent-mdboost-drafter"), "model '/nonexistent-mdboost-drafter': no such model folder"),
     (dict(drafter="ngram:2", num_draft_tokens=0), "num_draft_tokens must be a positive integer, got 0"),
     (dict(drafter="ngram:2", max_divergence=-1.0), "max_divergence must be a number >= 0, got -1.0"),
     (dict(drafter="ngram:2", return_dict_in_generate=True, output_scores=True), "output_scores=True"),

@@ -1,6 +1,7 @@
 """Pool: members and kinds, vocabulary fingerprints and refusal, cost ratios, loading, home."""
 
 import importlib.util
+import re
 
 import pytest
 import torch
@@ -78,7 +79,7 @@ def test_parse_drafter(spec, parsed):
     assert parse_drafter(spec) == parsed
 
 
-def test_bad_specs_and_arguments(tmp_path):
+def test_bad_specs_and_arguments(tmp_path, monkeypatch):
     for spec in ("tuned:x", "early_exit:", ""):
         with pytest.raises(ValueError):
             parse_drafter(spec)
@@ -86,6 +87,18 @@ def test_bad_specs_and_arguments(tmp_path):
         build_pool("tiny", ["int8", "int8"])
     with pytest.raises(ValueError, match="GGUF"):
         load_model(str(tmp_path / "missing.gguf"))
+    for name in (str(tmp_path / "missing"), "./missing-mdboost-model", "~/missing-mdboost-model"):
+        with pytest.raises(ValueError, match=f"^model {re.escape(repr(name))}: no such model folder$"):
+            load_model(name)  # a path, not the hub's "Repo id must be in the form ..."
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ValueError, match="^model 'mdboost-test/no-such-model' is not a local path and not in the "
+                                         r"local hub cache \(HF_HUB_OFFLINE is set\)"):
+        load_model("mdboost-test/no-such-model")  # a hub name still goes to the hub (its cache here)
+    with pytest.raises(TypeError, match=r"^drafters must be a list or tuple of drafter specs, got str 'int8' "
+                                        r"\(for one drafter: \['int8'\]\)$"):
+        build_pool("tiny", "int8")
+    with pytest.raises(TypeError, match="drafters must be a list or tuple of drafter specs, got set"):
+        build_pool("tiny", {"int8"})
     with pytest.raises(ValueError, match="dtype"):
         resolve_dtype("int4", torch.device("cpu"))
     with pytest.raises(ValueError, match="num_layers"):

@@ -173,7 +173,8 @@ def load_model(
     ----------
     name : str
         ``"smollm2-135m"``, ``"tiny"`` / ``"tiny:<seed>"``, a hub name (offline unless the
-        network allows), a local model folder, or a path to a ``.gguf`` file.
+        network allows), a local model folder, or a path to a ``.gguf`` file. A name that reads
+        as a path (``/``, ``.`` or ``~`` first) must exist: ValueError "no such model folder".
     device : str or torch.device or None
         Default: CUDA when present, else CPU.
     dtype : str or torch.dtype or None
@@ -196,6 +197,8 @@ def load_model(
             raise ValueError(f"name points to a GGUF file that does not exist: {name!r}")
         model, tokenizer = _from_pretrained(path.parent, dtype, gguf_file=path.name)
     else:
+        if _reads_as_path(name):  # a path that does not exist: "no such model folder", not the hub's repo-id error
+            check_model_source(name)
         model, tokenizer = _from_pretrained(name, dtype)
     model = model.to(device=device, dtype=dtype).eval()
     if tokenizer.pad_token_id is None:

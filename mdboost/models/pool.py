@@ -243,13 +243,16 @@ def build_pool(
     ----------
     target : str
         ``"smollm2-135m"``, ``"tiny"`` / ``"tiny:<seed>"``, a hub name or a local path/GGUF file.
-    drafters : list of str
-        Specs (see module docstring). Names must be unique.
+    drafters : list or tuple of str
+        Specs (see module docstring). Names must be unique. A single str is a TypeError.
     device, dtype, home : see :func:`mdboost.models.loading.load_model`.
     measure_costs : bool, default=False
         Measure every drafter's cost ratio now (else call ``pool.measure_costs()`` later).
     fit_source, fit_positions : text and number of positions for fitting ``tuned`` translators.
     """
+    if not isinstance(drafters, (list, tuple)):  # a str would be read as its letters
+        raise TypeError(f"drafters must be a list or tuple of drafter specs, got {type(drafters).__name__} "
+                        f"{drafters!r}" + (f" (for one drafter: [{drafters!r}])" if isinstance(drafters, str) else ""))
     if len(set(drafters)) != len(drafters):
         raise ValueError(f"drafters must be unique, got {list(drafters)!r}")
     device = resolve_device(device)
