@@ -308,6 +308,9 @@ def test_bad_inputs_raise(target):
         generate(target, prompt(0, 3), dict(max_new_tokens=2))
     with pytest.raises(TypeError, match="drafter must be a Drafter or None .*, got LlamaForCausalLM"):
         generate(target, prompt(0, 3), drafter=target)
+    with pytest.raises(TypeError, match=r"^target must be a transformers PreTrainedModel \(a causal LM, e.g. from "
+                                        r"mdboost.models.load_model\), got str$"):
+        generate("tiny", prompt(0, 3))
 
 
 def test_as_drafter_converts_pool_members_explicitly(target):

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+from transformers import PreTrainedModel
 
 from mdboost.engine.drafting import Drafter, sample
 from mdboost.engine.hooks import context_ids, process_logits, stop_lengths
@@ -102,8 +103,8 @@ def generate(
 
     Parameters
     ----------
-    target : transformers causal LM
-        The model whose distribution ``q`` is reproduced (SD) or approximated (MD).
+    target : transformers PreTrainedModel
+        The causal LM whose distribution ``q`` is reproduced (SD) or approximated (MD).
     input_ids : torch.LongTensor of shape (B, T)
         Prompts; rows may be left-padded (pass ``attention_mask``).
     settings : GenerationSettings, default=GenerationSettings()
@@ -127,6 +128,9 @@ def generate(
     -------
     GenerationOutput
     """
+    if not isinstance(target, PreTrainedModel):
+        raise TypeError(f"target must be a transformers PreTrainedModel (a causal LM, e.g. from "
+                        f"mdboost.models.load_model), got {type(target).__name__}")
     if not isinstance(settings, GenerationSettings):
         raise TypeError(f"settings must be a GenerationSettings, got {type(settings).__name__}")
     if drafter is not None and not isinstance(drafter, Drafter):
