@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import tempfile
 from pathlib import Path
@@ -39,12 +40,12 @@ _RECOMMENDATION_TYPES = {"temperature": float, "max_divergence": float, "gamma":
                          "quality_ok": lambda s: s == "True"}
 
 
-def load_ranking(source: str, *, tracking_uri: str | None = None) -> dict:
+def load_ranking(source: str | os.PathLike, *, tracking_uri: str | None = None) -> dict:
     """The recommendation, sampling settings, rows and device of a ranking.
 
     Parameters
     ----------
-    source : str
+    source : str or os.PathLike
         An output folder of ``mdboost rank`` (``summary.json`` and ``ranking.csv``), or the
         32-hex-digit id of its MLflow parent run (artifacts ``ranking.csv``, and
         ``summary.json`` or the run's ``recommendation.*`` parameters).
@@ -55,7 +56,12 @@ def load_ranking(source: str, *, tracking_uri: str | None = None) -> dict:
     -------
     dict with ``recommendation``, ``sampling`` (``top_k``, ``top_p``), ``rows``, ``device``, ``source``.
     """
-    if not isinstance(source, str) or not source:
+    if isinstance(source, os.PathLike):
+        source = os.fspath(source)
+    if not isinstance(source, str):
+        raise TypeError(f"source must be a ranking folder (str or os.PathLike) or an MLflow run id (str), "
+                        f"got {type(source).__name__} {source!r}")
+    if not source:
         raise ValueError(f"ranking must be a ranking folder or an MLflow run id, got {source!r}")
     folder = Path(source)
     if folder.is_dir():
@@ -330,8 +336,32 @@ def vllm_snippet(vllm: dict) -> str:
                               f"# server: vllm serve {vllm['model']}{serve}"])
 
 
+_RANKING_KEYS = ("recommendation", "sampling", "rows", "device", "source")  # what load_ranking returns
+
+
 def export_plan(ranking: dict) -> dict:
-    """The JSON document for a :func:`load_ranking` result (see the module docstring)."""
+    """The JSON document for a :func:`load_ranking` result (see the module docstring).
+
+    Parameters
+    ----------
+    ranking : dict
+        What :func:`load_ranking` returns (a folder or run id is a TypeError: load it first,
+        ``export_plan(load_ranking(source))``).
+
+    Returns
+    -------
+    dict
+        ``source``, ``recommendation``, ``lossless``, ``mdboost``, ``hf`` and ``vllm``.
+    """
+    if isinstance(ranking, (str, os.PathLike)):
+        raise TypeError(f"ranking must be the dict returned by load_ranking, got {type(ranking).__name__} "
+                        f"{os.fspath(ranking)!r}: call export_plan(load_ranking({os.fspath(ranking)!r}))")
+    if not isinstance(ranking, dict):
+        raise TypeError(f"ranking must be the dict returned by load_ranking, got {type(ranking).__name__}")
+    missing = [k for k in _RANKING_KEYS if k not in ranking]
+    if missing:
+        raise ValueError(f"ranking lacks {', '.join(missing)}: pass the dict returned by load_ranking")
+    _checked(ranking["recommendation"], ranking["rows"], ranking["source"])
     rec, sampling, device = ranking["recommendation"], ranking["sampling"], ranking["device"]
     vllm = _vllm(rec, ranking["rows"], sampling)
     return {"source": ranking["source"], "recommendation": rec, "lossless": float(rec["max_divergence"]) == 0,

@@ -153,6 +153,27 @@ def test_bad_sources_are_named(tmp_path):
         render({}, "yaml")
 
 
+def test_load_ranking_takes_a_path_and_export_plan_a_loaded_ranking(tmp_path):
+    folder = ranking_dir(tmp_path, 5)
+    loaded = load_ranking(folder)  # a pathlib.Path, as the str
+    assert loaded == load_ranking(str(folder)) and loaded["source"] == str(folder)
+    with pytest.raises(TypeError, match=r"^source must be a ranking folder \(str or os.PathLike\) or an MLflow run id "
+                                        r"\(str\), got int 5$"):
+        load_ranking(5)
+    for given in (str(folder), folder):
+        with pytest.raises(TypeError, match=f"^ranking must be the dict returned by load_ranking, got "
+                                            f"{type(given).__name__} '.*': call export_plan\\(load_ranking\\("):
+            export_plan(given)
+    with pytest.raises(TypeError, match="^ranking must be the dict returned by load_ranking, got list$"):
+        export_plan([])
+    with pytest.raises(ValueError, match="^ranking lacks recommendation, sampling, rows, device, source: pass the "
+                                         "dict returned by load_ranking$"):
+        export_plan({})
+    partial = {**loaded, "recommendation": {k: v for k, v in loaded["recommendation"].items() if k != "gamma"}}
+    with pytest.raises(ValueError, match="the recommendation lacks gamma$"):
+        export_plan(partial)
+
+
 def test_run_id_resolves_through_the_runs_artifacts(tmp_path, capsys):
     """A ranking run without summary.json: ranking.csv artifact plus the recommendation.* parameters."""
     import mlflow
