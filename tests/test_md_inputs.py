@@ -47,6 +47,16 @@ def test_solve_rejects_bad_input(kwargs, match):
         solve(p, q, **args)
 
 
+def test_solve_rejects_a_dual_bound_and_a_non_bool_validate():
+    with pytest.raises(ValueError, match=r"^mode='bound' applies to the primal \(max_divergence\) only; the dual "
+                                         r"\(min_acceptance\) is solved exactly: leave mode='exact'$"):
+        solve(P, Q, min_acceptance=0.5, mode="bound")
+    assert float(solve(P, Q, min_acceptance=0.9, mode="exact").acceptance) == pytest.approx(0.9)  # SD: 0.7
+    for bad in ("no", 0, None):
+        with pytest.raises(TypeError, match=f"^validate must be True or False, got {bad!r}$"):
+            solve(P, Q, max_divergence=0.1, validate=bad)
+
+
 def test_verify_rejects_bad_input():
     p = torch.softmax(torch.randn(2, 3, 5), -1)
     q = torch.softmax(torch.randn(2, 4, 5), -1)

@@ -240,10 +240,10 @@ def solve(
     divergence : str, Divergence or callable, default="kl"
         Generator name (see :mod:`mdboost.md.divergences`), ``"alpha:<a>"`` or a callable.
     mode : {"exact", "bound"}, default="exact"
-        Primal only. ``"exact"``: the optimum among distributions supported on the target's
-        support (acceptance within ~1e-12 in float64). ``"bound"``: the largest point of the
-        curve whose Theorem 3.12 upper bound fits the budget (never exceeds it; ``O(log V)``
-        per query after the build).
+        Primal only (``"bound"`` with ``min_acceptance`` is a ValueError). ``"exact"``: the
+        optimum among distributions supported on the target's support (acceptance within
+        ~1e-12 in float64). ``"bound"``: the largest point of the curve whose Theorem 3.12
+        upper bound fits the budget (never exceeds it; ``O(log V)`` per query after the build).
     support : {"target", "any"}, default="target"
         ``"target"``: optimal among distributions supported on the target's support (tokens
         with ``q_i = 0``, e.g. outside a top-k / top-p target, are never emitted). ``"any"``:
@@ -256,7 +256,8 @@ def solve(
         Dual only, for a target above the largest reachable acceptance: ``"clip"`` returns the
         curve's end with ``feasible`` False; ``"raise"`` raises ValueError (one device sync).
     validate : bool, default=True
-        Check the inputs (device synchronisation); False in trusted hot loops.
+        Check the inputs (device synchronisation); False in trusted hot loops. Another type
+        (e.g. ``"no"``) is a TypeError.
 
     Returns
     -------
@@ -290,6 +291,11 @@ def solve(
         )
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if mode != "exact" and min_acceptance is not None:
+        raise ValueError(f"mode={mode!r} applies to the primal (max_divergence) only; the dual (min_acceptance) "
+                         f"is solved exactly: leave mode='exact'")
+    if not isinstance(validate, bool):
+        raise TypeError(f"validate must be True or False, got {validate!r}")
     if not isinstance(support, str) or support not in SUPPORTS:
         raise ValueError(f"support must be one of {SUPPORTS}, got {support!r}")
     if support == "any" and mode != "exact":
