@@ -1,6 +1,7 @@
 """Self-normalized boosting in estimator mode: label coding, the round's arithmetic, invariants."""
 
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -236,6 +237,14 @@ def test_bad_parameters_raise():
         SelfNormalizedBoostClassifier().fit(X, y, sample_weight=np.zeros(len(y)))
     with pytest.raises(ValueError, match="theta"):
         SelfNormalizedBoostClassifier(n_estimators=2).fit(X, y).margin_bound(1.5)
+    clf = SelfNormalizedBoostClassifier(n_estimators=2).fit(X, y)
+    for bad in ("0.1", ["0.1", "0.2"], True):  # numpy would read the strings as numbers
+        message = f"^theta must be a real number or an array of them, got {re.escape(repr(bad))}$"
+        with pytest.raises(TypeError, match=message):
+            clf.margin_bound(bad)
+        with pytest.raises(TypeError, match="^theta must be a real number or an array of them"):
+            clf.margin_risk(X, y, bad)
+    assert clf.margin_bound(0) == clf.margin_bound(0.0) == margin_bound(clf.edges_, np.float32(0.0))
 
 
 def test_weak_learner_needs_weights_and_the_scores_its_hypothesis_reads():

@@ -106,6 +106,18 @@ def edge_step(g, w, tol=0.0) -> Step:
     return Step(weights, mu, float(alpha), h_star, reason)
 
 
+def _theta(theta) -> np.ndarray:
+    """``theta`` as float64, a real number or an array of them in [-1, 1] (numpy would read a
+    str such as ``"0.1"`` as its number: a TypeError here)."""
+    theta_arr = np.asarray(theta)
+    if theta_arr.dtype.kind not in "iuf":  # str, bytes, bool, complex, object
+        raise TypeError(f"theta must be a real number or an array of them, got {theta!r}")
+    theta_arr = theta_arr.astype(np.float64)
+    if np.any(~np.isfinite(theta_arr)) or np.any(np.abs(theta_arr) > 1):
+        raise ValueError(f"theta must lie in [-1, 1], got {theta!r}")
+    return theta_arr
+
+
 def margin_bound(edges, theta):
     """``prod_t sqrt((1 - |mu_t|)^(1 - theta) (1 + |mu_t|)^(1 + theta))``.
 
@@ -125,9 +137,7 @@ def margin_bound(edges, theta):
     >>> round(margin_bound([0.5], 0.0), 12) == round(float(np.sqrt(0.75)), 12)
     True
     """
-    theta_arr = np.asarray(theta, dtype=np.float64)
-    if np.any(~np.isfinite(theta_arr)) or np.any(np.abs(theta_arr) > 1):
-        raise ValueError(f"theta must lie in [-1, 1], got {theta!r}")
+    theta_arr = _theta(theta)
     mu = np.abs(np.asarray(edges, dtype=np.float64))
     lo, hi = np.log1p(-mu).sum(), np.log1p(mu).sum()
     out = np.exp(0.5 * ((1.0 - theta_arr) * lo + (1.0 + theta_arr) * hi))
@@ -155,9 +165,7 @@ def margin_risk(normalized_margins, theta, sample_weight=None):
     """
     rho = np.asarray(normalized_margins, dtype=np.float64)
     w = np.ones_like(rho) if sample_weight is None else np.asarray(sample_weight, np.float64)
-    theta_arr = np.asarray(theta, dtype=np.float64)
-    if np.any(~np.isfinite(theta_arr)) or np.any(np.abs(theta_arr) > 1):  # as margin_bound
-        raise ValueError(f"theta must lie in [-1, 1], got {theta!r}")
+    theta_arr = _theta(theta)  # as margin_bound
     if w.shape != rho.shape:
         raise ValueError(f"sample_weight must have shape {rho.shape}, got {w.shape}")
     if not w.sum() > 0:
