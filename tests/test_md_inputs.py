@@ -55,6 +55,8 @@ def test_solve_rejects_a_dual_bound_and_a_non_bool_validate():
     for bad in ("no", 0, None):
         with pytest.raises(TypeError, match=f"^validate must be True or False, got {bad!r}$"):
             solve(P, Q, max_divergence=0.1, validate=bad)
+    assert float(solve(P, Q, max_divergence=0.1, validate=np.bool_(False)).acceptance) == pytest.approx(
+        float(solve(P, Q, max_divergence=0.1).acceptance))  # a numpy bool (a mask's element) is a bool
 
 
 def test_verify_rejects_bad_input():

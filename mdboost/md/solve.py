@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from mdboost.md import _buckets, _scalar, _scalar_rows, _search
@@ -294,8 +295,9 @@ def solve(
     if mode != "exact" and min_acceptance is not None:
         raise ValueError(f"mode={mode!r} applies to the primal (max_divergence) only; the dual (min_acceptance) "
                          f"is solved exactly: leave mode='exact'")
-    if not isinstance(validate, bool):
+    if not isinstance(validate, (bool, np.bool_)):
         raise TypeError(f"validate must be True or False, got {validate!r}")
+    validate = bool(validate)
     if not isinstance(support, str) or support not in SUPPORTS:
         raise ValueError(f"support must be one of {SUPPORTS}, got {support!r}")
     if support == "any" and mode != "exact":
