@@ -258,3 +258,32 @@ def test_weak_learner_needs_weights_and_the_scores_its_hypothesis_reads():
         SelfNormalizedBoostClassifier(RidgeClassifier(), n_estimators=5).fit(X, y)
     with pytest.raises(ValueError, match="KNeighborsClassifier does not support sample_weight"):
         SelfNormalizedBoostClassifier(KNeighborsClassifier(), n_estimators=5).fit(X, y)
+
+
+def test_score_names_a_y_that_does_not_match_X():
+    X, y = load_iris(return_X_y=True)
+    clf = SelfNormalizedBoostClassifier(n_estimators=3, random_state=0).fit(X, y)
+    for bad in (y[:10], np.eye(3)[y][:10]):
+        with pytest.raises(ValueError, match=r"^y must have one label per row of X: X has 150 rows, y has 10$"):
+            clf.score(X, bad)
+        with pytest.raises(ValueError, match="y has 10"):
+            next(clf.staged_score(X, bad))
+    with pytest.raises(ValueError, match=r"y holds labels of another type \(<U21\) than classes_ \(int64\)"):
+        clf.score(X, y.astype(str))  # was 0.0: strings never equal the integer classes
+
+
+def test_huge_finite_weights_fit_as_their_ratios():
+    """1e307 each overflowed the sum to inf, every normalised weight to 0, and the tree refused them."""
+    X, y = load_iris(return_X_y=True)
+    big = SelfNormalizedBoostClassifier(n_estimators=3, random_state=0).fit(X, y, sample_weight=np.full(150, 1e307))
+    plain = SelfNormalizedBoostClassifier(n_estimators=3, random_state=0).fit(X, y)
+    np.testing.assert_array_equal(big.predict_proba(X), plain.predict_proba(X))
+    assert big.margin_risk(X, y, 0.5, sample_weight=np.full(150, 1e307)) == plain.margin_risk(X, y, 0.5)
+
+
+@pytest.mark.parametrize("bad", [np.r_[-1.0, np.ones(149)], np.r_[np.inf, np.ones(149)], np.r_[np.nan, np.ones(149)]])
+def test_margin_risk_refuses_negative_or_non_finite_weights(bad):
+    X, y = load_iris(return_X_y=True)
+    clf = SelfNormalizedBoostClassifier(n_estimators=3, random_state=0).fit(X, y)
+    with pytest.raises(ValueError, match=r"^sample_weight must be finite and >= 0"):
+        clf.margin_risk(X, y, 0.5, sample_weight=bad)

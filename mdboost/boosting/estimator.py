@@ -193,6 +193,8 @@ class SelfNormalizedBoostClassifier(ClassifierMixin, BaseEstimator):
             check_classification_targets(y)
             classes, labels = encode_labels(y)
         w = _check_sample_weight(sample_weight, X, dtype=np.float64, copy=True, ensure_non_negative=True)
+        if w.size and w.max() > 0:
+            w /= w.max()  # first: a sum of huge finite weights (1e307 each) would overflow to inf
         if not w.sum() > 0:
             raise ValueError(f"sample_weight must have a positive sum, got {w.sum()}")
         return X, classes, labels, w / w.sum()
@@ -339,11 +341,18 @@ class SelfNormalizedBoostClassifier(ClassifierMixin, BaseEstimator):
         if sample_weight is not None:
             # scikit-learn's checks (shape, negative entries, an all-zero weight), not np.average's ZeroDivisionError
             sample_weight = _check_sample_weight(sample_weight, pred, dtype=np.float64, ensure_non_negative=True)
+        if len(y) != len(pred):  # scikit-learn's message, naming both lengths
+            raise ValueError(f"y must have one label per row of X: X has {len(pred)} rows, y has {len(y)}")
         if np.ndim(y) == 2 and np.shape(y)[1] > 1:
             _, labels = encode_labels(np.asarray(y), classes=self.classes_)
             hits = labels.contains(np.searchsorted(self.classes_, pred))
         else:
-            hits = pred == np.asarray(y).ravel()
+            y = np.asarray(y).ravel()
+            kinds = {x.dtype.kind in "US" for x in (y, self.classes_) if x.dtype.kind in "USbiuf"}
+            if len(kinds) > 1:  # as accuracy_score: strings against numbers would just score 0
+                raise ValueError(f"y holds labels of another type ({y.dtype}) than classes_ ({self.classes_.dtype}): "
+                                 f"{self.classes_[:5].tolist()}")
+            hits = pred == y
         return float(np.average(hits, weights=sample_weight))
 
     def score(self, X, y, sample_weight=None):

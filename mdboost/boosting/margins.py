@@ -168,6 +168,9 @@ def margin_risk(normalized_margins, theta, sample_weight=None):
     theta_arr = _theta(theta)  # as margin_bound
     if w.shape != rho.shape:
         raise ValueError(f"sample_weight must have shape {rho.shape}, got {w.shape}")
+    if not np.isfinite(w).all() or (w < 0).any():  # a risk is a weighted fraction: in [0, 1]
+        raise ValueError(f"sample_weight must be finite and >= 0, got min {w.min()}, max {w.max()}")
+    w = w / w.max() if w.size and w.max() > 0 else w  # no overflow of the sum of huge finite weights
     if not w.sum() > 0:
         raise ValueError(f"sample_weight must have a positive sum, got {w.sum()}")
     below = rho[None, :] <= theta_arr.reshape(-1, 1)
