@@ -143,6 +143,8 @@ def mentored_generate(
     if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
         raise ValueError(f"num_draft_tokens must be a positive integer, got {num_draft_tokens!r}")
     batch = input_ids.shape[0]
+    if logits_processor is None and stopping_criteria is None:  # a direct call: what generate builds from config
+        logits_processor, stopping_criteria = from_config(config)
     sampling, processors = split_sampling(logits_processor, bool(config.do_sample))
     _check_processors(processors, batch)
     max_length, eos_id, criteria = split_stopping(stopping_criteria, config, input_ids.shape[1])
@@ -186,6 +188,35 @@ def _check_call(model, input_ids, config, model_kwargs, streamer) -> None:
                          f"{cache.get_seq_length()} tokens")
     if streamer is not None and input_ids.shape[0] != 1:
         raise ValueError(f"streamer needs a batch of one row, got {input_ids.shape[0]} rows")
+
+
+def from_config(config) -> tuple[list, list]:
+    """The sampling warpers and the EOS criterion ``generate`` builds from ``config``, for a direct call.
+
+    ``generate`` hands ``custom_generate`` the processors and criteria it built from the whole
+    config; a direct call (both None) gets these from the config's ``do_sample``,
+    ``temperature``, ``top_k``, ``top_p`` (in ``generate``'s order and with its rule for
+    defaults) and ``eos_token_id``. Other processors of the config (``repetition_penalty``, ...)
+    are built only by ``generate``.
+
+    >>> from transformers import GenerationConfig
+    >>> warpers, criteria = from_config(GenerationConfig(do_sample=True, temperature=0.7, top_k=5, eos_token_id=2))
+    >>> split_sampling(warpers, do_sample=True)
+    ({'temperature': 0.7, 'top_k': 5, 'top_p': None}, [])
+    >>> [type(c).__name__ for c in criteria]
+    ['EosTokenCriteria']
+    """
+    warpers = []
+    if config.do_sample:
+        if config.temperature is not None and config.temperature != 1.0:
+            warpers.append(lp.TemperatureLogitsWarper(config.temperature))
+        if config.top_k is not None and config.top_k != 0:
+            warpers.append(lp.TopKLogitsWarper(config.top_k))
+        if config.top_p is not None and config.top_p < 1.0:
+            warpers.append(lp.TopPLogitsWarper(config.top_p))
+    eos = config.eos_token_id
+    criteria = [] if eos is None else [EosTokenCriteria(eos)]
+    return warpers, criteria
 
 
 def split_sampling(processors, do_sample: bool) -> tuple[dict, list]:

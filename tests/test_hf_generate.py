@@ -292,3 +292,23 @@ def test_stateful_processors_refused(target, kwargs):
     """Classifier-free guidance keeps a cache across calls, one call per token; the engine calls it per position."""
     with pytest.raises(ValueError, match="keeps state from one call to the next"):
         md(target, prompt(0, 5), drafter="ngram:2", do_sample=False, max_new_tokens=4, **kwargs)
+
+
+def test_a_direct_call_takes_sampling_and_eos_from_the_config():
+    """As generate builds them from the config (the direct call once ignored EOS and sampling)."""
+    from mdboost.hf import mentored_generate
+    from mdboost.models.tiny import tiny_llama
+
+    target = tiny_llama(vocab_size=32, num_layers=1)
+    ids = torch.tensor([[1, 2, 3, 4, 1, 2, 3, 4]])
+    free = target.generate(ids, do_sample=False, max_new_tokens=8, pad_token_id=0)
+    eos = int(free[0, ids.shape[1] + 3])  # the greedy continuation's 4th token
+    expected = target.generate(ids, do_sample=False, max_new_tokens=8, eos_token_id=eos, pad_token_id=0)
+    cfg = GenerationConfig(max_new_tokens=8, do_sample=False, eos_token_id=eos, pad_token_id=0)
+    out = mentored_generate(target, ids, generation_config=cfg, drafter="ngram:2")
+    assert out.tolist() == expected.tolist() and out.shape[1] < free.shape[1]
+    one = GenerationConfig(max_new_tokens=8, do_sample=True, temperature=0.5, top_k=1, pad_token_id=0)  # top-1: greedy
+    for seed in range(3):
+        out = mentored_generate(target, ids, generation_config=one, drafter="ngram:2",
+                                generator=torch.Generator().manual_seed(seed))
+        assert out.tolist() == free.tolist()
