@@ -60,7 +60,8 @@ class Breakpoints:
     Build it with :meth:`build`; query it with :meth:`for_acceptance` (dual),
     :meth:`for_divergence` (exact primal), :meth:`for_divergence_bound` (Theorem 3.12 bound),
     :meth:`divergence_at` and :meth:`curve`. Queries take budgets broadcastable to the batch
-    shape ``draft_probs.shape[:-1]`` and return tensors of that shape in the input dtype.
+    shape ``draft_probs.shape[:-1]`` and return tensors of that shape in the input dtype
+    (float32 for float16 / bfloat16 inputs, which are computed in float32).
 
     Examples
     --------

@@ -230,7 +230,8 @@ def solve(
     Parameters
     ----------
     draft_probs, target_probs : torch.Tensor of shape (..., V)
-        Drafter ``p`` and target ``q`` distributions (float32 or float64, any device).
+        Drafter ``p`` and target ``q`` distributions (float32 or float64, any device; float16 /
+        bfloat16 are computed and returned in float32).
     max_divergence : float or tensor broadcastable to (...), optional
         Primal budget ``D >= 0`` on ``D_f(pi || q)`` (``+inf`` allowed: ``pi = p``).
     min_acceptance : float or tensor broadcastable to (...), optional
