@@ -37,7 +37,7 @@ from sklearn.utils.validation import (
 
 from mdboost.boosting._weak import LOG_PROBA_FLOOR, weak_round, weak_scores, weak_template
 from mdboost.boosting.labels import encode_labels
-from mdboost.boosting.margins import margin_bound, margin_risk
+from mdboost.boosting.margins import margin_bound, margin_risk, scaled_weights
 from mdboost.boosting.scorers import (
     check_pool,
     check_pool_rows,
@@ -193,10 +193,7 @@ class SelfNormalizedBoostClassifier(ClassifierMixin, BaseEstimator):
             check_classification_targets(y)
             classes, labels = encode_labels(y)
         w = _check_sample_weight(sample_weight, X, dtype=np.float64, copy=True, ensure_non_negative=True)
-        if w.size and w.max() > 0:
-            w /= w.max()  # first: a sum of huge finite weights (1e307 each) would overflow to inf
-        if not w.sum() > 0:
-            raise ValueError(f"sample_weight must have a positive sum, got {w.sum()}")
+        w = scaled_weights(w)
         return X, classes, labels, w / w.sum()
 
     # ------------------------------------------------------------------ fitting

@@ -118,6 +118,17 @@ def _theta(theta) -> np.ndarray:
     return theta_arr
 
 
+def scaled_weights(w: np.ndarray) -> np.ndarray:
+    """Non-negative sample weights ``w`` divided by their maximum: the same ratios, and a sum
+    that cannot overflow (1e307 each would sum to inf and normalise to 0); ValueError unless
+    the sum is positive."""
+    if w.size and w.max() > 0:
+        w = w / w.max()
+    if not w.sum() > 0:
+        raise ValueError(f"sample_weight must have a positive sum, got {w.sum()}")
+    return w
+
+
 def margin_bound(edges, theta):
     """``prod_t sqrt((1 - |mu_t|)^(1 - theta) (1 + |mu_t|)^(1 + theta))``.
 
@@ -170,9 +181,7 @@ def margin_risk(normalized_margins, theta, sample_weight=None):
         raise ValueError(f"sample_weight must have shape {rho.shape}, got {w.shape}")
     if not np.isfinite(w).all() or (w < 0).any():  # a risk is a weighted fraction: in [0, 1]
         raise ValueError(f"sample_weight must be finite and >= 0, got min {w.min()}, max {w.max()}")
-    w = w / w.max() if w.size and w.max() > 0 else w  # no overflow of the sum of huge finite weights
-    if not w.sum() > 0:
-        raise ValueError(f"sample_weight must have a positive sum, got {w.sum()}")
+    w = scaled_weights(w)
     below = rho[None, :] <= theta_arr.reshape(-1, 1)
     out = (below @ w) / w.sum()
     return out.reshape(theta_arr.shape) if theta_arr.ndim else float(out[0])
