@@ -36,6 +36,19 @@ def test_version_is_the_package_version(capsys):
     assert capsys.readouterr().out.strip() == f"mdboost {project}" == f"mdboost {mdboost.__version__}"
 
 
+def test_python_dash_m_mdboost_is_the_command():
+    """``python -m mdboost`` runs the same command line as ``mdboost`` (and ``python -m mdboost.cli``):
+    its version, and a user's mistake as one line with exit code 2 under the command's own name."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    version = subprocess.run([sys.executable, "-m", "mdboost", "--version"], env=env, capture_output=True, text=True,
+                             timeout=120)
+    assert (version.returncode, version.stdout.strip()) == (0, f"mdboost {mdboost.__version__}"), version.stderr
+    bad = subprocess.run([sys.executable, "-m", "mdboost", "export", "--ranking", "/nonexistent/ranking"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    lines = bad.stderr.strip().splitlines()
+    assert bad.returncode == 2 and len(lines) == 1 and lines[0].startswith("mdboost export: "), bad.stderr
+
+
 @pytest.mark.parametrize("argv, usage, message", [
     (["rank", "--config", "c.yaml", "--bogus"], "usage: mdboost rank", "unrecognized arguments: --bogus"),
     (["rank"], "usage: mdboost rank", "the following arguments are required: --config"),
