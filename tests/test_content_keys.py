@@ -126,3 +126,27 @@ def test_conversion_is_redone_when_its_source_changes(tmp_path, monkeypatch):
     assert (out / "model.safetensors").read_bytes() != first and not (out / "tuned_lens_layer2.safetensors").exists()
     assert json.loads((out / convert.MARKER).read_text())["source_sha256"] == identity.file_sha256(gguf)
     assert sorted(p.name for p in out.parent.iterdir()) == [".m.lock", "m"]  # no temporary folder left
+
+
+def test_a_direct_build_of_a_derived_drafter_is_keyed_on_the_target_weights(tmp_path):
+    from mdboost.cache import RunOptions, StoreSettings, build_cache
+    from mdboost.data import load_texts
+    from mdboost.models.pool import build_pool
+
+    target = save_tiny(tmp_path / "target", 0)
+    records, store = load_texts(limit=1), StoreSettings(k=4, shard_size=2)
+    out = {m: tmp_path / m.replace(":", "_") for m in ("early_exit:2", "int8")}
+    pool = build_pool(target, list(out), device="cpu")
+    for m, folder in out.items():
+        assert pool[m].describe()["target_weights"] == identity.weights_id(target)
+        build_cache(pool, records, folder, store, members=[m], run=RunOptions(progress=False))
+    save_tiny(tmp_path / "target", 3)  # other weights in the same folder
+    pool = build_pool(target, list(out), device="cpu")
+    for m, folder in out.items():  # was: the old shards kept as a finished cache of this configuration
+        with pytest.raises(ValueError, match="another configuration"):
+            build_cache(pool, records, folder, store, members=[m], run=RunOptions(progress=False))
+    build_cache(pool, records, out["early_exit:2"], store, members=["early_exit:2"],
+                run=RunOptions(progress=False, overwrite=True))
+    fresh = direct_top_logits(pool["early_exit:2"].model, LogitCache.open(out["early_exit:2"]))
+    assert torch.allclose(LogitCache.open(out["early_exit:2"]).topk("early_exit:2")[1], fresh, atol=1e-2)
+    assert "target_weights" not in build_pool("tiny", ["early_exit:2"], device="cpu")["early_exit:2"].describe()

@@ -269,17 +269,20 @@ def build_pool(
         translators = tuned_translators(model, tuned_depths, lambda: fit_sequences(tokenizer, fit_source),
                                         store=tuned_store(target, home), max_positions=fit_positions)
     members = []
+    # drafters made of the target's own weights carry its content id (their manifest entries, like its own)
+    derived = {} if "weights" not in target_member.info else {"target_weights": target_member.info["weights"]}
     for spec, kind, n in parsed:
         model_id = f"{target}#{spec}"
         if kind == "ngram":
             member = PoolMember(spec, kind, None, NgramDrafter(n), tokenizer, fingerprint, model_id=model_id)
         elif kind in ("early_exit", "tuned"):
             draft = early_exit_model(model, n, translators.get(n) if kind == "tuned" else None)
-            member = PoolMember(spec, kind, draft, None, tokenizer, fingerprint, model_id=model_id)
+            member = PoolMember(spec, kind, draft, None, tokenizer, fingerprint, model_id=model_id, info=dict(derived))
         elif kind == "int8":
             if device.type != "cpu":
                 raise ValueError(f"drafter 'int8' needs device='cpu' (dynamic int8 kernels are CPU-only), got {device}")
-            member = PoolMember(spec, kind, int8_model(model), None, tokenizer, fingerprint, model_id=model_id)
+            member = PoolMember(spec, kind, int8_model(model), None, tokenizer, fingerprint, model_id=model_id,
+                                info=dict(derived))
         else:
             other, other_tok = load_model(spec, device=device, dtype=dtype, home=home)
             member = PoolMember(spec, "hf", other, None, other_tok, vocab_fingerprint(other_tok, other), model_id=spec,
