@@ -150,3 +150,24 @@ def test_a_direct_build_of_a_derived_drafter_is_keyed_on_the_target_weights(tmp_
     fresh = direct_top_logits(pool["early_exit:2"].model, LogitCache.open(out["early_exit:2"]))
     assert torch.allclose(LogitCache.open(out["early_exit:2"]).topk("early_exit:2")[1], fresh, atol=1e-2)
     assert "target_weights" not in build_pool("tiny", ["early_exit:2"], device="cpu")["early_exit:2"].describe()
+
+
+def test_a_stored_tuned_lens_is_keyed_on_its_fit(tmp_path):
+    from mdboost.models.pool import build_pool
+
+    target, text = save_tiny(tmp_path / "target", 0), tmp_path / "fit.txt"
+    text.write_text("\n".join(["zzzz qqqq xxxx"] * 20))
+
+    def lens(**fit):
+        pool = build_pool(target, ["tuned:2"], device="cpu", home=str(tmp_path / "home"), **fit)
+        return pool["tuned:2"].model.model.norm[0].weight.detach().clone(), pool["tuned:2"].describe()
+
+    default, info = lens()
+    assert "tuned_fit" not in info
+    other, info = lens(fit_source=str(text), fit_positions=100)  # was: the stored default-fit lens loaded
+    assert not torch.equal(default, other) and len(info["tuned_fit"]) == 16
+    assert torch.equal(lens(fit_source=str(text), fit_positions=100)[0], other)  # stored: the same lens again
+    assert not torch.equal(lens(fit_source=str(text), fit_positions=50)[0], other)
+    text.write_text("\n".join(["abc def"] * 20))  # same path, other text: fitted again
+    assert not torch.equal(lens(fit_source=str(text), fit_positions=100)[0], other)
+    assert torch.equal(lens()[0], default)

@@ -25,7 +25,7 @@ from .convert import SMOLLM2_ALIAS, ensure_smollm2
 from .cost import measure_cost_ratio
 from .drafters import early_exit_model, int8_model, tuned_translators
 from .home import models_dir
-from .identity import weights_id
+from .identity import file_sha256, weights_id
 from .loading import check_model_source, load_model, resolve_device
 from .ngram import NgramDrafter
 
@@ -219,6 +219,20 @@ def tuned_store(target_name: str, home=None) -> str | None:
     return str(path)
 
 
+DEFAULT_FIT = ("humaneval", 4096)  # build_pool's fit_source / fit_positions: the lenses stored directly in tuned_store
+
+
+def fit_key(fit_source: str, fit_positions: int) -> str | None:
+    """None for the default fit (:data:`DEFAULT_FIT`), else 16 hex digits keying another one: its
+    source (a local file by its content too) and positions. Lenses of another fit live in the
+    ``fit-<key>`` sub-folder of the target's store, so one fitted on other text is never loaded."""
+    if (fit_source, fit_positions) == DEFAULT_FIT:
+        return None
+    path = Path(fit_source).expanduser()
+    content = file_sha256(path) if path.is_file() else None
+    return hashlib.sha256(json.dumps([fit_source, fit_positions, content]).encode()).hexdigest()[:16]
+
+
 def _weights_info(name: str, home) -> dict:
     """``{"weights": <content id>}`` for manifests, empty where the id is None (names unchanged)."""
     content = weights_id(name, home)
@@ -248,7 +262,8 @@ def build_pool(
     device, dtype, home : see :func:`mdboost.models.loading.load_model`.
     measure_costs : bool, default=False
         Measure every drafter's cost ratio now (else call ``pool.measure_costs()`` later).
-    fit_source, fit_positions : text and number of positions for fitting ``tuned`` translators.
+    fit_source, fit_positions : text and number of positions for fitting ``tuned`` translators
+        (stored lenses are keyed on them, :func:`fit_key`).
     """
     if not isinstance(drafters, (list, tuple)):  # a str would be read as its letters
         raise TypeError(f"drafters must be a list or tuple of drafter specs, got {type(drafters).__name__} "
@@ -266,8 +281,10 @@ def build_pool(
     if tuned_depths:
         from mdboost.data import fit_sequences
 
+        store, fit = tuned_store(target, home), fit_key(fit_source, fit_positions)
         translators = tuned_translators(model, tuned_depths, lambda: fit_sequences(tokenizer, fit_source),
-                                        store=tuned_store(target, home), max_positions=fit_positions)
+                                        store=store if store is None or fit is None else str(Path(store) / f"fit-{fit}"),
+                                        max_positions=fit_positions)
     members = []
     # drafters made of the target's own weights carry its content id (their manifest entries, like its own)
     derived = {} if "weights" not in target_member.info else {"target_weights": target_member.info["weights"]}
@@ -277,7 +294,8 @@ def build_pool(
             member = PoolMember(spec, kind, None, NgramDrafter(n), tokenizer, fingerprint, model_id=model_id)
         elif kind in ("early_exit", "tuned"):
             draft = early_exit_model(model, n, translators.get(n) if kind == "tuned" else None)
-            member = PoolMember(spec, kind, draft, None, tokenizer, fingerprint, model_id=model_id, info=dict(derived))
+            info = {**derived, **({"tuned_fit": fit} if kind == "tuned" and fit is not None else {})}
+            member = PoolMember(spec, kind, draft, None, tokenizer, fingerprint, model_id=model_id, info=info)
         elif kind == "int8":
             if device.type != "cpu":
                 raise ValueError(f"drafter 'int8' needs device='cpu' (dynamic int8 kernels are CPU-only), got {device}")
