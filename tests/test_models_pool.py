@@ -85,6 +85,8 @@ def test_bad_specs_and_arguments(tmp_path, monkeypatch):
             parse_drafter(spec)
     with pytest.raises(ValueError, match="unique"):
         build_pool("tiny", ["int8", "int8"])
+    with pytest.raises(ValueError, match="^drafter 'tiny' is the target itself"):
+        build_pool("tiny", ["ngram:2", "tiny"])  # was: a pool with two members named 'tiny'
     with pytest.raises(ValueError, match="GGUF"):
         load_model(str(tmp_path / "missing.gguf"))
     for name in (str(tmp_path / "missing"), "./missing-mdboost-model", "~/missing-mdboost-model"):

@@ -270,6 +270,8 @@ def build_pool(
                         f"{drafters!r}" + (f" (for one drafter: [{drafters!r}])" if isinstance(drafters, str) else ""))
     if len(set(drafters)) != len(drafters):
         raise ValueError(f"drafters must be unique, got {list(drafters)!r}")
+    if target in drafters:  # it would be loaded twice, under the target's own member name
+        raise ValueError(f"drafter {target!r} is the target itself; list other drafters")
     device = resolve_device(device)
     model, tokenizer = load_model(target, device=device, dtype=dtype, home=home)
     fingerprint = vocab_fingerprint(tokenizer, model)
