@@ -87,6 +87,9 @@ def test_bad_specs_and_arguments(tmp_path, monkeypatch):
         build_pool("tiny", ["int8", "int8"])
     with pytest.raises(ValueError, match="^drafter 'tiny' is the target itself"):
         build_pool("tiny", ["ngram:2", "tiny"])  # was: a pool with two members named 'tiny'
+    for bad in (0, -5, 2.5, "64"):  # were: "sequences must hold at least one token", a slice TypeError
+        with pytest.raises(ValueError, match=f"^fit_positions must be a positive integer, got {re.escape(repr(bad))}$"):
+            build_pool("tiny", ["tuned:2"], fit_positions=bad)
     with pytest.raises(ValueError, match="GGUF"):
         load_model(str(tmp_path / "missing.gguf"))
     for name in (str(tmp_path / "missing"), "./missing-mdboost-model", "~/missing-mdboost-model"):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import numbers
 import os
 import re
 from dataclasses import dataclass, field
@@ -272,6 +273,8 @@ def build_pool(
         raise ValueError(f"drafters must be unique, got {list(drafters)!r}")
     if target in drafters:  # it would be loaded twice, under the target's own member name
         raise ValueError(f"drafter {target!r} is the target itself; list other drafters")
+    if isinstance(fit_positions, bool) or not isinstance(fit_positions, numbers.Integral) or fit_positions < 1:
+        raise ValueError(f"fit_positions must be a positive integer, got {fit_positions!r}")
     device = resolve_device(device)
     model, tokenizer = load_model(target, device=device, dtype=dtype, home=home)
     fingerprint = vocab_fingerprint(tokenizer, model)
