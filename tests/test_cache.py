@@ -184,7 +184,9 @@ def test_sampled_source_is_deterministic(pool, tmp_path):
 @pytest.mark.parametrize("settings, field, value", [
     (StoreSettings, "k", 0), (StoreSettings, "k", 2.5), (StoreSettings, "dtype", "int8"),
     (StoreSettings, "shard_size", 0), (StoreSettings, "temperatures", (0.0,)), (StoreSettings, "ngram_lookahead", 0),
-    (SequenceSettings, "source", "web"), (SequenceSettings, "max_tokens", 0), (SequenceSettings, "max_new_tokens", 1.5),
+    (SequenceSettings, "source", "web"), (SequenceSettings, "max_tokens", 0),
+    (SequenceSettings, "max_tokens", 1),  # was accepted; the build then wrote a manifest and failed in encode_record
+    (SequenceSettings, "max_new_tokens", 1.5),
     (SequenceSettings, "sample_temperature", -1.0), (SequenceSettings, "seed", -1), (SequenceSettings, "system", 3),
     (RunOptions, "n_jobs", 0), (RunOptions, "backend", ""),
 ])

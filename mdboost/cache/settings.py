@@ -113,7 +113,7 @@ class SequenceSettings:
     system : str or None, default=None
         System message of the chat template.
     max_tokens : int, default=512
-        Sequence budget, ``>= 1`` (prompt and continuation, :func:`mdboost.data.encode_record`).
+        Sequence budget, ``>= 2`` (prompt and continuation, :func:`mdboost.data.encode_record`).
     max_new_tokens : int, default=128
         Sampled tokens per record, ``>= 1`` (``source="sampled"`` only).
     sample_temperature : float, default=1.0
@@ -145,7 +145,7 @@ class SequenceSettings:
         object.__setattr__(self, "chat_template", bool(self.chat_template))
         if self.system is not None and not isinstance(self.system, str):
             raise ValueError(f"system must be a string or None, got {self.system!r}")
-        _integer("max_tokens", self.max_tokens, 1)
+        _integer("max_tokens", self.max_tokens, 2)  # encode_record's bound: a context token and a predicted one
         _integer("max_new_tokens", self.max_new_tokens, 1)
         t = self.sample_temperature
         if isinstance(t, bool) or not isinstance(t, numbers.Real) or not t >= 0:
