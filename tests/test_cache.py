@@ -183,6 +183,8 @@ def test_sampled_source_is_deterministic(pool, tmp_path):
 
 @pytest.mark.parametrize("settings, field, value", [
     (StoreSettings, "k", 0), (StoreSettings, "k", 2.5), (StoreSettings, "dtype", "int8"),
+    (StoreSettings, "k", float("nan")), (StoreSettings, "shard_size", float("inf")),  # were int()'s own errors
+    (StoreSettings, "temperatures", ("0.5",)),  # was float()'s own error
     (StoreSettings, "shard_size", 0), (StoreSettings, "temperatures", (0.0,)), (StoreSettings, "ngram_lookahead", 0),
     (SequenceSettings, "source", "web"), (SequenceSettings, "max_tokens", 0),
     (SequenceSettings, "max_tokens", 1),  # was accepted; the build then wrote a manifest and failed in encode_record
@@ -194,6 +196,14 @@ def test_bad_build_settings_name_the_field_and_value(settings, field, value):
     shown = repr(value[0] if field == "temperatures" else value)
     with pytest.raises(ValueError, match=f"^{field} .*got {re.escape(shown)}"):
         settings(**{field: value})
+
+
+def test_temperatures_must_be_a_sequence():
+    for bad in (0.5, None, "0.5"):  # were a TypeError "not iterable", and float("0")'s error for the letters
+        with pytest.raises(ValueError, match=f"^temperatures must be a sequence of numbers > 0, got {re.escape(repr(bad))}"):
+            StoreSettings(temperatures=bad)
+    with pytest.raises(ValueError, match=r"for one temperature: \(0.5,\)"):
+        StoreSettings(temperatures=0.5)
 
 
 def test_store_settings_normalize_what_the_manifest_records():

@@ -16,7 +16,9 @@ Change a field with :func:`dataclasses.replace`, which validates again.
 
 from __future__ import annotations
 
+import math
 import numbers
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -27,7 +29,8 @@ DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch
 
 def _whole(name: str, value) -> int:
     """``value`` as an int when it is a positive whole number (``16`` or ``16.0``), else ValueError."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or int(value) != value or value < 1:
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value)
+            or int(value) != value or value < 1):
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
 
@@ -81,10 +84,13 @@ class StoreSettings:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         object.__setattr__(self, "keep_full", bool(self.keep_full))
-        temperatures = sorted({1.0, *map(float, self.temperatures)})
-        for t in temperatures:
-            if not t > 0:
+        if isinstance(self.temperatures, (str, bytes)) or not isinstance(self.temperatures, Iterable):
+            raise ValueError(f"temperatures must be a sequence of numbers > 0, got {self.temperatures!r}"
+                             + (f" (for one temperature: ({self.temperatures!r},))" if isinstance(self.temperatures, numbers.Real) else ""))
+        for t in self.temperatures:
+            if isinstance(t, bool) or not isinstance(t, numbers.Real) or not t > 0:
                 raise ValueError(f"temperatures must be > 0 (logits are cached at temperature 1), got {t!r}")
+        temperatures = sorted({1.0, *map(float, self.temperatures)})
         object.__setattr__(self, "temperatures", tuple(temperatures))
         object.__setattr__(self, "shard_size", _whole("shard_size", self.shard_size))
         object.__setattr__(self, "ngram_lookahead", _whole("ngram_lookahead", self.ngram_lookahead))
