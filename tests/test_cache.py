@@ -185,6 +185,7 @@ def test_sampled_source_is_deterministic(pool, tmp_path):
     (StoreSettings, "k", 0), (StoreSettings, "k", 2.5), (StoreSettings, "dtype", "int8"),
     (StoreSettings, "k", float("nan")), (StoreSettings, "shard_size", float("inf")),  # were int()'s own errors
     (StoreSettings, "temperatures", ("0.5",)),  # was float()'s own error
+    (StoreSettings, "keep_full", "no"), (SequenceSettings, "chat_template", "false"),  # were True
     (StoreSettings, "shard_size", 0), (StoreSettings, "temperatures", (0.0,)), (StoreSettings, "ngram_lookahead", 0),
     (SequenceSettings, "source", "web"), (SequenceSettings, "max_tokens", 0),
     (SequenceSettings, "max_tokens", 1),  # was accepted; the build then wrote a manifest and failed in encode_record

@@ -35,6 +35,13 @@ def _whole(name: str, value) -> int:
     return int(value)
 
 
+def _flag(name: str, value) -> bool:
+    """``value`` as a bool when it is one (or 0 / 1, a numpy bool); a string such as ``"false"`` is a ValueError."""
+    if isinstance(value, (str, bytes)) or value not in (0, 1):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
 def _integer(name: str, value, low: int) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
         raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
@@ -83,7 +90,7 @@ class StoreSettings:
         object.__setattr__(self, "k", _whole("k", self.k))
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
-        object.__setattr__(self, "keep_full", bool(self.keep_full))
+        object.__setattr__(self, "keep_full", _flag("keep_full", self.keep_full))
         if isinstance(self.temperatures, (str, bytes)) or not isinstance(self.temperatures, Iterable):
             raise ValueError(f"temperatures must be a sequence of numbers > 0, got {self.temperatures!r}"
                              + (f" (for one temperature: ({self.temperatures!r},))" if isinstance(self.temperatures, numbers.Real) else ""))
@@ -148,7 +155,7 @@ class SequenceSettings:
     def __post_init__(self):
         if self.source not in SOURCES:
             raise ValueError(f"source must be one of {SOURCES}, got {self.source!r}")
-        object.__setattr__(self, "chat_template", bool(self.chat_template))
+        object.__setattr__(self, "chat_template", _flag("chat_template", self.chat_template))
         if self.system is not None and not isinstance(self.system, str):
             raise ValueError(f"system must be a string or None, got {self.system!r}")
         _integer("max_tokens", self.max_tokens, 2)  # encode_record's bound: a context token and a predicted one
