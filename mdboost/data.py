@@ -14,6 +14,8 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import math
+import numbers
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +53,15 @@ def _load_rows(source: str, hf_split: str):
         return load_dataset(source, split=hf_split)
     except Exception as err:  # offline hub, unknown name
         raise ValueError(f"source {source!r} is neither 'humaneval', a local file, nor a reachable hub dataset: {err}") from err
+
+
+def _whole_or_none(name: str, value, low: int) -> int:
+    """``value`` as an int when it is a whole number ``>= low`` (``4`` or ``4.0``), else ValueError naming it."""
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value)
+            or int(value) != value or value < low):
+        raise ValueError(f"{name} must be {'a positive integer' if low == 1 else f'an integer >= {low}'} or None, "
+                         f"got {value!r}")
+    return int(value)
 
 
 def _record(row: dict, index: int, prompt_field: str, reference_field: str | None) -> dict:
@@ -96,8 +107,8 @@ def load_texts(
     """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    if limit is not None and (int(limit) != limit or limit < 1):
-        raise ValueError(f"limit must be a positive integer or None, got {limit!r}")
+    if limit is not None:
+        limit = _whole_or_none("limit", limit, 1)
     rows = _load_rows(source, hf_split)
     records = [_record(dict(row), i, prompt_field, reference_field) for i, row in enumerate(rows)]
     if split != "all":
@@ -156,8 +167,7 @@ def encode_record(
     prompt = encode_prompt(tokenizer, record["prompt"], chat_template, system) if record["prompt"] else torch.empty(0, dtype=torch.long)
     reference = torch.tensor(tokenizer(record["reference"], add_special_tokens=False)["input_ids"], dtype=torch.long)
     if max_tokens is not None:
-        if int(max_tokens) != max_tokens or max_tokens < 2:
-            raise ValueError(f"max_tokens must be an integer >= 2 or None, got {max_tokens!r}")
+        max_tokens = _whole_or_none("max_tokens", max_tokens, 2)
         excess = prompt.numel() + reference.numel() - max_tokens
         if excess > 0:
             prompt = prompt[min(excess, max(prompt.numel() - max_tokens // 2, 0)):]

@@ -1,6 +1,7 @@
 """Data loading: bundled HumanEval, local files, deterministic held-out split, encoding."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -51,6 +52,10 @@ def test_bad_arguments():
         load_texts(split="train")
     with pytest.raises(ValueError, match="limit"):
         load_texts(limit=0)
+    for bad in (float("nan"), float("inf"), True, "3"):  # were int()'s ValueError / OverflowError, True one record
+        with pytest.raises(ValueError, match=f"^limit must be a positive integer or None, got {re.escape(repr(bad))}$"):
+            load_texts(limit=bad)
+    assert len(load_texts(limit=2.0)) == 2  # was a slice TypeError after the check let 2.0 through
     with pytest.raises(ValueError, match="source"):
         load_texts("/no/such/dataset-name-for-sure")
     with pytest.raises(ValueError, match="fraction"):
@@ -68,6 +73,9 @@ def test_encode_record_boundary_and_truncation():
     assert start == 1 and ids.tolist() == tok("abc")["input_ids"]
     with pytest.raises(ValueError, match="max_tokens"):
         encode_record(tok, record, max_tokens=1)
+    with pytest.raises(ValueError, match="^max_tokens must be an integer >= 2 or None, got nan$"):
+        encode_record(tok, record, max_tokens=float("nan"))  # was int()'s "cannot convert float NaN to integer"
+    assert torch.equal(encode_record(tok, record, max_tokens=12.0)[0], encode_record(tok, record, max_tokens=12)[0])
 
 
 def test_chat_template_formatting():
