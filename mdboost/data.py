@@ -48,7 +48,17 @@ def _load_rows(source: str, hf_split: str):
         kind = _FORMATS.get(path.suffix.lower())
         if kind is None:
             raise ValueError(f"source file type {path.suffix!r} is not one of {sorted(_FORMATS)}")
-        return load_dataset(kind, data_files=str(path), split="train")
+        if path.is_file() and path.stat().st_size == 0:
+            raise ValueError(f"source {source!r} is an empty file: no records")
+        try:
+            rows = load_dataset(kind, data_files=str(path), split="train")
+        except Exception as err:  # noqa: BLE001 -- datasets' errors for a file it cannot parse (a StopIteration, ...)
+            why = err.__cause__ or err  # DatasetGenerationError says only "An error occurred": the parser's error
+            raise ValueError(f"source {source!r} cannot be read as {kind} ({type(why).__name__}: "
+                             f"{' '.join(str(why).split())[:300] or 'no data'})") from err
+        if len(rows) == 0:
+            raise ValueError(f"source {source!r} holds no records")
+        return rows
     try:
         return load_dataset(source, split=hf_split)
     except Exception as err:  # offline hub, unknown name

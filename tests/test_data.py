@@ -47,6 +47,14 @@ def test_local_jsonl_and_text(tmp_path):
         load_texts(str(path), prompt_field="question", reference_field="nope")
 
 
+def test_an_empty_or_unreadable_file_names_the_source(tmp_path):
+    for name, text in (("e.jsonl", ""), ("e.txt", ""), ("h.csv", "prompt,reference\n"), ("bad.jsonl", "{not json\n")):
+        path = tmp_path / name
+        path.write_text(text)  # were StopIteration, DatasetGenerationError, "Instruction 'train' corresponds to no data"
+        with pytest.raises(ValueError, match=f"^source {re.escape(repr(str(path)))} (is an empty file|cannot be read|holds no)"):
+            load_texts(str(path))
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="split"):
         load_texts(split="train")
