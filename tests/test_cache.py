@@ -199,6 +199,15 @@ def test_bad_build_settings_name_the_field_and_value(settings, field, value):
         settings(**{field: value})
 
 
+def test_no_records_is_refused_before_the_folder_is_made(pool, tmp_path):
+    with pytest.raises(ValueError, match="^records must hold at least one record, got none$"):
+        build_cache(pool, [], tmp_path / "c", StoreSettings(k=3))  # was: a "complete" cache that torch.cat refused to read
+    with pytest.raises(ValueError, match="^records must hold at least one record"):
+        build_module.sample_sequences(pool, [], tmp_path / "s" / "tokens.safetensors", SequenceSettings(source="sampled"))
+    assert not (tmp_path / "c").exists() and not (tmp_path / "s").exists()
+    assert LogitCache.open(build_cache(pool, iter(RECORDS[:1]), tmp_path / "g", StoreSettings(k=3))).num_sequences == 1
+
+
 def test_temperatures_must_be_a_sequence():
     for bad in (0.5, None, "0.5"):  # were a TypeError "not iterable", and float("0")'s error for the letters
         with pytest.raises(ValueError, match=f"^temperatures must be a sequence of numbers > 0, got {re.escape(repr(bad))}"):

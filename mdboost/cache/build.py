@@ -142,6 +142,8 @@ def sample_sequences(pool, records, path: str | os.PathLike, sequences: Sequence
 
     if not sequences.sampled:
         raise ValueError(f"sequences.source must be 'sampled' to sample continuations, got {sequences.source!r}")
+    if not len(records):
+        raise ValueError("records must hold at least one record, got none")
     path = Path(path)
     digest = finished_digest(path)
     if digest is None:
@@ -317,6 +319,9 @@ def build_cache(
     sidecar) and rebuilds the rest; a damaged or edited manifest starts the folder over with
     ``run.overwrite`` and raises :class:`~mdboost.cache.manifest.CacheCorruptionError` without.
     """
+    records = list(records)
+    if not records:  # a folder of no rows would be "complete" yet unreadable (every member tensor empty)
+        raise ValueError("records must hold at least one record, got none")
     members = list(pool.names if members is None else members)
     for name in members:
         pool.check_compatible(pool[name], pool.target)
