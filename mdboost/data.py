@@ -214,6 +214,12 @@ class TextSource:
     def __post_init__(self):
         if self.split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {self.split!r}")
+        if self.limit is not None:  # checked here, not first when a build loads the records (values kept: they are keyed)
+            _whole_or_none("limit", self.limit, 1)
+        _whole_or_none("max_tokens", self.max_tokens, 2)
+        fraction = self.heldout_fraction
+        if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real) or not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"heldout_fraction must be a number in [0, 1], got {fraction!r}")
         object.__setattr__(self, "heldout_fraction", float(self.heldout_fraction))
 
     def load(self, split: str | None = None, limit: int | None = None) -> list[dict]:

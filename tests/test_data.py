@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mdboost.data import (dataset_fingerprint, encode_prompt, encode_record, format_prompt, is_heldout, load_texts,
-                          split_records)
+                          split_records, TextSource)
 from mdboost.models.tiny import tiny_tokenizer
 
 
@@ -53,6 +53,14 @@ def test_an_empty_or_unreadable_file_names_the_source(tmp_path):
         path.write_text(text)  # were StopIteration, DatasetGenerationError, "Instruction 'train' corresponds to no data"
         with pytest.raises(ValueError, match=f"^source {re.escape(repr(str(path)))} (is an empty file|cannot be read|holds no)"):
             load_texts(str(path))
+
+
+@pytest.mark.parametrize("field, value", [("limit", 0), ("limit", 2.5), ("max_tokens", 1), ("max_tokens", None),
+                                          ("heldout_fraction", 2), ("heldout_fraction", "x")])
+def test_text_source_checks_its_fields_when_built(field, value):
+    # were accepted, failing (or, for heldout_fraction with split "all", never) only when a build loaded the records
+    with pytest.raises(ValueError, match=f"^{field} must be .*got {re.escape(repr(value))}$"):
+        TextSource(**{field: value})
 
 
 def test_bad_arguments():
