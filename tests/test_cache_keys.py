@@ -98,6 +98,16 @@ def test_keys_follow_the_stored_values_only():
     assert dataclasses.replace(spec, temperature=1).member_dir("tiny") == spec.member_dir("tiny")
 
 
+def test_one_drafter_as_a_string_is_refused():
+    from mdboost.cache.keys import PoolCacheSpec
+    from mdboost.data import TextSource
+
+    with pytest.raises(TypeError, match=r"^drafters must be a sequence of drafter specs, got str 'ngram:2' "
+                                        r"\(for one drafter: \('ngram:2',\)\)$"):
+        PoolCacheSpec(dir="x", text=TextSource(), target="tiny", drafters="ngram:2")  # was: drafters 'n', 'g', 'r', ...
+    assert PoolCacheSpec(dir="x", text=TextSource(), target="tiny", drafters=["ngram:2"]).drafters == ("ngram:2",)
+
+
 def test_fingerprint_hashes_dataclasses_as_their_fields():
     from mdboost.data import TextSource
 

@@ -128,6 +128,9 @@ class PoolCacheSpec:
 
         if self.backend not in joblib_backends():  # checked even when n_jobs = 1 never uses it
             raise ValueError(f"backend must be one of {joblib_backends()}, got {self.backend!r}")
+        if isinstance(self.drafters, str):  # tuple() would key and build its letters as drafters
+            raise TypeError(f"drafters must be a sequence of drafter specs, got str {self.drafters!r} "
+                            f"(for one drafter: ({self.drafters!r},))")
         object.__setattr__(self, "drafters", tuple(self.drafters))
         object.__setattr__(self, "temperature", float(self.temperature))
 
