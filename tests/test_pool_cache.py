@@ -83,3 +83,12 @@ def test_another_temperature_reuses_the_measured_costs(built, monkeypatch):
     assert info.measured_costs == ()
     assert pc2.speed.path == pc.speed.path
     assert {n: pc2.cost_samples(n) for n in cfg.pool.drafters} == {n: pc.cost_samples(n) for n in cfg.pool.drafters}
+
+@pytest.mark.parametrize("text", [b"[]", b"\xff\xfe garbage", b'{"format": "mdboost-speed/1", "profile": null, "drafters": []}'])
+def test_a_damaged_speed_file_says_to_delete_it(tmp_path, text):
+    from mdboost.cache.speed import SpeedStore
+
+    path = tmp_path / "speed-x.json"
+    path.write_bytes(text)  # were AttributeError "'list' object has no attribute 'get'" and UnicodeDecodeError
+    with pytest.raises(ValueError, match=r"^speed file .* delete it to measure again$"):
+        SpeedStore(path).missing(["ngram:2"])

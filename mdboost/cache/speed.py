@@ -71,9 +71,12 @@ class SpeedStore:
         if self.path.is_file():
             try:
                 data = json.loads(self.path.read_text())
-            except json.JSONDecodeError as exc:
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                 raise ValueError(f"speed file {str(self.path)!r} is not valid JSON ({exc}); delete it to measure "
                                  f"again") from None
+            if not isinstance(data, dict) or not isinstance(data.get("drafters", {}), dict):
+                raise ValueError(f"speed file {str(self.path)!r} is damaged (not a JSON object with a 'drafters' "
+                                 f"object); delete it to measure again")
             if data.get("format") != FORMAT:
                 raise ValueError(f"speed file {str(self.path)!r} has format {data.get('format')!r}, expected {FORMAT!r}")
             self._data = data
