@@ -1,6 +1,7 @@
 """Pool: members and kinds, vocabulary fingerprints and refusal, cost ratios, loading, home."""
 
 import importlib.util
+import os
 import re
 
 import pytest
@@ -60,6 +61,13 @@ def test_hf_drafter_from_local_path_and_mismatch(tmp_path):
     assert pool[str(same)].kind == "hf" and pool[str(same)].model.config.num_hidden_layers == 1
     with pytest.raises(ValueError, match="vocabulary mismatch"):
         build_pool("tiny", [str(other)])
+
+
+def test_a_file_is_not_a_model_folder(tmp_path):
+    tiny_tokenizer().save_pretrained(tmp_path)
+    for name in (str(tmp_path / "tokenizer.json"), os.path.relpath(tmp_path / "tokenizer.json")):
+        with pytest.raises(ValueError, match=f"^model {re.escape(repr(name))} is a file, not a model folder"):
+            load_model(name)  # was: torch.load's UnpicklingError "Weights only load failed"
 
 
 def test_load_model_local_path_round_trip(tmp_path):

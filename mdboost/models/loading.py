@@ -174,7 +174,8 @@ def load_model(
     name : str
         ``"smollm2-135m"``, ``"tiny"`` / ``"tiny:<seed>"``, a hub name (offline unless the
         network allows), a local model folder, or a path to a ``.gguf`` file. A name that reads
-        as a path (``/``, ``.`` or ``~`` first) must exist: ValueError "no such model folder".
+        as a path (``/``, ``.`` or ``~`` first) must exist: ValueError "no such model folder"; a
+        file that is not ``.gguf`` (a weights file, ``config.json``) is a ValueError "is a file".
     device : str or torch.device or None
         Default: CUDA when present, else CPU.
     dtype : str or torch.dtype or None
@@ -199,6 +200,9 @@ def load_model(
     else:
         if _reads_as_path(name):  # a path that does not exist: "no such model folder", not the hub's repo-id error
             check_model_source(name)
+        if Path(name).expanduser().is_file():  # from_pretrained would unpickle it (a weights file, config.json, ...)
+            raise ValueError(f"model {name!r} is a file, not a model folder: give the folder that holds it "
+                             "(save_pretrained), or a .gguf file")
         model, tokenizer = _from_pretrained(name, dtype)
     model = model.to(device=device, dtype=dtype).eval()
     if tokenizer.pad_token_id is None:
