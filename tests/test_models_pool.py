@@ -70,6 +70,15 @@ def test_a_file_is_not_a_model_folder(tmp_path):
             load_model(name)  # was: torch.load's UnpicklingError "Weights only load failed"
 
 
+def test_a_damaged_weights_file_names_the_model(tmp_path):
+    tiny_llama(seed=0).save_pretrained(tmp_path)
+    tiny_tokenizer().save_pretrained(tmp_path)
+    with open(tmp_path / "model.safetensors", "r+b") as fh:
+        fh.truncate(1000)  # an interrupted copy
+    with pytest.raises(ValueError, match=f"^cannot load model {re.escape(repr(str(tmp_path)))}: a weights file is damaged"):
+        load_model(str(tmp_path))  # was: safetensors' bare SafetensorError "invalid header length"
+
+
 def test_load_model_local_path_round_trip(tmp_path):
     model = tiny_llama(seed=7)
     model.save_pretrained(tmp_path)

@@ -214,6 +214,7 @@ def _from_pretrained(source, dtype: torch.dtype, **kwargs):
     """A local folder, else a hub name: from the local hub cache first (no request at all),
     then, unless the hub is off, after one quick check that the hub has it
     (:func:`check_model_source`), so an unreachable hub fails at once instead of retrying."""
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     def load(**more):
@@ -232,3 +233,6 @@ def _from_pretrained(source, dtype: torch.dtype, **kwargs):
     except OSError as err:
         hint = f": {offline_hint(name, hub_offline())}" if hub_name else ""
         raise ValueError(f"cannot load model {name!r}: {' '.join(str(err).split())}{hint}") from err
+    except SafetensorError as err:  # a truncated or damaged weights file (an interrupted copy or download)
+        raise ValueError(f"cannot load model {name!r}: a weights file is damaged ({' '.join(str(err).split())}); "
+                         "save or download it again") from err
