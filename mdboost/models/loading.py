@@ -9,15 +9,14 @@ package, see :mod:`mdboost.models.convert`) and ``tiny`` (a random tiny Llama fr
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 import torch
 
 from .convert import SMOLLM2_ALIAS, ensure_smollm2
+from .identity import TINY_NAME
 from .tiny import tiny_llama, tiny_tokenizer
 
-_TINY = re.compile(r"tiny(?::(\d+))?")  # "tiny" or "tiny:<seed>"
 
 
 def resolve_device(device: str | torch.device | None = None) -> torch.device:
@@ -137,7 +136,7 @@ def check_model_source(name: str) -> None:
 
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty model name or path, got {name!r}")
-    if _TINY.fullmatch(name) or name.lower() == SMOLLM2_ALIAS:
+    if TINY_NAME.fullmatch(name) or name.lower() == SMOLLM2_ALIAS:
         return
     path = Path(name).expanduser()
     if _reads_as_path(name):
@@ -187,7 +186,7 @@ def load_model(
         raise ValueError(f"name must be a non-empty model name or path, got {name!r}")
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
-    tiny = _TINY.fullmatch(name)
+    tiny = TINY_NAME.fullmatch(name)
     if tiny:
         model, tokenizer = tiny_llama(seed=int(tiny.group(1) or 0)), tiny_tokenizer()
     elif name.lower() == SMOLLM2_ALIAS:

@@ -26,7 +26,7 @@ from .convert import SMOLLM2_ALIAS, ensure_smollm2
 from .cost import measure_cost_ratio
 from .drafters import early_exit_model, int8_model, tuned_translators
 from .home import models_dir
-from .identity import file_sha256, weights_id
+from .identity import TINY_NAME, file_sha256, weights_id
 from .loading import check_model_source, load_model, resolve_device
 from .ngram import NgramDrafter
 
@@ -150,10 +150,9 @@ def parse_drafter(spec: str) -> tuple[str, int | None]:
 def target_depth(target: str, home=None) -> int | None:
     """The target's number of decoder layers, read without loading it (None when unknown)."""
     from .convert import SMOLLM2_LAYERS
-    from .loading import _TINY
     from .tiny import DEFAULT_NUM_LAYERS
 
-    if _TINY.fullmatch(target):
+    if TINY_NAME.fullmatch(target):
         return DEFAULT_NUM_LAYERS
     folder = models_dir(home) / SMOLLM2_ALIAS if target.lower() == SMOLLM2_ALIAS else Path(target).expanduser()
     config = folder / "config.json"
@@ -207,7 +206,7 @@ def tuned_store(target_name: str, home=None) -> str | None:
     changes); else ``<home>/models/tuned/<slug>[-<id>]``, ``<id>`` the first 16 hex digits of
     the SHA-256 of :func:`mdboost.models.identity.weights_id` (no suffix when that is None).
     """
-    if target_name.startswith("tiny"):
+    if TINY_NAME.fullmatch(target_name):
         return None
     if target_name.lower() == SMOLLM2_ALIAS:
         return str(ensure_smollm2(home))
