@@ -184,3 +184,21 @@ def test_a_model_folder_named_like_tiny_stores_its_lens(tmp_path, monkeypatch, f
     store = tuned_store(folder, tmp_path / "home")
     assert store is not None and store.startswith(str(tmp_path / "home")) and folder in store
     assert tuned_store("tiny", tmp_path / "home") is None and tuned_store("tiny:3", tmp_path / "home") is None
+
+
+@pytest.mark.parametrize("damage", [b"{not json", b"\xff\xfe\x00", b"[1, 2]"])
+def test_a_damaged_conversion_marker_is_converted_again(tmp_path, monkeypatch, damage):
+    """A marker damaged by hand is no finished conversion: ``is_converted`` says False (it raised
+    json's or the codec's error) and ``convert_gguf`` converts again and writes a readable marker."""
+    from mdboost.models import convert
+
+    gguf = tmp_path / "src" / "m.gguf"
+    gguf.parent.mkdir()
+    gguf.write_bytes(bytes([1]) * 64)
+    monkeypatch.setattr(convert, "load_gguf", lambda folder, name: (tiny_llama(seed=1), tiny_tokenizer()))
+    out = convert.convert_gguf(gguf.parent, gguf.name, tmp_path / "models" / "m")
+    (out / convert.MARKER).write_bytes(damage)
+    assert not convert.is_converted(out, gguf)
+    convert.convert_gguf(gguf.parent, gguf.name, out)
+    assert convert.is_converted(out, gguf)
+    assert json.loads((out / convert.MARKER).read_text())["source_sha256"] == identity.file_sha256(gguf)

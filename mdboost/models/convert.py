@@ -113,7 +113,7 @@ def _convert_locked(folder, gguf_file: str, source: Path, out_dir: Path) -> None
 def is_converted(out_dir: str | os.PathLike, source: str | os.PathLike | None = None) -> bool:
     """True when ``out_dir`` holds a finished conversion (the marker is written last) and, given
     ``source``, one converted from that file's bytes (its SHA-256; markers written before the
-    digest was recorded are matched on the file's size)."""
+    digest was recorded are matched on the file's size). A damaged marker is no finished conversion."""
     out_dir = Path(out_dir)
     marker_path = out_dir / MARKER
     if not (marker_path.is_file() and any(out_dir.glob("*.safetensors"))):
@@ -122,7 +122,12 @@ def is_converted(out_dir: str | os.PathLike, source: str | os.PathLike | None = 
         return True
     from .identity import file_sha256
 
-    marker = json.loads(marker_path.read_text())
+    try:
+        marker = json.loads(marker_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):  # damaged by hand: not a finished conversion, convert again
+        return False
+    if not isinstance(marker, dict):
+        return False
     if "source_sha256" in marker:
         return marker["source_sha256"] == file_sha256(source)
     return marker.get("source_bytes") == Path(source).stat().st_size
