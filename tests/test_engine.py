@@ -442,6 +442,18 @@ def test_adaptive_draft_length_grows_while_everything_is_accepted(target):
     assert fixed.stats.num_target_calls == 14 and torch.equal(fixed.sequences, out.sequences)
 
 
+def test_adaptive_draft_length_never_exceeds_a_max_length_below_gamma(target):
+    """max_length=2 with gamma=4: it drafted 4 tokens at the first step (and 3 after a rejection)."""
+    rule = AdaptiveDraftLength(max_length=2)
+    s = settings(gamma=4, max_new_tokens=20, temperature=0)
+    for model in (target, tiny_llama(vocab_size=V, num_layers=1, seed=1)):  # accepts everything / rejects often
+        out = generate(target, prompt(3, 5), s, drafter=ModelDrafter(model, schedule=rule))
+        assert len(out.stats.draft_tokens_per_position) <= 2
+        assert torch.equal(out.sequences, generate(target, prompt(3, 5), s).sequences)
+    assert rule.next_length(4, 4, 4, [4], [0]) == 2
+    assert rule.first_length(4) == 2 and AdaptiveDraftLength().first_length(4) == 4
+
+
 def test_confidence_stop_rule():
     logits = torch.tensor([[3.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, 1.0, -5.0, -5.0]])
     tokens = torch.tensor([0, 2, 1])

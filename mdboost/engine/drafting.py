@@ -104,7 +104,8 @@ class _ScheduledSession(DraftSession):
 
     def __init__(self, schedule: DraftSchedule, gamma: int):
         self._schedule, self._gamma = schedule, gamma
-        self._length, self._drafted = gamma, 0
+        first = getattr(schedule, "first_length", None)  # optional: a schedule whose cap may be below gamma
+        self._length, self._drafted = (gamma if first is None else first(gamma)), 0
 
     def _draft_length(self, max_tokens: int) -> int:
         self._drafted = min(self._length, max_tokens)

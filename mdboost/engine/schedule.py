@@ -22,7 +22,11 @@ from mdboost.md._checks import check_positive_int, check_real
 
 
 class DraftSchedule(Protocol):
-    """The draft length of the next step from the outcome of the last one."""
+    """The draft length of the next step from the outcome of the last one.
+
+    A schedule may also define ``first_length(gamma) -> int``, the first step's length
+    (without it the first step drafts ``gamma``).
+    """
 
     def next_length(self, length: int, gamma: int, drafted: int, lengths: list[int],
                     num_accepted: list[int]) -> int:
@@ -31,7 +35,7 @@ class DraftSchedule(Protocol):
         Parameters
         ----------
         length : int
-            The schedule's current length (``gamma`` at the first step).
+            The schedule's current length (at the first step ``gamma``, or its ``first_length``).
         gamma : int
             The settings' draft length (:class:`mdboost.engine.settings.GenerationSettings`).
         drafted : int
@@ -53,9 +57,9 @@ class FixedDraftLength:
 class AdaptiveDraftLength:
     """Hugging Face's "heuristic" schedule of assisted generation.
 
-    After each drafted step the length grows by 2 when every row still generating accepted
-    every one of ``drafted`` drafts, and shrinks by 1 (down to 1) otherwise; it never
-    exceeds ``max_length``.
+    It starts at ``gamma`` (``max_length`` if that is smaller). After each drafted step the
+    length grows by 2 when every row still generating accepted every one of ``drafted``
+    drafts, and shrinks by 1 (down to 1) otherwise; it never exceeds ``max_length``.
 
     Parameters
     ----------
@@ -71,6 +75,8 @@ class AdaptiveDraftLength:
     7
     >>> schedule.next_length(7, 4, 7, lengths=[7, 7], num_accepted=[7, 2])
     6
+    >>> AdaptiveDraftLength(max_length=2).first_length(4)
+    2
     """
 
     max_length: int | None = None
@@ -78,10 +84,14 @@ class AdaptiveDraftLength:
     def __post_init__(self):  # an integral float, numpy or one-element tensor value is kept as an int
         object.__setattr__(self, "max_length", check_positive_int("max_length", self.max_length))
 
+    def first_length(self, gamma: int) -> int:
+        """The length of the first step: ``gamma``, capped at ``max_length``."""
+        return min(gamma, int(self.max_length or 4 * gamma))
+
     def next_length(self, length, gamma, drafted, lengths, num_accepted) -> int:
         cap = int(self.max_length or 4 * gamma)
         full = all(n == drafted == k for k, n in zip(lengths, num_accepted))
-        return min(length + 2, cap) if full else max(1, length - 1)
+        return min(length + 2, cap) if full else min(max(1, length - 1), cap)
 
 
 @dataclass(frozen=True)
