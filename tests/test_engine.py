@@ -507,6 +507,42 @@ def test_update_hook_sees_each_drafted_step_of_the_active_rows(target, drafters)
     assert all(1 <= c[1] <= 2 for c in recording.calls if c[0] == "update")
 
 
+@pytest.mark.parametrize("bad, match", [
+    ("vocab", r"drafter propose must return probs \[B, w, V\] = \(2, 5, 32\) .*, got \(2, 5, 40\)"),
+    ("token", r"drafter propose returned token id 35 outside the target's vocabulary \[0, 32\)"),
+    ("lengths", r"drafter propose must return lengths: 2 ints in \[0, 5\], got \[7, 7\]"),
+    ("width", r"drafter propose must return tokens \[B=2, w\] with w <= max_tokens=5, got \(2, 8\)"),
+])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_user_drafter_proposal_is_checked(target, bad, match, temperature):
+    """A DraftSession is user code: a proposal of another vocabulary width was read as is (greedy) or
+    named verify's target_probs, an out-of-vocabulary id was an IndexError of the embedding, and
+    lengths above the width or more drafts than asked were counted in the stats."""
+    from mdboost.engine import Drafter, DraftSession
+
+    class Session(DraftSession):
+        def propose(self, contexts, max_tokens, generator):
+            w = max_tokens + 3 if bad == "width" else max_tokens
+            tokens = torch.full((len(contexts), w), V + 3 if bad == "token" else 5)
+            probs = torch.zeros(len(contexts), w, V + 8 if bad == "vocab" else V)
+            probs[..., 5] = 1.0
+            return tokens, probs, [w + 2 if bad == "lengths" else w] * len(contexts)
+
+        def commit(self, num_accepted, new_tokens):
+            pass
+
+        def update(self, num_accepted, lengths):
+            pass
+
+    class Bad(Drafter):
+        def start(self, prompts, lm, settings):
+            return Session()
+
+    with pytest.raises(ValueError, match=match):
+        generate(target, prompt(3, 6).repeat(2, 1), settings(max_new_tokens=6, gamma=3, temperature=temperature),
+                 drafter=Bad(), generator=torch.Generator().manual_seed(0))
+
+
 def test_layer_view_continues_the_target_cache(target):
     """The view of the first N layers gives the early-exit drafter's fresh-forward logits over each
     row's own tokens (holes included), and keep([0] * B) hands the target its cache back unchanged."""

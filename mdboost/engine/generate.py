@@ -22,6 +22,7 @@ drafted position, e.g. the boosted member of the TV optimal set).
 
 from __future__ import annotations
 
+import numbers
 import time
 from dataclasses import dataclass
 
@@ -200,8 +201,10 @@ def _step(lm, session, state, limit, sampling, md_args, generator, stats, timer,
         drafts, draft_probs, lengths = session.propose(state.contexts(), limit, generator)
     else:
         drafts, draft_probs, lengths = None, None, [0] * batch
-    width = drafts.shape[1] if drafts is not None else 0
     t1 = timer.now()
+    if limit:  # after the drafter's time: the check is the engine's
+        _check_proposal(drafts, draft_probs, lengths, batch, limit, lm.vocab_size)
+    width = drafts.shape[1] if drafts is not None else 0
 
     chunk, valid = left_pad(state.pending, 0, lm.device)
     if width:
@@ -234,6 +237,27 @@ def _step(lm, session, state, limit, sampling, md_args, generator, stats, timer,
     stats.num_new_tokens += state.append(draft_rows, num_accepted, new_tokens, lengths, stats, verified)
     if limit:
         session.update([num_accepted[b] for b in state.last_active], [lengths[b] for b in state.last_active])
+
+
+def _check_proposal(drafts, draft_probs, lengths, batch, limit, vocab) -> None:
+    """A drafter session's ``propose`` output, checked before the target reads it (any ``DraftSession`` may be user code)."""
+    if not torch.is_tensor(drafts) or drafts.ndim != 2 or drafts.shape[0] != batch or drafts.shape[1] > limit:
+        got = tuple(drafts.shape) if torch.is_tensor(drafts) else type(drafts).__name__
+        raise ValueError(f"drafter propose must return tokens [B={batch}, w] with w <= max_tokens={limit}, got {got}")
+    if drafts.is_floating_point() or drafts.is_complex() or drafts.dtype == torch.bool:
+        raise TypeError(f"drafter propose must return integer token ids, got dtype {drafts.dtype}")
+    width = drafts.shape[1]
+    if not torch.is_tensor(draft_probs) or tuple(draft_probs.shape) != (batch, width, vocab):
+        got = tuple(draft_probs.shape) if torch.is_tensor(draft_probs) else type(draft_probs).__name__
+        raise ValueError(f"drafter propose must return probs [B, w, V] = {(batch, width, vocab)} (V: the target's "
+                         f"vocab_size), got {got}")
+    outside = (drafts < 0) | (drafts >= vocab)
+    if width and bool(outside.any()):
+        raise ValueError(f"drafter propose returned token id {drafts[outside][0].item()} outside the target's "
+                         f"vocabulary [0, {vocab})")
+    if len(lengths) != batch or not all(isinstance(k, numbers.Integral) and not isinstance(k, bool) and 0 <= k <= width
+                                        for k in lengths):
+        raise ValueError(f"drafter propose must return lengths: {batch} ints in [0, {width}], got {lengths!r}")
 
 
 def _verify_greedy(drafts, logits, lengths):  # [B, K] or None, [B, K+1, V]
