@@ -268,6 +268,8 @@ def test_adaptive_gamma_keeps_greedy_exact(target, drafters):
         (dict(top_p=1.5), r"top_p must be in \(0, 1\] or None, got 1.5"),
         (dict(max_divergence=-1.0), "max_divergence must be a number >= 0, got -1.0"),
         (dict(max_divergence="0.1"), "max_divergence must be a number >= 0, got '0.1'"),
+        (dict(temperature="1"), "temperature must be a finite number >= 0, got '1'"),  # docs/engine.md's example
+        (dict(gamma="4"), "gamma must be a positive integer, got '4'"),
         (dict(min_acceptance=1.5), r"min_acceptance must be in \[0, 1\] or None, got 1.5"),
         (dict(max_divergence=0.1, min_acceptance=0.5), "give max_divergence or min_acceptance, not both"),
         (dict(divergence="kullback"), "divergence: divergence must be one of"),
