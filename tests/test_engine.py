@@ -456,6 +456,23 @@ def test_adaptive_draft_length_never_exceeds_a_max_length_below_gamma(target):
     assert rule.first_length(4) == 2 and AdaptiveDraftLength().first_length(4) == 4
 
 
+@pytest.mark.parametrize("length, error", [(0, ValueError), (2.5, ValueError), (-1, ValueError), (None, TypeError)])
+@pytest.mark.parametrize("kind", ["model", "ngram"])
+def test_a_user_schedule_length_is_checked(target, length, error, kind):
+    """A schedule returning 0 was torch's 'stack expects a non-empty TensorList' (model drafter) or
+    no drafting at all (prompt lookup); 2.5, -1 or None a TypeError / IndexError deep in a draft."""
+
+    class Returns:
+        def next_length(self, length_, gamma, drafted, lengths, num_accepted):
+            return length
+
+    drafter = (ModelDrafter(tiny_llama(vocab_size=V, num_layers=1, seed=1), schedule=Returns()) if kind == "model"
+               else NgramAdapter(NgramDrafter(1), schedule=Returns()))
+    with pytest.raises(error, match=f"the draft length from Returns.next_length must be a positive integer, "
+                                    f"got {length!r}"):
+        generate(target, prompt(3, 6), settings(max_new_tokens=10, gamma=3, temperature=0), drafter=drafter)
+
+
 def test_confidence_stop_rule():
     logits = torch.tensor([[3.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, 1.0, -5.0, -5.0]])
     tokens = torch.tensor([0, 2, 1])

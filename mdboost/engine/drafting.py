@@ -43,6 +43,7 @@ from transformers import PreTrainedModel
 from mdboost.engine.hooks import context_ids, process_at
 from mdboost.engine.kv import CachedLM, left_pad
 from mdboost.engine.schedule import ConfidenceStop, DraftSchedule, FixedDraftLength
+from mdboost.md._checks import check_positive_int
 from mdboost.md.probs import logits_to_probs
 from mdboost.models.ngram import NgramDrafter
 
@@ -105,14 +106,20 @@ class _ScheduledSession(DraftSession):
     def __init__(self, schedule: DraftSchedule, gamma: int):
         self._schedule, self._gamma = schedule, gamma
         first = getattr(schedule, "first_length", None)  # optional: a schedule whose cap may be below gamma
-        self._length, self._drafted = (gamma if first is None else first(gamma)), 0
+        self._length = gamma if first is None else self._checked(first(gamma), "first_length")
+        self._drafted = 0
+
+    def _checked(self, length, method: str) -> int:  # a schedule may be user code: named here, not deep in a draft
+        return check_positive_int(f"the draft length from {type(self._schedule).__name__}.{method}", length,
+                                  allow_none=False)
 
     def _draft_length(self, max_tokens: int) -> int:
         self._drafted = min(self._length, max_tokens)
         return self._drafted
 
     def update(self, num_accepted: list[int], lengths: list[int]) -> None:
-        self._length = self._schedule.next_length(self._length, self._gamma, self._drafted, lengths, num_accepted)
+        self._length = self._checked(self._schedule.next_length(self._length, self._gamma, self._drafted, lengths,
+                                                                num_accepted), "next_length")
 
 
 def _check_schedule(schedule) -> None:

@@ -30,7 +30,7 @@ class DraftSchedule(Protocol):
 
     def next_length(self, length: int, gamma: int, drafted: int, lengths: list[int],
                     num_accepted: list[int]) -> int:
-        """The next draft length.
+        """The next draft length, a positive integer (else the drafter's session raises, naming it).
 
         Parameters
         ----------
