@@ -133,6 +133,18 @@ def test_logits_to_probs():
             logits_to_probs(logits, **bad)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [1e-300, 1e-50, 1e-46])
+def test_a_temperature_that_rounds_to_zero_in_the_logits_dtype_gives_the_argmax_limit(dtype, temperature):
+    """1e-300 is 0 in float32: ``logits / temperature`` is then 0 / 0 at a zero logit and +-inf elsewhere;
+    the result is the limit of the softmax (the argmax tokens sharing the mass), as for an overflow."""
+    logits = torch.tensor([[1.0, 3.0, 2.0, 3.0], [0.0, -1.0, -5.0, float("-inf")], [-2.0, -2.0, -7.0, -3.0]],
+                          dtype=dtype)
+    probs = logits_to_probs(logits, temperature=temperature)
+    expected = torch.tensor([[0.0, 0.5, 0.0, 0.5], [1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0]])
+    assert probs.dtype == torch.float32 and torch.equal(probs, expected)
+
+
 @st.composite
 def _dirichlet_pair(draw):
     n = draw(st.integers(2, 24))

@@ -3,8 +3,8 @@
 Drafter and target go through the same function with the same settings, so that p and q are
 comparable (``docs/theory.md``, "Notation"). Every valid input gives rows that sum to one
 (``docs/theory.md``, section 9): ``+inf`` logits share the row's mass equally (the limit of the
-softmax), and a temperature so small that ``logits / temperature`` overflows gives the limit as
-well (the argmax tokens), instead of NaN.
+softmax), and a temperature so small that ``logits / temperature`` overflows (or that rounds to 0
+in the logits' dtype, e.g. 1e-300 for float32) gives the limit as well (the argmax tokens), instead of NaN.
 """
 
 from __future__ import annotations
@@ -74,7 +74,8 @@ def logits_to_probs(
         top = logits.amax(-1, keepdim=True)
         shifted = torch.where(torch.isposinf(top), torch.where(torch.isposinf(logits), 0.0, -float("inf")),
                               logits - top)
-        probs = _probs(shifted / temperature, top_k, top_p)
+        # the row's maxima stay 0: a temperature that rounds to 0 in the logits' dtype would make them 0 / 0
+        probs = _probs(torch.where(shifted == 0, 0.0, shifted / temperature), top_k, top_p)
     return probs
 
 
