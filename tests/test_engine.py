@@ -321,7 +321,14 @@ def test_as_drafter_converts_pool_members_explicitly(target):
     assert isinstance(as_drafter(ngram), NgramAdapter) and as_drafter(ngram).ngram is ngram
     drafter = ModelDrafter(model)
     assert as_drafter(drafter) is drafter
-    with pytest.raises(TypeError, match="drafter must be a Drafter, a transformers PreTrainedModel or an NgramDrafter, got str"):
+    from mdboost.models.pool import PoolMember
+
+    as_model = as_drafter(PoolMember("early_exit:1", "early_exit", model, None, None, ""))
+    as_ngram = as_drafter(PoolMember("ngram:2", "ngram", None, ngram, None, ""))
+    assert isinstance(as_model, ModelDrafter) and as_model.model is model
+    assert isinstance(as_ngram, NgramAdapter) and as_ngram.ngram is ngram
+    with pytest.raises(TypeError, match="drafter must be a Drafter, a pool member, a transformers PreTrainedModel or an "
+                                        "NgramDrafter, got str"):
         as_drafter("early_exit:2")
 
 

@@ -328,12 +328,17 @@ class _NgramSession(_ScheduledSession):
 
 def as_drafter(drafter) -> Drafter:
     """The :class:`Drafter` for a pool member: a ``Drafter`` as is, a transformers model as a
-    :class:`ModelDrafter`, an :class:`~mdboost.models.ngram.NgramDrafter` as an :class:`NgramAdapter`."""
+    :class:`ModelDrafter`, an :class:`~mdboost.models.ngram.NgramDrafter` as an :class:`NgramAdapter`,
+    a :class:`~mdboost.models.pool.PoolMember` (``pool["early_exit:12"]``) as its model or n-gram drafter."""
+    from mdboost.models.pool import PoolMember
+
     if isinstance(drafter, Drafter):
         return drafter
+    if isinstance(drafter, PoolMember):
+        return as_drafter(drafter.ngram if drafter.ngram is not None else drafter.model)
     if isinstance(drafter, NgramDrafter):
         return NgramAdapter(drafter)
     if isinstance(drafter, PreTrainedModel):
         return ModelDrafter(drafter)
-    raise TypeError(f"drafter must be a Drafter, a transformers PreTrainedModel or an NgramDrafter, "
+    raise TypeError(f"drafter must be a Drafter, a pool member, a transformers PreTrainedModel or an NgramDrafter, "
                     f"got {type(drafter).__name__}")
