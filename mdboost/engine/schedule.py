@@ -100,7 +100,8 @@ class ConfidenceStop:
 
     Hugging Face's ``assistant_confidence_threshold`` rule (0.4 by default there; transformers
     then adapts the threshold, this stop keeps it fixed): the confidence of a drafted token
-    is its probability under the drafter's raw softmax (temperature 1, no filtering).
+    is its probability under the drafter's raw softmax (temperature 1, no top-k / top-p; the logits
+    after the settings' ``logits_processor`` when one is set, as Hugging Face does).
 
     Parameters
     ----------
