@@ -191,6 +191,7 @@ def test_sampled_source_is_deterministic(pool, tmp_path):
     (SequenceSettings, "max_tokens", 1),  # was accepted; the build then wrote a manifest and failed in encode_record
     (SequenceSettings, "max_new_tokens", 1.5),
     (SequenceSettings, "sample_temperature", -1.0), (SequenceSettings, "seed", -1), (SequenceSettings, "system", 3),
+    (StoreSettings, "temperatures", (float("inf"),)), (SequenceSettings, "sample_temperature", float("inf")),  # accepted
     (RunOptions, "n_jobs", 0), (RunOptions, "backend", ""),
 ])
 def test_bad_build_settings_name_the_field_and_value(settings, field, value):

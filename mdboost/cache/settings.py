@@ -95,8 +95,8 @@ class StoreSettings:
             raise ValueError(f"temperatures must be a sequence of numbers > 0, got {self.temperatures!r}"
                              + (f" (for one temperature: ({self.temperatures!r},))" if isinstance(self.temperatures, numbers.Real) else ""))
         for t in self.temperatures:
-            if isinstance(t, bool) or not isinstance(t, numbers.Real) or not t > 0:
-                raise ValueError(f"temperatures must be > 0 (logits are cached at temperature 1), got {t!r}")
+            if isinstance(t, bool) or not isinstance(t, numbers.Real) or not 0 < t < math.inf:
+                raise ValueError(f"temperatures must be finite and > 0 (logits are cached at temperature 1), got {t!r}")
         temperatures = sorted({1.0, *map(float, self.temperatures)})
         object.__setattr__(self, "temperatures", tuple(temperatures))
         object.__setattr__(self, "shard_size", _whole("shard_size", self.shard_size))
@@ -161,8 +161,8 @@ class SequenceSettings:
         _integer("max_tokens", self.max_tokens, 2)  # encode_record's bound: a context token and a predicted one
         _integer("max_new_tokens", self.max_new_tokens, 1)
         t = self.sample_temperature
-        if isinstance(t, bool) or not isinstance(t, numbers.Real) or not t >= 0:
-            raise ValueError(f"sample_temperature must be a number >= 0, got {t!r}")
+        if isinstance(t, bool) or not isinstance(t, numbers.Real) or not 0 <= t < math.inf:
+            raise ValueError(f"sample_temperature must be a finite number >= 0, got {t!r}")
         _integer("seed", self.seed, 0)
 
     @property
