@@ -90,6 +90,13 @@ def test_load_model_local_path_round_trip(tmp_path):
     assert loaded.dtype == torch.float32 and tok.eos_token_id == 2
 
 
+def test_a_model_folder_without_a_tokenizer_names_the_model(tmp_path):
+    tiny_llama(seed=7).save_pretrained(tmp_path)  # weights and config only
+    with pytest.raises(ValueError, match=f"^cannot load the tokenizer of model {re.escape(repr(str(tmp_path)))}: .*"
+                                         r"\(save it next to the weights: tokenizer.save_pretrained\(folder\)\)$"):
+        load_model(str(tmp_path), device="cpu")  # was transformers' "Couldn't instantiate the backend tokenizer", no name
+
+
 @pytest.mark.parametrize("spec, parsed", [("early_exit:12", ("early_exit", 12)), ("tuned:3", ("tuned", 3)),
                                           ("int8", ("int8", None)), ("ngram:3", ("ngram", 3)), ("org/model", ("hf", None))])
 def test_parse_drafter(spec, parsed):

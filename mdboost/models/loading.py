@@ -218,7 +218,11 @@ def _from_pretrained(source, dtype: torch.dtype, **kwargs):
 
     def load(**more):
         model = AutoModelForCausalLM.from_pretrained(str(source), dtype=dtype, **kwargs, **more)
-        return model, AutoTokenizer.from_pretrained(str(source), **kwargs, **more)
+        try:
+            return model, AutoTokenizer.from_pretrained(str(source), **kwargs, **more)
+        except ValueError as err:  # no tokenizer files (transformers' "Couldn't instantiate the backend tokenizer")
+            raise ValueError(f"cannot load the tokenizer of model {str(source)!r}: {' '.join(str(err).split())} "
+                             "(save it next to the weights: tokenizer.save_pretrained(folder))") from err
 
     name = str(source)
     hub_name = not Path(name).expanduser().exists() and not _reads_as_path(name)
