@@ -202,3 +202,19 @@ def test_a_damaged_conversion_marker_is_converted_again(tmp_path, monkeypatch, d
     convert.convert_gguf(gguf.parent, gguf.name, out)
     assert convert.is_converted(out, gguf)
     assert json.loads((out / convert.MARKER).read_text())["source_sha256"] == identity.file_sha256(gguf)
+
+
+def test_an_edited_local_data_file_moves_every_folder_built_on_it(tmp_path):
+    data = tmp_path / "prompts.jsonl"
+    rows = [{"id": f"r{i}", "prompt": f"def f{i}(x):\n", "reference": f"    return x + {i}\n"} for i in range(3)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec = PoolCacheSpec(dir=str(tmp_path / "cache"), text=TextSource(source=str(data), split="all", limit=3),
+                         target="tiny", drafters=("ngram:2",), acceptance_source="sampled")
+    before = ({m: spec.member_dir(m, acc) for m in spec.names for acc in (False, True)},
+              spec.continuations_path(16))
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))  # the same bytes again: nothing moves
+    assert ({m: spec.member_dir(m, acc) for m in spec.names for acc in (False, True)},
+            spec.continuations_path(16)) == before
+    data.write_text("".join(json.dumps(dict(r, reference="    pass\n")) + "\n" for r in rows))  # other texts
+    after = {m: spec.member_dir(m, acc) for m in spec.names for acc in (False, True)}
+    assert all(after[k] != before[0][k] for k in after) and spec.continuations_path(16) != before[1]

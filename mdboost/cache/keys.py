@@ -2,7 +2,7 @@
 
 Each pool member is cached in its own folder ``<dir>/<slug>-<fingerprint>``
 (:meth:`PoolCacheSpec.member_dir`). The fingerprint covers the text source (records,
-truncation, seed), the folder's stored-value settings (:class:`FolderSettings`: ``k``,
+truncation, seed; a local data file's content, :meth:`PoolCacheSpec.text_content`), the folder's stored-value settings (:class:`FolderSettings`: ``k``,
 ``dtype``, ``full_logits``, ``source``, ``max_new_tokens``, ``shard_size``), the target spec,
 the member spec, the temperature, for kinds whose rows are computed differently since
 caches were first keyed, that revision (:data:`mdboost.models.pool.ROW_REVISIONS`), and the
@@ -166,15 +166,29 @@ class PoolCacheSpec:
             ids.append(["weights", weights_id(member, self.home)])
         return [pair for pair in ids if pair[1] is not None]
 
+    def text_content(self) -> list:
+        """The content id a local data file adds to every key built on its records
+        (``["text_file", "file:<sha256>"]``): editing the file moves the folders and the shared
+        continuations. The bundled HumanEval and hub datasets add nothing (their names fix
+        them), so those folders keep the names they always had."""
+        from mdboost.models.identity import file_sha256
+
+        source = self.text.source
+        path = Path(source).expanduser()
+        if source == "humaneval" or not path.is_file():
+            return []
+        return [["text_file", f"file:{file_sha256(path)}"]]
+
     def continuations_key(self, max_new_tokens: int) -> str:
         weights = self.weights(self.target)
-        return fingerprint(self.text, self.target, self.temperature, max_new_tokens, SAMPLER, *weights)
+        return fingerprint(self.text, self.target, self.temperature, max_new_tokens, SAMPLER, *weights,
+                           *self.text_content())
 
     def continuations_path(self, max_new_tokens: int) -> Path:
         """The token file of the target's sampled continuations shared by every member's folder.
 
-        Keyed by the text source (records, truncation, seed), the target, ``temperature``,
-        ``max_new_tokens`` and :data:`SAMPLER`.
+        Keyed by the text source (records, truncation, seed; a local data file's content),
+        the target, ``temperature``, ``max_new_tokens`` and :data:`SAMPLER`.
         """
         return Path(self.dir) / f"continuations-{self.continuations_key(max_new_tokens)}" / "tokens.safetensors"
 
@@ -194,6 +208,7 @@ class PoolCacheSpec:
         if row_revision(member) is not None:  # rows computed differently since first keyed
             parts += (row_revision(member),)
         parts += tuple(self.weights(member))  # the weights' content, where a name does not fix it
+        parts += tuple(self.text_content())  # a local data file's content
         slug = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in member)
         return Path(self.dir) / f"{slug}-{fingerprint(*parts)}"
 
