@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import tempfile
@@ -371,10 +372,23 @@ def export_plan(ranking: dict) -> dict:
             "vllm": {**vllm, "python": vllm_snippet(vllm)}}
 
 
+def _json_safe(value):
+    """``value`` with every non-finite float as None: JSON has no NaN or Infinity (a ranking
+    without intervals has NaN bounds), and strict parsers (JavaScript's ``JSON.parse``) refuse them."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
 def render(plan: dict, fmt: str = "json") -> str:
-    """``plan`` as JSON, or the Python of its ``mdboost``, ``hf`` or ``vllm`` section."""
+    """``plan`` as JSON (standard JSON: a missing figure, such as an interval bound of a ranking
+    without a bootstrap, is ``null``), or the Python of its ``mdboost``, ``hf`` or ``vllm`` section."""
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
     if fmt == "json":
-        return json.dumps(plan, indent=2, default=str)
+        return json.dumps(_json_safe(plan), indent=2, default=str, allow_nan=False)
     return plan[fmt]["python"]

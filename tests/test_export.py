@@ -246,3 +246,20 @@ def test_a_missing_sqlite_store_is_not_created(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         load_ranking("0" * 32, tracking_uri=f"sqlite:///{db}")
     assert not db.exists()
+
+
+def test_json_is_standard_json_without_intervals(tmp_path):
+    """A ranking without a bootstrap (ranking.resamples: 0) has NaN interval bounds: the JSON says null,
+    not NaN (which strict parsers such as JavaScript's JSON.parse refuse)."""
+    folder = ranking_dir(tmp_path, 1, beats=False)
+    summary = json.loads((folder / "summary.json").read_text())
+    summary["recommendation"].update(predicted_speedup_lo=float("nan"), predicted_speedup_hi=float("nan"))
+    (folder / "summary.json").write_text(json.dumps(summary))
+    text = render(export_plan(load_ranking(str(folder))), "json")
+
+    def refuse(constant):
+        raise ValueError(f"not standard JSON: {constant}")
+
+    plan = json.loads(text, parse_constant=refuse)
+    assert plan["recommendation"]["predicted_speedup_lo"] is None
+    assert plan["recommendation"]["predicted_speedup_hi"] is None
