@@ -152,3 +152,22 @@ def test_a_damaged_ranking_folder_names_the_file(validated, tmp_path, name, text
     with pytest.raises(ValueError, match=message):
         fetch_ranking(SourceConfig(ranking_dir=str(folder)), TrackingConfig(tracking_uri=val["tracking"]["tracking_uri"]),
                       tmp_path / "work")
+
+
+def test_a_ranking_run_id_names_a_missing_run_or_store_and_creates_none(tmp_path):
+    """ranking.ranking_run_id on a store that does not exist says so and leaves no store behind; a run
+    id the store does not hold is named as such (was: an empty store created, "holds no ranking.csv")."""
+    import mlflow
+
+    from pipelines.config import TrackingConfig
+    from pipelines.validate_config import SourceConfig
+    from pipelines.validate_pairs import fetch_ranking
+
+    db = tmp_path / "none.db"
+    with pytest.raises(ValueError, match=r"no MLflow run '0{32}' \(ranking.ranking_run_id\): the store .* does not exist"):
+        fetch_ranking(SourceConfig(ranking_run_id="0" * 32), TrackingConfig(tracking_uri=f"sqlite:///{db}"), tmp_path)
+    assert not db.exists()
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    mlflow.MlflowClient(store).create_experiment("e")
+    with pytest.raises(ValueError, match=r"no MLflow run '0{32}' \(ranking.ranking_run_id\) in"):
+        fetch_ranking(SourceConfig(ranking_run_id="0" * 32), TrackingConfig(tracking_uri=store), tmp_path)
