@@ -205,6 +205,14 @@ def _check_cluster(name: str, scheduler: str | None) -> None:
            f"{name} (a Dask cluster needs the 'distributed' package: pip install 'mdboost[dask]')", scheduler)
 
 
+def _check_output_dir(output_dir: str) -> None:
+    """``output_dir`` is a folder or can be made one (its nearest existing path is a folder):
+    checked when the config is loaded, not when the outputs are written at the end of the run."""
+    path = Path(output_dir).expanduser()
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    _check(existing is None or existing.is_dir(), f"output_dir (a folder; {str(existing)!r} is a file)", output_dir)
+
+
 def _cluster(scheduler: str | None, n_workers: int):
     """:func:`mdboost.cluster.dask_client` of ``scheduler``, or a context yielding None for None."""
     import contextlib
@@ -352,6 +360,7 @@ class RankConfig:
     progress: bool = True
 
     def __post_init__(self):
+        _check_output_dir(self.output_dir)
         _check(0 not in self.md.sampling_temperatures or self.cache.acceptance_source == "sampled",
                "md.temperatures (0, greedy decoding, needs cache.acceptance_source: sampled: its acceptance is "
                "the argmax match along greedy continuations)", self.md.sampling_temperatures)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from mdboost.md.verify import SOLVE
-from pipelines.config import TrackingConfig, _check_cluster, _cluster
+from pipelines.config import TrackingConfig, _check_cluster, _check_output_dir, _cluster
 from pipelines.loader import check as _check
 
 
@@ -116,5 +116,6 @@ class ValidateConfig:
     progress: bool = True
 
     def __post_init__(self):
+        _check_output_dir(self.output_dir)
         _check(math.isfinite(self.tolerance) and self.tolerance >= 0, "tolerance (>= 0, the plot's band)",
                self.tolerance)

@@ -176,3 +176,14 @@ def test_validate_values_are_checked_when_loaded(data, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         from_dict(ValidateConfig, data)
     assert from_dict(ValidateConfig, {"humaneval": {"tasks": 0}}).humaneval.tasks == 0  # 0 turns it off
+
+
+@pytest.mark.parametrize("schema", [RankConfig, ValidateConfig])
+def test_an_output_dir_that_is_a_file_is_a_config_error(tmp_path, schema):
+    """Found when the config loads, naming output_dir (was: [Errno 20] Not a directory, after the whole run)."""
+    afile = tmp_path / "ranking.txt"
+    afile.write_text("")
+    for out in (afile, afile / "sub"):
+        with pytest.raises(ValueError, match=r"invalid output_dir \(a folder; .*ranking.txt' is a file\)"):
+            from_dict(schema, {"output_dir": str(out)})
+    assert from_dict(schema, {"output_dir": str(tmp_path / "new" / "folder")}).output_dir.endswith("folder")
