@@ -133,3 +133,18 @@ def test_predictive_intervals_widen_each_side_about_the_point():
         cell_record(1, "sample", row, _realized(1.0, 0.5, 2.0), interval_scale=0.5)
     with pytest.raises(ValueError, match="new_prompts"):
         predictive_scale(16, 0)
+
+
+def test_widened_intervals_stay_within_what_the_figure_can_take():
+    """Widening about the point pushed a prompt-lookup acceptance of 0.019 [0.007, 0.047] x1.73 to
+    [-0.001, ...] and its mean accepted length below 1; the bounds now stop at 0 / 1 and 1 / gamma + 1."""
+    row = dict(next(r for r in ranking_rows() if r["target"] == "t"), gamma=3,
+               engine_acceptance=0.019, engine_acceptance_lo=0.007, engine_acceptance_hi=0.998,
+               engine_mean_accepted_length=1.02, engine_mean_accepted_length_lo=1.005,
+               engine_mean_accepted_length_hi=3.99, predicted_speedup=0.1, predicted_speedup_lo=0.02,
+               predicted_speedup_hi=0.2)
+    rec = cell_record(1, "sample", row, _realized(0.1, 0.0, 1.0), interval_scale=1.73)
+    assert rec["predicted_acceptance_lo"] == 0.0 and rec["predicted_acceptance_hi"] == 1.0
+    assert rec["predicted_mean_accepted_length_lo"] == 1.0 and rec["predicted_mean_accepted_length_hi"] == 4.0
+    assert rec["predicted_speedup_lo"] == 0.0 and rec["predicted_speedup_hi"] == pytest.approx(0.1 + 1.73 * 0.1)
+    assert rec["acceptance_inside"] is True and rec["mean_accepted_length_inside"] is True

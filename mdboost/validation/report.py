@@ -70,6 +70,17 @@ def _widen(point: float, lo: float, hi: float, scale: float) -> tuple[float, flo
     return point - scale * (point - lo), point + scale * (hi - point)
 
 
+def _figure_range(figure: str, gamma: int) -> tuple[float, float]:
+    """The values a figure can take: an acceptance is a probability, a mean accepted length lies
+    in ``[1, gamma + 1]``, a speedup is ``>= 0``."""
+    return {"acceptance": (0.0, 1.0), "mean_accepted_length": (1.0, gamma + 1.0)}.get(figure, (0.0, math.inf))
+
+
+def _clip(value: float, low: float, high: float) -> float:
+    """``value`` within ``[low, high]`` (NaN stays NaN)."""
+    return value if math.isnan(value) else min(max(value, low), high)
+
+
 def cell_record(index: int, role: str, row: dict, realized: dict, *, top_k=None, top_p=None,
                 interval_scale: float = 1.0) -> dict:
     """One validated cell: the ranking row's predictions next to the realized numbers.
@@ -89,7 +100,9 @@ def cell_record(index: int, role: str, row: dict, realized: dict, *, top_k=None,
     interval_scale : float, default=1.0
         Every predicted interval is widened by this factor on each side of its point (``>= 1``;
         :func:`~mdboost.validation.calibration.predictive_scale`: the ranking's interval for
-        the expected value becomes one for a run over the validation's prompts).
+        the expected value becomes one for a run over the validation's prompts), then kept
+        within the values the figure can take (acceptance in ``[0, 1]``, mean accepted length
+        in ``[1, gamma + 1]``, speedup ``>= 0``).
 
     Returns
     -------
@@ -122,8 +135,10 @@ def cell_record(index: int, role: str, row: dict, realized: dict, *, top_k=None,
                 "realized_divergence", "max_realized_divergence", "acceptance_rate_all_positions", "num_new_tokens",
                 "num_budget_accepted", "nll_target_outputs", "nll_target_ar_outputs"):
         rec[key] = float(realized[key])
-    for figure, (pred, real) in FIGURES.items():
-        rec[f"{pred}_lo"], rec[f"{pred}_hi"] = _widen(rec[pred], rec[f"{pred}_lo"], rec[f"{pred}_hi"], interval_scale)
+    for figure, (pred, real) in FIGURES.items():  # widened, then kept within the figure's range
+        lo, hi = _widen(rec[pred], rec[f"{pred}_lo"], rec[f"{pred}_hi"], interval_scale)
+        low, high = _figure_range(figure, rec["gamma"])
+        rec[f"{pred}_lo"], rec[f"{pred}_hi"] = _clip(lo, low, high), _clip(hi, low, high)
         rec[f"{figure}_inside"] = _inside(rec[real], rec[f"{pred}_lo"], rec[f"{pred}_hi"])
     return rec
 
