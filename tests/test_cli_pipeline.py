@@ -122,3 +122,36 @@ def test_progress_false_silences_weight_bars_and_store_creation(tmp_path, quiet)
     noise = ["Loading weights", "Creating initial MLflow database tables", "Updating database tables"]
     shown = [n for n in noise if n in done.stderr + done.stdout]
     assert shown == ([] if quiet else noise), done.stderr[-2000:]
+
+
+_READ_NOISE = """
+import json, sys
+folder, quiet = sys.argv[1], sys.argv[2] == "1"
+if quiet:
+    from pipelines.noise import quiet_libraries
+    quiet_libraries()
+import mlflow
+from mdboost.data import load_texts
+data = f"{folder}/prompts.jsonl"
+with open(data, "w") as fh:
+    fh.write(json.dumps({"id": "a", "prompt": "x", "reference": "y"}) + "\\n")
+load_texts(data, "all", 1)
+mlflow.set_tracking_uri(f"sqlite:///{folder}/store.db")
+with mlflow.start_run() as run:
+    mlflow.log_artifact(data)
+mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="prompts.jsonl", dst_path=f"{folder}/dl")
+"""
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_progress_false_silences_data_and_artifact_download_bars(tmp_path, quiet):
+    """What `mdboost validate` reads (a local data file, a ranking run's artifacts) drew datasets' and
+    MLflow's bars with progress: false."""
+    env = {k: v for k, v in os.environ.items() if k != "TQDM_DISABLE" and not k.startswith("MLFLOW_")}
+    env.update(PYTHONPATH=str(REPO), HF_DATASETS_CACHE=str(tmp_path / "datasets"))
+    done = subprocess.run([sys.executable, "-c", _READ_NOISE, str(tmp_path), "1" if quiet else "0"], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    noise = ["Generating train split", "Downloading artifacts"]
+    shown = [n for n in noise if n in done.stderr + done.stdout]
+    assert shown == ([] if quiet else noise), done.stderr[-2000:]
