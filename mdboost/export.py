@@ -198,7 +198,12 @@ def _vllm(rec: dict, rows: list[dict], sampling: dict) -> dict:
     out = {"model": model, "sampling_params": params, "lossless": float(rec["max_divergence"]) == 0,
            "speculative_config": None, "nearest_lossless": None, "notes": notes}
     if not rec["beats_plain_decoding"]:
-        notes.append("plain decoding is fastest here: serve the target without speculative_config")
+        lo = rec.get("predicted_speedup_lo")
+        if lo is not None and not math.isfinite(float(lo)):  # as Recommendation.verdict says it
+            notes.append("no interval, so no point is called faster than plain decoding (ranking.resamples: 0 "
+                         "computes none): serve the target without speculative_config")
+        else:
+            notes.append("plain decoding is fastest here: serve the target without speculative_config")
         return out
     config, why = speculative_config(rec["drafter"], rec["gamma"])
     if out["lossless"] and config is not None:

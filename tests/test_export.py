@@ -263,3 +263,16 @@ def test_json_is_standard_json_without_intervals(tmp_path):
     plan = json.loads(text, parse_constant=refuse)
     assert plan["recommendation"]["predicted_speedup_lo"] is None
     assert plan["recommendation"]["predicted_speedup_hi"] is None
+
+
+def test_without_intervals_the_vllm_notes_do_not_claim_plain_decoding_is_fastest(tmp_path):
+    """ranking.resamples: 0 leaves no interval, so nothing is called faster; the verdict says so, and
+    the vLLM notes said "plain decoding is fastest here" (not known) instead."""
+    folder = ranking_dir(tmp_path, 1, beats=False)
+    summary = json.loads((folder / "summary.json").read_text())
+    summary["recommendation"].update(predicted_speedup_lo=float("nan"), predicted_speedup_hi=float("nan"))
+    (folder / "summary.json").write_text(json.dumps(summary))
+    notes = export_plan(load_ranking(str(folder)))["vllm"]["notes"]
+    assert not any("plain decoding is fastest" in note for note in notes)
+    assert any(note.startswith("no interval, so no point is called faster than plain decoding") for note in notes)
+    assert any("plain decoding is fastest" in note for note in plan_for(tmp_path, 5, beats=False)["vllm"]["notes"])
