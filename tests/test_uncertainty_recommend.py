@@ -2,6 +2,7 @@
 each against a direct computation."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -66,6 +67,18 @@ def test_recommendation_reads_csv_strings():
     rows = [{k: str(v) for k, v in _row("a", 1.3, 1.1, 1.5).items()}, {k: str(v) for k, v in _row("b", 1.2, 1.1, 1.4).items()}]
     rec = recommend(rows)
     assert rec.drafter == "a" and rec.gamma == 4 and rec.beats_plain_decoding
+
+
+def test_recommend_takes_any_iterable_of_rows_and_names_what_is_not_one():
+    rows = [_row("a", 1.30, 0.95, 1.6), _row("b", 1.20, 1.05, 1.3)]
+    assert recommend(iter(rows)) == recommend(rows)  # a generator is read once
+    for bad, shown in (("outputs/rank-tiny", "str 'outputs/rank-tiny'"), (rows[0], "dict"), (3, "int 3"),
+                       ([rows[0], "b"], "str 'b'")):  # were AttributeError / TypeError from deep inside
+        with pytest.raises(TypeError, match=r"^rows must be a list of ranking rows \(dicts, e.g. "
+                                            rf"load_ranking\(folder\)\['rows'\]\), got {re.escape(shown)}"):
+            recommend(bad)
+    with pytest.raises(ValueError, match="^rows must hold at least one ranking row, got none$"):
+        recommend(iter([]))
 
 
 def test_calibration_metrics_equal_a_direct_computation():

@@ -19,6 +19,8 @@ Rows are plain dicts (CSV rows may hold strings): this module reads them, nothin
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 
 from mdboost.ranking.report import csv_bool, csv_float
@@ -96,6 +98,11 @@ def _order(row: dict):
     return neg("predicted_speedup"), neg("predicted_speedup_lo"), int(float(row["gamma"])), csv_float(row.get("max_divergence"))
 
 
+def _not_rows(value):
+    raise TypeError(f"rows must be a list of ranking rows (dicts, e.g. load_ranking(folder)['rows']), got "
+                    f"{type(value).__name__} {value!r}")
+
+
 def recommend(rows: list[dict]) -> Recommendation:
     """Apply the module's rule to ranking rows (with ``quality_ok`` set, e.g. by ``rank_rows``).
 
@@ -109,6 +116,12 @@ def recommend(rows: list[dict]) -> Recommendation:
     -------
     Recommendation
     """
+    if isinstance(rows, (str, bytes, os.PathLike, Mapping)) or not isinstance(rows, Iterable):
+        _not_rows(rows)
+    rows = list(rows)  # any iterable of rows, read once
+    for row in rows:
+        if not isinstance(row, Mapping):
+            _not_rows(row)
     if not rows:
         raise ValueError("rows must hold at least one ranking row, got none")
     eligible = [r for r in rows if csv_bool(r.get("quality_ok"))]
