@@ -9,11 +9,14 @@ edited or damaged by hand reads as a ``ValueError`` naming the file (:func:`read
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
+
+import numpy as np
 
 
 def _default_mode() -> int:
@@ -85,3 +88,19 @@ def read_yaml_mapping(path: str | os.PathLike) -> dict:
     if not isinstance(out, dict):
         raise ValueError(f"{path} must hold a YAML mapping, got {type(out).__name__}")
     return out
+
+
+def json_ready(value):
+    """``value`` with NaN / inf floats as None, tuples as lists and numpy scalars as Python ones: strict
+    JSON (which has no NaN or Infinity, and which strict parsers such as ``JSON.parse`` hold to)."""
+    if isinstance(value, dict):
+        return {str(k): json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.bool_):
+        return bool(value)
+    return value

@@ -26,7 +26,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from mdboost._io import read_json_object, read_yaml_mapping
+from mdboost._io import json_ready, read_json_object, read_yaml_mapping
 from mdboost.ranking.report import check_csv_digest, read_csv
 
 FORMATS = ("json", "mdboost", "hf", "vllm")
@@ -377,23 +377,11 @@ def export_plan(ranking: dict) -> dict:
             "vllm": {**vllm, "python": vllm_snippet(vllm)}}
 
 
-def _json_safe(value):
-    """``value`` with every non-finite float as None: JSON has no NaN or Infinity (a ranking
-    without intervals has NaN bounds), and strict parsers (JavaScript's ``JSON.parse``) refuse them."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
-
-
 def render(plan: dict, fmt: str = "json") -> str:
     """``plan`` as JSON (standard JSON: a missing figure, such as an interval bound of a ranking
     without a bootstrap, is ``null``), or the Python of its ``mdboost``, ``hf`` or ``vllm`` section."""
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
     if fmt == "json":
-        return json.dumps(_json_safe(plan), indent=2, default=str, allow_nan=False)
+        return json.dumps(json_ready(plan), indent=2, default=str, allow_nan=False)
     return plan[fmt]["python"]

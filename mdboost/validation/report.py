@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mdboost._io import atomic_write_text
+from mdboost._io import atomic_write_text, json_ready
 from mdboost.ranking.report import csv_bool, csv_float
 from mdboost.validation.calibration import calibration, coverage
 from mdboost.validation.prediction import predicted_acceptance
@@ -236,21 +236,6 @@ def write_validation_csv(records: list[dict], path: str | os.PathLike) -> Path:
     writer.writeheader()
     writer.writerows({k: _csv_value(v) for k, v in r.items()} for r in records)
     return atomic_write_text(path, buf.getvalue())
-
-
-def json_ready(value):
-    """``value`` with NaN / inf floats as None and tuples as lists (strict JSON)."""
-    if isinstance(value, dict):
-        return {str(k): json_ready(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_ready(v) for v in value]
-    if isinstance(value, (float, np.floating)):
-        return float(value) if math.isfinite(value) else None
-    if isinstance(value, np.integer):
-        return int(value)
-    if isinstance(value, np.bool_):
-        return bool(value)
-    return value
 
 
 def write_summary_json(summary: dict, path: str | os.PathLike) -> Path:
