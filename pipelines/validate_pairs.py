@@ -184,6 +184,9 @@ def run(cfg: ValidateConfig, the_plan: Plan | None = None) -> dict:
 
     p = the_plan or plan(cfg)
     rank_cfg, g, sampling = p.ranking.config, cfg.generation, p.sampling
+    # summary.json is written last and marks a complete validation (as rank's): a rerun that fails
+    # or is interrupted leaves no summary next to its new plot and the old validation.csv
+    (Path(cfg.output_dir) / "summary.json").unlink(missing_ok=True)
     pc, text = rank_cfg.pool, rank_cfg.data.text_source()
     names = sorted({n for r in p.cells for n in (r["drafter"], r["target"])} - {pc.target})
     pool = build_pool(pc.target, names, device=pc.device, home=pc.home)
@@ -224,10 +227,14 @@ def run(cfg: ValidateConfig, the_plan: Plan | None = None) -> dict:
                                                    top_p=sampling["top_p"])
     summary["files"] = {"validation_csv": str(write_validation_csv(records, out / "validation.csv")),
                         "plot": str(scatter), "summary_json": str(out / "summary.json")}
-    write_summary_json(summary, out / "summary.json")
     if cfg.tracking.enabled:
         summary["run_id"] = log_mlflow(cfg, summary, ranking_children(p.ranking.run_id, cfg.tracking),
                                        records=heldout, text=text)
+    write_summary_json(summary, out / "summary.json")  # last, with the run id
+    if "run_id" in summary:
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(cfg.tracking.tracking_uri).log_artifact(summary["run_id"], summary["files"]["summary_json"])
     return summary
 
 
@@ -327,8 +334,9 @@ def log_mlflow(cfg: ValidateConfig, summary: dict, children: dict[tuple, str], *
             mlflow.log_metrics({k: float(v) for k, v in summary["humaneval"].items()})
         if records and text is not None:
             log_records(records, text, "heldout", context="validation")
-        for path in summary["files"].values():
-            mlflow.log_artifact(path)
+        for key, path in summary["files"].items():
+            if key != "summary_json":  # written after this run, with its id (run)
+                mlflow.log_artifact(path)
         mlflow.log_dict(to_dict(cfg), "config.resolved.json")
         cells = summary["cells"]
         mlflow.log_table({k: [r.get(k) for r in cells] for k in VALIDATION_COLUMNS}, "validation_table.json")

@@ -96,6 +96,34 @@ def test_mlflow_runs_link_to_the_ranking(ran):
         assert math.isfinite(child.data.metrics["realized_speedup"])
     artifacts = {f.path for f in client.list_artifacts(parent.info.run_id)}
     assert {"predicted_vs_realized.png", "validation.csv", "summary.json"} <= artifacts
+    assert summary["run_id"] == parent.info.run_id  # as rank's summary.json names its run
+    (tmp / "logged").mkdir(exist_ok=True)
+    with open(client.download_artifacts(parent.info.run_id, "summary.json", str(tmp / "logged"))) as fh:
+        logged = json.load(fh)
+    assert logged["run_id"] == parent.info.run_id and logged["verdict"] == summary["verdict"]
+
+
+def test_a_failed_rerun_leaves_no_summary_of_the_run_before(validated, monkeypatch):
+    """summary.json is written last (it marks a complete validation): a rerun that fails after the
+    plan removes the old one, so the folder is never an old summary next to new files."""
+    from pipelines import validate_pairs
+    from pipelines.loader import load_yaml
+    from pipelines.validate_config import ValidateConfig
+
+    _, _, tmp, val = validated
+    cfg = {**val, "output_dir": str(tmp / "val3"), "humaneval": {"tasks": 0}, "tracking": {"enabled": False},
+           "ranking": {"ranking_dir": str(tmp / "rank"), "cells": 1}}
+    (tmp / "val3.yaml").write_text(yaml.safe_dump(cfg))
+    assert validate_pairs.main(str(tmp / "val3.yaml")) == 0
+    assert "run_id" not in json.loads((tmp / "val3" / "summary.json").read_text())  # tracking off: no run
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(validate_pairs, "realize_cells", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        validate_pairs.run(load_yaml(str(tmp / "val3.yaml"), ValidateConfig))
+    assert not (tmp / "val3" / "summary.json").exists() and (tmp / "val3" / "validation.csv").exists()
 
 
 def test_terminal_shows_a_table_and_the_verdict(validated, capsys):
