@@ -71,7 +71,7 @@ def load_ranking(source: str | os.PathLike, *, tracking_uri: str | None = None) 
             raise ValueError(f"ranking folder {source!r} has no summary.json with a recommendation: "
                              f"run `mdboost rank --config ...` first")
         return _ranking(summary["recommendation"], summary.get("sampling") or {}, folder, source,
-                        summary.get("ranking_csv_sha256"))
+                        summary.get("ranking_csv_sha256"), summary.get("device"))
     if _RUN_ID.fullmatch(source):
         return _from_run(source, tracking_uri)
     raise ValueError(f"ranking must be a ranking folder or an MLflow run id (32 hex digits), got {source!r}: "
@@ -95,22 +95,26 @@ def _checked(rec, rows: list[dict], source: str) -> None:
         raise ValueError(f"ranking {source!r}: ranking.csv lacks the columns {', '.join(absent)}")
 
 
-def _ranking(rec: dict, sampling: dict, folder: Path, source: str, csv_sha256: str | None = None) -> dict:
+def _ranking(rec: dict, sampling: dict, folder: Path, source: str, csv_sha256: str | None = None,
+             device: str | None = None) -> dict:
     """The ranking of ``folder``; ``csv_sha256``: the digest of ``ranking.csv`` its summary
-    records (rankings from before it recorded one: None, not checked)."""
+    records (rankings from before it recorded one: None, not checked); ``device``: the one the
+    ranking ran on, as its summary records it (older rankings: the config's ``pool.device``, else CPU)."""
     csv = folder / "ranking.csv"
     if not csv.is_file():
         raise ValueError(f"ranking {source!r} has no ranking.csv")
     check_csv_digest(csv, csv_sha256, f"ranking {source!r}")
     rows = read_csv(csv)
     _checked(rec, rows, source)
-    device = "cpu"
+    device_run, device = device, "cpu"
     config = folder / "config.resolved.yaml"
     if config.is_file():
         pool = read_yaml_mapping(config).get("pool")
         if pool is not None and not isinstance(pool, dict):
             raise ValueError(f"{config}: pool must be a mapping, got {pool!r}")
         device = (pool or {}).get("device") or "cpu"
+    if device_run is not None:
+        device = str(device_run)
     if not isinstance(sampling, dict):
         raise ValueError(f"ranking {source!r}: sampling must be a mapping, got {sampling!r}")
     return {"recommendation": dict(rec), "sampling": {"top_k": sampling.get("top_k"), "top_p": sampling.get("top_p")},
@@ -141,7 +145,7 @@ def _from_run(run_id: str, tracking_uri: str | None) -> dict:
         summary = read_json_object(Path(tmp) / "summary.json")
         if summary is not None and "recommendation" in summary:
             return _ranking(summary["recommendation"], summary.get("sampling") or {}, Path(tmp), run_id,
-                            summary.get("ranking_csv_sha256"))
+                            summary.get("ranking_csv_sha256"), summary.get("device"))
         params = run.data.params
         rec = {k[len("recommendation."):]: v for k, v in params.items() if k.startswith("recommendation.")}
         if "drafter" not in rec:

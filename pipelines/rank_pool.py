@@ -129,9 +129,17 @@ def write_outputs(cfg: RankConfig, rows: list[dict], details: dict, out: Path) -
     return paths
 
 
+def ranked_device(cfg: RankConfig) -> str:
+    """The device the ranking runs on (``pool.device``, or the one the pool resolves it to: CUDA when
+    present): its snippets run there, since its speeds were measured there."""
+    from mdboost.models.loading import resolve_device
+
+    return str(resolve_device(cfg.pool.device))
+
+
 def engine_snippet(rec: Recommendation, cfg: RankConfig) -> str:
     """Python that runs the recommended point with mdboost's engine (plain decoding if none wins)."""
-    pool = f"build_pool({rec.target!r}, [{rec.drafter!r}], device={cfg.pool.device!r})"
+    pool = f"build_pool({rec.target!r}, [{rec.drafter!r}], device={ranked_device(cfg)!r})"
     budget = "" if rec.max_divergence == 0 else f", max_divergence={rec.max_divergence:g}, divergence={rec.divergence!r}"
     lines = [
         "from mdboost.engine import GenerationSettings, as_drafter, generate",
@@ -290,7 +298,7 @@ def _run(cfg: RankConfig) -> dict:
                "sampled_continuations": sum(o.info.sampled_continuations for o in opened),
                "measured_speed_profile": any(o.info.measured_speed_profile for o in opened),
                "sampling": {"temperatures": cfg.md.sampling_temperatures, "top_k": None, "top_p": None},
-               "md_solve": cfg.speed.md_solve, "bootstrap": bootstrap,
+               "md_solve": cfg.speed.md_solve, "bootstrap": bootstrap, "device": ranked_device(cfg),
                "recommendation": rec.to_dict(), "verdict": rec.verdict(), "engine_snippet": snippet,
                "ranking_csv_sha256": report.csv_sha256(paths["csv"])}
     summary["recommendation_markdown"] = ranking_note(

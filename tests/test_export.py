@@ -276,3 +276,30 @@ def test_without_intervals_the_vllm_notes_do_not_claim_plain_decoding_is_fastest
     assert not any("plain decoding is fastest" in note for note in notes)
     assert any(note.startswith("no interval, so no point is called faster than plain decoding") for note in notes)
     assert any("plain decoding is fastest" in note for note in plan_for(tmp_path, 5, beats=False)["vllm"]["notes"])
+
+
+def test_the_snippets_load_the_models_on_the_device_the_ranking_ran_on(tmp_path):
+    """summary.json's ``device`` (the device the ranking resolved and measured on) wins; a ranking
+    without it takes config.resolved.yaml's ``pool.device``, else CPU."""
+    folder = ranking_dir(tmp_path, 1)
+    assert load_ranking(folder)["device"] == "cpu"
+    (folder / "config.resolved.yaml").write_text("pool:\n  device: cuda:1\n")
+    assert load_ranking(folder)["device"] == "cuda:1"
+    summary = json.loads((folder / "summary.json").read_text())
+    (folder / "summary.json").write_text(json.dumps({**summary, "device": "cuda:0"}))
+    plan = export_plan(load_ranking(folder))
+    assert load_ranking(folder)["device"] == "cuda:0"
+    assert "load_model('tiny', device='cuda:0')" in plan["mdboost"]["python"]
+    assert "load_model('tiny', device='cuda:0')" in plan["hf"]["python"]
+
+
+def test_rank_records_the_device_it_resolved(monkeypatch):
+    from pipelines import rank_pool
+    from pipelines.config import RankConfig
+    from pipelines.loader import load_yaml
+
+    cfg = load_yaml("configs/tiny.yaml", RankConfig)
+    assert rank_pool.ranked_device(cfg) == "cpu"
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    auto = load_yaml("configs/tiny.yaml", RankConfig, ["pool.device=null"])
+    assert rank_pool.ranked_device(auto) == "cuda"  # what build_pool resolves None to, not None or 'cpu'
