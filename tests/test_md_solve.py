@@ -209,6 +209,38 @@ def test_bound_mode_never_exceeds_budget_and_is_below_exact(name, small_vocab, m
     assert torch.all(bound.acceptance >= bound.sd_acceptance - 1e-12)
 
 
+@pytest.mark.parametrize("name", ["kl", "rkl", "hellinger", "neyman"])
+@pytest.mark.parametrize("small_vocab", [0, 10**9])
+def test_bound_mode_with_the_budget_inside_a_jump_of_the_theorem_312_bound(name, small_vocab, monkeypatch):
+    """The Thm 3.12 bound jumps up at a breakpoint (a token leaves ``A`` for ``M``): a budget inside
+    the jump is met at the breakpoint itself, the largest point whose bound fits. It fell back to
+    ``pi = q`` (acceptance 0.6 instead of 0.9)."""
+    monkeypatch.setattr(_search, "SMALL_VOCAB", small_vocab)
+    p, q = np.array([0.5, 0.4, 0.1]), np.array([0.25, 0.25, 0.5])  # ratios 2, 1.6, 0.2
+    a, b = 0.6, 0.6  # the A-breakpoint of the ratio 1.6: E(a) = F(b) = 0.1, acceptance 0.9
+    assert clamp(p, q, a, b).sum() == pytest.approx(1.0, abs=1e-15)
+    fp1 = resolve(name).fprime_one
+
+    def g(z):
+        return float(REF[name][0](np.asarray(z, float)) - fp1 * (z - 1))
+
+    ga, gb = g(1 + a), g(1 - b)
+    tight = 0.5 * ga + 0.5 * gb  # the token of ratio 1 + a counted in A (its D_f term is q g(1 + a))
+    loose = 0.25 * ga + 0.5 * gb + 0.25 * max(ga, gb)  # A = {r > 1 + a}: the limit from beyond
+    assert tight < loose
+    budget = (tight + loose) / 2
+    sol = solve(_t(p), _t(q), max_divergence=budget, divergence=name, mode="bound")
+    assert float(sol.acceptance) == pytest.approx(0.9, abs=1e-9)
+    assert float(sol.achieved_divergence) <= budget
+    point = Breakpoints.build(_t(p), _t(q)).for_divergence_bound(budget, name)
+    assert float(point.acceptance) == pytest.approx(0.9, abs=1e-9)
+    assert (float(point.a), float(point.b)) == pytest.approx((a, b), abs=1e-9)
+    # the bound never decreases along the curve: a larger budget never gives a smaller acceptance
+    sols = solve(_t(p)[None].expand(3, 3), _t(q)[None].expand(3, 3), max_divergence=_t([tight, budget, loose]),
+                 divergence=name, mode="bound")
+    assert torch.all(sols.acceptance.diff() >= -1e-12)
+
+
 def test_float32_within_1e_4_on_large_peaked_rows():
     rng = np.random.default_rng(3)
     pairs = [random_pair(rng, 5000, concentration=0.1, peaked=True), random_pair(rng, 5000)]

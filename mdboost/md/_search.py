@@ -425,4 +425,29 @@ def _primal(xp, bp, budget, div, bound):
     j, k = xp.where(at_end, sums.j_max, j), xp.where(at_end, k_end, k)
     seg = make_segment(xp, sums, j, k, mid, bound)
     m = refine(xp, seg, m_lo, m_hi, xp.where(at_end, budget, inner), div, bound)
-    return xp.where(budget <= 0, sums.tv, xp.where(at_end, sums.m_end, m)), seg
+    m = xp.where(budget <= 0, sums.tv, xp.where(at_end, sums.m_end, m))
+    if bound:
+        seg = _tight_bound_segment(xp, sums, kb, m, seg, budget, div, mid)
+    return m, seg
+
+
+def _tight_bound_segment(xp, sums, kb, m, seg, budget, div, mid):
+    """The bound's segment at a breakpoint where the Theorem 3.12 bound jumps (bound mode only).
+
+    Along the curve the bound jumps up at every breakpoint (a token leaving ``A`` or ``B`` for
+    ``M`` trades ``g(1 + a)`` or ``g(1 - b)`` for their maximum), so where the budget lies inside
+    a jump the crossing is the breakpoint itself, evaluated with the token still in its ``A``
+    (``B``) set: the segment on the start's side. The refinement's segment is the one beyond,
+    where the same point's bound exceeds the budget (the primal then fell back to ``pi = q``).
+    Rows where the bound at ``m`` on ``seg`` exceeds ``budget`` take that segment (``A`` = the
+    sorted positions with ``knot_a <= m``, ``B`` those with ``knot_b <= m``) where it fits.
+    """
+    over = divergence_on(xp, m, seg, div, True) > budget
+    if not bool(xp.any(over)):
+        return seg
+    j = xp.minimum(xp.maximum(xp.searchsorted(_a_knots(xp, sums), -m), sums.n_le), sums.j_max)
+    k = xp.searchsorted(kb, xp.nextafter(m, xp.zeros_like(m) + math.inf))  # knot_b <= m
+    k = xp.minimum(xp.maximum(k, xp.clip(sums.n_lt, None, 1)), sums.n_lt)
+    tight = make_segment(xp, sums, j, k, mid, True)
+    use = over & (divergence_on(xp, m, tight, div, True) <= budget)
+    return Segment(*(None if x is None else xp.where(use, x, y) for x, y in zip(tight, seg)))
