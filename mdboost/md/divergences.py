@@ -165,7 +165,10 @@ def from_callable(f: Callable, name: str | None = None, inf_slope: float | None 
     """Wrap a user convex generator ``f`` (torch tensor in, tensor out; ``f(1) = 0``).
 
     ``f'(1)`` is taken by autograd in float64 (central finite difference if autograd fails);
-    ``lim f(z)/z`` is estimated as ``f(z)/z`` at ``z = 1e12`` unless ``inf_slope`` is given.
+    ``lim f(z)/z`` is estimated as ``f(z)/z`` at ``z = 1e12`` (``inf`` above ``1e3``, 0 below
+    ``1e-6`` in magnitude) unless ``inf_slope`` is given. Give it where ``pi`` may put mass on
+    ``q = 0`` (``support="any"``, ``f_divergence`` of such a ``pi``): the estimate misreads slowly
+    growing slopes (``z log z``: 27.6 at ``1e12``, truly ``inf``; docs/theory.md, section 1).
     """
     if not callable(f):
         raise ValueError(f"divergence must be a name or a callable, got {f!r}")
