@@ -172,6 +172,19 @@ def generation_length_note(ranking: Ranking, max_new_tokens: int) -> str | None:
             f"(generation.max_new_tokens): realized speedups differ by the prompt's share of the time")
 
 
+def prompt_count_note(ranking: Ranking, generation) -> str | None:
+    """A warning when the held-out split has fewer prompts from ``generation.first_prompt`` on than
+    ``generation.prompts`` asks for: the cells then run on those it has (``summary.json``
+    ``generation.prompts`` says how many)."""
+    text = ranking.config.data.text_source()
+    have = len(text.load("heldout", generation.first_prompt + generation.prompts)[generation.first_prompt:])
+    if have >= generation.prompts:
+        return None
+    return (f"warning: generation.prompts is {generation.prompts} but the held-out split has {have} prompts from "
+            f"the {generation.first_prompt}-th on (data.heldout_fraction={text.heldout_fraction} of the ranking's "
+            f"data): every cell runs on those {have}")
+
+
 def _label(rec: dict) -> str:
     point = "SD" if rec["max_divergence"] == 0 else f"{rec['divergence']}@{rec['max_divergence']:g}"
     return f"{rec['cell']}:{rec['drafter']} T{rec['temperature']:g} g{rec['gamma']} {point}"
@@ -360,9 +373,10 @@ def main(config: str, overrides=()) -> int:
         quiet_libraries()
     the_plan = plan(cfg)
     torch.manual_seed(cfg.generation.seed)
-    note = generation_length_note(the_plan.ranking, cfg.generation.max_new_tokens)
-    if note:
-        print(note, file=sys.stderr)
+    for note in (generation_length_note(the_plan.ranking, cfg.generation.max_new_tokens),
+                 prompt_count_note(the_plan.ranking, cfg.generation)):
+        if note:
+            print(note, file=sys.stderr)
     summary = run(cfg, the_plan)
     print(format_table(summary["cells"]))
     if "humaneval" in summary:

@@ -142,6 +142,21 @@ def test_terminal_shows_a_table_and_the_verdict(validated, capsys):
         validate_pairs.main(str(tmp / "bad.yaml"))
 
 
+def test_fewer_held_out_prompts_than_asked_are_named(validated, tmp_path):
+    """The tiny ranking's held-out split of HumanEval has 36 prompts: asking for 5 from the 34th on
+    runs on the 2 there are, and says so before generating (it was silent)."""
+    from pipelines.config import TrackingConfig
+    from pipelines.validate_config import GenerationConfig, SourceConfig
+    from pipelines.validate_pairs import fetch_ranking, prompt_count_note
+
+    _, _, tmp, _ = validated
+    ranking = fetch_ranking(SourceConfig(ranking_dir=str(tmp / "rank")), TrackingConfig(enabled=False), tmp_path)
+    assert prompt_count_note(ranking, GenerationConfig(prompts=36)) is None
+    assert prompt_count_note(ranking, GenerationConfig(prompts=5, first_prompt=34)) == (
+        "warning: generation.prompts is 5 but the held-out split has 2 prompts from the 34-th on "
+        "(data.heldout_fraction=0.25 of the ranking's data): every cell runs on those 2")
+
+
 def test_a_ranking_folder_links_to_its_mlflow_run(validated, tmp_path):
     """From a folder, the ranking run is the one its summary.json names (in the same store), so
     the cells link to the nested ranking runs as from a run id."""
