@@ -2,9 +2,9 @@
 
 Each pool member is cached in its own folder ``<dir>/<slug>-<fingerprint>``
 (:meth:`PoolCacheSpec.member_dir`). The fingerprint covers the text source (records,
-truncation, seed; a local data file's content, :meth:`PoolCacheSpec.text_content`), the folder's stored-value settings (:class:`FolderSettings`: ``k``,
-``dtype``, ``full_logits``, ``source``, ``max_new_tokens``, ``shard_size``), the target spec,
-the member spec, the temperature, for kinds whose rows are computed differently since
+truncation, seed; a local data file's content, :meth:`PoolCacheSpec.text_content`), the
+folder's stored-value settings (:class:`FolderSettings`: ``k``, ``dtype``, ``full_logits``,
+``source``, ``max_new_tokens``, ``shard_size``), the target spec, the member spec, the temperature, for kinds whose rows are computed differently since
 caches were first keyed, that revision (:data:`mdboost.models.pool.ROW_REVISIONS`), and the
 content of the weights where their name does not fix it (:meth:`PoolCacheSpec.weights`: a
 local folder or file, a hub commit, a changed ``smollm2-135m`` source; the target's for every

@@ -92,8 +92,9 @@ class StoreSettings:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         object.__setattr__(self, "keep_full", _flag("keep_full", self.keep_full))
         if isinstance(self.temperatures, (str, bytes)) or not isinstance(self.temperatures, Iterable):
+            one = isinstance(self.temperatures, numbers.Real)
             raise ValueError(f"temperatures must be a sequence of numbers > 0, got {self.temperatures!r}"
-                             + (f" (for one temperature: ({self.temperatures!r},))" if isinstance(self.temperatures, numbers.Real) else ""))
+                             + (f" (for one temperature: ({self.temperatures!r},))" if one else ""))
         for t in self.temperatures:
             if isinstance(t, bool) or not isinstance(t, numbers.Real) or not 0 < t < math.inf:
                 raise ValueError(f"temperatures must be finite and > 0 (logits are cached at temperature 1), got {t!r}")
