@@ -77,6 +77,43 @@ def _close_quietly(cluster) -> None:
         nanny.removeFilter(quiet)
 
 
+def _handshake(address: str, timeout: float) -> None:
+    """Open a comm to ``address`` and read its handshake within ``timeout`` s, or raise ``OSError``.
+
+    ``distributed.Client(address, timeout=...)`` bounds only the TCP connect: its handshake read
+    has no deadline, so a service that is not a Dask scheduler (an HTTP server, the dashboard's
+    port, a proxy) either hangs it for ever (it never answers the binary frames) or answers bytes
+    read as a frame length (``HTTP/1.1`` is 3.5e18 bytes: a ``MemoryError``). This runs
+    distributed's own ``connect`` in a thread of its own, under one overall deadline."""
+    import asyncio
+    import threading
+
+    from distributed.comm import connect
+
+    async def shake() -> None:
+        comm = await asyncio.wait_for(connect(address, timeout=timeout), timeout)
+        await comm.close()
+
+    failure: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            asyncio.run(shake())
+        except BaseException as err:  # reported in the caller's thread
+            failure.append(err)
+
+    thread = threading.Thread(target=target, name="mdboost-scheduler-handshake", daemon=True)
+    thread.start()
+    thread.join(timeout + 5.0)  # wait_for has cancelled the read by then
+    if thread.is_alive():
+        raise OSError("no handshake")
+    if failure:
+        err = failure[0]
+        if isinstance(err, (OSError, TimeoutError)):
+            raise OSError(str(err) or "timed out") from None
+        raise OSError(f"what answered is not a Dask scheduler: {type(err).__name__}: {err}") from None
+
+
 @contextmanager
 def dask_client(scheduler: str = LOCAL, n_workers: int = 1, *, timeout: float = CONNECT_TIMEOUT) -> Iterator:
     """The run's :class:`distributed.Client`, the default client while the block runs (module docstring).
@@ -112,6 +149,7 @@ def dask_client(scheduler: str = LOCAL, n_workers: int = 1, *, timeout: float = 
             _close_quietly(cluster)
         return
     try:
+        _handshake(scheduler, timeout)
         client = distributed.Client(scheduler, timeout=timeout)
     except (OSError, TimeoutError) as err:
         raise OSError(f"scheduler {scheduler!r}: no Dask scheduler answered within {timeout:g} s ({err})") from None

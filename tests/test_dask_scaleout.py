@@ -132,6 +132,58 @@ def test_an_address_without_a_scheduler_is_an_oserror_naming_it():
             pass
 
 
+@pytest.fixture
+def not_a_scheduler():
+    """A TCP server that is not a Dask scheduler: ``reply`` bytes (None: nothing) to each connection, held open."""
+    import threading
+
+    servers, held = [], []
+
+    def start(reply: bytes | None) -> str:
+        server = socket.socket()
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        servers.append(server)
+
+        def serve():
+            while True:
+                try:
+                    conn, _ = server.accept()
+                except OSError:  # closed at teardown
+                    return
+                held.append(conn)
+                if reply is not None:
+                    conn.sendall(reply)
+
+        threading.Thread(target=serve, daemon=True).start()
+        return f"tcp://127.0.0.1:{server.getsockname()[1]}"
+
+    yield start
+    for sock in servers + held:
+        sock.close()
+
+
+@pytest.mark.parametrize("reply", [None, b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n"],
+                         ids=["silent", "http"])
+def test_an_address_where_something_else_answers_is_an_oserror_within_the_timeout(not_a_scheduler, reply):
+    # distributed's handshake read has no deadline: a silent service hung the Client for ever,
+    # an HTTP one's "HTTP/1.1" was read as a 3.5e18-byte frame (MemoryError, a traceback).
+    import time
+
+    address = not_a_scheduler(reply)
+    start = time.monotonic()
+    with pytest.raises(OSError, match=f"scheduler '{address}': no Dask scheduler answered within 1 s"):
+        with dask_client(address, timeout=1):
+            pass
+    assert time.monotonic() - start < 10
+
+
+def test_an_address_of_a_running_scheduler_connects():
+    with distributed.LocalCluster(n_workers=0, processes=False, protocol="tcp://", dashboard_address=None) as cluster:
+        with dask_client(cluster.scheduler_address, timeout=5) as client:
+            assert distributed.get_client() is client and client.status == "running"
+
+
 def test_a_local_cluster_is_the_default_client_and_closes_on_error():
     with pytest.raises(RuntimeError, match="boom"):
         with dask_client("local", 1) as client:
