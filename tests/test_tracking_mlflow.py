@@ -85,6 +85,31 @@ def test_ranking_table_and_summary_are_artifacts(store, tmp_path):
     assert logged["run_id"] == ranked["run_id"] and logged["recommendation"] == ranked["recommendation"]
 
 
+def test_ranking_table_reads_back_with_load_table_as_documented(store):
+    # docs/ranking.md said mlflow.load_table("ranking_table.json", run_ids=[...]) reads the table
+    # back; it searches the active experiment only (Default: "No runs found"): the doc now says so.
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    client, tmp, cfg, ranked, _ = store
+    doc = " ".join((Path(__file__).resolve().parents[1] / "docs" / "ranking.md").read_text().split())
+    assert re.search(r"`MlflowClient\(uri\)\.load_table\(experiment_id, \"ranking_table\.json\", run_ids=\[run_id\]\)`", doc)
+    assert "searches the active experiment only: after `mlflow.set_experiment(<tracking.experiment>)`" in doc
+    uri, run_id = cfg.tracking.tracking_uri, ranked["run_id"]
+    experiment_id = client.get_run(run_id).info.experiment_id
+    n_rows = len(read_csv(tmp / "rank" / "ranking.csv"))
+    script = (f"import mlflow\nfrom mlflow import MlflowClient\n"  # a fresh process: MLflow's active experiment is global
+              f"t = MlflowClient({uri!r}).load_table({experiment_id!r}, 'ranking_table.json', run_ids=[{run_id!r}])\n"
+              f"mlflow.set_tracking_uri({uri!r}); mlflow.set_experiment({cfg.tracking.experiment!r})\n"
+              f"u = mlflow.load_table('ranking_table.json', run_ids=[{run_id!r}])\n"
+              f"print(len(t), len(u), list(t.columns) == list(u.columns))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == [str(n_rows), str(n_rows), "True"]
+
+
 def test_ranking_children_are_named_and_ordered_by_rank(store):
     client, tmp, _, ranked, _ = store
     points = [r for r in read_csv(tmp / "rank" / "ranking.csv") if r["is_best_gamma"] == "True"]  # rank order
