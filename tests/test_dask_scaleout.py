@@ -184,6 +184,26 @@ def test_an_address_of_a_running_scheduler_connects():
             assert distributed.get_client() is client and client.status == "running"
 
 
+def test_the_python_example_runs_as_a_script(tmp_path):
+    # docs/scale_out.md's example had no __main__ guard: saved as a script, the local cluster's
+    # spawned workers re-ran it on import and none started ("Nanny failed to start").
+    doc = (ROOT / "docs" / "scale_out.md").read_text()
+    block = re.search(r"From Python.*?```python\n(.*?)```", doc, re.S).group(1)
+    guard = 'if __name__ == "__main__":\n'
+    assert guard in block
+    prelude = ("    from mdboost.models.pool import build_pool\n"
+               "    pool = build_pool('tiny', ['ngram:2'], device='cpu')\n"
+               "    records = [{'id': str(i), 'prompt': f'def f{i}():', 'reference': f' return {i}'} for i in range(2)]\n")
+    script = (block.replace(guard, guard + prelude).replace("n_workers=4", "n_workers=2")
+              .replace("n_jobs=4", "n_jobs=2").replace('"cache/x"', repr(str(tmp_path / "x"))))
+    (tmp_path / "example.py").write_text(script)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, str(tmp_path / "example.py")], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (tmp_path / "x").is_dir() and any((tmp_path / "x").iterdir())
+
+
 def test_a_local_cluster_is_the_default_client_and_closes_on_error():
     with pytest.raises(RuntimeError, match="boom"):
         with dask_client("local", 1) as client:
