@@ -94,3 +94,26 @@ def test_a_tasks_bad_input_is_raised_in_the_driver(built):
     settings = _config(Path("."), "x").score_settings()
     with pytest.raises(ValueError, match=r"pairs must be \(drafter, target\) pairs .*got \('int8', 'nope'\)"):
         score_pairs_on(None, pc, [("int8", "nope")], settings)
+
+
+def test_a_relative_cache_dir_reaches_workers_with_another_working_directory(built, monkeypatch, tmp_path):
+    # cache.dir is relative by default (.mdboost_cache/logits): the location sent to the workers
+    # held it as is, so a worker started elsewhere (`dask worker` in its own directory) found
+    # "holds no manifest.json: not a logit cache" and the ranking failed after the build.
+    import os
+
+    from mdboost.cache import open_or_build_cache
+
+    tmp, _ = built
+    monkeypatch.chdir(tmp)
+    cfg = _config(tmp, "relative", backend="loky", n_jobs=1)
+    cfg.cache.dir = "cache"  # the fixture's folders, named relative to the working directory
+    pc, reused = open_or_build_cache(cfg.cache_spec())
+    assert reused and not os.path.isabs(str(next(iter(pc.caches.values())).out_dir))
+    location = CacheLocation.of(pc)
+    paths = [p for _, p in location.folders + location.acceptance] + \
+        [p for _, points in location.mentored for _, _, p in points]
+    assert paths and all(os.path.isabs(p) for p in paths)
+    monkeypatch.chdir(tmp_path)  # a worker's working directory
+    opened = location.open(["int8"])
+    assert opened.names == ["tiny", "int8"] and opened.acceptance is not None

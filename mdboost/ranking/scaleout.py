@@ -20,6 +20,7 @@ cluster's workers, one task per pair, each in :func:`score_pair_task`:
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from mdboost.cache.mentored import load_mentored
@@ -87,9 +88,10 @@ class CacheLocation:
             raise TypeError(f"pc must be a PoolCache, got {type(pc).__name__}")
 
         def folders(p: PoolCache) -> tuple[tuple[str, str], ...]:
-            return tuple((name, str(cache.out_dir)) for name, cache in p.caches.items())
+            return tuple((name, os.path.abspath(cache.out_dir)) for name, cache in p.caches.items())
 
-        mentored = tuple((d, tuple((f, b, str(path)) for (f, b), path in points.items()))
+        # absolute: a worker resolves a relative path against its own working directory
+        mentored = tuple((d, tuple((f, b, os.path.abspath(path)) for (f, b), path in points.items()))
                          for d, points in pc.mentored.items())
         return cls(pc.target, folders(pc), None if pc.acceptance is None else folders(pc.acceptance), pc.speed,
                    mentored)
