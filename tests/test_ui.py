@@ -57,6 +57,26 @@ def test_a_store_no_server_can_serve_is_one_line_before_anything_starts(uri, mes
     assert out == "" and len(err.strip().splitlines()) == 1 and message in err, (out, err)
 
 
+def test_a_port_in_use_is_one_line_before_anything_starts(tmp_path, monkeypatch, capsys):
+    # The server found out itself, after its start, logged uvicorn's "address already in use"
+    # and mdboost ui exited 0 (16 s on a 2-core machine), under a banner naming the busy port.
+    from mdboost import cli
+
+    popen = ui.subprocess.Popen  # loading the store's driver runs `uname -p` (platform): let that through
+    monkeypatch.setattr(ui.subprocess, "Popen", lambda cmd, *a, **k: pytest.fail("a server was started")
+                        if "mlflow" in " ".join(map(str, cmd)) else popen(cmd, *a, **k))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert cli.main(["ui", "--port", str(port), "--tracking-uri", f"sqlite:///{tmp_path}/m.db"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1, (out, err)
+    assert err.startswith(f"mdboost ui: error: port {port} on 127.0.0.1 is not free") and "--port" in err
+    assert not (tmp_path / "m.db").exists()  # nothing created for a server that cannot start
+    ui._check_port_free("127.0.0.1", port)  # free again once closed
+
+
 def test_running_server_rejects_nonpositive_timeout():
     with pytest.raises(ValueError, match="timeout"):
         with ui.running_server("sqlite:///unused.db", timeout=0):

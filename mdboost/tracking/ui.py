@@ -41,6 +41,25 @@ def _check_host(host: str) -> None:
         raise ValueError(f"host must be a non-empty string, got {host!r}")
 
 
+def _check_port_free(host: str, port: int) -> None:
+    """``OSError`` naming ``host:port`` if something already listens there. The server would
+    find out only after it had started (seconds later), print uvicorn's "address already in
+    use" among its log lines and exit 0. The socket is bound as uvicorn binds it
+    (``SO_REUSEADDR``), so a port in TIME_WAIT still counts as free."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as err:
+        raise OSError(f"host {host!r}: cannot be resolved ({err})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as err:
+            raise OSError(f"port {port} on {host} is not free ({err.strerror or err}): another server "
+                          "(an 'mdboost ui' already running?) listens there; choose another with --port") from None
+
+
 def _artifact_uri(artifact_root: str) -> str:
     """Absolute ``file://`` URI of a local artifact folder; other URIs pass through."""
     if "://" in artifact_root:
@@ -133,6 +152,7 @@ def main(tracking_uri: str | None = None, port: int = 5000, host: str = "127.0.0
     uri = _servable(check_tracking_uri(resolve_tracking_uri(tracking_uri)))  # before the banner and the server start
     artifact_root = DEFAULT_ARTIFACT_ROOT if artifact_root is None else artifact_root
     cmd = server_command(uri, port=port, host=host, artifact_root=artifact_root)
+    _check_port_free(host, port)
     if host not in _LOOPBACK:
         print(f"warning: binding {host!r}, not only localhost", file=sys.stderr)
     _prepare_store(uri)
