@@ -153,6 +153,21 @@ def hf_runner(target, eos, n, **kwargs):
     return run
 
 
+def assisted_runner(target, eos, n, assistant, gamma):
+    """HF assisted generation drafting ``gamma`` tokens per round, set where transformers reads it.
+
+    ``AssistedCandidateGenerator`` takes ``num_assistant_tokens`` and its schedule from the
+    *assistant's* ``generation_config`` (transformers' assisted decoding docs); passed to
+    ``target.generate`` they are ignored and the draft cap stays at the default 20. The
+    confidence threshold is left at transformers' default (0.4, adapted), as the module says.
+    """
+    def run(ids, max_new=None):
+        config = assistant.generation_config
+        config.num_assistant_tokens, config.num_assistant_tokens_schedule = gamma, "constant"
+        return hf_runner(target, eos, n, assistant_model=assistant)(ids, max_new)
+    return run
+
+
 def engine_runner(target, settings: GenerationSettings, seed, drafter=None):
     def run(ids, max_new=None):
         this = settings if max_new is None else dataclasses.replace(settings, max_new_tokens=max_new)
@@ -169,8 +184,7 @@ def make_runner(spec: Spec, pool, n: int, seed: int):
     if spec.mode == "hf_lookup":
         return hf_runner(target, eos, n, prompt_lookup_num_tokens=spec.gamma)
     if spec.mode == "hf_assisted":
-        return hf_runner(target, eos, n, assistant_model=pool[spec.drafter].model, num_assistant_tokens=spec.gamma,
-                         num_assistant_tokens_schedule="constant")
+        return assisted_runner(target, eos, n, pool[spec.drafter].model, spec.gamma)
     settings = GenerationSettings(max_new_tokens=n, eos_token_id=eos, temperature=spec.temperature,
                                   max_divergence=spec.budget if spec.mode == "md" else 0.0)
     if spec.mode == "ar":
