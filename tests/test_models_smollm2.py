@@ -38,10 +38,13 @@ def test_converted_logits_equal_gguf_logits(home):
 def test_default_drafters_and_cache(home, tmp_path):
     from mdboost.cache import LogitCache, SequenceSettings, StoreSettings, build_cache
     from mdboost.data import load_texts
-    from mdboost.models.pool import build_pool
+    from mdboost.models.pool import build_pool, fit_key
 
     pool = build_pool("smollm2-135m", ["early_exit:24", "tuned:24", "int8", "ngram:3"], home=home, fit_positions=512)
-    assert (home / "models" / "smollm2-135m" / "tuned_lens_layer24.safetensors").is_file()
+    # a fit other than the default (HumanEval, 4096 positions) is stored in its own keyed sub-folder
+    fit = home / "models" / "smollm2-135m" / f"fit-{fit_key('humaneval', 512)}"
+    assert (fit / "tuned_lens_layer24.safetensors").is_file() and pool["tuned:24"].describe()["tuned_fit"] == fit.name[4:]
+    assert not (home / "models" / "smollm2-135m" / "tuned_lens_layer24.safetensors").exists()
     records = load_texts(split="cache", limit=2)
     build_cache(pool, records, tmp_path, StoreSettings(k=16, dtype="float32"), SequenceSettings(max_tokens=160))
     cache = LogitCache.open(tmp_path)
