@@ -35,6 +35,7 @@ from typing import Iterator
 LOCAL = "local"
 PROTOCOLS = ("tcp", "tls", "ucx", "inproc", "ws", "wss")
 _ADDRESS = re.compile(rf"^(?:(?:{'|'.join(PROTOCOLS)})://)?(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{{1,5}})$")
+_INPROC = re.compile(r"^inproc://[A-Za-z0-9_.:-]+/\d+/\d+$")  # in-process: LocalCluster(processes=False)
 CONNECT_TIMEOUT = 30.0  # seconds a Client waits for the scheduler of an address
 
 
@@ -42,8 +43,10 @@ def check_scheduler(scheduler) -> str:
     """``scheduler`` if it is ``"local"`` or a scheduler address (``[protocol://]host:port``), else ``ValueError``."""
     if not isinstance(scheduler, str):
         raise TypeError(f"scheduler must be a string ('local' or an address), got {scheduler!r}")
+    if scheduler == LOCAL or _INPROC.match(scheduler):
+        return scheduler
     match = _ADDRESS.match(scheduler)
-    if scheduler != LOCAL and (match is None or not 0 < int(match.group(1)) < 65536):
+    if match is None or not 0 < int(match.group(1)) < 65536:
         raise ValueError(f"scheduler must be 'local' or a scheduler address such as 'tcp://10.0.0.5:8786' "
                          f"(protocol {', '.join(PROTOCOLS[:-1])} or {PROTOCOLS[-1]}; a port), got {scheduler!r}")
     return scheduler

@@ -184,6 +184,21 @@ def test_an_address_of_a_running_scheduler_connects():
             assert distributed.get_client() is client and client.status == "running"
 
 
+def test_an_in_process_scheduler_address_connects():
+    """``inproc://`` is among the protocols check_scheduler names; an in-process cluster's address
+    (``inproc://<ip>/<pid>/<n>``, no port) was refused as not an address."""
+    from mdboost.cluster import check_scheduler
+
+    with distributed.LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster:
+        assert cluster.scheduler_address.startswith("inproc://")
+        assert check_scheduler(cluster.scheduler_address) == cluster.scheduler_address
+        with dask_client(cluster.scheduler_address, timeout=5) as client:
+            assert client.submit(abs, -3).result() == 3
+    for bad in ("inproc://", "inproc://host", "inproc://host/12"):
+        with pytest.raises(ValueError, match="scheduler must be 'local' or a scheduler address"):
+            check_scheduler(bad)
+
+
 def test_the_python_example_runs_as_a_script(tmp_path):
     # docs/scale_out.md's example had no __main__ guard: saved as a script, the local cluster's
     # spawned workers re-ran it on import and none started ("Nanny failed to start").
