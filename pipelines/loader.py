@@ -41,12 +41,12 @@ def _convert(tp, value, path: str):
     if origin in (Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        errors = []
+        errors, here = [], f"config error at '{path or '<root>'}': "
         for arg in (a for a in args if a is not type(None)):
             try:
                 return _convert(arg, value, path)
             except ValueError as err:
-                errors.append(str(err))
+                errors.append(str(err).removeprefix(here))  # the path is said once, by the message below
         _fail(path, f"expected {_type_name(tp)}, got {value!r} ({'; '.join(errors)})")
     if origin is Literal:
         if value not in args:

@@ -49,6 +49,13 @@ def test_type_errors_name_the_path(data, where):
         from_dict(RankConfig, data)
 
 
+def test_an_optional_field_of_the_wrong_type_names_its_path_once():
+    with pytest.raises(ValueError) as err:
+        from_dict(RankConfig, {"pool": {"device": 3}})
+    # was "... got 3 (config error at 'pool.device': expected a string, got 3)"
+    assert str(err.value) == "config error at 'pool.device': expected str | None, got 3 (expected a string, got 3)"
+
+
 @pytest.mark.parametrize("data, what", [
     ({"md": {"divergences": ["kl", "bogus"]}}, "divergence"),
     ({"md": {"budgets": [-0.1]}}, "budgets"),
