@@ -198,28 +198,31 @@ def row_revision(spec: str) -> str | None:
     return ROW_REVISIONS.get(parse_drafter(spec)[0])
 
 
-def tuned_store(target_name: str, home=None) -> str | None:
+DEFAULT_FIT = ("humaneval", 4096)  # build_pool's fit_source / fit_positions: the lenses stored directly in tuned_store
+
+
+def tuned_store(target_name: str, home=None, fit: str | None = None) -> str | None:
     """Where the ``tuned`` translators of a target are stored, keyed on its weights' content.
 
     None for ``tiny`` (random tiny models: fitting is instant, nothing worth storing); the
     converted folder for ``smollm2-135m`` (converted again, without them, when its source
     changes); else ``<home>/models/tuned/<slug>[-<id>]``, ``<id>`` the first 16 hex digits of
     the SHA-256 of :func:`mdboost.models.identity.weights_id` (no suffix when that is None).
+    ``fit``: the :func:`fit_key` of a fit other than :data:`DEFAULT_FIT`, whose lenses are in
+    the ``fit-<fit>`` sub-folder of that store (None: the default fit's, in the store itself).
     """
     if TINY_NAME.fullmatch(target_name):
         return None
     if target_name.lower() == SMOLLM2_ALIAS:
-        return str(ensure_smollm2(home))
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", target_name.strip("/"))
-    content = weights_id(target_name, home)
-    if content is not None:
-        slug += "-" + hashlib.sha256(content.encode()).hexdigest()[:16]
-    path = models_dir(home) / "tuned" / slug
-    path.mkdir(parents=True, exist_ok=True)
-    return str(path)
-
-
-DEFAULT_FIT = ("humaneval", 4096)  # build_pool's fit_source / fit_positions: the lenses stored directly in tuned_store
+        path = ensure_smollm2(home)
+    else:
+        slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", target_name.strip("/"))
+        content = weights_id(target_name, home)
+        if content is not None:
+            slug += "-" + hashlib.sha256(content.encode()).hexdigest()[:16]
+        path = models_dir(home) / "tuned" / slug
+        path.mkdir(parents=True, exist_ok=True)
+    return str(path if fit is None else path / f"fit-{fit}")
 
 
 def fit_key(fit_source: str, fit_positions: int) -> str | None:
@@ -248,8 +251,8 @@ def build_pool(
     dtype=None,
     measure_costs: bool = False,
     cost_kwargs: dict | None = None,
-    fit_source: str = "humaneval",
-    fit_positions: int = 4096,
+    fit_source: str = DEFAULT_FIT[0],
+    fit_positions: int = DEFAULT_FIT[1],
 ) -> Pool:
     """Load the target and build its drafters.
 
@@ -285,10 +288,9 @@ def build_pool(
     if tuned_depths:
         from mdboost.data import fit_sequences
 
-        store, fit = tuned_store(target, home), fit_key(fit_source, fit_positions)
+        fit = fit_key(fit_source, fit_positions)
         translators = tuned_translators(model, tuned_depths, lambda: fit_sequences(tokenizer, fit_source),
-                                        store=store if store is None or fit is None else str(Path(store) / f"fit-{fit}"),
-                                        max_positions=fit_positions)
+                                        store=tuned_store(target, home, fit), max_positions=fit_positions)
     members = []
     # drafters made of the target's own weights carry its content id (their manifest entries, like its own)
     derived = {} if "weights" not in target_member.info else {"target_weights": target_member.info["weights"]}
