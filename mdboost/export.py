@@ -106,15 +106,13 @@ def _ranking(rec: dict, sampling: dict, folder: Path, source: str, csv_sha256: s
     check_csv_digest(csv, csv_sha256, f"ranking {source!r}")
     rows = read_csv(csv)
     _checked(rec, rows, source)
-    device_run, device = device, "cpu"
-    config = folder / "config.resolved.yaml"
+    config, configured = folder / "config.resolved.yaml", None
     if config.is_file():
         pool = read_yaml_mapping(config).get("pool")
         if pool is not None and not isinstance(pool, dict):
             raise ValueError(f"{config}: pool must be a mapping, got {pool!r}")
-        device = (pool or {}).get("device") or "cpu"
-    if device_run is not None:
-        device = str(device_run)
+        configured = (pool or {}).get("device")
+    device = str(device) if device is not None else configured or "cpu"
     if not isinstance(sampling, dict):
         raise ValueError(f"ranking {source!r}: sampling must be a mapping, got {sampling!r}")
     return {"recommendation": dict(rec), "sampling": {"top_k": sampling.get("top_k"), "top_p": sampling.get("top_p")},
