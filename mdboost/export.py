@@ -123,17 +123,11 @@ def _from_run(run_id: str, tracking_uri: str | None) -> dict:
     import mlflow
     from mlflow.exceptions import MlflowException
 
-    from mdboost.tracking.store import check_tracking_uri, sqlite_path
+    from mdboost.tracking.store import check_tracking_uri, existing_run
 
     uri = mlflow.get_tracking_uri() if tracking_uri is None else check_tracking_uri(tracking_uri)
-    db = sqlite_path(uri)
-    if db is not None and not db.is_file():  # a read creates no store
-        raise ValueError(f"no MLflow run {run_id!r}: the store {uri!r} does not exist")
+    run = existing_run(run_id, uri)
     client = mlflow.MlflowClient(uri)
-    try:
-        run = client.get_run(run_id)
-    except MlflowException as err:
-        raise ValueError(f"no MLflow run {run_id!r} in {client.tracking_uri!r}") from err
     with tempfile.TemporaryDirectory() as tmp:
         for name in ("ranking.csv", "config.resolved.yaml", "summary.json"):
             try:

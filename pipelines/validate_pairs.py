@@ -74,19 +74,11 @@ def fetch_ranking(src: SourceConfig, tracking: TrackingConfig, tmp: Path) -> Ran
     folder, run_id = (Path(src.ranking_dir) if src.ranking_dir else None), src.ranking_run_id
     if run_id is not None:
         import mlflow
-        from mlflow.exceptions import MlflowException
 
-        from mdboost.tracking.store import sqlite_path
+        from mdboost.tracking.store import existing_run
 
-        db = sqlite_path(tracking.tracking_uri)
-        if db is not None and not db.is_file():  # a read creates no store
-            raise ValueError(f"no MLflow run {run_id!r} (ranking.ranking_run_id): the store "
-                             f"{tracking.tracking_uri!r} (tracking.tracking_uri) does not exist")
-        try:
-            mlflow.MlflowClient(tracking.tracking_uri).get_run(run_id)
-        except MlflowException as err:
-            raise ValueError(f"no MLflow run {run_id!r} (ranking.ranking_run_id) in {tracking.tracking_uri!r} "
-                             f"(tracking.tracking_uri)") from err
+        existing_run(run_id, tracking.tracking_uri, run_name=" (ranking.ranking_run_id)",
+                     uri_name=" (tracking.tracking_uri)")
         mlflow.set_tracking_uri(tracking.tracking_uri)
         folder = tmp / "ranking"
         for name in (*RANKING_FILES, "summary.json"):

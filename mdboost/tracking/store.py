@@ -20,6 +20,23 @@ def sqlite_path(tracking_uri: str) -> Path | None:
     return Path(tracking_uri[len(prefix):]) if tracking_uri.startswith(prefix) else None
 
 
+def existing_run(run_id: str, tracking_uri: str, *, run_name: str = "", uri_name: str = ""):
+    """The MLflow run ``run_id`` of the store ``tracking_uri``, read without creating a store (a
+    ``sqlite:///`` file that does not exist is not opened): else a ValueError "no MLflow run ...".
+    ``run_name`` / ``uri_name``: how the caller names the two, added to the message after them
+    (e.g. ``" (ranking.ranking_run_id)"``)."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    db = sqlite_path(tracking_uri)
+    if db is not None and not db.is_file():  # a read creates no store
+        raise ValueError(f"no MLflow run {run_id!r}{run_name}: the store {tracking_uri!r}{uri_name} does not exist")
+    try:
+        return mlflow.MlflowClient(tracking_uri).get_run(run_id)
+    except MlflowException as err:
+        raise ValueError(f"no MLflow run {run_id!r}{run_name} in {tracking_uri!r}{uri_name}") from err
+
+
 def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
     """The store to use, by MLflow's own precedence: ``tracking_uri`` when given, else the
     ``MLFLOW_TRACKING_URI`` environment variable, else :data:`DEFAULT_TRACKING_URI`.
