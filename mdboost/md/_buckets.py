@@ -44,7 +44,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from mdboost.md import _scalar, _scalar_rows, _search
+from mdboost.md import _locate, _scalar, _scalar_rows, _search
 from mdboost.md._bracket import Reduction, bracket, events, reduction
 from mdboost.md._histogram import C1, FINITE, Histogram, Rows, histogram_of, takes_numpy_pass
 from mdboost.md._xp import NUMPY, TORCH, namespace_for
@@ -242,7 +242,7 @@ def _finish_dual(bp: Breakpoints, m, div: Divergence | None, delta, tv):
     point = bp._point64(m)
     if div is None:
         return point, None
-    j, k = _search.locate_j(bp, m), _search.locate_k(bp, m)
+    j, k = _locate.locate_j(bp, m), _locate.locate_k(bp, m)
     value = bp.div_at(m, j, k, div, False).clamp(min=0) + delta
     return point, torch.where(m >= tv, 0.0, value)
 

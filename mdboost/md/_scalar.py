@@ -12,7 +12,7 @@ The rows built from a pair itself or from the reduced pair of the linear-time so
 The search is the one of the array path, with its two searches in another form. The bracket:
 a binary search over the A-breakpoints (``D_f`` at each on the B segment found by
 ``searchsorted``), then over the B-breakpoints inside the A segment found (as
-``_search._bracket_large``): ``O(log V)`` evaluations. Inside the segment, a bracketed secant
+``_locate.bracket_large``): ``O(log V)`` evaluations. Inside the segment, a bracketed secant
 with a probe across the crossing and a bisection safeguard, down to the array refinement's
 tolerance (``2^-50`` of the segment or a few ulps of ``m``), keeping the side ``D_f <= budget``.
 
@@ -163,7 +163,7 @@ class _Row:
             return cls(cp, cq, rp, rq, ratio, mid, *counts, tv, m_end, g)
 
     def locate_k(self, m):
-        """The B segment of ``m`` (``_search.locate_k``): ``B = [0, k)``."""
+        """The B segment of ``m`` (``_locate.locate_k``): ``B = [0, k)``."""
         return min(max(int(self.kb.searchsorted(m)), 1), self.n_lt)
 
     def knot_a(self, j):

@@ -3,16 +3,12 @@
 Searches run on every row at once (the segment searches a fixed number of iterations; the
 in-segment refinement checks convergence once per round):
 
-- :func:`first_true`: a ``FANOUT``-ary search over sorted positions, ``O(log V)`` iterations of
-  tiny tensor ops; it locates the segment containing an excess mass ``m`` without any O(V)
-  auxiliary array (:func:`locate_j`, :func:`locate_k`).
 - :func:`primal`: the point where ``D_f`` crosses the budget (``D_f`` grows along the curve,
   docs/theory.md section 4). First the bracket, the pair of neighbouring breakpoints around the
   crossing. For small vocabularies (``<= SMALL_VOCAB``, e.g. a top-k restriction, Lemma 6.1)
   :func:`_bracket_small` evaluates ``D_f`` at every ``STRIDE``-th A-breakpoint and B-breakpoint
   (two sorted runs), then at every breakpoint of the two strides straddling the crossing; above,
-  :func:`_bracket_large` runs a ``LARGE_FANOUT``-ary search over the A-breakpoints (each knot's
-  B segment by one ``searchsorted`` on the precomputed B-breakpoint values), then the same search
+  :func:`mdboost.md._locate.bracket_large` runs the fanout search over the A-breakpoints, then
   over the B-breakpoints inside. Inside the segment ``D_f`` is an ``O(1)`` closed form
   (:mod:`mdboost.md._segment`); :func:`refine` finds the crossing by a bracketed, safeguarded
   secant search (a first uniform grid, then secant + ladder + midpoint rounds) down to 2^-50 of
@@ -21,7 +17,7 @@ in-segment refinement checks convergence once per round):
 The small bracket and the refinement are written once over an array namespace ``xp``
 (:mod:`mdboost.md._xp`): numpy views on CPU (a tiny op costs a fraction of torch's), torch on
 other devices or with autograd, by the rule of :func:`mdboost.md._xp.namespace_for`. The large
-bracket runs in torch.
+bracket and the segment location of a point (:mod:`mdboost.md._locate`) run in torch.
 """
 
 from __future__ import annotations
@@ -32,11 +28,10 @@ import numpy as np
 import torch
 
 from mdboost.md import _scalar
+from mdboost.md._locate import b_knots, bracket_large, locate_j, locate_k
 from mdboost.md._segment import Segment, ab_on, divergence_on, make_segment
 from mdboost.md._xp import NUMPY, namespace_for
 
-FANOUT = 16
-LARGE_FANOUT = 64  # primal segment search: fewer rounds of slightly wider tiny ops
 GRID = 32  # refine: uniform points of its first round
 MAX_ROUNDS = 64  # refine: the midpoint alone halves the bracket, so 2^-50 is reached well before
 LADDER = 12  # refine: probes at x +- width * 4^-i, i = 1..LADDER, around the secant point x
@@ -57,90 +52,6 @@ SCALAR_ROWS = 12
 # secant path astray (acceptance 1e-8 short of the bound mode's at D = 6e-17), while the array
 # search's ladder evaluates many points per round and keeps the feasible side.
 SCALAR_MIN_BUDGET = 1e-12
-
-
-def _iters(vocab: int, fanout: int = FANOUT) -> int:
-    return max(1, math.ceil(math.log(vocab + 1) / math.log(fanout))) + 1
-
-
-def first_true(lo: torch.Tensor, hi: torch.Tensor, pred, vocab: int, fanout: int = FANOUT) -> torch.Tensor:
-    """Smallest index in ``[lo, hi]`` where the monotone ``pred`` holds (``pred(hi)`` assumed).
-
-    ``lo``, ``hi``: long tensors of one shape [N, ...]; ``pred`` maps candidate indices of shape
-    [N, ..., FANOUT + 1] to booleans.
-    """
-    steps = torch.arange(fanout + 1, device=lo.device)
-    for _ in range(_iters(vocab, fanout)):
-        cand = lo.unsqueeze(-1) + ((hi - lo).unsqueeze(-1) * steps) // fanout
-        t = pred(cand) | (cand >= hi.unsqueeze(-1))
-        first = t.long().argmax(-1, keepdim=True)  # the first True
-        prev = cand.gather(-1, (first - 1).clamp(min=0)).squeeze(-1)
-        lo = torch.where(first.squeeze(-1) > 0, prev + 1, lo)
-        hi = cand.gather(-1, first).squeeze(-1)
-    return hi
-
-
-def _col(col: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    return col.reshape((col.shape[0],) + (1,) * (like.ndim - 1)).expand(like.shape)
-
-
-def locate_j(bp, m: torch.Tensor) -> torch.Tensor:
-    """A segment of ``m``: smallest ``j`` in ``[n_le, j_max]`` with ``knot_a(j) <= m``."""
-    mm = m.unsqueeze(-1)
-    return first_true(_col(bp._n_le, m), _col(bp._j_max, m), lambda j: bp.knot_a(j) <= mm, bp.vocab)
-
-
-def locate_k(bp, m: torch.Tensor) -> torch.Tensor:
-    """B segment of ``m``: smallest ``k`` in ``[1, n_lt]`` with ``knot_b(k) >= m`` (0 if n_lt = 0)."""
-    mm = m.unsqueeze(-1)
-    lo = _col(bp._n_lt.clamp(max=1), m)
-    return first_true(lo, _col(bp._n_lt, m), lambda k: bp.knot_b(k) >= mm, bp.vocab)
-
-
-def _b_knots(bp):
-    """Monotone B-breakpoint values ``[N, L]`` (``L = max n_lt + 1``) for ``searchsorted``.
-
-    ``kb[k] = knot_b(k)`` for ``k <= n_lt`` (made non-decreasing against rounding), ``+inf`` after.
-    """
-    vocab = bp._r.shape[1]
-    width = int(bp._n_lt.max()) + 1
-    cols = min(width, vocab)  # contiguous slices instead of gathers: knot_b(k) for k < n_lt
-    m_b = bp._ratio[:, :cols] * bp._cq[:, :cols] - bp._cp[:, :cols]
-    if cols < width:
-        m_b = torch.cat([m_b, torch.zeros_like(m_b[:, :1])], -1)
-    idx = torch.arange(width, device=bp._r.device)
-    kb = torch.where(idx > bp._n_lt, math.inf, torch.where(idx == bp._n_lt, bp._tv, m_b))
-    return torch.cummax(kb, -1).values.contiguous()
-
-
-def _locate_k_sorted(bp, kb, m):
-    """B segment of ``m`` [N, ...] by one ``searchsorted`` (same result as :func:`locate_k`)."""
-    flat = m.reshape(m.shape[0], -1).contiguous()
-    k = torch.searchsorted(kb, flat).clamp(min=1)
-    return torch.minimum(k, bp._n_lt).reshape(m.shape)
-
-
-def _bracket_large(bp, budget, div, bound, kb):
-    """A-breakpoint search (each knot's B segment by ``searchsorted``), then the B-breakpoints inside."""
-    big_budget = budget.unsqueeze(-1)
-
-    def pred_a(j):
-        m = bp.knot_a(j)
-        return bp.div_at(m, j, _locate_k_sorted(bp, kb, m), div, bound) > big_budget
-
-    j = first_true(bp._n_le.clone(), bp._j_max.clone(), pred_a, bp.vocab, LARGE_FANOUT)
-    m_lo = bp.knot_a(j)
-    m_hi = torch.where(j > bp._n_le, bp.knot_a((j - 1).clamp(min=0)), bp._tv)
-
-    def pred_b(k):
-        m = torch.minimum(torch.maximum(bp.knot_b(k), m_lo.unsqueeze(-1)), m_hi.unsqueeze(-1))
-        return bp.div_at(m, j.unsqueeze(-1).expand(k.shape), k, div, bound) <= big_budget
-
-    k_lo, k_hi = _locate_k_sorted(bp, kb, torch.cat([m_lo, m_hi], -1)).unbind(-1)
-    k = first_true(k_lo.unsqueeze(-1), k_hi.unsqueeze(-1), pred_b, bp.vocab, LARGE_FANOUT)
-    top = torch.minimum(torch.maximum(bp.knot_b(k), m_lo), m_hi)
-    bot = torch.where(k > 0, bp.knot_b((k - 1).clamp(min=0)), m_lo)
-    return torch.minimum(torch.maximum(bot, m_lo), top), top, (j, k)
 
 
 def _bracket_small(xp, sums, kb, neg_ka, k_end, budget, div, bound, mid):
@@ -409,7 +320,7 @@ def _primal(xp, bp, budget, div, bound):
     sums = bp.arrays(xp)
     mid = xp.asarray(bp.mass_prefix() if bound else bp.prefix(div))
     small = bp.vocab <= SMALL_VOCAB
-    kb_torch = None if small else _b_knots(bp)
+    kb_torch = None if small else b_knots(bp)
     kb = _small_b_knots(xp, sums) if small else xp.asarray(kb_torch)
     k_end = xp.minimum(xp.clip(xp.searchsorted(kb, sums.m_end), 1, None), sums.n_lt)
     if small:  # D_f at the end comes with the bracket's first round
@@ -418,7 +329,7 @@ def _primal(xp, bp, budget, div, bound):
     else:
         d_end = divergence_on(xp, sums.m_end, make_segment(xp, sums, sums.j_max, k_end, mid, bound), div, bound)
         inner = xp.where((budget > 0) & (budget < d_end), budget, d_end / 2)
-        m_lo, m_hi, (j, k) = _bracket_large(bp, xp.to_torch(inner), div, bound, kb_torch)
+        m_lo, m_hi, (j, k) = bracket_large(bp, xp.to_torch(inner), div, bound, kb_torch)
         m_lo, m_hi, j, k = (xp.asarray(x) for x in (m_lo, m_hi, j, k))
     at_end = (budget >= d_end) & (budget > 0)  # the end fits: a one-point bracket on its segment
     m_lo, m_hi = xp.where(at_end, sums.m_end, m_lo), xp.where(at_end, sums.m_end, m_hi)

@@ -31,7 +31,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from mdboost.md import _search
+from mdboost.md import _locate, _search
 from mdboost.md._checks import check_budget, check_pair
 from mdboost.md._segment import Segment, SortedSums, ab_on, divergence_on, make_segment
 from mdboost.md._sums import ACC_DTYPE, neutral_ratios, _small_ok, _cumsums_np, _prefix_sums_np, _sort_rows, _cumsums, _prefix_sums, _mass_sums, _bcast
@@ -301,7 +301,7 @@ class Breakpoints:
         return CurvePoint(empty, empty.clone(), empty.clone())
 
     def _point64(self, m) -> CurvePoint:  # [N, 1] float64 fields
-        j, k = _search.locate_j(self, m), _search.locate_k(self, m)
+        j, k = _locate.locate_j(self, m), _locate.locate_k(self, m)
         a, b = self.ab(m, self.segment(j, k, None, False), _bcast(self._tv, m))
         return CurvePoint(a, b, acceptance_of(m))
 
@@ -380,7 +380,7 @@ class Breakpoints:
         div = resolve(divergence)
         if not self._r.shape[0]:
             return self._out(m.reshape(-1))
-        j, k = _search.locate_j(self, m), _search.locate_k(self, m)
+        j, k = _locate.locate_j(self, m), _locate.locate_k(self, m)
         value = self.div_at(m, j, k, div, bound)
         return self._out(torch.where(m >= self._tv, 0.0, value.clamp(min=0)))
 
@@ -400,7 +400,7 @@ class Breakpoints:
         acc = torch.sort(1 - torch.cat([self._tv, m_a, m_b], dim=-1), dim=-1).values  # NaN last
         valid = ~torch.isnan(acc)
         m = self._clip_m(torch.where(valid, acc, 0.0))
-        j, k = _search.locate_j(self, m), _search.locate_k(self, m)
+        j, k = _locate.locate_j(self, m), _locate.locate_k(self, m)
         a, b = self.ab(m, self.segment(j, k, None, False), self._tv)
         shape = self.batch_shape + (m.shape[-1],)
         return CurvePoint(*(torch.where(valid, x, math.nan).reshape(shape).to(self.dtype)
