@@ -15,6 +15,8 @@ from mdboost.md.verify import SOLVE
 from pipelines.config import TrackingConfig, _check_cluster, _check_output_dir, _cluster
 from pipelines.loader import check as _check
 
+LOCAL_WORKERS = 2  # worker processes of generation.scheduler: local without generation.n_workers
+
 
 @dataclass
 class SourceConfig:
@@ -52,8 +54,11 @@ class GenerationConfig:
 
     ``scheduler`` (``docs/scale_out.md``): null runs the cells here, one after another, the
     cells of a target and temperature sharing one AR run; ``local`` (a Dask ``LocalCluster`` of
-    ``n_workers`` processes for the run) or a scheduler address runs one cell per task, each
-    with its own AR run on its worker (timings mean something only with one device per worker).
+    ``n_workers`` processes for the run, default :data:`LOCAL_WORKERS`) or a scheduler address
+    runs one cell per task, each with its own AR run on its worker (timings mean something only
+    with one device per worker). ``n_workers`` sizes a local cluster only: set with any other
+    ``scheduler`` (null, or an address, whose cluster has its own workers) it is refused rather
+    than ignored.
     """
 
     prompts: int = 4
@@ -65,12 +70,16 @@ class GenerationConfig:
     seed: int = 0
     md_solve: Literal[SOLVE] | None = None
     scheduler: str | None = None
-    n_workers: int = 2
+    n_workers: int | None = None
 
     def __post_init__(self):
         if self.scheduler is not None:
             _check_cluster("generation.scheduler", self.scheduler)
-        _check(self.n_workers >= 1, "generation.n_workers (>= 1)", self.n_workers)
+        if self.n_workers is not None:
+            _check(self.scheduler == "local", f"generation.n_workers (sizes a local cluster: set it only with "
+                                              f"generation.scheduler: local, got scheduler {self.scheduler!r})",
+                   self.n_workers)
+            _check(self.n_workers >= 1, "generation.n_workers (>= 1)", self.n_workers)
         if self.prompts < 1 or self.max_new_tokens < 2:
             raise ValueError(f"need prompts >= 1 and max_new_tokens >= 2, got {self.prompts!r}, {self.max_new_tokens!r}")
         if self.first_prompt < 0:
@@ -85,7 +94,7 @@ class GenerationConfig:
     def cluster(self):
         """The validation's Dask client (:func:`mdboost.cluster.dask_client`), or a context yielding
         None without a ``scheduler``."""
-        return _cluster(self.scheduler, self.n_workers)
+        return _cluster(self.scheduler, LOCAL_WORKERS if self.n_workers is None else self.n_workers)
 
 
 @dataclass

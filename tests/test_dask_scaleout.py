@@ -122,6 +122,27 @@ def test_generation_scheduler_is_checked_like_the_cache_one():
     assert cfg.generation.scheduler == "host:8786"
 
 
+@pytest.mark.parametrize("scheduler", [None, "host:8786"])
+def test_generation_n_workers_without_a_local_cluster_is_refused_not_ignored(scheduler):
+    # n_workers sizes a local cluster only: without one (the cells run here, or an address's
+    # cluster has its own workers) the value used to be dropped silently
+    generation = {"n_workers": 4} if scheduler is None else {"n_workers": 4, "scheduler": scheduler}
+    with pytest.raises(ValueError, match=f"generation.n_workers .*scheduler: local, got scheduler {scheduler!r}.*4"):
+        from_dict(ValidateConfig, {"ranking": {"ranking_dir": "x"}, "generation": generation})
+
+
+def test_generation_n_workers_sizes_the_local_cluster(monkeypatch):
+    from pipelines import validate_config
+
+    seen = []
+    monkeypatch.setattr(validate_config, "_cluster", lambda scheduler, n: seen.append((scheduler, n)))
+    for generation in ({"scheduler": "local"}, {"scheduler": "local", "n_workers": 3}, {}):
+        from_dict(ValidateConfig, {"ranking": {"ranking_dir": "x"}, "generation": generation}).generation.cluster()
+    assert seen == [("local", validate_config.LOCAL_WORKERS), ("local", 3), (None, validate_config.LOCAL_WORKERS)]
+    with pytest.raises(ValueError, match="generation.n_workers .*>= 1"):
+        from_dict(ValidateConfig, {"ranking": {"ranking_dir": "x"}, "generation": {"scheduler": "local", "n_workers": 0}})
+
+
 def test_an_address_without_a_scheduler_is_an_oserror_naming_it():
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
