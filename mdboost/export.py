@@ -42,7 +42,7 @@ _RECOMMENDATION_TYPES = {"temperature": float, "max_divergence": float, "gamma":
 
 
 def load_ranking(source: str | os.PathLike, *, tracking_uri: str | None = None) -> dict:
-    """The recommendation, sampling settings, rows and device of a ranking.
+    """The recommendation, sampling settings, rows, device and mdboost home of a ranking.
 
     Parameters
     ----------
@@ -55,7 +55,9 @@ def load_ranking(source: str | os.PathLike, *, tracking_uri: str | None = None) 
 
     Returns
     -------
-    dict with ``recommendation``, ``sampling`` (``top_k``, ``top_p``), ``rows``, ``device``, ``source``.
+    dict with ``recommendation``, ``sampling`` (``top_k``, ``top_p``), ``rows``, ``device``,
+    ``home`` (the folder of the ranking's converted models and tuned translators when its config
+    named one, ``pool.home``; None: the default home of whoever runs the snippets) and ``source``.
     """
     if isinstance(source, os.PathLike):
         source = os.fspath(source)
@@ -71,7 +73,7 @@ def load_ranking(source: str | os.PathLike, *, tracking_uri: str | None = None) 
             raise ValueError(f"ranking folder {source!r} has no summary.json with a recommendation: "
                              f"run `mdboost rank --config ...` first")
         return _ranking(summary["recommendation"], summary.get("sampling") or {}, folder, source,
-                        summary.get("ranking_csv_sha256"), summary.get("device"))
+                        summary.get("ranking_csv_sha256"), summary.get("device"), summary.get("home"))
     if _RUN_ID.fullmatch(source):
         return _from_run(source, tracking_uri)
     raise ValueError(f"ranking must be a ranking folder or an MLflow run id (32 hex digits), got {source!r}: "
@@ -96,10 +98,12 @@ def _checked(rec, rows: list[dict], source: str) -> None:
 
 
 def _ranking(rec: dict, sampling: dict, folder: Path, source: str, csv_sha256: str | None = None,
-             device: str | None = None) -> dict:
+             device: str | None = None, home: str | None = None) -> dict:
     """The ranking of ``folder``; ``csv_sha256``: the digest of ``ranking.csv`` its summary
     records (rankings from before it recorded one: None, not checked); ``device``: the one the
-    ranking ran on, as its summary records it (older rankings: the config's ``pool.device``, else CPU)."""
+    ranking ran on, as its summary records it (older rankings: the config's ``pool.device``, else CPU);
+    ``home``: the absolute mdboost home its summary records (older rankings: the config's
+    ``pool.home``, resolved here; None where the config named none)."""
     csv = folder / "ranking.csv"
     if not csv.is_file():
         raise ValueError(f"ranking {source!r} has no ranking.csv")
@@ -112,11 +116,15 @@ def _ranking(rec: dict, sampling: dict, folder: Path, source: str, csv_sha256: s
         if pool is not None and not isinstance(pool, dict):
             raise ValueError(f"{config}: pool must be a mapping, got {pool!r}")
         configured = (pool or {}).get("device")
+        if home is None and (pool or {}).get("home") is not None:
+            from mdboost.models.home import mdboost_home
+
+            home = str(mdboost_home(pool["home"]))
     device = str(device) if device is not None else configured or "cpu"
     if not isinstance(sampling, dict):
         raise ValueError(f"ranking {source!r}: sampling must be a mapping, got {sampling!r}")
     return {"recommendation": dict(rec), "sampling": {"top_k": sampling.get("top_k"), "top_p": sampling.get("top_p")},
-            "rows": rows, "device": device, "source": source}
+            "rows": rows, "device": device, "home": None if home is None else str(home), "source": source}
 
 
 def _from_run(run_id: str, tracking_uri: str | None) -> dict:
@@ -137,7 +145,7 @@ def _from_run(run_id: str, tracking_uri: str | None) -> dict:
         summary = read_json_object(Path(tmp) / "summary.json")
         if summary is not None and "recommendation" in summary:
             return _ranking(summary["recommendation"], summary.get("sampling") or {}, Path(tmp), run_id,
-                            summary.get("ranking_csv_sha256"), summary.get("device"))
+                            summary.get("ranking_csv_sha256"), summary.get("device"), summary.get("home"))
         params = run.data.params
         rec = {k[len("recommendation."):]: v for k, v in params.items() if k.startswith("recommendation.")}
         if "drafter" not in rec:
@@ -150,7 +158,7 @@ def _from_run(run_id: str, tracking_uri: str | None) -> dict:
         return _ranking(rec, sampling, Path(tmp), run_id)
 
 
-def speculative_config(drafter: str, gamma: int) -> tuple[dict | None, str]:
+def speculative_config(drafter: str, gamma: int, home: str | None = None) -> tuple[dict | None, str]:
     """vLLM's ``speculative_config`` for an mdboost drafter spec, or ``None`` and why not.
 
     >>> speculative_config("ngram:3", 4)[0]
@@ -165,7 +173,7 @@ def speculative_config(drafter: str, gamma: int) -> tuple[dict | None, str]:
         return {"method": "ngram", "num_speculative_tokens": int(gamma), "prompt_lookup_max": n,
                 "prompt_lookup_min": 1}, ""
     if kind == "hf":  # an mdboost alias (smollm2-135m, tiny:<seed>) maps to what vLLM can load, or to nothing
-        model, note = vllm_model(drafter)
+        model, note = vllm_model(drafter, home)
         if model is None:
             return None, f"drafter: {note}"
         return {"method": "draft_model", "model": model, "num_speculative_tokens": int(gamma)}, ""
@@ -174,20 +182,21 @@ def speculative_config(drafter: str, gamma: int) -> tuple[dict | None, str]:
     return None, f"vLLM has no drafter method for {drafter!r} ({what[kind]} built by mdboost)"
 
 
-def vllm_model(target: str) -> tuple[str | None, str]:
-    """The model vLLM should load for an mdboost target name, and a note."""
+def vllm_model(target: str, home: str | None = None) -> tuple[str | None, str]:
+    """The model vLLM should load for an mdboost target name, and a note; ``home``: the mdboost
+    home of the ranking (None: the default one)."""
     if target.lower() == "smollm2-135m":
         from mdboost.models.home import models_dir
 
-        return str(models_dir() / "smollm2-135m"), ("mdboost's conversion of the bundled SmolLM2-135M-Instruct "
+        return str(models_dir(home) / "smollm2-135m"), ("mdboost's conversion of the bundled SmolLM2-135M-Instruct "
                                                     "Q4_1 GGUF (made by `mdboost rank`)")
     if target.startswith("tiny"):
         return None, f"{target!r} is a random test model built in code: vLLM cannot load it"
     return target, ""
 
 
-def _vllm(rec: dict, rows: list[dict], sampling: dict) -> dict:
-    model, model_note = vllm_model(rec["target"])
+def _vllm(rec: dict, rows: list[dict], sampling: dict, home: str | None = None) -> dict:
+    model, model_note = vllm_model(rec["target"], home)
     params = {"temperature": float(rec["temperature"])}
     params.update({k: v for k, v in sampling.items() if v is not None})
     notes = [model_note] if model_note else []
@@ -201,7 +210,7 @@ def _vllm(rec: dict, rows: list[dict], sampling: dict) -> dict:
         else:
             notes.append("plain decoding is fastest here: serve the target without speculative_config")
         return out
-    config, why = speculative_config(rec["drafter"], rec["gamma"])
+    config, why = speculative_config(rec["drafter"], rec["gamma"], home)
     if out["lossless"] and config is not None:
         out["speculative_config"] = config
         notes.append("lossless speculative decoding: vLLM's rejection sampler keeps the target's distribution, "
@@ -214,7 +223,7 @@ def _vllm(rec: dict, rows: list[dict], sampling: dict) -> dict:
                          f"has no speculative_config field, so vLLM cannot run this point")
         if why:
             notes.append(why)
-        near = out["nearest_lossless"] = nearest_lossless(rows, rec)
+        near = out["nearest_lossless"] = nearest_lossless(rows, rec, home)
         if near is None:
             notes.append("the ranking has no budget-0 point with a drafter vLLM can run: serve the target "
                          "without speculative_config")
@@ -228,15 +237,16 @@ def _vllm(rec: dict, rows: list[dict], sampling: dict) -> dict:
     return out
 
 
-def nearest_lossless(rows: list[dict], rec: dict) -> dict | None:
+def nearest_lossless(rows: list[dict], rec: dict, home: str | None = None) -> dict | None:
     """The best-ranked budget-0 row at the pick's temperature whose drafter vLLM can run
-    (the pick's own drafter first), with its ``speculative_config``; ``None`` if there is none."""
+    (the pick's own drafter first), with its ``speculative_config``; ``None`` if there is none.
+    ``home``: the ranking's mdboost home (:func:`vllm_model`)."""
     temperature = float(rec["temperature"])
     candidates = []
     for row in rows:
         if float(row["max_divergence"]) != 0 or float(row["temperature"]) != temperature:
             continue
-        config = speculative_config(row["drafter"], int(float(row["gamma"])))[0]
+        config = speculative_config(row["drafter"], int(float(row["gamma"])), home)[0]
         if config is not None:
             candidates.append((row["drafter"] != rec["drafter"], int(float(row["rank"])), row, config))
     if not candidates:
@@ -260,19 +270,27 @@ def _budget_args(rec: dict) -> list[str]:
     return [f"max_divergence={float(rec['max_divergence']):g}", f"divergence={rec['divergence']!r}"]
 
 
-def mdboost_snippet(rec: dict, sampling: dict, device: str) -> str:
-    """Python running the recommendation with :func:`mdboost.engine.generate`."""
+def _load_target(rec: dict, device: str, home: str | None) -> str:
+    """The snippets' ``load_model`` line: the target converted (or found) in the ranking's home."""
+    at = "" if home is None else f", home={home!r}"
+    return f"target, tok = load_model({rec['target']!r}, device={device!r}{at})"
+
+
+def mdboost_snippet(rec: dict, sampling: dict, device: str, home: str | None = None) -> str:
+    """Python running the recommendation with :func:`mdboost.engine.generate`; ``home``: the
+    ranking's mdboost home (its converted models and tuned translators), None for the default."""
     speculative = rec["beats_plain_decoding"]
     args = [f"max_new_tokens={MAX_NEW_TOKENS}", *_settings_args(rec, sampling)]
     if speculative:
         args += [f"gamma={int(rec['gamma'])}", *_budget_args(rec)]
-    call = (f"out = generate(target, input_ids, settings, drafter=drafter_for(target, {rec['drafter']!r}))"
+    at = "" if home is None else f", home={home!r}"
+    call = (f"out = generate(target, input_ids, settings, drafter=drafter_for(target, {rec['drafter']!r}{at}))"
             if speculative else "out = generate(target, input_ids, settings)  # plain decoding: no drafter pays off")
     return "\n".join([
         "from mdboost.engine import GenerationSettings, generate",
         *(["from mdboost.hf import drafter_for"] if speculative else []),
         "from mdboost.models import load_model", "",
-        f"target, tok = load_model({rec['target']!r}, device={device!r})",
+        _load_target(rec, device, home),
         f"input_ids = tok({PROMPT!r}, return_tensors=\"pt\").input_ids",
         f"settings = GenerationSettings({', '.join(args)}, eos_token_id=tok.eos_token_id)",
         call, "print(tok.decode(out.sequences[0]))"])
@@ -300,8 +318,9 @@ def hf_kwargs(rec: dict, sampling: dict) -> dict:
 CUSTOM_GENERATE = "mdboost.hf:mentored_generate"  # the import path (module:attribute) of the hf section's callable
 
 
-def hf_snippet(rec: dict, sampling: dict, device: str) -> str:
-    """Python running the recommendation through Hugging Face ``generate``."""
+def hf_snippet(rec: dict, sampling: dict, device: str, home: str | None = None) -> str:
+    """Python running the recommendation through Hugging Face ``generate`` (``home``: as
+    :func:`mdboost_snippet`'s)."""
     kwargs = hf_kwargs(rec, sampling)
     drafted = bool(rec["beats_plain_decoding"])
     args = ["**inputs"] + (["custom_generate=mdboost.hf.mentored_generate"] if drafted else [])
@@ -315,7 +334,7 @@ def hf_snippet(rec: dict, sampling: dict, device: str) -> str:
     call = ",\n                      ".join(lines)
     return "\n".join([*(["import mdboost.hf"] if drafted else []),
                       "from mdboost.models import load_model", "",
-                      f"target, tok = load_model({rec['target']!r}, device={device!r})",
+                      _load_target(rec, device, home),
                       f"inputs = tok({PROMPT!r}, return_tensors=\"pt\")",
                       f"out = target.generate({call})", "print(tok.decode(out[0]))"])
 
@@ -365,11 +384,12 @@ def export_plan(ranking: dict) -> dict:
         raise ValueError(f"ranking lacks {', '.join(missing)}: pass the dict returned by load_ranking")
     _checked(ranking["recommendation"], ranking["rows"], ranking["source"])
     rec, sampling, device = ranking["recommendation"], ranking["sampling"], ranking["device"]
-    vllm = _vllm(rec, ranking["rows"], sampling)
+    home = ranking.get("home")  # optional: a dict made before load_ranking returned it
+    vllm = _vllm(rec, ranking["rows"], sampling, home)
     return {"source": ranking["source"], "recommendation": rec, "lossless": float(rec["max_divergence"]) == 0,
-            "mdboost": {"python": mdboost_snippet(rec, sampling, device)},
+            "mdboost": {"python": mdboost_snippet(rec, sampling, device, home)},
             "hf": {"custom_generate": CUSTOM_GENERATE if rec["beats_plain_decoding"] else None,
-                   "generate_kwargs": hf_kwargs(rec, sampling), "python": hf_snippet(rec, sampling, device)},
+                   "generate_kwargs": hf_kwargs(rec, sampling), "python": hf_snippet(rec, sampling, device, home)},
             "vllm": {**vllm, "python": vllm_snippet(vllm)}}
 
 

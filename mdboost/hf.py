@@ -28,6 +28,7 @@ never reaches it; the drafter has its own name here)::
 
 from __future__ import annotations
 
+import os
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,7 +62,7 @@ _STATEFUL_PROCESSORS = tuple(getattr(lp, name) for name in (
 # model_kwargs that transformers prepares for its own loop; the engine keeps its own cache and positions
 _IGNORED_MODEL_KWARGS = ("attention_mask", "use_cache", "logits_to_keep", "position_ids", "cache",
                          "past_key_values", "cache_position")
-_BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {spec: Drafter}
+_BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {spec or (spec, home): Drafter}
 
 
 @dataclass
@@ -294,7 +295,7 @@ def _max_new_tokens(max_length: int, prompt_length: int) -> int:
     return max_length - prompt_length
 
 
-def drafter_for(target, drafter, *, tokenizer=None) -> Drafter:
+def drafter_for(target, drafter, *, tokenizer=None, home=None) -> Drafter:
     """The :class:`~mdboost.engine.Drafter` for ``drafter``, built from ``target`` when it is a spec.
 
     Parameters
@@ -308,16 +309,23 @@ def drafter_for(target, drafter, *, tokenizer=None) -> Drafter:
     tokenizer : tokenizer or None
         Only for fitting a ``tuned:N`` translator not stored yet (default: the target's own,
         loaded from its ``name_or_path``).
+    home : path or None
+        The mdboost home (:func:`mdboost.models.home.mdboost_home`) where ``tuned:N``
+        translators of a Hub or local target are stored and a named drafter model is converted,
+        as ``build_pool(home=...)`` keeps them (None: ``MDBOOST_HOME``, else
+        ``~/.cache/mdboost``). A target loaded from its converted folder (the default
+        ``smollm2-135m``) keeps its translators in that folder, whatever ``home`` says.
     """
     if not isinstance(drafter, str):
         return as_drafter(drafter)
     built = _BUILT.setdefault(target, {})
-    if drafter not in built:
-        built[drafter] = _from_spec(target, drafter, tokenizer)
-    return built[drafter]
+    key = drafter if home is None else (drafter, os.fspath(home))
+    if key not in built:
+        built[key] = _from_spec(target, drafter, tokenizer, home)
+    return built[key]
 
 
-def _from_spec(target, spec: str, tokenizer) -> Drafter:
+def _from_spec(target, spec: str, tokenizer, home=None) -> Drafter:
     from mdboost.models.drafters import early_exit_model, int8_model
     from mdboost.models.ngram import NgramDrafter
     from mdboost.models.pool import parse_drafter
@@ -329,18 +337,18 @@ def _from_spec(target, spec: str, tokenizer) -> Drafter:
         if kind == "early_exit":
             return ModelDrafter(early_exit_model(target, n))
         if kind == "tuned":
-            return ModelDrafter(early_exit_model(target, n, _translator(target, n, tokenizer)))
+            return ModelDrafter(early_exit_model(target, n, _translator(target, n, tokenizer, home)))
         if kind == "int8":
             return ModelDrafter(int8_model(target))
     except ValueError as err:
         raise ValueError(f"drafter {spec!r}: {err}") from err
     from mdboost.models.loading import load_model
 
-    model, _ = load_model(spec, device=target.device, dtype=target.dtype)
+    model, _ = load_model(spec, device=target.device, dtype=target.dtype, home=home)
     return ModelDrafter(model)
 
 
-def _translator(target, n: int, tokenizer):
+def _translator(target, n: int, tokenizer, home=None):
     """The ``tuned:n`` translator where :func:`~mdboost.models.pool.build_pool` keeps it (same fit)."""
     from mdboost.data import fit_sequences
     from mdboost.models.convert import is_converted
@@ -351,7 +359,7 @@ def _translator(target, n: int, tokenizer):
     if name and Path(name).is_dir() and is_converted(name):
         store = name  # the converted default model keeps its translators next to its weights
     else:
-        store = tuned_store(name, None) if name else None
+        store = tuned_store(name, home) if name else None
     return tuned_translators(target, [n], lambda: fit_sequences(tokenizer or _tokenizer_of(target, name)),
                              store=store)[n]
 

@@ -137,9 +137,20 @@ def ranked_device(cfg: RankConfig) -> str:
     return str(resolve_device(cfg.pool.device))
 
 
+def ranked_home(cfg: RankConfig) -> str | None:
+    """The mdboost home the ranking's models and translators live in, as an absolute path, when
+    the config names one (``pool.home``, relative to the working directory); None: the default
+    (``MDBOOST_HOME``, else ``~/.cache/mdboost``) of whoever runs a snippet."""
+    from mdboost.models.home import mdboost_home
+
+    return None if cfg.pool.home is None else str(mdboost_home(cfg.pool.home))
+
+
 def engine_snippet(rec: Recommendation, cfg: RankConfig) -> str:
     """Python that runs the recommended point with mdboost's engine (plain decoding if none wins)."""
-    pool = f"build_pool({rec.target!r}, [{rec.drafter!r}], device={ranked_device(cfg)!r})"
+    home = ranked_home(cfg)
+    at = "" if home is None else f", home={home!r}"
+    pool = f"build_pool({rec.target!r}, [{rec.drafter!r}], device={ranked_device(cfg)!r}{at})"
     budget = "" if rec.max_divergence == 0 else f", max_divergence={rec.max_divergence:g}, divergence={rec.divergence!r}"
     lines = [
         "from mdboost.engine import GenerationSettings, as_drafter, generate",
@@ -299,6 +310,7 @@ def _run(cfg: RankConfig) -> dict:
                "measured_speed_profile": any(o.info.measured_speed_profile for o in opened),
                "sampling": {"temperatures": cfg.md.sampling_temperatures, "top_k": None, "top_p": None},
                "md_solve": cfg.speed.md_solve, "bootstrap": bootstrap, "device": ranked_device(cfg),
+               "home": ranked_home(cfg),
                "recommendation": rec.to_dict(), "verdict": rec.verdict(), "engine_snippet": snippet,
                "ranking_csv_sha256": report.csv_sha256(paths["csv"])}
     summary["recommendation_markdown"] = ranking_note(

@@ -218,3 +218,19 @@ def test_an_edited_local_data_file_moves_every_folder_built_on_it(tmp_path):
     data.write_text("".join(json.dumps(dict(r, reference="    pass\n")) + "\n" for r in rows))  # other texts
     after = {m: spec.member_dir(m, acc) for m in spec.names for acc in (False, True)}
     assert all(after[k] != before[0][k] for k in after) and spec.continuations_path(16) != before[1]
+
+
+def test_drafter_for_keeps_a_tuned_lens_in_the_home_it_is_given(tmp_path):
+    """``mdboost.hf.drafter_for(target, 'tuned:N', home=H)`` stores (and finds) the lens of a local
+    target in ``H``, where ``build_pool(home=H)`` and the ranking keep it, not in the default home."""
+    from mdboost.hf import drafter_for
+    from mdboost.models.loading import load_model
+    from mdboost.models.pool import tuned_store
+
+    target = save_tiny(tmp_path / "target", 0)
+    home = tmp_path / "home"
+    model, tok = load_model(target, device="cpu")
+    drafter_for(model, "tuned:2", tokenizer=tok, home=home)
+    store = tuned_store(target, home)
+    assert store.startswith(str(home)) and (tmp_path / store / "tuned_lens_layer2.safetensors").is_file()
+    assert drafter_for(model, "tuned:2", home=home) is drafter_for(model, "tuned:2", home=str(home))

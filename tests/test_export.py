@@ -6,6 +6,7 @@ import contextlib
 import csv
 import io
 import json
+from pathlib import Path
 
 import pytest
 
@@ -304,3 +305,44 @@ def test_rank_records_the_device_it_resolved(monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)
     auto = load_yaml("configs/tiny.yaml", RankConfig, ["pool.device=null"])
     assert rank_pool.ranked_device(auto) == "cuda"  # what build_pool resolves None to, not None or 'cpu'
+
+
+def test_the_snippets_use_the_home_the_ranking_kept_its_models_in(tmp_path):
+    """A ranking whose config named ``pool.home``: the snippets load the target, build the drafter
+    and point vLLM at that home (summary.json's absolute path; older rankings: config.resolved.yaml's
+    ``pool.home``), where they used the default home and converted or fitted everything again."""
+    from mdboost.models.home import models_dir
+
+    folder = ranking_dir(tmp_path, 1)
+    assert load_ranking(folder)["home"] is None
+    plan = export_plan(load_ranking(folder))
+    assert "home=" not in plan["mdboost"]["python"] and "home=" not in plan["hf"]["python"]
+    (folder / "config.resolved.yaml").write_text("pool:\n  home: rel/home\n")
+    assert load_ranking(folder)["home"] == str((Path.cwd() / "rel" / "home").resolve())
+    home = str(tmp_path / "home")
+    summary = json.loads((folder / "summary.json").read_text())
+    (folder / "summary.json").write_text(json.dumps({**summary, "home": home}))
+    plan = export_plan(load_ranking(folder))
+    assert f"load_model('tiny', device='cpu', home={home!r})" in plan["mdboost"]["python"]
+    assert f"drafter_for(target, 'tuned:2', home={home!r})" in plan["mdboost"]["python"]
+    assert f"load_model('tiny', device='cpu', home={home!r})" in plan["hf"]["python"]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(render(plan, "mdboost"), "<export mdboost>", "exec"), {})
+    assert out.getvalue().strip()
+    config, _ = speculative_config("smollm2-135m", 4, home)
+    assert config["model"] == str(models_dir(home) / "smollm2-135m") != str(models_dir() / "smollm2-135m")
+
+
+def test_rank_records_the_home_it_resolved():
+    from pipelines import rank_pool
+    from pipelines.config import RankConfig
+    from pipelines.loader import load_yaml
+    from mdboost.ranking.recommend import Recommendation
+
+    assert rank_pool.ranked_home(load_yaml("configs/tiny.yaml", RankConfig)) is None
+    cfg = load_yaml("configs/tiny.yaml", RankConfig, ["pool.home=rel/home"])
+    home = str((Path.cwd() / "rel" / "home").resolve())
+    assert rank_pool.ranked_home(cfg) == home
+    rec = Recommendation(**{**recommendation(1), "gamma": 4})
+    assert f"home={home!r})" in rank_pool.engine_snippet(rec, cfg)
