@@ -132,7 +132,8 @@ def _kept_np(h: Histogram, red: Reduction) -> list:
 
 def _reduced_pair_np(rows: Rows, h: Histogram, red: Reduction, sorted_rows):
     """:func:`reduced_pair` of CPU rows in numpy: the kept positions row by row (:func:`_kept_np`),
-    then one gather of all of them into the rows of the output: the same values."""
+    then each row's kept entries taken into its own output row (a flat take of a row, where a
+    gather of all rows at once by (row, column) pairs costs several times more): the same values."""
     n, vocab = rows.p.shape
     kept = _kept_np(h, red)
     counts = np.array([k.size for k in kept], dtype=np.int64)
@@ -144,16 +145,16 @@ def _reduced_pair_np(rows: Rows, h: Histogram, red: Reduction, sorted_rows):
     total = width + AGGREGATES
     out_p, out_q = np.zeros((n, total)), np.zeros((n, total))
     if width:
-        row = np.repeat(np.arange(n), counts)  # [K] the row of every kept entry, rows in order
-        starts = np.cumsum(counts) - counts
-        col = np.concatenate([k for k, f in zip(kept, fallback.tolist()) if not f])  # [K] their positions
-        dst = np.arange(row.size) + (row * total - starts[row])  # row * total + position in its row
-        vals_p, vals_q = rows.p.numpy()[row, col], rows.q.numpy()[row, col]  # (strided rows are not copied)
-        if rows.scale_p is None:
-            out_p.reshape(-1)[dst], out_q.reshape(-1)[dst] = vals_p, vals_q
-        else:  # the float64 entries of the rescaled rows (Rows.block / block32)
-            out_p.reshape(-1)[dst] = vals_p.astype(np.float64) / rows.scale_p.numpy()[row, 0]
-            out_q.reshape(-1)[dst] = vals_q.astype(np.float64) / rows.scale_q.numpy()[row, 0]
+        p_np, q_np = rows.p.numpy(), rows.q.numpy()
+        scaled = rows.scale_p is not None  # the float64 entries of the rescaled rows (Rows.block / block32)
+        scale_p, scale_q = (rows.scale_p.numpy(), rows.scale_q.numpy()) if scaled else (None, None)
+        for i in np.flatnonzero(counts).tolist():  # (strided rows are not copied)
+            c, col = counts[i], kept[i]
+            if scaled:
+                np.divide(p_np[i].take(col).astype(np.float64), scale_p[i, 0], out=out_p[i, :c])
+                np.divide(q_np[i].take(col).astype(np.float64), scale_q[i, 0], out=out_q[i, :c])
+            else:
+                out_p[i, :c], out_q[i, :c] = p_np[i].take(col), q_np[i].take(col)
     out_p[:, width:] = red.agg_p
     out_q[:, width:] = red.agg_q
     return torch.from_numpy(out_p), torch.from_numpy(out_q), torch.from_numpy(fallback)
