@@ -10,7 +10,9 @@ Side by side in one process, reported as ratios:
 3. Single-row calls: ``solve`` at V in {50, 1000, 49152} (goal at V = 1000: <= 0.3 ms), per row
    in a batch of 64 at V = 49152.
 4. ``verify`` on ``[8, 4, 49152]``: MD / SD time at full vocabulary (goal <= 2) and with
-   ``top_k=256`` (goal <= 1.2), ``solve="all"`` and the engine's default ``solve="needed"``.
+   ``top_k=256`` (goal <= 1.2), ``solve="all"`` and the engine's default ``solve="needed"``;
+   on CPU, next to SD's ``verify``, the floor of any exact full-vocabulary solve (division, log,
+   weighted sum at every drafted entry) and one classification pass (:func:`bench_floor`).
 
 Run: ``.venv/bin/python bench/md_core.py`` (a few minutes on one CPU core); ``--baseline``
 measures and writes section 2 only; ``--verify`` measures item 4 and prints it (no write).
@@ -339,6 +341,76 @@ def bench_verify(batch=8, k=4, repeats=9):
     return out
 
 
+def bench_floor(batch=8, k=4, repeats=9):
+    """The least any exact full-vocabulary solve does, next to SD's ``verify`` (one process,
+    interleaved, numpy's cheapest spelling of each pass, in place, float32 pairwise sums).
+
+    Every drafted entry must be divided, have ``g`` evaluated where its ratio lies between the
+    clamps (the M set's ``D_f`` sum; a pass cannot know the clamps beforehand, so at every
+    entry: for ``kl`` a ``log``, a product and a row sum: ``evaluate``), and be classified by
+    where its ratio falls against the two unknown clamps, with the masses on each side summed
+    (at least one comparison with one threshold and the masked row sums of ``p`` and ``q``:
+    ``classify``, which a real solve needs several of, or a histogram). In numpy every
+    elementwise step is its own pass over memory, so ``1 + (evaluate + classify) / SD`` is a
+    lower bound of MD/SD for designs made of numpy or torch elementwise operations. CPU only.
+    """
+    import numpy as np
+
+    p, q = llm_like_pair(batch * (k + 1), VOCAB, torch.float32, seed=2)
+    draft = p.reshape(batch, k + 1, VOCAB)[:, :k].contiguous()
+    target = q.reshape(batch, k + 1, VOCAB).contiguous()
+    gen = torch.Generator().manual_seed(2)
+    tokens = torch.multinomial(draft.reshape(-1, VOCAB), 1, generator=gen).reshape(batch, k)
+    p_np, q_np = draft.reshape(-1, VOCAB).numpy(), target[:, :k].reshape(-1, VOCAB).numpy()
+    buf, inside = np.empty_like(p_np), np.empty(p_np.shape, dtype=bool)
+
+    def sd():
+        verify(tokens, draft, target, generator=_generator(0), validate=False)
+
+    def evaluate():  # the ratio, its log, p log r summed per row
+        np.divide(p_np, q_np, out=buf)
+        np.log(buf, out=buf)
+        np.multiply(buf, p_np, out=buf)
+        buf.sum(-1)
+
+    def classify():  # one threshold: which entries are above it, their p and q summed per row
+        np.divide(p_np, q_np, out=buf)
+        np.greater(buf, 1.5, out=inside)
+        np.multiply(p_np, inside, out=buf)
+        buf.sum(-1)
+        np.multiply(q_np, inside, out=buf)
+        buf.sum(-1)
+
+    steps = (("sd", sd), ("evaluate", evaluate), ("classify", classify))
+    for _, fn in steps:
+        fn()
+    times = {name: [] for name, _ in steps}
+    for _ in range(repeats):
+        for name, fn in steps:
+            times[name].append(timeit(fn, repeats=3, warmup=0))
+    med = {name: statistics.median(t) for name, t in times.items()}
+    for name in ("evaluate", "classify"):
+        med[f"{name}_ratio"] = statistics.median([x / s for x, s in zip(times[name], times["sd"])])
+    med["bound"] = statistics.median([1 + (e + c) / s for e, c, s in zip(times["evaluate"], times["classify"],
+                                                                           times["sd"])])
+    return med
+
+
+def floor_lines(floor):
+    """The rows of the full-vocabulary floor (:func:`bench_floor`)."""
+    ms, entries = 1e3, 8 * 4 * VOCAB
+    return [
+        f"| least work of an exact solve, `[8, 4, {VOCAB}]` full vocabulary (numpy, in place): division, "
+        f"`log`, weighted row sum | {floor['evaluate'] * ms:.2f} ms | {floor['evaluate_ratio']:.2f} x SD's `verify` "
+        f"({floor['sd'] * ms:.2f} ms) | |",
+        f"| and one classification pass (ratio > threshold, masked row sums of `p` and `q`) | "
+        f"{floor['classify'] * ms:.2f} ms ({floor['classify'] / entries * 1e9:.2f} ns an entry) | "
+        f"{floor['classify_ratio']:.2f} x SD's `verify` | |",
+        f"| so MD/SD of `solve=\"all\"` (every drafted position solved) for any design of numpy/torch elementwise "
+        f"passes, at least | | {floor['bound']:.2f} | (goal <= 2 above) |",
+    ]
+
+
 def verify_lines(ver):
     """The ``verify`` rows of the ``md_core`` table."""
     ms, lines = 1e3, []
@@ -387,6 +459,8 @@ def main(write=True):
                      f"{off * ms:.3f} ms) | | {goal} |")
     lines.append(f"| `solve` per row in a batch of 64, V = {VOCAB} float32 | {single['batch'] * ms:.2f} ms | | |")
     lines += verify_lines(ver)
+    if DEVICE.type == "cpu":
+        lines += floor_lines(bench_floor())
     lines += ["", f"_Total benchmark time {time.perf_counter() - t0:.0f} s; {_command()}._"]
     text = "\n".join(lines)
     if write:
@@ -421,7 +495,8 @@ def cli(argv=None) -> int:
     elif args.verify:
         load = os.getloadavg()[0]
         ver = bench_verify()
-        print("\n".join([machine_line(), load_line(load), ""] + verify_lines(ver)))
+        extra = floor_lines(bench_floor()) if DEVICE.type == "cpu" else []
+        print("\n".join([machine_line(), load_line(load), ""] + verify_lines(ver) + extra))
     else:
         main(write=not args.no_write)
     return 0
