@@ -280,6 +280,9 @@ def _run(cfg: RankConfig) -> dict:
         t0 = time.perf_counter()
         spec = cfg.cache_spec(temperature)
         pc, cache_info = open_or_build_cache(spec, progress=cfg.progress)  # costs: measured once per pool
+        if cache_info.repaired:
+            print(f"mdboost rank: cache: damaged files of {', '.join(cache_info.repaired)} were rebuilt "
+                  f"(the intact ones kept)", file=sys.stderr)
         if cfg.cache.mentored_text:  # prompt lookup's points with a budget, on MD's own text
             pc = attach_mentored(spec, pc, cfg.md.divergences, cfg.md.budgets, cfg.speed.gamma_max,
                                  progress=cfg.progress)
@@ -304,6 +307,7 @@ def _run(cfg: RankConfig) -> dict:
                "n_points": len(best_gamma_rows(rows)), "seconds_cache": t_cache, "seconds_scoring": t_score,
                "seconds_per_pair": t_score / max(len(details), 1), "cache_dir": cache_info.dir,
                "cache_reused": all(o.info.reused for o in opened),
+               "cache_repaired": sorted({m for o in opened for m in o.info.repaired}),
                "cache_fingerprint": spec.fingerprint() if len(opened) == 1 else [o.spec.fingerprint() for o in opened],
                "acceptance_source": cfg.cache.acceptance_source,
                "sampled_continuations": sum(o.info.sampled_continuations for o in opened),

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from mdboost.cache import FolderSettings, LogitCache, PoolCacheSpec, open_or_build_cache
+from mdboost.cache import CacheCorruptionError, FolderSettings, LogitCache, PoolCacheSpec, open_or_build_cache
 from mdboost.data import TextSource
 from mdboost.models import identity
 from mdboost.models.tiny import tiny_llama, tiny_tokenizer
@@ -234,3 +234,29 @@ def test_drafter_for_keeps_a_tuned_lens_in_the_home_it_is_given(tmp_path):
     store = tuned_store(target, home)
     assert store.startswith(str(home)) and (tmp_path / store / "tuned_lens_layer2.safetensors").is_file()
     assert drafter_for(model, "tuned:2", home=home) is drafter_for(model, "tuned:2", home=str(home))
+
+
+def test_a_damaged_shard_of_a_finished_folder_is_rebuilt_when_opened(tmp_path):
+    """A finished member folder whose shard was damaged after the build (manifest intact) used to
+    stop every later run with a CacheCorruptionError telling the user to rebuild; it is now rebuilt
+    in place (the intact files kept, the damaged shard computed again, byte-identical), reported in
+    ``BuildInfo.repaired``, and the other members are untouched."""
+    from mdboost.cache.manifest import MANIFEST
+
+    target = save_tiny(tmp_path / "target", 0)
+    spec = spec_for(tmp_path, target, ["early_exit:2", "ngram:2"])
+    open_or_build_cache(spec)
+    folder = spec.member_dir("early_exit:2")
+    shard = sorted(p for p in folder.iterdir() if p.suffix == ".safetensors" and p.name != "tokens.safetensors")[0]
+    clean, manifest = shard.read_bytes(), (folder / MANIFEST).read_bytes()
+    others = {m: {p.name: p.read_bytes() for p in spec.member_dir(m).iterdir()} for m in spec.names if m != "early_exit:2"}
+    damaged = bytearray(clean)
+    damaged[-1] ^= 0xFF
+    shard.write_bytes(bytes(damaged))
+    with pytest.raises(CacheCorruptionError):
+        LogitCache.open(folder)
+    pc, info = open_or_build_cache(spec)
+    assert info.repaired == ("early_exit:2",) and not info.built and not info.reused
+    assert shard.read_bytes() == clean and (folder / MANIFEST).read_bytes() == manifest
+    assert {m: {p.name: p.read_bytes() for p in spec.member_dir(m).iterdir()} for m in others} == others
+    assert open_or_build_cache(spec)[1].reused

@@ -10,7 +10,11 @@
    steps at one torch thread (:mod:`mdboost.engine.costs`): the target's profile (``v(K)``,
    the MD solve overhead ``s``, its prefill cost) and each drafter's cost ratio ``c`` with its
    repeat samples and prefill cost;
-4. opens every folder (checksums verified) and checks that all cover the target's rows.
+4. opens every folder (checksums verified) and checks that all cover the target's rows. A
+   finished folder whose files turn out damaged or missing when opened (its manifest intact:
+   a damaged manifest already counts as unfinished in step 2) is rebuilt in place before it is
+   opened again: :func:`~mdboost.cache.build.build_cache` resumes it, keeping every file that
+   matches its manifest entry and computing the rest (``BuildInfo.repaired``).
 
 Models and records load only when something has to be built or measured. The costs are read
 from the speed file (:meth:`PoolCache.cost_ratio`, :meth:`PoolCache.cost_samples`,
@@ -108,11 +112,12 @@ class BuildInfo:
     sampled_continuations: int
     measured_speed_profile: bool
     measured_costs: tuple[str, ...] = ()
+    repaired: tuple[str, ...] = ()  # "member" or "member (acceptance)": finished folders found damaged, rebuilt
 
     @property
     def reused(self) -> bool:
-        """Nothing was built or sampled (the speed profile alone does not count)."""
-        return not (self.built or self.built_acceptance or self.sampled_continuations)
+        """Nothing was built, repaired or sampled (the speed profile alone does not count)."""
+        return not (self.built or self.built_acceptance or self.sampled_continuations or self.repaired)
 
 
 def _cost_settings(temperature: float):
@@ -165,8 +170,14 @@ class _Builder:
     """
 
     def __init__(self, spec: PoolCacheSpec, drafters: list[str], progress: bool):
-        self.spec, self.drafters, self.progress = spec, drafters, progress
+        self.spec, self.drafters, self.progress = spec, list(drafters), progress
         self._pool, self._records = None, None
+
+    def include(self, name: str) -> None:
+        """Make ``name`` one of the pool's members (a pool loaded without it is loaded again)."""
+        if name != self.spec.target and name not in self.drafters:
+            self.drafters.append(name)
+            self._pool = None
 
     @property
     def pool(self):
@@ -231,9 +242,24 @@ def folder_complete(spec: PoolCacheSpec, member: str, acceptance: bool = False) 
     return bool(info.get("complete"))
 
 
-def _open_checked(spec: PoolCacheSpec, acceptance: bool) -> dict:
-    """Open the members' folders; all must cover the same rows and tokenizer as the target's."""
-    caches = {m: LogitCache.open(spec.member_dir(m, acceptance)) for m in spec.names}
+def _open_repairing(spec: PoolCacheSpec, member: str, acceptance: bool, builder: _Builder, repaired: list) -> LogitCache:
+    """Open a member's folder; one found damaged (a shard changed or missing, a bad header) is rebuilt
+    in place first (:meth:`_Builder.build` resumes it: the files matching the manifest are kept), then
+    opened again, and recorded in ``repaired``. Damage the rebuild leaves is raised as it is."""
+    folder = spec.member_dir(member, acceptance)
+    try:
+        return LogitCache.open(folder)
+    except CacheCorruptionError:
+        builder.include(member)
+        builder.build(member, acceptance)
+        repaired.append(f"{member} (acceptance)" if acceptance else member)
+        return LogitCache.open(folder)
+
+
+def _open_checked(spec: PoolCacheSpec, acceptance: bool, builder: _Builder, repaired: list) -> dict:
+    """Open the members' folders (:func:`_open_repairing`); all must cover the same rows and
+    tokenizer as the target's."""
+    caches = {m: _open_repairing(spec, m, acceptance, builder, repaired) for m in spec.names}
     ref = caches[spec.target]
     for name, cache in caches.items():
         same = (cache.manifest["tokenizer_fingerprint"] == ref.manifest["tokenizer_fingerprint"]
@@ -272,9 +298,11 @@ def open_or_build_cache(spec: PoolCacheSpec, *, progress: bool = False) -> tuple
         for name in built[acc]:
             builder.build(name, acc)
     profiled, costed = builder.measure_costs(store, drafters)
-    acc_pc = PoolCache(_open_checked(spec, True), spec.target) if spec.sampled_acceptance else None
-    pc = PoolCache(_open_checked(spec, False), spec.target, acc_pc, store)
+    repaired = []
+    acc_pc = PoolCache(_open_checked(spec, True, builder, repaired), spec.target) if spec.sampled_acceptance else None
+    pc = PoolCache(_open_checked(spec, False, builder, repaired), spec.target, acc_pc, store)
     if acc_pc is not None and acc_pc.vocab_size != pc.vocab_size:
         raise ValueError(f"acceptance caches have vocab_size {acc_pc.vocab_size}, the main caches {pc.vocab_size}")
-    info = BuildInfo(str(Path(spec.dir)), built[False], built.get(True, ()), len(to_sample), profiled, costed)
+    info = BuildInfo(str(Path(spec.dir)), built[False], built.get(True, ()), len(to_sample), profiled, costed,
+                     tuple(repaired))
     return pc, info
