@@ -260,3 +260,55 @@ def test_a_damaged_shard_of_a_finished_folder_is_rebuilt_when_opened(tmp_path):
     assert shard.read_bytes() == clean and (folder / MANIFEST).read_bytes() == manifest
     assert {m: {p.name: p.read_bytes() for p in spec.member_dir(m).iterdir()} for m in others} == others
     assert open_or_build_cache(spec)[1].reused
+
+
+def test_a_folder_another_run_is_rebuilding_is_waited_for_not_refused(tmp_path):
+    """A folder that was finished when this run checked it and is unfinished when it opens it is
+    being rebuilt by another run (its repair): the open waits for that run's lock, then reads
+    the finished folder, where it raised 'holds an unfinished cache'."""
+    import threading
+    import time
+
+    from mdboost.cache import pool_cache
+    from mdboost.cache.manifest import MANIFEST, file_lock, lock_path, read_manifest, write_manifest
+
+    target = save_tiny(tmp_path / "target", 0)
+    spec = spec_for(tmp_path, target, ["early_exit:2"])
+    open_or_build_cache(spec)
+    folder = spec.member_dir("early_exit:2")
+    finished = (folder / MANIFEST).read_bytes()
+    held, done = threading.Event(), []
+
+    def other_run():  # holds the lock, marks the folder unfinished, finishes it again
+        with file_lock(lock_path(folder)):
+            write_manifest(folder, {**read_manifest(folder), "complete": False})
+            held.set()
+            time.sleep(0.5)
+            (folder / MANIFEST).write_bytes(finished)
+            done.append(time.monotonic())
+
+    thread = threading.Thread(target=other_run)
+    thread.start()
+    held.wait()
+    repaired = []
+    caches = pool_cache._open_checked(spec, False, pool_cache._Builder(spec, [], False), repaired)
+    thread.join()
+    assert done and time.monotonic() >= done[0] and repaired == [] and sorted(caches) == sorted(spec.names)
+
+
+def test_damaged_folders_of_several_members_are_rebuilt_with_one_pool_load(tmp_path, monkeypatch):
+    from mdboost.models import pool as pool_module
+
+    target = save_tiny(tmp_path / "target", 0)
+    spec = spec_for(tmp_path, target, ["early_exit:2", "ngram:2"])
+    open_or_build_cache(spec)
+    for member in ("early_exit:2", "ngram:2"):
+        shard = sorted(p for p in spec.member_dir(member).iterdir()
+                       if p.suffix == ".safetensors" and p.name != "tokens.safetensors")[0]
+        shard.write_bytes(shard.read_bytes()[:-1] + bytes([shard.read_bytes()[-1] ^ 0xFF]))
+    loads = []
+    real = pool_module.build_pool
+    monkeypatch.setattr(pool_module, "build_pool", lambda *a, **k: loads.append(a[1]) or real(*a, **k))
+    _, info = open_or_build_cache(spec)
+    assert info.repaired == ("early_exit:2", "ngram:2") and len(loads) == 1
+    assert sorted(loads[0]) == ["early_exit:2", "ngram:2"]

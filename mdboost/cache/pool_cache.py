@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from mdboost.cache.keys import PoolCacheSpec
-from mdboost.cache.manifest import CacheCorruptionError, finished_digest, read_manifest
+from mdboost.cache.manifest import MANIFEST, CacheCorruptionError, file_lock, finished_digest, lock_path, read_manifest
 from mdboost.cache.reader import LogitCache
 from mdboost.cache.settings import RunOptions, SequenceSettings, StoreSettings
 from mdboost.cache.speed import SpeedStore, entry_key, speed_path
@@ -225,6 +225,14 @@ class _Builder:
         return profiled, missing
 
 
+def _read_complete(folder: Path) -> bool:
+    """Whether the manifest of ``folder`` reads as a finished cache (False where it is damaged)."""
+    try:
+        return bool(read_manifest(folder).get("complete"))
+    except CacheCorruptionError:
+        return False
+
+
 def folder_complete(spec: PoolCacheSpec, member: str, acceptance: bool = False) -> bool:
     """The member's folder is finished and (if sampled) built on the current shared continuations."""
     manifest = spec.member_dir(member, acceptance) / "manifest.json"
@@ -242,24 +250,37 @@ def folder_complete(spec: PoolCacheSpec, member: str, acceptance: bool = False) 
     return bool(info.get("complete"))
 
 
-def _open_repairing(spec: PoolCacheSpec, member: str, acceptance: bool, builder: _Builder, repaired: list) -> LogitCache:
-    """Open a member's folder; one found damaged (a shard changed or missing, a bad header) is rebuilt
-    in place first (:meth:`_Builder.build` resumes it: the files matching the manifest are kept), then
-    opened again, and recorded in ``repaired``. Damage the rebuild leaves is raised as it is."""
-    folder = spec.member_dir(member, acceptance)
-    try:
-        return LogitCache.open(folder)
-    except CacheCorruptionError:
-        builder.include(member)
-        builder.build(member, acceptance)
-        repaired.append(f"{member} (acceptance)" if acceptance else member)
-        return LogitCache.open(folder)
-
-
 def _open_checked(spec: PoolCacheSpec, acceptance: bool, builder: _Builder, repaired: list) -> dict:
-    """Open the members' folders (:func:`_open_repairing`); all must cover the same rows and
-    tokenizer as the target's."""
-    caches = {m: _open_repairing(spec, m, acceptance, builder, repaired) for m in spec.names}
+    """Open the members' folders; all must cover the same rows and tokenizer as the target's.
+
+    A folder found damaged (a shard changed or missing, a bad header: ``CacheCorruptionError``) is
+    rebuilt in place (:meth:`_Builder.build` resumes it: the files matching the manifest are kept),
+    then opened again, and recorded in ``repaired``; every damaged member is included in the
+    builder's pool before the first build (one load of the pool). A folder found unfinished while
+    finished a moment earlier is being rebuilt by another run: its lock is waited for, then it is
+    opened again. Damage a rebuild leaves is raised as it is.
+    """
+    caches, damaged = {}, []
+    for name in spec.names:
+        folder = spec.member_dir(name, acceptance)
+        try:
+            caches[name] = LogitCache.open(folder)
+        except CacheCorruptionError:
+            damaged.append(name)
+        except ValueError:
+            if (folder / MANIFEST).is_file() and not _read_complete(folder):  # another run is writing it
+                with file_lock(lock_path(folder)):
+                    pass
+                caches[name] = LogitCache.open(folder)
+            else:
+                raise
+    for name in damaged:
+        builder.include(name)
+    for name in damaged:
+        builder.build(name, acceptance)
+        caches[name] = LogitCache.open(spec.member_dir(name, acceptance))
+        repaired.append(f"{name} (acceptance)" if acceptance else name)
+    caches = {name: caches[name] for name in spec.names}
     ref = caches[spec.target]
     for name, cache in caches.items():
         same = (cache.manifest["tokenizer_fingerprint"] == ref.manifest["tokenizer_fingerprint"]
