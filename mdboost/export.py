@@ -296,10 +296,11 @@ def mdboost_snippet(rec: dict, sampling: dict, device: str, home: str | None = N
         call, "print(tok.decode(out.sequences[0]))"])
 
 
-def hf_kwargs(rec: dict, sampling: dict) -> dict:
+def hf_kwargs(rec: dict, sampling: dict, home: str | None = None) -> dict:
     """Keyword arguments of ``target.generate`` for the recommendation, next to
     ``custom_generate=mdboost.hf.mentored_generate`` when drafted (a callable, so not among them:
-    transformers reads a string there as a Hub repository)."""
+    transformers reads a string there as a Hub repository); ``home``: the ranking's mdboost home,
+    passed on to :func:`mdboost.hf.mentored_generate` with the drafter (None: left out)."""
     sampled = float(rec["temperature"]) > 0
     kwargs = {"do_sample": sampled, "max_new_tokens": MAX_NEW_TOKENS}
     if sampled:  # top_k=0: the ranking's unfiltered sampling (transformers' default with do_sample is top_k=50)
@@ -310,6 +311,8 @@ def hf_kwargs(rec: dict, sampling: dict) -> dict:
     if not rec["beats_plain_decoding"]:
         return kwargs
     md = {"drafter": rec["drafter"], "num_draft_tokens": int(rec["gamma"])}
+    if home is not None:
+        md["home"] = home
     if float(rec["max_divergence"]) > 0:
         md.update(max_divergence=float(rec["max_divergence"]), divergence=rec["divergence"])
     return {**md, **kwargs}
@@ -321,7 +324,7 @@ CUSTOM_GENERATE = "mdboost.hf:mentored_generate"  # the import path (module:attr
 def hf_snippet(rec: dict, sampling: dict, device: str, home: str | None = None) -> str:
     """Python running the recommendation through Hugging Face ``generate`` (``home``: as
     :func:`mdboost_snippet`'s)."""
-    kwargs = hf_kwargs(rec, sampling)
+    kwargs = hf_kwargs(rec, sampling, home)
     drafted = bool(rec["beats_plain_decoding"])
     args = ["**inputs"] + (["custom_generate=mdboost.hf.mentored_generate"] if drafted else [])
     args += [f"{k}={v!r}" for k, v in kwargs.items()]
@@ -385,11 +388,16 @@ def export_plan(ranking: dict) -> dict:
     _checked(ranking["recommendation"], ranking["rows"], ranking["source"])
     rec, sampling, device = ranking["recommendation"], ranking["sampling"], ranking["device"]
     home = ranking.get("home")  # optional: a dict made before load_ranking returned it
+    if home is not None:  # a str, absolute (a hand-made dict may hold a relative path or a Path)
+        from mdboost.models.home import mdboost_home
+
+        home = str(mdboost_home(home))
     vllm = _vllm(rec, ranking["rows"], sampling, home)
     return {"source": ranking["source"], "recommendation": rec, "lossless": float(rec["max_divergence"]) == 0,
             "mdboost": {"python": mdboost_snippet(rec, sampling, device, home)},
             "hf": {"custom_generate": CUSTOM_GENERATE if rec["beats_plain_decoding"] else None,
-                   "generate_kwargs": hf_kwargs(rec, sampling), "python": hf_snippet(rec, sampling, device, home)},
+                   "generate_kwargs": hf_kwargs(rec, sampling, home),
+                   "python": hf_snippet(rec, sampling, device, home)},
             "vllm": {**vllm, "python": vllm_snippet(vllm)}}
 
 

@@ -100,6 +100,7 @@ def mentored_generate(
     mentor=None,
     generator: torch.Generator | None = None,
     streamer=None,
+    home=None,
     **model_kwargs,
 ):
     """Mentored (or, with budget 0, lossless speculative) decoding as a ``custom_generate``.
@@ -131,6 +132,9 @@ def mentored_generate(
         Receives each step's tokens (one row only). transformers 5.x does not forward
         ``streamer=`` to a callable ``custom_generate`` (it puts only the prompt into it);
         this is honoured where transformers passes it, or when called directly.
+    home : path or None
+        The mdboost home of a ``drafter`` spec's translators and models (:func:`drafter_for`'s
+        ``home``: a ranking's ``pool.home``, as ``mdboost export`` writes it); None: the default.
 
     Returns
     -------
@@ -160,7 +164,7 @@ def mentored_generate(
         if rows[0]:
             streamer.put(torch.tensor([rows[0]], dtype=torch.long))
 
-    out = engine_generate(model, input_ids, settings, drafter=drafter_for(model, drafter),
+    out = engine_generate(model, input_ids, settings, drafter=drafter_for(model, drafter, home=home),
                           attention_mask=model_kwargs.get("attention_mask"), generator=generator,
                           on_tokens=stream if streamer is not None else None)
     if streamer is not None:

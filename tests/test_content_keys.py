@@ -312,3 +312,19 @@ def test_damaged_folders_of_several_members_are_rebuilt_with_one_pool_load(tmp_p
     _, info = open_or_build_cache(spec)
     assert info.repaired == ("early_exit:2", "ngram:2") and len(loads) == 1
     assert sorted(loads[0]) == ["early_exit:2", "ngram:2"]
+
+
+def test_mentored_generate_builds_a_spec_drafter_in_the_home_it_is_given(tmp_path):
+    """``generate(custom_generate=mentored_generate, drafter='tuned:N', home=H)`` (what ``mdboost
+    export`` writes for a ranking with its own ``pool.home``) keeps the lens in ``H``."""
+    from mdboost.hf import mentored_generate
+    from mdboost.models.loading import load_model
+    from mdboost.models.pool import tuned_store
+
+    target = save_tiny(tmp_path / "target", 1)
+    home = tmp_path / "home"
+    model, _ = load_model(target, device="cpu")
+    ids = torch.tensor([[5, 6, 7, 8]])
+    model.generate(ids, custom_generate=mentored_generate, drafter="tuned:2", home=str(home), do_sample=False,
+                   max_new_tokens=4)
+    assert (tmp_path / tuned_store(target, home) / "tuned_lens_layer2.safetensors").is_file()

@@ -326,6 +326,9 @@ def test_the_snippets_use_the_home_the_ranking_kept_its_models_in(tmp_path):
     assert f"load_model('tiny', device='cpu', home={home!r})" in plan["mdboost"]["python"]
     assert f"drafter_for(target, 'tuned:2', home={home!r})" in plan["mdboost"]["python"]
     assert f"load_model('tiny', device='cpu', home={home!r})" in plan["hf"]["python"]
+    assert plan["hf"]["generate_kwargs"]["home"] == home and f"home={home!r}" in plan["hf"]["python"]
+    made = {**load_ranking(folder), "home": Path("rel") / "made"}  # a hand-made dict: a Path, relative
+    assert f"home={str((Path.cwd() / 'rel' / 'made').resolve())!r})" in export_plan(made)["mdboost"]["python"]
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         exec(compile(render(plan, "mdboost"), "<export mdboost>", "exec"), {})
