@@ -131,6 +131,35 @@ def test_kept_entries_are_those_of_the_bracketing_buckets():
     assert hits > 0
 
 
+@pytest.mark.parametrize("dtype, normalize", [(torch.float32, False), (torch.float32, True), (torch.float64, True)])
+def test_numpy_reduced_pair_equals_the_torch_one(dtype, normalize):
+    """The CPU reduced pair (each row's kept entries taken into its own output row) equals the
+    torch spelling's (one gather of every kept entry) bit for bit, with rescaled rows, strided
+    rows and rows that fall back (too full, or flagged as sorted rows)."""
+    from mdboost.md._bracket import Reduction, bracket, events, reduction
+    from mdboost.md._histogram import histogram_of
+    from mdboost.md._xp import NUMPY, TORCH
+
+    p, q = _llm_rows(9, 8192, 3, dtype)
+    gen = torch.Generator().manual_seed(4)  # p within 1e-6 of q: one or two buckets hold every entry (falls back)
+    p[4] = q[4] * (1 + 1e-6 * torch.randn(8192, generator=gen, dtype=torch.float64)).to(dtype)
+    p[4] /= p[4].sum()
+    full_p, full_q = torch.cat([p, p], -1), torch.cat([q, q], -1)
+    for rows_p, rows_q in ((p, q), (full_p[:, ::2], full_q[:, ::2])):  # contiguous, then strided rows
+        rows, h = histogram_of(rows_p, rows_q, resolve("kl"), normalize)
+        ev = events(NUMPY, h, resolve("kl"))
+        budget = np.array([[1e-4], [1e-3], [0.01], [0.05], [0.1], [0.5], [2.0], [0.0], [0.05]])
+        red = reduction(ev, *bracket(ev, budget), resolve("kl"))
+        flagged = torch.zeros(9, dtype=torch.bool)
+        flagged[7] = True
+        got = _buckets.reduced_pair(NUMPY, rows, h, red, flagged)
+        red_t = Reduction(*(None if x is None else torch.from_numpy(np.asarray(x)) for x in red))
+        want = _buckets.reduced_pair(TORCH, rows, h, red_t, flagged)
+        assert bool(got[2][4]) and bool(got[2][7]) and not bool(got[2][0])
+        for x, y in zip(got, want):
+            assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y)
+
+
 def test_float32_rows_match_the_sorted_path():
     p, q = _llm_rows(6, 8192, 1, torch.float32)
     budget = torch.tensor([1e-4, 0.01, 0.05, 0.2, 1.0, 10.0], **T64)
