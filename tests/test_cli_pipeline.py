@@ -155,3 +155,25 @@ def test_progress_false_silences_data_and_artifact_download_bars(tmp_path, quiet
     noise = ["Generating train split", "Downloading artifacts"]
     shown = [n for n in noise if n in done.stderr + done.stdout]
     assert shown == ([] if quiet else noise), done.stderr[-2000:]
+
+
+def test_rank_rebuilds_a_damaged_cache_shard_and_ranks_the_same(ranked, capsys):
+    """A shard of a finished member folder damaged after the run: the next ``mdboost rank`` on that
+    cache says in one line that it rebuilt the member's damaged files, records it in
+    ``summary.json``, and ranks exactly as before (the same ``ranking.csv``)."""
+    import json
+
+    tmp, _, _ = ranked
+    shard = next(p for p in sorted((tmp / "cache").rglob("early_exit_2-*.safetensors")))
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    code = cli.main(["rank", "--config", str(REPO / "configs/tiny.yaml"), "--set", f"output_dir={tmp}/rank-again",
+                     "--set", f"cache.dir={tmp}/cache", "--set", "md.budgets=[0,0.1]", "--set", "md.divergences=[kl]",
+                     "--set", "tracking.enabled=false", "--set", "ranking.resamples=20"])
+    assert code == 0
+    err = capsys.readouterr().err
+    assert "mdboost rank: cache: damaged files of early_exit:2 were rebuilt (the intact ones kept)" in err
+    summary = json.loads((tmp / "rank-again" / "summary.json").read_text())
+    assert summary["cache_repaired"] == ["early_exit:2"] and not summary["cache_reused"]
+    assert (tmp / "rank-again" / "ranking.csv").read_bytes() == (tmp / "rank" / "ranking.csv").read_bytes()
