@@ -145,19 +145,21 @@ def _reduced_pair_np(rows: Rows, h: Histogram, red: Reduction, sorted_rows):
     total = width + AGGREGATES
     out_p, out_q = np.zeros((n, total)), np.zeros((n, total))
     if width:
-        p_np, q_np = rows.p.numpy(), rows.q.numpy()
-        scaled = rows.scale_p is not None  # the float64 entries of the rescaled rows (Rows.block / block32)
-        scale_p, scale_q = (rows.scale_p.numpy(), rows.scale_q.numpy()) if scaled else (None, None)
-        for i in np.flatnonzero(counts).tolist():  # (strided rows are not copied)
-            c, col = counts[i], kept[i]
-            if scaled:
-                np.divide(p_np[i].take(col).astype(np.float64), scale_p[i, 0], out=out_p[i, :c])
-                np.divide(q_np[i].take(col).astype(np.float64), scale_q[i, 0], out=out_q[i, :c])
-            else:
-                out_p[i, :c], out_q[i, :c] = p_np[i].take(col), q_np[i].take(col)
+        for i in np.flatnonzero(counts).tolist():
+            _take_kept(rows, i, kept[i], out_p[i, :counts[i]], out_q[i, :counts[i]])
     out_p[:, width:] = red.agg_p
     out_q[:, width:] = red.agg_q
     return torch.from_numpy(out_p), torch.from_numpy(out_q), torch.from_numpy(fallback)
+
+
+def _take_kept(rows: Rows, i: int, col: np.ndarray, out_p: np.ndarray, out_q: np.ndarray) -> None:
+    """Row ``i``'s entries at the positions ``col`` into ``out_p``, ``out_q`` (float64 [len(col)]): a
+    flat take of the row (strided rows are not copied), divided by the row's sums where the rows are
+    rescaled (the float64 entries of Rows.block / block32)."""
+    out_p[...], out_q[...] = rows.p.numpy()[i].take(col), rows.q.numpy()[i].take(col)
+    if rows.scale_p is not None:
+        out_p /= rows.scale_p.numpy()[i, 0]
+        out_q /= rows.scale_q.numpy()[i, 0]
 
 
 def _reduced_row(rows: Rows, h: Histogram, red: Reduction):
@@ -167,10 +169,7 @@ def _reduced_row(rows: Rows, h: Histogram, red: Reduction):
         return None
     c = flat.size
     p_r, q_r = np.empty(c + AGGREGATES), np.empty(c + AGGREGATES)
-    p_r[:c], q_r[:c] = rows.p.numpy()[0].take(flat), rows.q.numpy()[0].take(flat)
-    if rows.scale_p is not None:  # the float64 entries of the rescaled rows (Rows.block / block32)
-        p_r[:c] /= rows.scale_p.numpy()[0, 0]
-        q_r[:c] /= rows.scale_q.numpy()[0, 0]
+    _take_kept(rows, 0, flat, p_r[:c], q_r[:c])
     p_r[c:], q_r[c:] = red.agg_p[0], red.agg_q[0]
     return p_r, q_r
 
