@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from mdboost.cache.keys import PoolCacheSpec
-from mdboost.cache.manifest import MANIFEST, CacheCorruptionError, file_lock, finished_digest, lock_path, read_manifest
+from mdboost.cache.manifest import CacheCorruptionError, file_lock, finished_digest, lock_path, read_manifest
 from mdboost.cache.reader import LogitCache
 from mdboost.cache.settings import RunOptions, SequenceSettings, StoreSettings
 from mdboost.cache.speed import SpeedStore, entry_key, speed_path
@@ -225,14 +225,6 @@ class _Builder:
         return profiled, missing
 
 
-def _read_complete(folder: Path) -> bool:
-    """Whether the manifest of ``folder`` reads as a finished cache (False where it is damaged)."""
-    try:
-        return bool(read_manifest(folder).get("complete"))
-    except CacheCorruptionError:
-        return False
-
-
 def folder_complete(spec: PoolCacheSpec, member: str, acceptance: bool = False) -> bool:
     """The member's folder is finished and (if sampled) built on the current shared continuations."""
     manifest = spec.member_dir(member, acceptance) / "manifest.json"
@@ -268,12 +260,11 @@ def _open_checked(spec: PoolCacheSpec, acceptance: bool, builder: _Builder, repa
         except CacheCorruptionError:
             damaged.append(name)
         except ValueError:
-            if (folder / MANIFEST).is_file() and not _read_complete(folder):  # another run is writing it
-                with file_lock(lock_path(folder)):
-                    pass
-                caches[name] = LogitCache.open(folder)
-            else:
+            if folder_complete(spec, name, acceptance):
                 raise
+            with file_lock(lock_path(folder)):  # another run is writing it: wait for it, then open again
+                pass
+            caches[name] = LogitCache.open(folder)
     for name in damaged:
         builder.include(name)
     for name in damaged:
