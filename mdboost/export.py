@@ -270,10 +270,14 @@ def _budget_args(rec: dict) -> list[str]:
     return [f"max_divergence={float(rec['max_divergence']):g}", f"divergence={rec['divergence']!r}"]
 
 
+def _home_arg(home: str | None) -> str:
+    """The snippets' ``, home=...`` argument (none for the default home)."""
+    return "" if home is None else f", home={home!r}"
+
+
 def _load_target(rec: dict, device: str, home: str | None) -> str:
     """The snippets' ``load_model`` line: the target converted (or found) in the ranking's home."""
-    at = "" if home is None else f", home={home!r}"
-    return f"target, tok = load_model({rec['target']!r}, device={device!r}{at})"
+    return f"target, tok = load_model({rec['target']!r}, device={device!r}{_home_arg(home)})"
 
 
 def mdboost_snippet(rec: dict, sampling: dict, device: str, home: str | None = None) -> str:
@@ -283,8 +287,8 @@ def mdboost_snippet(rec: dict, sampling: dict, device: str, home: str | None = N
     args = [f"max_new_tokens={MAX_NEW_TOKENS}", *_settings_args(rec, sampling)]
     if speculative:
         args += [f"gamma={int(rec['gamma'])}", *_budget_args(rec)]
-    at = "" if home is None else f", home={home!r}"
-    call = (f"out = generate(target, input_ids, settings, drafter=drafter_for(target, {rec['drafter']!r}{at}))"
+    call = (f"out = generate(target, input_ids, settings, "
+            f"drafter=drafter_for(target, {rec['drafter']!r}{_home_arg(home)}))"
             if speculative else "out = generate(target, input_ids, settings)  # plain decoding: no drafter pays off")
     return "\n".join([
         "from mdboost.engine import GenerationSettings, generate",
