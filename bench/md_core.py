@@ -318,13 +318,19 @@ def baseline_section(repeats=5, write=True):
     return text
 
 
-def bench_verify(batch=8, k=4, repeats=9):
-    """SD and MD calls interleaved; MD/SD is the median of the per-repeat ratios."""
+def verify_inputs(batch, k):
+    """``(draft_tokens [B, K], draft_probs [B, K, V], target_probs [B, K + 1, V])`` of the ``verify`` rows."""
     gen = torch.Generator().manual_seed(2)
     p, q = llm_like_pair(batch * (k + 1), VOCAB, torch.float32, seed=2)
     draft = p.reshape(batch, k + 1, VOCAB)[:, :k].contiguous()
     target = q.reshape(batch, k + 1, VOCAB).contiguous()
     tokens = torch.multinomial(draft.reshape(-1, VOCAB).cpu(), 1, generator=gen).reshape(batch, k).to(DEVICE)
+    return tokens, draft, target
+
+
+def bench_verify(batch=8, k=4, repeats=9):
+    """SD and MD calls interleaved; MD/SD is the median of the per-repeat ratios."""
+    tokens, draft, target = verify_inputs(batch, k)
     out = {}
     for top_k, mode in ((256, "all"), (None, "all"), (256, "needed"), (None, "needed")):
         def run(budget, top_k=top_k, mode=mode):
@@ -358,11 +364,7 @@ def bench_floor(batch=8, k=4, repeats=9):
     """
     import numpy as np
 
-    p, q = llm_like_pair(batch * (k + 1), VOCAB, torch.float32, seed=2)
-    draft = p.reshape(batch, k + 1, VOCAB)[:, :k].contiguous()
-    target = q.reshape(batch, k + 1, VOCAB).contiguous()
-    gen = torch.Generator().manual_seed(2)
-    tokens = torch.multinomial(draft.reshape(-1, VOCAB), 1, generator=gen).reshape(batch, k)
+    tokens, draft, target = verify_inputs(batch, k)
     p_np, q_np = draft.reshape(-1, VOCAB).numpy(), target[:, :k].reshape(-1, VOCAB).numpy()
     buf, inside = np.empty_like(p_np), np.empty(p_np.shape, dtype=bool)
 
