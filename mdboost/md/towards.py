@@ -6,7 +6,7 @@ token comes from the target at position K. The emitted token at each position fo
 exactly, with acceptance ``P_acc(pi) = sum_i min(pi_i, p_i)``. Any member of the TV optimal
 set (:mod:`mdboost.md.tv_set`), e.g. the boosted projection, is sampled this way.
 
-Randomness is :func:`mdboost.md.verify.verify`'s: ``K + 1`` uniforms per row, the acceptance
+Randomness is :func:`mdboost.md.verify.verify`'s (:mod:`mdboost.md.sampling`): ``K + 1`` uniforms per row, the acceptance
 tests then one inverse-CDF draw (the same ``generator`` contract). With ``pi = q`` this is
 standard speculative decoding with the same draws as ``verify`` at budget 0. If the residual
 ``(pi - p)_+`` is all zero (``pi = p``: a rejection only happens through rounding), the token is
@@ -19,7 +19,8 @@ import torch
 
 from mdboost.md._checks import check_probs, compute_dtype
 from mdboost.md.divergences import f_divergence, resolve
-from mdboost.md.verify import PLACEHOLDER_TOKEN_ID, VerifyResult, _sample, draw_uniforms
+from mdboost.md.sampling import (VerifyResult, accept_ratio, accepted_prefix, draw_uniforms, emitted_tokens,
+                                 inverse_cdf)
 
 __all__ = ["verify_towards"]
 
@@ -57,10 +58,7 @@ def verify_towards(
         raise ValueError("draft_tokens contains a token to which draft_probs gives probability 0")
     u = draw_uniforms(batch, num_draft, dtype=dtype, device=device, generator=generator)
     u_acc = u[:, :num_draft]
-    accepted = u_acc < _ratio(pi_x, p_x)  # [B, K]
-    num_accepted = torch.cumprod(accepted.long(), dim=-1).sum(-1)  # [B]
-    emitted = torch.arange(num_draft, device=device) < num_accepted.unsqueeze(-1)
-    sd_accepted = u_acc < _ratio(q_x, p_x)
+    num_accepted, by_budget = accepted_prefix(u_acc, accept_ratio(pi_x, p_x), accept_ratio(q_x, p_x))
 
     bonus = q_all[:, num_draft]  # [B, V]
     if num_draft:
@@ -71,25 +69,16 @@ def verify_towards(
         weights = torch.where((num_accepted == num_draft).unsqueeze(-1), bonus, resid)
     else:
         weights = bonus
-    sampled = _sample(weights, u[:, num_draft])
-
-    ar = torch.arange(num_draft + 1, device=device)
-    pad = torch.full((batch, 1), PLACEHOLDER_TOKEN_ID, dtype=torch.long, device=device)
-    out = torch.where(ar < num_accepted.unsqueeze(-1), torch.cat([tokens, pad], dim=1), PLACEHOLDER_TOKEN_ID)
-    out = torch.where(ar == num_accepted.unsqueeze(-1), sampled.unsqueeze(-1), out)
+    sampled = inverse_cdf(weights, u[:, num_draft])
     nan = torch.full((batch, num_draft), float("nan"), dtype=dtype, device=device)
     return VerifyResult(
-        tokens=out,
+        tokens=emitted_tokens(tokens, num_accepted, sampled),
         num_accepted=num_accepted,
         acceptance_probability=torch.minimum(p, pi).sum(-1).clamp(0.0, 1.0),
         sd_acceptance=torch.minimum(p, q).sum(-1),
         divergence=f_divergence(pi, q, resolve(divergence), validate=False).to(dtype),
-        accepted_by_budget=emitted & ~sd_accepted,
+        accepted_by_budget=by_budget,
         a=nan,
         b=nan.clone(),
     )
 
-
-def _ratio(num, p_x):  # [...] x2 -> [...]
-    """``min(1, num / p_x)``; a draft with ``p_x = 0`` is accepted iff ``num > 0``."""
-    return torch.where(p_x > 0, num / torch.where(p_x > 0, p_x, 1.0), (num > 0).to(num.dtype)).clamp(max=1)

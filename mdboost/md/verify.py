@@ -33,8 +33,6 @@ rejection has probability 0 and can only come from rounding), the token is drawn
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from mdboost.md import _buckets
@@ -43,78 +41,14 @@ from mdboost.md._checks import (_as_real_tensor, check_budget, check_positive_in
 from mdboost.md.breakpoints import Breakpoints
 from mdboost.md.divergences import resolve
 from mdboost.md.onehot import one_hot_dual, one_hot_primal
+from mdboost.md.sampling import (PLACEHOLDER_TOKEN_ID, VerifyResult, accept_ratio, accepted_prefix, draw_uniforms,
+                                 emitted_tokens, inverse_cdf)
 from mdboost.md.solve import mentored_distribution
+from mdboost.md.towards import verify_towards
 
 __all__ = ["PLACEHOLDER_TOKEN_ID", "VerifyResult", "verify", "draw_uniforms"]
 
-PLACEHOLDER_TOKEN_ID = -1  # pads ``tokens`` after the last emitted token
 SOLVE = ("all", "reached", "needed")
-
-
-@dataclass(frozen=True)
-class VerifyResult:
-    """Output of :func:`verify`.
-
-    Attributes
-    ----------
-    tokens : torch.LongTensor of shape (B, K + 1)
-        Accepted draft tokens, then the resampled (or bonus) token, then
-        ``PLACEHOLDER_TOKEN_ID`` padding. Row ``i`` holds ``num_accepted[i] + 1`` tokens.
-    num_accepted : torch.LongTensor of shape (B,)
-        Number of accepted draft tokens, in ``0..K``.
-    acceptance_probability : torch.Tensor of shape (B, K)
-        Optimal MD acceptance probability ``P_acc(pi)`` at each position (on the target's support).
-    sd_acceptance : torch.Tensor of shape (B, K)
-        Acceptance of standard SD at each position, ``1 - TV(p, q)``.
-    divergence : torch.Tensor of shape (B, K)
-        Realized ``D_f(pi || q)`` at each position.
-    accepted_by_budget : torch.BoolTensor of shape (B, K)
-        Emitted draft tokens that SD (same uniform) would have rejected.
-    a, b : torch.Tensor of shape (B, K)
-        The clamp parameters used at each position.
-
-    Stats are computed for all K positions; only positions ``<= num_accepted`` were used.
-    With ``top_k`` they refer to the restricted (top-k, renormalised) target.
-    """
-
-    tokens: torch.Tensor
-    num_accepted: torch.Tensor
-    acceptance_probability: torch.Tensor
-    sd_acceptance: torch.Tensor
-    divergence: torch.Tensor
-    accepted_by_budget: torch.Tensor
-    a: torch.Tensor
-    b: torch.Tensor
-
-
-def draw_uniforms(batch: int, num_draft: int, *, dtype, device, generator=None) -> torch.Tensor:  # [B, K+1]
-    """The ``K + 1`` uniforms per row consumed by :func:`verify`, in its fixed order."""
-    if generator is None or isinstance(generator, torch.Generator):
-        return torch.rand((batch, num_draft + 1), generator=generator, dtype=dtype, device=device)
-    if not isinstance(generator, (list, tuple)):
-        raise TypeError(f"generator must be a torch.Generator or a list of {batch} generators, got {generator!r}")
-    gens = list(generator)
-    if len(gens) != batch or not all(isinstance(g, torch.Generator) for g in gens):
-        raise ValueError(f"generator must be a torch.Generator or a list of {batch} generators, got {generator!r}")
-    rows = [torch.rand(num_draft + 1, generator=g, dtype=dtype, device=device) for g in gens]
-    return torch.stack(rows) if rows else torch.empty((0, num_draft + 1), dtype=dtype, device=device)
-
-
-def _sample(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:  # [B, W], [B] -> [B]
-    """Inverse-CDF draw; never returns a zero-weight index (rounding-safe).
-
-    The first index whose CDF exceeds ``u`` times the total has a positive weight, unless
-    rounding puts ``u`` times the total at the total itself (no index then): those rows take
-    the last positive weight, looked up only when some row needs it.
-    """
-    cdf = torch.cumsum(weights, dim=-1)
-    idx = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1).contiguous(), right=True).squeeze(-1)
-    width = weights.shape[-1]
-    beyond = idx >= width  # [B]
-    if bool(beyond.any()):
-        last = width - 1 - torch.flip(weights[beyond] > 0, [-1]).long().argmax(dim=-1)
-        idx = idx.masked_scatter(beyond, last)
-    return idx
 
 
 def _position_budget(name, value, batch, num_draft, device, upper, validate):
@@ -261,23 +195,16 @@ def verify(
     acc_prob, div_val = acc_prob.clamp(0.0, 1.0), div_val.clamp(min=0.0)
     # unsolved entries (NaN) are positions after a rejection or ones SD accepts: a = 0 there
     a0, b0 = torch.nan_to_num(a, nan=0.0), torch.nan_to_num(b, nan=0.0)
-    accepted = u_acc < _accept_ratio(a0, q_x, p_x)  # [B, K]
-    num_accepted = torch.cumprod(accepted.long(), dim=-1).sum(-1)  # [B]
-    emitted = torch.arange(num_draft, device=device) < num_accepted.unsqueeze(-1)
-    sd_accepted = u_acc < _accept_ratio(torch.zeros_like(a), q_x, p_x)
-
+    num_accepted, by_budget = accepted_prefix(u_acc, _accept_ratio(a0, q_x, p_x),
+                                              _accept_ratio(torch.zeros_like(a), q_x, p_x))
     sampled = _final_token(p_r, q_r, a0, b0, bonus, ids, num_accepted, u[:, num_draft])
-    ar = torch.arange(num_draft + 1, device=device)
-    pad = torch.full((batch, 1), PLACEHOLDER_TOKEN_ID, dtype=torch.long, device=device)
-    out = torch.where(ar < num_accepted.unsqueeze(-1), torch.cat([tokens, pad], dim=1), PLACEHOLDER_TOKEN_ID)
-    out = torch.where(ar == num_accepted.unsqueeze(-1), sampled.unsqueeze(-1), out)
     return VerifyResult(
-        tokens=out,
+        tokens=emitted_tokens(tokens, num_accepted, sampled),
         num_accepted=num_accepted,
         acceptance_probability=acc_prob,
         sd_acceptance=sd_acc,
         divergence=div_val,
-        accepted_by_budget=emitted & ~sd_accepted,
+        accepted_by_budget=by_budget,
         a=a,
         b=b,
     )
@@ -286,8 +213,6 @@ def verify(
 def _verify_towards(tokens, p, q_all, mentored_probs, max_divergence, min_acceptance, top_k, divergence,
                     generator, validate):
     """``verify(mentored_probs=...)``: the budget arguments must stay unset."""
-    from mdboost.md.towards import verify_towards
-
     if min_acceptance is not None or not (isinstance(max_divergence, (int, float)) and max_divergence == 0):
         raise ValueError(f"mentored_probs fixes the emitted distribution: give no budget (max_divergence="
                          f"{max_divergence!r}, min_acceptance={min_acceptance!r})")
@@ -300,7 +225,7 @@ def _verify_towards(tokens, p, q_all, mentored_probs, max_divergence, min_accept
 
 def _accept_ratio(a, q_x, p_x):  # [...] x3 -> [...]
     """``min(1, (1+a) q_x / p_x)``; a draft with ``p_x = 0`` is accepted iff ``q_x > 0``."""
-    return torch.where(p_x > 0, (1 + a) * q_x / p_x, (q_x > 0).to(q_x.dtype)).clamp(max=1)
+    return accept_ratio((1 + a) * q_x, p_x)
 
 
 def _solve(p, q, budget, dual, div, normalize=False):  # [N, W], [N, W], [N] -> 4 x [N]
@@ -407,7 +332,7 @@ def _final_token(p_r, q_r, a, b, bonus, ids, num_accepted, u):  # -> [B] token i
             fallback = mentored_distribution(p_rej[empty], q_rej[empty], a_rej[empty], b_rej[empty], validate=False)
             resid[empty] = fallback.to(resid.dtype)
         weights = torch.where(all_acc.unsqueeze(-1), bonus, resid)
-    idx = _sample(weights, u)  # [B]
+    idx = inverse_cdf(weights, u)  # [B]
     if ids is None:
         return idx
     row_pos = torch.where(all_acc, torch.full_like(rpos, num_draft), rpos)
