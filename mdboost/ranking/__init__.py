@@ -22,7 +22,8 @@ The cache folders the rows come from are built and opened by :mod:`mdboost.cache
 from mdboost.ranking.chains import conditional_acceptance
 from mdboost.ranking.layout import sequence_layout
 from mdboost.ranking.process import run_process
-from mdboost.ranking.rank import PairRows, PairSide, ScoreSettings, rank_rows, score_pair
+from mdboost.ranking.pair import PairRows, PairSide
+from mdboost.ranking.rank import ScoreSettings, rank_rows, score_pair
 from mdboost.ranking.scores import PairScore, PointScore, score_rows
 from mdboost.ranking.speed import (
     SpeedProfile,

@@ -4,7 +4,7 @@ The acceptance rows are the target's continuations; at a point with a budget the
 ``pi`` instead, and for a drafter that reads the text (prompt lookup) that changes what it
 proposes (``docs/ranking.md``, "The text is the target's"). :mod:`mdboost.cache.mentored`
 samples the text MD emits at such a point; :func:`mentored_pair_rows` turns its rows file into
-the :class:`~mdboost.ranking.rank.PairRows` the process runs on, and :func:`mentored_process`
+the :class:`~mdboost.ranking.pair.PairRows` the process runs on, and :func:`mentored_process`
 scores the point there.
 
 On that text the emitted token at a drafted position is ``~ pi``, so the conditional acceptance
@@ -19,8 +19,11 @@ import dataclasses
 
 import torch
 
+from mdboost.ranking.acceptance import md_operating_points, sd_acceptance
 from mdboost.ranking.layout import SequenceLayout
-from mdboost.ranking.support import MemberRows, rows_from_proposals
+from mdboost.ranking.pair import PairRows
+from mdboost.ranking.process import PointInputs, score_process
+from mdboost.ranking.support import MemberRows, align, rows_from_proposals
 
 __all__ = ["mentored_pair_rows", "mentored_process"]
 
@@ -36,7 +39,7 @@ class _Drafts:
 
 
 def mentored_pair_rows(tensors: dict, acceptance, temperature: float):
-    """The pair's :class:`~mdboost.ranking.rank.PairRows` on one mentored rows file.
+    """The pair's :class:`~mdboost.ranking.pair.PairRows` on one mentored rows file.
 
     Parameters
     ----------
@@ -47,8 +50,6 @@ def mentored_pair_rows(tensors: dict, acceptance, temperature: float):
     temperature : float, > 0
         The file's temperature.
     """
-    from mdboost.ranking.rank import PairRows
-
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature!r}")
     off, starts = tensors["seq_offsets"].tolist(), tensors["starts"].tolist()
@@ -75,10 +76,6 @@ def mentored_process(rows, divergence: str, max_divergence: float, vocab_size: i
     The point is solved again on those rows (``settings.mode``), and the process runs without a
     budget tilt (module docstring), with the pair's speed model as everywhere else.
     """
-    from mdboost.ranking.acceptance import md_operating_points, sd_acceptance
-    from mdboost.ranking.process import PointInputs, score_process
-    from mdboost.ranking.support import align
-
     aligned = align(rows.draft.rows, rows.target.rows, vocab_size, torch.as_tensor(rows.labels))
     valid = rows.draft.rows.valid
     sd = sd_acceptance(aligned, valid)

@@ -27,9 +27,10 @@ cache), the draft-start process of :mod:`mdboost.ranking.process` replaces the i
 ``engine_acceptance`` (expected acceptance at draft position 0 where the engine drafts),
 ``engine_mean_accepted_length`` and friends; the i.i.d. values stay as ``*_iid`` columns.
 
-Inputs and outputs are named types: a pair's rows are a :class:`PairRows` of two
-:class:`PairSide` (one pool member as this pair sees it: cached rows, boosting hypothesis and
-cost ratio relative to the pair's target); the settings a :class:`ScoreSettings`; the result a
+Inputs and outputs are named types: a pair's rows are a :class:`~mdboost.ranking.pair.PairRows`
+of two :class:`~mdboost.ranking.pair.PairSide` (one pool member as this pair sees it: cached
+rows, boosting hypothesis and cost ratio relative to the pair's target); the settings a
+:class:`ScoreSettings`; the result a
 :class:`~mdboost.ranking.scores.PairScore` whose ``rows`` are the CSV rows.
 """
 
@@ -37,7 +38,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from mdboost.engine.settings import DEFAULT_MD_SOLVE
@@ -49,66 +49,17 @@ from mdboost.ranking.boosting import boost_greedy, boost_target_first
 from mdboost.ranking.diagnostics import boost_coefficient, pair_diagnostics
 from mdboost.ranking.layout import SequenceLayout
 from mdboost.ranking.mentored import mentored_process
+from mdboost.ranking.pair import PairRows, PairSide
 from mdboost.ranking.chains import budget_tilt
 from mdboost.ranking.process import PointInputs, score_process
 from mdboost.ranking.scores import PairScore, PairStats, PointScore, Quantiles, SpeedChoice
 from mdboost.ranking.speed import SpeedProfile, check_verify_costs, gamma_speedups
 from mdboost.ranking.uncertainty import BootstrapSettings
-from mdboost.ranking.support import Aligned, MemberRows, align
+from mdboost.ranking.support import Aligned, align
 
 MD_MODES = ("exact", "bound")
 TV_MENTORS = ("clamp", "boosted")
 BOOSTING_ORDERS = ("target_first", "greedy")
-
-
-@dataclass(frozen=True, eq=False)
-class PairSide:
-    """One pool member as a pair's scoring sees it: cached rows, boosting hypothesis, cost ratio.
-
-    ``cost_ratio``: this member's time per draft token over the pair's target's undrafted step
-    (1 for the target); ``cost_samples``: its repeated measurements on the same scale, when known
-    (the speedup intervals then carry their spread, :mod:`mdboost.ranking.uncertainty`);
-    ``prefill_per_token``: as a drafter, its own prefill cost per prompt token on that scale (0
-    for prompt lookup; ``docs/theory.md``, "Speed model for ranking").
-    """
-
-    name: str
-    rows: MemberRows
-    hypothesis: object
-    cost_ratio: float
-    cost_samples: tuple | None = None
-    prefill_per_token: float = 0.0
-
-
-@dataclass(frozen=True, eq=False)
-class PairRows:
-    """The rows one ordered pair is scored on.
-
-    ``labels`` [N]: true next tokens; ``row_ids`` [N]: each position's cache row (the boosting
-    hypotheses' ``X``; None: ``arange(N)``); ``layout``: the rows grouped by sequence
-    (:func:`~mdboost.ranking.layout.sequence_layout`), which turns on the draft-start process
-    when these are the acceptance rows.
-    """
-
-    draft: PairSide
-    target: PairSide
-    labels: np.ndarray
-    row_ids: np.ndarray | None = None
-    layout: SequenceLayout | None = None
-
-    def __post_init__(self):
-        labels = np.asarray(self.labels)
-        object.__setattr__(self, "labels", labels)
-        n = (self.draft.rows.valid.numel(), self.target.rows.valid.numel(), labels.shape[0])
-        if len(set(n)) != 1:
-            raise ValueError(f"draft rows, target rows and labels must cover the same positions, got {n}")
-        sequence = None if self.layout is None else torch.as_tensor(self.layout.sequence)
-        if sequence is not None and sequence.shape != labels.shape:
-            raise ValueError(f"layout covers {sequence.numel()} rows, labels {labels.size}")
-
-    @property
-    def positions(self) -> np.ndarray:  # [N]
-        return np.arange(len(self.labels)) if self.row_ids is None else np.asarray(self.row_ids)
 
 
 @dataclass(frozen=True)

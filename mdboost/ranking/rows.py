@@ -5,7 +5,7 @@ The cache folders themselves (keys, building, opening) belong to :mod:`mdboost.c
 :class:`~mdboost.cache.pool_cache.PoolCache`: :func:`member_rows` turns one member's cached
 logits into :class:`~mdboost.ranking.support.MemberRows` and a boosting hypothesis,
 :func:`pair_rows` / :func:`acceptance_rows` assemble one ordered pair's
-:class:`~mdboost.ranking.rank.PairRows`, :func:`speed_profile` reads the target's measured
+:class:`~mdboost.ranking.pair.PairRows`, :func:`speed_profile` reads the target's measured
 speed profile.
 """
 
@@ -16,7 +16,7 @@ import torch
 from mdboost.cache.pool_cache import PoolCache
 from mdboost.ranking.boosting import CachedLogitsHypothesis, ProposalHypothesis
 from mdboost.ranking.layout import sequence_layout
-from mdboost.ranking.rank import PairRows, PairSide
+from mdboost.ranking.pair import PairRows, PairSide
 from mdboost.ranking.speed import SpeedProfile
 from mdboost.ranking.support import MemberRows, rows_from_proposals
 
