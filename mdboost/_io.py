@@ -1,22 +1,39 @@
-"""Atomic file writes, and checked reads of the JSON and YAML files they leave behind.
+"""Atomic file writes, checked reads of the JSON and YAML files they leave behind, file digests
+and folder locks.
 
 Everything is written to a temporary sibling first and renamed into place, so a reader never
 sees a half-written file and an interrupted write leaves nothing behind. A file that someone
 edited or damaged by hand reads as a ``ValueError`` naming the file (:func:`read_json_object`,
 :func:`read_yaml_mapping`), never as a bare parser error.
+
+Writers of one folder (a cache folder, a converted model) are serialized by :func:`file_lock`
+on a sibling lock file (:func:`lock_path`); the lock holder removes the temporary files that
+killed writers left behind (:func:`remove_stale_temps`). :func:`sha256_file` is the one file
+hasher: the cache's checksums and the models' content ids.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
+import re
+import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: file_lock is a no-op
+    fcntl = None
+
+_TEMP = re.compile(r"\..+\.tmp(\.[A-Za-z0-9_]+)?|\..+\.tmp-.+")  # atomic_path / mkdtemp names
+_MEMO: dict = {}  # path -> ((size, mtime_ns, inode), sha256): sha256_file(memo=True)
 
 
 def _default_mode() -> int:
@@ -104,3 +121,75 @@ def json_ready(value):
     if isinstance(value, np.bool_):
         return bool(value)
     return value
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22, *, memo: bool = False) -> str:
+    """SHA-256 of a file's bytes.
+
+    ``memo=True`` remembers the digest in-process on the file's ``(size, mtime_ns, inode)`` and
+    reads the file again only when one of them changed (the models' content ids,
+    :mod:`mdboost.models.identity`); checksum verification reads the bytes every time.
+
+    >>> import tempfile; f = Path(tempfile.mkdtemp()) / "x"; _ = f.write_bytes(b"abc")
+    >>> sha256_file(f) == sha256_file(f, memo=True) == hashlib.sha256(b"abc").hexdigest()
+    True
+    """
+    path = Path(path)
+    if memo:
+        path = path.resolve()
+        st = path.stat()
+        stamp = (st.st_size, st.st_mtime_ns, st.st_ino)
+        hit = _MEMO.get(path)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(chunk), b""):
+            digest.update(block)
+    if memo:
+        _MEMO[path] = (stamp, digest.hexdigest())
+    return digest.hexdigest()
+
+
+def lock_path(folder: str | os.PathLike) -> Path:
+    """The lock file of a folder (or file): a hidden sibling, never removed with the folder."""
+    folder = Path(folder)
+    return folder.parent / f".{folder.name}.lock"
+
+
+@contextmanager
+def file_lock(path: str | os.PathLike) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created) for the block; waits for other holders.
+
+    The operating system releases it when the holder dies, even by ``SIGKILL``, so a killed
+    build never leaves a folder locked. Without ``fcntl`` (not POSIX) it is a no-op.
+    """
+    if fcntl is None:  # pragma: no cover - Windows
+        yield
+        return
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def remove_stale_temps(folder: str | os.PathLike, prefix: str = "") -> list[str]:
+    """Remove the temporary files a killed writer left in ``folder`` (names ``.<name>.*.tmp*``
+    starting with ``.<prefix>``); returns their names. Call it only while holding the folder's lock.
+
+    >>> import tempfile; d = Path(tempfile.mkdtemp()); _ = (d / ".a.safetensors.x1.tmp.safetensors").write_text("")
+    >>> remove_stale_temps(d), sorted(p.name for p in d.iterdir())
+    (['.a.safetensors.x1.tmp.safetensors'], [])
+    """
+    folder, removed = Path(folder), []
+    if not folder.is_dir():
+        return removed
+    for entry in sorted(folder.iterdir()):
+        if entry.name.startswith(f".{prefix}") and _TEMP.fullmatch(entry.name) and not entry.name.endswith(".lock"):
+            shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+            removed.append(entry.name)
+    return removed

@@ -10,6 +10,7 @@ import shutil
 import signal
 from pathlib import Path
 
+from mdboost._io import sha256_file
 from mdboost.cache import manifest as manifest_module
 from mdboost.cache.manifest import CHECKSUM, MANIFEST, TOKENS, manifest_checksum
 
@@ -106,7 +107,7 @@ def _sidecar(path: Path) -> Path:
 
 
 def _rewrite_sidecar(path: Path) -> None:
-    _sidecar(path).write_text(manifest_module.sha256_file(path) + "\n")
+    _sidecar(path).write_text(sha256_file(path) + "\n")
 
 
 def _swap(a: Path, b: Path) -> None:

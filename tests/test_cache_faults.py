@@ -112,7 +112,7 @@ def test_a_build_waits_for_the_folder_lock_then_leaves_a_finished_folder_alone(p
     import shutil
     import threading
 
-    from mdboost.cache.manifest import file_lock, lock_path
+    from mdboost._io import file_lock, lock_path
 
     out = tmp_path / "cache"
     shutil.copytree(clean, out)

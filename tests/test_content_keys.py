@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from mdboost._io import sha256_file
 from mdboost.cache import CacheCorruptionError, FolderSettings, LogitCache, PoolCacheSpec, open_or_build_cache
 from mdboost.data import TextSource
 from mdboost.models import identity
@@ -124,7 +125,7 @@ def test_conversion_is_redone_when_its_source_changes(tmp_path, monkeypatch):
     assert not convert.is_converted(out, gguf)
     convert.convert_gguf(gguf.parent, gguf.name, out)
     assert (out / "model.safetensors").read_bytes() != first and not (out / "tuned_lens_layer2.safetensors").exists()
-    assert json.loads((out / convert.MARKER).read_text())["source_sha256"] == identity.file_sha256(gguf)
+    assert json.loads((out / convert.MARKER).read_text())["source_sha256"] == sha256_file(gguf, memo=True)
     assert sorted(p.name for p in out.parent.iterdir()) == [".m.lock", "m"]  # no temporary folder left
 
 
@@ -201,7 +202,7 @@ def test_a_damaged_conversion_marker_is_converted_again(tmp_path, monkeypatch, d
     assert not convert.is_converted(out, gguf)
     convert.convert_gguf(gguf.parent, gguf.name, out)
     assert convert.is_converted(out, gguf)
-    assert json.loads((out / convert.MARKER).read_text())["source_sha256"] == identity.file_sha256(gguf)
+    assert json.loads((out / convert.MARKER).read_text())["source_sha256"] == sha256_file(gguf, memo=True)
 
 
 def test_an_edited_local_data_file_moves_every_folder_built_on_it(tmp_path):
@@ -270,7 +271,8 @@ def test_a_folder_another_run_is_rebuilding_is_waited_for_not_refused(tmp_path):
     import time
 
     from mdboost.cache import pool_cache
-    from mdboost.cache.manifest import MANIFEST, file_lock, lock_path, read_manifest, write_manifest
+    from mdboost._io import file_lock, lock_path
+    from mdboost.cache.manifest import MANIFEST, read_manifest, write_manifest
 
     target = save_tiny(tmp_path / "target", 0)
     spec = spec_for(tmp_path, target, ["early_exit:2"])

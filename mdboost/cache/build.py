@@ -33,11 +33,12 @@ from pathlib import Path
 
 import torch
 
+from mdboost._io import file_lock, lock_path, remove_stale_temps, sha256_file
 from mdboost.data import dataset_fingerprint, encode_prompt, encode_record
 
 from .manifest import (FORMAT, MANIFEST, TOKENS, CacheCorruptionError, atomic_save_tensors, check_layout, code_version,
-                       file_lock, finished_digest, lock_path, lse_key, read_manifest, remove_stale_temps, sha256_file,
-                       shard_name, trusted_digest, verify_shards, write_manifest)
+                       finished_digest, lse_key, read_manifest, shard_name, trusted_digest, verify_shards,
+                       write_manifest)
 from .settings import DTYPES, SOURCES, RunOptions, SequenceSettings, StoreSettings
 
 __all__ = ["build_cache", "sample_sequences", "joblib_backends", "build_sequences", "split_sequences", "member_logits", "compute_shard",
@@ -312,7 +313,7 @@ def build_cache(
 
     Notes
     -----
-    One build writes a folder at a time (a lock file next to it, :func:`~mdboost.cache.manifest.file_lock`):
+    One build writes a folder at a time (a lock file next to it, :func:`~mdboost._io.file_lock`):
     a concurrent call waits, then finds the folder finished and leaves it as it is. A resumed
     build first removes the temporary files a killed one left, keeps a file only when it matches
     its manifest entry (or, for one finished after the last manifest write, its ``.sha256``

@@ -34,6 +34,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mdboost._io import sha256_file
 from mdboost.data import TextSource
 
 # how continuations are sampled (part of their key): change it when the sampling code changes
@@ -171,13 +172,11 @@ class PoolCacheSpec:
         (``["text_file", "file:<sha256>"]``): editing the file moves the folders and the shared
         continuations. The bundled HumanEval and hub datasets add nothing (their names fix
         them), so those folders keep the names they always had."""
-        from mdboost.models.identity import file_sha256
-
         source = self.text.source
         path = Path(source).expanduser()
         if source == "humaneval" or not path.is_file():
             return []
-        return [["text_file", f"file:{file_sha256(path)}"]]
+        return [["text_file", f"file:{sha256_file(path, memo=True)}"]]
 
     def continuations_key(self, max_new_tokens: int) -> str:
         weights = self.weights(self.target)

@@ -10,9 +10,10 @@ Readers verify every shard against the manifest, and the manifest against the la
 describes (:func:`check_layout`: every member's shards listed, nothing else), and refuse
 (:class:`CacheCorruptionError`) rather than read a damaged folder.
 
-Builds of one folder are serialized by :func:`file_lock` on a sibling lock file
-(:func:`lock_path`), so concurrent processes never write the same folder at once; the lock
-holder removes temporary files that killed builds left behind (:func:`remove_stale_temps`).
+Builds of one folder are serialized by :func:`mdboost._io.file_lock` on a sibling lock file
+(:func:`mdboost._io.lock_path`), so concurrent processes never write the same folder at once;
+the lock holder removes temporary files that killed builds left behind
+(:func:`mdboost._io.remove_stale_temps`).
 """
 
 from __future__ import annotations
@@ -20,14 +21,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from safetensors.torch import save_file
 
-from mdboost._io import atomic_path, atomic_write_text
+from mdboost import __version__
+from mdboost._io import atomic_path, atomic_write_text, sha256_file
 
 FORMAT = "mdboost-logit-cache"
 FORMAT_VERSION = 1
@@ -45,69 +44,10 @@ class CacheCorruptionError(ValueError):
 
 
 CHECKSUM = "manifest_sha256"
-_TEMP = re.compile(r"\..+\.tmp(\.[A-Za-z0-9_]+)?|\..+\.tmp-.+")  # mdboost._io.atomic_path / mkdtemp names
-
-
-def lock_path(folder: str | os.PathLike) -> Path:
-    """The lock file of a folder (or file): a hidden sibling, never removed with the folder."""
-    folder = Path(folder)
-    return folder.parent / f".{folder.name}.lock"
-
-
-@contextmanager
-def file_lock(path: str | os.PathLike) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``path`` (created) for the block; waits for other holders.
-
-    The operating system releases it when the holder dies, even by ``SIGKILL``, so a killed
-    build never leaves a folder locked. Without ``fcntl`` (not POSIX) it is a no-op.
-    """
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows
-        yield
-        return
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
-
-
-def remove_stale_temps(folder: str | os.PathLike, prefix: str = "") -> list[str]:
-    """Remove the temporary files a killed writer left in ``folder`` (names ``.<name>.*.tmp*``
-    starting with ``.<prefix>``); returns their names. Call it only while holding the folder's lock.
-
-    >>> import tempfile; d = Path(tempfile.mkdtemp()); _ = (d / ".a.safetensors.x1.tmp.safetensors").write_text("")
-    >>> remove_stale_temps(d), sorted(p.name for p in d.iterdir())
-    (['.a.safetensors.x1.tmp.safetensors'], [])
-    """
-    import shutil
-
-    folder, removed = Path(folder), []
-    if not folder.is_dir():
-        return removed
-    for entry in sorted(folder.iterdir()):
-        if entry.name.startswith(f".{prefix}") and _TEMP.fullmatch(entry.name) and not entry.name.endswith(".lock"):
-            shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
-            removed.append(entry.name)
-    return removed
 
 
 def code_version() -> str:
-    from mdboost import __version__
-
     return f"mdboost {__version__} / cache format {FORMAT_VERSION}"
-
-
-def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(chunk), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def atomic_save_tensors(tensors: dict, path: str | os.PathLike) -> str:

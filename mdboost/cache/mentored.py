@@ -36,8 +36,10 @@ from pathlib import Path
 
 import torch
 
+from mdboost._io import file_lock, lock_path, remove_stale_temps
+
 from .keys import PoolCacheSpec, fingerprint
-from .manifest import atomic_save_tensors, file_lock, finished_digest, lock_path, remove_stale_temps
+from .manifest import atomic_save_tensors, finished_digest
 
 __all__ = ["MENTORED_SAMPLER", "mentored_path", "sample_mentored", "open_or_sample_mentored", "load_mentored",
            "attach_mentored"]

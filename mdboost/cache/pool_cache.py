@@ -29,7 +29,8 @@ from pathlib import Path
 import torch
 
 from mdboost.cache.keys import PoolCacheSpec
-from mdboost.cache.manifest import CacheCorruptionError, file_lock, finished_digest, lock_path, read_manifest
+from mdboost._io import file_lock, lock_path
+from mdboost.cache.manifest import CacheCorruptionError, finished_digest, read_manifest
 from mdboost.cache.reader import LogitCache
 from mdboost.cache.settings import RunOptions, SequenceSettings, StoreSettings
 from mdboost.cache.speed import SpeedStore, entry_key, speed_path

@@ -18,6 +18,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from mdboost._io import file_lock, lock_path, remove_stale_temps, sha256_file
+
 from .home import models_dir
 
 SMOLLM2_ALIAS = "smollm2-135m"
@@ -69,8 +71,6 @@ def convert_gguf(folder: str | os.PathLike, gguf_file: str, out_dir: str | os.Pa
     Path
         ``out_dir``.
     """
-    from mdboost.cache.manifest import file_lock, lock_path, remove_stale_temps
-
     out_dir = Path(out_dir)
     source = Path(folder) / gguf_file
     if not source.is_file():
@@ -90,8 +90,6 @@ def convert_gguf(folder: str | os.PathLike, gguf_file: str, out_dir: str | os.Pa
 
 
 def _convert_locked(folder, gguf_file: str, source: Path, out_dir: Path) -> None:
-    from .identity import file_sha256
-
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp-"))
     try:
         model, tokenizer = load_gguf(folder, gguf_file)
@@ -101,7 +99,7 @@ def _convert_locked(folder, gguf_file: str, source: Path, out_dir: Path) -> None
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         marker = {"source": str(source), "source_bytes": source.stat().st_size, "gguf_file": gguf_file,
-                  "source_sha256": file_sha256(source)}
+                  "source_sha256": sha256_file(source, memo=True)}
         (tmp / MARKER).write_text(json.dumps(marker, indent=2))
         if out_dir.exists():  # stale: unmarked, or converted from other bytes; moved aside, then removed
             os.rename(out_dir, Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp-")) / "old")
@@ -120,8 +118,6 @@ def is_converted(out_dir: str | os.PathLike, source: str | os.PathLike | None = 
         return False
     if source is None:
         return True
-    from .identity import file_sha256
-
     try:
         marker = json.loads(marker_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):  # damaged by hand: not a finished conversion, convert again
@@ -129,7 +125,7 @@ def is_converted(out_dir: str | os.PathLike, source: str | os.PathLike | None = 
     if not isinstance(marker, dict):
         return False
     if "source_sha256" in marker:
-        return marker["source_sha256"] == file_sha256(source)
+        return marker["source_sha256"] == sha256_file(source, memo=True)
     return marker.get("source_bytes") == Path(source).stat().st_size
 
 

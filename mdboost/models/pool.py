@@ -22,11 +22,13 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mdboost._io import sha256_file
+
 from .convert import SMOLLM2_ALIAS, ensure_smollm2
 from .cost import measure_cost_ratio
 from .drafters import early_exit_model, int8_model, tuned_translators
 from .home import models_dir
-from .identity import TINY_NAME, file_sha256, weights_id
+from .identity import TINY_NAME, weights_id
 from .loading import check_model_source, load_model, resolve_device
 from .ngram import NgramDrafter
 
@@ -232,7 +234,7 @@ def fit_key(fit_source: str, fit_positions: int) -> str | None:
     if (fit_source, fit_positions) == DEFAULT_FIT:
         return None
     path = Path(fit_source).expanduser()
-    content = file_sha256(path) if path.is_file() else None
+    content = sha256_file(path, memo=True) if path.is_file() else None
     return hashlib.sha256(json.dumps([fit_source, fit_positions, content]).encode()).hexdigest()[:16]
 
 
