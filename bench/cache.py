@@ -40,6 +40,7 @@ from mdboost.engine.costs import measure_engine_cost  # noqa: E402
 from mdboost.models.cost import measure_cost_ratio  # noqa: E402
 from mdboost.models.loading import load_model  # noqa: E402
 from mdboost.models.pool import build_pool, default_drafters  # noqa: E402
+from mdboost.ranking.support import pair_probs  # noqa: E402
 
 TARGET = "smollm2-135m"
 
@@ -108,7 +109,7 @@ def acceptance(pool, records, out_dir, new_tokens: int) -> dict:
     target = cache.probs(TARGET, tail="full")
     result = {}
     for name in cache.members[1:]:
-        pair = cache.pair_probs(name, TARGET, tail="uniform")
+        pair = pair_probs(cache, name, TARGET, tail="uniform")
         if cache.kind(name) == "ngram":
             exact = pair.acceptance() * pair.valid  # no proposal: nothing accepted
             result[name] = (exact.mean().item(), exact.mean().item(), 0.0, pair.valid.float().mean().item())

@@ -13,6 +13,7 @@ from mdboost.cache import build as build_module
 from mdboost.md.probs import logits_to_probs
 from mdboost.models.ngram import NgramDrafter
 from mdboost.models.pool import build_pool
+from mdboost.ranking.support import pair_probs
 
 RECORDS = [
     {"id": f"r{i}", "prompt": f"def f{i}(x):\n    y = x + {i}\n", "reference": f"    return y * {i} + y\n"}
@@ -76,7 +77,7 @@ def test_manifest_records_the_build(pool, cache_dir):
 @pytest.mark.parametrize("temperature, tail", [(1.0, "drop"), (1.0, "uniform"), (0.5, "uniform"), (0.5, "drop")])
 def test_topk_acceptance_error_is_bounded_by_tail_masses(cache_dir, temperature, tail):
     cache = LogitCache.open(cache_dir)
-    pair = cache.pair_probs("early_exit:2", "tiny", temperature=temperature, tail=tail)
+    pair = pair_probs(cache, "early_exit:2", "tiny", temperature=temperature, tail=tail)
     torch.testing.assert_close(pair.draft_probs.sum(-1), torch.ones(cache.num_rows), atol=1e-5, rtol=0)
     exact = torch.minimum(cache.probs("early_exit:2", temperature=temperature, tail="full"),
                           cache.probs("tiny", temperature=temperature, tail="full")).sum(-1)
@@ -98,7 +99,7 @@ def test_drop_tail_is_top_k_processing(pool, cache_dir):
 
 def test_ngram_pairs_are_one_hot(cache_dir):
     cache = LogitCache.open(cache_dir)
-    pair = cache.pair_probs("ngram:2", "tiny")
+    pair = pair_probs(cache, "ngram:2", "tiny")
     proposals = cache.ngram_proposals("ngram:2")[:, 0]
     assert torch.equal(pair.valid, proposals >= 0) and pair.valid.any()
     target = cache.probs("tiny")

@@ -12,8 +12,8 @@ from .build import build_cache, sample_sequences
 from .keys import FolderSettings, PoolCacheSpec, fingerprint
 from .manifest import CacheCorruptionError
 from .pool_cache import BuildInfo, PoolCache, open_or_build_cache
-from .reader import LogitCache, PairProbs
+from .reader import LogitCache
 from .settings import RunOptions, SequenceSettings, StoreSettings
 
-__all__ = ["build_cache", "sample_sequences", "StoreSettings", "SequenceSettings", "RunOptions", "LogitCache", "PairProbs", "CacheCorruptionError", "FolderSettings",
+__all__ = ["build_cache", "sample_sequences", "StoreSettings", "SequenceSettings", "RunOptions", "LogitCache", "CacheCorruptionError", "FolderSettings",
            "PoolCacheSpec", "fingerprint", "BuildInfo", "PoolCache", "open_or_build_cache"]

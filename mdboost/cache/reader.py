@@ -20,7 +20,6 @@ Rows are cached positions: row ``r`` predicts ``true_tokens()[r]`` from its pref
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -29,27 +28,6 @@ from safetensors.torch import load_file
 from .manifest import TOKENS, CacheCorruptionError, check_layout, lse_key, read_manifest, shard_name, verify_shards
 
 TAILS = ("drop", "uniform", "full")
-
-
-@dataclass
-class PairProbs:
-    """Sparse (drafter, target) distributions on the union of their cached supports.
-
-    ``support`` [R, U] token ids (``-1`` = padding, probability 0; the target's kept ids first,
-    then the drafter's others); ``draft_probs`` and ``target_probs`` [R, U + 1] (float32), the
-    last column being the mass of every other token; ``valid`` [R] is False where the drafter
-    has no draft (an ``ngram`` without a match). Built by
-    :func:`mdboost.ranking.support.align_topk`, the ranking's common support.
-    """
-
-    support: torch.Tensor
-    draft_probs: torch.Tensor
-    target_probs: torch.Tensor
-    valid: torch.Tensor
-
-    def acceptance(self) -> torch.Tensor:  # [R]
-        """Standard SD acceptance ``1 - TV(p, q) = sum_i min(p_i, q_i)`` per row."""
-        return torch.minimum(self.draft_probs, self.target_probs).sum(-1)
 
 
 class LogitCache:
@@ -192,25 +170,14 @@ class LogitCache:
         dense = fill[:, None].expand(-1, self.vocab_size).clone() if tail == "uniform" else torch.zeros(ids.shape[0], self.vocab_size)
         return dense.scatter_(1, ids, kept)
 
-    def pair_probs(self, drafter: str, target: str, rows=None, temperature: float = 1.0, tail: str = "drop") -> PairProbs:
-        """Sparse union-of-supports distributions of a (drafter, target) pair.
+    def sparse(self, member: str, rows=None, temperature: float = 1.0, tail: str = "drop"):
+        """A member's kept entries: ``(ids [R, k], log-probs [R, k], tail mass [R], valid [R])``.
 
-        ``tail="drop"``: each member's top-k renormalized, nothing outside it; ``"uniform"``: the
-        exact kept probabilities and the tail mass spread over the other tokens. The union is
-        :func:`mdboost.ranking.support.align_topk` (the ranking's support), its masses in float32.
+        ``tail="drop"``: the top-k renormalized, tail mass 0; ``"uniform"``: the exact kept
+        probabilities and their tail mass. An ngram is one-hot on its first proposal (``-1``,
+        invalid: no proposal). :func:`mdboost.ranking.support.pair_probs` puts two members on
+        their common support.
         """
-        from mdboost.ranking.support import align_topk
-
-        if tail not in ("drop", "uniform"):
-            raise ValueError(f"tail must be 'drop' or 'uniform' for pair_probs, got {tail!r}")
-        (d_ids, d_logp, d_tail, d_valid), (t_ids, t_logp, t_tail, t_valid) = (
-            self._sparse(member, rows, temperature, tail) for member in (drafter, target))
-        aligned = align_topk(d_ids, d_logp, d_tail, t_ids, t_logp, t_tail, self.vocab_size)
-        return PairProbs(aligned.ids[:, :-1], aligned.p_mass.float(), aligned.q_mass.float(), d_valid & t_valid)
-
-    def _sparse(self, member: str, rows, temperature: float, tail: str):
-        """``(ids [R, k], log-probs [R, k], tail mass [R], valid [R])``; an ngram is one-hot on its
-        first proposal (``-1``, invalid: no proposal)."""
         if self.kind(member) == "ngram":
             first = self.ngram_proposals(member, rows)[:, :1]  # [R, 1]
             logp = torch.where(first >= 0, 0.0, float("-inf")).double()

@@ -21,8 +21,8 @@ a deterministic (one-hot) drafter against a full target, nothing is approximated
 A support of ``S = 2k + 1`` slots is returned with per-token values and multiplicities
 ``count`` (1 on ``U``, ``V - |U|`` on the bucket, 0 on padding slots that held a duplicate id);
 the probability mass of a slot is ``value * count``. :func:`align_topk` is the one
-implementation of this union (the ranking's :func:`align` and the cache reader's
-:meth:`~mdboost.cache.reader.LogitCache.pair_probs` both build on it).
+implementation of this union (the ranking's :func:`align` and :func:`pair_probs`, a pair of an
+opened :class:`~mdboost.cache.reader.LogitCache`'s members, both build on it).
 """
 
 from __future__ import annotations
@@ -234,3 +234,40 @@ def rows_from_proposals(proposals: torch.Tensor, true_ids: torch.Tensor) -> Memb
     true_logp = torch.where(hit, torch.zeros(n, dtype=torch.float64), torch.full((n,), float("-inf"), dtype=torch.float64))
     return MemberRows(proposals[:, None], torch.zeros(n, 1, dtype=torch.float64), torch.zeros(n, dtype=torch.float64),
                       true_logp, proposals >= 0, None, one_hot=True)
+
+
+@dataclass
+class PairProbs:
+    """Sparse (drafter, target) distributions on the union of their cached supports.
+
+    ``support`` [R, U] token ids (``-1`` = padding, probability 0; the target's kept ids first,
+    then the drafter's others); ``draft_probs`` and ``target_probs`` [R, U + 1] (float32), the
+    last column being the mass of every other token; ``valid`` [R] is False where the drafter
+    has no draft (an ``ngram`` without a match). Built by :func:`align_topk`.
+    """
+
+    support: torch.Tensor
+    draft_probs: torch.Tensor
+    target_probs: torch.Tensor
+    valid: torch.Tensor
+
+    def acceptance(self) -> torch.Tensor:  # [R]
+        """Standard SD acceptance ``1 - TV(p, q) = sum_i min(p_i, q_i)`` per row."""
+        return torch.minimum(self.draft_probs, self.target_probs).sum(-1)
+
+
+def pair_probs(cache, drafter: str, target: str, rows=None, temperature: float = 1.0,
+               tail: str = "drop") -> PairProbs:
+    """Sparse union-of-supports distributions of a (drafter, target) pair of a logit cache.
+
+    ``cache``: an opened :class:`~mdboost.cache.reader.LogitCache` (its members' kept entries,
+    :meth:`~mdboost.cache.reader.LogitCache.sparse`). ``tail="drop"``: each member's top-k
+    renormalized, nothing outside it; ``"uniform"``: the exact kept probabilities and the tail
+    mass spread over the other tokens. The union is :func:`align_topk`, its masses in float32.
+    """
+    if tail not in ("drop", "uniform"):
+        raise ValueError(f"tail must be 'drop' or 'uniform' for pair_probs, got {tail!r}")
+    (d_ids, d_logp, d_tail, d_valid), (t_ids, t_logp, t_tail, t_valid) = (
+        cache.sparse(member, rows, temperature, tail) for member in (drafter, target))
+    aligned = align_topk(d_ids, d_logp, d_tail, t_ids, t_logp, t_tail, cache.vocab_size)
+    return PairProbs(aligned.ids[:, :-1], aligned.p_mass.float(), aligned.q_mass.float(), d_valid & t_valid)
