@@ -93,7 +93,7 @@ def read_yaml_mapping(path: str | os.PathLike) -> dict:
 
     Not valid YAML (or not UTF-8), or YAML that is not a mapping: ``ValueError`` naming the file.
     """
-    import yaml
+    import yaml  # deferred: yaml: only the YAML readers need it
 
     path = Path(path)
     try:

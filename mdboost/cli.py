@@ -17,10 +17,12 @@ Each subcommand only parses arguments and hands over to a pipeline entry point
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from importlib import import_module
 
 from mdboost import __version__
+from mdboost.tracking.store import resolve_tracking_uri
 
 
 def _run(target: str, **kwargs):
@@ -77,10 +79,8 @@ def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.Argume
 
 def export_main(ranking: str, format: str = "json", tracking_uri: str | None = None) -> int:
     """``mdboost export``: print the recommendation's calls (:mod:`mdboost.export`)."""
-    import os
-
+    # deferred: mdboost.export imports the ranking and transformers (seconds); mdboost --help and --version stay fast
     from mdboost.export import export_plan, load_ranking, render
-    from mdboost.tracking.store import resolve_tracking_uri
 
     # stdout is the plan (JSON or code): MLflow's download bars would clutter stderr (a user's setting wins)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")

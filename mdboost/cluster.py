@@ -27,8 +27,10 @@ ValueError: scheduler must be 'local' or a scheduler address such as 'tcp://10.0
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
+import threading
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -54,7 +56,7 @@ def check_scheduler(scheduler) -> str:
 
 def _distributed():
     try:
-        import distributed
+        import distributed  # deferred: distributed is the optional extra mdboost[dask]
     except ImportError as err:  # the optional extra is not installed
         raise ImportError("a Dask cluster needs the 'distributed' package: pip install 'mdboost[dask]'") from err
     return distributed
@@ -88,10 +90,7 @@ def _handshake(address: str, timeout: float) -> None:
     port, a proxy) either hangs it for ever (it never answers the binary frames) or answers bytes
     read as a frame length (``HTTP/1.1`` is 3.5e18 bytes: a ``MemoryError``). This runs
     distributed's own ``connect`` in a thread of its own, under one overall deadline."""
-    import asyncio
-    import threading
-
-    from distributed.comm import connect
+    from distributed.comm import connect  # deferred: distributed is the optional extra mdboost[dask]
 
     async def shake() -> None:
         comm = await asyncio.wait_for(connect(address, timeout=timeout), timeout)

@@ -39,7 +39,7 @@ def humaneval_path() -> Path:
 
 
 def _load_rows(source: str, hf_split: str):
-    from datasets import load_dataset
+    from datasets import load_dataset  # deferred: datasets: about a second to import; only hub datasets need it
 
     if source == "humaneval":
         return load_dataset("json", data_files=str(humaneval_path()), split="train")

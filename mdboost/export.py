@@ -27,7 +27,10 @@ import tempfile
 from pathlib import Path
 
 from mdboost._io import json_ready, read_json_object, read_yaml_mapping
+from mdboost.models.home import mdboost_home, models_dir
+from mdboost.models.pool import parse_drafter
 from mdboost.ranking.report import check_csv_digest, read_csv
+from mdboost.tracking.store import check_tracking_uri, existing_run
 
 FORMATS = ("json", "mdboost", "hf", "vllm")
 VLLM_METHODS = ("draft_model", "ngram")
@@ -117,8 +120,6 @@ def _ranking(rec: dict, sampling: dict, folder: Path, source: str, csv_sha256: s
             raise ValueError(f"{config}: pool must be a mapping, got {pool!r}")
         configured = (pool or {}).get("device")
         if home is None and (pool or {}).get("home") is not None:
-            from mdboost.models.home import mdboost_home
-
             home = str(mdboost_home(pool["home"]))
     device = str(device) if device is not None else configured or "cpu"
     if not isinstance(sampling, dict):
@@ -128,10 +129,8 @@ def _ranking(rec: dict, sampling: dict, folder: Path, source: str, csv_sha256: s
 
 
 def _from_run(run_id: str, tracking_uri: str | None) -> dict:
-    import mlflow
+    import mlflow  # deferred: mlflow: seconds to import; only an MLflow run's ranking needs it
     from mlflow.exceptions import MlflowException
-
-    from mdboost.tracking.store import check_tracking_uri, existing_run
 
     uri = mlflow.get_tracking_uri() if tracking_uri is None else check_tracking_uri(tracking_uri)
     run = existing_run(run_id, uri)
@@ -166,8 +165,6 @@ def speculative_config(drafter: str, gamma: int, home: str | None = None) -> tup
     >>> speculative_config("tuned:12", 4)[0] is None
     True
     """
-    from mdboost.models.pool import parse_drafter
-
     kind, n = parse_drafter(drafter)
     if kind == "ngram":  # mdboost's prompt lookup falls back from n-token suffixes down to one token
         return {"method": "ngram", "num_speculative_tokens": int(gamma), "prompt_lookup_max": n,
@@ -186,8 +183,6 @@ def vllm_model(target: str, home: str | None = None) -> tuple[str | None, str]:
     """The model vLLM should load for an mdboost target name, and a note; ``home``: the mdboost
     home of the ranking (None: the default one)."""
     if target.lower() == "smollm2-135m":
-        from mdboost.models.home import models_dir
-
         return str(models_dir(home) / "smollm2-135m"), ("mdboost's conversion of the bundled SmolLM2-135M-Instruct "
                                                     "Q4_1 GGUF (made by `mdboost rank`)")
     if target.startswith("tiny"):
@@ -393,8 +388,6 @@ def export_plan(ranking: dict) -> dict:
     rec, sampling, device = ranking["recommendation"], ranking["sampling"], ranking["device"]
     home = ranking.get("home")  # optional: a dict made before load_ranking returned it
     if home is not None:  # a str, absolute (a hand-made dict may hold a relative path or a Path)
-        from mdboost.models.home import mdboost_home
-
         home = str(mdboost_home(home))
     vllm = _vllm(rec, ranking["rows"], sampling, home)
     return {"source": ranking["source"], "recommendation": rec, "lossless": float(rec["max_divergence"]) == 0,

@@ -34,14 +34,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import StoppingCriteriaList
+from transformers import AutoTokenizer, StoppingCriteriaList
 from transformers.generation import logits_process as lp
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from mdboost.data import fit_sequences
 from mdboost.engine import Drafter, GenerationSettings, GenerationStats, ModelDrafter, NgramAdapter, as_drafter
 from mdboost.engine import generate as engine_generate
 from mdboost.engine.settings import DEFAULT_MD_SOLVE
+from mdboost.models.convert import is_converted
+from mdboost.models.drafters import early_exit_model, int8_model, tuned_translators
+from mdboost.models.loading import load_model
+from mdboost.models.ngram import NgramDrafter
+from mdboost.models.pool import parse_drafter, tuned_store
+from mdboost.models.tiny import tiny_tokenizer
 
 # processors whose output depends on a row's length or padding: exact for one row only (the
 # engine's rows advance at different speeds, so a batch is left-padded to its longest row)
@@ -330,10 +337,6 @@ def drafter_for(target, drafter, *, tokenizer=None, home=None) -> Drafter:
 
 
 def _from_spec(target, spec: str, tokenizer, home=None) -> Drafter:
-    from mdboost.models.drafters import early_exit_model, int8_model
-    from mdboost.models.ngram import NgramDrafter
-    from mdboost.models.pool import parse_drafter
-
     kind, n = parse_drafter(spec)
     try:
         if kind == "ngram":
@@ -346,7 +349,6 @@ def _from_spec(target, spec: str, tokenizer, home=None) -> Drafter:
             return ModelDrafter(int8_model(target))
     except ValueError as err:
         raise ValueError(f"drafter {spec!r}: {err}") from err
-    from mdboost.models.loading import load_model
 
     model, _ = load_model(spec, device=target.device, dtype=target.dtype, home=home)
     return ModelDrafter(model)
@@ -354,11 +356,6 @@ def _from_spec(target, spec: str, tokenizer, home=None) -> Drafter:
 
 def _translator(target, n: int, tokenizer, home=None):
     """The ``tuned:n`` translator where :func:`~mdboost.models.pool.build_pool` keeps it (same fit)."""
-    from mdboost.data import fit_sequences
-    from mdboost.models.convert import is_converted
-    from mdboost.models.drafters import tuned_translators
-    from mdboost.models.pool import tuned_store
-
     name = str(getattr(target, "name_or_path", "") or "")
     if name and Path(name).is_dir() and is_converted(name):
         store = name  # the converted default model keeps its translators next to its weights
@@ -370,11 +367,7 @@ def _translator(target, n: int, tokenizer, home=None):
 
 def _tokenizer_of(target, name: str):
     if name.startswith("tiny-llama"):
-        from mdboost.models.tiny import tiny_tokenizer
-
         return tiny_tokenizer(target.config.vocab_size)
-    from transformers import AutoTokenizer
-
     try:
         return AutoTokenizer.from_pretrained(name)
     except (OSError, ValueError) as err:

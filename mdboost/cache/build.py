@@ -27,13 +27,17 @@ SHA-256 in the manifest, so folders built on other sequences never pass as the s
 from __future__ import annotations
 
 import hashlib
+import inspect
 import os
 import shutil
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
+from tqdm.auto import tqdm
 
 from mdboost._io import file_lock, lock_path, remove_stale_temps, sha256_file
+from mdboost.cluster import _distributed
 from mdboost.data import dataset_fingerprint, encode_prompt, encode_record
 
 from .manifest import (FORMAT, MANIFEST, TOKENS, CacheCorruptionError, atomic_save_tensors, check_layout, code_version,
@@ -54,6 +58,7 @@ def sample_continuation(model, prompt: torch.Tensor, max_new_tokens: int, temper
     multinomial draw per token from ``generator`` (a CPU generator draws on the CPU whatever
     the model's device); ``temperature=0`` is greedy and draws nothing.
     """
+    # deferred: mdboost.engine imports transformers (seconds); a cache opens without it
     from mdboost.engine import GenerationSettings, generate
 
     device = next(model.parameters()).device
@@ -64,15 +69,13 @@ def sample_continuation(model, prompt: torch.Tensor, max_new_tokens: int, temper
 
 def joblib_backends() -> tuple[str, ...]:
     """The joblib backend names a build can run on (registered ones and ``"dask"``, loaded on demand)."""
-    from joblib.parallel import BACKENDS, EXTERNAL_BACKENDS
+    from joblib.parallel import BACKENDS, EXTERNAL_BACKENDS  # deferred: joblib: only a parallel build needs it
 
     return tuple(sorted({*BACKENDS, *EXTERNAL_BACKENDS}))
 
 
 def _check_dask_client() -> None:
     """A default ``distributed.Client`` is there for joblib's ``dask`` backend, else ``ValueError``."""
-    from mdboost.cluster import _distributed
-
     try:
         _distributed().get_client()
     except ValueError:
@@ -139,8 +142,6 @@ def sample_sequences(pool, records, path: str | os.PathLike, sequences: Sequence
     (Path, str)
         ``path`` and the file's SHA-256 (pass ``tokens_file=path`` to :func:`build_cache`).
     """
-    from tqdm.auto import tqdm
-
     if not sequences.sampled:
         raise ValueError(f"sequences.source must be 'sampled' to sample continuations, got {sequences.source!r}")
     if not len(records):
@@ -159,8 +160,6 @@ def sample_sequences(pool, records, path: str | os.PathLike, sequences: Sequence
 
 
 def _load_sequences(path, records) -> dict:
-    from safetensors.torch import load_file
-
     tokens = load_file(str(path))
     if tokens["seq_offsets"].numel() - 1 != len(records):
         raise ValueError(f"sequences {str(path)!r} holds {tokens['seq_offsets'].numel() - 1} sequences, "
@@ -175,8 +174,6 @@ def split_sequences(tokens: dict) -> list[tuple[torch.Tensor, int]]:
 
 
 def _logits_kwargs(model, keep: int) -> dict:
-    import inspect
-
     return {"logits_to_keep": keep} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
 
 
@@ -190,6 +187,7 @@ def member_logits(model, ids: torch.Tensor, start: int) -> torch.Tensor:  # [T] 
     the way the engine's drafter runs them: the prefix ``ids[:start]`` in one forward, then one
     token per forward on a KV cache (:func:`_stepwise_logits`).
     """
+    # deferred: mdboost.models imports transformers (seconds); a cache opens without it
     from mdboost.models.drafters import mixes_positions
 
     rows = ids.numel() - start
@@ -202,6 +200,7 @@ def member_logits(model, ids: torch.Tensor, start: int) -> torch.Tensor:  # [T] 
 
 def _stepwise_logits(model, ids: torch.Tensor, start: int) -> torch.Tensor:  # [T] -> [T - start, V]
     """The prefix in one forward, then one token per forward (the engine's drafting path)."""
+    # deferred: mdboost.engine imports transformers (seconds); a cache opens without it
     from mdboost.engine.kv import CachedLM
 
     device = next(model.parameters()).device
@@ -243,6 +242,7 @@ def _job(member, seqs, store, path) -> tuple[str, str]:
 
 
 def _recipe_job(recipe, name, seqs, store, path, parent_pid: int, threads: int) -> tuple[str, str]:
+    # deferred: mdboost.models imports transformers (seconds); a cache opens without it
     from mdboost.models.pool import rebuild_member
 
     if os.getpid() != parent_pid:  # a worker process (in-process dask workers share our threads)
@@ -373,8 +373,6 @@ def _prepare_folder(out_dir: Path, config: dict, run: RunOptions) -> dict | None
 
 def _finished_cache(out_dir: Path, manifest: dict) -> bool:
     """Every file of a complete manifest matches its entry and the layout holds."""
-    from safetensors.torch import load_file
-
     if verify_shards(out_dir, manifest):
         return False
     try:
@@ -387,9 +385,7 @@ def _finished_cache(out_dir: Path, manifest: dict) -> bool:
 def _fill_folder(pool, records, out_dir: Path, config: dict, trusted: dict, store, sequences, members, tokens_file,
                  run: RunOptions) -> None:
     """Compute what is missing; the manifest records every finished file as it lands."""
-    from joblib import Parallel, delayed, parallel_config
-    from safetensors.torch import load_file
-    from tqdm.auto import tqdm
+    from joblib import Parallel, delayed, parallel_config  # deferred: joblib: only a parallel build needs it
 
     tokens_path = out_dir / TOKENS
     if trusted_digest(tokens_path, trusted.get(TOKENS)) is None:

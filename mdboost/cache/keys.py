@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mdboost._io import sha256_file
+from mdboost.cache.build import joblib_backends
 from mdboost.data import TextSource
 
 # how continuations are sampled (part of their key): change it when the sampling code changes
@@ -125,8 +126,6 @@ class PoolCacheSpec:
             raise ValueError(f"acceptance_source must be one of {ACCEPTANCE_SOURCES}, got {self.acceptance_source!r}")
         if not self.temperature >= 0:
             raise ValueError(f"temperature must be >= 0 (0: greedy continuations), got {self.temperature!r}")
-        from mdboost.cache.build import joblib_backends
-
         if self.backend not in joblib_backends():  # checked even when n_jobs = 1 never uses it
             raise ValueError(f"backend must be one of {joblib_backends()}, got {self.backend!r}")
         if isinstance(self.drafters, str):  # tuple() would key and build its letters as drafters
@@ -159,6 +158,7 @@ class PoolCacheSpec:
         the target's (every member is built on it) and, for a model drafter, its own; ids that
         are None (``tiny``, the released ``smollm2-135m``, a hub model not in the local cache)
         add nothing, so those folders keep the names they always had."""
+        # deferred: mdboost.models imports transformers (seconds); a cache opens without it
         from mdboost.models.identity import weights_id
         from mdboost.models.pool import parse_drafter
 
@@ -198,6 +198,7 @@ class PoolCacheSpec:
         with the main folder when the main folders are themselves sampled with the same number
         of new tokens. A sampled folder's key includes the shared continuations' key.
         """
+        # deferred: mdboost.models imports transformers (seconds); a cache opens without it
         from mdboost.models.pool import row_revision
 
         settings = self.settings(acceptance)

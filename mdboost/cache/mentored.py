@@ -30,16 +30,22 @@ temperature, token count, weights), the drafter, the point, ``k``, ``width`` and
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
+from tqdm.auto import tqdm
 
 from mdboost._io import file_lock, lock_path, remove_stale_temps
+from mdboost.md.divergences import resolve
+from mdboost.md.onehot import one_hot_primal
 
+from .build import split_sequences
 from .keys import PoolCacheSpec, fingerprint
-from .manifest import atomic_save_tensors, finished_digest
+from .manifest import CacheCorruptionError, atomic_save_tensors, finished_digest
 
 __all__ = ["MENTORED_SAMPLER", "mentored_path", "sample_mentored", "open_or_sample_mentored", "load_mentored",
            "attach_mentored"]
@@ -64,8 +70,6 @@ def _point_seed(seed: int, record_id: str, drafter: str, divergence: str, max_di
 
 def _emit(logits: torch.Tensor, proposal: int, temperature: float, budget: float, div, generator) -> int:
     """One token of the mentored text from the target's logits [V] (module docstring)."""
-    from mdboost.md.onehot import one_hot_primal
-
     q = torch.softmax(logits.double() / temperature, dim=-1)  # [V]
     if proposal >= 0:
         t = float(one_hot_primal(q[proposal].reshape(1), torch.tensor([budget], dtype=torch.float64), div).acceptance[0])
@@ -105,8 +109,8 @@ def sample_mentored(model, prompt: torch.Tensor, drafter, points, temperature: f
         Per point: ``tokens`` [N], ``topk_ids`` [N, min(k, V)], ``topk_logits`` [N, min(k, V)] (temperature 1),
         ``lse`` [N] (``logsumexp(logits / temperature)``), ``true_logit`` [N], ``proposals`` [N, width].
     """
+    # deferred: mdboost.models imports transformers (seconds); a cache opens without it
     from mdboost.models.loading import cache_kwarg
-    from mdboost.md.divergences import resolve
 
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 for mentored continuations, got {temperature!r}")
@@ -117,7 +121,7 @@ def sample_mentored(model, prompt: torch.Tensor, drafter, points, temperature: f
     device = next(model.parameters()).device
     kw = cache_kwarg(model)
     with torch.no_grad():
-        from transformers import DynamicCache
+        from transformers import DynamicCache  # deferred: transformers: seconds to import; a cache opens without it
 
         past = DynamicCache(config=model.config)
         out = model(prompt.to(device)[None], use_cache=True, **{kw: past})
@@ -162,10 +166,6 @@ def sample_mentored(model, prompt: torch.Tensor, drafter, points, temperature: f
 
 
 def _sequences(spec: PoolCacheSpec) -> list[tuple[torch.Tensor, int]]:
-    from safetensors.torch import load_file
-
-    from .build import split_sequences
-
     path = spec.continuations_path(spec.acceptance_max_new_tokens)
     if finished_digest(path) is None:
         raise ValueError(f"the shared continuations {str(path)!r} are missing: build the acceptance cache first")
@@ -207,8 +207,7 @@ def open_or_sample_mentored(spec: PoolCacheSpec, drafter: str, points, width: in
     dict
         ``(divergence, max_divergence) -> Path`` of each point's finished rows file.
     """
-    from tqdm.auto import tqdm
-
+    # deferred: mdboost.models imports transformers (seconds); a cache opens without it
     from mdboost.models.ngram import NgramDrafter
     from mdboost.models.pool import parse_drafter
 
@@ -229,6 +228,7 @@ def open_or_sample_mentored(spec: PoolCacheSpec, drafter: str, points, width: in
         if not missing:
             return paths
         if model is None:
+            # deferred: mdboost.models imports transformers (seconds); a cache opens without it
             from mdboost.models.pool import build_pool
 
             pool = build_pool(spec.target, [], device=spec.device, home=spec.home)
@@ -256,10 +256,6 @@ def open_or_sample_mentored(spec: PoolCacheSpec, drafter: str, points, width: in
 
 def load_mentored(path: str | os.PathLike) -> dict:
     """The tensors of a finished rows file (its bytes checked against the sidecar)."""
-    from safetensors.torch import load_file
-
-    from .manifest import CacheCorruptionError
-
     path = Path(path)
     if finished_digest(path) is None:
         raise CacheCorruptionError(f"mentored rows {str(path)!r} are missing or do not match their .sha256")
@@ -275,8 +271,6 @@ def attach_mentored(spec: PoolCacheSpec, pc, divergences, budgets, width: int, *
     there), without a sampled acceptance cache (no shared prompts to continue) or without a
     lookup drafter.
     """
-    import dataclasses
-
     points = [(d, float(b)) for d in divergences for b in budgets if b > 0]
     lookup = [m for m in pc.names if m != pc.target and pc.kind(m) == "ngram"]
     if spec.temperature <= 0 or not spec.sampled_acceptance or not points or not lookup:
@@ -285,6 +279,7 @@ def attach_mentored(spec: PoolCacheSpec, pc, divergences, budgets, width: int, *
     mentored = {}
     for drafter in lookup:
         if model is None and any(finished_digest(mentored_path(spec, drafter, *pt, width)) is None for pt in points):
+            # deferred: mdboost.models imports transformers (seconds); a cache opens without it
             from mdboost.models.pool import build_pool
 
             target = build_pool(spec.target, [], device=spec.device, home=spec.home).target

@@ -28,8 +28,9 @@ from pathlib import Path
 
 import torch
 
-from mdboost.cache.keys import PoolCacheSpec
 from mdboost._io import file_lock, lock_path
+from mdboost.cache.build import build_cache, sample_sequences
+from mdboost.cache.keys import PoolCacheSpec
 from mdboost.cache.manifest import CacheCorruptionError, finished_digest, read_manifest
 from mdboost.cache.reader import LogitCache
 from mdboost.cache.settings import RunOptions, SequenceSettings, StoreSettings
@@ -124,6 +125,7 @@ class BuildInfo:
 def _cost_settings(temperature: float):
     """The steps costs are measured with: greedy at temperature 0 (the engine's greedy path),
     else the engine's defaults (sampling at temperature 1; the step cost does not depend on it)."""
+    # deferred: mdboost.engine imports transformers (seconds); a cache opens without it
     from mdboost.engine.settings import GenerationSettings
 
     return GenerationSettings(temperature=0.0) if temperature == 0 else GenerationSettings()
@@ -132,6 +134,7 @@ def _cost_settings(temperature: float):
 def measure_speed_profile(target, gamma_max: int, context_len: int, repeats: int, temperature: float = 1.0) -> dict:
     """The target's profile for the speed file: :func:`mdboost.engine.costs.measure_engine_profile`
     for ``K <= max(gamma_max, 8)`` at ``context_len`` / ``repeats``, one torch thread."""
+    # deferred: mdboost.engine imports transformers (seconds); a cache opens without it
     from mdboost.engine.costs import measure_engine_profile
 
     return measure_engine_profile(target, max(gamma_max, 8), context_len=context_len, repeats=repeats,
@@ -157,6 +160,7 @@ def sequence_settings(spec: PoolCacheSpec, source: str, max_new_tokens: int) -> 
 def measure_member_cost(drafter, target, context_len: int, repeats: int, temperature: float = 1.0):
     """A drafter's :class:`~mdboost.engine.costs.CostMeasurement` in the engine's own steps at
     one torch thread (:func:`mdboost.engine.costs.measure_engine_cost`; pool members)."""
+    # deferred: mdboost.engine imports transformers (seconds); a cache opens without it
     from mdboost.engine.costs import measure_engine_cost
 
     return measure_engine_cost(drafter.ngram if drafter.kind == "ngram" else drafter.model, target.model,
@@ -183,6 +187,7 @@ class _Builder:
     @property
     def pool(self):
         if self._pool is None:
+            # deferred: mdboost.models imports transformers (seconds); a cache opens without it
             from mdboost.models.pool import build_pool
 
             self._pool = build_pool(self.spec.target, self.drafters, device=self.spec.device, home=self.spec.home)
@@ -195,15 +200,11 @@ class _Builder:
         return self._records
 
     def sample(self, max_new_tokens: int) -> None:
-        from mdboost.cache.build import sample_sequences
-
         sample_sequences(self.pool, self.records, self.spec.continuations_path(max_new_tokens),
                          sequence_settings(self.spec, "sampled", max_new_tokens), progress=self.progress)
 
     def build(self, name: str, acceptance: bool) -> None:
         """Build one member folder."""
-        from mdboost.cache.build import build_cache
-
         spec, pool = self.spec, self.pool
         folder = spec.settings(acceptance)
         build_cache(pool, self.records, spec.member_dir(name, acceptance), store_settings(spec, acceptance),

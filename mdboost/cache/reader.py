@@ -23,7 +23,10 @@ import os
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
+
+from mdboost.md.probs import logits_to_probs
 
 from .manifest import TOKENS, CacheCorruptionError, check_layout, lse_key, read_manifest, shard_name, verify_shards
 
@@ -162,8 +165,6 @@ class LogitCache:
         if tail not in TAILS:
             raise ValueError(f"tail must be one of {TAILS}, got {tail!r}")
         if tail == "full":
-            from mdboost.md.probs import logits_to_probs
-
             return logits_to_probs(self.full_logits(member, rows), temperature)
         ids, kept, rest = self.kept_probs(member, rows, temperature, tail)
         fill = rest / max(self.vocab_size - ids.shape[1], 1)
@@ -215,8 +216,6 @@ class LogitCache:
 
     def _check_headers(self) -> None:
         """Every shard's tensor shapes (read from the safetensors headers only) against the manifest."""
-        from safetensors import safe_open
-
         count = -(-self.num_sequences // self.manifest["shard_size"])
         for member in self.members:
             for index in range(count):

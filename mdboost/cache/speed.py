@@ -27,16 +27,17 @@ import json
 import os
 from pathlib import Path
 
+import torch
+
 from mdboost._io import atomic_write_text
+from mdboost.cache.keys import fingerprint
 
 FORMAT = "mdboost-speed/1"
 
 
 def speed_path(spec) -> Path:
     """The speed file of a :class:`~mdboost.cache.keys.PoolCacheSpec` (module docstring)."""
-    import torch
-
-    from mdboost.cache.keys import fingerprint
+    # deferred: mdboost.engine imports transformers (seconds); a cache opens without it
     from mdboost.engine.costs import COST_UNIT, ENGINE_THREADS
 
     parts = [FORMAT, COST_UNIT, spec.target, spec.device, spec.home, ENGINE_THREADS, torch.__version__.split("+")[0],
@@ -47,8 +48,6 @@ def speed_path(spec) -> Path:
 
 def entry_key(spec, name: str) -> str:
     """A drafter's entry name in the speed file: its spec, plus its own content id when it has one."""
-    from mdboost.cache.keys import fingerprint
-
     own = [pair for pair in spec.weights(name) if pair[0] == "weights"]
     return name if not own else f"{name}#{fingerprint(*own)}"
 

@@ -46,6 +46,7 @@ from mdboost.engine.schedule import ConfidenceStop, DraftSchedule, FixedDraftLen
 from mdboost.md._checks import check_positive_int
 from mdboost.md.probs import logits_to_probs
 from mdboost.models.ngram import NgramDrafter
+from mdboost.models.pool import PoolMember
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:  # [B, V] -> [B]
@@ -330,8 +331,6 @@ def as_drafter(drafter) -> Drafter:
     """The :class:`Drafter` for a pool member: a ``Drafter`` as is, a transformers model as a
     :class:`ModelDrafter`, an :class:`~mdboost.models.ngram.NgramDrafter` as an :class:`NgramAdapter`,
     a :class:`~mdboost.models.pool.PoolMember` (``pool["early_exit:12"]``) as its model or n-gram drafter."""
-    from mdboost.models.pool import PoolMember
-
     if isinstance(drafter, Drafter):
         return drafter
     if isinstance(drafter, PoolMember):

@@ -35,6 +35,7 @@ from mdboost.engine.kv import CachedLM, left_pad
 from mdboost.engine.settings import GenerationSettings
 from mdboost.engine.stats import GenerationStats
 from mdboost.md.probs import logits_to_probs
+from mdboost.md.verify import verify
 from mdboost.models.loading import synchronize
 
 DEFAULT_SETTINGS = GenerationSettings()
@@ -294,8 +295,6 @@ def _verify(drafts, draft_probs, target_probs, lengths, md_args, generator):
     (its first ``lengths[b]``): realized divergence (NaN where the clamp was not solved, see
     ``md_solve``), MD acceptance probability, and whether the budget alone accepted the draft.
     """
-    from mdboost.md.verify import verify
-
     if md_args.get("mentor") is not None:  # GenerationSettings.mentor: the emitted distribution per position
         md_args = dict(md_args)
         md_args["mentored_probs"] = md_args.pop("mentor")(draft_probs, target_probs[:, :drafts.shape[1]])

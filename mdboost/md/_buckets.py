@@ -47,6 +47,7 @@ import torch
 from mdboost.md import _locate, _scalar, _scalar_rows, _search
 from mdboost.md._bracket import Reduction, bracket, events, reduction
 from mdboost.md._histogram import C1, FINITE, Histogram, Rows, histogram_of, takes_numpy_pass
+from mdboost.md._sums import _sort_rows, neutral_ratios
 from mdboost.md._xp import NUMPY, TORCH, namespace_for
 from mdboost.md.breakpoints import Breakpoints
 from mdboost.md.divergences import Divergence
@@ -227,8 +228,6 @@ def prepare_dual(p, q, min_acceptance, div: Divergence, normalize: bool,
 
 
 def _sorted(rp, rq):
-    from mdboost.md._sums import _sort_rows, neutral_ratios
-
     return _sort_rows(neutral_ratios(torch.div(rp, rq)), rp, rq)
 
 

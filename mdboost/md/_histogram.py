@@ -17,6 +17,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from mdboost.md._checks import _check_row_values, check_pair
 from mdboost.md._sums import _blocks, neutral_ratios
 from mdboost.md._xp import NUMPY, namespace_for
 from mdboost.md.divergences import Divergence, is_generator
@@ -215,8 +216,6 @@ def histogram_of(p, q, div: Divergence, normalize: bool, sums=None, check: bool 
     if takes_numpy_pass(p, q):
         return _histogram_np(Rows(p, q, *_scales(sums)), div, normalize, check)
     if check:
-        from mdboost.md._checks import check_pair
-
         check_pair(p, q)
     rows = rows_of(p, q, normalize, sums)
     return rows, histogram(rows, div)
@@ -369,8 +368,6 @@ def _check_block(rows: Rows, blk: slice, sp, sq) -> None:
     """The value checks of ``check_pair`` on one block: its minima (in the input dtype, exactly
     those of the float64 copies) and float64 row sums, the same errors (naming the argument) as
     the check before the pass."""
-    from mdboost.md._checks import _check_row_values
-
     with np.errstate(invalid="ignore"):
         for name, x, s in (("draft_probs", rows.p, sp), ("target_probs", rows.q, sq)):
             x_blk = x[blk]  # its minimum in the input dtype: the float64 copy's, exactly (half the bytes read)

@@ -17,11 +17,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from mdboost.md import _scalar
+from mdboost.md import _scalar, _search
 from mdboost.md._checks import _check_budget_range, _check_row_values
 from mdboost.md._scalar import _INF, _Row
 from mdboost.md._sums import neutral_ratios
 from mdboost.md._xp import g_numpy
+from mdboost.md.breakpoints import Breakpoints
 from mdboost.md.divergences import Divergence, is_generator
 
 
@@ -100,9 +101,6 @@ def solve_row(p: torch.Tensor, q: torch.Tensor, budget: float, div: Divergence, 
         row = _row_of_sorted(r_s, w, thr, normalized, zeros, div, g)
     a, b, m, value = _scalar.primal_point(row, budget, div, g, True, floats=True)
     if _scalar.lost(m, budget, row.tv, row.m_end):  # lost to rounding: the general path's rescue and fallback
-        from mdboost.md import _search
-        from mdboost.md.breakpoints import Breakpoints
-
         bp = Breakpoints._from_pair(p[None], q[None], validate)
         point = _search.primal_point(bp, torch.full((1, 1), budget, dtype=torch.float64), div, False, True)
         a, b, m, value = (float(x) for x in point)

@@ -26,6 +26,8 @@ from typing import Callable
 
 import torch
 
+from mdboost.md._checks import check_probs, compute_dtype
+
 __all__ = [
     "DIVERGENCES",
     "Divergence",
@@ -252,8 +254,6 @@ def f_divergence(
     >>> float(f_divergence(p, torch.tensor([0.25, 0.75], dtype=torch.float64), "tv"))
     0.25
     """
-    from mdboost.md._checks import check_probs, compute_dtype
-
     pi = check_probs("output_probs", output_probs, validate=validate)
     q = check_probs("target_probs", target_probs, validate=validate)
     div = resolve(divergence)

@@ -15,6 +15,7 @@ import statistics
 import time
 
 import torch
+from transformers import DynamicCache
 
 from .loading import cache_kwarg, synchronize
 
@@ -32,8 +33,6 @@ def _stepper(member, context: torch.Tensor):  # context: [L + 1]
 def _chunk_steppers(model, prefix: torch.Tensor, chunks: list[torch.Tensor]):  # [L], [[n_i]]
     """``(steps, cache)``: per chunk a callable that forwards it on the shared KV cache of
     ``prefix``, crops the cache back and returns the logits ``[1, n_i, V]``."""
-    from transformers import DynamicCache
-
     device = next(model.parameters()).device
     cache = DynamicCache(config=model.config)
     key = cache_kwarg(model)

@@ -26,6 +26,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
+from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+from torch.ao.quantization import quantize_dynamic
 
 from mdboost._io import atomic_path
 
@@ -172,8 +174,6 @@ def mixes_positions(model) -> bool:
     then differ between a whole-sequence forward and the engine's one-token draft steps. Such
     models must be cached the way the engine runs them (:func:`mdboost.cache.build.member_logits`).
     """
-    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
-
     return any(isinstance(m, DynamicLinear) for m in model.modules())
 
 
@@ -188,8 +188,6 @@ def int8_model(target):
     is copied and cast to float32. A tied LM head is quantized as a copy, leaving the
     embedding table as is.
     """
-    from torch.ao.quantization import quantize_dynamic
-
     if next(target.parameters()).device.type != "cpu":
         raise ValueError("int8 drafters need a CPU target (dynamic quantization kernels are CPU-only)")
     model = copy.deepcopy(target, memo=_shared_parameters(target)).float()

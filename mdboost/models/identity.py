@@ -31,6 +31,8 @@ import os
 import re
 from pathlib import Path
 
+from huggingface_hub.constants import HF_HUB_CACHE
+
 from mdboost._io import sha256_file
 
 from .convert import MARKER, SMOLLM2_ALIAS, smollm2_gguf
@@ -59,10 +61,6 @@ def folder_sha256(folder: str | os.PathLike) -> str:
 
 def hub_revision(name: str) -> str | None:
     """The commit the local hub cache resolves ``name``'s ``main`` to, or None."""
-    try:
-        from huggingface_hub.constants import HF_HUB_CACHE
-    except ImportError:  # pragma: no cover - transformers depends on it
-        return None
     ref = Path(HF_HUB_CACHE) / f"models--{name.replace('/', '--')}" / "refs" / "main"
     return (ref.read_text().strip() or None) if ref.is_file() else None
 

@@ -8,13 +8,19 @@ package, see :mod:`mdboost.models.convert`) and ``tiny`` (a random tiny Llama fr
 
 from __future__ import annotations
 
+import inspect
 import os
 from pathlib import Path
 
 import torch
+from huggingface_hub import HfApi, constants
+from huggingface_hub.errors import RepositoryNotFoundError
+from huggingface_hub.utils import HFValidationError, validate_repo_id
+from safetensors import SafetensorError
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from .convert import SMOLLM2_ALIAS, ensure_smollm2
-from .identity import TINY_NAME
+from .identity import TINY_NAME, hub_revision
 from .tiny import tiny_llama, tiny_tokenizer
 
 
@@ -68,8 +74,6 @@ def cache_kwarg(model) -> str:
     """The forward keyword for a KV cache: ``cache`` in transformers >= 5.2x (where
     ``past_key_values`` is deprecated), ``past_key_values`` before. Every caller that feeds a
     cache to a model asks here."""
-    import inspect
-
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
@@ -78,10 +82,6 @@ def hub_offline() -> bool:
     now, or ``huggingface_hub.constants.HF_HUB_OFFLINE`` (read when that package was imported)."""
     if any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")):
         return True
-    try:
-        from huggingface_hub import constants
-    except ImportError:  # pragma: no cover - transformers depends on it
-        return False
     return bool(constants.HF_HUB_OFFLINE)
 
 
@@ -106,11 +106,6 @@ def _hub_unreachable(name: str, timeout: float = 5.0) -> str | None:
     unreachable (transformers would retry it).
     """
     try:
-        from huggingface_hub import HfApi
-        from huggingface_hub.errors import RepositoryNotFoundError
-    except ImportError:  # pragma: no cover - transformers depends on it
-        return None
-    try:
         HfApi().model_info(name, timeout=timeout)  # a fresh client: the endpoint configured now
     except RepositoryNotFoundError:
         return f"model {name!r} is not a local path and there is no such model on the hub"
@@ -132,8 +127,6 @@ def check_model_source(name: str) -> None:
     short timeout and no retries, so an unreachable hub fails here at once, before any model
     is loaded. The message says how to use a local path or the hub cache offline.
     """
-    from .identity import hub_revision
-
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty model name or path, got {name!r}")
     if TINY_NAME.fullmatch(name) or name.lower() == SMOLLM2_ALIAS:
@@ -144,15 +137,10 @@ def check_model_source(name: str) -> None:
             raise ValueError(f"model {name!r}: no such {'GGUF file' if name.endswith('.gguf') else 'model folder'}")
     elif not path.exists() and hub_revision(name) is None:
         try:  # not a name the hub could hold: say so (no request, no "unreachable")
-            from huggingface_hub.utils import HFValidationError, validate_repo_id
-        except ImportError:  # pragma: no cover - transformers depends on it
-            pass
-        else:
-            try:
-                validate_repo_id(name)
-            except HFValidationError as err:
-                raise ValueError(f"model {name!r} is neither a local path nor a valid hub model name "
-                                 f"({' '.join(str(err).split())})") from None
+            validate_repo_id(name)
+        except HFValidationError as err:
+            raise ValueError(f"model {name!r} is neither a local path nor a valid hub model name "
+                             f"({' '.join(str(err).split())})") from None
         offline = hub_offline()
         why = (f"model {name!r} is not a local path and not in the local hub cache (HF_HUB_OFFLINE is set)"
                if offline else _hub_unreachable(name))
@@ -213,9 +201,6 @@ def _from_pretrained(source, dtype: torch.dtype, **kwargs):
     """A local folder, else a hub name: from the local hub cache first (no request at all),
     then, unless the hub is off, after one quick check that the hub has it
     (:func:`check_model_source`), so an unreachable hub fails at once instead of retrying."""
-    from safetensors import SafetensorError
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     def load(**more):
         model = AutoModelForCausalLM.from_pretrained(str(source), dtype=dtype, **kwargs, **more)
         try:

@@ -23,14 +23,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mdboost._io import sha256_file
+from mdboost.data import fit_sequences
 
-from .convert import SMOLLM2_ALIAS, ensure_smollm2
+from .convert import SMOLLM2_ALIAS, SMOLLM2_LAYERS, ensure_smollm2
 from .cost import measure_cost_ratio
 from .drafters import early_exit_model, int8_model, tuned_translators
 from .home import models_dir
 from .identity import TINY_NAME, weights_id
 from .loading import check_model_source, load_model, resolve_device
 from .ngram import NgramDrafter
+from .tiny import DEFAULT_NUM_LAYERS
 
 KINDS = ("hf", "early_exit", "tuned", "int8", "ngram")
 DEFAULT_DEPTHS = (12, 18, 24, 27)
@@ -151,9 +153,6 @@ def parse_drafter(spec: str) -> tuple[str, int | None]:
 
 def target_depth(target: str, home=None) -> int | None:
     """The target's number of decoder layers, read without loading it (None when unknown)."""
-    from .convert import SMOLLM2_LAYERS
-    from .tiny import DEFAULT_NUM_LAYERS
-
     if TINY_NAME.fullmatch(target):
         return DEFAULT_NUM_LAYERS
     folder = models_dir(home) / SMOLLM2_ALIAS if target.lower() == SMOLLM2_ALIAS else Path(target).expanduser()
@@ -288,8 +287,6 @@ def build_pool(
     tuned_depths = sorted({n for _, kind, n in parsed if kind == "tuned"})
     translators = {}
     if tuned_depths:
-        from mdboost.data import fit_sequences
-
         fit = fit_key(fit_source, fit_positions)
         translators = tuned_translators(model, tuned_depths, lambda: fit_sequences(tokenizer, fit_source),
                                         store=tuned_store(target, home, fit), max_positions=fit_positions)

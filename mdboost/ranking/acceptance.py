@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mdboost.md.solve import solve
 from mdboost.ranking.support import Aligned
 
 
@@ -66,8 +67,6 @@ def md_operating_points(aligned: Aligned, valid: torch.Tensor, divergences, budg
     -------
     list of OperatingPoint, divergence-major.
     """
-    from mdboost.md.solve import solve
-
     p = _normalized(aligned.p_mass[valid])  # [M, S]
     q = _normalized(aligned.q_mass[valid])
     idx = valid.nonzero().squeeze(-1)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mdboost.boosting.estimator import SelfNormalizedBoostClassifier
 from mdboost.boosting.labels import label_scores_from_sums
 from mdboost.boosting.margins import edge_step, margin_bound, margin_risk
 
@@ -197,8 +198,6 @@ def boost_target_first(target, drafter, rows, labels, n_rounds: int = 2, thetas=
 
 def boost_greedy(target, drafter, rows, labels, n_estimators: int = 2) -> dict:
     """:class:`SelfNormalizedBoostClassifier` in pool mode over ``[target, drafter]``."""
-    from mdboost.boosting.estimator import SelfNormalizedBoostClassifier
-
     X = np.asarray(rows).reshape(-1, 1)
     clf = SelfNormalizedBoostClassifier(n_estimators=n_estimators, pool=[target, drafter])
     with warnings.catch_warnings():  # token ids are classes, not a regression target

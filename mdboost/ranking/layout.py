@@ -13,6 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
+from mdboost.models.ngram import NgramDrafter
+from mdboost.models.pool import parse_drafter
+
 
 def padded_index(sequence) -> tuple[torch.Tensor, torch.Tensor]:
     """``(index [B, L], lengths [B])`` putting rows ``[M]`` into per-sequence rows.
@@ -64,9 +67,6 @@ class SequenceLayout:
         cached sequences with the member's :class:`~mdboost.models.ngram.NgramDrafter` (checked
         against the cached prefix).
         """
-        from mdboost.models.ngram import NgramDrafter
-        from mdboost.models.pool import parse_drafter
-
         cached = self.cache.ngram_proposals(self.member).long()  # [M, J]
         if cached.shape[1] >= width:
             return cached[:, :width]

@@ -19,10 +19,11 @@ import numpy as np
 
 
 def _plt():
+    # deferred: matplotlib: about a second to import; only the plots need it
     import matplotlib
 
     matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: after choosing the Agg backend
 
     return plt
 

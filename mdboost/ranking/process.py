@@ -33,6 +33,9 @@ import torch
 from mdboost.md.verify import SOLVE
 from mdboost.ranking.chains import text_chains
 from mdboost.ranking.layout import SequenceLayout, gather_rows
+from mdboost.ranking.speed import process_speedup
+from mdboost.ranking.uncertainty import (BootstrapSettings, percentile_interval, prompt_weights, resample_sums,
+                                         resample_tables, resample_values)
 
 
 @dataclass
@@ -243,8 +246,6 @@ def score_process(layout: SequenceLayout, draft_rows, target_rows, labels, point
     list of ProcessScore
         One per point, every figure at every gamma with its interval.
     """
-    from mdboost.ranking.speed import process_speedup
-
     if md_solve not in SOLVE:
         raise ValueError(f"md_solve must be one of {SOLVE}, got {md_solve!r}")
     gammas = [int(g) for g in gammas]
@@ -258,9 +259,6 @@ def score_process(layout: SequenceLayout, draft_rows, target_rows, labels, point
     gamma = torch.tensor(gammas)[None, :, None].expand(n_p, n_g, n_b).reshape(-1)
     res = run_process(batch, gamma, draft_len=None if offered is None else offered.repeat(n_p * n_g, 1),
                       lengths=lengths.repeat(n_p * n_g))
-
-    from mdboost.ranking.uncertainty import (BootstrapSettings, percentile_interval, prompt_weights, resample_sums,
-                                             resample_tables, resample_values)
 
     boot = bootstrap or BootstrapSettings(num_resamples=0)
     # resample 0 is the full sample (every prompt once), then the bootstrap resamples of the prompts

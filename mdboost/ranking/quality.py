@@ -32,8 +32,10 @@ paper's case where MD improves on the target itself).
 from __future__ import annotations
 
 import torch
+from scipy.optimize import minimize_scalar
 
 from mdboost.md.solve import clamp
+from mdboost.md.tv_set import tv_projection
 from mdboost.ranking.support import Aligned, MemberRows
 
 
@@ -63,8 +65,6 @@ def nll_tv_boosted(aligned: Aligned, draft: MemberRows, target: MemberRows, max_
     aligned support's ``p``, ``q`` at budget ``max_divergence``; rows where the drafter is
     invalid use ``q`` (nothing is drafted there).
     """
-    from mdboost.md.tv_set import tv_projection
-
     valid = draft.valid
     mix, exact, _ = _boosted_scores(aligned, draft, target, c_target, c_drafter, temperature)
     log_r = scale * mix[valid]  # [M, S], -inf on empty slots
@@ -146,8 +146,6 @@ def best_boosted_scale(aligned: Aligned, draft: MemberRows, target: MemberRows, 
     ``s`` (log-sum-exp minus a linear term), so a bounded scalar search finds the optimum.
     Fitted on the same positions it is evaluated on (one parameter), hence mildly optimistic.
     """
-    from scipy.optimize import minimize_scalar
-
     mix, exact, approx = _boosted_scores(aligned, draft, target, c_target, c_drafter, temperature)
 
     def mean_nll(log_s: float) -> float:

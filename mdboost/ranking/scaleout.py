@@ -27,6 +27,7 @@ from mdboost.cache.mentored import load_mentored
 from mdboost.cache.pool_cache import PoolCache
 from mdboost.cache.reader import LogitCache
 from mdboost.cache.speed import SpeedStore
+from mdboost.engine.costs import torch_threads
 from mdboost.ranking.rank import ScoreSettings, score_pair
 from mdboost.ranking.mentored import mentored_pair_rows
 from mdboost.ranking.rows import MemberLoader, acceptance_rows, pair_rows, speed_profile
@@ -121,8 +122,6 @@ def score_pair_task(location: CacheLocation, drafter: str, target: str, settings
                     acceptance_source: str | None = None, threads: int | None = 1) -> PairScore:
     """One pair's score on a worker: open the pair's folders from ``location``, then
     :func:`score_cached_pair` at ``threads`` torch threads (``None``: the worker's as is)."""
-    from mdboost.engine.costs import torch_threads
-
     with torch_threads(threads):
         pc = location.open((drafter, target))
         return score_cached_pair(pc, drafter, target, settings, acceptance_source=acceptance_source)
@@ -165,7 +164,7 @@ def score_pairs_on(client, pc: PoolCache, pairs, settings: ScoreSettings, *, acc
     futures = [client.submit(score_pair_task, location, d, t, settings, acceptance_source, threads, pure=False)
                for d, t in pairs]
     if progress is not None:
-        from distributed import as_completed
+        from distributed import as_completed  # deferred: distributed is the optional extra mdboost[dask]
 
         for _ in progress(as_completed(futures)):
             pass
@@ -176,7 +175,7 @@ def active_client():
     """The default :class:`distributed.Client` of this process (:func:`mdboost.cluster.dask_client`
     sets it for its block), or None: none, or ``distributed`` is not installed."""
     try:
-        from distributed import default_client
+        from distributed import default_client  # deferred: distributed is the optional extra mdboost[dask]
     except ImportError:
         return None
     try:

@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from scipy import stats
 
 DEFAULT_RESAMPLES = 1000
 DEFAULT_LEVEL = 0.9
@@ -122,8 +123,6 @@ def expanded_tail(level: float, num_prompts: int) -> float:
     >>> round(expanded_tail(0.9, 4), 4), round(expanded_tail(0.9, 16), 4), round(expanded_tail(0.9, 10**6), 4)
     (0.0033, 0.0351, 0.05)
     """
-    from scipy import stats
-
     if isinstance(num_prompts, bool) or not isinstance(num_prompts, int) or num_prompts < 1:
         raise ValueError(f"num_prompts must be an int >= 1, got {num_prompts!r}")
     if not 0 < level < 1:

@@ -39,6 +39,7 @@ def source_name(text: TextSource) -> str:
 
 def _source(text: TextSource):
     """MLflow's source of the records: the local file (HumanEval's bundled one), else the hub dataset."""
+    # deferred: mlflow: seconds to import; the library runs without a tracking server
     from mlflow.data.dataset_source_registry import get_registered_sources
     from mlflow.data.huggingface_dataset_source import HuggingFaceDatasetSource
 
@@ -70,7 +71,7 @@ def records_dataset(records: Sequence[dict], text: TextSource, split: str):
         Named ``<source>:<split>``, digest: the first :data:`DIGEST_CHARS` hex characters of
         :func:`mdboost.data.dataset_fingerprint`.
     """
-    import mlflow.data
+    import mlflow.data  # deferred: mlflow and pandas: seconds to import; the library runs without a tracking server
     import pandas as pd
 
     if not records:
@@ -88,7 +89,7 @@ def log_records(records: Sequence[dict], text: TextSource, split: str, context: 
     Input tags: ``mlflow.data.context`` = ``context`` (e.g. ``ranking``, ``validation``),
     :data:`SPLIT_TAG` = ``split`` and :data:`FINGERPRINT_TAG` = the full SHA-256 fingerprint.
     """
-    import mlflow
+    import mlflow  # deferred: mlflow: seconds to import; the library runs without a tracking server
 
     dataset = records_dataset(records, text, split)
     mlflow.log_input(dataset, context=context,

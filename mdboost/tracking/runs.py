@@ -135,6 +135,7 @@ def log_children(client, experiment_id: str, parent_run_id: str, children: Seque
     list of str
         The children's run ids, in ``children``'s order.
     """
+    # deferred: mlflow: seconds to import; the library runs without a tracking server
     from mlflow.entities import Metric, Param
 
     names = [c.name for c in children]

