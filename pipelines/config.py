@@ -21,7 +21,9 @@ reads :class:`RankConfig`, ``mdboost validate`` :class:`~pipelines.validate_conf
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import importlib.util
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,16 +31,18 @@ from typing import Literal
 
 from mdboost.cache.build import DTYPES, SOURCES, joblib_backends
 from mdboost.cache.keys import ACCEPTANCE_SOURCES, FolderSettings, PoolCacheSpec
+from mdboost.cluster import check_scheduler, dask_client
 from mdboost.data import _FORMATS as DATA_FORMATS
 from mdboost.data import SPLITS, TextSource
 from mdboost.engine.settings import DEFAULT_MD_SOLVE
 from mdboost.md.divergences import GENERATORS
 from mdboost.md.verify import SOLVE
-from mdboost.models.loading import check_model_source
+from mdboost.models.loading import check_model_source, resolve_device
 from mdboost.models.pool import check_drafter
 from mdboost.ranking.rank import BOOSTING_ORDERS, MD_MODES, ScoreSettings
 from mdboost.ranking.rows import PAIR_MODES
 from mdboost.ranking.uncertainty import DEFAULT_LEVEL, DEFAULT_RESAMPLES, BootstrapSettings
+from mdboost.tracking.store import check_tracking_uri, resolve_tracking_uri
 from pipelines.loader import check as _check
 
 _DIVERGENCES = tuple(GENERATORS)
@@ -79,7 +83,6 @@ class PoolConfig:
             except ValueError as err:
                 raise ValueError(f"invalid drafters[{i}]: {err}") from None
         if self.device is not None:  # a device this machine has (no model loads onto a missing GPU)
-            from mdboost.models.loading import resolve_device
 
             try:
                 resolve_device(self.device)
@@ -192,10 +195,6 @@ class CacheConfig:
 
 def _check_cluster(name: str, scheduler: str | None) -> None:
     """``scheduler`` is null, ``local`` or a scheduler address, and ``distributed`` is installed."""
-    import importlib.util
-
-    from mdboost.cluster import check_scheduler
-
     if scheduler is not None:
         try:
             check_scheduler(scheduler)
@@ -215,10 +214,6 @@ def _check_output_dir(output_dir: str) -> None:
 
 def _cluster(scheduler: str | None, n_workers: int):
     """:func:`mdboost.cluster.dask_client` of ``scheduler``, or a context yielding None for None."""
-    import contextlib
-
-    from mdboost.cluster import dask_client
-
     return contextlib.nullcontext() if scheduler is None else dask_client(scheduler, n_workers)
 
 
@@ -238,14 +233,10 @@ class TrackingConfig:
     artifact_root: str = "mlruns/artifacts"
 
     def __post_init__(self):
-        from mdboost.tracking.store import resolve_tracking_uri
-
         _check(self.tracking_uri is None or bool(self.tracking_uri), "tracking_uri (a URI, or null)",
                self.tracking_uri)
         self.tracking_uri = resolve_tracking_uri(self.tracking_uri)
         if self.enabled:
-            from mdboost.tracking.store import check_tracking_uri
-
             try:
                 check_tracking_uri(self.tracking_uri)
             except ValueError as err:

@@ -13,11 +13,14 @@ Nothing here knows mdboost: the schemas live in :mod:`pipelines.config`.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import types
 import typing
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
+
+import yaml
 
 T = TypeVar("T")
 
@@ -137,8 +140,6 @@ def parse_override(override: str) -> tuple[list[str], Any]:
     ValueError
         Naming the override when it has no ``=``, an empty key part, or a value that is not YAML.
     """
-    import yaml
-
     if not isinstance(override, str):
         raise TypeError(f"override must be a string 'key.path=value', got {override!r}")
     key, sep, text = override.partition("=")
@@ -168,8 +169,6 @@ def apply_overrides(data: dict | None, overrides=()) -> dict:
     ValueError
         Naming the override when its path runs through a value that is not a mapping.
     """
-    import copy
-
     overrides = list(overrides)
     out = copy.deepcopy(data) if data is not None else {}
     if not overrides:
@@ -195,8 +194,6 @@ def load_yaml(path: str | Path, cls: type[T], overrides=()) -> T:
     """Read a YAML file, apply the dotted ``overrides`` (:func:`apply_overrides`, the CLI's
     ``--set``) and build ``cls`` with :func:`from_dict` (a missing file or a YAML syntax
     error: ``ValueError`` naming the file, and the line and column of the error)."""
-    import yaml
-
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"config must be an existing YAML file, got {str(path)!r}")

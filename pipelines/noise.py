@@ -24,6 +24,7 @@ def quiet_libraries() -> None:
     download bars (unless ``MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR`` is set: a user's setting wins)
     and its store INFO lines (process-wide: call it from a pipeline's entry point, never from
     library code)."""
+    # deferred: datasets, huggingface_hub, transformers: imported only to quiet them, by a pipeline's entry point
     import datasets
     from huggingface_hub.utils import disable_progress_bars
     from transformers.utils import logging as hf_logging

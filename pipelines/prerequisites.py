@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import yaml
+
 
 def rank_configs_writing(folder: str | Path, configs_dir: str | Path = "configs") -> list[str]:
     """The ranking configs under ``configs_dir`` whose ``output_dir`` is ``folder`` (sorted paths).
@@ -18,8 +20,6 @@ def rank_configs_writing(folder: str | Path, configs_dir: str | Path = "configs"
     ``ranking.ranking_dir`` / ``ranking.ranking_run_id``); paths compare after resolving against
     the working directory. Unreadable files are skipped.
     """
-    import yaml
-
     target, found = Path(folder).expanduser().resolve(), []
     for path in sorted(Path(configs_dir).glob("*.y*ml")):
         try:

@@ -33,25 +33,31 @@ from pathlib import Path
 from typing import NamedTuple
 
 import yaml
+from tqdm.auto import tqdm
 
 from mdboost.cache import open_or_build_cache
 from mdboost.cache.mentored import attach_mentored
 from mdboost.cache.keys import PoolCacheSpec
 from mdboost.cache.pool_cache import BuildInfo, PoolCache
-from mdboost.ranking import report
+from mdboost.engine.costs import torch_threads
+from mdboost.models.home import mdboost_home
+from mdboost.models.loading import resolve_device
+from mdboost.models.pool import parse_drafter
+from mdboost.ranking import plots, report
 from mdboost.ranking.rank import PLAIN_SD, rank_rows
 from mdboost.ranking.recommend import Recommendation, recommend
 from mdboost.ranking.rows import MemberLoader, select_pairs
 from mdboost.ranking.scaleout import active_client, score_cached_pair, score_pairs_on
+from mdboost.tracking import setup
+from mdboost.tracking.datasets import log_records
 from mdboost.tracking.notes import ranking_note
+from mdboost.tracking.runs import ChildRun, log_children, ordered_metrics, point_name
 from pipelines.loader import load_yaml, to_dict
 from pipelines.config import RankConfig
 from pipelines.noise import quiet_libraries
 
 
 def _progress(iterable, enabled: bool, **kwargs):
-    from tqdm.auto import tqdm
-
     return tqdm(iterable, disable=not enabled, **kwargs)
 
 
@@ -59,8 +65,6 @@ def single_thread():
     """Run torch on one thread, then restore: scoring works on small ``[rows, 2k+1]`` tensors,
     where intra-op threads bring nothing and oversubscribe a shared CPU (measured 13x slower
     with 2 threads on a loaded 2-core machine)."""
-    from mdboost.engine.costs import torch_threads
-
     return torch_threads(1)
 
 
@@ -110,8 +114,6 @@ def _plot_rows(rows: list[dict], divergences: list[str]) -> list[dict]:
 
 def write_outputs(cfg: RankConfig, rows: list[dict], details: dict, out: Path) -> dict[str, Path]:
     """CSV, HTML, plots and the resolved config into ``out`` (all atomic)."""
-    from mdboost.ranking import plots
-
     compact = best_gamma_rows(rows)
     plot_rows = _plot_rows(rows, list(cfg.md.divergences))
     paths = {
@@ -132,8 +134,6 @@ def write_outputs(cfg: RankConfig, rows: list[dict], details: dict, out: Path) -
 def ranked_device(cfg: RankConfig) -> str:
     """The device the ranking runs on (``pool.device``, or the one the pool resolves it to: CUDA when
     present): its snippets run there, since its speeds were measured there."""
-    from mdboost.models.loading import resolve_device
-
     return str(resolve_device(cfg.pool.device))
 
 
@@ -141,8 +141,6 @@ def ranked_home(cfg: RankConfig) -> str | None:
     """The mdboost home the ranking's models and translators live in, as an absolute path, when
     the config names one (``pool.home``, relative to the working directory); None: the default
     (``MDBOOST_HOME``, else ``~/.cache/mdboost``) of whoever runs a snippet."""
-    from mdboost.models.home import mdboost_home
-
     return None if cfg.pool.home is None else str(mdboost_home(cfg.pool.home))
 
 
@@ -163,8 +161,6 @@ def engine_snippet(rec: Recommendation, cfg: RankConfig) -> str:
         "                              eos_token_id=target.tokenizer.eos_token_id)",
     ]
     if rec.beats_plain_decoding:
-        from mdboost.models.pool import parse_drafter
-
         part = "ngram" if parse_drafter(rec.drafter)[0] == "ngram" else "model"
         lines.append(f"drafter = as_drafter(pool[{rec.drafter!r}].{part})")
         lines.append("out = generate(target.model, input_ids, settings, drafter=drafter)")
@@ -189,8 +185,6 @@ def _flat_params(cfg: RankConfig) -> dict[str, str]:
 
 def _child_runs(rows: list[dict], pool_target: str) -> list:
     """One :class:`~mdboost.tracking.runs.ChildRun` per operating point at its best gamma, in rank order."""
-    from mdboost.tracking.runs import ChildRun, ordered_metrics, point_name
-
     children = []
     for row in best_gamma_rows(rows):
         target = None if row["target"] == pool_target else row["target"]
@@ -221,12 +215,8 @@ def log_mlflow(cfg: RankConfig, rows: list[dict], paths: dict[str, Path], summar
     as params and its numeric columns as metrics (booleans as 0/1, non-finite values left out),
     under the same names, the key figures first (:data:`mdboost.tracking.runs.KEY_METRICS`).
     """
-    import mlflow
+    import mlflow  # deferred: mlflow: seconds to import; only a tracked run needs it
     from mlflow.tracking import MlflowClient
-
-    from mdboost.tracking import setup
-    from mdboost.tracking.datasets import log_records
-    from mdboost.tracking.runs import log_children, ordered_metrics
 
     experiment_id = setup(cfg.tracking.experiment, cfg.tracking.tracking_uri, cfg.tracking.artifact_root)
     client = MlflowClient(cfg.tracking.tracking_uri)
@@ -253,7 +243,7 @@ def log_mlflow(cfg: RankConfig, rows: list[dict], paths: dict[str, Path], summar
 
 def log_summary_file(cfg: RankConfig, run_id: str, path: Path) -> None:
     """``summary.json`` (written once the run id and the total time are known) onto the parent run."""
-    from mlflow.tracking import MlflowClient
+    from mlflow.tracking import MlflowClient  # deferred: mlflow: seconds to import; only a tracked run needs it
 
     MlflowClient(cfg.tracking.tracking_uri).log_artifact(run_id, str(path))
 

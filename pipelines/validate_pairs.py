@@ -25,8 +25,17 @@ from pathlib import Path
 import torch
 
 from mdboost._io import read_json_object, read_yaml_mapping
+from mdboost.engine.costs import ENGINE_THREADS, torch_threads
+from mdboost.models.pool import build_pool
 from mdboost.ranking.report import check_csv_digest, read_csv
+from mdboost.tracking import setup
+from mdboost.tracking.datasets import log_records
+from mdboost.tracking.notes import validation_note
+from mdboost.tracking.runs import ChildRun, log_children, ordered_metrics, point_name
+from mdboost.tracking.store import existing_run
+from mdboost.validation.calibration import predictive_scale
 from mdboost.validation.cells import check_md_solve, complete_rows, resolve_sampling, select_cells
+from mdboost.validation.plots import plot_predicted_vs_realized
 from mdboost.validation.points import heldout_prompts, humaneval_pass_at_1, realize_cells
 from mdboost.validation.report import COLUMNS as VALIDATION_COLUMNS
 from mdboost.validation.report import (
@@ -37,8 +46,11 @@ from mdboost.validation.report import (
     write_summary_json,
     write_validation_csv,
 )
-from pipelines.loader import from_dict, to_dict
+from mdboost.validation.scaleout import realize_cells_on
+from pipelines.loader import from_dict, load_yaml, to_dict
 from pipelines.config import RankConfig, TrackingConfig
+from pipelines.noise import quiet_libraries
+from pipelines.prerequisites import missing_ranking
 from pipelines.validate_config import SourceConfig, ValidateConfig
 
 RANKING_FILES = ("ranking.csv", "config.resolved.yaml")
@@ -73,9 +85,7 @@ def fetch_ranking(src: SourceConfig, tracking: TrackingConfig, tmp: Path) -> Ran
     needs it, written last by ``mdboost rank``, and its ``ranking.csv`` must match the digest there)."""
     folder, run_id = (Path(src.ranking_dir) if src.ranking_dir else None), src.ranking_run_id
     if run_id is not None:
-        import mlflow
-
-        from mdboost.tracking.store import existing_run
+        import mlflow  # deferred: mlflow: seconds to import; only a tracked run needs it
 
         existing_run(run_id, tracking.tracking_uri, run_name=" (ranking.ranking_run_id)",
                      uri_name=" (tracking.tracking_uri)")
@@ -91,7 +101,6 @@ def fetch_ranking(src: SourceConfig, tracking: TrackingConfig, tmp: Path) -> Ran
             if run_id is not None:
                 raise ValueError(f"MLflow run {run_id!r} in {tracking.tracking_uri} holds no {name}: give the "
                                  "parent run of `mdboost rank` (ranking.ranking_run_id)")
-            from pipelines.prerequisites import missing_ranking
 
             raise ValueError(missing_ranking(src.ranking_dir, name))
     summary = read_json_object(folder / "summary.json")
@@ -138,8 +147,6 @@ def interval_settings(ranking: Ranking, new_prompts: int) -> dict:
     """How the ranking's intervals become predictive ones for a run over ``new_prompts`` prompts
     (:func:`mdboost.validation.calibration.predictive_scale`; scale 1 when the ranking does not
     say over how many prompts it bootstrapped)."""
-    from mdboost.validation.calibration import predictive_scale
-
     boot = (ranking.summary or {}).get("bootstrap") or {}
     fit = boot.get("prompts")
     scale = predictive_scale(int(fit), int(new_prompts)) if fit else 1.0
@@ -184,9 +191,6 @@ def _label(rec: dict) -> str:
 
 def run(cfg: ValidateConfig, the_plan: Plan | None = None) -> dict:
     """Run the validation; returns the summary written to ``summary.json`` (plus ``records``)."""
-    from mdboost.models.pool import build_pool
-    from mdboost.validation.plots import plot_predicted_vs_realized
-
     p = the_plan or plan(cfg)
     rank_cfg, g, sampling = p.ranking.config, cfg.generation, p.sampling
     # summary.json is written last and marks a complete validation (as rank's): a rerun that fails
@@ -196,14 +200,12 @@ def run(cfg: ValidateConfig, the_plan: Plan | None = None) -> dict:
     names = sorted({n for r in p.cells for n in (r["drafter"], r["target"])} - {pc.target})
     pool = build_pool(pc.target, names, device=pc.device, home=pc.home)
     heldout, prompts = heldout_prompts(text, pool.target.tokenizer, g.prompts, g.first_prompt)
-    from mdboost.engine.costs import ENGINE_THREADS, torch_threads
 
     kwargs = dict(max_new_tokens=g.max_new_tokens, seed=g.seed, top_k=sampling["top_k"], top_p=sampling["top_p"])
     with g.cluster() as client, torch_threads(ENGINE_THREADS):  # the ranking's cost ratios' thread count
         if client is None:
             realized = realize_cells(p.cells, pool, prompts, progress=cfg.progress, **kwargs)
         else:  # one cell with its own AR run per task (mdboost.validation.scaleout)
-            from mdboost.validation.scaleout import realize_cells_on
 
             realized = realize_cells_on(client, p.cells, pool.recipe, prompts, threads=ENGINE_THREADS, **kwargs)
     intervals = interval_settings(p.ranking, len(prompts))
@@ -237,7 +239,7 @@ def run(cfg: ValidateConfig, the_plan: Plan | None = None) -> dict:
                                        records=heldout, text=text)
     write_summary_json(summary, out / "summary.json")  # last, with the run id
     if "run_id" in summary:
-        from mlflow.tracking import MlflowClient
+        from mlflow.tracking import MlflowClient  # deferred: mlflow: seconds to import; only a tracked run needs it
 
         MlflowClient(cfg.tracking.tracking_uri).log_artifact(summary["run_id"], summary["files"]["summary_json"])
     return summary
@@ -252,7 +254,7 @@ def ranking_children(parent_run_id: str | None, tracking: TrackingConfig) -> dic
     """Nested ranking runs keyed by (drafter, target, divergence, budget, temperature or None)."""
     if parent_run_id is None:
         return {}
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # deferred: mlflow: seconds to import; only a tracked run needs it
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking.tracking_uri)
@@ -289,8 +291,6 @@ VALIDATION_METRICS = ("realized_speedup", "predicted_speedup", "predicted_speedu
 
 def _cell_runs(cells: list[dict], children: dict[tuple, str]) -> list:
     """One nested run per validated cell, cell 0 (the recommendation) first."""
-    from mdboost.tracking.runs import ChildRun, ordered_metrics, point_name
-
     keys = ("role", "drafter", "target", "temperature", "divergence", "max_divergence", "gamma", "md_solve")
     out = []
     for rec in cells:
@@ -313,13 +313,8 @@ def log_mlflow(cfg: ValidateConfig, summary: dict, children: dict[tuple, str], *
     :class:`~mdboost.data.TextSource` (logged with :func:`mdboost.tracking.datasets.log_records`
     when both are given).
     """
-    import mlflow
+    import mlflow  # deferred: mlflow: seconds to import; only a tracked run needs it
     from mlflow.tracking import MlflowClient
-
-    from mdboost.tracking import setup
-    from mdboost.tracking.datasets import log_records
-    from mdboost.tracking.notes import validation_note
-    from mdboost.tracking.runs import log_children
 
     experiment_id = setup(cfg.tracking.experiment, cfg.tracking.tracking_uri, cfg.tracking.artifact_root)
     sampling, ranking_run = summary["sampling"], summary["ranking"]["ranking_run_id"]
@@ -357,9 +352,6 @@ def main(config: str, overrides=()) -> int:
     A config error, or a config that contradicts the ranking, raises its ValueError before any
     generation, reported by :func:`mdboost.cli.main` as one line (exit 2, the traceback with ``--debug``).
     """
-    from pipelines.loader import load_yaml
-    from pipelines.noise import quiet_libraries
-
     cfg = load_yaml(config, ValidateConfig, overrides)
     if not cfg.progress:
         quiet_libraries()

@@ -2,7 +2,8 @@
 
 1. It never imports pipeline configuration: nothing under ``mdboost/`` imports ``pipelines``
    (where the YAML schema lives) or names its config classes.
-2. Its import graph (module-level and function-level imports of its own modules) has no circle.
+2. The import graph of ``mdboost`` and ``pipelines`` (module-level and function-level imports of
+   their own modules) has no circle.
 3. Its packages stand on floors, and an import never runs up: a module imports only modules on
    lower floors, or of its own package. Lowest first (:data:`FLOORS`):
 
@@ -16,6 +17,7 @@
    6. ``mdboost.tracking`` (the MLflow store), ``mdboost.validation`` (real runs of ranked pairs)
    7. ``mdboost.export`` (the pick for serving)
    8. ``mdboost.cli``, then 9. ``mdboost.__main__``
+   10. ``pipelines`` (the YAML configs and the runs of ``mdboost rank | validate``)
 
 4. An import inside a function only delays a heavy or optional dependency, and says so:
    ``# deferred: <why>`` on its line or the line above.
@@ -28,6 +30,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARY = sorted((ROOT / "mdboost").rglob("*.py"))
+PIPELINES = sorted((ROOT / "pipelines").rglob("*.py"))
 CONFIG_CLASSES = {"RankConfig", "ValidateConfig", "PoolConfig", "DataConfig", "CacheConfig", "MDConfig", "SpeedConfig",
                   "BoostingConfig", "RuleConfig", "TrackingConfig", "SourceConfig", "GenerationConfig", "HumanEvalConfig"}
 
@@ -74,14 +77,15 @@ FLOORS = [  # lowest first; a module may import only modules on lower floors (or
     ["mdboost.export"],  # the pick for serving
     ["mdboost.cli"],
     ["mdboost.__main__"],
+    ["pipelines"],  # the YAML configs and the runs of `mdboost rank | validate`
 ]
 DEFERRED = "# deferred:"  # the reason an import waits inside a function (a heavy or optional dependency)
 
 
 def _module_names(root: Path) -> dict:
-    """``{dotted name: path}`` of every module under ``root / "mdboost"``; a package is its ``__init__``."""
+    """``{dotted name: path}`` of every module of ``mdboost`` and ``pipelines``; a package is its ``__init__``."""
     out = {}
-    for path in sorted((root / "mdboost").rglob("*.py")):
+    for path in sorted((root / "mdboost").rglob("*.py")) + sorted((root / "pipelines").rglob("*.py")):
         parts = path.relative_to(root).with_suffix("").parts
         out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return out
@@ -208,7 +212,7 @@ def test_no_import_runs_up_the_floors():
     assert upward_imports(graph) == []
 
 
-@pytest.mark.parametrize("path", LIBRARY, ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("path", LIBRARY + PIPELINES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_imports_inside_functions_say_why(path):
     bad = undeclared_deferrals(path.read_text())
     assert not bad, f"{path.relative_to(ROOT)}: imports inside functions without '{DEFERRED} <why>' at lines {bad}"
