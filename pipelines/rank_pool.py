@@ -38,6 +38,7 @@ from mdboost.cache import open_or_build_cache
 from mdboost.cache.mentored import attach_mentored
 from mdboost.cache.keys import PoolCacheSpec
 from mdboost.cache.pool_cache import BuildInfo, PoolCache
+from mdboost.export import mdboost_snippet
 from mdboost.ranking import report
 from mdboost.ranking.rank import PLAIN_SD, rank_rows
 from mdboost.ranking.recommend import Recommendation, recommend
@@ -47,6 +48,8 @@ from mdboost.tracking.notes import ranking_note
 from pipelines.loader import load_yaml, to_dict
 from pipelines.config import RankConfig
 from pipelines.noise import quiet_libraries
+
+UNFILTERED = {"top_k": None, "top_p": None}  # a ranking samples from the whole distribution (summary's sampling)
 
 
 def _progress(iterable, enabled: bool, **kwargs):
@@ -147,30 +150,10 @@ def ranked_home(cfg: RankConfig) -> str | None:
 
 
 def engine_snippet(rec: Recommendation, cfg: RankConfig) -> str:
-    """Python that runs the recommended point with mdboost's engine (plain decoding if none wins)."""
-    home = ranked_home(cfg)
-    at = "" if home is None else f", home={home!r}"
-    pool = f"build_pool({rec.target!r}, [{rec.drafter!r}], device={ranked_device(cfg)!r}{at})"
-    budget = "" if rec.max_divergence == 0 else f", max_divergence={rec.max_divergence:g}, divergence={rec.divergence!r}"
-    lines = [
-        "from mdboost.engine import GenerationSettings, as_drafter, generate",
-        "from mdboost.models.pool import build_pool",
-        "",
-        f"pool = {pool}",
-        "target = pool.target",
-        "input_ids = target.tokenizer(\"def fib(n):\", return_tensors=\"pt\").input_ids",
-        f"settings = GenerationSettings(max_new_tokens=64, temperature={rec.temperature:g}, gamma={rec.gamma}{budget},",
-        "                              eos_token_id=target.tokenizer.eos_token_id)",
-    ]
-    if rec.beats_plain_decoding:
-        from mdboost.models.pool import parse_drafter
-
-        part = "ngram" if parse_drafter(rec.drafter)[0] == "ngram" else "model"
-        lines.append(f"drafter = as_drafter(pool[{rec.drafter!r}].{part})")
-        lines.append("out = generate(target.model, input_ids, settings, drafter=drafter)")
-    else:
-        lines.append("out = generate(target.model, input_ids, settings)  # plain decoding: no drafter pays off here")
-    return "\n".join(lines)
+    """Python that runs the recommended point with mdboost's engine (plain decoding if none wins):
+    :func:`mdboost.export.mdboost_snippet`, the one ``mdboost export --format mdboost`` prints,
+    on the device and home the ranking ran with and its unfiltered sampling."""
+    return mdboost_snippet(rec.to_dict(), UNFILTERED, ranked_device(cfg), ranked_home(cfg))
 
 
 def _flat_params(cfg: RankConfig) -> dict[str, str]:
@@ -312,7 +295,7 @@ def _run(cfg: RankConfig) -> dict:
                "acceptance_source": cfg.cache.acceptance_source,
                "sampled_continuations": sum(o.info.sampled_continuations for o in opened),
                "measured_speed_profile": any(o.info.measured_speed_profile for o in opened),
-               "sampling": {"temperatures": cfg.md.sampling_temperatures, "top_k": None, "top_p": None},
+               "sampling": {"temperatures": cfg.md.sampling_temperatures, **UNFILTERED},
                "md_solve": cfg.speed.md_solve, "bootstrap": bootstrap, "device": ranked_device(cfg),
                "home": ranked_home(cfg),
                "recommendation": rec.to_dict(), "verdict": rec.verdict(), "engine_snippet": snippet,
