@@ -36,7 +36,6 @@ import yaml
 
 from mdboost.cache import open_or_build_cache
 from mdboost.cache.mentored import attach_mentored
-from mdboost.cache.keys import PoolCacheSpec
 from mdboost.cache.pool_cache import BuildInfo, PoolCache
 from mdboost.export import mdboost_snippet
 from mdboost.ranking import report
@@ -242,9 +241,8 @@ def log_summary_file(cfg: RankConfig, run_id: str, path: Path) -> None:
 
 
 class _Opened(NamedTuple):
-    """One temperature's cache spec, its opened pool cache and what building it did."""
+    """One temperature's opened pool cache (keyed by its ``spec``) and what building it did."""
 
-    spec: PoolCacheSpec
     pc: PoolCache
     info: BuildInfo
 
@@ -261,20 +259,19 @@ def _run(cfg: RankConfig) -> dict:
     rows, details, t_cache, t_score, opened = [], {}, 0.0, 0.0, []
     for temperature in cfg.md.sampling_temperatures:
         t0 = time.perf_counter()
-        spec = cfg.cache_spec(temperature)
-        pc, cache_info = open_or_build_cache(spec, progress=cfg.progress)  # costs: measured once per pool
+        pc, cache_info = open_or_build_cache(cfg.cache_spec(temperature), progress=cfg.progress)  # costs: once per pool
         if cache_info.repaired:
             print(f"mdboost rank: cache: damaged files of {', '.join(cache_info.repaired)} were rebuilt "
                   f"(the intact ones kept)", file=sys.stderr)
         if cfg.cache.mentored_text:  # prompt lookup's points with a budget, on MD's own text
-            pc = attach_mentored(spec, pc, cfg.md.divergences, cfg.md.budgets, cfg.speed.gamma_max,
+            pc = attach_mentored(pc.spec, pc, cfg.md.divergences, cfg.md.budgets, cfg.speed.gamma_max,
                                  progress=cfg.progress)
         t1 = time.perf_counter()
         more, more_details = score_all(cfg, pc, temperature)
         t_cache, t_score = t_cache + t1 - t0, t_score + time.perf_counter() - t1
         rows += more
         details.update(more_details)
-        opened.append(_Opened(spec, pc, cache_info))
+        opened.append(_Opened(pc, cache_info))
     rows = rank_rows(rows, cfg.ranking.nll_tolerance)
     rec = recommend(rows)
     bootstrap = next(iter(details.values())).bootstrap
@@ -285,13 +282,14 @@ def _run(cfg: RankConfig) -> dict:
     (out / "summary.json").unlink(missing_ok=True)
     paths = write_outputs(cfg, rows, details, out)
     snippet = engine_snippet(rec, cfg)
-    spec, pc, cache_info = opened[0]
+    pc, cache_info = opened[0]
     summary = {"n_pairs": len({(r["drafter"], r["target"]) for r in rows}), "n_rows": len(rows),
                "n_points": len(best_gamma_rows(rows)), "seconds_cache": t_cache, "seconds_scoring": t_score,
                "seconds_per_pair": t_score / max(len(details), 1), "cache_dir": cache_info.dir,
                "cache_reused": all(o.info.reused for o in opened),
                "cache_repaired": sorted({m for o in opened for m in o.info.repaired}),
-               "cache_fingerprint": spec.fingerprint() if len(opened) == 1 else [o.spec.fingerprint() for o in opened],
+               "cache_fingerprint": ([o.pc.spec.fingerprint() for o in opened] if len(opened) > 1
+                                     else pc.spec.fingerprint()),
                "acceptance_source": cfg.cache.acceptance_source,
                "sampled_continuations": sum(o.info.sampled_continuations for o in opened),
                "measured_speed_profile": any(o.info.measured_speed_profile for o in opened),
@@ -304,7 +302,7 @@ def _run(cfg: RankConfig) -> dict:
         rec, best_gamma_rows(rows), bootstrap=bootstrap, snippet=snippet, n_pairs=summary["n_pairs"],
         n_rows=len(rows), nll_tolerance=cfg.ranking.nll_tolerance, top=cfg.ranking.top,
         cache=f"Cache: `{cache_info.dir}` ({'reused' if summary['cache_reused'] else 'built'}).")
-    sampled = [o for o in opened if o.spec.temperature > 0] or opened  # greedy has its own profile, no MD
+    sampled = [o for o in opened if o.pc.spec.temperature > 0] or opened  # greedy has its own profile, no MD
     pc = sampled[0].pc
     profile = pc.speed_profile_info(cfg.pool.target)
     if profile is not None:  # the speed model's inputs (docs/ranking.md, "Speed model")
