@@ -7,9 +7,11 @@ dataclasses below (every field has a default, so an empty YAML file is a valid c
 files in ``configs/`` only override those defaults. There is no global config object, and
 nothing under ``mdboost/`` imports this module: :meth:`RankConfig.cache_spec`,
 :meth:`RankConfig.score_settings` and :meth:`DataConfig.text_source` hand the library what it
-takes. Option lists are the library's own (``Literal[SOLVE]`` is
-:data:`mdboost.md.verify.SOLVE`, divergence names are :data:`mdboost.md.divergences.GENERATORS`,
-...), so the loader and the library cannot disagree.
+takes: a section whose fields are a library object's is that object (:class:`DataConfig` is a
+:class:`~mdboost.data.TextSource`), and the others' fields reach the library by name
+(:func:`library_settings`), never copied one by one. Option lists are the library's own
+(``Literal[SOLVE]`` is :data:`mdboost.md.verify.SOLVE`, divergence names are
+:data:`mdboost.md.divergences.GENERATORS`, ...), so the loader and the library cannot disagree.
 
 The strict loader (:mod:`pipelines.loader`: ``from_dict``, ``load_yaml``, ``to_dict``) builds
 them: an unknown key raises ``ValueError`` naming the key and its dotted path, and every value
@@ -90,24 +92,17 @@ class PoolConfig:
                 raise ValueError(f"invalid device: {err}") from None
 
 
-@dataclass
-class DataConfig:
+@dataclass(frozen=True)
+class DataConfig(TextSource):
     """Which text (``mdboost.data.load_texts``): ``humaneval`` (bundled) or a local file.
 
-    ``split``: ``cache`` by default, so the validation pipeline can use the ``heldout`` records
-    that were never ranked on. ``limit``: records kept; ``max_tokens``: tokens per sequence
-    (prompt + reference, truncated).
+    The fields are the library's :class:`~mdboost.data.TextSource` (its defaults), checked when
+    the config is loaded. ``split``: ``cache`` by default, so the validation pipeline can use the
+    ``heldout`` records that were never ranked on. ``limit``: records kept; ``max_tokens``:
+    tokens per sequence (prompt + reference, truncated).
     """
 
-    source: str = "humaneval"
-    split: Literal[SPLITS] = "cache"
-    limit: int = 16
-    max_tokens: int = 384
-    prompt_field: str = "prompt"
-    reference_field: str | None = None
-    chat_template: bool = False
-    heldout_fraction: float = 0.25
-    seed: int = 0
+    split: Literal[SPLITS] = "cache"  # the loader's option list; its place and default are TextSource's
 
     def __post_init__(self):
         path = Path(self.source).expanduser()
@@ -117,9 +112,11 @@ class DataConfig:
         _check(self.limit >= 1, "limit (>= 1)", self.limit)
         _check(self.max_tokens >= 2, "max_tokens (>= 2)", self.max_tokens)
         _check(0.0 <= self.heldout_fraction <= 1.0, "heldout_fraction (in [0, 1])", self.heldout_fraction)
+        super().__post_init__()
 
     def text_source(self) -> TextSource:
-        """The library's :class:`~mdboost.data.TextSource` with the same fields."""
+        """The section as the library's own :class:`~mdboost.data.TextSource` (no pipeline class in
+        a cache spec: its keys, equality and pickles are the library's)."""
         return TextSource(**dataclasses.asdict(self))
 
 
@@ -186,6 +183,11 @@ class CacheConfig:
         _check_cluster("cache.scheduler", self.scheduler)
         _check(self.n_jobs >= 2, "cache.n_jobs (>= 2 with cache.backend: dask: the local cluster's workers, or the "
                                  "jobs for an address's; n_jobs 1 builds in this process)", self.n_jobs)
+
+    @property
+    def folders(self) -> FolderSettings:
+        """The stored-value settings of the main folders (:class:`~mdboost.cache.keys.FolderSettings`)."""
+        return library_settings(FolderSettings, self)
 
     def cluster(self):
         """The run's Dask client (:func:`mdboost.cluster.dask_client`) with ``backend: dask``, else a
@@ -358,25 +360,39 @@ class RankConfig:
 
     def cache_spec(self, temperature: float | None = None) -> PoolCacheSpec:
         """Where the pool's member caches live and what they hold (:mod:`mdboost.cache.keys`), for
-        one of ``md.temperatures`` (default: the first)."""
+        one of ``md.temperatures`` (default: the first): the cache, pool and speed sections'
+        fields of the same names."""
         temperature = self.md.sampling_temperatures[0] if temperature is None else temperature
-        c = self.cache
-        folders = FolderSettings(k=c.k, dtype=c.dtype, full_logits=c.full_logits, source=c.source,
-                                 max_new_tokens=c.max_new_tokens, shard_size=c.shard_size)
-        return PoolCacheSpec(dir=c.dir, text=self.data.text_source(), target=self.pool.target,
-                             drafters=tuple(self.pool.drafters), temperature=temperature, folders=folders,
-                             acceptance_source=c.acceptance_source,
-                             acceptance_max_new_tokens=c.acceptance_max_new_tokens, device=self.pool.device,
-                             home=self.pool.home, n_jobs=c.n_jobs, backend=c.backend, cost_context=c.cost_context,
-                             cost_repeats=c.cost_repeats, gamma_max=self.speed.gamma_max)
+        return library_settings(PoolCacheSpec, self.cache, self.pool, self.speed, text=self.data.text_source(),
+                                folders=self.cache.folders, temperature=temperature)
 
     def score_settings(self, temperature: float | None = None) -> ScoreSettings:
-        """:func:`mdboost.ranking.rank.score_pair`'s settings from the md, speed, boosting and
-        ranking sections, at one of ``md.temperatures`` (default: the first)."""
-        md, sp, b = self.md, self.speed, self.boosting
-        temperature = md.sampling_temperatures[0] if temperature is None else temperature
-        budgets = tuple(md.budgets) if temperature > 0 else (0.0,)  # greedy: lossless SD only
-        return ScoreSettings(divergences=tuple(md.divergences), budgets=budgets, mode=md.mode,
-                             temperature=temperature, gamma_min=sp.gamma_min, gamma_max=sp.gamma_max,
-                             md_solve=sp.md_solve, n_estimators=b.n_estimators, orders=tuple(b.orders),
-                             thetas=tuple(b.thetas), bootstrap=self.ranking.bootstrap(), tv_mentor=md.mentor)
+        """:func:`mdboost.ranking.rank.score_pair`'s settings from the md, speed and boosting
+        sections' fields of the same names and the ranking section's bootstrap, at one of
+        ``md.temperatures`` (default: the first)."""
+        temperature = self.md.sampling_temperatures[0] if temperature is None else temperature
+        budgets = tuple(self.md.budgets) if temperature > 0 else (0.0,)  # greedy: lossless SD only
+        return library_settings(ScoreSettings, self.md, self.speed, self.boosting, temperature=temperature,
+                                budgets=budgets, bootstrap=self.ranking.bootstrap(), tv_mentor=self.md.mentor)
+
+
+def library_settings(cls, *sections, **given):
+    """The library's settings dataclass ``cls`` built from ``given`` and, for each other field of
+    ``cls``, the field of the same name in exactly one of the config ``sections``.
+
+    A field of ``cls`` that no section (or several) hold raises ``TypeError``: the wiring cannot
+    leave a library setting at its default by mistake, nor take it from the wrong section.
+
+    Examples
+    --------
+    >>> library_settings(FolderSettings, CacheConfig(k=16)).k
+    16
+    """
+    values = dict(given)
+    for name in (f.name for f in dataclasses.fields(cls) if f.init and f.name not in given):
+        holders = [section for section in sections if name in {f.name for f in dataclasses.fields(section)}]
+        if len(holders) != 1:
+            raise TypeError(f"{cls.__name__}.{name} is held by {len(holders)} of the sections "
+                            f"{[type(s).__name__ for s in sections]}, not one: pass it by name")
+        values[name] = getattr(holders[0], name)
+    return cls(**values)

@@ -37,12 +37,11 @@ from tqdm.auto import tqdm
 
 from mdboost.cache import open_or_build_cache
 from mdboost.cache.mentored import attach_mentored
-from mdboost.cache.keys import PoolCacheSpec
 from mdboost.cache.pool_cache import BuildInfo, PoolCache
 from mdboost.engine.costs import torch_threads
+from mdboost.export import mdboost_snippet
 from mdboost.models.home import mdboost_home
 from mdboost.models.loading import resolve_device
-from mdboost.models.pool import parse_drafter
 from mdboost.ranking import plots, report
 from mdboost.ranking.rank import PLAIN_SD, rank_rows
 from mdboost.ranking.recommend import Recommendation, recommend
@@ -55,6 +54,8 @@ from mdboost.tracking.runs import ChildRun, log_children, ordered_metrics, point
 from pipelines.loader import load_yaml, to_dict
 from pipelines.config import RankConfig
 from pipelines.noise import quiet_libraries
+
+UNFILTERED = {"top_k": None, "top_p": None}  # a ranking samples from the whole distribution (summary's sampling)
 
 
 def _progress(iterable, enabled: bool, **kwargs):
@@ -145,28 +146,10 @@ def ranked_home(cfg: RankConfig) -> str | None:
 
 
 def engine_snippet(rec: Recommendation, cfg: RankConfig) -> str:
-    """Python that runs the recommended point with mdboost's engine (plain decoding if none wins)."""
-    home = ranked_home(cfg)
-    at = "" if home is None else f", home={home!r}"
-    pool = f"build_pool({rec.target!r}, [{rec.drafter!r}], device={ranked_device(cfg)!r}{at})"
-    budget = "" if rec.max_divergence == 0 else f", max_divergence={rec.max_divergence:g}, divergence={rec.divergence!r}"
-    lines = [
-        "from mdboost.engine import GenerationSettings, as_drafter, generate",
-        "from mdboost.models.pool import build_pool",
-        "",
-        f"pool = {pool}",
-        "target = pool.target",
-        "input_ids = target.tokenizer(\"def fib(n):\", return_tensors=\"pt\").input_ids",
-        f"settings = GenerationSettings(max_new_tokens=64, temperature={rec.temperature:g}, gamma={rec.gamma}{budget},",
-        "                              eos_token_id=target.tokenizer.eos_token_id)",
-    ]
-    if rec.beats_plain_decoding:
-        part = "ngram" if parse_drafter(rec.drafter)[0] == "ngram" else "model"
-        lines.append(f"drafter = as_drafter(pool[{rec.drafter!r}].{part})")
-        lines.append("out = generate(target.model, input_ids, settings, drafter=drafter)")
-    else:
-        lines.append("out = generate(target.model, input_ids, settings)  # plain decoding: no drafter pays off here")
-    return "\n".join(lines)
+    """Python that runs the recommended point with mdboost's engine (plain decoding if none wins):
+    :func:`mdboost.export.mdboost_snippet`, the one ``mdboost export --format mdboost`` prints,
+    on the device and home the ranking ran with and its unfiltered sampling."""
+    return mdboost_snippet(rec.to_dict(), UNFILTERED, ranked_device(cfg), ranked_home(cfg))
 
 
 def _flat_params(cfg: RankConfig) -> dict[str, str]:
@@ -249,9 +232,8 @@ def log_summary_file(cfg: RankConfig, run_id: str, path: Path) -> None:
 
 
 class _Opened(NamedTuple):
-    """One temperature's cache spec, its opened pool cache and what building it did."""
+    """One temperature's opened pool cache (keyed by its ``spec``) and what building it did."""
 
-    spec: PoolCacheSpec
     pc: PoolCache
     info: BuildInfo
 
@@ -268,20 +250,19 @@ def _run(cfg: RankConfig) -> dict:
     rows, details, t_cache, t_score, opened = [], {}, 0.0, 0.0, []
     for temperature in cfg.md.sampling_temperatures:
         t0 = time.perf_counter()
-        spec = cfg.cache_spec(temperature)
-        pc, cache_info = open_or_build_cache(spec, progress=cfg.progress)  # costs: measured once per pool
+        pc, cache_info = open_or_build_cache(cfg.cache_spec(temperature), progress=cfg.progress)  # costs: once per pool
         if cache_info.repaired:
             print(f"mdboost rank: cache: damaged files of {', '.join(cache_info.repaired)} were rebuilt "
                   f"(the intact ones kept)", file=sys.stderr)
         if cfg.cache.mentored_text:  # prompt lookup's points with a budget, on MD's own text
-            pc = attach_mentored(spec, pc, cfg.md.divergences, cfg.md.budgets, cfg.speed.gamma_max,
+            pc = attach_mentored(pc.spec, pc, cfg.md.divergences, cfg.md.budgets, cfg.speed.gamma_max,
                                  progress=cfg.progress)
         t1 = time.perf_counter()
         more, more_details = score_all(cfg, pc, temperature)
         t_cache, t_score = t_cache + t1 - t0, t_score + time.perf_counter() - t1
         rows += more
         details.update(more_details)
-        opened.append(_Opened(spec, pc, cache_info))
+        opened.append(_Opened(pc, cache_info))
     rows = rank_rows(rows, cfg.ranking.nll_tolerance)
     rec = recommend(rows)
     bootstrap = next(iter(details.values())).bootstrap
@@ -292,17 +273,18 @@ def _run(cfg: RankConfig) -> dict:
     (out / "summary.json").unlink(missing_ok=True)
     paths = write_outputs(cfg, rows, details, out)
     snippet = engine_snippet(rec, cfg)
-    spec, pc, cache_info = opened[0]
+    pc, cache_info = opened[0]
     summary = {"n_pairs": len({(r["drafter"], r["target"]) for r in rows}), "n_rows": len(rows),
                "n_points": len(best_gamma_rows(rows)), "seconds_cache": t_cache, "seconds_scoring": t_score,
                "seconds_per_pair": t_score / max(len(details), 1), "cache_dir": cache_info.dir,
                "cache_reused": all(o.info.reused for o in opened),
                "cache_repaired": sorted({m for o in opened for m in o.info.repaired}),
-               "cache_fingerprint": spec.fingerprint() if len(opened) == 1 else [o.spec.fingerprint() for o in opened],
+               "cache_fingerprint": ([o.pc.spec.fingerprint() for o in opened] if len(opened) > 1
+                                     else pc.spec.fingerprint()),
                "acceptance_source": cfg.cache.acceptance_source,
                "sampled_continuations": sum(o.info.sampled_continuations for o in opened),
                "measured_speed_profile": any(o.info.measured_speed_profile for o in opened),
-               "sampling": {"temperatures": cfg.md.sampling_temperatures, "top_k": None, "top_p": None},
+               "sampling": {"temperatures": cfg.md.sampling_temperatures, **UNFILTERED},
                "md_solve": cfg.speed.md_solve, "bootstrap": bootstrap, "device": ranked_device(cfg),
                "home": ranked_home(cfg),
                "recommendation": rec.to_dict(), "verdict": rec.verdict(), "engine_snippet": snippet,
@@ -311,7 +293,7 @@ def _run(cfg: RankConfig) -> dict:
         rec, best_gamma_rows(rows), bootstrap=bootstrap, snippet=snippet, n_pairs=summary["n_pairs"],
         n_rows=len(rows), nll_tolerance=cfg.ranking.nll_tolerance, top=cfg.ranking.top,
         cache=f"Cache: `{cache_info.dir}` ({'reused' if summary['cache_reused'] else 'built'}).")
-    sampled = [o for o in opened if o.spec.temperature > 0] or opened  # greedy has its own profile, no MD
+    sampled = [o for o in opened if o.pc.spec.temperature > 0] or opened  # greedy has its own profile, no MD
     pc = sampled[0].pc
     profile = pc.speed_profile_info(cfg.pool.target)
     if profile is not None:  # the speed model's inputs (docs/ranking.md, "Speed model")

@@ -156,6 +156,28 @@ def test_wiring_hands_the_library_the_same_values():
     assert settings.bootstrap.num_resamples == cfg.ranking.resamples == 1000
 
 
+def test_sections_reach_the_library_by_name_from_one_section():
+    """``library_settings`` takes each library field from the one section holding its name:
+    a field held by none or by two is refused, not left at its default or taken at random."""
+    import dataclasses
+
+    from mdboost.cache.keys import FolderSettings, PoolCacheSpec
+    from mdboost.data import TextSource
+    from pipelines.config import CacheConfig, DataConfig, PoolConfig, SpeedConfig, library_settings
+
+    assert isinstance(DataConfig(), TextSource) and DataConfig().text_source() == TextSource()
+    assert [f.name for f in dataclasses.fields(DataConfig)] == [f.name for f in dataclasses.fields(TextSource)]
+    assert library_settings(FolderSettings, CacheConfig(k=7, shard_size=3)) == FolderSettings(k=7, shard_size=3)
+    with pytest.raises(TypeError, match=r"PoolCacheSpec.gamma_max is held by 0 of the sections"):
+        library_settings(PoolCacheSpec, CacheConfig(), PoolConfig(target="tiny", drafters=["ngram:2"]),
+                         text=TextSource(), folders=FolderSettings(), temperature=1.0)
+    with pytest.raises(TypeError, match=r"FolderSettings.k is held by 2 of the sections"):
+        library_settings(FolderSettings, CacheConfig(), CacheConfig())
+    spec = library_settings(PoolCacheSpec, CacheConfig(), PoolConfig(target="tiny", drafters=["ngram:2"]),
+                            SpeedConfig(gamma_max=5), text=TextSource(), folders=FolderSettings(), temperature=1.0)
+    assert (spec.gamma_max, spec.drafters, spec.dir) == (5, ("ngram:2",), CacheConfig().dir)
+
+
 def test_md_solve_defaults_to_the_engines():
     from mdboost.engine import GenerationSettings
 

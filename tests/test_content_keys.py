@@ -68,6 +68,23 @@ def test_resaved_drafter_rebuilds_only_its_folder(tmp_path):
         "members"][0]["weights"]
 
 
+def test_a_keyed_spec_keeps_the_keys_it_computed(tmp_path):
+    """``keyed()``: a run's view keys each folder once (the opened pool cache carries it); a plain
+    spec keys on every call and sees the re-saved weights."""
+    drafter = save_tiny(tmp_path / "drafter", 1)
+    spec = spec_for(tmp_path, "tiny", [drafter])
+    keyed = spec.keyed()
+    assert keyed == spec and keyed.keyed() is keyed
+    before = keyed.member_dir(drafter)
+    assert before == spec.member_dir(drafter) and keyed.fingerprint() == spec.fingerprint()
+    save_tiny(tmp_path / "drafter", 2)  # other weights, same path
+    assert keyed.member_dir(drafter) == before != spec.member_dir(drafter)
+    assert spec.keyed().member_dir(drafter) == spec.member_dir(drafter)
+    pc, _ = open_or_build_cache(spec)
+    folder = str(spec.member_dir(drafter))
+    assert pc.spec == spec and str(pc.spec.member_dir(drafter)) == folder == str(pc.caches[drafter].out_dir)
+
+
 def test_resaved_target_rebuilds_everything_built_on_it_and_refits_the_lens(tmp_path):
     from mdboost.data import fit_sequences
     from mdboost.models.drafters import tuned_translators

@@ -94,6 +94,9 @@ def test_csv_has_required_fields_and_ranks(first_run):
                  "plots/k_vs_acceptance.png", "plots/margin_cdf.png"):
         assert (tmp_path / "out" / name).is_file()
     assert load_yaml(tmp_path / "out" / "config.resolved.yaml", RankConfig) == cfg
+    from mdboost.export import export_plan, load_ranking  # one renderer: rank prints what export prints
+
+    assert summary["engine_snippet"] == export_plan(load_ranking(tmp_path / "out"))["mdboost"]["python"]
 
 
 def test_metrics_match_direct_computation_on_cache(first_run):

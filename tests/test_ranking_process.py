@@ -367,13 +367,16 @@ def test_on_reference_text_the_process_takes_the_expected_acceptance(one_hot):
     token, a reviewer's prompt-lookup case: P_acc 0.014, predicted 1.2x, realized below 1). On
     reference rows the chain is P_acc of the verified position: here constant, so the process
     is the i.i.d. model up to the sequence's end."""
-    from mdboost.ranking.process import PointInputs, score_process
+    from mdboost.ranking.process import PointInputs, ProcessSettings, score_process
+    from mdboost.ranking.rank import PairRows, PairSide
 
     length, width, alpha, cost = 3000, 4, 0.014, 0.05
     layout, draft, target, labels = _reference_rows(length, one_hot, width)
     acc = torch.full((length,), alpha, dtype=torch.float64)
     point = [PointInputs(torch.zeros(length), torch.zeros(length), acc)]
-    args = (layout, draft, target, labels, point, [1, 2, 3, 4], cost)
+    rows = PairRows(PairSide("ngram:2", draft, None, cost), PairSide("target", target, None, 1.0), labels.numpy(),
+                    layout=layout)
+    args = (rows, point, ProcessSettings((1, 2, 3, 4)))
     biased, = score_process(*args)  # c read at the reference token: every draft accepted
     fixed, = score_process(*args, on_reference=True)
     assert float(biased.values["mean_accepted_length"][-1]) == pytest.approx(width + 1, rel=1e-2)
@@ -418,3 +421,33 @@ def test_continuations_of_another_target_take_the_expected_chain(tmp_path):
         assert a["predicted_speedup"] == b["predicted_speedup"]
         assert a["engine_acceptance_conditional"] == a["engine_acceptance"]
     assert any(a["predicted_speedup"] != c["predicted_speedup"] for a, c in zip(other.rows, sampled.rows))
+
+
+def test_process_settings_refuse_what_the_process_cannot_run():
+    from mdboost.ranking.process import ProcessSettings
+
+    assert ProcessSettings(range(1, 4)).gammas == (1, 2, 3)
+    for bad, match in (((), "gammas must be a non-empty"), ((0, 1), "gammas must be a non-empty")):
+        with pytest.raises(ValueError, match=match):
+            ProcessSettings(bad)
+    with pytest.raises(ValueError, match="md_solve must be one of .*, got 'lazy'"):
+        ProcessSettings((1,), md_solve="lazy")
+
+
+def test_cost_draws_keep_the_medians_first_and_draw_measured_repeats():
+    """Resample 0 is the measured cost and ``v`` table; every other resample is one measured repeat."""
+    from types import SimpleNamespace
+
+    from mdboost.ranking.process import _cost_draws
+    from mdboost.ranking.uncertainty import BootstrapSettings
+
+    drafter = SimpleNamespace(cost_ratio=0.1, cost_samples=(0.08, 0.12))
+    samples = ((1.0, 1.0), (1.5, 1.7), (2.0, 2.4))  # v(K) of two repeats, K = 0..2
+    profile = SpeedProfile((1.0, 1.6, 2.2), verify_samples=samples)
+    cost, verify = _cost_draws(drafter, profile, 3, BootstrapSettings(num_resamples=50, seed=3))
+    assert cost.shape == (51, 1, 1) and float(cost[0]) == 0.1 and set(cost[1:].flatten().tolist()) <= {0.08, 0.12}
+    assert verify.shape == (51, 1, 1, 3) and verify[0].flatten().tolist() == [1.0, 1.6, 2.2]
+    repeats = {tuple(col) for col in zip(*samples)}
+    assert {tuple(row) for row in verify[1:, 0, 0].tolist()} <= repeats
+    cost, verify = _cost_draws(drafter, profile, 3, BootstrapSettings(num_resamples=0))
+    assert cost.flatten().tolist() == [0.1] and verify == (1.0, 1.6, 2.2)  # no bootstrap: the measured figures

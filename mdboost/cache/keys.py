@@ -133,6 +133,25 @@ class PoolCacheSpec:
                             f"(for one drafter: ({self.drafters!r},))")
         object.__setattr__(self, "drafters", tuple(self.drafters))
         object.__setattr__(self, "temperature", float(self.temperature))
+        object.__setattr__(self, "_keys", None)  # not a field: the keys of a keyed() copy
+
+    def keyed(self) -> PoolCacheSpec:
+        """This spec, computing each key (folder, continuations, content id) once and then answering
+        it unchanged: a run's view of its folders, keyed once (a content id hashes a model's or a
+        data file's bytes). A plain spec keys on every call, so it sees files changed since."""
+        if self._keys is not None:
+            return self
+        spec = dataclasses.replace(self)
+        object.__setattr__(spec, "_keys", {})
+        return spec
+
+    def _once(self, key: tuple, compute):
+        """``compute()``, or for a :meth:`keyed` spec its value of the first call with ``key``."""
+        if self._keys is None:
+            return compute()
+        if key not in self._keys:
+            self._keys[key] = compute()
+        return self._keys[key]
 
     @property
     def names(self) -> list[str]:
@@ -159,13 +178,18 @@ class PoolCacheSpec:
         are None (``tiny``, the released ``smollm2-135m``, a hub model not in the local cache)
         add nothing, so those folders keep the names they always had."""
         # deferred: mdboost.models imports transformers (seconds); a cache opens without it
-        from mdboost.models.identity import weights_id
         from mdboost.models.pool import parse_drafter
 
-        ids = [["target_weights", weights_id(self.target, self.home)]]
+        ids = [["target_weights", self._weights_id(self.target)]]
         if member != self.target and parse_drafter(member)[0] == "hf":
-            ids.append(["weights", weights_id(member, self.home)])
+            ids.append(["weights", self._weights_id(member)])
         return [pair for pair in ids if pair[1] is not None]
+
+    def _weights_id(self, name: str) -> str | None:
+        # deferred: mdboost.models imports transformers (seconds); a cache opens without it
+        from mdboost.models.identity import weights_id
+
+        return self._once(("weights_id", name), lambda: weights_id(name, self.home))
 
     def text_content(self) -> list:
         """The content id a local data file adds to every key built on its records
@@ -176,12 +200,12 @@ class PoolCacheSpec:
         path = Path(source).expanduser()
         if source == "humaneval" or not path.is_file():
             return []
-        return [["text_file", f"file:{sha256_file(path, memo=True)}"]]
+        return [["text_file", self._once(("text_file",), lambda: f"file:{sha256_file(path, memo=True)}")]]
 
     def continuations_key(self, max_new_tokens: int) -> str:
-        weights = self.weights(self.target)
-        return fingerprint(self.text, self.target, self.temperature, max_new_tokens, SAMPLER, *weights,
-                           *self.text_content())
+        return self._once(("continuations", max_new_tokens), lambda: fingerprint(
+            self.text, self.target, self.temperature, max_new_tokens, SAMPLER, *self.weights(self.target),
+            *self.text_content()))
 
     def continuations_path(self, max_new_tokens: int) -> Path:
         """The token file of the target's sampled continuations shared by every member's folder.
@@ -198,6 +222,9 @@ class PoolCacheSpec:
         with the main folder when the main folders are themselves sampled with the same number
         of new tokens. A sampled folder's key includes the shared continuations' key.
         """
+        return self._once(("member_dir", member, bool(acceptance)), lambda: self._member_dir(member, acceptance))
+
+    def _member_dir(self, member: str, acceptance: bool) -> Path:
         # deferred: mdboost.models imports transformers (seconds); a cache opens without it
         from mdboost.models.pool import row_revision
 

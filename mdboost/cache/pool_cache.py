@@ -44,7 +44,9 @@ class PoolCache:
     ``caches``: member name -> :class:`~mdboost.cache.reader.LogitCache`, the target first;
     ``acceptance``: the members' target-sampled caches (``acceptance_source: sampled``) or None;
     ``mentored``: prompt-lookup drafter -> ``{(divergence, budget): rows file}`` of continuations
-    sampled by MD itself (:func:`mdboost.cache.mentored.attach_mentored`; empty: none).
+    sampled by MD itself (:func:`mdboost.cache.mentored.attach_mentored`; empty: none);
+    ``spec``: the :meth:`~mdboost.cache.keys.PoolCacheSpec.keyed` spec it was opened from, whose
+    folder keys it carries (reuse it, not a new spec, so a run keys its folders once).
     """
 
     caches: dict
@@ -52,6 +54,7 @@ class PoolCache:
     acceptance: PoolCache | None = None
     speed: SpeedStore | None = None
     mentored: dict = field(default_factory=dict)
+    spec: PoolCacheSpec | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -296,6 +299,7 @@ def open_or_build_cache(spec: PoolCacheSpec, *, progress: bool = False) -> tuple
         The opened caches (``acceptance`` set when ``spec.acceptance_source == "sampled"``)
         and what was built.
     """
+    spec = spec.keyed()  # every folder keyed once, here (content ids hash the models' bytes)
     names, sets = spec.names, spec.folder_sets()
     counts = {spec.settings(acc).max_new_tokens for acc in sets if spec.settings(acc).sampled}
     to_sample = sorted(n for n in counts if finished_digest(spec.continuations_path(n)) is None)
@@ -314,7 +318,7 @@ def open_or_build_cache(spec: PoolCacheSpec, *, progress: bool = False) -> tuple
     profiled, costed = builder.measure_costs(store, drafters)
     repaired = []
     acc_pc = PoolCache(_open_checked(spec, True, builder, repaired), spec.target) if spec.sampled_acceptance else None
-    pc = PoolCache(_open_checked(spec, False, builder, repaired), spec.target, acc_pc, store)
+    pc = PoolCache(_open_checked(spec, False, builder, repaired), spec.target, acc_pc, store, spec=spec)
     if acc_pc is not None and acc_pc.vocab_size != pc.vocab_size:
         raise ValueError(f"acceptance caches have vocab_size {acc_pc.vocab_size}, the main caches {pc.vocab_size}")
     info = BuildInfo(str(Path(spec.dir)), built[False], built.get(True, ()), len(to_sample), profiled, costed,

@@ -81,8 +81,4 @@ def mentored_process(rows, divergence: str, max_divergence: float, vocab_size: i
     sd = sd_acceptance(aligned, valid)
     op = md_operating_points(aligned, valid, [divergence], [max_divergence], settings.mode)[0]
     point = PointInputs(op.a, op.b, op.acceptance, profile.md_overhead)
-    return score_process(rows.layout, rows.draft.rows, rows.target.rows, torch.as_tensor(rows.labels), [point],
-                         settings.gammas, rows.draft.cost_ratio, verify_costs=profile.verify_cost,
-                         md_solve=settings.md_solve, sd_acceptance=sd, bootstrap=settings.bootstrap,
-                         cost_samples=rows.draft.cost_samples, verify_samples=profile.verify_samples,
-                         prefill_per_token=(profile.prefill_per_token, rows.draft.prefill_per_token))[0]
+    return score_process(rows, [point], settings.process, profile, sd_acceptance=sd)[0]

@@ -27,13 +27,14 @@ batched over sequences (and over operating points and gammas stacked in the batc
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from mdboost.md.verify import SOLVE
 from mdboost.ranking.chains import text_chains
-from mdboost.ranking.layout import SequenceLayout, gather_rows
-from mdboost.ranking.speed import process_speedup
+from mdboost.ranking.layout import gather_rows
+from mdboost.ranking.speed import SpeedProfile, process_speedup
 from mdboost.ranking.uncertainty import (BootstrapSettings, percentile_interval, prompt_weights, resample_sums,
                                          resample_tables, resample_values)
 
@@ -201,41 +202,100 @@ class PointInputs:
     tilt: torch.Tensor | None = None  # [M] budget_tilt; None: 0
 
 
-def score_process(layout: SequenceLayout, draft_rows, target_rows, labels, points: list[PointInputs], gammas,
-                  cost_ratio: float, *, verify_costs=None, md_solve: str = "reached",
-                  sd_acceptance=None, bootstrap=None, cost_samples=None, verify_samples=None,
-                  prefill_per_token=(0.0, 0.0), on_reference: bool = False) -> list[ProcessScore]:
+@dataclass(frozen=True)
+class ProcessSettings:
+    """What a pair's process is scored over (:func:`score_process`).
+
+    Attributes
+    ----------
+    gammas : tuple of int, each >= 1
+        Candidate draft lengths.
+    md_solve : {"reached", "needed", "all"}, default="reached"
+        Which draft positions pay the MD overhead (the engine's argument of the same name).
+    bootstrap : BootstrapSettings or None
+        Intervals over prompts (:mod:`mdboost.ranking.uncertainty`); None: none (NaN bounds).
+    """
+
+    gammas: tuple
+    md_solve: str = "reached"
+    bootstrap: BootstrapSettings | None = None
+
+    def __post_init__(self):
+        if self.md_solve not in SOLVE:
+            raise ValueError(f"md_solve must be one of {SOLVE}, got {self.md_solve!r}")
+        gammas = [int(g) for g in self.gammas]
+        if not gammas or min(gammas) < 1:
+            raise ValueError(f"gammas must be a non-empty list of ints >= 1, got {self.gammas!r}")
+        object.__setattr__(self, "gammas", tuple(gammas))
+
+
+class _Batch(NamedTuple):
+    """The draft-start process of every point and gamma of a pair, stacked as ``[P * G * B]`` rows."""
+
+    res: ProcessResult
+    raw: torch.Tensor  # [B, L, W]: conditional acceptance of each draft (position-0 figures)
+    index: torch.Tensor  # [B, L]: each position's cache row
+    lengths: torch.Tensor  # LongTensor [B]
+    shape: tuple  # (P, G, B, L)
+
+
+def _run_points(rows, points: list[PointInputs], gammas: tuple, on_reference: bool) -> _Batch:
+    """:func:`run_process` on the chains of every point, once per gamma (one batch)."""
+    chains, raw, offered, index, lengths = text_chains(rows.layout, rows.draft.rows, rows.target.rows,
+                                                       torch.as_tensor(rows.labels), points, max(gammas), on_reference)
+    n_p, n_g = len(points), len(gammas)
+    n_b, length, width = chains.shape[1:]
+    batch = chains[:, None].expand(n_p, n_g, n_b, length, width).reshape(-1, length, width)
+    gamma = torch.tensor(gammas)[None, :, None].expand(n_p, n_g, n_b).reshape(-1)
+    res = run_process(batch, gamma, draft_len=None if offered is None else offered.repeat(n_p * n_g, 1),
+                      lengths=lengths.repeat(n_p * n_g))
+    return _Batch(res, raw, index, lengths, (n_p, n_g, n_b, length))
+
+
+def _resample_weights(num_prompts: int, boot: BootstrapSettings) -> torch.Tensor:  # -> [R, B]
+    """Resample 0 is the full sample (every prompt once), then the bootstrap resamples of the prompts."""
+    weights = torch.ones(1, num_prompts, dtype=torch.float64)
+    return torch.cat([weights, prompt_weights(num_prompts, boot)]) if boot.num_resamples else weights
+
+
+def _cost_draws(drafter, profile: SpeedProfile, width: int, boot: BootstrapSettings):
+    """The drafter's cost ratio [R, 1, 1] and the verification table (None, the ``v`` table, or
+    [R, 1, 1, width] with one measured repeat per resample; resample 0 the medians)."""
+    cost = torch.full((1 + boot.num_resamples, 1, 1), float(drafter.cost_ratio), dtype=torch.float64)
+    if drafter.cost_samples is not None and boot.num_resamples:
+        cost[1:, 0, 0] = resample_values(drafter.cost_samples, boot.num_resamples, boot.seed)
+    verify = profile.verify_cost
+    if verify is not None and profile.verify_samples is not None and boot.num_resamples:
+        medians = torch.as_tensor(verify, dtype=torch.float64)[:width]
+        tables = resample_tables(list(profile.verify_samples)[:width], boot.num_resamples, boot.seed)  # [R-1, K+1]
+        verify = torch.cat([medians[None], tables])[:, None, None, :]  # [R, 1, 1, K+1]
+    return cost, verify
+
+
+def score_process(rows, points: list[PointInputs], settings: ProcessSettings, profile: SpeedProfile | None = None, *,
+                  sd_acceptance=None, on_reference: bool = False) -> list[ProcessScore]:
     """Best gamma, speedup and engine-side acceptance of every operating point of a pair.
+
+    It composes the draft-start process of every point and gamma, the bootstrap over prompts and
+    the cost draws into :func:`~mdboost.ranking.speed.process_speedup`.
 
     Parameters
     ----------
-    layout : SequenceLayout
-        Sequence of each of the ``M`` rows (the acceptance cache's).
-    draft_rows, target_rows : MemberRows
-        The pair on those rows (``true_logp``: exact log-probabilities of the text token).
-    labels : array [M]
-        The text (for prompt-lookup chains).
+    rows : PairRows
+        The pair's acceptance rows (:class:`mdboost.ranking.rank.PairRows`) with their ``layout``
+        (sequence of each of the ``M`` rows); ``rows.labels`` [M] is the text (for prompt-lookup
+        chains); the draft side's ``cost_ratio``, ``cost_samples`` (each resample also draws one of
+        them) and ``prefill_per_token`` are the drafter's costs.
     points : list of PointInputs
-    gammas : sequence of int
-        Candidate draft lengths.
-    cost_ratio : float
-    verify_costs : sequence of float, optional
-        The ``v`` table (covering ``max(gammas)``).
-    md_solve : {"reached", "needed", "all"}
+    settings : ProcessSettings
+        Candidate gammas, ``md_solve`` and the bootstrap.
+    profile : SpeedProfile, optional
+        The target's ``v`` table (covering ``max(gammas)``; its ``verify_samples``: each resample
+        also draws one repeat's table, :func:`~mdboost.ranking.uncertainty.resample_tables`) and
+        prefill cost, applied to ``layout.prompt_lengths`` (ignored where the layout has none);
+        default: none measured (``v = 1``, no prefill). Each point carries its own MD overhead.
     sd_acceptance : tensor [M], optional
         SD's ``P_acc`` per row (``needed``: a reached position is solved when SD would reject).
-    bootstrap : BootstrapSettings, optional
-        Intervals over prompts (:mod:`mdboost.ranking.uncertainty`); default: none (NaN bounds).
-    cost_samples : sequence of float, optional
-        Repeated measurements of ``cost_ratio``: each resample also draws one of them.
-    verify_samples : [K][S] table of float, optional
-        The repeats behind ``verify_costs`` (``verify_samples[K][j]``: repeat ``j``'s ``v(K)``):
-        each resample also draws one repeat's table
-        (:func:`~mdboost.ranking.uncertainty.resample_tables`).
-    prefill_per_token : (float, float), default=(0, 0)
-        ``(beta_t, beta_d)``: the target's and the drafter's own prefill cost per prompt token
-        (:func:`~mdboost.ranking.speed.process_speedup`), applied to ``layout.prompt_lengths``
-        (ignored where the layout has none).
     on_reference : bool, default=False
         The rows' text is a reference (teacher-forced), not text sampled from the target: the
         chains are the expected acceptances (:func:`~mdboost.ranking.chains.expected_chain`) instead of the conditional
@@ -246,25 +306,13 @@ def score_process(layout: SequenceLayout, draft_rows, target_rows, labels, point
     list of ProcessScore
         One per point, every figure at every gamma with its interval.
     """
-    if md_solve not in SOLVE:
-        raise ValueError(f"md_solve must be one of {SOLVE}, got {md_solve!r}")
-    gammas = [int(g) for g in gammas]
-    if not gammas or min(gammas) < 1:
-        raise ValueError(f"gammas must be a non-empty list of ints >= 1, got {gammas!r}")
-    n_p, n_g = len(points), len(gammas)
-    chains, raw, offered, index, lengths = text_chains(layout, draft_rows, target_rows, labels, points, max(gammas),
-                                                   on_reference)
-    n_b, length, width = chains.shape[1:]
-    batch = chains[:, None].expand(n_p, n_g, n_b, length, width).reshape(-1, length, width)
-    gamma = torch.tensor(gammas)[None, :, None].expand(n_p, n_g, n_b).reshape(-1)
-    res = run_process(batch, gamma, draft_len=None if offered is None else offered.repeat(n_p * n_g, 1),
-                      lengths=lengths.repeat(n_p * n_g))
-
-    boot = bootstrap or BootstrapSettings(num_resamples=0)
-    # resample 0 is the full sample (every prompt once), then the bootstrap resamples of the prompts
-    weights = torch.ones(1, n_b, dtype=torch.float64)
-    if boot.num_resamples:
-        weights = torch.cat([weights, prompt_weights(n_b, boot)])
+    profile = SpeedProfile() if profile is None else profile
+    gammas, md_solve = settings.gammas, settings.md_solve
+    boot = settings.bootstrap or BootstrapSettings(num_resamples=0)
+    batch = _run_points(rows, points, gammas, on_reference)
+    res, index, lengths = batch.res, batch.index, batch.lengths
+    n_p, n_g, n_b, length = batch.shape
+    weights = _resample_weights(n_b, boot)  # [R, B]
 
     def pooled(x):  # [P * G * B, ...] -> [R, P, G, ...]: weighted sums over the sequences
         return resample_sums(x.reshape(n_p, n_g, n_b, *x.shape[1:]).movedim(2, -1), weights)
@@ -275,21 +323,13 @@ def score_process(layout: SequenceLayout, draft_rows, target_rows, labels, point
         weight = torch.ones(()) if md_solve == "reached" else 1 - gather_rows(torch.as_tensor(sd_acceptance).double(), index)
         solved = pooled((res.visit_prob.reshape(n_p * n_g, n_b, length) * weight).sum(-1).reshape(-1))
     overhead = torch.tensor([pt.md_overhead for pt in points], dtype=torch.float64)[:, None]
-    cost = torch.full((len(weights), 1, 1), float(cost_ratio), dtype=torch.float64)
-    if cost_samples is not None and boot.num_resamples:
-        cost[1:, 0, 0] = resample_values(cost_samples, boot.num_resamples, boot.seed)
+    cost, verify = _cost_draws(rows.draft, profile, max(gammas) + 1, boot)
     tokens = resample_sums(lengths, weights)[:, None, None]  # [R, 1, 1]
-    prompt = layout.prompt_lengths
+    prompt = rows.layout.prompt_lengths
     fed = (torch.zeros_like(lengths, dtype=torch.float64) if prompt is None
            else (torch.as_tensor(prompt, dtype=torch.float64) - 1).clamp_min(0))  # [B]: prompt tokens beyond one
-    beta_t, beta_d = (float(x) for x in prefill_per_token)
+    beta_t, beta_d = float(profile.prefill_per_token), float(rows.draft.prefill_per_token)
     fed = resample_sums(fed, weights)[:, None, None]  # [R, 1, 1]
-    verify = verify_costs
-    if verify_costs is not None and verify_samples is not None and boot.num_resamples:
-        width = max(gammas) + 1
-        medians = torch.as_tensor(verify_costs, dtype=torch.float64)[:width]
-        tables = resample_tables(list(verify_samples)[:width], boot.num_resamples, boot.seed)  # [R-1, K+1]
-        verify = torch.cat([medians[None], tables])[:, None, None, :]  # [R, 1, 1, K+1]: resample 0 the medians
     speed = process_speedup(tokens, pooled(res.draft_tokens), pooled(res.steps_by_draft_len), cost,
                             verify_costs=verify, md_overhead=overhead, solved=solved,
                             prefill=beta_t * fed, drafter_prefill=beta_d * fed)  # [R, P, G]
@@ -299,12 +339,12 @@ def score_process(layout: SequenceLayout, draft_rows, target_rows, labels, point
 
     values = torch.stack([gather_rows(pt.acceptance.double(), index) for pt in points])  # [P, B, L]
     num_v, den = (pooled(x) for x in res.position0(per_row(values)))
-    num_c = pooled(res.position0(per_row(raw[..., 0]))[0])
+    num_c = pooled(res.position0(per_row(batch.raw[..., 0]))[0])
     drafted = torch.where(den > 0, den, torch.full_like(den, float("nan")))
     figures = {"speedup": speed, "acceptance": num_v / drafted, "acceptance_conditional": num_c / drafted,
                "mean_accepted_length": 1 + pooled(res.accepted) / drafted,
                "tokens_per_call": tokens / pooled(res.steps)}  # each [R, P, G]
     bounds = {name: percentile_interval(x[1:], boot.level, num_prompts=n_b) for name, x in figures.items()}
     best = speed[0].argmax(-1)  # first maximum: the smallest gamma on ties
-    return [ProcessScore(gammas, {f: x[0, i] for f, x in figures.items()}, {f: b[0][i] for f, b in bounds.items()},
+    return [ProcessScore(list(gammas), {f: x[0, i] for f, x in figures.items()}, {f: b[0][i] for f, b in bounds.items()},
                          {f: b[1][i] for f, b in bounds.items()}, int(best[i])) for i in range(n_p)]

@@ -51,7 +51,7 @@ from mdboost.ranking.layout import SequenceLayout
 from mdboost.ranking.mentored import mentored_process
 from mdboost.ranking.pair import PairRows, PairSide
 from mdboost.ranking.chains import budget_tilt
-from mdboost.ranking.process import PointInputs, score_process
+from mdboost.ranking.process import PointInputs, ProcessSettings, score_process
 from mdboost.ranking.scores import PairScore, PairStats, PointScore, Quantiles, SpeedChoice
 from mdboost.ranking.speed import SpeedProfile, check_verify_costs, gamma_speedups
 from mdboost.ranking.uncertainty import BootstrapSettings
@@ -139,6 +139,11 @@ class ScoreSettings:
         return range(self.gamma_min, self.gamma_max + 1)
 
     @property
+    def process(self) -> ProcessSettings:
+        """The draft-start process's settings (:func:`~mdboost.ranking.process.score_process`)."""
+        return ProcessSettings(tuple(self.gammas), self.md_solve, self.bootstrap)
+
+    @property
     def quality_temperature(self) -> float:
         """The temperature of the quality and boosting side: ``temperature``, or 1 for greedy."""
         return self.temperature if self.temperature > 0 else 1.0
@@ -180,12 +185,7 @@ def _process_scores(acc: PairRows, aligned: Aligned, ops, sd, settings: ScoreSet
     points = [PointInputs(zeros, zeros, sd.double(), 0.0)]
     points += [PointInputs(op.a, op.b, op.acceptance, profile.md_overhead if op.max_divergence > 0 else 0.0,
                            budget_tilt(p_mass, q_mass, op.a, op.b, op.acceptance)) for op in ops]
-    return score_process(acc.layout, acc.draft.rows, acc.target.rows, torch.as_tensor(acc.labels), points,
-                         settings.gammas, acc.draft.cost_ratio, verify_costs=profile.verify_cost,
-                         md_solve=settings.md_solve, sd_acceptance=sd, bootstrap=settings.bootstrap,
-                         cost_samples=acc.draft.cost_samples, verify_samples=profile.verify_samples,
-                         prefill_per_token=(profile.prefill_per_token, acc.draft.prefill_per_token),
-                         on_reference=on_reference)
+    return score_process(acc, points, settings.process, profile, sd_acceptance=sd, on_reference=on_reference)
 
 
 def score_pair(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | None = None,
