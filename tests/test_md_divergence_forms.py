@@ -24,7 +24,7 @@ Z = np.concatenate([[0.0, 1e-300, 1e-12, 0.5, 1.0 - 1e-9, 1.0, 1.0 + 1e-9, 2.0, 
 
 
 def _rounding(z):
-    """A bound on the rounding of ``z log z - z + 1`` or ``-log z + z - 1`` written either way (a few ulps of each term)."""
+    """A bound on the rounding of ``z log z - z + 1`` or ``-log z + z - 1``, either way written (ulps of each term)."""
     with np.errstate(divide="ignore", invalid="ignore"):
         terms = np.abs(np.where(z > 0, z * np.log(z), 0.0)) + np.abs(np.log(np.where(z > 0, z, 1.0))) + z + 1
     return 8 * EPS * terms

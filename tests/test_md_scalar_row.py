@@ -3,7 +3,8 @@
 ``mdboost.md._search.primal_point`` takes the scalar search for up to ``SCALAR_ROWS`` rows (switch
 ``_search.SCALAR_ROW``); with the switch off the same row goes through the array search of the
 namespace tests. Both must give the same excess mass ``m`` (so the same acceptance), the same
-``D_f`` at the point, and keep ``D_f <= budget``, for every built-in generator with a Python-float form (``Divergence.g_float``).
+``D_f`` at the point, and keep ``D_f <= budget``, for every built-in generator with a Python-float
+form (``Divergence.g_float``).
 """
 
 import math

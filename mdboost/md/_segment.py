@@ -55,7 +55,8 @@ class Segment(NamedTuple):
 
 
 class SortedSums(NamedTuple):
-    """The sorted sums of :class:`~mdboost.md.breakpoints.Breakpoints` in one array namespace (numpy views share the memory).
+    """The sorted sums of :class:`~mdboost.md.breakpoints.Breakpoints` in one array namespace (numpy views
+    share the memory).
 
     Its public view of the structure (:meth:`~mdboost.md.breakpoints.Breakpoints.arrays`): sorted
     positions count from the smallest ratio ``r_i = p_i / q_i``; the counts are per row.
