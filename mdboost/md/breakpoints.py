@@ -63,6 +63,12 @@ class Breakpoints:
     shape ``draft_probs.shape[:-1]`` and return tensors of that shape in the input dtype
     (float32 for float16 / bfloat16 inputs, which are computed in float32).
 
+    For the solvers built on it (the ``N`` rows flatten the batch shape): :meth:`arrays` (the
+    sorted sums), :attr:`ratios`, the sums and breakpoints at sorted positions (:meth:`p_pre`,
+    :meth:`knot_a`, ...), :meth:`segment`, :meth:`prefix`, and the steps of the queries in float64
+    [N, 1] (:meth:`flat_budget`, :meth:`clip_mass`, :meth:`point64`, :meth:`primal64`,
+    :meth:`to_output`).
+
     Examples
     --------
     >>> import torch
