@@ -119,3 +119,15 @@ def test_breakpoints_arrays_match_an_independent_sort(vocab, dtype):
     below = r < 1
     np.testing.assert_allclose(s.tv.numpy()[:, 0], np.where(below, q - p, 0.0).sum(-1), rtol=1e-12)  # F(0) = TV
     np.testing.assert_allclose(s.m_end.numpy()[:, 0], np.where(q == 0, p, 0.0).sum(-1), rtol=1e-12, atol=1e-300)
+
+
+@pytest.mark.parametrize("div", [*GENERATORS.values(), alpha(-1.5), alpha(0.5)], ids=lambda d: d.name)
+def test_every_form_reads_a_negative_zero_as_zero(div):
+    """``-0.0`` is the ratio of a zero of ``p`` (docs/theory.md, section 4): each form gives ``g(0)``."""
+    want = div.g(torch.tensor([-0.0, 0.0], dtype=torch.float64)).numpy()
+    assert want[0] == want[1]
+    with np.errstate(all="ignore"):
+        for form in (div.g_numpy, div.g_array):
+            assert np.array_equal(form(np.array([-0.0, 0.0])), want)
+    if div.g_float is not None:
+        assert div.g_float(-0.0) == div.g_float(0.0) == want[1]

@@ -138,11 +138,11 @@ class Divergence:
     def g_numpy(self, z: np.ndarray) -> np.ndarray:
         """:meth:`g` of a float64 numpy array: ``f`` by its registered numpy form (``rkl``'s ``-log z``:
         numpy's ``log``, within an ulp of torch's, at a fraction of two torch calls' cost on small
-        rows), else torch's on a zero-copy view; the standardisation and the asymptote in numpy (the
+        rows), else :meth:`__call__` on a zero-copy view; the standardisation and the asymptote in numpy (the
         same IEEE operations in the same order). Call it with numpy's warnings off (``inf - inf`` is
         masked as in torch)."""
         f_array = self.forms.f_array
-        out = f_array(z) if f_array is not None else self.f(torch.from_numpy(z)).numpy()
+        out = f_array(z) if f_array is not None else self(torch.from_numpy(z)).numpy()  # -0.0 read as 0
         if self.standardize and self.fprime_one != 0.0:
             out = out - self.fprime_one * (z - 1.0)
         return np.where(np.isnan(out), (self.inf_slope - self.fprime_one) * z, out)
