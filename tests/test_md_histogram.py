@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from mdboost.md import _histogram, _xp
-from mdboost.md._histogram import INF, histogram, log_form, rows_of
+from mdboost.md._histogram import INF, histogram, rows_of
 from mdboost.md.divergences import Divergence, resolve
 from tests.test_md_buckets import _llm_rows
 
@@ -25,13 +25,13 @@ def _generic(div: Divergence) -> Divergence:
 
 
 def test_log_form_recognises_the_builtin_kl_and_rkl_only():
-    assert log_form(resolve("kl")) == (0, 1.0)
-    assert log_form(resolve("rkl")) == (1, -1.0)
+    assert resolve("kl").forms.log_form == (0, 1.0)
+    assert resolve("rkl").forms.log_form == (1, -1.0)
     for name in ("hellinger", "js", "tv", "alpha:0.5"):
-        assert log_form(resolve(name)) is None
+        assert resolve(name).forms.log_form is None
     kl = resolve("kl")
-    assert log_form(_generic(kl)) is None
-    assert log_form(Divergence("kl", kl.f, 2.0, kl.inf_slope)) is None  # another f'(1): another g
+    assert _generic(kl).forms.log_form is None
+    assert Divergence("kl", kl.f, 2.0, kl.inf_slope).forms.log_form is None  # another f'(1): another g
 
 
 def _rows_with_zeros(dtype):

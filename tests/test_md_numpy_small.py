@@ -23,7 +23,7 @@ def _pairs(rows, n, seed, peaked=False):
 def _point(bp, budget, div, bound, xp):
     """``(a, b, acceptance, D_f)`` at the primal solution found in namespace ``xp``."""
     m, seg, value = _search.primal(bp, budget.reshape(-1, 1).double(), div, bound, xp, with_value=True)
-    a, b = bp.ab(m, seg, bp._tv)
+    a, b = bp.ab(m, seg, bp.arrays().tv)
     torch.testing.assert_close(value, bp.div_on(m, seg, div, bound), atol=1e-15, rtol=1e-14)
     return a, b, 1 - m, value
 

@@ -3,7 +3,8 @@
 ``mdboost.md._search.primal_point`` takes the scalar search for up to ``SCALAR_ROWS`` rows (switch
 ``_search.SCALAR_ROW``); with the switch off the same row goes through the array search of the
 namespace tests. Both must give the same excess mass ``m`` (so the same acceptance), the same
-``D_f`` at the point, and keep ``D_f <= budget``, for every built-in generator with a scalar twin.
+``D_f`` at the point, and keep ``D_f <= budget``, for every built-in generator with a Python-float
+form (``Divergence.g_float``).
 """
 
 import math
@@ -11,7 +12,7 @@ import math
 import pytest
 import torch
 
-from mdboost.md import _scalar, _scalar_rows, _search
+from mdboost.md import _scalar_rows, _search
 from mdboost.md.breakpoints import Breakpoints
 from mdboost.md.divergences import GENERATORS, alpha, resolve
 from mdboost.md.divergences import f_divergence
@@ -35,7 +36,7 @@ def _both(monkeypatch, bp, budget, div):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_scalar_row_equals_array_search(monkeypatch, name, n, peaked, dtype):
     div = GENERATORS[name]
-    assert _scalar.scalar_g(div) is not None
+    assert div.g_float is not None
     p, q = dirichlet_pairs(3, n, n + len(name), alpha=0.05 if peaked else 0.7, equal_row=True)
     for i in range(3):
         bp = Breakpoints.build(p[i:i + 1].to(dtype), q[i:i + 1].to(dtype))
@@ -47,8 +48,9 @@ def test_scalar_row_equals_array_search(monkeypatch, name, n, peaked, dtype):
             if float(value0) < 1e3:  # D_f of the extreme peaked rows is ill-conditioned in m
                 torch.testing.assert_close(value, value0, atol=1e-9, rtol=1e-7)
             # (a, b) agree in mass: pi differs by less than the tolerance of m
-            pi = torch.maximum((1 - b) * bp._q, torch.minimum(bp._ratio * bp._q, (1 + a) * bp._q))
-            pi0 = torch.maximum((1 - b0) * bp._q, torch.minimum(bp._ratio * bp._q, (1 + a0) * bp._q))
+            q_s, r_s = bp.arrays().q, bp.arrays().ratio
+            pi = torch.maximum((1 - b) * q_s, torch.minimum(r_s * q_s, (1 + a) * q_s))
+            pi0 = torch.maximum((1 - b0) * q_s, torch.minimum(r_s * q_s, (1 + a0) * q_s))
             assert float(torch.nan_to_num(pi - pi0).abs().sum()) <= 1e-9
 
 
@@ -56,7 +58,7 @@ def test_scalar_generators_equal_the_torch_generators():
     z = [0.0, 1e-300, 1e-8, 0.3, 1.0, 1.7, 1e8, 1e300, math.inf]
     for name in sorted(GENERATORS):
         div = GENERATORS[name]
-        g = _scalar.scalar_g(div)
+        g = div.g_float
         ref = div.g(torch.tensor(z, dtype=torch.float64)).tolist()
         for x, want in zip(z, ref):
             got = g(x)
@@ -64,8 +66,8 @@ def test_scalar_generators_equal_the_torch_generators():
 
 
 def test_generators_without_a_twin_take_the_array_search():
-    assert _scalar.scalar_g(alpha(0.5)) is None
-    assert _scalar.scalar_g(resolve(lambda z: (z - 1.0) ** 2)) is None
+    assert alpha(0.5).g_float is None
+    assert resolve(lambda z: (z - 1.0) ** 2).g_float is None
 
 
 def test_few_rows_take_the_scalar_search_and_more_the_array_search(monkeypatch):
@@ -213,7 +215,7 @@ def test_neyman_at_ratios_beyond_the_square_s_range_reaches_the_curve_s_end():
     z = torch.tensor([1e154, 1e200, 1.3e282, 1.7e308], dtype=torch.float64)
     g = GENERATORS["neyman"].g(z)
     exact = z - 2 + 1 / z  # (z - 1)^2 / z expanded; rounds to z here
-    assert torch.equal(g, exact) and [_scalar.scalar_g(GENERATORS["neyman"])(float(x)) for x in z] == g.tolist()
+    assert torch.equal(g, exact) and [GENERATORS["neyman"].g_float(float(x)) for x in z] == g.tolist()
     p, q = torch.tensor(_NEYMAN_P, dtype=torch.float64), torch.tensor(_NEYMAN_Q, dtype=torch.float64)
     budget = 0.28298881995329983
     for rows in (p[None], torch.stack([p, torch.full_like(p, 1 / 7)])):  # the scalar and the array search

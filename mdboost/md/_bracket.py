@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from mdboost.md._histogram import C1, FINITE, INF, Histogram, edges
-from mdboost.md._xp import TORCH, g_numpy
+from mdboost.md._xp import TORCH
 from mdboost.md.divergences import Divergence
 
 _EDGE_G: dict = {}
@@ -50,7 +50,7 @@ def _qg(xp, q, g):  # q g with 0 where q = 0 (g may be inf there)
 
 
 def _g(xp, div: Divergence, z):  # div.g (the same values in both namespaces)
-    return div.g(z) if xp is TORCH else g_numpy(div, z)
+    return div.g(z) if xp is TORCH else div.g_numpy(z)
 
 
 class Events(NamedTuple):

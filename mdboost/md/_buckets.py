@@ -232,13 +232,13 @@ def _sorted(rp, rq):
 
 
 def _finish_primal(bp: Breakpoints, budget, div: Divergence, delta):
-    point, _, value = bp._primal64(budget.reshape(-1), div, False, False, with_value=True)
+    point, _, value = bp.primal64(budget.reshape(-1), div, False, False, with_value=True)
     at_start = (point.a == 0) & (point.b == 0)
     return point, torch.where(at_start | (budget <= 0), 0.0, value + delta)
 
 
 def _finish_dual(bp: Breakpoints, m, div: Divergence | None, delta, tv):
-    point = bp._point64(m)
+    point = bp.point64(m)
     if div is None:
         return point, None
     j, k = _locate.locate_j(bp, m), _locate.locate_k(bp, m)
@@ -248,8 +248,8 @@ def _finish_dual(bp: Breakpoints, m, div: Divergence | None, delta, tv):
 
 def sorted_dual(bp: Breakpoints, min_acceptance, div: Divergence | None):
     """The dual on full sorted breakpoints: its point (float64 [N, 1] fields) and ``D_f`` there [N, 1]."""
-    m = bp._clip_m(min_acceptance)
-    return _finish_dual(bp, m, div, torch.zeros_like(m), bp._tv)
+    m = bp.clip_mass(min_acceptance)
+    return _finish_dual(bp, m, div, torch.zeros_like(m), bp.arrays().tv)
 
 
 def sorted_solve(p, q, value, div: Divergence | None, dual: bool, normalize: bool):
@@ -259,7 +259,7 @@ def sorted_solve(p, q, value, div: Divergence | None, dual: bool, normalize: boo
         point, div_value = sorted_dual(bp, value, div)
     else:
         point, div_value = _finish_primal(bp, value, div, torch.zeros_like(value))
-    return (*point, div_value, bp._tv)
+    return (*point, div_value, bp.arrays().tv)
 
 
 def _one_row_primal(rows: Rows, h: Histogram, ev, budget: float, div: Divergence, g):
@@ -297,8 +297,8 @@ def solve_one(p, q, budget: float, div: Divergence, normalize: bool, row_sums=No
     """The primal of one CPU row ``[..., V]`` (one row in all) as Python floats
     ``(a, b, acceptance, D_f, tv)``: :func:`solve_rows` on it, the same values, without tensors
     for the outputs. None where that takes the array search (autograd, a generator without a
-    scalar twin: :func:`mdboost.md._scalar.scalar_g`)."""
-    g = _scalar.scalar_g(div) if _search.SCALAR_ROW else None
+    Python-float form: :attr:`mdboost.md.divergences.Divergence.g_float`)."""
+    g = div.g_float if _search.SCALAR_ROW else None
     if g is None or namespace_for(p) is not NUMPY:
         return None
     vocab = p.shape[-1]
@@ -321,7 +321,7 @@ def solve_rows(p, q, value, div: Divergence | None, dual: bool, normalize: bool,
         xp = namespace_for(p)
         rows, h = histogram_of(p, q, div, normalize, row_sums, check)
         ev = events(xp, h, div)
-        g = _scalar.scalar_g(div) if xp is NUMPY and p.shape[0] == 1 and _search.SCALAR_ROW else None
+        g = div.g_float if xp is NUMPY and p.shape[0] == 1 and _search.SCALAR_ROW else None
         if g is not None:
             out = torch.tensor(_one_row_primal(rows, h, ev, float(value), div, g), dtype=torch.float64)
             return tuple(out[i:i + 1, None] for i in range(5))

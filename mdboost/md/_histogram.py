@@ -20,7 +20,7 @@ import torch
 from mdboost.md._checks import _check_row_values, check_pair
 from mdboost.md._sums import _blocks, neutral_ratios
 from mdboost.md._xp import NUMPY, namespace_for
-from mdboost.md.divergences import Divergence, is_generator
+from mdboost.md.divergences import Divergence
 
 PER_OCTAVE_BITS = 5  # 32 buckets per octave: a bucket spans at most a ratio of 1 + 1/32
 OCTAVES = 64  # the regular buckets cover [2^-64, 2^64)
@@ -31,20 +31,6 @@ INF = FINITE  # the bucket of q_i = 0 < p_i (and of ratios beyond the input dtyp
 C1 = 1 + OCTAVES * (1 << PER_OCTAVE_BITS)  # edge index of r = 1
 _TINY = 1e-300  # log(max(r, _TINY)) times p: exact 0 for p = 0, and p log r within 1e-298 otherwise
 _EDGES: dict = {}
-
-
-def log_form(div: Divergence):
-    """``(w, sign)`` where ``q g(r) = sign (w log r - p + q)`` with ``w`` = ``p`` (0) or ``q`` (1), else None.
-
-    The built-in ``kl`` (``g(r) = r log r - r + 1``: ``w = p``, sign +1) and ``rkl``
-    (``g(r) = -log r + r - 1``: ``w = q``, sign -1): a bucket's ``q g(r)`` sum is then its
-    ``w log r`` sum and its ``p`` and ``q`` sums, so the pass takes one ``log`` per entry and
-    none of the generator's other operations.
-    """
-    for name, form in (("kl", (0, 1.0)), ("rkl", (1, -1.0))):
-        if is_generator(div, name):
-            return form
-    return None
 
 
 def edges(device) -> torch.Tensor:
@@ -180,7 +166,7 @@ def _wlogr(w64, ratio, weight: int):  # w_i log r_i [n, V] float64 (log_form): t
 
 
 def _from_log_sums(sums: torch.Tensor, sign: float) -> None:  # [3, N, FINITE + 1], in place
-    """The ``q g(r)`` sums ``sign (S - P + Q)`` from the ``w log r`` sums ``S`` (:func:`log_form`), >= 0."""
+    """The ``q g(r)`` sums ``sign (S - P + Q)`` from the ``w log r`` sums ``S`` (``div.forms.log_form``), >= 0."""
     if namespace_for(sums) is NUMPY:  # the same IEEE operations on the numpy view (a tiny torch op costs more)
         x = sums.numpy()
         s = x[2]
@@ -228,7 +214,7 @@ def _scales(sums):  # row sums (any shape of N entries) -> (scale_p, scale_q) [N
 def histogram(rows: Rows, div: Divergence) -> Histogram:
     """Bucket sums of ``p``, ``q`` and ``q g(r)``: one pass over the entries, by row blocks.
 
-    For ``kl`` and ``rkl`` the pass sums ``w log r`` only (:func:`log_form`): ``q g(r) =
+    For ``kl`` and ``rkl`` the pass sums ``w log r`` only (``div.forms.log_form``): ``q g(r) =
     sign (w log r - p + q)``, so a bucket's sum of ``q g(r)`` follows from its ``w log r``, ``p``
     and ``q`` sums (one ``log`` per entry, none of the generator's other operations).
     CPU float32 / float64 rows take :func:`_histogram_np` (the same buckets and sums).
@@ -240,7 +226,7 @@ def histogram(rows: Rows, div: Divergence) -> Histogram:
     out = list(sums)
     index = torch.empty((n, vocab), dtype=torch.int64, device=rows.p.device)
     f32 = rows.p.dtype == torch.float32  # float32 rows: ratio, bucket and log in float32 (sums in float64)
-    form = log_form(div)
+    form = div.forms.log_form
     for blk in _row_blocks(n, vocab, rows.p.device):
         p64, q64, ratio = rows.block32(blk) if f32 else rows.block(blk)
         idx = index[blk]
@@ -307,7 +293,7 @@ def _histogram_np(rows: Rows, div: Divergence, normalize: bool | None = None, ch
     int_t, _, _, _, tiny = _NP_BITS[rows.p.dtype]
     sums = torch.zeros((3, n, FINITE + 1), dtype=torch.float64)
     index = torch.empty((n, vocab), dtype=torch.int16)  # FINITE + 1 buckets fit int16
-    form = log_form(div)
+    form = div.forms.log_form
     p_np, q_np, index_np = rows.p.numpy(), rows.q.numpy(), index.numpy()
     blocks = _row_blocks(n, vocab, rows.p.device)
     step = blocks[0].stop - blocks[0].start if blocks else 0

@@ -46,15 +46,15 @@ def _col(col: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 def locate_j(bp, m: torch.Tensor) -> torch.Tensor:
     """A segment of ``m``: smallest ``j`` in ``[n_le, j_max]`` with ``knot_a(j) <= m``."""
-    mm = m.unsqueeze(-1)
-    return first_true(_col(bp._n_le, m), _col(bp._j_max, m), lambda j: bp.knot_a(j) <= mm, bp.vocab)
+    mm, sums = m.unsqueeze(-1), bp.arrays()
+    return first_true(_col(sums.n_le, m), _col(sums.j_max, m), lambda j: bp.knot_a(j) <= mm, bp.vocab)
 
 
 def locate_k(bp, m: torch.Tensor) -> torch.Tensor:
     """B segment of ``m``: smallest ``k`` in ``[1, n_lt]`` with ``knot_b(k) >= m`` (0 if n_lt = 0)."""
-    mm = m.unsqueeze(-1)
-    lo = _col(bp._n_lt.clamp(max=1), m)
-    return first_true(lo, _col(bp._n_lt, m), lambda k: bp.knot_b(k) >= mm, bp.vocab)
+    mm, n_lt = m.unsqueeze(-1), bp.arrays().n_lt
+    lo = _col(n_lt.clamp(max=1), m)
+    return first_true(lo, _col(n_lt, m), lambda k: bp.knot_b(k) >= mm, bp.vocab)
 
 
 def b_knots(bp):
@@ -62,14 +62,14 @@ def b_knots(bp):
 
     ``kb[k] = knot_b(k)`` for ``k <= n_lt`` (made non-decreasing against rounding), ``+inf`` after.
     """
-    vocab = bp._r.shape[1]
-    width = int(bp._n_lt.max()) + 1
+    vocab, sums = bp.vocab, bp.arrays()
+    width = int(sums.n_lt.max()) + 1
     cols = min(width, vocab)  # contiguous slices instead of gathers: knot_b(k) for k < n_lt
-    m_b = bp._ratio[:, :cols] * bp._cq[:, :cols] - bp._cp[:, :cols]
+    m_b = sums.ratio[:, :cols] * sums.cq[:, :cols] - sums.cp[:, :cols]
     if cols < width:
         m_b = torch.cat([m_b, torch.zeros_like(m_b[:, :1])], -1)
-    idx = torch.arange(width, device=bp._r.device)
-    kb = torch.where(idx > bp._n_lt, math.inf, torch.where(idx == bp._n_lt, bp._tv, m_b))
+    idx = torch.arange(width, device=sums.ratio.device)
+    kb = torch.where(idx > sums.n_lt, math.inf, torch.where(idx == sums.n_lt, sums.tv, m_b))
     return torch.cummax(kb, -1).values.contiguous()
 
 
@@ -77,20 +77,20 @@ def _locate_k_sorted(bp, kb, m):
     """B segment of ``m`` [N, ...] by one ``searchsorted`` (same result as :func:`locate_k`)."""
     flat = m.reshape(m.shape[0], -1).contiguous()
     k = torch.searchsorted(kb, flat).clamp(min=1)
-    return torch.minimum(k, bp._n_lt).reshape(m.shape)
+    return torch.minimum(k, bp.arrays().n_lt).reshape(m.shape)
 
 
 def bracket_large(bp, budget, div, bound, kb):
     """A-breakpoint search (each knot's B segment by ``searchsorted``), then the B-breakpoints inside."""
-    big_budget = budget.unsqueeze(-1)
+    big_budget, sums = budget.unsqueeze(-1), bp.arrays()
 
     def pred_a(j):
         m = bp.knot_a(j)
         return bp.div_at(m, j, _locate_k_sorted(bp, kb, m), div, bound) > big_budget
 
-    j = first_true(bp._n_le.clone(), bp._j_max.clone(), pred_a, bp.vocab, LARGE_FANOUT)
+    j = first_true(sums.n_le.clone(), sums.j_max.clone(), pred_a, bp.vocab, LARGE_FANOUT)
     m_lo = bp.knot_a(j)
-    m_hi = torch.where(j > bp._n_le, bp.knot_a((j - 1).clamp(min=0)), bp._tv)
+    m_hi = torch.where(j > sums.n_le, bp.knot_a((j - 1).clamp(min=0)), sums.tv)
 
     def pred_b(k):
         m = torch.minimum(torch.maximum(bp.knot_b(k), m_lo.unsqueeze(-1)), m_hi.unsqueeze(-1))

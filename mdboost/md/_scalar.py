@@ -18,7 +18,8 @@ tolerance (``2^-50`` of the segment or a few ulps of ``m``), keeping the side ``
 
 Why: one row costs a fixed number of tiny array operations, and at ``V <= 2048`` their call
 overhead is most of a ``solve`` call; here each evaluation of ``D_f`` is a few float operations.
-Used for the built-in generators with a scalar twin (:func:`scalar_g`); the others, the bound
+Used for the built-in generators with a Python-float form (:attr:`Divergence.g_float
+<mdboost.md.divergences.Divergence.g_float>`); the others, the bound
 mode and larger batches take the array search. Tested equal to it (``tests/test_md_scalar_row.py``).
 """
 from __future__ import annotations
@@ -29,103 +30,12 @@ import numpy as np
 import torch
 
 from mdboost.md._xp import NUMPY
-from mdboost.md.divergences import GENERATORS, Divergence, is_generator
+from mdboost.md.divergences import Divergence
 
 _INF = math.inf
 _EPS = float(np.finfo(np.float64).eps)
 _TOL_SEG = 2.0 ** -50  # of the segment's width, as the array refinement
 MAX_ROUNDS = 128  # refinement rounds; a round that does not halve the bracket is followed by a bisection
-
-
-def _xlogx(z):
-    return 0.0 if z == 0 else z * math.log(z)
-
-
-def _f_kl(z):
-    return _xlogx(z)
-
-
-def _f_rkl(z):
-    return _INF if z == 0 else -math.log(z)
-
-
-def _f_hellinger(z):
-    s = math.sqrt(z) - 1.0
-    return s * s
-
-
-def _f_pearson(z):
-    s = z - 1.0
-    return s * s
-
-
-def _f_neyman(z):
-    s = z - 1.0
-    return _INF if z == 0 else s * (s / z)  # as divergences._neyman: no overflow of the square
-
-
-def _f_tv(z):
-    return abs(z - 1.0) / 2.0
-
-
-def _f_js(z):
-    w = 1.0 + z
-    return (_xlogx(z) - (0.0 if w == 0 else w * math.log(w / 2.0))) / 2.0
-
-
-# the generators of mdboost.md.divergences in Python floats (same values; inf where torch gives inf)
-_TWINS = {GENERATORS[name].f: fn for name, fn in (
-    ("kl", _f_kl), ("rkl", _f_rkl), ("hellinger", _f_hellinger), ("pearson", _f_pearson),
-    ("neyman", _f_neyman), ("tv", _f_tv), ("js", _f_js))}
-
-
-def _g_kl(z):  # g of the built-in kl: z log z - (z - 1), inf at z = inf (the asymptote)
-    if z == 0:
-        return 1.0
-    out = z * math.log(z) - (z - 1.0)
-    return out if out == out else _INF
-
-
-def _g_rkl(z):  # g of the built-in rkl: -log z + (z - 1)
-    if z == 0:
-        return _INF
-    out = -math.log(z) + (z - 1.0)
-    return out if out == out else _INF
-
-
-def _make_scalar_g(div: Divergence):
-    """``g(z)`` of ``div`` on a Python float (:meth:`Divergence.g`), or None without a scalar twin."""
-    f = _TWINS.get(div.f)
-    if f is None:
-        return None
-    for name, fast in (("kl", _g_kl), ("rkl", _g_rkl)):  # the two most used, in one call
-        if is_generator(div, name):
-            return fast
-    slope = div.fprime_one if div.standardize else 0.0
-    asym = div.inf_slope - div.fprime_one
-
-    def g(z):
-        try:
-            out = f(z) - slope * (z - 1.0) if slope else f(z)
-        except OverflowError:
-            out = math.nan
-        return asym * z if out != out else out  # NaN (inf - inf): the asymptote, as Divergence.g
-
-    return g
-
-
-_G_CACHE: dict = {}
-
-
-def scalar_g(div: Divergence):
-    """``g(z)`` of ``div`` on a Python float (:meth:`Divergence.g`), or None without a scalar twin (cached)."""
-    try:
-        return _G_CACHE[div]
-    except KeyError:
-        g = _G_CACHE[div] = _make_scalar_g(div)
-        return g
-    except TypeError:  # an unhashable generator: no cache
-        return _make_scalar_g(div)
 
 
 class _Row:
@@ -154,11 +64,11 @@ class _Row:
     def of_breakpoints(cls, bp, div, g, row: int = 0) -> "_Row":
         """Row ``row`` of a :class:`~mdboost.md.breakpoints.Breakpoints` (numpy views of CPU rows; a
         host copy of that one row from other devices)."""
-        i = row
-        cp, cq, rp, rq, ratio, mid = (x[i].detach().cpu().numpy() for x in (bp._cp, bp._cq, bp._rp, bp._rq, bp._ratio,
+        i, s = row, bp.arrays()
+        cp, cq, rp, rq, ratio, mid = (x[i].detach().cpu().numpy() for x in (s.cp, s.cq, s.rp, s.rq, s.ratio,
                                                                               bp.prefix(div)))
-        counts = torch.cat([x[i] for x in (bp._n_lt, bp._n_le, bp._j_max)]).tolist()
-        tv, m_end = torch.cat([bp._tv[i], bp._m_end[i]]).tolist()
+        counts = torch.cat([x[i] for x in (s.n_lt, s.n_le, s.j_max)]).tolist()
+        tv, m_end = torch.cat([s.tv[i], s.m_end[i]]).tolist()
         with np.errstate(invalid="ignore", over="ignore"):
             return cls(cp, cq, rp, rq, ratio, mid, *counts, tv, m_end, g)
 

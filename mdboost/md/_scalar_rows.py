@@ -21,9 +21,8 @@ from mdboost.md import _scalar, _search
 from mdboost.md._checks import _check_budget_range, _check_row_values
 from mdboost.md._scalar import _INF, _Row
 from mdboost.md._sums import neutral_ratios
-from mdboost.md._xp import g_numpy
 from mdboost.md.breakpoints import Breakpoints
-from mdboost.md.divergences import Divergence, is_generator
+from mdboost.md.divergences import Divergence
 
 
 _ARANGE: dict = {}
@@ -101,7 +100,7 @@ def solve_row(p: torch.Tensor, q: torch.Tensor, budget: float, div: Divergence, 
         row = _row_of_sorted(r_s, w, thr, normalized, zeros, div, g)
     a, b, m, value = _scalar.primal_point(row, budget, div, g, True, floats=True)
     if _scalar.lost(m, budget, row.tv, row.m_end):  # lost to rounding: the general path's rescue and fallback
-        bp = Breakpoints._from_pair(p[None], q[None], validate)
+        bp = Breakpoints.from_checked(p[None], q[None], validate)
         point = _search.primal_point(bp, torch.full((1, 1), budget, dtype=torch.float64), div, False, True)
         a, b, m, value = (float(x) for x in point)
     return a, b, min(max(1.0 - m, 0.0), 1.0), value, min(max(1.0 - row.tv, 0.0), 1.0)
@@ -154,19 +153,18 @@ def _row_of_sorted(r_s, w, thr, normalized: bool, zeros: bool, div: Divergence, 
 
 def _row_mid(ratio, q, r_cmp, n_lt, n_le, n_fin, normalized, div: Divergence):
     """``_sums._prefix_sums_np`` on one row (``Breakpoints.prefix``): only the terms it keeps, the
-    same values (the built-in kl by its formula on ``ratio``, any other generator on ``r_cmp``)."""
+    same values (a closed form on ``ratio``, ``div.forms.g_ratio``, where there is one; else ``g`` on ``r_cmp``)."""
     v = ratio.shape[0]
     mid = np.zeros(v + 1)
-    if is_generator(div, "kl"):
+    g_ratio = div.forms.g_ratio
+    if g_ratio is not None:
         if n_lt:
-            z = ratio[:n_lt]
-            terms = q[:n_lt] * (np.where(z > 0, z * np.log(z), 0.0) - z + 1)
+            terms = q[:n_lt] * g_ratio(ratio[:n_lt], np)
             if normalized:
                 terms = np.where(r_cmp[:n_lt] < 1, terms, 0.0)
             np.cumsum(terms[::-1], out=mid[n_lt - 1::-1])  # [k] = sum_{k <= i < n_lt}
         if n_fin > n_le:
-            z = ratio[n_le:n_fin]
-            terms = q[n_le:n_fin] * (z * np.log(z) - z + 1)
+            terms = q[n_le:n_fin] * g_ratio(ratio[n_le:n_fin], np)
             if normalized:
                 terms = np.where(r_cmp[n_le:n_fin] > 1, terms, 0.0)
             np.cumsum(terms, out=mid[n_le + 1:n_fin + 1])  # [j] = sum_{n_le <= i < j}, 0 up to n_le
@@ -176,11 +174,11 @@ def _row_mid(ratio, q, r_cmp, n_lt, n_le, n_fin, normalized, div: Divergence):
     # ratios there are finite and not NaN, so the batched path's nan_to_num leaves them as they are
     if n_lt:
         r_lo = r_cmp[:n_lt]
-        terms = q[:n_lt] * g_numpy(div, r_lo.astype(np.float64))
+        terms = q[:n_lt] * div.g_numpy(r_lo.astype(np.float64))
         np.cumsum(np.where(r_lo < 1, terms, 0.0)[::-1], out=mid[n_lt - 1::-1])
     if n_fin > n_le:  # beyond n_fin the terms are masked (infinite ratios): the sum stays
         r_hi = r_cmp[n_le:n_fin]
-        terms = q[n_le:n_fin] * g_numpy(div, r_hi.astype(np.float64))
+        terms = q[n_le:n_fin] * div.g_numpy(r_hi.astype(np.float64))
         np.cumsum(np.where((r_hi > 1) & (r_hi < _INF), terms, 0.0), out=mid[n_le + 1:n_fin + 1])
         mid[n_fin + 1:] = mid[n_fin]
     return mid

@@ -209,7 +209,7 @@ def primal(bp, budget: torch.Tensor, div, bound: bool, xp=None, with_value: bool
     [N, 1] float64, the :class:`Segment` of its point and, if ``with_value``, ``D_f`` (or the
     bound) at ``m`` on that segment [N, 1] (else None).
     """
-    xp = namespace_for(bp._r) if xp is None else xp
+    xp = namespace_for(bp.ratios) if xp is None else xp
     with xp.errstate():
         m, seg = _primal(xp, bp, xp.asarray(budget.to(torch.float64)), div, bound)
         value = xp.to_torch(divergence_on(xp, m, seg, div, bound)) if with_value else None
@@ -240,9 +240,9 @@ def primal_point(bp, budget: torch.Tensor, div, bound: bool, with_value: bool = 
     Up to :data:`SCALAR_ROWS` small CPU rows of the exact mode are searched one by one in Python
     floats (:func:`mdboost.md._scalar.primal_points`).
     """
-    xp = namespace_for(bp._r)
-    if not bound and xp is NUMPY and 0 < bp._r.shape[0] <= SCALAR_ROWS and bp.vocab <= SMALL_VOCAB and SCALAR_ROW:
-        g = _scalar.scalar_g(div)
+    xp = namespace_for(bp.ratios)
+    if not bound and xp is NUMPY and 0 < bp.ratios.shape[0] <= SCALAR_ROWS and bp.vocab <= SMALL_VOCAB and SCALAR_ROW:
+        g = div.g_float
         points = None if g is None else _scalar.primal_points(bp, budget, div, g, SCALAR_MIN_BUDGET)
         if points is not None:
             return points if with_value else (*points[:3], None)
@@ -283,10 +283,10 @@ def _bound_fallback(xp, bp, budget, div, lost, out) -> None:
     """
     m_b, _ = _primal(xp, bp, budget, div, True)
     m_t = xp.to_torch(snap(xp, m_b, bp.arrays(xp).tv))
-    j, k = locate_j(bp, m_t), locate_k(bp, m_t)
-    a_t, b_t = bp.ab(m_t, bp.segment(j, k, None, False), bp._tv)
+    j, k, tv = locate_j(bp, m_t), locate_k(bp, m_t), bp.arrays().tv
+    a_t, b_t = bp.ab(m_t, bp.segment(j, k, None, False), tv)
     d_t = bp.div_at(m_t, j, k, div, False)
-    ok = xp.to_torch(lost) & (m_t < bp._tv) & (d_t <= xp.to_torch(budget) * (1 + 1e-12))
+    ok = xp.to_torch(lost) & (m_t < tv) & (d_t <= xp.to_torch(budget) * (1 + 1e-12))
     ok_x = xp.asarray(ok)
     for dst, src in zip(out, (a_t, b_t, m_t, d_t.clamp(min=0.0))):
         dst[...] = xp.where(ok_x, xp.asarray(src), dst)
@@ -303,7 +303,7 @@ def _rescue_rows(bp, budget, div, failed, out) -> None:
     on those rows (rows the scalar search also loses keep the curve's start). Off the CPU each such
     row is copied to the host for its search (they are rare: extreme inputs).
     """
-    g = _scalar.scalar_g(div)
+    g = div.g_float
     if g is None:
         return
     rows = failed.nonzero()[0].tolist() if isinstance(failed, np.ndarray) else failed.nonzero()[:, 0].tolist()

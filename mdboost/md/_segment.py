@@ -55,7 +55,12 @@ class Segment(NamedTuple):
 
 
 class SortedSums(NamedTuple):
-    """The sums of :class:`~mdboost.md.breakpoints.Breakpoints` in one array namespace (numpy views share the memory)."""
+    """The sorted sums of :class:`~mdboost.md.breakpoints.Breakpoints` in one array namespace (numpy views
+    share the memory).
+
+    Its public view of the structure (:meth:`~mdboost.md.breakpoints.Breakpoints.arrays`): sorted
+    positions count from the smallest ratio ``r_i = p_i / q_i``; the counts are per row.
+    """
 
     cp: object  # [N, V + 1] float64: sum_{i < k} p_i at index k
     cq: object  # [N, V + 1] float64: sum_{i < k} q_i
@@ -67,6 +72,8 @@ class SortedSums(NamedTuple):
     j_max: object  # [N, 1] long: the last A segment (the end)
     tv: object  # [N, 1] float64: TV(p, q), the excess mass at the start
     m_end: object  # [N, 1] float64: p(q = 0), the excess mass at the end
+    q: object  # [N, V] float64: q_i by ratio (0 where the ratio overflows the input dtype)
+    n_fin: object  # [N, 1] long: number of finite r
 
 
 def make_segment(xp, sums: SortedSums, j, k, mid=None, bound: bool = False) -> Segment:

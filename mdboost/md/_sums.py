@@ -13,8 +13,7 @@ import math
 import numpy as np
 import torch
 
-from mdboost.md._xp import g_numpy
-from mdboost.md.divergences import Divergence, is_generator
+from mdboost.md.divergences import Divergence
 
 ACC_DTYPE = torch.float64
 
@@ -58,11 +57,11 @@ def _prefix_sums_np(r, q, ratio, n_lt, n_le, div: Divergence) -> np.ndarray:  # 
     """The numpy twin of :func:`_prefix_sums` (one block: small rows)."""
     n, vocab = r.shape
     with np.errstate(all="ignore"):  # inf and NaN terms as in torch (masked below)
-        if is_generator(div, "kl"):
-            terms = q * (np.where(ratio > 0, ratio * np.log(ratio), 0.0) - ratio + 1)
+        if div.forms.g_ratio is not None:  # the closed form on the float64 ratios
+            terms = q * div.forms.g_ratio(ratio, np)
         else:
             z = np.nan_to_num(r.astype(np.float64), posinf=1.0)
-            terms = q * g_numpy(div, z)
+            terms = q * div.g_numpy(z)
     mid = np.zeros((n, vocab + 1))
     lo_w, hi_s = int(n_lt.max()), int(n_le.min())
     low = np.where(r[:, :lo_w] < 1, terms[:, :lo_w], 0.0)
@@ -157,14 +156,15 @@ def _cumsums(p: torch.Tensor, q: torch.Tensor):  # [N, V] x2 -> 4 x [N, V+1]
 def _prefix_sums(r, q, ratio, n_lt, n_le, div: Divergence) -> torch.Tensor:  # [N, V] each -> [N, V+1]
     """Range sums of ``q_i g(r_i)`` anchored at ``r = 1`` in one array (see :meth:`Breakpoints.prefix`).
 
-    For KL, ``q g(r) = q (r log r - r + 1)`` with one ``log`` (``r = 0`` gives ``q``).
+    A generator with a closed form on the float64 ratios (``div.forms.g_ratio``; KL:
+    ``q g(r) = q (r log r - r + 1)`` with one ``log``, ``r = 0`` gives ``q``) takes it.
     """
     n, vocab = r.shape
     (mid,) = _empty_sums(n, vocab, 1, r)
     for blk in _blocks(n, vocab):
         rb, qb, zb = r[blk], q[blk], ratio[blk]
-        if is_generator(div, "kl"):
-            terms = qb * (torch.where(zb > 0, zb * torch.log(zb), 0.0) - zb + 1)
+        if div.forms.g_ratio is not None:
+            terms = qb * div.forms.g_ratio(zb, torch)
         else:
             # q_i = 0 gives 0 * g(1) = 0; an overflowed ratio (q_i tiny) is treated as q_i = 0
             terms = qb * div.g(torch.nan_to_num(rb.to(ACC_DTYPE), posinf=1.0))

@@ -22,8 +22,6 @@ import contextlib
 import numpy as np
 import torch
 
-from mdboost.md.divergences import is_generator
-
 
 # the functions spelled, and called, the same in torch and numpy
 SHARED = ("where", "maximum", "minimum", "clip", "isfinite", "concatenate", "abs", "all", "any", "argmax", "argmin",
@@ -216,27 +214,12 @@ class NumpyOps(_Namespace, library=np):
 
     @staticmethod
     def g(div, z: np.ndarray) -> np.ndarray:
-        """``g(z)`` of ``div``: the built-in KL directly in numpy, any other by :func:`g_numpy`."""
-        if is_generator(div, "kl"):
-            return np.where(z > 0, z * np.log(z), 0.0) - (z - 1.0)  # log(0) warnings: see errstate
-        return g_numpy(div, z)
+        """``g(z)`` of ``div`` (:attr:`~mdboost.md.divergences.Divergence.g_array`; log(0) warnings: see errstate)."""
+        return div.g_array(z)
 
     @staticmethod
     def errstate():
         return np.errstate(divide="ignore", invalid="ignore", over="ignore")  # inf budgets / inf terms, as in torch
-
-
-def g_numpy(div, z: np.ndarray) -> np.ndarray:
-    """:meth:`~mdboost.md.divergences.Divergence.g` of a float64 array: ``f`` through torch
-    (zero-copy; its functions are torch's), except the built-in ``rkl``'s ``-log z`` in numpy (as
-    :meth:`NumpyOps.g` takes the built-in ``kl``: numpy's ``log``, within an ulp of torch's, at a
-    fraction of two torch calls' cost on small rows); the standardisation and the asymptote in
-    numpy (the same IEEE operations in the same order). Call under :meth:`NumpyOps.errstate`
-    (``inf - inf`` is masked as in torch)."""
-    out = np.negative(np.log(z)) if is_generator(div, "rkl") else div(torch.from_numpy(z)).numpy()
-    if div.standardize and div.fprime_one != 0.0:
-        out = out - div.fprime_one * (z - 1.0)
-    return np.where(np.isnan(out), (div.inf_slope - div.fprime_one) * z, out)
 
 
 TORCH, NUMPY = TorchOps(), NumpyOps()

@@ -63,6 +63,12 @@ class Breakpoints:
     shape ``draft_probs.shape[:-1]`` and return tensors of that shape in the input dtype
     (float32 for float16 / bfloat16 inputs, which are computed in float32).
 
+    For the solvers built on it (the ``N`` rows flatten the batch shape): :meth:`arrays` (the
+    sorted sums), :attr:`ratios`, the sums and breakpoints at sorted positions (:meth:`p_pre`,
+    :meth:`knot_a`, ...), :meth:`segment`, :meth:`prefix`, and the steps of the queries in float64
+    [N, 1] (:meth:`flat_budget`, :meth:`clip_mass`, :meth:`point64`, :meth:`primal64`,
+    :meth:`to_output`).
+
     Examples
     --------
     >>> import torch
@@ -158,7 +164,7 @@ class Breakpoints:
         self._cp, self._cq, self._rp, self._rq = (t(x) for x in sums)
         self._n_lt, self._n_le, self._n_fin, self._j_max, self._tv, self._m_end = (
             t(x) for x in (n_lt, n_le, n_fin, j_max, tv, m_end))
-        self._arrays["numpy"] = SortedSums(cp, cq, rp, rq, ratio, n_lt, n_le, j_max, tv, m_end)
+        self._arrays["numpy"] = SortedSums(cp, cq, rp, rq, ratio, n_lt, n_le, j_max, tv, m_end, q64, n_fin)
         self._np_r_cmp, self._np_q = r_cmp, q64
 
     # ------------------------------------------------------------------ build
@@ -181,11 +187,13 @@ class Breakpoints:
             Rescale the rows in float64 (None: when ``validate``).
         """
         p, q = check_pair(draft_probs, target_probs, validate=validate)
-        return cls._from_pair(p, q, validate if normalize is None else normalize)
+        return cls.from_checked(p, q, validate if normalize is None else normalize)
 
     @classmethod
-    def _from_pair(cls, p: torch.Tensor, q: torch.Tensor, normalize: bool) -> "Breakpoints":
-        """:meth:`build` on a pair already through :func:`~mdboost.md._checks.check_pair`."""
+    def from_checked(cls, p: torch.Tensor, q: torch.Tensor, normalize: bool) -> "Breakpoints":
+        """:meth:`build` on a pair ``[..., V]`` already through :func:`~mdboost.md._checks.check_pair`
+        (one dtype, CPU rows of float32 / float64 or any rows of the compute dtype); ``normalize`` as
+        in :meth:`build`."""
         vocab = p.shape[-1]
         p2, q2 = p.reshape(-1, vocab), q.reshape(-1, vocab)
         if _small_ok(p2) and p2.dtype == q2.dtype:  # the same division in numpy (a tiny torch op costs more)
@@ -195,6 +203,17 @@ class Breakpoints:
             r = neutral_ratios(torch.div(p2, q2))
         r_sorted, p_sorted, q_sorted = _sort_rows(r, p2, q2)
         return cls(r_sorted, p_sorted, q_sorted, p.shape[:-1], p.dtype, normalize=normalize)
+
+    @property
+    def ratios(self) -> torch.Tensor:  # [N, V]
+        """The sorted ratios ``r_i = p_i / q_i`` [N, V] in the input dtype, ascending (``inf`` where
+        ``q_i = 0 < p_i``, 1 where ``p_i = q_i = 0``); ``N`` rows flatten the batch shape."""
+        return self._r
+
+    @property
+    def backend(self) -> str:
+        """``"numpy"`` where the sums were built with numpy (small CPU rows, the same values), else ``"torch"``."""
+        return "numpy" if self._np else "torch"
 
     # -------------------------------------------------- sums at sorted positions
     def p_pre(self, k):
@@ -257,10 +276,19 @@ class Breakpoints:
         return self._prefix_cache["mass"]
 
     def arrays(self, xp=TORCH) -> SortedSums:
-        """The sorted sums in the namespace ``xp`` (numpy: zero-copy views, made once)."""
+        """The sorted sums (:class:`~mdboost.md._segment.SortedSums`: float64 sums [N, V + 1], ratios and
+        ``q`` [N, V] by ratio, long counts and float64 ``TV``, ``m_end`` [N, 1]) in the namespace ``xp``
+        (:mod:`mdboost.md._xp`; numpy: zero-copy views of CPU tensors, made once).
+
+        >>> p = torch.tensor([0.5, 0.25, 0.25], dtype=torch.float64)
+        >>> q = torch.tensor([0.25, 0.5, 0.25], dtype=torch.float64)
+        >>> s = Breakpoints.build(p, q).arrays()
+        >>> s.ratio.tolist(), s.q.tolist(), s.n_lt.tolist(), s.n_le.tolist(), s.tv.tolist()
+        ([[0.5, 1.0, 2.0]], [[0.5, 0.25, 0.25]], [[1]], [[2]], [[0.25]])
+        """
         if xp.name not in self._arrays:
             t = (self._cp, self._cq, self._rp, self._rq, self._ratio, self._n_lt, self._n_le, self._j_max,
-                 self._tv, self._m_end)
+                 self._tv, self._m_end, self._q, self._n_fin)
             self._arrays[xp.name] = SortedSums(*(xp.asarray(x) for x in t))
         return self._arrays[xp.name]
 
@@ -289,18 +317,23 @@ class Breakpoints:
         return self.div_on(m, self.segment(j, k, div, bound), div, bound)
 
     # ---------------------------------------------------------------- queries
-    def _flat(self, value, name, upper=None, validate=True):
+    def flat_budget(self, value, name, upper=None, validate=True):
+        """``value`` (a number or a tensor broadcastable to the batch shape) as float64 [N, 1], checked
+        as the argument ``name`` (:func:`~mdboost.md._checks.check_budget`, at most ``upper``)."""
         t = check_budget(name, value, self.batch_shape, self._r.device, upper=upper, validate=validate)
         return t.reshape(self._r.shape[0], 1)
 
-    def _out(self, x):
+    def to_output(self, x):
+        """A per-row tensor ([N, 1] or [N]) in the batch shape and the output dtype."""
         return x.reshape(self.batch_shape).to(self.dtype)
 
     def _empty_point(self) -> CurvePoint:  # a batch without rows
         empty = torch.zeros(self.batch_shape, dtype=self.dtype, device=self._r.device)
         return CurvePoint(empty, empty.clone(), empty.clone())
 
-    def _point64(self, m) -> CurvePoint:  # [N, 1] float64 fields
+    def point64(self, m) -> CurvePoint:  # [N, 1] float64 fields
+        """The curve point at excess mass ``m`` [N, 1] float64 (inside ``[m_end, TV]``, see
+        :meth:`clip_mass`), its fields float64 [N, 1]; exactly ``a = b = 0`` at ``m >= TV``."""
         j, k = _locate.locate_j(self, m), _locate.locate_k(self, m)
         a, b = self.ab(m, self.segment(j, k, None, False), _bcast(self._tv, m))
         return CurvePoint(a, b, acceptance_of(m))
@@ -308,20 +341,21 @@ class Breakpoints:
     def _point(self, m) -> CurvePoint:
         if not self._r.shape[0]:
             return self._empty_point()
-        return CurvePoint(*(self._out(x) for x in self._point64(m)))
+        return CurvePoint(*(self.to_output(x) for x in self.point64(m)))
 
-    def _clip_m(self, acceptance):
+    def clip_mass(self, acceptance):
+        """The excess mass ``m = 1 - acceptance`` [N, 1] float64, clipped to the curve's ``[m_end, TV]``."""
         return torch.minimum(torch.maximum(1 - acceptance, self._m_end), self._tv)
 
     @property
     def sd_acceptance(self) -> torch.Tensor:  # [...]
         """Acceptance of standard SD, ``1 - TV(p, q)`` (the curve's start)."""
-        return self._out(acceptance_of(self._tv))
+        return self.to_output(acceptance_of(self._tv))
 
     @property
     def max_acceptance(self) -> torch.Tensor:  # [...]
         """Acceptance at the curve's end, ``1 - p(q = 0)``."""
-        return self._out(acceptance_of(self._m_end))
+        return self.to_output(acceptance_of(self._m_end))
 
     def for_acceptance(self, min_acceptance, *, validate: bool = True) -> CurvePoint:
         """Dual: the curve point with acceptance ``min_acceptance`` (f-independent, Theorem 3.13).
@@ -329,7 +363,7 @@ class Breakpoints:
         Targets below the SD acceptance give ``a = b = 0`` (``pi = q``); targets above
         :attr:`max_acceptance` give the curve's end (the best achievable).
         """
-        return self._point(self._clip_m(self._flat(min_acceptance, "min_acceptance", 1.0, validate)))
+        return self._point(self.clip_mass(self.flat_budget(min_acceptance, "min_acceptance", 1.0, validate)))
 
     def for_divergence(self, max_divergence, divergence="kl", *, validate: bool = True) -> CurvePoint:
         """Exact primal: the curve point where ``D_f(pi || q) = max_divergence`` (Thm 3.7, Cor 3.10).
@@ -345,9 +379,9 @@ class Breakpoints:
     def for_divergence_with_value(self, max_divergence, divergence="kl", *,
                                   validate: bool = True) -> tuple[CurvePoint, torch.Tensor]:
         """:meth:`for_divergence` and ``D_f(pi || q)`` at the solution, without a second search."""
-        point, budget, value = self._primal64(max_divergence, divergence, False, validate, with_value=True)
+        point, budget, value = self.primal64(max_divergence, divergence, False, validate, with_value=True)
         if not self._r.shape[0]:
-            return self._empty_point(), self._out(budget.reshape(-1))
+            return self._empty_point(), self.to_output(budget.reshape(-1))
         value = torch.where(budget <= 0, 0.0, value.clamp(min=0))  # budget 0: pi = q
         # the four float64 [N, 1] fields to the output dtype in one conversion
         out = torch.cat([point.a, point.b, point.acceptance, value], dim=-1).to(self.dtype)  # [N, 4]
@@ -356,15 +390,20 @@ class Breakpoints:
 
     def _primal(self, max_divergence, divergence, bound, validate, with_value=False):
         """The primal point, the flat budget [N, 1] and ``D_f`` at the point (if ``with_value``)."""
-        point, budget, value = self._primal64(max_divergence, divergence, bound, validate, with_value)
+        point, budget, value = self.primal64(max_divergence, divergence, bound, validate, with_value)
         if not self._r.shape[0]:
             return self._empty_point(), budget, value
-        return CurvePoint(*(self._out(x) for x in point)), budget, value
+        return CurvePoint(*(self.to_output(x) for x in point)), budget, value
 
-    def _primal64(self, max_divergence, divergence, bound, validate, with_value=False):
-        """:meth:`_primal` with the point's fields as float64 [N, 1] (before the output dtype)."""
+    def primal64(self, max_divergence, divergence, bound, validate, with_value=False):
+        """The primal point (float64 [N, 1] fields, before the output dtype; None for a batch without
+        rows), the checked budget [N, 1] and ``D_f`` at the point [N, 1] (None unless ``with_value``).
+
+        ``bound``: on the Theorem 3.12 upper bound (:meth:`for_divergence_bound`); ``validate``: check
+        ``max_divergence`` (:meth:`flat_budget`).
+        """
         div = resolve(divergence)
-        budget = self._flat(max_divergence, "max_divergence", validate=validate)
+        budget = self.flat_budget(max_divergence, "max_divergence", validate=validate)
         if not self._r.shape[0]:
             return None, budget, (budget if with_value else None)
         a, b, m, value = _search.primal_point(self, budget, div, bound, with_value)
@@ -376,13 +415,13 @@ class Breakpoints:
         ``acceptance`` is clipped to ``[sd_acceptance, max_acceptance]``; ``O(log V)``.
         ``validate=False`` skips the range check of ``acceptance`` (values are clipped anyway).
         """
-        m = self._clip_m(self._flat(acceptance, "acceptance", 1.0, validate))
+        m = self.clip_mass(self.flat_budget(acceptance, "acceptance", 1.0, validate))
         div = resolve(divergence)
         if not self._r.shape[0]:
-            return self._out(m.reshape(-1))
+            return self.to_output(m.reshape(-1))
         j, k = _locate.locate_j(self, m), _locate.locate_k(self, m)
         value = self.div_at(m, j, k, div, bound)
-        return self._out(torch.where(m >= self._tv, 0.0, value.clamp(min=0)))
+        return self.to_output(torch.where(m >= self._tv, 0.0, value.clamp(min=0)))
 
     def curve(self) -> CurvePoint:
         """All breakpoints of the curve sorted by acceptance, shape ``(..., 2V + 1)``.
@@ -399,7 +438,7 @@ class Breakpoints:
         m_b = torch.where(idx < self._n_lt, self.knot_b(idx), nan)
         acc = torch.sort(1 - torch.cat([self._tv, m_a, m_b], dim=-1), dim=-1).values  # NaN last
         valid = ~torch.isnan(acc)
-        m = self._clip_m(torch.where(valid, acc, 0.0))
+        m = self.clip_mass(torch.where(valid, acc, 0.0))
         j, k = _locate.locate_j(self, m), _locate.locate_k(self, m)
         a, b = self.ab(m, self.segment(j, k, None, False), self._tv)
         shape = self.batch_shape + (m.shape[-1],)

@@ -16,14 +16,21 @@ Limits (documented in ``docs/theory.md``):
 The solvers work with the *standardized* generator ``g(z) = f(z) - f'(1) (z - 1)``
 (paper, Theorem 3.12): it gives the same divergence between distributions, and ``g >= 0``
 with ``g(1) = 0`` makes every prefix sum non-negative. For ``tv`` (no derivative at 1), ``g = f``.
+
+Each shipped generator is written once below, its other forms beside it (:class:`Forms`: on a
+Python float, on a numpy array, and the closed forms of ``kl`` and ``rkl``, ``docs/theory.md``
+section 4); the solvers read them off the :class:`Divergence` (:attr:`Divergence.forms`,
+:attr:`Divergence.g_float`, :attr:`Divergence.g_array`, :meth:`Divergence.g_numpy`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, fields
+from functools import cached_property
+from typing import Callable, NamedTuple
 
+import numpy as np
 import torch
 
 from mdboost.md._checks import check_probs, compute_dtype
@@ -84,21 +91,156 @@ class Divergence:
             out = self.f(z) - self.fprime_one * (z - 1.0)
         return torch.where(torch.isnan(out), (self.inf_slope - self.fprime_one) * z, out)
 
+    def __getstate__(self):  # the fields only: the cached forms below are derived again after unpickling
+        return {field.name: getattr(self, field.name) for field in fields(self)}
 
+    @cached_property
+    def forms(self) -> "Forms":
+        """The :class:`Forms` registered beside ``f`` below (empty for an ``f`` that is not shipped).
+
+        The forms of ``g`` (``g_float``, ``g_array``, ``g_ratio``, ``log_form``) only where ``f'(1)``,
+        the asymptote and the standardisation are the shipped generator's too (they fix ``g``).
+
+        >>> resolve("kl").forms.log_form, resolve("hellinger").forms.log_form
+        ((0, 1.0), None)
+        >>> Divergence("kl2", resolve("kl").f, 2.0, math.inf).forms.log_form is None  # another g
+        True
+        """
+        try:
+            shipped = _SHIPPED.get(self.f)
+        except TypeError:  # an unhashable callable: no registered form
+            shipped = None
+        if shipped is None:
+            return Forms()
+        ref, forms = shipped
+        if (self.fprime_one, self.inf_slope, self.standardize) == (ref.fprime_one, ref.inf_slope, ref.standardize):
+            return forms
+        return Forms(forms.f_float, forms.f_array)
+
+    @cached_property
+    def g_float(self) -> Callable[[float], float] | None:
+        """:meth:`g` on a Python float (the same values), or None where ``f`` has no float form
+        (``alpha``, user callables). Python floats serve the search of one small row
+        (:mod:`mdboost.md._scalar`), where a tiny array operation costs more than its arithmetic."""
+        forms = self.forms
+        if forms.g_float is not None or forms.f_float is None:
+            return forms.g_float
+        f, slope = forms.f_float, self.fprime_one if self.standardize else 0.0
+        asym = self.inf_slope - self.fprime_one
+
+        def g(z):
+            try:
+                out = f(z) - slope * (z - 1.0) if slope else f(z)
+            except OverflowError:
+                out = math.nan
+            return asym * z if out != out else out  # NaN (inf - inf): the asymptote, as g
+
+        return g
+
+    def g_numpy(self, z: np.ndarray) -> np.ndarray:
+        """:meth:`g` of a float64 numpy array: ``f`` by its registered numpy form (``rkl``'s ``-log z``:
+        numpy's ``log``, within an ulp of torch's, at a fraction of two torch calls' cost on small
+        rows), else :meth:`__call__` on a zero-copy view; the standardisation and the asymptote in numpy (the
+        same IEEE operations in the same order). Call it with numpy's warnings off (``inf - inf`` is
+        masked as in torch)."""
+        f_array = self.forms.f_array
+        out = f_array(z) if f_array is not None else self(torch.from_numpy(z)).numpy()  # -0.0 read as 0
+        if self.standardize and self.fprime_one != 0.0:
+            out = out - self.fprime_one * (z - 1.0)
+        return np.where(np.isnan(out), (self.inf_slope - self.fprime_one) * z, out)
+
+    @cached_property
+    def g_array(self) -> Callable[[np.ndarray], np.ndarray]:
+        """``g`` on a float64 numpy array in the fewest operations: the registered one-expression form
+        (``kl``: numpy's ``log``, within an ulp of :meth:`g_numpy`), else :meth:`g_numpy`. For the
+        evaluations of ``D_f`` on a segment (:mod:`mdboost.md._segment`)."""
+        return self.g_numpy if self.forms.g_array is None else self.forms.g_array
+
+
+class Forms(NamedTuple):
+    """The other forms of one shipped generator, each giving the values of ``f`` or of its ``g``.
+
+    ``f`` forms: ``f_float`` on a Python float (inf where torch gives inf), ``f_array`` on a float64
+    numpy array (None: torch's ``f`` on a zero-copy view). ``g`` forms, for the closed forms of the
+    solvers (``docs/theory.md``, section 4): ``g_float`` (one call on a Python float, else derived
+    from ``f_float``), ``g_array`` (one numpy expression, else :meth:`Divergence.g_numpy`),
+    ``g_ratio(z, lib)`` (the prefix sums' terms on the float64 ratios, ``lib`` torch or numpy: exact
+    at ``z = 0``; else ``g`` on the sorted ratios) and ``log_form`` ``(w, sign)`` where
+    ``q g(r) = sign (w log r - p + q)`` with ``w`` = ``p`` (0) or ``q`` (1) (the bucket sums then
+    take one ``log`` per entry, :mod:`mdboost.md._histogram`).
+    """
+
+    f_float: Callable[[float], float] | None = None
+    f_array: Callable[[np.ndarray], np.ndarray] | None = None
+    g_float: Callable[[float], float] | None = None
+    g_array: Callable[[np.ndarray], np.ndarray] | None = None
+    g_ratio: Callable | None = None
+    log_form: tuple[int, float] | None = None
+
+
+_INF = math.inf
+
+
+def _xlogx(z):  # z log z on a Python float, 0 at z = 0
+    return 0.0 if z == 0 else z * math.log(z)
+
+
+# kl: f(z) = z log z, g(z) = z log z - z + 1 = r log r - r + 1 (log form: w = p, sign +1)
 def _kl(z):
     return torch.xlogy(z, z)
 
 
+def _kl_g_float(z):  # inf at z = inf (the asymptote)
+    if z == 0:
+        return 1.0
+    out = z * math.log(z) - (z - 1.0)
+    return out if out == out else _INF
+
+
+def _kl_g_array(z):  # log(0) warnings: call with numpy's warnings off
+    return np.where(z > 0, z * np.log(z), 0.0) - (z - 1.0)
+
+
+def _kl_g_ratio(z, lib):  # lib: torch or numpy (each its own log)
+    return lib.where(z > 0, z * lib.log(z), 0.0) - z + 1
+
+
+# rkl: f(z) = -log z, g(z) = -log z + z - 1 (log form: w = q, sign -1)
 def _rkl(z):
     return -torch.log(z)
+
+
+def _rkl_float(z):
+    return _INF if z == 0 else -math.log(z)
+
+
+def _rkl_array(z):
+    return np.negative(np.log(z))
+
+
+def _rkl_g_float(z):
+    if z == 0:
+        return _INF
+    out = -math.log(z) + (z - 1.0)
+    return out if out == out else _INF
 
 
 def _hellinger(z):
     return (torch.sqrt(z) - 1.0) ** 2
 
 
+def _hellinger_float(z):
+    s = math.sqrt(z) - 1.0
+    return s * s
+
+
 def _pearson(z):
     return (z - 1.0) ** 2
+
+
+def _pearson_float(z):
+    s = z - 1.0
+    return s * s
 
 
 def _neyman(z):
@@ -107,40 +249,44 @@ def _neyman(z):
     return (z - 1.0) * ((z - 1.0) / z)
 
 
+def _neyman_float(z):
+    s = z - 1.0
+    return _INF if z == 0 else s * (s / z)
+
+
 def _tv(z):
     return (z - 1.0).abs() / 2.0
+
+
+def _tv_float(z):
+    return abs(z - 1.0) / 2.0
 
 
 def _js(z):
     return (torch.xlogy(z, z) - torch.xlogy(1.0 + z, (1.0 + z) / 2.0)) / 2.0
 
 
-GENERATORS: dict[str, Divergence] = {
-    "kl": Divergence("kl", _kl, 1.0, math.inf),
-    "rkl": Divergence("rkl", _rkl, -1.0, 0.0),
-    "hellinger": Divergence("hellinger", _hellinger, 0.0, 1.0),
-    "pearson": Divergence("pearson", _pearson, 0.0, math.inf),
-    "neyman": Divergence("neyman", _neyman, 0.0, 1.0),
-    "tv": Divergence("tv", _tv, 0.0, 0.5, standardize=False),
-    "js": Divergence("js", _js, 0.0, math.log(2.0) / 2.0),
+def _js_float(z):
+    w = 1.0 + z
+    return (_xlogx(z) - (0.0 if w == 0 else w * math.log(w / 2.0))) / 2.0
+
+
+_SHIPPED_FORMS = {  # name: (generator, its forms)
+    "kl": (Divergence("kl", _kl, 1.0, math.inf),
+           Forms(_xlogx, None, _kl_g_float, _kl_g_array, _kl_g_ratio, (0, 1.0))),
+    "rkl": (Divergence("rkl", _rkl, -1.0, 0.0), Forms(_rkl_float, _rkl_array, _rkl_g_float, log_form=(1, -1.0))),
+    "hellinger": (Divergence("hellinger", _hellinger, 0.0, 1.0), Forms(_hellinger_float)),
+    "pearson": (Divergence("pearson", _pearson, 0.0, math.inf), Forms(_pearson_float)),
+    "neyman": (Divergence("neyman", _neyman, 0.0, 1.0), Forms(_neyman_float)),
+    "tv": (Divergence("tv", _tv, 0.0, 0.5, standardize=False), Forms(_tv_float)),
+    "js": (Divergence("js", _js, 0.0, math.log(2.0) / 2.0), Forms(_js_float)),
 }
+_SHIPPED = {div.f: (div, forms) for div, forms in _SHIPPED_FORMS.values()}  # f -> (generator, forms)
+
+GENERATORS: dict[str, Divergence] = {name: div for name, (div, _) in _SHIPPED_FORMS.items()}
 
 DIVERGENCES: tuple[str, ...] = tuple(GENERATORS)
 """Names of the shipped generators, in the order of :data:`GENERATORS`."""
-
-
-def is_generator(div: Divergence, name: str) -> bool:
-    """Whether ``div`` has the standardized generator ``g`` of the shipped ``name``: the same ``f``
-    and the same ``f'(1)``, asymptote and standardisation (what :meth:`Divergence.g` reads).
-
-    The solvers' closed forms for ``kl`` and ``rkl`` (``docs/theory.md``, section 4) apply then.
-
-    >>> is_generator(resolve("kl"), "kl"), is_generator(resolve("hellinger"), "kl")
-    (True, False)
-    """
-    ref = GENERATORS[name]
-    return (div.f is ref.f and div.fprime_one == ref.fprime_one and div.inf_slope == ref.inf_slope
-            and div.standardize == ref.standardize)
 
 
 def names() -> list[str]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from mdboost.md import _buckets, _scalar, _scalar_rows, _search
+from mdboost.md import _buckets, _scalar_rows, _search
 from mdboost.md import support as _support
 from mdboost.md._checks import (_as_real_tensor, _check_budget_range, check_budget, check_pair, check_probs, checked_pair,
                                 is_number)
@@ -309,7 +309,7 @@ def solve(
     if (mode == "exact" and support == "target" and min_acceptance is None and _scalar_rows.row_applies(draft_probs, target_probs)
             and is_number(max_divergence)
             and not 0 <= max_divergence < _search.SCALAR_MIN_BUDGET and not _buckets.applies(draft_probs)):
-        g = _scalar.scalar_g(div)
+        g = div.g_float
         if g is not None:  # one small CPU row: numpy sums, the search in Python floats
             return _solve_row(draft_probs, target_probs, float(max_divergence), div, g, validate)
     p, q, row_sums = checked_pair(draft_probs, target_probs, validate=False)
@@ -333,26 +333,26 @@ def solve(
                                                check=in_pass))
         p64, q64 = _rows64(p, q, validate) if dual or support == "any" else (None, None)
         return _finish(sol, p64, q64, value, dual, div, support, on_infeasible)
-    bp = Breakpoints._from_pair(p, q, normalize=validate)
+    bp = Breakpoints.from_checked(p, q, normalize=validate)
     if not p.shape[:-1].numel():  # an empty batch: the queries check the budget, then nothing to solve
         point = (bp.for_acceptance(min_acceptance, validate=validate) if min_acceptance is not None
                  else bp.for_divergence(max_divergence, div, validate=validate))
         return MDSolution(point.a, point.b, point.acceptance, point.a.clone(), bp.sd_acceptance)
     dual = min_acceptance is not None
     if dual:
-        point, value = _buckets.sorted_dual(bp, bp._flat(min_acceptance, "min_acceptance", 1.0, validate), div)
+        point, value = _buckets.sorted_dual(bp, bp.flat_budget(min_acceptance, "min_acceptance", 1.0, validate), div)
     elif mode == "exact":  # D_f at the solution from the breakpoints' prefix sums (no pass over V)
-        point, _, value = bp._primal64(max_divergence, div, False, validate, with_value=True)
+        point, _, value = bp.primal64(max_divergence, div, False, validate, with_value=True)
         value = torch.where((point.a == 0) & (point.b == 0), 0.0, value)
     else:  # the bound's value is not D_f: computed on the full rows
-        point, value = bp._primal64(max_divergence, div, True, validate)[0], None
+        point, value = bp.primal64(max_divergence, div, True, validate)[0], None
     p64 = q64 = None
     if value is None or dual or support == "any":
         p64, q64 = _rows64(p, q, bp.normalized)
     if value is None:
         a64, b64 = (x.reshape(p.shape[:-1]) for x in point[:2])
         value = f_divergence(mentored_distribution(p64, q64, a64, b64, validate=False), q64, div, validate=False)
-    sol = MDSolution(bp._out(point.a), bp._out(point.b), bp._out(point.acceptance), bp._out(value),
+    sol = MDSolution(bp.to_output(point.a), bp.to_output(point.b), bp.to_output(point.acceptance), bp.to_output(value),
                      bp.sd_acceptance)
     return _finish(sol, p64, q64, min_acceptance if dual else max_divergence, dual, div, support, on_infeasible)
 

@@ -236,7 +236,7 @@ def _solve(p, q, budget, dual, div, normalize=False):  # [N, W], [N, W], [N] -> 
     """
     if _buckets.applies(p):
         return _buckets.solve_batch(p, q, budget, div, dual, normalize)[:4]
-    bp = Breakpoints._from_pair(p, q, normalize)  # verify checked the pair; dtypes already match
+    bp = Breakpoints.from_checked(p, q, normalize)  # verify checked the pair; dtypes already match
     if dual:
         point = bp.for_acceptance(budget, validate=False)
         return point.a, point.b, point.acceptance, bp.divergence_at(point.acceptance, div, validate=False)
