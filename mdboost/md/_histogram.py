@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from mdboost.md._sums import _blocks, neutral_ratios
-from mdboost.md._xp import NUMPY, namespace_for
+from mdboost.md._router import namespace_for
+from mdboost.md._xp import NUMPY
 from mdboost.md.divergences import Divergence, is_generator
 
 PER_OCTAVE_BITS = 5  # 32 buckets per octave: a bucket spans at most a ratio of 1 + 1/32

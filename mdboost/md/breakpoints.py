@@ -34,7 +34,8 @@ import torch
 from mdboost.md import _locate, _search
 from mdboost.md._checks import check_budget, check_pair
 from mdboost.md._segment import Segment, SortedSums, ab_on, divergence_on, make_segment
-from mdboost.md._sums import ACC_DTYPE, neutral_ratios, _small_ok, _cumsums_np, _prefix_sums_np, _sort_rows, _cumsums, _prefix_sums, _mass_sums, _bcast
+from mdboost.md._router import numpy_sums
+from mdboost.md._sums import ACC_DTYPE, neutral_ratios, _cumsums_np, _prefix_sums_np, _sort_rows, _cumsums, _prefix_sums, _mass_sums, _bcast
 from mdboost.md._xp import TORCH
 from mdboost.md.divergences import Divergence, resolve
 
@@ -82,7 +83,7 @@ class Breakpoints:
         self._r = r_sorted  # [N, V] input dtype, sorted ascending
         self._prefix_cache: dict = {}
         self._arrays: dict = {}  # namespace name -> SortedSums
-        self._np = _small_ok(r_sorted)
+        self._np = numpy_sums(r_sorted)
         if self._np:  # small CPU rows: the same sums with numpy's cheaper tiny ops
             self._init_numpy(r_sorted.numpy(), p_sorted.numpy(), q_sorted.numpy(), normalize)
             return
@@ -188,7 +189,7 @@ class Breakpoints:
         """:meth:`build` on a pair already through :func:`~mdboost.md._checks.check_pair`."""
         vocab = p.shape[-1]
         p2, q2 = p.reshape(-1, vocab), q.reshape(-1, vocab)
-        if _small_ok(p2) and p2.dtype == q2.dtype:  # the same division in numpy (a tiny torch op costs more)
+        if numpy_sums(p2) and p2.dtype == q2.dtype:  # the same division in numpy (a tiny torch op costs more)
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                 r = torch.from_numpy(neutral_ratios(p2.numpy() / q2.numpy()))
         else:
