@@ -183,14 +183,16 @@ def _reduced_budget(budget, delta):
     return torch.where(torch.isinf(budget) | (budget <= 0), budget, (budget - delta).clamp(min=0.0))
 
 
-def prepare_primal(p, q, budget, div: Divergence, normalize: bool, row_sums=None, check: bool = False) -> tuple[Prepared, torch.Tensor]:
+def prepare_primal(p, q, budget, div: Divergence, normalize: bool, row_sums=None, check: bool = False,
+                   xp=None) -> tuple[Prepared, torch.Tensor]:
     """Histogram, bracket and reduction of the primal; returns the reduced budget [N, 1] too.
 
     ``row_sums``: the float64 row sums ``(p, q)`` [N, 1] of the input check, if it made them;
-    ``check``: make the input's value checks in the histogram's pass (:func:`solve_batch`).
+    ``check``: make the input's value checks in the histogram's pass (:func:`solve_batch`);
+    ``xp``: the namespace (default: :func:`mdboost.md._router.namespace_for`).
     """
-    xp = namespace_for(p)
-    rows, h = histogram_of(p, q, div, normalize, row_sums, check)
+    xp = namespace_for(p, xp)
+    rows, h = histogram_of(p, q, div, normalize, row_sums, check, xp)
     ev = events(xp, h, div)
     return _prepare_primal(xp, rows, h, ev, budget, div)
 
@@ -207,10 +209,10 @@ def _prepare_primal(xp, rows, h, ev, budget, div):
 
 
 def prepare_dual(p, q, min_acceptance, div: Divergence, normalize: bool,
-                 row_sums=None, check: bool = False) -> tuple[Prepared, torch.Tensor]:
+                 row_sums=None, check: bool = False, xp=None) -> tuple[Prepared, torch.Tensor]:
     """Histogram and reduction of the dual at ``m = clip(1 - min_acceptance)``; returns ``m`` [N, 1]."""
-    xp = namespace_for(p)
-    rows, h = histogram_of(p, q, div, normalize, row_sums, check)
+    xp = namespace_for(p, xp)
+    rows, h = histogram_of(p, q, div, normalize, row_sums, check, xp)
     ev = events(xp, h, div)
     tv, m_end = xp.to_torch(ev.tv), xp.to_torch(ev.m_end)
     m = torch.minimum(torch.maximum(1 - min_acceptance, m_end), tv)
@@ -301,19 +303,19 @@ def solve_one(p, q, budget: float, div: Divergence, normalize: bool, row_sums=No
 
 
 def solve_rows(p, q, value, div: Divergence | None, dual: bool, normalize: bool, row_sums=None,
-               check: bool = False):
+               check: bool = False, xp=None):
     """Exact primal (``value`` = budget) or dual (``value`` = min acceptance) on [N, V] rows.
 
     Returns ``(a, b, acceptance, D_f, tv)`` as float64 [N, 1] tensors (``D_f`` None for a dual
     without divergence); rows whose bracketing buckets are too full are solved by
-    :func:`sorted_solve` (the documented worst case). ``row_sums``: see :func:`prepare_primal`.
+    :func:`sorted_solve` (the documented worst case). ``row_sums``, ``xp``: see :func:`prepare_primal`.
     """
     if dual:
-        prep, m = prepare_dual(p, q, value, div, normalize, row_sums, check)
+        prep, m = prepare_dual(p, q, value, div, normalize, row_sums, check, xp)
         point, div_value = _finish_dual(prep.bp, m, div, prep.delta, prep.tv)
     else:
-        xp = namespace_for(p)
-        rows, h = histogram_of(p, q, div, normalize, row_sums, check)
+        xp = namespace_for(p, xp)
+        rows, h = histogram_of(p, q, div, normalize, row_sums, check, xp)
         ev = events(xp, h, div)
         g = _scalar.scalar_g(div) if xp is NUMPY and p.shape[0] == 1 else None
         if g is not None:
@@ -333,17 +335,18 @@ def solve_rows(p, q, value, div: Divergence | None, dual: bool, normalize: bool,
 
 
 def solve_batch(p, q, value, div: Divergence | None, dual: bool, normalize: bool, row_sums=None,
-                check: bool = False):
+                check: bool = False, xp=None):
     """:func:`solve_rows` on ``[..., V]`` rows with ``value`` [...]: ``(a, b, acceptance, D_f, sd_acceptance)``.
 
     Outputs have shape [...] in ``p``'s dtype (``D_f`` None for a dual without divergence).
     ``row_sums``: the float64 row sums ``(p, q)`` [...] of the input check (used when ``normalize``);
     ``check``: the input's value checks are made in the histogram's pass
-    (:func:`mdboost.md._histogram.histogram_of`).
+    (:func:`mdboost.md._histogram.histogram_of`); ``xp``: see :func:`prepare_primal`.
     """
     vocab = p.shape[-1]
     shape = p.shape[:-1]
     a, b, acc, value, tv = solve_rows(p.reshape(-1, vocab), q.reshape(-1, vocab),
-                                      value.reshape(-1, 1).to(torch.float64), div, dual, normalize, row_sums, check)
+                                      value.reshape(-1, 1).to(torch.float64), div, dual, normalize, row_sums, check,
+                                      xp)
     out = (a, b, acc, None if value is None else value.clamp(min=0), (1 - tv).clamp(0.0, 1.0))
     return tuple(None if x is None else x.reshape(shape).to(p.dtype) for x in out)

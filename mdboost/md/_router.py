@@ -156,12 +156,13 @@ def pick_rows(p: torch.Tensor, route: str | None = None) -> str:
     return route
 
 
-def pick(p, q, budget: float | None, scalar: bool, mode: str = "exact") -> str:
+def pick(p, q, budget: float | None, scalar: bool, mode: str = "exact", namespace=None) -> str:
     """The route of ``solve`` on the pair ``p``, ``q`` [..., V] as given (before any check).
 
     ``budget``: the Python-float budget of an exact primal on the target's support, else None;
     ``scalar``: the generator has a Python-float form (:func:`mdboost.md._scalar.scalar_g`).
-    Inputs that are not tensors are routed :data:`SORTED` (the checks then raise).
+    Inputs that are not tensors of rows are routed :data:`SORTED` (the checks then raise). ``namespace``
+    :data:`TORCH` rules out the one-row routes (their arithmetic is numpy and Python floats).
 
     Examples
     --------
@@ -173,9 +174,9 @@ def pick(p, q, budget: float | None, scalar: bool, mode: str = "exact") -> str:
     >>> pick(p, p, 0.05, True), pick(p[None].expand(3, -1), p, 0.05, True), pick(p, p, 0.05, True, "bound")
     ('bucketed-row', 'bucketed-batch', 'sorted')
     """
-    if mode != "exact" or not torch.is_tensor(p):
+    if mode != "exact" or not torch.is_tensor(p) or not p.ndim:
         return SORTED
-    one_primal = budget is not None and scalar
+    one_primal = budget is not None and scalar and namespace is not TORCH
     if one_primal and row_applies(p, q) and not 0 <= budget < NOISE_BUDGET:
         return SCALAR_ROW
     if not bucketed(p):

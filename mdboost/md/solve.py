@@ -361,8 +361,13 @@ def reference(draft_probs, target_probs, value, dual: bool, divergence="kl", *, 
 
 
 def _solve(draft_probs, target_probs, max_divergence=None, min_acceptance=None, divergence="kl", mode="exact",
-           support="target", on_infeasible="clip", validate=True, route=None) -> MDSolution:
-    """:func:`solve` by ``route`` (one of :data:`mdboost.md._router.ROUTES`; None: the router's pick)."""
+           support="target", on_infeasible="clip", validate=True, route=None, namespace=None) -> MDSolution:
+    """:func:`solve` by ``route`` (one of :data:`mdboost.md._router.ROUTES`; None: the router's pick).
+
+    ``namespace`` (:data:`~mdboost.md._xp.NUMPY` or :data:`~mdboost.md._xp.TORCH`; None: the rule of
+    :func:`mdboost.md._router.namespace_for`) forces the array namespace of the input checks and of
+    the bucketed routes (``TORCH`` on CPU tensors: the accelerators' code path).
+    """
     validate = _check_request(max_divergence, min_acceptance, mode, support, on_infeasible, validate)
     div = resolve(divergence)
     dual = min_acceptance is not None
@@ -370,23 +375,24 @@ def _solve(draft_probs, target_probs, max_divergence=None, min_acceptance=None, 
               and is_number(max_divergence) else None)  # a Python-number primal: the one-row routes
     g = None if budget is None else _scalar.scalar_g(div)
     if route is None:
-        route = _router.pick(draft_probs, target_probs, budget, g is not None, mode)
+        route = _router.pick(draft_probs, target_probs, budget, g is not None, mode, namespace)
     else:
         _router.check_route(route, draft_probs, budget, g is not None, mode)
     if route == _router.SCALAR_ROW:
         return _scalar_row(draft_probs, target_probs, budget, div, g, validate)
-    p, q, row_sums = checked_pair(draft_probs, target_probs, validate=False)
+    p, q, row_sums = checked_pair(draft_probs, target_probs, validate=False, namespace=namespace)
     # CPU float32 / float64 rows of the bucketed routes are checked in their histogram pass (one read
     # of the rows; the same errors), the others here
     in_pass = (validate and route in (_router.BUCKETED_ROW, _router.BUCKETED_BATCH)
-               and draft_probs.dtype == p.dtype == target_probs.dtype and takes_numpy_pass(p, q))
+               and draft_probs.dtype == p.dtype == target_probs.dtype and takes_numpy_pass(p, q, namespace))
     if validate and not in_pass:
-        p, q, row_sums = checked_pair(draft_probs, target_probs, validate=True)
+        p, q, row_sums = checked_pair(draft_probs, target_probs, validate=True, namespace=namespace)
     if route == _router.BUCKETED_ROW:
         return _bucketed_row(p, q, budget, div, validate, row_sums, in_pass)
     request = min_acceptance if dual else max_divergence
     if route == _router.BUCKETED_BATCH:
-        return _bucketed_batch(p, q, request, dual, div, support, on_infeasible, validate, row_sums, in_pass)
+        return _bucketed_batch(p, q, request, dual, div, support, on_infeasible, validate, row_sums, in_pass,
+                               namespace)
     if route == _router.REFERENCE:
         return _reference_route(p, q, request, dual, div, support, on_infeasible, validate)
     return _sorted(p, q, request, dual, div, mode, support, on_infeasible, validate)
@@ -423,12 +429,13 @@ def _bucketed_row(p, q, budget: float, div, validate: bool, row_sums, in_pass: b
     return _one_solution(_buckets.solve_one(p, q, budget, div, validate, row_sums, in_pass), p)
 
 
-def _bucketed_batch(p, q, request, dual, div, support, on_infeasible, validate, row_sums, in_pass) -> MDSolution:
+def _bucketed_batch(p, q, request, dual, div, support, on_infeasible, validate, row_sums, in_pass,
+                    namespace=None) -> MDSolution:
     """Rows in expected linear time (``docs/theory.md``, section 4)."""
     name = "min_acceptance" if dual else "max_divergence"
     value = check_budget(name, request, p.shape[:-1], p.device, upper=1.0 if dual else None, validate=validate)
     sol = MDSolution(*_buckets.solve_batch(p, q, value, div, dual, normalize=validate, row_sums=row_sums,
-                                           check=in_pass))
+                                           check=in_pass, xp=namespace))
     p64, q64 = _rows64(p, q, validate) if dual or support == "any" else (None, None)
     return _finish(sol, p64, q64, value, dual, div, support, on_infeasible)
 
