@@ -356,6 +356,7 @@ def reference(draft_probs, target_probs, value, dual: bool, divergence="kl", *, 
         m = torch.minimum(torch.maximum(1 - value, m_end), tv)
     else:
         m = torch.where(divergence_at(m_end) <= value, m_end, bisect(divergence_at, m_end, tv, value))
+        m = torch.where(value <= 0, tv, m)  # D_f = 0 only at pi = q (rounding makes it 0 just before)
     a, b = point(m)
     return a, b, 1 - m, divergence_at(m), 1 - tv
 
