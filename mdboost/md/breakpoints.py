@@ -76,14 +76,14 @@ class Breakpoints:
     0.6
     """
 
-    def __init__(self, r_sorted, p_sorted, q_sorted, batch_shape, dtype, *, normalize: bool = False):
+    def __init__(self, r_sorted, p_sorted, q_sorted, batch_shape, dtype, *, normalize: bool = False, namespace=None):
         self.batch_shape = torch.Size(batch_shape)
         self.dtype = dtype
         self.vocab = r_sorted.shape[-1]
         self._r = r_sorted  # [N, V] input dtype, sorted ascending
         self._prefix_cache: dict = {}
         self._arrays: dict = {}  # namespace name -> SortedSums
-        self._np = numpy_sums(r_sorted)
+        self._np = numpy_sums(r_sorted, namespace)
         if self._np:  # small CPU rows: the same sums with numpy's cheaper tiny ops
             self._init_numpy(r_sorted.numpy(), p_sorted.numpy(), q_sorted.numpy(), normalize)
             return
@@ -165,7 +165,7 @@ class Breakpoints:
     # ------------------------------------------------------------------ build
     @classmethod
     def build(cls, draft_probs: torch.Tensor, target_probs: torch.Tensor, *, validate: bool = True,
-              normalize: bool | None = None) -> "Breakpoints":
+              normalize: bool | None = None, namespace=None) -> "Breakpoints":
         """Sort the ratios once and accumulate the prefix sums: ``O(V log V)``.
 
         Parameters
@@ -180,22 +180,25 @@ class Breakpoints:
             False: the rows are trusted to sum to 1 and used as given.
         normalize : bool or None, default=None
             Rescale the rows in float64 (None: when ``validate``).
+        namespace : optional
+            ``mdboost.md._xp.TORCH`` builds the sums in torch (the accelerators' build) on CPU
+            rows too; None: :func:`mdboost.md._router.numpy_sums`.
         """
         p, q = check_pair(draft_probs, target_probs, validate=validate)
-        return cls._from_pair(p, q, validate if normalize is None else normalize)
+        return cls._from_pair(p, q, validate if normalize is None else normalize, namespace)
 
     @classmethod
-    def _from_pair(cls, p: torch.Tensor, q: torch.Tensor, normalize: bool) -> "Breakpoints":
+    def _from_pair(cls, p: torch.Tensor, q: torch.Tensor, normalize: bool, namespace=None) -> "Breakpoints":
         """:meth:`build` on a pair already through :func:`~mdboost.md._checks.check_pair`."""
         vocab = p.shape[-1]
         p2, q2 = p.reshape(-1, vocab), q.reshape(-1, vocab)
-        if numpy_sums(p2) and p2.dtype == q2.dtype:  # the same division in numpy (a tiny torch op costs more)
+        if numpy_sums(p2, namespace) and p2.dtype == q2.dtype:  # the same division in numpy (a tiny torch op costs more)
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                 r = torch.from_numpy(neutral_ratios(p2.numpy() / q2.numpy()))
         else:
             r = neutral_ratios(torch.div(p2, q2))
-        r_sorted, p_sorted, q_sorted = _sort_rows(r, p2, q2)
-        return cls(r_sorted, p_sorted, q_sorted, p.shape[:-1], p.dtype, normalize=normalize)
+        r_sorted, p_sorted, q_sorted = _sort_rows(r, p2, q2, namespace)
+        return cls(r_sorted, p_sorted, q_sorted, p.shape[:-1], p.dtype, normalize=normalize, namespace=namespace)
 
     # -------------------------------------------------- sums at sorted positions
     def p_pre(self, k):

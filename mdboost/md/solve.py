@@ -366,8 +366,9 @@ def _solve(draft_probs, target_probs, max_divergence=None, min_acceptance=None, 
     """:func:`solve` by ``route`` (one of :data:`mdboost.md._router.ROUTES`; None: the router's pick).
 
     ``namespace`` (:data:`~mdboost.md._xp.NUMPY` or :data:`~mdboost.md._xp.TORCH`; None: the rule of
-    :func:`mdboost.md._router.namespace_for`) forces the array namespace of the input checks and of
-    the bucketed routes (``TORCH`` on CPU tensors: the accelerators' code path).
+    :func:`mdboost.md._router.namespace_for`) forces the array namespace of the input checks, of
+    the bucketed routes and of the sorted route's build (``TORCH`` on CPU tensors: the
+    accelerators' code path).
     """
     validate = _check_request(max_divergence, min_acceptance, mode, support, on_infeasible, validate)
     div = resolve(divergence)
@@ -396,7 +397,7 @@ def _solve(draft_probs, target_probs, max_divergence=None, min_acceptance=None, 
                                namespace)
     if route == _router.REFERENCE:
         return _reference_route(p, q, request, dual, div, support, on_infeasible, validate)
-    return _sorted(p, q, request, dual, div, mode, support, on_infeasible, validate)
+    return _sorted(p, q, request, dual, div, mode, support, on_infeasible, validate, namespace)
 
 
 def _check_request(max_divergence, min_acceptance, mode, support, on_infeasible, validate) -> bool:
@@ -450,9 +451,9 @@ def _reference_route(p, q, request, dual, div, support, on_infeasible, validate)
     return _finish(sol, p64, q64, value, dual, div, support, on_infeasible)
 
 
-def _sorted(p, q, request, dual, div, mode, support, on_infeasible, validate) -> MDSolution:
+def _sorted(p, q, request, dual, div, mode, support, on_infeasible, validate, namespace=None) -> MDSolution:
     """The sorted breakpoints (:class:`~mdboost.md.breakpoints.Breakpoints`) and their search."""
-    bp = Breakpoints._from_pair(p, q, normalize=validate)
+    bp = Breakpoints._from_pair(p, q, normalize=validate, namespace=namespace)
     if not p.shape[:-1].numel():  # an empty batch: the queries check the budget, then nothing to solve
         point = (bp.for_acceptance(request, validate=validate) if dual
                  else bp.for_divergence(request, div, validate=validate))
