@@ -196,22 +196,23 @@ def _check_divergence(name, value, budget, dtype):
     _check(not bad.any(), f"{name}: divergence above the budget")
 
 
-def _routed(route, p, q, value, dual: bool, div):
-    """``solve`` of the exact primal (dual) on the route ``route(p, q, value, dual, div)`` (a name of
-    ``mdboost.md._router.ROUTES`` or None: the router's pick); ``route`` None: ``solve`` itself."""
+def _routed(routing, p, q, value, dual: bool, div):
+    """``solve`` of the exact primal (dual) with the ``route=`` / ``namespace=`` arguments of
+    ``mdboost.md.solve._solve`` that ``routing(p, q, value, dual, div)`` returns (a dict);
+    ``routing`` None: ``solve`` itself."""
     kwargs = dict(min_acceptance=value) if dual else dict(max_divergence=value)
-    if route is None:
+    if routing is None:
         return solve(p, q, divergence=div, **kwargs)
-    return _solve(p, q, divergence=div, route=route(p, q, value, dual, div), **kwargs)
+    return _solve(p, q, divergence=div, **routing(p, q, value, dual, div), **kwargs)
 
 
-def _case_solve(rng, dtype, route=None):
+def _case_solve(rng, dtype, routing=None):
     dtype = _dtype(rng, dtype)
     p, q, shape = _pair(rng, dtype)
     div = str(rng.choice(DIVS))
     if rng.random() < 0.2:
         target = _budget(rng, shape, upper=1.0)
-        sol = _routed(route, p, q, target, True, div)
+        sol = _routed(routing, p, q, target, True, div)
         _check_point("solve dual", p, q, sol.a, sol.b, sol.acceptance, dtype)
         tol = contract.tolerance(dtype)
         bp = Breakpoints.build(p, q)
@@ -220,7 +221,7 @@ def _case_solve(rng, dtype, route=None):
         _no_nan("solve dual", sol.achieved_divergence)
         return
     budget = _budget(rng, shape)
-    exact = _routed(route, p, q, budget, False, div)
+    exact = _routed(routing, p, q, budget, False, div)
     bound = solve(p, q, max_divergence=budget, divergence=div, mode="bound")
     tol = contract.tolerance(dtype)
     for mode, sol in (("exact", exact), ("bound", bound)):
@@ -553,9 +554,9 @@ def replay(api: str, desc) -> None:
 
 
 def run(seed: int, n_cases: int, dtypes=(torch.float64, torch.float32), *, malformed_share: float = 0.2,
-        time_budget: float | None = None, route=None) -> Report:
+        time_budget: float | None = None, routing=None) -> Report:
     """Run ``n_cases`` cases per dtype of ``dtypes`` (stopping early past ``time_budget`` seconds);
-    ``route``: the exact solves' route, a function of ``(p, q, value, dual, divergence)`` (see :func:`_routed`)."""
+    ``routing``: the exact solves' route and namespace (see :func:`_routed`)."""
     rng = np.random.default_rng(seed)
     report = Report()
     apis, weights = list(VALID), np.array([WEIGHTS[k] for k in VALID])
@@ -583,7 +584,7 @@ def run(seed: int, n_cases: int, dtypes=(torch.float64, torch.float32), *, malfo
         report.cases[api] += 1
         state = rng.bit_generator.state
         try:
-            VALID[api](rng, dtype, **({"route": route} if route is not None and api == "solve" else {}))
+            VALID[api](rng, dtype, **({"routing": routing} if routing is not None and api == "solve" else {}))
         except _Fail as fail:
             report.add(fail.kind, api, (dtype, state), str(fail))
         except ValueError as exc:

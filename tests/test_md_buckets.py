@@ -244,12 +244,12 @@ def test_solve_and_verify_take_the_bucketed_path():
 def _bucketed_route(p, q, value, dual, div):
     """The bucketed route of an exact solve of any vocabulary: ``bucketed-row`` for one CPU row with
     a Python-number budget and a generator with a Python-float form, ``bucketed-batch`` otherwise
-    (None, the router's pick, for an empty batch)."""
+    (the router's pick for an empty batch)."""
     if not p.numel():
-        return None
+        return {}
     row = (not dual and is_number(value) and p.numel() == p.shape[-1] and p.device.type == "cpu"
            and scalar_g(resolve(div)) is not None)
-    return _router.BUCKETED_ROW if row else _router.BUCKETED_BATCH
+    return dict(route=_router.BUCKETED_ROW if row else _router.BUCKETED_BATCH)
 
 
 def test_fuzzed_inputs_keep_the_contract_on_the_bucketed_path():
@@ -257,7 +257,8 @@ def test_fuzzed_inputs_keep_the_contract_on_the_bucketed_path():
     precision, ...) with every vocabulary's exact solves on the bucketed routes."""
     from tests import _fuzz_core
 
-    report = _fuzz_core.run(20260101, 250, (torch.float64, torch.float32), time_budget=15.0, route=_bucketed_route)
+    report = _fuzz_core.run(20260101, 250, (torch.float64, torch.float32), time_budget=15.0,
+                            routing=_bucketed_route)
     assert report.total >= 150
     for kind in _fuzz_core.KINDS:
         assert report.count(kind) == 0, (kind, report.failures[kind][:5])

@@ -204,7 +204,7 @@ def _prepare_primal(xp, rows, h, ev, budget, div):
     # D_f is noise and the sorted search's breakpoints are the reference (docs/theory.md, section 4)
     rp, rq, fallback = reduced_pair(xp, rows, h, red, ((budget > 0) & (budget < NOISE_BUDGET)).reshape(-1))
     delta = xp.to_torch(red.delta)
-    bp = Breakpoints(*_sorted(rp, rq), rp.shape[:-1], torch.float64)
+    bp = Breakpoints(*_sorted(rp, rq, xp), rp.shape[:-1], torch.float64, namespace=xp)
     return Prepared(bp, delta, fallback, xp.to_torch(ev.tv), xp.to_torch(ev.m_end)), _reduced_budget(budget, delta)
 
 
@@ -219,14 +219,14 @@ def prepare_dual(p, q, min_acceptance, div: Divergence, normalize: bool,
     m_x = xp.asarray(m.contiguous())
     red = reduction(ev, m_x, m_x, div)
     rp, rq, fallback = reduced_pair(xp, rows, h, red)
-    bp = Breakpoints(*_sorted(rp, rq), rp.shape[:-1], torch.float64)
+    bp = Breakpoints(*_sorted(rp, rq, xp), rp.shape[:-1], torch.float64, namespace=xp)
     return Prepared(bp, xp.to_torch(red.delta), fallback, tv, m_end), m
 
 
-def _sorted(rp, rq):
+def _sorted(rp, rq, xp=None):
     from mdboost.md._sums import _sort_rows, neutral_ratios
 
-    return _sort_rows(neutral_ratios(torch.div(rp, rq)), rp, rq)
+    return _sort_rows(neutral_ratios(torch.div(rp, rq)), rp, rq, xp)
 
 
 def _finish_primal(bp: Breakpoints, budget, div: Divergence, delta):
@@ -250,9 +250,9 @@ def sorted_dual(bp: Breakpoints, min_acceptance, div: Divergence | None):
     return _finish_dual(bp, m, div, torch.zeros_like(m), bp._tv)
 
 
-def sorted_solve(p, q, value, div: Divergence | None, dual: bool, normalize: bool):
+def sorted_solve(p, q, value, div: Divergence | None, dual: bool, normalize: bool, xp=None):
     """The same answer from the full sorted breakpoints (the fallback): ``(a, b, acc, D_f, tv)``, [N, 1] each."""
-    bp = Breakpoints.build(p, q, validate=False, normalize=normalize)
+    bp = Breakpoints.build(p, q, validate=False, normalize=normalize, namespace=xp)
     if dual:
         point, div_value = sorted_dual(bp, value, div)
     else:
@@ -310,11 +310,11 @@ def solve_rows(p, q, value, div: Divergence | None, dual: bool, normalize: bool,
     without divergence); rows whose bracketing buckets are too full are solved by
     :func:`sorted_solve` (the documented worst case). ``row_sums``, ``xp``: see :func:`prepare_primal`.
     """
+    xp = namespace_for(p, xp)
     if dual:
         prep, m = prepare_dual(p, q, value, div, normalize, row_sums, check, xp)
         point, div_value = _finish_dual(prep.bp, m, div, prep.delta, prep.tv)
     else:
-        xp = namespace_for(p, xp)
         rows, h = histogram_of(p, q, div, normalize, row_sums, check, xp)
         ev = events(xp, h, div)
         g = _scalar.scalar_g(div) if xp is NUMPY and p.shape[0] == 1 else None
@@ -327,7 +327,7 @@ def solve_rows(p, q, value, div: Divergence | None, dual: bool, normalize: bool,
     out = [*point, div_value, prep.tv]
     rows = prep.fallback.nonzero().squeeze(-1)
     if rows.numel():
-        sub = sorted_solve(p[rows], q[rows], value[rows], div, dual, normalize)
+        sub = sorted_solve(p[rows], q[rows], value[rows], div, dual, normalize, xp)
         for dst, src in zip(out, sub):
             if dst is not None:
                 dst[rows] = src

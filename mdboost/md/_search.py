@@ -199,7 +199,7 @@ def primal(bp, budget: torch.Tensor, div, bound: bool, xp=None, with_value: bool
     [N, 1] float64, the :class:`Segment` of its point and, if ``with_value``, ``D_f`` (or the
     bound) at ``m`` on that segment [N, 1] (else None).
     """
-    xp = namespace_for(bp._r) if xp is None else xp
+    xp = namespace_for(bp._r, bp.namespace if xp is None else xp)
     with xp.errstate():
         m, seg = _primal(xp, bp, xp.asarray(budget.to(torch.float64)), div, bound, bracket)
         value = xp.to_torch(divergence_on(xp, m, seg, div, bound)) if with_value else None
@@ -231,9 +231,10 @@ def primal_point(bp, budget: torch.Tensor, div, bound: bool, with_value: bool = 
     A few small CPU rows of the exact mode are searched one by one in Python floats
     (:func:`mdboost.md._scalar.primal_points`, :func:`mdboost.md._router.scalar_search`);
     ``scalar=False`` takes the array search (and no rescue), ``bracket`` forces its bracket and
-    ``xp`` its namespace (default: :func:`mdboost.md._router.namespace_for`).
+    ``xp`` its namespace (default: the one ``bp`` was built with, else
+    :func:`mdboost.md._router.namespace_for`).
     """
-    xp = namespace_for(bp._r, xp)
+    xp = namespace_for(bp._r, bp.namespace if xp is None else xp)
     if scalar is not False and scalar_search(bp._r.shape[0], bp.vocab, bound, xp):
         g = _scalar.scalar_g(div)
         points = None if g is None else _scalar.primal_points(bp, budget, div, g, NOISE_BUDGET)
