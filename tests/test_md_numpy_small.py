@@ -1,7 +1,7 @@
 """The exact and bound primal give the same point in both array namespaces (numpy and torch).
 
 The bracket and the in-segment refinement are written once over a namespace ``xp``
-(``mdboost.md._xp``); :func:`mdboost.md._router.namespace_for` picks numpy for CPU tensors without autograd and torch
+(``mdboost.md._xp``); :func:`mdboost.md._xp.namespace_for` picks numpy for CPU tensors without autograd and torch
 otherwise. Both sides of that rule must give the same curve point, for every divergence, both
 bracket searches (small and large vocabularies) and both dtypes.
 """
@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from mdboost.md import _search
-from mdboost.md._router import namespace_for
-from mdboost.md._xp import NUMPY, TORCH
+from mdboost.md._xp import NUMPY, TORCH, namespace_for
 from mdboost.md.breakpoints import Breakpoints
 from mdboost.md.divergences import GENERATORS
 from tests._md_pairs import dirichlet_pairs

@@ -9,7 +9,7 @@ From the bucket sums of :mod:`mdboost.md._histogram` (``docs/theory.md``, sectio
 
 Everything here costs a few dozen operations on ``[N, side + 1]`` arrays (``side`` <= :data:`C1`
 buckets per side of ``r = 1``), in the namespace ``xp`` the caller chose
-(:func:`mdboost.md._router.namespace_for`): numpy views on CPU, where a tiny numpy op costs a
+(:func:`mdboost.md._xp.namespace_for`): numpy views on CPU, where a tiny numpy op costs a
 fraction of a torch one, torch on accelerators (no host synchronisation there).
 """
 

@@ -30,7 +30,7 @@ entries (all ratios within one bucket, ties), the row is solved on its full sort
 instead: ``O(V log V)``, exact as ever. Host synchronisations: one (the reduced width and the
 rows that fall back).
 
-The namespace of steps 2 and 3 is chosen once (:func:`~mdboost.md._router.namespace_for` of the
+The namespace of steps 2 and 3 is chosen once (:func:`~mdboost.md._xp.namespace_for` of the
 rows): numpy on CPU, torch elsewhere. One CPU row of the exact primal (:func:`solve_one`) skips
 the reduced pair's :class:`Breakpoints`: its reduced pair goes to the Python-float search of
 :mod:`mdboost.md._scalar` (:func:`mdboost.md._scalar_rows.reduced_row`), the values of the batched
@@ -48,8 +48,8 @@ import torch
 from mdboost.md import _locate, _router, _scalar, _scalar_rows
 from mdboost.md._bracket import Reduction, bracket, events, reduction
 from mdboost.md._histogram import C1, FINITE, Histogram, Rows, histogram_of
-from mdboost.md._router import NOISE_BUDGET, namespace_for, too_full
-from mdboost.md._xp import NUMPY, TORCH
+from mdboost.md._router import NOISE_BUDGET, too_full
+from mdboost.md._xp import NUMPY, TORCH, namespace_for
 from mdboost.md.breakpoints import Breakpoints
 from mdboost.md.divergences import Divergence
 
@@ -189,7 +189,7 @@ def prepare_primal(p, q, budget, div: Divergence, normalize: bool, row_sums=None
 
     ``row_sums``: the float64 row sums ``(p, q)`` [N, 1] of the input check, if it made them;
     ``check``: make the input's value checks in the histogram's pass (:func:`solve_batch`);
-    ``xp``: the namespace (default: :func:`mdboost.md._router.namespace_for`).
+    ``xp``: the namespace (default: :func:`mdboost.md._xp.namespace_for`).
     """
     xp = namespace_for(p, xp)
     rows, h = histogram_of(p, q, div, normalize, row_sums, check, xp)

@@ -18,8 +18,7 @@ import numpy as np
 import torch
 
 from mdboost.md._sums import _blocks, neutral_ratios
-from mdboost.md._router import namespace_for
-from mdboost.md._xp import NUMPY
+from mdboost.md._xp import NUMPY, namespace_for
 from mdboost.md.divergences import Divergence, is_generator
 
 PER_OCTAVE_BITS = 5  # 32 buckets per octave: a bucket spans at most a ratio of 1 + 1/32
@@ -201,7 +200,7 @@ def _from_log_sums(sums: torch.Tensor, sign: float, xp=None) -> None:  # [3, N, 
 
 def takes_numpy_pass(p, q, xp=None) -> bool:
     """Whether the rows ``p``, ``q`` [N, V] take the CPU pass in numpy (:func:`_histogram_np`); ``xp``
-    forces the namespace (default: :func:`mdboost.md._router.namespace_for`)."""
+    forces the namespace (default: :func:`mdboost.md._xp.namespace_for`)."""
     return namespace_for(p, xp) is NUMPY and p.dtype in _NP_BITS and q.dtype == p.dtype
 
 

@@ -31,16 +31,17 @@ Choices inside a route, each decided by a function here:
 - rows the array search loses to rounding: searched again in Python floats (budgets from
   :data:`NOISE_BUDGET` on), then the bound search's point
   (:func:`rescue_rows`, :func:`mdboost.md._search.primal_point`);
-- the array namespace, numpy or torch (:func:`namespace_for`), and the numpy shortcuts of the
-  sums (:func:`numpy_sums`, :data:`NUMPY_VOCAB`) and of the input checks (:func:`host_ok`,
-  :data:`NUMPY_STATS_ELEMS`).
+- the array namespace, numpy or torch (:func:`on_numpy`; its objects:
+  :func:`mdboost.md._xp.namespace_for`), and the numpy shortcuts of the sums (:func:`numpy_sums`,
+  :data:`NUMPY_VOCAB`) and of the input checks (:func:`host_ok`, :data:`NUMPY_STATS_ELEMS`).
+
+A ``namespace`` argument below is :data:`mdboost.md._xp.NUMPY` or :data:`mdboost.md._xp.TORCH`
+(read by its ``name``), or None for the rule.
 """
 
 from __future__ import annotations
 
 import torch
-
-from mdboost.md._xp import NUMPY, TORCH
 
 SCALAR_ROW = "scalar-row"  # one small CPU row of the primal, searched in Python floats
 BUCKETED_ROW = "bucketed-row"  # one large CPU row of the primal: buckets, its reduced row in Python floats
@@ -69,28 +70,25 @@ NUMPY_VOCAB = 4096  # rows up to this vocabulary build their sorted sums in nump
 NUMPY_STATS_ELEMS = 1 << 14  # up to this many entries numpy's reductions cost less than torch's (measured)
 
 
-def namespace_for(x: torch.Tensor, namespace=None):
-    """``namespace`` if given, else :data:`NUMPY` for a CPU tensor that needs no gradient,
-    :data:`TORCH` otherwise (``docs/theory.md`` section 9: GPU and autograd take torch ops).
+def on_numpy(x: torch.Tensor, namespace=None) -> bool:
+    """Whether ``x`` is computed in the numpy namespace: ``namespace``'s if given, else the rule:
+    a CPU tensor that needs no gradient (``docs/theory.md`` section 9: GPU and autograd take torch
+    ops; on CPU a tiny numpy op costs a fraction of a torch one).
 
     Examples
     --------
     >>> import torch
-    >>> namespace_for(torch.zeros(2)).name
-    'numpy'
-    >>> namespace_for(torch.zeros(2, requires_grad=True)).name
-    'torch'
-    >>> namespace_for(torch.zeros(2), TORCH).name
-    'torch'
+    >>> on_numpy(torch.zeros(2)), on_numpy(torch.zeros(2, requires_grad=True))
+    (True, False)
     """
     if namespace is not None:
-        return namespace
-    return NUMPY if x.device.type == "cpu" and not x.requires_grad else TORCH
+        return namespace.name == "numpy"
+    return x.device.type == "cpu" and not x.requires_grad
 
 
 def host_ok(x: torch.Tensor, namespace=None) -> bool:
     """Whether numpy reads ``x`` as it is: float32 / float64 in the numpy namespace."""
-    return namespace_for(x, namespace) is NUMPY and x.dtype in (torch.float32, torch.float64)
+    return on_numpy(x, namespace) and x.dtype in (torch.float32, torch.float64)
 
 
 def numpy_stats_ok(x: torch.Tensor, namespace=None) -> bool:
@@ -100,7 +98,7 @@ def numpy_stats_ok(x: torch.Tensor, namespace=None) -> bool:
 
 def numpy_ok(x: torch.Tensor, namespace=None) -> bool:
     """Whether ``x`` is sorted in numpy (the numpy namespace, not empty)."""
-    return namespace_for(x, namespace) is NUMPY and x.numel() > 0
+    return on_numpy(x, namespace) and x.numel() > 0
 
 
 def numpy_sums(r: torch.Tensor, namespace=None) -> bool:
@@ -127,8 +125,9 @@ def row_applies(p, q) -> bool:
 
 
 def scalar_search(rows: int, vocab: int, bound: bool, xp) -> bool:
-    """Whether the sorted route's exact primal searches its rows one by one in Python floats."""
-    return not bound and xp is NUMPY and 0 < rows <= SCALAR_ROWS and vocab <= SMALL_VOCAB
+    """Whether the sorted route's exact primal, searching in the namespace ``xp``, searches its rows
+    one by one in Python floats."""
+    return not bound and xp.name == "numpy" and 0 < rows <= SCALAR_ROWS and vocab <= SMALL_VOCAB
 
 
 def rescue_rows(vocab: int) -> bool:
@@ -161,8 +160,8 @@ def pick(p, q, budget: float | None, scalar: bool, mode: str = "exact", namespac
 
     ``budget``: the Python-float budget of an exact primal on the target's support, else None;
     ``scalar``: the generator has a Python-float form (:func:`mdboost.md._scalar.scalar_g`).
-    Inputs that are not tensors of rows are routed :data:`SORTED` (the checks then raise). ``namespace``
-    :data:`TORCH` rules out the one-row routes (their arithmetic is numpy and Python floats).
+    Inputs that are not tensors of rows are routed :data:`SORTED` (the checks then raise). A torch
+    ``namespace`` rules out the one-row routes (their arithmetic is numpy and Python floats).
 
     Examples
     --------
@@ -176,7 +175,7 @@ def pick(p, q, budget: float | None, scalar: bool, mode: str = "exact", namespac
     """
     if mode != "exact" or not torch.is_tensor(p) or not p.ndim:
         return SORTED
-    one_primal = budget is not None and scalar and namespace is not TORCH
+    one_primal = budget is not None and scalar and (namespace is None or namespace.name == "numpy")
     if one_primal and row_applies(p, q) and not 0 <= budget < NOISE_BUDGET:
         return SCALAR_ROW
     if not bucketed(p):

@@ -16,7 +16,7 @@ in-segment refinement checks convergence once per round):
 
 The small bracket and the refinement are written once over an array namespace ``xp``
 (:mod:`mdboost.md._xp`): numpy views on CPU (a tiny op costs a fraction of torch's), torch on
-other devices or with autograd, by the rule of :func:`mdboost.md._router.namespace_for`. The large
+other devices or with autograd, by the rule of :func:`mdboost.md._xp.namespace_for`. The large
 bracket and the segment location of a point (:mod:`mdboost.md._locate`) run in torch.
 """
 
@@ -28,10 +28,10 @@ import numpy as np
 import torch
 
 from mdboost.md import _scalar
-from mdboost.md._router import NOISE_BUDGET, namespace_for, rescue_rows, scalar_search, small_bracket
+from mdboost.md._router import NOISE_BUDGET, rescue_rows, scalar_search, small_bracket
 from mdboost.md._locate import b_knots, bracket_large, locate_j, locate_k
 from mdboost.md._segment import Segment, ab_on, divergence_on, make_segment
-from mdboost.md._xp import NUMPY
+from mdboost.md._xp import NUMPY, namespace_for
 
 GRID = 32  # refine: uniform points of its first round
 MAX_ROUNDS = 64  # refine: the midpoint alone halves the bracket, so 2^-50 is reached well before
@@ -194,7 +194,7 @@ def primal(bp, budget: torch.Tensor, div, bound: bool, xp=None, with_value: bool
     """Largest-acceptance point with ``D_f`` (or its bound) ``<= budget``; budget of shape [N, 1].
 
     ``xp`` is the array namespace of the small bracket and the refinement (default: the rule of
-    :func:`mdboost.md._router.namespace_for`); ``bracket`` forces ``"small"`` or ``"large"``
+    :func:`mdboost.md._xp.namespace_for`); ``bracket`` forces ``"small"`` or ``"large"``
     (:func:`mdboost.md._router.small_bracket`). Returns, as torch tensors, the excess mass ``m``
     [N, 1] float64, the :class:`Segment` of its point and, if ``with_value``, ``D_f`` (or the
     bound) at ``m`` on that segment [N, 1] (else None).
@@ -232,7 +232,7 @@ def primal_point(bp, budget: torch.Tensor, div, bound: bool, with_value: bool = 
     (:func:`mdboost.md._scalar.primal_points`, :func:`mdboost.md._router.scalar_search`);
     ``scalar=False`` takes the array search (and no rescue), ``bracket`` forces its bracket and
     ``xp`` its namespace (default: the one ``bp`` was built with, else
-    :func:`mdboost.md._router.namespace_for`).
+    :func:`mdboost.md._xp.namespace_for`).
     """
     xp = namespace_for(bp._r, bp.namespace if xp is None else xp)
     if scalar is not False and scalar_search(bp._r.shape[0], bp.vocab, bound, xp):

@@ -81,7 +81,7 @@ class Breakpoints:
         self.dtype = dtype
         self.vocab = r_sorted.shape[-1]
         self._r = r_sorted  # [N, V] input dtype, sorted ascending
-        self.namespace = namespace  # of the sums and the searches (None: mdboost.md._router.namespace_for)
+        self.namespace = namespace  # of the sums and the searches (None: mdboost.md._xp.namespace_for)
         self._prefix_cache: dict = {}
         self._arrays: dict = {}  # namespace name -> SortedSums
         self._np = numpy_sums(r_sorted, namespace)

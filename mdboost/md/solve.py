@@ -325,7 +325,7 @@ def reference(draft_probs, target_probs, value, dual: bool, divergence="kl", *, 
     >>> p = torch.tensor([0.7, 0.2, 0.1], dtype=torch.float64)
     >>> q = torch.tensor([0.2, 0.3, 0.5], dtype=torch.float64)
     >>> [round(float(x), 6) for x in reference(p, q, 0.05, False, "tv")]  # TV: acceptance 1 - TV + D
-    [1.25, 0.6, 0.55, 0.05, 0.5]
+    [0.25, 0.0625, 0.55, 0.05, 0.5]
     """
     div = resolve(divergence)
     p, q = draft_probs.to(torch.float64), target_probs.to(torch.float64)
@@ -366,7 +366,7 @@ def _solve(draft_probs, target_probs, max_divergence=None, min_acceptance=None, 
     """:func:`solve` by ``route`` (one of :data:`mdboost.md._router.ROUTES`; None: the router's pick).
 
     ``namespace`` (:data:`~mdboost.md._xp.NUMPY` or :data:`~mdboost.md._xp.TORCH`; None: the rule of
-    :func:`mdboost.md._router.namespace_for`) forces the array namespace of the input checks, of
+    :func:`mdboost.md._xp.namespace_for`) forces the array namespace of the input checks, of
     the bucketed routes and of the sorted route's build (``TORCH`` on CPU tensors: the
     accelerators' code path).
     """
