@@ -8,6 +8,10 @@ Paper results implemented here (definitions in ``docs/theory.md``):
   searched through :class:`~mdboost.md.breakpoints.Breakpoints` (:func:`solve`);
 - Theorem 3.12: the conservative ``mode="bound"``.
 
+:func:`reference` states the exact solve in a page (bisection along the curve); :func:`solve`
+checks its arguments and runs the route :mod:`mdboost.md._router` picks (sorted breakpoints,
+buckets in expected linear time, one-row searches in Python floats), each tested against it.
+
 Optimal means optimal among distributions supported on the target's support (``pi_i = 0`` where
 ``q_i = 0``: a token the target's sampling excludes is never emitted); ``solve(..., support="any")``
 gives the optimum over all distributions (:mod:`mdboost.md.support`).
@@ -287,6 +291,7 @@ def solve(
     >>> round(float(sol.acceptance), 6), round(float(sol.off_support), 6), bool(sol.feasible)
     (0.9, 0.4, True)
     """
+    validate = _check_request(max_divergence, min_acceptance, mode, support, on_infeasible, validate)
     return _solve(draft_probs, target_probs, max_divergence, min_acceptance, divergence, mode, support,
                   on_infeasible, validate)
 
@@ -363,14 +368,14 @@ def reference(draft_probs, target_probs, value, dual: bool, divergence="kl", *, 
 
 def _solve(draft_probs, target_probs, max_divergence=None, min_acceptance=None, divergence="kl", mode="exact",
            support="target", on_infeasible="clip", validate=True, route=None, namespace=None) -> MDSolution:
-    """:func:`solve` by ``route`` (one of :data:`mdboost.md._router.ROUTES`; None: the router's pick).
+    """:func:`solve` after its argument checks, by ``route`` (one of :data:`mdboost.md._router.ROUTES`;
+    None: the router's pick, :func:`mdboost.md._router.pick`).
 
     ``namespace`` (:data:`~mdboost.md._xp.NUMPY` or :data:`~mdboost.md._xp.TORCH`; None: the rule of
     :func:`mdboost.md._xp.namespace_for`) forces the array namespace of the input checks, of
     the bucketed routes and of the sorted route's build (``TORCH`` on CPU tensors: the
     accelerators' code path).
     """
-    validate = _check_request(max_divergence, min_acceptance, mode, support, on_infeasible, validate)
     div = resolve(divergence)
     dual = min_acceptance is not None
     budget = (float(max_divergence) if mode == "exact" and support == "target" and not dual
