@@ -25,7 +25,6 @@ DIVERGENCES = ["kl", "rkl", "tv", "hellinger", "alpha:1.5"]
 BUDGETS = [0.0, 1e-9, 0.05, 50.0]  # zero, tiny, medium, beyond the curve's end
 TARGETS = [0.0, 0.6, 0.9, 1.0]  # below SD's acceptance, inside, the end (clipped)
 CASES = [("plain", 5), ("zeros", 5), ("plain", 50), ("zeros", 50), ("plain", 5000), ("zeros", 5000)]
-ROW_ROUTES = (_router.SCALAR_ROW, _router.BUCKETED_ROW)  # one row, primal, a Python-float budget
 BATCH_ROUTES = (_router.BUCKETED_BATCH, _router.SORTED, _router.REFERENCE)
 TOL = 1e-9
 

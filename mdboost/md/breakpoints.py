@@ -182,8 +182,9 @@ class Breakpoints:
         normalize : bool or None, default=None
             Rescale the rows in float64 (None: when ``validate``).
         namespace : optional
-            ``mdboost.md._xp.TORCH`` builds the sums in torch (the accelerators' build) on CPU
-            rows too; None: :func:`mdboost.md._router.numpy_sums`.
+            ``mdboost.md._xp.TORCH`` sorts, sums and searches in torch on CPU rows too (the
+            accelerators' path); None: the rule (:mod:`mdboost.md._router`). Kept as
+            :attr:`namespace`.
         """
         p, q = check_pair(draft_probs, target_probs, validate=validate)
         return cls._from_pair(p, q, validate if normalize is None else normalize, namespace)
