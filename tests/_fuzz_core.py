@@ -32,7 +32,7 @@ from mdboost.md import contract
 from mdboost.md.breakpoints import Breakpoints
 from mdboost.md.divergences import f_divergence
 from mdboost.md.probs import logits_to_probs
-from mdboost.md.solve import acceptance_probability, mentored_distribution, solve
+from mdboost.md.solve import _solve, acceptance_probability, mentored_distribution, solve
 from mdboost.md.verify import PLACEHOLDER_TOKEN_ID, verify
 
 DIVS = ("kl", "rkl", "hellinger", "pearson", "neyman", "tv", "js", "alpha:-1.5", "alpha:2")
@@ -196,13 +196,23 @@ def _check_divergence(name, value, budget, dtype):
     _check(not bad.any(), f"{name}: divergence above the budget")
 
 
-def _case_solve(rng, dtype):
+def _routed(routing, p, q, value, dual: bool, div):
+    """``solve`` of the exact primal (dual) with the ``route=`` / ``namespace=`` arguments of
+    ``mdboost.md.solve._solve`` that ``routing(p, q, value, dual, div)`` returns (a dict);
+    ``routing`` None: ``solve`` itself."""
+    kwargs = dict(min_acceptance=value) if dual else dict(max_divergence=value)
+    if routing is None:
+        return solve(p, q, divergence=div, **kwargs)
+    return _solve(p, q, divergence=div, **routing(p, q, value, dual, div), **kwargs)
+
+
+def _case_solve(rng, dtype, routing=None):
     dtype = _dtype(rng, dtype)
     p, q, shape = _pair(rng, dtype)
     div = str(rng.choice(DIVS))
     if rng.random() < 0.2:
         target = _budget(rng, shape, upper=1.0)
-        sol = solve(p, q, min_acceptance=target, divergence=div)
+        sol = _routed(routing, p, q, target, True, div)
         _check_point("solve dual", p, q, sol.a, sol.b, sol.acceptance, dtype)
         tol = contract.tolerance(dtype)
         bp = Breakpoints.build(p, q)
@@ -211,7 +221,7 @@ def _case_solve(rng, dtype):
         _no_nan("solve dual", sol.achieved_divergence)
         return
     budget = _budget(rng, shape)
-    exact = solve(p, q, max_divergence=budget, divergence=div)
+    exact = _routed(routing, p, q, budget, False, div)
     bound = solve(p, q, max_divergence=budget, divergence=div, mode="bound")
     tol = contract.tolerance(dtype)
     for mode, sol in (("exact", exact), ("bound", bound)):
@@ -544,8 +554,9 @@ def replay(api: str, desc) -> None:
 
 
 def run(seed: int, n_cases: int, dtypes=(torch.float64, torch.float32), *, malformed_share: float = 0.2,
-        time_budget: float | None = None) -> Report:
-    """Run ``n_cases`` cases per dtype of ``dtypes`` (stopping early past ``time_budget`` seconds)."""
+        time_budget: float | None = None, routing=None) -> Report:
+    """Run ``n_cases`` cases per dtype of ``dtypes`` (stopping early past ``time_budget`` seconds);
+    ``routing``: the exact solves' route and namespace (see :func:`_routed`)."""
     rng = np.random.default_rng(seed)
     report = Report()
     apis, weights = list(VALID), np.array([WEIGHTS[k] for k in VALID])
@@ -573,7 +584,7 @@ def run(seed: int, n_cases: int, dtypes=(torch.float64, torch.float32), *, malfo
         report.cases[api] += 1
         state = rng.bit_generator.state
         try:
-            VALID[api](rng, dtype)
+            VALID[api](rng, dtype, **({"routing": routing} if routing is not None and api == "solve" else {}))
         except _Fail as fail:
             report.add(fail.kind, api, (dtype, state), str(fail))
         except ValueError as exc:

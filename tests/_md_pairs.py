@@ -29,3 +29,16 @@ RESCUE_Q = [2.2598117609441386e-45, 2.2598117609441383e-38, 2.2598117609441e-310
             2.2598117609441383e-60, 2.259811760944138e-40, 0.31234995436701507, 2.2598117609441387e-25,
             2.259811760944139e-09, 2.2598117609441386e-30, 2.259811760944139e-09, 2.2598117609441383e-38,
             0.2613116784492232, 0.17195292755013322, 2.2598117609441e-310, 0.2543854351140049]
+
+
+def bracketed_point(bp, budgets, divergence, bracket, bound=False):
+    """``Breakpoints.for_divergence`` (``_bound``) by the array search with its bracket forced
+    (``"small"``: every breakpoint, ``"large"``: the fanout search; ``mdboost.md._router.small_bracket``):
+    the :class:`~mdboost.md.breakpoints.CurvePoint` of float64 [N] fields and ``D_f`` (or the bound) [N]."""
+    from mdboost.md import _search
+    from mdboost.md.breakpoints import CurvePoint, acceptance_of
+    from mdboost.md.divergences import resolve
+
+    budget = torch.as_tensor(budgets, dtype=torch.float64).reshape(-1, 1)
+    a, b, m, value = _search.primal_point(bp, budget, resolve(divergence), bound, True, scalar=False, bracket=bracket)
+    return CurvePoint(a.reshape(-1), b.reshape(-1), acceptance_of(m).reshape(-1)), value.reshape(-1)

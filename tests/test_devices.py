@@ -1,23 +1,26 @@
 """The core and the engine on every available device, against CPU float64 references.
 
-Each test runs on CPU, on CPU with the core forced onto its torch namespace (``"cpu-torch"``: the
-code path of accelerators, ``mdboost.md._xp``, on CPU tensors) and, where
-``torch.cuda.is_available()``, on CUDA (``bench/gpu.sh`` runs this file on a GPU machine). Results
+Each test runs on CPU and, where ``torch.cuda.is_available()``, on CUDA (``bench/gpu.sh`` runs
+this file on a GPU machine); the tests of the core also on CPU with the core forced onto its torch
+namespace (``"cpu-torch"``: the code path of accelerators on CPU tensors, by the explicit
+``namespace=TORCH`` of ``mdboost.md.solve._solve``; ``mdboost.md._router``). Results
 equal the CPU float64 sorted reference within the contract's tolerances (``mdboost.md.contract``),
 outputs stay on the input's device, and the engine keeps its exactness properties (greedy SD =
 greedy AR, zero budget = SD).
 """
+
+import functools
 
 import numpy as np
 import pytest
 import torch
 
 from mdboost.engine import GenerationSettings, ModelDrafter, NgramAdapter, generate
-from mdboost.md import _buckets, _checks, _histogram, _scalar_rows, _search, _sums, _xp
+from mdboost.md._xp import TORCH
 from mdboost.md.breakpoints import Breakpoints
 from mdboost.md.contract import tolerance
 from mdboost.md.divergences import f_divergence
-from mdboost.md.solve import mentored_distribution, solve
+from mdboost.md.solve import _solve, mentored_distribution, solve
 from mdboost.md.verify import PLACEHOLDER_TOKEN_ID, draw_uniforms, verify
 from mdboost.models.drafters import early_exit_model
 from mdboost.models.ngram import NgramDrafter
@@ -25,26 +28,21 @@ from mdboost.models.tiny import EOS_ID, tiny_llama
 from tests._md_pairs import RESCUE_P, RESCUE_Q
 from tests._sd_reference import reference_sd
 
-DEVICES = ["cpu", "cpu-torch"] + (["cuda"] if torch.cuda.is_available() else [])
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+CORE_DEVICES = ["cpu", "cpu-torch"] + DEVICES[1:]  # the core's entry points take an explicit namespace
 DIVERGENCES = ["kl", "rkl", "hellinger", "js", "tv"]
 # 50 and 1000: the sorted breakpoints; 6000: the linear-time bucketed path (from 4096 entries on)
 VOCABS = [50, 1000, 6000]
 BUDGETS = [0.01, 0.05, 0.3]
 
 
-def _use(device, monkeypatch):
-    """The torch device of a test's ``device``; ``"cpu-torch"`` patches every CPU shortcut of the
-    core (the numpy namespace, the numpy sums and checks, the one-row searches, the CPU row
-    blocks) so that CPU tensors take the path CUDA tensors take."""
+def _use(device):
+    """``(torch device, solve)`` of a test's ``device``: ``"cpu-torch"`` solves CPU tensors with
+    ``namespace=TORCH`` (no numpy namespace, numpy sums or checks, no one-row routes), the path
+    CUDA tensors take."""
     if device != "cpu-torch":
-        return device
-    for module in (_xp, _buckets, _histogram, _search):
-        monkeypatch.setattr(module, "namespace_for", lambda x: _xp.TORCH)
-    monkeypatch.setattr(_checks, "_host_ok", lambda x: False)
-    monkeypatch.setattr(_sums, "_numpy_ok", lambda x: False)
-    monkeypatch.setattr(_scalar_rows, "row_applies", lambda p, q: False)
-    monkeypatch.setattr(_histogram, "_row_blocks", lambda n, vocab, dev: [slice(0, n)])
-    return "cpu"
+        return device, solve
+    return "cpu", functools.partial(_solve, namespace=TORCH)
 
 
 def _pair(rows, vocab, seed):  # float64 [rows, vocab] x2, CPU: correlated, heavy-tailed rows
@@ -61,16 +59,16 @@ def _acc_tol(dtype):
     return 1e-8 if dtype == torch.float64 else 2e-5
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", CORE_DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
 @pytest.mark.parametrize("vocab", VOCABS)
 @pytest.mark.parametrize("div", DIVERGENCES)
-def test_primal_matches_the_cpu_sorted_reference(device, dtype, vocab, div, monkeypatch):
+def test_primal_matches_the_cpu_sorted_reference(device, dtype, vocab, div):
     p, q = _pair(len(BUDGETS), vocab, seed=vocab)
     budget = torch.tensor(BUDGETS, dtype=torch.float64)
     ref = Breakpoints.build(*(x.to(dtype).to(torch.float64) for x in (p, q))).for_divergence(budget, div)
-    device = _use(device, monkeypatch)
-    sol = solve(p.to(device, dtype), q.to(device, dtype), max_divergence=budget.to(device), divergence=div)
+    device, solve_on = _use(device)
+    sol = solve_on(p.to(device, dtype), q.to(device, dtype), max_divergence=budget.to(device), divergence=div)
     assert sol.acceptance.device.type == device and sol.acceptance.dtype == dtype
     p_in, q_in = (x.to(dtype).to(torch.float64) for x in (p, q))  # the rows the device solved, in float64
     assert torch.allclose(sol.acceptance.cpu().double(), ref.acceptance, atol=_acc_tol(dtype), rtol=0)
@@ -82,23 +80,23 @@ def test_primal_matches_the_cpu_sorted_reference(device, dtype, vocab, div, monk
     assert torch.all(realized <= budget * (1 + tol.divergence_rel) + tol.divergence_abs + 2e-6 * (dtype != torch.float64))
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", CORE_DEVICES)
 @pytest.mark.parametrize("vocab", VOCABS)
-def test_dual_and_bound_on_the_device(device, vocab, monkeypatch):
+def test_dual_and_bound_on_the_device(device, vocab):
     p, q = _pair(3, vocab, seed=vocab + 1)
     bp = Breakpoints.build(p, q)
     target = bp.sd_acceptance + torch.tensor([0.0, 0.02, 0.1], dtype=torch.float64)
     ref = bp.for_acceptance(target)
     ref_div = bp.divergence_at(ref.acceptance, "kl")
-    device = _use(device, monkeypatch)
-    dual = solve(p.to(device), q.to(device), min_acceptance=target.to(device), divergence="kl")
+    device, solve_on = _use(device)
+    dual = solve_on(p.to(device), q.to(device), min_acceptance=target.to(device), divergence="kl")
     assert dual.acceptance.device.type == device
     assert torch.allclose(dual.acceptance.cpu(), ref.acceptance, atol=1e-9, rtol=0)
     assert torch.allclose(dual.achieved_divergence.cpu(), ref_div, atol=1e-9, rtol=1e-7)
     # the bound mode never spends more than the budget, and the exact mode accepts at least as much
     budget = torch.full((3,), 0.05, dtype=torch.float64)
-    bound = solve(p.to(device), q.to(device), max_divergence=budget.to(device), mode="bound")
-    exact = solve(p.to(device), q.to(device), max_divergence=budget.to(device))
+    bound = solve_on(p.to(device), q.to(device), max_divergence=budget.to(device), mode="bound")
+    exact = solve_on(p.to(device), q.to(device), max_divergence=budget.to(device))
     pi = mentored_distribution(p, q, bound.a.cpu(), bound.b.cpu())
     assert torch.all(f_divergence(pi, q, "kl") <= budget * (1 + 1e-9) + 1e-12)
     assert torch.all(exact.acceptance.cpu() >= bound.acceptance.cpu() - 1e-9)
@@ -115,9 +113,8 @@ def _verify_inputs(batch, k, vocab, seed):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("vocab", [40, 6000])
-def test_zero_budget_verify_is_textbook_sd_on_the_device(device, vocab, monkeypatch):
+def test_zero_budget_verify_is_textbook_sd_on_the_device(device, vocab):
     tokens, draft, target = _verify_inputs(16, 3, vocab, seed=vocab)
-    device = _use(device, monkeypatch)
     seed = 5
     res = verify(tokens.to(device), draft.to(device), target.to(device),
                  generator=torch.Generator(device=device).manual_seed(seed))
@@ -131,13 +128,12 @@ def test_zero_budget_verify_is_textbook_sd_on_the_device(device, vocab, monkeypa
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("vocab,top_k", [(40, None), (6000, None), (6000, 64)])
 @pytest.mark.parametrize("solve_mode", ["all", "needed"])
-def test_verify_stats_match_cpu(device, vocab, top_k, solve_mode, monkeypatch):
+def test_verify_stats_match_cpu(device, vocab, top_k, solve_mode):
     tokens, draft, target = _verify_inputs(6, 4, vocab, seed=vocab + 7)
     budget = torch.tensor([0.0, 0.01, 0.05, 0.1, 0.3, 1.0], dtype=torch.float64)
     # the reference solves every position (its stats do not depend on the uniforms)
     cpu = verify(tokens, draft, target, max_divergence=budget, top_k=top_k, solve="all",
                  generator=torch.Generator().manual_seed(3))
-    device = _use(device, monkeypatch)
     dev = verify(tokens.to(device), draft.to(device), target.to(device), max_divergence=budget.to(device),
                  top_k=top_k, solve=solve_mode, generator=torch.Generator(device=device).manual_seed(3))
     assert dev.a.device.type == torch.device(device).type
@@ -173,8 +169,7 @@ def tiny_models():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_engine_keeps_its_exactness_on_the_device(device, tiny_models, monkeypatch):
-    device = _use(device, monkeypatch)
+def test_engine_keeps_its_exactness_on_the_device(device, tiny_models):
     target, drafter = (m.to(device) for m in tiny_models)
     try:
         gen = torch.Generator().manual_seed(0)
@@ -206,12 +201,11 @@ def test_engine_keeps_its_exactness_on_the_device(device, tiny_models, monkeypat
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_hf_custom_generate_on_the_device(device, tiny_models, monkeypatch):
+def test_hf_custom_generate_on_the_device(device, tiny_models):
     """``model.generate(custom_generate=mentored_generate)`` on device tensors: greedy equals
     transformers' own greedy output, and a sampled MD run stays within its budget."""
     from mdboost.hf import mentored_generate
 
-    device = _use(device, monkeypatch)
     target, drafter = (m.to(device) for m in tiny_models)
     try:
         ids = torch.randint(4, 32, (2, 6), generator=torch.Generator().manual_seed(4)).to(device)
@@ -228,8 +222,8 @@ def test_hf_custom_generate_on_the_device(device, tiny_models, monkeypatch):
             m.to("cpu")
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_rows_lost_to_rounding_are_rescued_on_the_device(device, monkeypatch):
+@pytest.mark.parametrize("device", CORE_DEVICES)
+def test_rows_lost_to_rounding_are_rescued_on_the_device(device):
     """The fuzz-found pearson row the batched small-row search loses to rounding: the Python-float
     search of its row (copied to the host off the CPU) finds the optimum, not the curve's start."""
     p1, q1 = torch.tensor(RESCUE_P, dtype=torch.float64), torch.tensor(RESCUE_Q, dtype=torch.float64)
@@ -237,31 +231,31 @@ def test_rows_lost_to_rounding_are_rescued_on_the_device(device, monkeypatch):
     q = torch.stack([q1, torch.softmax(torch.arange(16, dtype=torch.float64) / 4, -1)])
     budget = 15.417473254491748
     one = solve(p1, q1, max_divergence=budget, divergence="pearson")  # one CPU row: the scalar search
-    device = _use(device, monkeypatch)
-    batch = solve(p.to(device), q.to(device), max_divergence=budget, divergence="pearson")
+    device, solve_on = _use(device)
+    batch = solve_on(p.to(device), q.to(device), max_divergence=budget, divergence="pearson")
     assert float(batch.acceptance[0]) > 0.98 > float(batch.sd_acceptance[0])
     assert abs(float(batch.acceptance[0]) - float(one.acceptance)) <= 1e-12
     pi = mentored_distribution(p1, q1, batch.a[0].cpu(), batch.b[0].cpu())
     assert 0 < float(f_divergence(pi, q1, "pearson")) <= budget * (1 + 1e-9)
 
 
-def test_fuzzed_inputs_keep_the_contract_on_the_accelerator_path(monkeypatch):
+def test_fuzzed_inputs_keep_the_contract_on_the_accelerator_path():
     """The seeded fuzz harness of the core (``tests/_fuzz_core.py``: CPU tensors over the whole float
-    range) with the core on its accelerator path (``cpu-torch``; plain CPU: ``tests/test_fuzz_core.py``)."""
+    range) with its exact solves on the accelerator path (``namespace=TORCH``; plain CPU:
+    ``tests/test_fuzz_core.py``)."""
     from tests import _fuzz_core
 
-    _use("cpu-torch", monkeypatch)
-    report = _fuzz_core.run(20261202, 250, (torch.float64, torch.float32), time_budget=30.0)
+    report = _fuzz_core.run(20261202, 250, (torch.float64, torch.float32), time_budget=30.0,
+                            routing=lambda *request: dict(namespace=TORCH))
     assert report.total >= 200
     for kind in _fuzz_core.KINDS:
         assert report.count(kind) == 0, f"{report.count(kind)} {kind}: {report.failures[kind][:3]}"
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_bfloat16_models_keep_the_budget_on_the_device(device, tiny_models, monkeypatch):
+def test_bfloat16_models_keep_the_budget_on_the_device(device, tiny_models):
     """The pool loads models in bfloat16 on CUDA: MD on bfloat16 logits (solved in float32, the
     core's compute dtype for half precision) stays within its budget and is seeded."""
-    device = _use(device, monkeypatch)
     target, drafter = (m.to(device, torch.bfloat16) for m in tiny_models)
     try:
         ids = torch.randint(4, 32, (8, 6), generator=torch.Generator().manual_seed(5)).to(device)
@@ -285,16 +279,16 @@ _SUBNORMAL_Q = [1.1479437019748901e-38, 9.183549615799121e-41, 0.0087890625, 1.1
                 0.1220703125, 0.0]
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_rows_every_exact_search_loses_take_the_bound_point(device, monkeypatch):
+@pytest.mark.parametrize("device", CORE_DEVICES)
+def test_rows_every_exact_search_loses_take_the_bound_point(device):
     p1 = torch.tensor(_SUBNORMAL_P, dtype=torch.bfloat16)
     q1 = torch.tensor(_SUBNORMAL_Q, dtype=torch.bfloat16)
     budget = 1.0359972466620255
-    device = _use(device, monkeypatch)
+    device, solve_on = _use(device)
     for p, q in ((p1, q1), (torch.stack([p1, torch.full_like(p1, 1 / 7)]), torch.stack([q1, torch.full_like(q1, 1 / 7)]))):
         p, q = p.to(device), q.to(device)
-        exact = solve(p, q, max_divergence=budget, divergence="pearson")
-        bound = solve(p, q, max_divergence=budget, divergence="pearson", mode="bound")
+        exact = solve_on(p, q, max_divergence=budget, divergence="pearson")
+        bound = solve_on(p, q, max_divergence=budget, divergence="pearson", mode="bound")
         acc, acc_bound, sd = (float(x.reshape(-1)[0]) for x in (exact.acceptance, bound.acceptance, exact.sd_acceptance))
         assert acc >= acc_bound - 1e-5 and acc > sd + 0.02  # not the curve's start (0.491)
         p64, q64 = (x.reshape(-1, 7)[0].double().cpu() for x in (p, q))

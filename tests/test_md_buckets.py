@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from mdboost.md import _buckets
+from mdboost.md import _buckets, _router
+from mdboost.md._checks import is_number
+from mdboost.md._scalar import scalar_g
 from mdboost.md.divergences import resolve
 from mdboost.md.solve import mentored_distribution, solve
-from mdboost.md.verify import verify
 from tests.test_md_reference import NAMES, ref_primal
 from tests.test_md_solve import CASES, _case
 
@@ -228,31 +229,36 @@ def test_normalized_rows_match():
     _assert_same(*_both(p, q, budget, "kl", normalize=True))
 
 
-def test_solve_and_verify_take_the_bucketed_path(monkeypatch):
-    calls = []
-    original = _buckets.solve_rows
-    monkeypatch.setattr(_buckets, "solve_rows", lambda *a: calls.append(a[0].shape) or original(*a))
-    p, q = _llm_rows(2, _buckets.MIN_VOCAB, 6)
+def test_solve_and_verify_take_the_bucketed_path():
+    p, q = _llm_rows(2, _router.MIN_VOCAB, 6)
+    assert _router.pick(p, q, None, True) == _router.BUCKETED_BATCH
+    assert _router.pick_rows(p.reshape(1, 2, -1)) == _router.BUCKETED_BATCH  # verify's per-position solves
+    assert _router.pick(p[:, :-1], q[:, :-1], None, True) == _router.SORTED
+    assert _router.pick_rows(p[:, :-1]) == _router.SORTED
     sol = solve(p, q, max_divergence=0.05)
-    assert calls == [(2, _buckets.MIN_VOCAB)]
     ref = _buckets.sorted_solve(p, q, torch.full((2, 1), 0.05, **T64), resolve("kl"), False, True)
     torch.testing.assert_close(sol.acceptance, ref[2].reshape(-1), atol=1e-12, rtol=0)
     torch.testing.assert_close(sol.sd_acceptance, (1 - ref[4]).reshape(-1), atol=1e-12, rtol=0)
-    tokens = torch.multinomial(p, 1).reshape(1, 2)
-    verify(tokens, p.reshape(1, 2, -1), torch.cat([q, q[:1]]).reshape(1, 3, -1), max_divergence=0.05)
-    assert len(calls) == 2 and calls[1] == (2, _buckets.MIN_VOCAB)
-    small = solve(p[:, :100] / p[:, :100].sum(-1, keepdim=True), q[:, :100] / q[:, :100].sum(-1, keepdim=True),
-                  max_divergence=0.05)
-    assert len(calls) == 2 and small.acceptance.shape == (2,)
 
 
-def test_fuzzed_inputs_keep_the_contract_on_the_bucketed_path(monkeypatch):
+def _bucketed_route(p, q, value, dual, div):
+    """The bucketed route of an exact solve of any vocabulary: ``bucketed-row`` for one CPU row with
+    a Python-number budget and a generator with a Python-float form, ``bucketed-batch`` otherwise
+    (the router's pick for an empty batch)."""
+    if not p.numel():
+        return {}
+    row = (not dual and is_number(value) and p.numel() == p.shape[-1] and p.device.type == "cpu"
+           and scalar_g(resolve(div)) is not None)
+    return dict(route=_router.BUCKETED_ROW if row else _router.BUCKETED_BATCH)
+
+
+def test_fuzzed_inputs_keep_the_contract_on_the_bucketed_path():
     """The core's fuzz harness (subnormals, near-overflow ratios, zeros, one-hot rows, half
-    precision, ...) with every vocabulary on the bucketed path."""
+    precision, ...) with every vocabulary's exact solves on the bucketed routes."""
     from tests import _fuzz_core
 
-    monkeypatch.setattr(_buckets, "MIN_VOCAB", 1)
-    report = _fuzz_core.run(20260101, 250, (torch.float64, torch.float32), time_budget=15.0)
+    report = _fuzz_core.run(20260101, 250, (torch.float64, torch.float32), time_budget=15.0,
+                            routing=_bucketed_route)
     assert report.total >= 150
     for kind in _fuzz_core.KINDS:
         assert report.count(kind) == 0, (kind, report.failures[kind][:5])

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from mdboost.md import _buckets
+from mdboost.md import _buckets, _router
 from mdboost.md._checks import check_budget, checked_pair
 from mdboost.md._histogram import rows_of
 from mdboost.md.divergences import GENERATORS, alpha, resolve
@@ -64,7 +64,8 @@ def test_one_row_equals_the_batched_steps_exactly(name):
 
 def test_generators_without_a_scalar_twin_take_the_batched_steps():
     p, q = next(_rows())
-    assert _buckets.solve_one(p, q, 0.05, alpha(0.5), True) is None
+    assert _router.pick(p, q, 0.05, alpha(0.5).g_float is not None) == _router.BUCKETED_BATCH
+    assert _router.pick(p, q, 0.05, resolve("kl").g_float is not None) == _router.BUCKETED_ROW
     fast = _buckets.solve_rows(p, q, torch.full((1, 1), 0.05, dtype=torch.float64), alpha(0.5), False, True)
     assert [float(x) for x in fast] == _batched_steps(p, q, 0.05, alpha(0.5), True)
 
@@ -147,10 +148,10 @@ def test_g_numpy_equals_the_generator(div):
     assert np.all(np.abs(got[fin] - ref[fin]) <= bound)
 
 
-def test_check_statistics_in_torch_equal_those_in_numpy(monkeypatch):
+def test_check_statistics_in_torch_equal_those_in_numpy():
     """Off the CPU the check reads its minima and sum ranges from torch (one read-back): the same
     values, so the same sums, errors and solutions."""
-    from mdboost.md import _checks
+    from mdboost.md._xp import TORCH
 
     p, q = _llm_rows(2, 20000, 4, torch.float32)
     host = checked_pair(p, q)[2]
@@ -158,30 +159,28 @@ def test_check_statistics_in_torch_equal_those_in_numpy(monkeypatch):
     bad[1, 5] = -1e-4
     with pytest.raises(ValueError) as host_error:
         checked_pair(bad, q)
-    monkeypatch.setattr(_checks, "_host_ok", lambda x: False)
-    dev = checked_pair(p, q)[2]
+    dev = checked_pair(p, q, namespace=TORCH)[2]
     assert torch.equal(host[0], dev[0]) and torch.equal(host[1], dev[1])
     with pytest.raises(ValueError) as dev_error:
-        checked_pair(bad, q)
+        checked_pair(bad, q, namespace=TORCH)
     assert str(dev_error.value) == str(host_error.value)
 
 
-def test_torch_namespace_with_the_check_sums(monkeypatch):
+def test_torch_namespace_with_the_check_sums():
     """The accelerators' code path (the torch namespace, forced on CPU) with the check's row sums:
     one row and a batch agree with the numpy namespace and with the sorted breakpoints."""
-    from mdboost.md import _histogram, _xp
+    from mdboost.md._xp import TORCH
+    from mdboost.md.solve import _solve
 
     p, q = _llm_rows(3, 20000, 9, torch.float32)
     budgets = torch.tensor([1e-4, 0.05, 2.0], dtype=torch.float64)
     ref = [solve(p[i], q[i], max_divergence=float(budgets[i]), divergence="rkl") for i in range(3)]
     batch = solve(p, q, max_divergence=budgets, divergence="rkl")
-    for module in (_buckets, _histogram):
-        monkeypatch.setattr(module, "namespace_for", lambda x: _xp.TORCH)
     for i in range(3):
-        one = solve(p[i], q[i], max_divergence=float(budgets[i]), divergence="rkl")
+        one = _solve(p[i], q[i], float(budgets[i]), divergence="rkl", namespace=TORCH)
         torch.testing.assert_close(one.acceptance, ref[i].acceptance, atol=1e-6, rtol=0)
         torch.testing.assert_close(one.achieved_divergence, ref[i].achieved_divergence, atol=1e-7, rtol=1e-5)
-    got = solve(p, q, max_divergence=budgets, divergence="rkl")
+    got = _solve(p, q, budgets, divergence="rkl", namespace=TORCH)
     torch.testing.assert_close(got.acceptance, batch.acceptance, atol=1e-6, rtol=0)
     sorted_ref = _buckets.sorted_solve(p, q, budgets.reshape(-1, 1), resolve("rkl"), False, True)
     torch.testing.assert_close(got.acceptance.double(), sorted_ref[2].reshape(-1), atol=1e-6, rtol=0)

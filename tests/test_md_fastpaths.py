@@ -10,8 +10,7 @@ import math
 import pytest
 import torch
 
-from mdboost.md import _search
-from tests._md_pairs import dirichlet_pairs
+from tests._md_pairs import bracketed_point, dirichlet_pairs
 from mdboost.md.breakpoints import Breakpoints
 from mdboost.md.divergences import GENERATORS, Divergence
 
@@ -31,14 +30,12 @@ def test_kl_fast_prefix_equals_generic(peaked):
 
 
 @pytest.mark.parametrize("name", ["kl", "hellinger", "rkl"])
-def test_large_and_small_vocab_paths_agree(monkeypatch, name):
+def test_large_and_small_vocab_paths_agree(name):
     p, q = _pairs(6, 3000, 5)
     budgets = torch.tensor([0.0, 1e-5, 1e-3, 0.05, 0.4, 50.0], dtype=torch.float64)
-    out = {}
-    for small_vocab in (0, 1 << 20):
-        monkeypatch.setattr(_search, "SMALL_VOCAB", small_vocab)
-        out[small_vocab] = Breakpoints.build(p, q).for_divergence(budgets, name)
-    large, small = out[0], out[1 << 20]
-    for x, y in zip(large, small):
+    bp = Breakpoints.build(p, q)
+    large, small = (bracketed_point(bp, budgets, name, bracket)[0] for bracket in ("large", "small"))
+    for x, y, z in zip(large, small, bp.for_divergence(budgets, name)):
         torch.testing.assert_close(x, y, atol=1e-11, rtol=0)
+        torch.testing.assert_close(z, y, atol=1e-11, rtol=0)
     assert torch.all(large.acceptance >= Breakpoints.build(p, q).sd_acceptance - 1e-15)

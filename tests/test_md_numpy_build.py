@@ -1,7 +1,8 @@
 """Small CPU rows build the breakpoint sums in numpy: the same structure as the torch build.
 
 ``Breakpoints`` builds its sorted sums and prefix sums with numpy for CPU rows up to
-``NUMPY_VOCAB`` (a tiny numpy op costs a fraction of a torch one) and with torch otherwise.
+``_router.NUMPY_VOCAB`` (a tiny numpy op costs a fraction of a torch one) and with torch otherwise
+(forced here by ``namespace=TORCH``).
 Both builds must give the same sums and the same answers to every query, for every divergence,
 on rows with zeros in p or in q, peaked rows, p == q, batched and single rows, float32 and float64.
 """
@@ -10,22 +11,25 @@ import numpy as np
 import pytest
 import torch
 
-from mdboost.md import _sums
+from mdboost.md import _router, _sums
+from mdboost.md._xp import TORCH
 from mdboost.md.breakpoints import Breakpoints
 from mdboost.md.divergences import GENERATORS
-from mdboost.md.solve import solve
+from mdboost.md.solve import _solve, solve
 from tests._md_pairs import dirichlet_pairs
 
 FIELDS = ("q", "ratio", "cp", "cq", "rp", "rq", "n_lt", "n_le", "n_fin", "j_max", "tv", "m_end")
 BUDGETS = torch.tensor([0.0, 1e-4, 0.01, 0.1, 1.0, float("inf")], dtype=torch.float64)
 
 
-def _both(monkeypatch, p, q, normalize=True):
-    """``(numpy build, torch build)`` of the same rows."""
+def _both(p, q, normalize=True):
+    """``(numpy build, torch build)`` of the same rows, sorted alike (ties keep one order)."""
+    assert _router.numpy_sums(p)
     fast = Breakpoints.build(p, q, validate=False, normalize=normalize)
-    with monkeypatch.context() as m:
-        m.setattr(_sums, "NUMPY_VOCAB", 0)  # every row through the torch build
-        ref = Breakpoints.build(p, q, validate=False, normalize=normalize)
+    vocab = p.shape[-1]
+    p2, q2 = p.reshape(-1, vocab), q.reshape(-1, vocab)
+    r = _sums.neutral_ratios(torch.div(p2, q2))
+    ref = Breakpoints(*_sums._sort_rows(r, p2, q2), p.shape[:-1], p.dtype, normalize=normalize, namespace=TORCH)
     assert fast.backend == "numpy" and ref.backend == "torch"
     return fast, ref
 
@@ -68,9 +72,9 @@ def _same_answers(fast, ref, p, q, tol=1e-12):
 
 
 @pytest.mark.parametrize("n,peaked", [(2, False), (3, True), (50, False), (257, True), (1000, False), (4096, True)])
-def test_numpy_build_equals_torch_build(monkeypatch, n, peaked):
+def test_numpy_build_equals_torch_build(n, peaked):
     p, q = dirichlet_pairs(12, n, n, alpha=0.05 if peaked else 0.7, equal_row=True)
-    fast, ref = _both(monkeypatch, p, q)
+    fast, ref = _both(p, q)
     for field in FIELDS:
         _close(getattr(fast.arrays(), field), getattr(ref.arrays(), field))
     for name in sorted(GENERATORS):
@@ -79,40 +83,38 @@ def test_numpy_build_equals_torch_build(monkeypatch, n, peaked):
 
 
 @pytest.mark.parametrize("name", sorted(GENERATORS))
-def test_solve_on_small_rows_equals_the_torch_build(monkeypatch, name):
+def test_solve_on_small_rows_equals_the_torch_build(name):
     """``solve`` (single rows and a batch, primal and dual) is unchanged by the numpy build."""
     p, q = dirichlet_pairs(6, 300, 7, alpha=0.3, equal_row=True)
     for args in ((p, q), (p[3], q[3])):
         for kwargs in ({"max_divergence": 0.05}, {"min_acceptance": 0.9}):
             fast = solve(*args, divergence=name, **kwargs)
-            with monkeypatch.context() as m:
-                m.setattr(_sums, "NUMPY_VOCAB", 0)
-                ref = solve(*args, divergence=name, **kwargs)
+            ref = _solve(*args, divergence=name, route=_router.SORTED, namespace=TORCH, **kwargs)
             for field in ("acceptance", "achieved_divergence", "sd_acceptance"):
                 _close(getattr(fast, field), getattr(ref, field))
             _same_answers([(fast.a, fast.b, fast.acceptance, None)], [(ref.a, ref.b, ref.acceptance, None)],
                           *args)
 
 
-def test_float32_rows_with_overflowing_ratios(monkeypatch):
+def test_float32_rows_with_overflowing_ratios():
     """A ratio ``p_i / q_i`` beyond float32's range counts as ``q_i = 0`` in both builds."""
     rng = np.random.default_rng(5)
     p = torch.from_numpy(rng.dirichlet([0.5] * 64, size=4)).float()
     q = torch.from_numpy(rng.dirichlet([0.5] * 64, size=4)).float()
     q[:, 0], p[:, 0] = 1e-40, 0.2  # subnormal q: p / q overflows float32
     p, q = p / p.sum(-1, keepdim=True), q / q.sum(-1, keepdim=True)
-    fast, ref = _both(monkeypatch, p, q)
+    fast, ref = _both(p, q)
     assert bool(torch.isinf(fast.arrays().ratio[:, -1]).all()) and bool((fast.arrays().q[:, -1] == 0).all())
     for field in FIELDS:
         _close(getattr(fast.arrays(), field), getattr(ref.arrays(), field))
     _same_answers(_queries(fast, 4, "kl"), _queries(ref, 4, "kl"), p, q, tol=1e-6)
 
 
-def test_rows_off_the_sum_are_rescaled_alike(monkeypatch):
+def test_rows_off_the_sum_are_rescaled_alike():
     """Rows within the sum tolerance but not summing to 1 are rescaled the same way in both builds."""
     p, q = dirichlet_pairs(4, 100, 3, alpha=0.5)
     p, q = p * (1 + 1e-9), q * (1 - 1e-9)
-    fast, ref = _both(monkeypatch, p, q)
+    fast, ref = _both(p, q)
     assert fast.normalized and ref.normalized
     for field in FIELDS:
         _close(getattr(fast.arrays(), field), getattr(ref.arrays(), field))

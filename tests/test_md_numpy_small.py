@@ -1,7 +1,7 @@
 """The exact and bound primal give the same point in both array namespaces (numpy and torch).
 
 The bracket and the in-segment refinement are written once over a namespace ``xp``
-(``mdboost.md._xp``); :func:`namespace_for` picks numpy for CPU tensors without autograd and torch
+(``mdboost.md._xp``); :func:`mdboost.md._xp.namespace_for` picks numpy for CPU tensors without autograd and torch
 otherwise. Both sides of that rule must give the same curve point, for every divergence, both
 bracket searches (small and large vocabularies) and both dtypes.
 """
@@ -20,9 +20,10 @@ def _pairs(rows, n, seed, peaked=False):
     return dirichlet_pairs(rows, n, seed, alpha=0.05 if peaked else 0.7, equal_row=True)
 
 
-def _point(bp, budget, div, bound, xp):
+def _point(bp, budget, div, bound, xp, bracket=None):
     """``(a, b, acceptance, D_f)`` at the primal solution found in namespace ``xp``."""
-    m, seg, value = _search.primal(bp, budget.reshape(-1, 1).double(), div, bound, xp, with_value=True)
+    m, seg, value = _search.primal(bp, budget.reshape(-1, 1).double(), div, bound, xp, with_value=True,
+                                   bracket=bracket)
     a, b = bp.ab(m, seg, bp.arrays().tv)
     torch.testing.assert_close(value, bp.div_on(m, seg, div, bound), atol=1e-15, rtol=1e-14)
     return a, b, 1 - m, value
@@ -30,15 +31,14 @@ def _point(bp, budget, div, bound, xp):
 
 @pytest.mark.parametrize("bound", [False, True])
 @pytest.mark.parametrize("name", sorted(GENERATORS))
-@pytest.mark.parametrize("n,peaked,small_vocab", [(3, False, 2048), (257, False, 2048), (257, True, 2048),
-                                                  (1500, True, 2048), (257, True, 0)])
-def test_numpy_namespace_equals_torch_namespace(monkeypatch, name, n, peaked, small_vocab, bound):
-    monkeypatch.setattr(_search, "SMALL_VOCAB", small_vocab)  # 0: the large-vocabulary bracket
+@pytest.mark.parametrize("n,peaked,bracket", [(3, False, "small"), (257, False, "small"), (257, True, "small"),
+                                              (1500, True, "small"), (257, True, "large")])
+def test_numpy_namespace_equals_torch_namespace(name, n, peaked, bracket, bound):
     p, q = _pairs(6, n, n + len(name), peaked)
     bp = Breakpoints.build(p, q)
     budget = torch.tensor([0.0, 1e-4, 0.01, 0.1, 1.0, float("inf")], dtype=torch.float64)
-    fast = _point(bp, budget, GENERATORS[name], bound, NUMPY)
-    ref = _point(bp, budget, GENERATORS[name], bound, TORCH)
+    fast = _point(bp, budget, GENERATORS[name], bound, NUMPY, bracket)
+    ref = _point(bp, budget, GENERATORS[name], bound, TORCH, bracket)
     for x, y in zip(fast, ref):
         assert isinstance(x, torch.Tensor) and x.dtype == torch.float64
         torch.testing.assert_close(x, y, atol=1e-12, rtol=0)
@@ -63,13 +63,3 @@ def test_namespace_rule_covers_both_sides():
     assert namespace_for(torch.zeros(3)) is NUMPY  # CPU, no autograd
     assert namespace_for(torch.zeros(3, requires_grad=True)) is TORCH  # autograd needs torch ops
     assert namespace_for(torch.zeros(3, device="meta")) is TORCH  # any other device
-
-
-def test_default_namespace_is_the_rule(monkeypatch):
-    """``Breakpoints.for_divergence`` searches in ``namespace_for(...)``'s namespace."""
-    seen = []
-    original = _search._primal
-    monkeypatch.setattr(_search, "_primal", lambda xp, *args: seen.append(xp) or original(xp, *args))
-    p, q = _pairs(_search.SCALAR_ROWS + 1, 50, 3)  # more rows than the scalar search takes
-    Breakpoints.build(p, q).for_divergence(0.1, "kl")
-    assert seen == [NUMPY]

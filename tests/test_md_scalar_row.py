@@ -1,10 +1,9 @@
 """Few small CPU rows search in Python floats (``mdboost.md._scalar``): the same point as the array search.
 
-``mdboost.md._search.primal_point`` takes the scalar search for up to ``SCALAR_ROWS`` rows (switch
-``_search.SCALAR_ROW``); with the switch off the same row goes through the array search of the
-namespace tests. Both must give the same excess mass ``m`` (so the same acceptance), the same
-``D_f`` at the point, and keep ``D_f <= budget``, for every built-in generator with a Python-float
-form (``Divergence.g_float``).
+``mdboost.md._search.primal_point`` takes the scalar search for up to ``_router.SCALAR_ROWS`` rows
+(:func:`mdboost.md._router.scalar_search`); with ``scalar=False`` the same row goes through the array
+search of the namespace tests. Both must give the same excess mass ``m`` (so the same acceptance), the same
+``D_f`` at the point, and keep ``D_f <= budget``, for every built-in generator with a scalar twin.
 """
 
 import math
@@ -12,7 +11,8 @@ import math
 import pytest
 import torch
 
-from mdboost.md import _scalar_rows, _search
+from mdboost.md import _router, _scalar, _search
+from mdboost.md._xp import NUMPY, TORCH
 from mdboost.md.breakpoints import Breakpoints
 from mdboost.md.divergences import GENERATORS, alpha, resolve
 from mdboost.md.divergences import f_divergence
@@ -22,26 +22,24 @@ from tests._md_pairs import RESCUE_P, RESCUE_Q, dirichlet_pairs
 BUDGETS = (0.0, 1e-9, 1e-4, 0.01, 0.1, 1.0, 10.0, math.inf)
 
 
-def _both(monkeypatch, bp, budget, div):
+def _both(bp, budget, div):
     col = torch.tensor([[budget]], dtype=torch.float64)
-    monkeypatch.setattr(_search, "SCALAR_ROW", True)
     fast = _search.primal_point(bp, col, div, False, with_value=True)
-    monkeypatch.setattr(_search, "SCALAR_ROW", False)
-    ref = _search.primal_point(bp, col, div, False, with_value=True)
+    ref = _search.primal_point(bp, col, div, False, with_value=True, scalar=False)
     return fast, ref
 
 
 @pytest.mark.parametrize("name", sorted(GENERATORS))
 @pytest.mark.parametrize("n,peaked", [(2, False), (3, True), (50, False), (257, True), (2000, False)])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_scalar_row_equals_array_search(monkeypatch, name, n, peaked, dtype):
+def test_scalar_row_equals_array_search(name, n, peaked, dtype):
     div = GENERATORS[name]
     assert div.g_float is not None
     p, q = dirichlet_pairs(3, n, n + len(name), alpha=0.05 if peaked else 0.7, equal_row=True)
     for i in range(3):
         bp = Breakpoints.build(p[i:i + 1].to(dtype), q[i:i + 1].to(dtype))
         for budget in BUDGETS:
-            (a, b, m, value), (a0, b0, m0, value0) = _both(monkeypatch, bp, budget, div)
+            (a, b, m, value), (a0, b0, m0, value0) = _both(bp, budget, div)
             torch.testing.assert_close(m, m0, atol=1e-11, rtol=0)  # the acceptance is 1 - m
             if 0 < budget < math.inf:
                 assert float(value) <= budget * (1 + 1e-12)  # the kept side fits
@@ -70,15 +68,16 @@ def test_generators_without_a_twin_take_the_array_search():
     assert resolve(lambda z: (z - 1.0) ** 2).g_float is None
 
 
-def test_few_rows_take_the_scalar_search_and_more_the_array_search(monkeypatch):
-    calls = []
-    original = _search._primal
-    monkeypatch.setattr(_search, "_primal", lambda *a, **k: calls.append(1) or original(*a, **k))
-    p, q = dirichlet_pairs(_search.SCALAR_ROWS + 1, 100, 5, alpha=0.7)
-    few = solve(p[:_search.SCALAR_ROWS], q[:_search.SCALAR_ROWS], max_divergence=0.05)
-    assert calls == []  # row by row in Python floats
-    more = solve(p, q, max_divergence=0.05)  # one row more: the array search
-    assert calls == [1]
+def test_few_rows_take_the_scalar_search_and_more_the_array_search():
+    rows = _router.SCALAR_ROWS
+    assert _router.scalar_search(rows, 100, False, NUMPY)  # row by row in Python floats
+    assert not _router.scalar_search(rows + 1, 100, False, NUMPY)  # one row more: the array search
+    assert not _router.scalar_search(rows, 100, True, NUMPY)  # the bound mode
+    assert not _router.scalar_search(rows, 100, False, TORCH)
+    assert not _router.scalar_search(rows, _router.SMALL_VOCAB + 1, False, NUMPY)
+    p, q = dirichlet_pairs(rows + 1, 100, 5, alpha=0.7)
+    few = solve(p[:rows], q[:rows], max_divergence=0.05)
+    more = solve(p, q, max_divergence=0.05)
     torch.testing.assert_close(few.acceptance, more.acceptance[:-1], atol=1e-11, rtol=0)
     torch.testing.assert_close(few.achieved_divergence, more.achieved_divergence[:-1], atol=1e-11, rtol=1e-9)
 
@@ -86,7 +85,7 @@ def test_few_rows_take_the_scalar_search_and_more_the_array_search(monkeypatch):
 @pytest.mark.parametrize("name", ["kl", "rkl", "hellinger", "tv"])
 def test_a_few_rows_equal_their_rows_solved_alone_exactly(name):
     """Each row of a batch of few rows is searched alone: the same floats as that row as a batch of one."""
-    p, q = dirichlet_pairs(_search.SCALAR_ROWS, 300, 9, alpha=0.3)
+    p, q = dirichlet_pairs(_router.SCALAR_ROWS, 300, 9, alpha=0.3)
     budgets = torch.tensor([1e-6, 1e-3, 0.02, 0.1, 0.5, 2.0, 10.0, math.inf] * 2, dtype=torch.float64)[:p.shape[0]]
     batch = solve(p, q, max_divergence=budgets, divergence=name)
     for i in range(p.shape[0]):
@@ -129,19 +128,19 @@ def test_one_row_solve_equals_the_batched_path_exactly(name):
                     assert bool(x == y), (field, p.shape, p.dtype, budget, validate, float(x), float(y))
 
 
-def test_one_row_solve_takes_the_row_path(monkeypatch):
-    calls = []
-    original = _scalar_rows.solve_row
-    monkeypatch.setattr(_scalar_rows, "solve_row", lambda *a: calls.append(1) or original(*a))
+def test_one_row_solve_takes_the_row_path():
     p, q = dirichlet_pairs(2, 100, 5, alpha=0.7)
-    solve(p[0], q[0], max_divergence=0.05)
-    solve(p[0], q[0], max_divergence=1)  # a Python int budget too
-    assert calls == [1, 1]
-    solve(p[0], q[0], max_divergence=torch.tensor(0.05))  # a tensor budget: the general path
-    solve(p[0], q[0], max_divergence=0.05, divergence=alpha(0.5))  # no scalar twin
-    solve(p[0], q[0], min_acceptance=0.5)
-    solve(p[0].float(), q[0], max_divergence=0.05)  # mixed dtypes
-    assert calls == [1, 1]
+    assert _router.pick(p[0], q[0], 0.05, True) == _router.SCALAR_ROW
+    assert _router.pick(p[0], q[0], 0.05, False) == _router.SORTED  # no scalar twin (alpha(0.5))
+    assert _router.pick(p[0], q[0], None, True) == _router.SORTED  # a tensor budget, a dual, support="any"
+    assert _router.pick(p[0], q[0], 0.0, True) == _router.SORTED  # a budget at the noise level
+    assert _router.pick(p, q, 0.05, True) == _router.SORTED  # a batch
+    assert _router.pick(p[0].float(), q[0], 0.05, True) == _router.SORTED  # mixed dtypes
+    assert _router.pick(p[0], q[0], 0.05, True, "bound") == _router.SORTED
+    assert _scalar.scalar_g(alpha(0.5)) is None and _scalar.scalar_g(resolve("kl")) is not None
+    ref = solve(p[0][None], q[0][None], max_divergence=0.05)
+    for budget in (0.05, torch.tensor(0.05, dtype=torch.float64)):  # a Python float, a tensor: the same floats
+        assert bool(solve(p[0], q[0], max_divergence=budget).acceptance == ref.acceptance[0])
 
 
 @pytest.mark.parametrize("p,q,budget", [
@@ -166,14 +165,13 @@ def test_a_budget_at_the_rounding_of_the_divergence_takes_the_array_search():
     """At D = 6e-17 the row's ``D_f - budget`` is within its float64 rounding: the Python-float
     secant path came out 1.2e-8 of acceptance short of the bound mode's (a fuzz case); such
     budgets take the array search, which is at least the bound mode's there."""
-    from mdboost.md import _search
     from mdboost.md.solve import solve
 
     p = torch.tensor([[0.014471228469469048, 9.588757294622285e-24, 0.985528771530472, 5.897504794016364e-14]],
                      dtype=torch.float64)
     q = torch.tensor([[0.1693977143382682, 0.5581831599275944, 0.27241912573413746, 0.0]], dtype=torch.float64)
     budget = 6.422339998779586e-17
-    assert budget < _search.SCALAR_MIN_BUDGET
+    assert budget < _router.NOISE_BUDGET
     for pp, qq in ((p, q), (p[0], q[0])):  # the batch-of-one route and the 1-D row route
         exact = solve(pp, qq, max_divergence=budget, divergence="js")
         bound = solve(pp, qq, max_divergence=budget, divergence="js", mode="bound")

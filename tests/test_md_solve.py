@@ -7,10 +7,10 @@ import pytest
 import torch
 from scipy.optimize import minimize
 
-from mdboost.md import _search
 from mdboost.md.breakpoints import Breakpoints
 from mdboost.md.divergences import f_divergence, resolve
 from mdboost.md.solve import acceptance_probability, mentored_distribution, solve
+from tests._md_pairs import bracketed_point
 from tests.test_md_reference import NAMES, REF, clamp, ref_divergence, ref_dual, ref_primal, random_pair
 
 T64 = dict(dtype=torch.float64)
@@ -47,19 +47,19 @@ CASES = [(k, n) for k in ["plain", "zeros", "peaked", "equal", "onehot"] for n i
 
 
 @pytest.mark.parametrize("kind,n", CASES)
-def test_primal_matches_bruteforce_every_divergence(kind, n, monkeypatch):
+def test_primal_matches_bruteforce_every_divergence(kind, n):
     """Both search paths (all-breakpoints for small V, nested search for large V) on each case."""
     p, q = _case(kind, n, seed=n + len(kind))
     names = NAMES if n <= 5 else ["kl", "rkl", "neyman", "alpha:-1.5"] if n <= 40 else ["kl", "rkl"]
     budgets = [0.0, 1e-4, 0.02, 0.3, 5.0] if n <= 40 else [1e-4, 0.3]
     refs = {name: [ref_primal(p, q, budget, name) for budget in budgets] for name in names}
-    for small_vocab in (0, 10**9):
-        monkeypatch.setattr(_search, "SMALL_VOCAB", small_vocab)
+    for bracket in ("large", "small", None):  # None: for_divergence (the scalar search of few rows)
         bp = Breakpoints.build(_t(p)[None].expand(len(budgets), n), _t(q)[None].expand(len(budgets), n))
         for name in names:
-            pt = bp.for_divergence(_t(budgets), name)
+            pt = (bp.for_divergence(_t(budgets), name) if bracket is None
+                  else bracketed_point(bp, budgets, name, bracket)[0])
             for i, budget in enumerate(budgets):
-                assert float(pt.acceptance[i]) == pytest.approx(refs[name][i], abs=1e-7), (name, budget, small_vocab)
+                assert float(pt.acceptance[i]) == pytest.approx(refs[name][i], abs=1e-7), (name, budget, bracket)
                 pi = clamp(p, q, float(pt.a[i]), float(pt.b[i]))
                 assert pi.sum() == pytest.approx(1.0, abs=1e-9)
                 assert np.minimum(pi, p).sum() == pytest.approx(float(pt.acceptance[i]), abs=1e-9)
@@ -196,26 +196,28 @@ def test_divergence_increases_along_the_curve_and_theorem_312_sandwich(name):
 
 
 @pytest.mark.parametrize("name", ["kl", "rkl", "hellinger", "pearson", "neyman", "tv", "js"])
-@pytest.mark.parametrize("small_vocab", [0, 10**9])
-def test_bound_mode_never_exceeds_budget_and_is_below_exact(name, small_vocab, monkeypatch):
-    monkeypatch.setattr(_search, "SMALL_VOCAB", small_vocab)
+@pytest.mark.parametrize("bracket", ["small", "large", None])  # None: solve's own pick
+def test_bound_mode_never_exceeds_budget_and_is_below_exact(name, bracket):
     rng = np.random.default_rng(31)
     p, q = (np.stack(x) for x in zip(*[random_pair(rng, 40, zeros_p=3) for _ in range(8)]))
     budgets = _t(np.geomspace(1e-4, 2.0, 8))
     exact = solve(_t(p), _t(q), max_divergence=budgets, divergence=name)
     bound = solve(_t(p), _t(q), max_divergence=budgets, divergence=name, mode="bound")
+    if bracket is not None:
+        point = bracketed_point(Breakpoints.build(_t(p), _t(q)), budgets, name, bracket, bound=True)[0]
+        achieved = f_divergence(mentored_distribution(_t(p), _t(q), point.a, point.b), _t(q), name)
+        bound = bound.__class__(point.a, point.b, point.acceptance, achieved, bound.sd_acceptance)
     assert torch.all(bound.achieved_divergence <= budgets + 1e-10)
     assert torch.all(bound.acceptance <= exact.acceptance + 1e-10)
     assert torch.all(bound.acceptance >= bound.sd_acceptance - 1e-12)
 
 
 @pytest.mark.parametrize("name", ["kl", "rkl", "hellinger", "neyman"])
-@pytest.mark.parametrize("small_vocab", [0, 10**9])
-def test_bound_mode_with_the_budget_inside_a_jump_of_the_theorem_312_bound(name, small_vocab, monkeypatch):
+@pytest.mark.parametrize("bracket", ["small", "large"])
+def test_bound_mode_with_the_budget_inside_a_jump_of_the_theorem_312_bound(name, bracket):
     """The Thm 3.12 bound jumps up at a breakpoint (a token leaves ``A`` for ``M``): a budget inside
     the jump is met at the breakpoint itself, the largest point whose bound fits. It fell back to
     ``pi = q`` (acceptance 0.6 instead of 0.9)."""
-    monkeypatch.setattr(_search, "SMALL_VOCAB", small_vocab)
     p, q = np.array([0.5, 0.4, 0.1]), np.array([0.25, 0.25, 0.5])  # ratios 2, 1.6, 0.2
     a, b = 0.6, 0.6  # the A-breakpoint of the ratio 1.6: E(a) = F(b) = 0.1, acceptance 0.9
     assert clamp(p, q, a, b).sum() == pytest.approx(1.0, abs=1e-15)
@@ -232,7 +234,7 @@ def test_bound_mode_with_the_budget_inside_a_jump_of_the_theorem_312_bound(name,
     sol = solve(_t(p), _t(q), max_divergence=budget, divergence=name, mode="bound")
     assert float(sol.acceptance) == pytest.approx(0.9, abs=1e-9)
     assert float(sol.achieved_divergence) <= budget
-    point = Breakpoints.build(_t(p), _t(q)).for_divergence_bound(budget, name)
+    point = bracketed_point(Breakpoints.build(_t(p), _t(q)), budget, name, bracket, bound=True)[0]
     assert float(point.acceptance) == pytest.approx(0.9, abs=1e-9)
     assert (float(point.a), float(point.b)) == pytest.approx((a, b), abs=1e-9)
     # the bound never decreases along the curve: a larger budget never gives a smaller acceptance

@@ -24,7 +24,8 @@ The exact primal and dual of :mod:`mdboost.md.solve` without sorting the vocabul
    aggregates form a small pair, solved exactly by :class:`~mdboost.md.breakpoints.Breakpoints`
    (sort + search) with the budget minus ``delta``: the same point as the full sorted solve.
 
-Worst case: when the bracketing buckets hold more than :data:`FALLBACK_FRACTION` of a row's
+Worst case: when the bracketing buckets hold more than
+:data:`~mdboost.md._router.FALLBACK_FRACTION` of a row's
 entries (all ratios within one bucket, ties), the row is solved on its full sorted breakpoints
 instead: ``O(V log V)``, exact as ever. Host synchronisations: one (the reduced width and the
 rows that fall back).
@@ -44,30 +45,23 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from mdboost.md import _locate, _scalar, _scalar_rows, _search
+from mdboost.md import _locate, _router, _scalar, _scalar_rows
 from mdboost.md._bracket import Reduction, bracket, events, reduction
-from mdboost.md._histogram import C1, FINITE, Histogram, Rows, histogram_of, takes_numpy_pass
-from mdboost.md._sums import _sort_rows, neutral_ratios
+from mdboost.md._histogram import C1, FINITE, Histogram, Rows, histogram_of
+from mdboost.md._router import NOISE_BUDGET, too_full
 from mdboost.md._xp import NUMPY, TORCH, namespace_for
 from mdboost.md.breakpoints import Breakpoints
 from mdboost.md.divergences import Divergence
 
 AGGREGATES = 5  # top of A, upper M, lower M, bottom of B, q = 0
-FALLBACK_FRACTION = 0.25  # a row whose bracketing buckets hold more entries is solved sorted
-NOISE_BUDGET = 1e-12  # primal budgets in (0, NOISE_BUDGET) take the sorted path (D_f is rounding noise there)
-MIN_VOCAB = 4096  # solve / verify use this path from this vocabulary on (smaller rows: sorted)
-
-
-def _too_full(count, vocab: int):  # rows whose bracketing buckets hold too many entries: solved sorted
-    return count > max(FALLBACK_FRACTION * vocab, 64)
 
 
 def reduced_pair(xp, rows: Rows, h: Histogram, red: Reduction, sorted_rows=None):
     """The reduced rows ``(p', q')`` [N, W + AGGREGATES] and the rows that fall back [N] bool.
 
     Row ``i`` keeps the entries of its bracketing buckets (read from the stored bucket indices),
-    then the aggregates; rows with more than :data:`FALLBACK_FRACTION` of the vocabulary in
-    those buckets are flagged (and left with their aggregates only). One host synchronisation
+    then the aggregates; rows whose buckets hold too many entries (:func:`mdboost.md._router.too_full`)
+    are flagged (and left with their aggregates only). One host synchronisation
     (the reduced width and whether any row falls back). ``red`` in the namespace ``xp``.
     """
     n, vocab = rows.p.shape
@@ -81,7 +75,7 @@ def reduced_pair(xp, rows: Rows, h: Histogram, red: Reduction, sorted_rows=None)
     flat = keep.view(-1).nonzero().squeeze(-1)  # row-major: row by row, in vocabulary order
     row = flat // vocab
     counts = torch.bincount(row, minlength=n)  # [N]
-    fallback = _too_full(counts, vocab)
+    fallback = too_full(counts, vocab)
     if sorted_rows is not None:
         fallback |= sorted_rows
     kept = torch.where(fallback, 0, counts)
@@ -138,7 +132,7 @@ def _reduced_pair_np(rows: Rows, h: Histogram, red: Reduction, sorted_rows):
     n, vocab = rows.p.shape
     kept = _kept_np(h, red)
     counts = np.array([k.size for k in kept], dtype=np.int64)
-    fallback = _too_full(counts, vocab)
+    fallback = too_full(counts, vocab)
     if sorted_rows is not None:
         fallback |= sorted_rows.numpy()
     counts[fallback] = 0
@@ -166,7 +160,7 @@ def _take_kept(rows: Rows, i: int, col: np.ndarray, out_p: np.ndarray, out_q: np
 def _reduced_row(rows: Rows, h: Histogram, red: Reduction):
     """:func:`reduced_pair` of one CPU row as 1-D float64 arrays ``(p', q')``, or None where it falls back."""
     (flat,) = _kept_np(h, red)
-    if _too_full(flat.size, rows.p.shape[1]):
+    if too_full(flat.size, rows.p.shape[1]):
         return None
     c = flat.size
     p_r, q_r = np.empty(c + AGGREGATES), np.empty(c + AGGREGATES)
@@ -189,14 +183,16 @@ def _reduced_budget(budget, delta):
     return torch.where(torch.isinf(budget) | (budget <= 0), budget, (budget - delta).clamp(min=0.0))
 
 
-def prepare_primal(p, q, budget, div: Divergence, normalize: bool, row_sums=None, check: bool = False) -> tuple[Prepared, torch.Tensor]:
+def prepare_primal(p, q, budget, div: Divergence, normalize: bool, row_sums=None, check: bool = False,
+                   xp=None) -> tuple[Prepared, torch.Tensor]:
     """Histogram, bracket and reduction of the primal; returns the reduced budget [N, 1] too.
 
     ``row_sums``: the float64 row sums ``(p, q)`` [N, 1] of the input check, if it made them;
-    ``check``: make the input's value checks in the histogram's pass (:func:`solve_batch`).
+    ``check``: make the input's value checks in the histogram's pass (:func:`solve_batch`);
+    ``xp``: the namespace (default: :func:`mdboost.md._xp.namespace_for`).
     """
-    xp = namespace_for(p)
-    rows, h = histogram_of(p, q, div, normalize, row_sums, check)
+    xp = namespace_for(p, xp)
+    rows, h = histogram_of(p, q, div, normalize, row_sums, check, xp)
     ev = events(xp, h, div)
     return _prepare_primal(xp, rows, h, ev, budget, div)
 
@@ -208,27 +204,29 @@ def _prepare_primal(xp, rows, h, ev, budget, div):
     # D_f is noise and the sorted search's breakpoints are the reference (docs/theory.md, section 4)
     rp, rq, fallback = reduced_pair(xp, rows, h, red, ((budget > 0) & (budget < NOISE_BUDGET)).reshape(-1))
     delta = xp.to_torch(red.delta)
-    bp = Breakpoints(*_sorted(rp, rq), rp.shape[:-1], torch.float64)
+    bp = Breakpoints(*_sorted(rp, rq, xp), rp.shape[:-1], torch.float64, namespace=xp)
     return Prepared(bp, delta, fallback, xp.to_torch(ev.tv), xp.to_torch(ev.m_end)), _reduced_budget(budget, delta)
 
 
 def prepare_dual(p, q, min_acceptance, div: Divergence, normalize: bool,
-                 row_sums=None, check: bool = False) -> tuple[Prepared, torch.Tensor]:
+                 row_sums=None, check: bool = False, xp=None) -> tuple[Prepared, torch.Tensor]:
     """Histogram and reduction of the dual at ``m = clip(1 - min_acceptance)``; returns ``m`` [N, 1]."""
-    xp = namespace_for(p)
-    rows, h = histogram_of(p, q, div, normalize, row_sums, check)
+    xp = namespace_for(p, xp)
+    rows, h = histogram_of(p, q, div, normalize, row_sums, check, xp)
     ev = events(xp, h, div)
     tv, m_end = xp.to_torch(ev.tv), xp.to_torch(ev.m_end)
     m = torch.minimum(torch.maximum(1 - min_acceptance, m_end), tv)
     m_x = xp.asarray(m.contiguous())
     red = reduction(ev, m_x, m_x, div)
     rp, rq, fallback = reduced_pair(xp, rows, h, red)
-    bp = Breakpoints(*_sorted(rp, rq), rp.shape[:-1], torch.float64)
+    bp = Breakpoints(*_sorted(rp, rq, xp), rp.shape[:-1], torch.float64, namespace=xp)
     return Prepared(bp, xp.to_torch(red.delta), fallback, tv, m_end), m
 
 
-def _sorted(rp, rq):
-    return _sort_rows(neutral_ratios(torch.div(rp, rq)), rp, rq)
+def _sorted(rp, rq, xp=None):
+    from mdboost.md._sums import _sort_rows, neutral_ratios
+
+    return _sort_rows(neutral_ratios(torch.div(rp, rq)), rp, rq, xp)
 
 
 def _finish_primal(bp: Breakpoints, budget, div: Divergence, delta):
@@ -252,9 +250,9 @@ def sorted_dual(bp: Breakpoints, min_acceptance, div: Divergence | None):
     return _finish_dual(bp, m, div, torch.zeros_like(m), bp.arrays().tv)
 
 
-def sorted_solve(p, q, value, div: Divergence | None, dual: bool, normalize: bool):
+def sorted_solve(p, q, value, div: Divergence | None, dual: bool, normalize: bool, xp=None):
     """The same answer from the full sorted breakpoints (the fallback): ``(a, b, acc, D_f, tv)``, [N, 1] each."""
-    bp = Breakpoints.build(p, q, validate=False, normalize=normalize)
+    bp = Breakpoints.build(p, q, validate=False, normalize=normalize, namespace=xp)
     if dual:
         point, div_value = sorted_dual(bp, value, div)
     else:
@@ -277,7 +275,7 @@ def _one_row_primal(rows: Rows, h: Histogram, ev, budget: float, div: Divergence
         return tuple(float(x) for x in out)
     delta = float(red.delta[0, 0])
     reduced = budget if math.isinf(budget) or budget <= 0 else max(budget - delta, 0.0)
-    scalar = not (pair[0].shape[0] > _search.SMALL_VOCAB or reduced < _search.SCALAR_MIN_BUDGET)
+    scalar = pair[0].shape[0] <= _router.SMALL_VOCAB and not reduced < NOISE_BUDGET
     if scalar:
         row = _scalar_rows.reduced_row(*pair, div, g)
         a, b, m, value = _scalar.primal_point(row, reduced, div, g, True, floats=True)
@@ -296,32 +294,30 @@ def _one_row_primal(rows: Rows, h: Histogram, ev, budget: float, div: Divergence
 def solve_one(p, q, budget: float, div: Divergence, normalize: bool, row_sums=None, check: bool = False):
     """The primal of one CPU row ``[..., V]`` (one row in all) as Python floats
     ``(a, b, acceptance, D_f, tv)``: :func:`solve_rows` on it, the same values, without tensors
-    for the outputs. None where that takes the array search (autograd, a generator without a
-    Python-float form: :attr:`mdboost.md.divergences.Divergence.g_float`)."""
-    g = div.g_float if _search.SCALAR_ROW else None
-    if g is None or namespace_for(p) is not NUMPY:
-        return None
+    for the outputs (the route :data:`mdboost.md._router.BUCKETED_ROW`: a generator with a scalar
+    form, :attr:`mdboost.md.divergences.Divergence.g_float`)."""
+    g = div.g_float
     vocab = p.shape[-1]
     rows, h = histogram_of(p.reshape(1, vocab), q.reshape(1, vocab), div, normalize, row_sums, check)
     return _one_row_primal(rows, h, events(NUMPY, h, div), budget, div, g)
 
 
 def solve_rows(p, q, value, div: Divergence | None, dual: bool, normalize: bool, row_sums=None,
-               check: bool = False):
+               check: bool = False, xp=None):
     """Exact primal (``value`` = budget) or dual (``value`` = min acceptance) on [N, V] rows.
 
     Returns ``(a, b, acceptance, D_f, tv)`` as float64 [N, 1] tensors (``D_f`` None for a dual
     without divergence); rows whose bracketing buckets are too full are solved by
-    :func:`sorted_solve` (the documented worst case). ``row_sums``: see :func:`prepare_primal`.
+    :func:`sorted_solve` (the documented worst case). ``row_sums``, ``xp``: see :func:`prepare_primal`.
     """
+    xp = namespace_for(p, xp)
     if dual:
-        prep, m = prepare_dual(p, q, value, div, normalize, row_sums, check)
+        prep, m = prepare_dual(p, q, value, div, normalize, row_sums, check, xp)
         point, div_value = _finish_dual(prep.bp, m, div, prep.delta, prep.tv)
     else:
-        xp = namespace_for(p)
-        rows, h = histogram_of(p, q, div, normalize, row_sums, check)
+        rows, h = histogram_of(p, q, div, normalize, row_sums, check, xp)
         ev = events(xp, h, div)
-        g = div.g_float if xp is NUMPY and p.shape[0] == 1 and _search.SCALAR_ROW else None
+        g = div.g_float if xp is NUMPY and p.shape[0] == 1 else None
         if g is not None:
             out = torch.tensor(_one_row_primal(rows, h, ev, float(value), div, g), dtype=torch.float64)
             return tuple(out[i:i + 1, None] for i in range(5))
@@ -331,36 +327,26 @@ def solve_rows(p, q, value, div: Divergence | None, dual: bool, normalize: bool,
     out = [*point, div_value, prep.tv]
     rows = prep.fallback.nonzero().squeeze(-1)
     if rows.numel():
-        sub = sorted_solve(p[rows], q[rows], value[rows], div, dual, normalize)
+        sub = sorted_solve(p[rows], q[rows], value[rows], div, dual, normalize, xp)
         for dst, src in zip(out, sub):
             if dst is not None:
                 dst[rows] = src
     return tuple(out)
 
 
-def checks_in_pass(p: torch.Tensor, q: torch.Tensor) -> bool:
-    """Whether rows on this path are checked inside the histogram's pass (CPU rows of float32 or
-    float64 in numpy: one read of the rows instead of a check, then the pass)."""
-    return applies(p) and takes_numpy_pass(p, q)
-
-
-def applies(p: torch.Tensor) -> bool:
-    """Whether :func:`solve` and :func:`~mdboost.md.verify.verify` take this path for rows ``p``."""
-    return p.shape[-1] >= MIN_VOCAB and p.numel() > 0
-
-
 def solve_batch(p, q, value, div: Divergence | None, dual: bool, normalize: bool, row_sums=None,
-                check: bool = False):
+                check: bool = False, xp=None):
     """:func:`solve_rows` on ``[..., V]`` rows with ``value`` [...]: ``(a, b, acceptance, D_f, sd_acceptance)``.
 
     Outputs have shape [...] in ``p``'s dtype (``D_f`` None for a dual without divergence).
     ``row_sums``: the float64 row sums ``(p, q)`` [...] of the input check (used when ``normalize``);
     ``check``: the input's value checks are made in the histogram's pass
-    (:func:`mdboost.md._histogram.histogram_of`, see :func:`checks_in_pass`).
+    (:func:`mdboost.md._histogram.histogram_of`); ``xp``: see :func:`prepare_primal`.
     """
     vocab = p.shape[-1]
     shape = p.shape[:-1]
     a, b, acc, value, tv = solve_rows(p.reshape(-1, vocab), q.reshape(-1, vocab),
-                                      value.reshape(-1, 1).to(torch.float64), div, dual, normalize, row_sums, check)
+                                      value.reshape(-1, 1).to(torch.float64), div, dual, normalize, row_sums, check,
+                                      xp)
     out = (a, b, acc, None if value is None else value.clamp(min=0), (1 - tv).clamp(0.0, 1.0))
     return tuple(None if x is None else x.reshape(shape).to(p.dtype) for x in out)

@@ -18,6 +18,8 @@ from numbers import Integral, Real
 import numpy as np
 import torch
 
+from mdboost.md._router import host_ok, numpy_stats_ok
+
 # Allowed |row sum - 1| per dtype: softmax rows of a 50k vocabulary in float32 sum to 1 only
 # within ~1e-6, and half-precision rows within ~1e-3.
 _SUM_TOL = {torch.float64: 1e-5, torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 2e-2}
@@ -100,17 +102,6 @@ def _stats_np(a: np.ndarray, row_sums: np.ndarray) -> list:
             float(np.maximum.reduce(row_sums, axis=None))]
 
 
-NUMPY_STATS_ELEMS = 1 << 14  # up to this many entries numpy's reductions cost less than torch's (measured)
-
-
-def _host_ok(x: torch.Tensor) -> bool:  # a CPU tensor numpy can read as it is
-    return x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and not x.requires_grad
-
-
-def _numpy_stats_ok(x: torch.Tensor) -> bool:
-    return _host_ok(x) and x.numel() <= NUMPY_STATS_ELEMS
-
-
 def _check_row_values(name, x, stats, sums: bool = True) -> None:
     """Raise for the read-back ``stats`` of :func:`_row_stats` (the messages of :func:`check_probs`)."""
     lo, low_sum, high_sum = stats
@@ -134,24 +125,25 @@ def check_pair(draft_probs, target_probs, *, validate: bool = True) -> tuple[tor
     return checked_pair(draft_probs, target_probs, validate=validate)[:2]
 
 
-def checked_pair(draft_probs, target_probs, *, validate: bool = True):
+def checked_pair(draft_probs, target_probs, *, validate: bool = True, namespace=None):
     """:func:`check_pair`, and the float64 row sums ``(p, q)`` [..., 1] the check made, or None.
 
     The sums are ``x.sum(-1, keepdim=True, dtype=torch.float64)`` of the returned rows (those of
     the rescaling in :func:`mdboost.md._histogram.rows_of`, the same values), given only where
-    the check summed in torch on rows the compute dtype leaves unchanged.
+    the check summed in torch on rows the compute dtype leaves unchanged. ``namespace``: the
+    statistics' namespace (:func:`mdboost.md._router.host_ok`; None: the rule).
     """
     p = _check_rows_structure("draft_probs", draft_probs, None)
     q = _check_rows_structure("target_probs", target_probs, None)
     sums = None
-    if validate and p.numel() and q.numel() and _numpy_stats_ok(p) and _numpy_stats_ok(q):
+    if validate and p.numel() and q.numel() and numpy_stats_ok(p, namespace) and numpy_stats_ok(q, namespace):
         stats = [v for x in (p.numpy(), q.numpy())  # CPU: one numpy reduction pass each, no read-back
                  for v in _stats_np(x, np.add.reduce(x, axis=-1, dtype=np.float64))]
         _check_row_values("draft_probs", p, stats[:3])
         _check_row_values("target_probs", q, stats[3:])
     elif validate and p.device == q.device and p.numel() and q.numel() and p.shape == q.shape:
         sums = p.sum(-1, keepdim=True, dtype=torch.float64), q.sum(-1, keepdim=True, dtype=torch.float64)
-        if _host_ok(p) and _host_ok(q):  # CPU: the minima and the sums' range in numpy, no torch op
+        if host_ok(p, namespace) and host_ok(q, namespace):  # CPU: the minima and the sums' range in numpy, no torch op
             stats = [_stats_np(x.numpy(), s.numpy()) for x, s in ((p, sums[0]), (q, sums[1]))]
         else:
             stats = torch.cat([_row_stats(x, s) for x, s in ((p, sums[0]), (q, sums[1]))]).tolist()  # one read-back

@@ -165,9 +165,9 @@ def _wlogr(w64, ratio, weight: int):  # w_i log r_i [n, V] float64 (log_form): t
     return torch.log(ratio).to(torch.float64).mul_(w64)  # w = q: -inf where p_i = 0 < q_i (g(0) = inf)
 
 
-def _from_log_sums(sums: torch.Tensor, sign: float) -> None:  # [3, N, FINITE + 1], in place
-    """The ``q g(r)`` sums ``sign (S - P + Q)`` from the ``w log r`` sums ``S`` (``div.forms.log_form``), >= 0."""
-    if namespace_for(sums) is NUMPY:  # the same IEEE operations on the numpy view (a tiny torch op costs more)
+def _from_log_sums(sums: torch.Tensor, sign: float, xp=None) -> None:  # [3, N, FINITE + 1], in place
+    """The ``q g(r)`` sums ``sign (S - P + Q)`` from the ``w log r`` sums ``S`` (:func:`log_form`), >= 0."""
+    if namespace_for(sums, xp) is NUMPY:  # the same IEEE operations on the numpy view (a tiny torch op costs more)
         x = sums.numpy()
         s = x[2]
         s[:, INF] = 0.0  # the q = 0 bucket's q g(r) is never read (inf or NaN terms there)
@@ -185,41 +185,44 @@ def _from_log_sums(sums: torch.Tensor, sign: float) -> None:  # [3, N, FINITE + 
     s.clamp_(min=0.0)
 
 
-def takes_numpy_pass(p, q) -> bool:
-    """Whether the rows ``p``, ``q`` [N, V] take the CPU pass in numpy (:func:`_histogram_np`)."""
-    return namespace_for(p) is NUMPY and p.dtype in _NP_BITS and q.dtype == p.dtype
+def takes_numpy_pass(p, q, xp=None) -> bool:
+    """Whether the rows ``p``, ``q`` [N, V] take the CPU pass in numpy (:func:`_histogram_np`); ``xp``
+    forces the namespace (default: :func:`mdboost.md._xp.namespace_for`)."""
+    return namespace_for(p, xp) is NUMPY and p.dtype in _NP_BITS and q.dtype == p.dtype
 
 
-def histogram_of(p, q, div: Divergence, normalize: bool, sums=None, check: bool = False) -> tuple[Rows, Histogram]:
+def histogram_of(p, q, div: Divergence, normalize: bool, sums=None, check: bool = False,
+                 xp=None) -> tuple[Rows, Histogram]:
     """:func:`rows_of` and :func:`histogram` of ``[N, V]`` inputs: the rows (with their scales) and their histogram.
 
     ``check``: make the value checks of :func:`mdboost.md._checks.check_pair` (finite,
     non-negative, rows summing to 1 within the tolerance; the same errors). On the CPU pass the
     checks and the row sums of the rescaling (unless given) are taken per row block from the
     float64 copy of the rows the pass makes anyway: the rows are read once instead of two or
-    three times. Elsewhere they are made before the pass.
+    three times. Elsewhere they are made before the pass. ``xp``: see :func:`takes_numpy_pass`.
     """
-    if takes_numpy_pass(p, q):
+    if takes_numpy_pass(p, q, xp):
         return _histogram_np(Rows(p, q, *_scales(sums)), div, normalize, check)
     if check:
         check_pair(p, q)
     rows = rows_of(p, q, normalize, sums)
-    return rows, histogram(rows, div)
+    return rows, histogram(rows, div, xp)
 
 
 def _scales(sums):  # row sums (any shape of N entries) -> (scale_p, scale_q) [N, 1], or (None, None)
     return (None, None) if sums is None else tuple(x.reshape(-1, 1) for x in sums)
 
 
-def histogram(rows: Rows, div: Divergence) -> Histogram:
+def histogram(rows: Rows, div: Divergence, xp=None) -> Histogram:
     """Bucket sums of ``p``, ``q`` and ``q g(r)``: one pass over the entries, by row blocks.
 
     For ``kl`` and ``rkl`` the pass sums ``w log r`` only (``div.forms.log_form``): ``q g(r) =
     sign (w log r - p + q)``, so a bucket's sum of ``q g(r)`` follows from its ``w log r``, ``p``
     and ``q`` sums (one ``log`` per entry, none of the generator's other operations).
-    CPU float32 / float64 rows take :func:`_histogram_np` (the same buckets and sums).
+    CPU float32 / float64 rows take :func:`_histogram_np` (the same buckets and sums); ``xp``:
+    see :func:`takes_numpy_pass`.
     """
-    if takes_numpy_pass(rows.p, rows.q):
+    if takes_numpy_pass(rows.p, rows.q, xp):
         return _histogram_np(rows, div)[1]
     n, vocab = rows.p.shape
     sums = torch.zeros((3, n, FINITE + 1), dtype=torch.float64, device=rows.p.device)
@@ -242,7 +245,7 @@ def histogram(rows: Rows, div: Divergence) -> Histogram:
         out[1][blk].scatter_add_(1, idx, q64)
         out[2][blk].scatter_add_(1, idx, terms)
     if form is not None:
-        _from_log_sums(sums, form[1])
+        _from_log_sums(sums, form[1], xp)
     return Histogram(sums, index)
 
 

@@ -4,7 +4,7 @@
 arrays and its scalars), given directly or read off a one-row
 :class:`~mdboost.md.breakpoints.Breakpoints` (the rows the batched search loses to rounding);
 :func:`primal_points` searches every row of a :class:`~mdboost.md.breakpoints.Breakpoints` one
-by one (for :func:`mdboost.md._search.primal_point`: ``N <= SCALAR_ROWS``, ``V <= SMALL_VOCAB``,
+by one (for :func:`mdboost.md._search.primal_point`: :func:`mdboost.md._router.scalar_search`,
 exact mode).
 The rows built from a pair itself or from the reduced pair of the linear-time solve are made by
 :mod:`mdboost.md._scalar_rows`.

@@ -3,7 +3,7 @@
 Two entry points (docs/theory.md, section 4):
 
 - :func:`solve_row` on the pair itself, for :func:`mdboost.md.solve.solve` on one 1-D CPU row
-  (:func:`row_applies`): the input check, the sort and the sums of
+  (the route :data:`mdboost.md._router.SCALAR_ROW`): the input check, the sort and the sums of
   :class:`~mdboost.md.breakpoints.Breakpoints` (the same steps and the same float64 values,
   only the parts the search reads: the prefix sums up to ``n_lt``, the suffix sums from
   ``n_le``), then the search, returning Python floats;
@@ -51,19 +51,8 @@ def _sort_order(r):
     return key
 
 
-def row_applies(p, q) -> bool:
-    """Whether :func:`solve_row` takes the pair: one CPU row of float32 or float64, ``V <= 2048``, no autograd."""
-    return (type(p) is torch.Tensor and type(q) is torch.Tensor and p.ndim == 1 and q.ndim == 1
-            and 0 < p.shape[0] == q.shape[0] <= ROW_VOCAB and p.dtype == q.dtype
-            and p.dtype in (torch.float32, torch.float64) and p.device.type == "cpu" and q.device.type == "cpu"
-            and not (p.requires_grad or q.requires_grad))
-
-
-ROW_VOCAB = 2048  # solve_row up to this vocabulary (the sorted-breakpoint bracket's range)
-
-
 def solve_row(p: torch.Tensor, q: torch.Tensor, budget: float, div: Divergence, g, validate: bool):
-    """``solve(p, q, max_divergence=budget)`` on one row (:func:`row_applies`) as Python floats.
+    """``solve(p, q, max_divergence=budget)`` on one 1-D CPU row of float32 or float64 as Python floats.
 
     Returns ``(a, b, acceptance, achieved_divergence, sd_acceptance)``, the values of the
     general path (:class:`~mdboost.md.breakpoints.Breakpoints` and

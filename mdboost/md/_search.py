@@ -5,7 +5,7 @@ in-segment refinement checks convergence once per round):
 
 - :func:`primal`: the point where ``D_f`` crosses the budget (``D_f`` grows along the curve,
   docs/theory.md section 4). First the bracket, the pair of neighbouring breakpoints around the
-  crossing. For small vocabularies (``<= SMALL_VOCAB``, e.g. a top-k restriction, Lemma 6.1)
+  crossing. For small vocabularies (:func:`mdboost.md._router.small_bracket`, e.g. a top-k restriction, Lemma 6.1)
   :func:`_bracket_small` evaluates ``D_f`` at every ``STRIDE``-th A-breakpoint and B-breakpoint
   (two sorted runs), then at every breakpoint of the two strides straddling the crossing; above,
   :func:`mdboost.md._locate.bracket_large` runs the fanout search over the A-breakpoints, then
@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from mdboost.md import _scalar
+from mdboost.md._router import NOISE_BUDGET, rescue_rows, scalar_search, small_bracket
 from mdboost.md._locate import b_knots, bracket_large, locate_j, locate_k
 from mdboost.md._segment import Segment, ab_on, divergence_on, make_segment
 from mdboost.md._xp import NUMPY, namespace_for
@@ -39,19 +40,7 @@ _LADDER = 4.0 ** -torch.arange(1, LADDER + 1, dtype=torch.float64)
 _PROBES = torch.cat([-_LADDER, _LADDER, torch.zeros(1, dtype=torch.float64)])  # [2 LADDER + 1]
 _GRID = torch.linspace(0, 1, GRID + 1, dtype=torch.float64)
 _EPS = torch.finfo(torch.float64).eps
-SMALL_VOCAB = 2048  # primal: the sorted-breakpoint bracket up to this vocabulary, the fanout search above
 STRIDE = 16  # small bracket: coarse stride over the A-breakpoints and over the B-breakpoints
-SCALAR_ROW = True  # few small CPU rows: the search in Python floats (mdboost.md._scalar); False: the array search
-# Up to this many small CPU rows the exact primal searches row by row in Python floats. Measured
-# (one thread, kl and hellinger, W = 257 to 2000, after a large op had cooled the caches as in
-# verify): about 70 us a row there against about 0.9 ms for the array search's call plus 20 us a
-# row; the two cost the same from 12 to 16 rows
-SCALAR_ROWS = 12
-# Budgets below this take the array search even for one small row: there D_f - budget is within the
-# rounding of D_f's float64 evaluation (~V * eps of its O(1) terms), whose sign then steers a single
-# secant path astray (acceptance 1e-8 short of the bound mode's at D = 6e-17), while the array
-# search's ladder evaluates many points per round and keeps the feasible side.
-SCALAR_MIN_BUDGET = 1e-12
 
 
 def _bracket_small(xp, sums, kb, neg_ka, k_end, budget, div, bound, mid):
@@ -201,17 +190,18 @@ def refine(xp, seg: Segment, lo, hi, budget, div, bound: bool):
     return hi
 
 
-def primal(bp, budget: torch.Tensor, div, bound: bool, xp=None, with_value: bool = False):
+def primal(bp, budget: torch.Tensor, div, bound: bool, xp=None, with_value: bool = False, bracket=None):
     """Largest-acceptance point with ``D_f`` (or its bound) ``<= budget``; budget of shape [N, 1].
 
     ``xp`` is the array namespace of the small bracket and the refinement (default: the rule of
-    :func:`mdboost.md._xp.namespace_for`). Returns, as torch tensors, the excess mass ``m``
+    :func:`mdboost.md._xp.namespace_for`); ``bracket`` forces ``"small"`` or ``"large"``
+    (:func:`mdboost.md._router.small_bracket`). Returns, as torch tensors, the excess mass ``m``
     [N, 1] float64, the :class:`Segment` of its point and, if ``with_value``, ``D_f`` (or the
     bound) at ``m`` on that segment [N, 1] (else None).
     """
-    xp = namespace_for(bp.ratios) if xp is None else xp
+    xp = namespace_for(bp.ratios, bp.namespace if xp is None else xp)
     with xp.errstate():
-        m, seg = _primal(xp, bp, xp.asarray(budget.to(torch.float64)), div, bound)
+        m, seg = _primal(xp, bp, xp.asarray(budget.to(torch.float64)), div, bound, bracket)
         value = xp.to_torch(divergence_on(xp, m, seg, div, bound)) if with_value else None
     return xp.to_torch(m), Segment(*(None if x is None else xp.to_torch(x) for x in seg)), value
 
@@ -228,7 +218,8 @@ def snap(xp, m, tv):
     return xp.minimum(1 - acc, xp.maximum(tv, m))
 
 
-def primal_point(bp, budget: torch.Tensor, div, bound: bool, with_value: bool = False):
+def primal_point(bp, budget: torch.Tensor, div, bound: bool, with_value: bool = False, scalar=None, bracket=None,
+                 xp=None):
     """:func:`primal` finished in the same namespace: ``(a, b, m, value)`` as torch [N, 1] float64.
 
     The search keeps the side with ``D <= budget``; where rounding defeated it (extreme ratios
@@ -237,13 +228,16 @@ def primal_point(bp, budget: torch.Tensor, div, bound: bool, with_value: bool = 
     (:func:`_bound_fallback`), else falls back to the curve's start (``pi = q``).
     ``m`` is snapped (:func:`snap`); ``(a, b)`` are exactly 0 at ``m >= tv``; ``value`` is
     ``D_f`` (or the bound) at the point, 0 at the start, None unless ``with_value``.
-    Up to :data:`SCALAR_ROWS` small CPU rows of the exact mode are searched one by one in Python
-    floats (:func:`mdboost.md._scalar.primal_points`).
+    A few small CPU rows of the exact mode are searched one by one in Python floats
+    (:func:`mdboost.md._scalar.primal_points`, :func:`mdboost.md._router.scalar_search`);
+    ``scalar=False`` takes the array search (and no rescue), ``bracket`` forces its bracket and
+    ``xp`` its namespace (default: the one ``bp`` was built with, else
+    :func:`mdboost.md._xp.namespace_for`).
     """
-    xp = namespace_for(bp.ratios)
-    if not bound and xp is NUMPY and 0 < bp.ratios.shape[0] <= SCALAR_ROWS and bp.vocab <= SMALL_VOCAB and SCALAR_ROW:
+    xp = namespace_for(bp.ratios, bp.namespace if xp is None else xp)
+    if scalar is not False and scalar_search(bp.ratios.shape[0], bp.vocab, bound, xp):
         g = div.g_float
-        points = None if g is None else _scalar.primal_points(bp, budget, div, g, SCALAR_MIN_BUDGET)
+        points = None if g is None else _scalar.primal_points(bp, budget, div, g, NOISE_BUDGET)
         if points is not None:
             return points if with_value else (*points[:3], None)
         # a budget at the rounding level of D_f, or a row lost to rounding: the array search, its
@@ -251,7 +245,7 @@ def primal_point(bp, budget: torch.Tensor, div, bound: bool, with_value: bool = 
     with xp.errstate():
         sums = bp.arrays(xp)
         b = xp.asarray(budget.to(torch.float64))
-        m, seg = _primal(xp, bp, b, div, bound)
+        m, seg = _primal(xp, bp, b, div, bound, bracket)
         snapped = snap(xp, m, sums.tv)
         d = divergence_on(xp, xp.concatenate([m, snapped], axis=-1), seg, div, bound)  # [N, 2]: one call
         failed = d[:, :1] > b * (1 + 1e-12)
@@ -262,16 +256,16 @@ def primal_point(bp, budget: torch.Tensor, div, bound: bool, with_value: bool = 
         value = None
         value = xp.where(failed | at_sd, 0.0, xp.maximum(d[:, 1:], 0.0))  # D_f at the snapped point
         if not bound and bool(failed.any()):  # a host read off the CPU
-            if bp.vocab <= SMALL_VOCAB and SCALAR_ROW:
+            if scalar is not False and rescue_rows(bp.vocab):
                 _rescue_rows(bp, b, div, failed[:, 0], (a, b_out, m, value))
             lost = failed & (m >= sums.tv)  # still at the start
             if bool(lost.any()):
-                _bound_fallback(xp, bp, b, div, lost, (a, b_out, m, value))
+                _bound_fallback(xp, bp, b, div, lost, (a, b_out, m, value), bracket)
         value = xp.to_torch(value) if with_value else None
     return xp.to_torch(a), xp.to_torch(b_out), xp.to_torch(m), value
 
 
-def _bound_fallback(xp, bp, budget, div, lost, out) -> None:
+def _bound_fallback(xp, bp, budget, div, lost, out, bracket=None) -> None:
     """Rows every exact search lost to rounding take the bound search's point where ``D_f``, read
     exactly at that point, fits the budget (else they keep the curve's start).
 
@@ -281,7 +275,7 @@ def _bound_fallback(xp, bp, budget, div, lost, out) -> None:
     the bound's search still lands on a fitting point (docs/theory.md, section 9). ``lost`` [N, 1]
     bool and ``out`` ``(a, b, m, value)`` [N, 1] of the namespace ``xp``, overwritten in place.
     """
-    m_b, _ = _primal(xp, bp, budget, div, True)
+    m_b, _ = _primal(xp, bp, budget, div, True, bracket)
     m_t = xp.to_torch(snap(xp, m_b, bp.arrays(xp).tv))
     j, k, tv = locate_j(bp, m_t), locate_k(bp, m_t), bp.arrays().tv
     a_t, b_t = bp.ab(m_t, bp.segment(j, k, None, False), tv)
@@ -308,7 +302,7 @@ def _rescue_rows(bp, budget, div, failed, out) -> None:
         return
     rows = failed.nonzero()[0].tolist() if isinstance(failed, np.ndarray) else failed.nonzero()[:, 0].tolist()
     for i in rows:
-        if float(budget[i, 0]) < SCALAR_MIN_BUDGET:  # the scalar search's own limit
+        if float(budget[i, 0]) < NOISE_BUDGET:  # the scalar search's own limit
             continue
         row = _scalar.primal_point(_scalar._Row.of_breakpoints(bp, div, g, i), float(budget[i, 0]), div, g, True,
                                    floats=True)
@@ -316,10 +310,10 @@ def _rescue_rows(bp, budget, div, failed, out) -> None:
             dst[i, 0] = x
 
 
-def _primal(xp, bp, budget, div, bound):
+def _primal(xp, bp, budget, div, bound, bracket=None):
     sums = bp.arrays(xp)
     mid = xp.asarray(bp.mass_prefix() if bound else bp.prefix(div))
-    small = bp.vocab <= SMALL_VOCAB
+    small = small_bracket(bp.vocab, bracket)
     kb_torch = None if small else b_knots(bp)
     kb = _small_b_knots(xp, sums) if small else xp.asarray(kb_torch)
     k_end = xp.minimum(xp.clip(xp.searchsorted(kb, sums.m_end), 1, None), sums.n_lt)

@@ -3,7 +3,7 @@
 The sort of ``r = p / q`` (:func:`_sort_rows`) and the float64 cumulative sums over the sorted
 rows -- ``P_pre``, ``Q_pre``, the mass prefix and the ``q_i g(r_i)`` prefix of a divergence --
 in torch, blocked over rows for full vocabularies, and their numpy twins for small CPU rows
-(:data:`NUMPY_VOCAB`), where a tiny torch op costs more than its arithmetic.
+(:func:`mdboost.md._router.numpy_sums`), where a tiny torch op costs more than its arithmetic.
 """
 
 from __future__ import annotations
@@ -13,20 +13,10 @@ import math
 import numpy as np
 import torch
 
+from mdboost.md._router import numpy_ok
 from mdboost.md.divergences import Divergence
 
 ACC_DTYPE = torch.float64
-
-
-def _numpy_ok(x: torch.Tensor) -> bool:
-    return x.device.type == "cpu" and not x.requires_grad and x.numel() > 0
-
-
-NUMPY_VOCAB = 4096  # rows up to this vocabulary build their sums in numpy on CPU (a tiny op costs less)
-
-
-def _small_ok(r: torch.Tensor) -> bool:
-    return _numpy_ok(r) and r.shape[-1] <= NUMPY_VOCAB and r.dtype in (torch.float32, torch.float64)
 
 
 def _cumsum_np(x: np.ndarray, flip_in: bool = False, flip_out: bool = False) -> torch.Tensor:
@@ -84,7 +74,7 @@ def neutral_ratios(r):
     return r
 
 
-def _sort_rows(r, p, q):  # [N, V] each -> r, p, q permuted so that r is ascending
+def _sort_rows(r, p, q, namespace=None):  # [N, V] each -> r, p, q permuted so that r is ascending
     """Sort rows of ``r >= 0`` (``+inf`` allowed, no NaN) and permute ``p``, ``q`` alike.
 
     On CPU this sorts packed integer keys (the float's bits, whose order is the float order for
@@ -93,10 +83,10 @@ def _sort_rows(r, p, q):  # [N, V] each -> r, p, q permuted so that r is ascendi
     ``ceil(log2 V)`` mantissa bits make room for the index, so ratios within a relative
     ``2^(ceil(log2 V) - 52)`` of each other may be swapped: a change of the sums far below the
     solver's tolerance, and none across ``r = 1`` or ``r = inf`` (their low bits are zero).
-    Other devices use ``torch.sort``.
+    Other devices use ``torch.sort``, and so does ``namespace=TORCH`` (:mod:`mdboost.md._router`).
     """
     n, vocab = r.shape
-    if not _numpy_ok(r) or r.dtype not in (torch.float32, torch.float64) or vocab >= 1 << 31:
+    if not numpy_ok(r, namespace) or r.dtype not in (torch.float32, torch.float64) or vocab >= 1 << 31:
         r_sorted, order = torch.sort(r, dim=-1)
         return r_sorted, torch.gather(p, -1, order), torch.gather(q, -1, order)
     rn = r.contiguous().numpy()

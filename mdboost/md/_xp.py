@@ -6,7 +6,7 @@ once (:mod:`mdboost.md._search`, :mod:`mdboost.md._segment`) over a namespace ``
 with numpy-style ``axis=``/``keepdims=`` keywords, which torch accepts) plus the few below whose
 spellings differ.
 
-Which namespace (:func:`namespace_for`, the one rule): numpy for CPU tensors without autograd,
+Which namespace (:func:`namespace_for`, by the rule of :func:`mdboost.md._router.on_numpy`): numpy for CPU tensors without autograd,
 torch otherwise (GPU, autograd; the public entry points read inputs that require grad detached,
 ``docs/theory.md`` section 9). These searches run a few rounds of tiny batched ops on arrays
 of ``[N, <= 2V]`` or ``[N, ~30]`` elements, where the cost is per op, and a tiny numpy op costs
@@ -21,6 +21,8 @@ import contextlib
 
 import numpy as np
 import torch
+
+from mdboost.md._router import on_numpy
 
 
 # the functions spelled, and called, the same in torch and numpy
@@ -225,8 +227,9 @@ class NumpyOps(_Namespace, library=np):
 TORCH, NUMPY = TorchOps(), NumpyOps()
 
 
-def namespace_for(x: torch.Tensor):
-    """:data:`NUMPY` for a CPU tensor that needs no gradient, :data:`TORCH` otherwise.
+def namespace_for(x: torch.Tensor, namespace=None):
+    """``namespace`` if given, else :data:`NUMPY` where :func:`mdboost.md._router.on_numpy` (a CPU
+    tensor that needs no gradient), :data:`TORCH` otherwise.
 
     Examples
     --------
@@ -235,5 +238,9 @@ def namespace_for(x: torch.Tensor):
     'numpy'
     >>> namespace_for(torch.zeros(2, requires_grad=True)).name
     'torch'
+    >>> namespace_for(torch.zeros(2), TORCH).name
+    'torch'
     """
-    return NUMPY if x.device.type == "cpu" and not x.requires_grad else TORCH
+    if namespace is not None:
+        return namespace
+    return NUMPY if on_numpy(x) else TORCH

@@ -34,7 +34,8 @@ import torch
 from mdboost.md import _locate, _search
 from mdboost.md._checks import check_budget, check_pair
 from mdboost.md._segment import Segment, SortedSums, ab_on, divergence_on, make_segment
-from mdboost.md._sums import ACC_DTYPE, neutral_ratios, _small_ok, _cumsums_np, _prefix_sums_np, _sort_rows, _cumsums, _prefix_sums, _mass_sums, _bcast
+from mdboost.md._router import numpy_sums
+from mdboost.md._sums import ACC_DTYPE, neutral_ratios, _cumsums_np, _prefix_sums_np, _sort_rows, _cumsums, _prefix_sums, _mass_sums, _bcast
 from mdboost.md._xp import TORCH
 from mdboost.md.divergences import Divergence, resolve
 
@@ -81,14 +82,15 @@ class Breakpoints:
     0.6
     """
 
-    def __init__(self, r_sorted, p_sorted, q_sorted, batch_shape, dtype, *, normalize: bool = False):
+    def __init__(self, r_sorted, p_sorted, q_sorted, batch_shape, dtype, *, normalize: bool = False, namespace=None):
         self.batch_shape = torch.Size(batch_shape)
         self.dtype = dtype
         self.vocab = r_sorted.shape[-1]
         self._r = r_sorted  # [N, V] input dtype, sorted ascending
+        self.namespace = namespace  # of the sums and the searches (None: mdboost.md._xp.namespace_for)
         self._prefix_cache: dict = {}
         self._arrays: dict = {}  # namespace name -> SortedSums
-        self._np = _small_ok(r_sorted)
+        self._np = numpy_sums(r_sorted, namespace)
         if self._np:  # small CPU rows: the same sums with numpy's cheaper tiny ops
             self._init_numpy(r_sorted.numpy(), p_sorted.numpy(), q_sorted.numpy(), normalize)
             return
@@ -170,7 +172,7 @@ class Breakpoints:
     # ------------------------------------------------------------------ build
     @classmethod
     def build(cls, draft_probs: torch.Tensor, target_probs: torch.Tensor, *, validate: bool = True,
-              normalize: bool | None = None) -> "Breakpoints":
+              normalize: bool | None = None, namespace=None) -> "Breakpoints":
         """Sort the ratios once and accumulate the prefix sums: ``O(V log V)``.
 
         Parameters
@@ -185,24 +187,28 @@ class Breakpoints:
             False: the rows are trusted to sum to 1 and used as given.
         normalize : bool or None, default=None
             Rescale the rows in float64 (None: when ``validate``).
+        namespace : optional
+            ``mdboost.md._xp.TORCH`` sorts, sums and searches in torch on CPU rows too (the
+            accelerators' path); None: the rule (:mod:`mdboost.md._router`). Kept as
+            :attr:`namespace`.
         """
         p, q = check_pair(draft_probs, target_probs, validate=validate)
-        return cls.from_checked(p, q, validate if normalize is None else normalize)
+        return cls.from_checked(p, q, validate if normalize is None else normalize, namespace)
 
     @classmethod
-    def from_checked(cls, p: torch.Tensor, q: torch.Tensor, normalize: bool) -> "Breakpoints":
+    def from_checked(cls, p: torch.Tensor, q: torch.Tensor, normalize: bool, namespace=None) -> "Breakpoints":
         """:meth:`build` on a pair ``[..., V]`` already through :func:`~mdboost.md._checks.check_pair`
-        (one dtype, CPU rows of float32 / float64 or any rows of the compute dtype); ``normalize`` as
-        in :meth:`build`."""
+        (one dtype, CPU rows of float32 / float64 or any rows of the compute dtype); ``normalize`` and
+        ``namespace`` as in :meth:`build`."""
         vocab = p.shape[-1]
         p2, q2 = p.reshape(-1, vocab), q.reshape(-1, vocab)
-        if _small_ok(p2) and p2.dtype == q2.dtype:  # the same division in numpy (a tiny torch op costs more)
+        if numpy_sums(p2, namespace) and p2.dtype == q2.dtype:  # the same division in numpy (a tiny torch op costs more)
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                 r = torch.from_numpy(neutral_ratios(p2.numpy() / q2.numpy()))
         else:
             r = neutral_ratios(torch.div(p2, q2))
-        r_sorted, p_sorted, q_sorted = _sort_rows(r, p2, q2)
-        return cls(r_sorted, p_sorted, q_sorted, p.shape[:-1], p.dtype, normalize=normalize)
+        r_sorted, p_sorted, q_sorted = _sort_rows(r, p2, q2, namespace)
+        return cls(r_sorted, p_sorted, q_sorted, p.shape[:-1], p.dtype, normalize=normalize, namespace=namespace)
 
     @property
     def ratios(self) -> torch.Tensor:  # [N, V]

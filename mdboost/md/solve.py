@@ -8,6 +8,10 @@ Paper results implemented here (definitions in ``docs/theory.md``):
   searched through :class:`~mdboost.md.breakpoints.Breakpoints` (:func:`solve`);
 - Theorem 3.12: the conservative ``mode="bound"``.
 
+:func:`reference` states the exact solve in a page (bisection along the curve); :func:`solve`
+checks its arguments and runs the route :mod:`mdboost.md._router` picks (sorted breakpoints,
+buckets in expected linear time, one-row searches in Python floats), each tested against it.
+
 Optimal means optimal among distributions supported on the target's support (``pi_i = 0`` where
 ``q_i = 0``: a token the target's sampling excludes is never emitted); ``solve(..., support="any")``
 gives the optimum over all distributions (:mod:`mdboost.md.support`).
@@ -23,15 +27,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from mdboost.md import _buckets, _scalar_rows, _search
+from mdboost.md import _buckets, _router, _scalar_rows
 from mdboost.md import support as _support
 from mdboost.md._checks import (_as_real_tensor, _check_budget_range, check_budget, check_pair, check_probs, checked_pair,
                                 is_number)
+from mdboost.md._histogram import takes_numpy_pass
 from mdboost.md.breakpoints import Breakpoints
 from mdboost.md.contract import tolerance
 from mdboost.md.divergences import f_divergence, resolve
 
-__all__ = ["MDSolution", "solve", "clamp", "mentored_distribution", "acceptance_probability", "boost_coefficient"]
+__all__ = ["MDSolution", "solve", "reference", "clamp", "mentored_distribution", "acceptance_probability", "boost_coefficient"]
 
 MODES = ("exact", "bound")
 SUPPORTS = _support.SUPPORTS
@@ -286,6 +291,122 @@ def solve(
     >>> round(float(sol.acceptance), 6), round(float(sol.off_support), 6), bool(sol.feasible)
     (0.9, 0.4, True)
     """
+    validate = _check_request(max_divergence, min_acceptance, mode, support, on_infeasible, validate)
+    return _solve(draft_probs, target_probs, max_divergence, min_acceptance, divergence, mode, support,
+                  on_infeasible, validate)
+
+
+def reference(draft_probs, target_probs, value, dual: bool, divergence="kl", *, iters: int = 64):
+    """The exact f-MD solve stated plainly: the definition every route of :func:`solve` is tested against.
+
+    The optimal distributions are the clamps on the curve C(p, q) (Corollary 3.10, Theorem 3.13),
+    walked by the excess mass ``m`` (the acceptance is ``1 - m``, ``docs/theory.md`` section 4):
+    at ``m``, ``a`` solves ``E(a) = sum_i (p_i - (1+a) q_i)_+ = m`` and ``b`` solves
+    ``F(b) = sum_i ((1-b) q_i - p_i)_+ = m`` (both non-increasing: bisection), and ``D_f`` is
+    evaluated on the whole clamp. The curve runs from ``m = TV(p, q)`` (``pi = q``, ``D_f = 0``)
+    down to ``m_end = min(p(q = 0), TV)``, and ``D_f`` grows along it: the primal is the smallest
+    ``m`` with ``D_f <= budget`` (bisection on ``m``), the dual the point at ``m = 1 - P`` clipped
+    to ``[m_end, TV]``. ``O(iters^2 V)`` a row: slow, for tests and for reading (``route="reference"``
+    of :mod:`mdboost.md._router`).
+
+    Parameters
+    ----------
+    draft_probs, target_probs : torch.Tensor of shape (..., V)
+        ``p`` and ``q``, rows summing to 1 (computed in float64; not checked).
+    value : float or tensor broadcastable to (...)
+        The budget ``D >= 0`` (primal) or the target acceptance ``P`` (``dual``).
+    dual : bool
+    divergence : str, Divergence or callable, default="kl"
+    iters : int, default=64
+        Bisection steps (64 halve any float64 interval below its resolution).
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        ``(a, b, acceptance, D_f, sd_acceptance)``, float64 of shape (...).
+
+    Examples
+    --------
+    >>> p = torch.tensor([0.7, 0.2, 0.1], dtype=torch.float64)
+    >>> q = torch.tensor([0.2, 0.3, 0.5], dtype=torch.float64)
+    >>> [round(float(x), 6) for x in reference(p, q, 0.05, False, "tv")]  # TV: acceptance 1 - TV + D
+    [0.25, 0.0625, 0.55, 0.05, 0.5]
+    """
+    div = resolve(divergence)
+    p, q = draft_probs.to(torch.float64), target_probs.to(torch.float64)
+    zero = torch.zeros(p.shape[:-1], dtype=torch.float64, device=p.device)  # [...]
+    value = zero + torch.as_tensor(value, dtype=torch.float64, device=p.device)
+    tv = (p - q).clamp(min=0).sum(-1)
+    m_end = torch.minimum(torch.where(q == 0, p, 0.0).sum(-1), tv)
+    a_max = (torch.where(q > 0, p / q, 0.0).amax(-1) - 1).clamp(min=0)
+
+    def bisect(fn, lo, hi, target):  # the smallest x in [lo, hi] with fn(x) <= target; fn non-increasing
+        for _ in range(iters):
+            mid = (lo + hi) / 2
+            above = fn(mid) > target
+            lo, hi = torch.where(above, mid, lo), torch.where(above, hi, mid)
+        return hi
+
+    def point(m):  # (a, b) [...] at the excess m [...]; (0, 0) from m = TV on (pi = q)
+        u = bisect(lambda u: (p - (1 + torch.expm1(u)).unsqueeze(-1) * q).clamp(min=0).sum(-1),
+                   zero, torch.log1p(a_max), m)  # on log(1 + a): ratios span decades
+        b = bisect(lambda b: ((1 - b).unsqueeze(-1) * q - p).clamp(min=0).sum(-1), zero, zero + 1, m)
+        return torch.where(m >= tv, 0.0, torch.expm1(u)), torch.where(m >= tv, 0.0, b)
+
+    def divergence_at(m):  # D_f(pi || q) [...] on the whole clamp at m
+        a, b = point(m)
+        return f_divergence(clamp(p, q, a.unsqueeze(-1), b.unsqueeze(-1)), q, div, validate=False)
+
+    if dual:
+        m = torch.minimum(torch.maximum(1 - value, m_end), tv)
+    else:
+        m = torch.where(divergence_at(m_end) <= value, m_end, bisect(divergence_at, m_end, tv, value))
+        m = torch.where(value <= 0, tv, m)  # D_f = 0 only at pi = q (rounding makes it 0 just before)
+    a, b = point(m)
+    return a, b, 1 - m, divergence_at(m), 1 - tv
+
+
+def _solve(draft_probs, target_probs, max_divergence=None, min_acceptance=None, divergence="kl", mode="exact",
+           support="target", on_infeasible="clip", validate=True, route=None, namespace=None) -> MDSolution:
+    """:func:`solve` after its argument checks, by ``route`` (one of :data:`mdboost.md._router.ROUTES`;
+    None: the router's pick, :func:`mdboost.md._router.pick`).
+
+    ``namespace`` (:data:`~mdboost.md._xp.NUMPY` or :data:`~mdboost.md._xp.TORCH`; None: the rule of
+    :func:`mdboost.md._xp.namespace_for`) forces the array namespace of the input checks, of
+    the bucketed routes and of the sorted route's build (``TORCH`` on CPU tensors: the
+    accelerators' code path).
+    """
+    div = resolve(divergence)
+    dual = min_acceptance is not None
+    budget = (float(max_divergence) if mode == "exact" and support == "target" and not dual
+              and is_number(max_divergence) else None)  # a Python-number primal: the one-row routes
+    g = None if budget is None else div.g_float
+    if route is None:
+        route = _router.pick(draft_probs, target_probs, budget, g is not None, mode, namespace)
+    else:
+        _router.check_route(route, draft_probs, budget, g is not None, mode)
+    if route == _router.SCALAR_ROW:
+        return _scalar_row(draft_probs, target_probs, budget, div, g, validate)
+    p, q, row_sums = checked_pair(draft_probs, target_probs, validate=False, namespace=namespace)
+    # CPU float32 / float64 rows of the bucketed routes are checked in their histogram pass (one read
+    # of the rows; the same errors), the others here
+    in_pass = (validate and route in (_router.BUCKETED_ROW, _router.BUCKETED_BATCH)
+               and draft_probs.dtype == p.dtype == target_probs.dtype and takes_numpy_pass(p, q, namespace))
+    if validate and not in_pass:
+        p, q, row_sums = checked_pair(draft_probs, target_probs, validate=True, namespace=namespace)
+    if route == _router.BUCKETED_ROW:
+        return _bucketed_row(p, q, budget, div, validate, row_sums, in_pass)
+    request = min_acceptance if dual else max_divergence
+    if route == _router.BUCKETED_BATCH:
+        return _bucketed_batch(p, q, request, dual, div, support, on_infeasible, validate, row_sums, in_pass,
+                               namespace)
+    if route == _router.REFERENCE:
+        return _reference_route(p, q, request, dual, div, support, on_infeasible, validate)
+    return _sorted(p, q, request, dual, div, mode, support, on_infeasible, validate, namespace)
+
+
+def _check_request(max_divergence, min_acceptance, mode, support, on_infeasible, validate) -> bool:
+    """The checks of :func:`solve`'s arguments other than the rows; returns ``validate`` as a bool."""
     if (max_divergence is None) == (min_acceptance is None):
         raise ValueError(
             f"give exactly one of max_divergence and min_acceptance, got max_divergence={max_divergence!r}, "
@@ -298,54 +419,57 @@ def solve(
                          f"is solved exactly: leave mode='exact'")
     if not isinstance(validate, (bool, np.bool_)):
         raise TypeError(f"validate must be True or False, got {validate!r}")
-    validate = bool(validate)
     if not isinstance(support, str) or support not in SUPPORTS:
         raise ValueError(f"support must be one of {SUPPORTS}, got {support!r}")
     if support == "any" and mode != "exact":
         raise ValueError(f"support='any' needs mode='exact', got mode={mode!r}")
     if not isinstance(on_infeasible, str) or on_infeasible not in ON_INFEASIBLE:
         raise ValueError(f"on_infeasible must be one of {ON_INFEASIBLE}, got {on_infeasible!r}")
-    div = resolve(divergence)
-    if (mode == "exact" and support == "target" and min_acceptance is None and _scalar_rows.row_applies(draft_probs, target_probs)
-            and is_number(max_divergence)
-            and not 0 <= max_divergence < _search.SCALAR_MIN_BUDGET and not _buckets.applies(draft_probs)):
-        g = div.g_float
-        if g is not None:  # one small CPU row: numpy sums, the search in Python floats
-            return _solve_row(draft_probs, target_probs, float(max_divergence), div, g, validate)
-    p, q, row_sums = checked_pair(draft_probs, target_probs, validate=False)
-    # CPU float32 / float64 rows on the linear-time path are checked in its histogram pass (one read
-    # of the rows; the same errors), the others here
-    in_pass = (validate and mode == "exact" and draft_probs.dtype == p.dtype == target_probs.dtype
-               and _buckets.checks_in_pass(p, q))
-    if validate and not in_pass:
-        p, q, row_sums = checked_pair(draft_probs, target_probs, validate=True)
-    if mode == "exact" and _buckets.applies(p):  # expected linear time (docs/theory.md, section 4)
-        dual = min_acceptance is not None
-        if not dual and support == "target" and p.numel() == p.shape[-1] and is_number(max_divergence):
-            if validate:
-                _check_budget_range("max_divergence", float(max_divergence), float(max_divergence), None)
-            out = _buckets.solve_one(p, q, float(max_divergence), div, validate, row_sums, in_pass)
-            if out is not None:  # one CPU row: the result tensors made once
-                return _one_solution(out, p)
-        name, value = ("min_acceptance", min_acceptance) if dual else ("max_divergence", max_divergence)
-        value = check_budget(name, value, p.shape[:-1], p.device, upper=1.0 if dual else None, validate=validate)
-        sol = MDSolution(*_buckets.solve_batch(p, q, value, div, dual, normalize=validate, row_sums=row_sums,
-                                               check=in_pass))
-        p64, q64 = _rows64(p, q, validate) if dual or support == "any" else (None, None)
-        return _finish(sol, p64, q64, value, dual, div, support, on_infeasible)
-    bp = Breakpoints.from_checked(p, q, normalize=validate)
+    return bool(validate)
+
+
+# ---------------------------------------------------------------- the routes (mdboost.md._router)
+def _bucketed_row(p, q, budget: float, div, validate: bool, row_sums, in_pass: bool) -> MDSolution:
+    """One CPU row in expected linear time, its reduced row searched in Python floats."""
+    if validate:
+        _check_budget_range("max_divergence", budget, budget, None)
+    return _one_solution(_buckets.solve_one(p, q, budget, div, validate, row_sums, in_pass), p)
+
+
+def _bucketed_batch(p, q, request, dual, div, support, on_infeasible, validate, row_sums, in_pass,
+                    namespace=None) -> MDSolution:
+    """Rows in expected linear time (``docs/theory.md``, section 4)."""
+    name = "min_acceptance" if dual else "max_divergence"
+    value = check_budget(name, request, p.shape[:-1], p.device, upper=1.0 if dual else None, validate=validate)
+    sol = MDSolution(*_buckets.solve_batch(p, q, value, div, dual, normalize=validate, row_sums=row_sums,
+                                           check=in_pass, xp=namespace))
+    p64, q64 = _rows64(p, q, validate) if dual or support == "any" else (None, None)
+    return _finish(sol, p64, q64, value, dual, div, support, on_infeasible)
+
+
+def _reference_route(p, q, request, dual, div, support, on_infeasible, validate) -> MDSolution:
+    """:func:`reference` on the rows the routes solve (rescaled where they rescale)."""
+    name = "min_acceptance" if dual else "max_divergence"
+    value = check_budget(name, request, p.shape[:-1], p.device, upper=1.0 if dual else None, validate=validate)
+    p64, q64 = _rows64(p, q, validate)
+    sol = MDSolution(*(x.to(p.dtype) for x in reference(p64, q64, value, dual, div)))
+    return _finish(sol, p64, q64, value, dual, div, support, on_infeasible)
+
+
+def _sorted(p, q, request, dual, div, mode, support, on_infeasible, validate, namespace=None) -> MDSolution:
+    """The sorted breakpoints (:class:`~mdboost.md.breakpoints.Breakpoints`) and their search."""
+    bp = Breakpoints.from_checked(p, q, normalize=validate, namespace=namespace)
     if not p.shape[:-1].numel():  # an empty batch: the queries check the budget, then nothing to solve
-        point = (bp.for_acceptance(min_acceptance, validate=validate) if min_acceptance is not None
-                 else bp.for_divergence(max_divergence, div, validate=validate))
+        point = (bp.for_acceptance(request, validate=validate) if dual
+                 else bp.for_divergence(request, div, validate=validate))
         return MDSolution(point.a, point.b, point.acceptance, point.a.clone(), bp.sd_acceptance)
-    dual = min_acceptance is not None
     if dual:
-        point, value = _buckets.sorted_dual(bp, bp.flat_budget(min_acceptance, "min_acceptance", 1.0, validate), div)
+        point, value = _buckets.sorted_dual(bp, bp.flat_budget(request, "min_acceptance", 1.0, validate), div)
     elif mode == "exact":  # D_f at the solution from the breakpoints' prefix sums (no pass over V)
-        point, _, value = bp.primal64(max_divergence, div, False, validate, with_value=True)
+        point, _, value = bp.primal64(request, div, False, validate, with_value=True)
         value = torch.where((point.a == 0) & (point.b == 0), 0.0, value)
     else:  # the bound's value is not D_f: computed on the full rows
-        point, value = bp.primal64(max_divergence, div, True, validate)[0], None
+        point, value = bp.primal64(request, div, True, validate)[0], None
     p64 = q64 = None
     if value is None or dual or support == "any":
         p64, q64 = _rows64(p, q, bp.normalized)
@@ -354,12 +478,13 @@ def solve(
         value = f_divergence(mentored_distribution(p64, q64, a64, b64, validate=False), q64, div, validate=False)
     sol = MDSolution(bp.to_output(point.a), bp.to_output(point.b), bp.to_output(point.acceptance), bp.to_output(value),
                      bp.sd_acceptance)
-    return _finish(sol, p64, q64, min_acceptance if dual else max_divergence, dual, div, support, on_infeasible)
+    return _finish(sol, p64, q64, request, dual, div, support, on_infeasible)
 
 
-def _solve_row(p, q, budget: float, div, g, validate: bool) -> MDSolution:
-    """:func:`solve` of one small CPU row by :func:`mdboost.md._scalar_rows.solve_row` (the same values)."""
-    a, b, acc, value, sd = _scalar_rows.solve_row(p, q, budget, div, g, validate)
+def _scalar_row(p, q, budget: float, div, g, validate: bool) -> MDSolution:
+    """One small CPU row by :func:`mdboost.md._scalar_rows.solve_row` (the values of the sorted route)."""
+    rows = (p, q) if p.ndim == 1 else (p.reshape(-1), q.reshape(-1))
+    a, b, acc, value, sd = _scalar_rows.solve_row(*rows, budget, div, g, validate)
     return _row_solution(a, b, acc, 0.0 if a == 0 and b == 0 else value, sd, p)
 
 

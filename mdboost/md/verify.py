@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import torch
 
-from mdboost.md import _buckets
+from mdboost.md import _buckets, _router
 from mdboost.md._checks import (_as_real_tensor, check_budget, check_positive_int, check_probs, check_tokens,
                                 compute_dtype, is_number)
 from mdboost.md.breakpoints import Breakpoints
@@ -232,9 +232,10 @@ def _solve(p, q, budget, dual, div, normalize=False):  # [N, W], [N, W], [N] -> 
     """Exact f-MD on every row: ``(a, b, P_acc, D_f(pi || q))`` through the breakpoints.
 
     The divergence comes from the breakpoints' prefix sums at the solution (no second pass
-    over the vocabulary). Large rows take the expected linear-time path (:mod:`mdboost.md._buckets`).
+    over the vocabulary). Large rows take the expected linear-time path (:mod:`mdboost.md._buckets`),
+    by :func:`mdboost.md._router.pick_rows`.
     """
-    if _buckets.applies(p):
+    if _router.pick_rows(p) == _router.BUCKETED_BATCH:
         return _buckets.solve_batch(p, q, budget, div, dual, normalize)[:4]
     bp = Breakpoints.from_checked(p, q, normalize)  # verify checked the pair; dtypes already match
     if dual:
@@ -255,7 +256,7 @@ def _solve_lazily(p, q, budget, dual, div, u_acc, p_x, q_x, needed_only, normali
     batch, num_draft = u_acc.shape
     out = [torch.full((batch, num_draft), float("nan"), dtype=u_acc.dtype, device=u_acc.device) for _ in range(4)]
     zero = torch.zeros_like(u_acc)
-    if not _buckets.applies(p):
+    if _router.pick_rows(p) == _router.SORTED:
         # small rows: a call's fixed cost outweighs its rows, so solve every candidate position in
         # one call, then keep the reached ones (the same values: each row is solved on its own)
         todo = u_acc >= _accept_ratio(zero, q_x, p_x) if needed_only else torch.ones_like(u_acc, dtype=torch.bool)
