@@ -16,7 +16,6 @@ import torch
 
 from mdboost.md import _buckets, _router
 from mdboost.md._checks import is_number
-from mdboost.md._scalar import scalar_g
 from mdboost.md.divergences import resolve
 from mdboost.md.solve import mentored_distribution, solve
 from tests.test_md_reference import NAMES, ref_primal
@@ -248,7 +247,7 @@ def _bucketed_route(p, q, value, dual, div):
     if not p.numel():
         return {}
     row = (not dual and is_number(value) and p.numel() == p.shape[-1] and p.device.type == "cpu"
-           and scalar_g(resolve(div)) is not None)
+           and resolve(div).g_float is not None)
     return dict(route=_router.BUCKETED_ROW if row else _router.BUCKETED_BATCH)
 
 

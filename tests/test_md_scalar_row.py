@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from mdboost.md import _router, _scalar, _search
+from mdboost.md import _router, _search
 from mdboost.md._xp import NUMPY, TORCH
 from mdboost.md.breakpoints import Breakpoints
 from mdboost.md.divergences import GENERATORS, alpha, resolve
@@ -137,7 +137,7 @@ def test_one_row_solve_takes_the_row_path():
     assert _router.pick(p, q, 0.05, True) == _router.SORTED  # a batch
     assert _router.pick(p[0].float(), q[0], 0.05, True) == _router.SORTED  # mixed dtypes
     assert _router.pick(p[0], q[0], 0.05, True, "bound") == _router.SORTED
-    assert _scalar.scalar_g(alpha(0.5)) is None and _scalar.scalar_g(resolve("kl")) is not None
+    assert alpha(0.5).g_float is None and resolve("kl").g_float is not None
     ref = solve(p[0][None], q[0][None], max_divergence=0.05)
     for budget in (0.05, torch.tensor(0.05, dtype=torch.float64)):  # a Python float, a tensor: the same floats
         assert bool(solve(p[0], q[0], max_divergence=budget).acceptance == ref.acceptance[0])

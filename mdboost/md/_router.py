@@ -159,7 +159,7 @@ def pick(p, q, budget: float | None, scalar: bool, mode: str = "exact", namespac
     """The route of ``solve`` on the pair ``p``, ``q`` [..., V] as given (before any check).
 
     ``budget``: the Python-float budget of an exact primal on the target's support, else None;
-    ``scalar``: the generator has a Python-float form (:func:`mdboost.md._scalar.scalar_g`).
+    ``scalar``: the generator has a Python-float form (:attr:`mdboost.md.divergences.Divergence.g_float`).
     Inputs that are not tensors of rows are routed :data:`SORTED` (the checks then raise). A torch
     ``namespace`` rules out the one-row routes (their arithmetic is numpy and Python floats).
 
