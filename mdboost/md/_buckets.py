@@ -49,6 +49,7 @@ from mdboost.md import _locate, _router, _scalar, _scalar_rows
 from mdboost.md._bracket import Reduction, bracket, events, reduction
 from mdboost.md._histogram import C1, FINITE, Histogram, Rows, histogram_of
 from mdboost.md._router import NOISE_BUDGET, too_full
+from mdboost.md._sums import _sort_rows, neutral_ratios
 from mdboost.md._xp import NUMPY, TORCH, namespace_for
 from mdboost.md.breakpoints import Breakpoints
 from mdboost.md.divergences import Divergence
@@ -224,8 +225,6 @@ def prepare_dual(p, q, min_acceptance, div: Divergence, normalize: bool,
 
 
 def _sorted(rp, rq, xp=None):
-    from mdboost.md._sums import _sort_rows, neutral_ratios
-
     return _sort_rows(neutral_ratios(torch.div(rp, rq)), rp, rq, xp)
 
 
