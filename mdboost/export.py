@@ -290,7 +290,7 @@ def mdboost_snippet(rec: dict, sampling: dict, device: str, home: str | None = N
         *(["from mdboost.hf import drafter_for"] if speculative else []),
         "from mdboost.models import load_model", "",
         _load_target(rec, device, home),
-        f"input_ids = tok({PROMPT!r}, return_tensors=\"pt\").input_ids",
+        f"input_ids = tok({PROMPT!r}, return_tensors=\"pt\").input_ids.to(target.device)",
         f"settings = GenerationSettings({', '.join(args)}, eos_token_id=tok.eos_token_id)",
         call, "print(tok.decode(out.sequences[0]))"])
 
@@ -337,7 +337,7 @@ def hf_snippet(rec: dict, sampling: dict, device: str, home: str | None = None) 
     return "\n".join([*(["import mdboost.hf"] if drafted else []),
                       "from mdboost.models import load_model", "",
                       _load_target(rec, device, home),
-                      f"inputs = tok({PROMPT!r}, return_tensors=\"pt\")",
+                      f"inputs = tok({PROMPT!r}, return_tensors=\"pt\").to(target.device)",
                       f"out = target.generate({call})", "print(tok.decode(out[0]))"])
 
 

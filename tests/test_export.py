@@ -349,3 +349,21 @@ def test_rank_records_the_home_it_resolved():
     assert rank_pool.ranked_home(cfg) == home
     rec = Recommendation(**{**recommendation(1), "gamma": 4})
     assert f"home={home!r})" in rank_pool.engine_snippet(rec, cfg)
+
+
+@pytest.mark.parametrize("section,name", [("mdboost", "input_ids"), ("hf", "inputs")])
+def test_the_snippets_put_the_prompt_on_the_target_device(tmp_path, monkeypatch, section, name):
+    """A ranking on CUDA exported a prompt left on the CPU (a device mismatch in the first forward):
+    the prompt goes to ``target.device``. Checked with the target on the meta device, up to the call."""
+    import torch
+
+    import mdboost.models
+
+    model, tok = mdboost.models.load_model("tiny")
+    monkeypatch.setattr(mdboost.models, "load_model", lambda *a, **k: (model.to("meta"), tok))
+    code = render(plan_for(tmp_path, 1), section)
+    head = code[:code.index("out = ")]  # the imports, the model, the prompt
+    scope: dict = {}
+    exec(compile(head, f"<export {section}>", "exec"), scope)
+    tensor = scope[name] if name == "input_ids" else scope[name]["input_ids"]
+    assert tensor.device == torch.device("meta")
