@@ -29,6 +29,7 @@ never reaches it; the drafter has its own name here)::
 from __future__ import annotations
 
 import os
+import warnings
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -200,6 +201,10 @@ def _check_call(model, input_ids, config, model_kwargs, streamer) -> None:
                          f"{cache.get_seq_length()} tokens")
     if streamer is not None and input_ids.shape[0] != 1:
         raise ValueError(f"streamer needs a batch of one row, got {input_ids.shape[0]} rows")
+    if getattr(config, "cache_implementation", None) is not None:
+        warnings.warn(f"cache_implementation={config.cache_implementation!r} is ignored by mentored_generate: "
+                      "mdboost's engine keeps its own dynamic KV cache, rolled back after each verification, "
+                      "and returns no cache", UserWarning, stacklevel=3)
 
 
 def from_config(config) -> tuple[list, list]:

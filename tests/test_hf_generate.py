@@ -312,3 +312,12 @@ def test_a_direct_call_takes_sampling_and_eos_from_the_config():
         out = mentored_generate(target, ids, generation_config=one, drafter="ngram:2",
                                 generator=torch.Generator().manual_seed(seed))
         assert out.tolist() == free.tolist()
+
+
+def test_cache_implementation_is_ignored_with_a_warning(target, other):
+    """mdboost's engine keeps its own dynamic cache: a requested cache implementation is not used,
+    and the call says so instead of dropping it silently; the tokens are those of the call without it."""
+    ids = prompt(3, 5)
+    with pytest.warns(UserWarning, match="cache_implementation='static' is ignored"):
+        out = md(target, ids, drafter=other, do_sample=False, max_new_tokens=6, cache_implementation="static")
+    assert torch.equal(out, md(target, ids, drafter=other, do_sample=False, max_new_tokens=6))
