@@ -85,7 +85,6 @@ class PoolConfig:
             except ValueError as err:
                 raise ValueError(f"invalid drafters[{i}]: {err}") from None
         if self.device is not None:  # a device this machine has (no model loads onto a missing GPU)
-
             try:
                 resolve_device(self.device)
             except ValueError as err:

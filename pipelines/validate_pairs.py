@@ -206,7 +206,6 @@ def run(cfg: ValidateConfig, the_plan: Plan | None = None) -> dict:
         if client is None:
             realized = realize_cells(p.cells, pool, prompts, progress=cfg.progress, **kwargs)
         else:  # one cell with its own AR run per task (mdboost.validation.scaleout)
-
             realized = realize_cells_on(client, p.cells, pool.recipe, prompts, threads=ENGINE_THREADS, **kwargs)
     intervals = interval_settings(p.ranking, len(prompts))
     records = [cell_record(i, "recommendation" if i == 0 else "sample", row, real, top_k=sampling["top_k"],
