@@ -3,7 +3,8 @@
 Paper results implemented here (definitions in ``docs/theory.md``):
 
 - Theorem 3.7 / Corollary 3.10: the optimum is the clamp ``pi(a, b) = max{(1-b) q, min{p, (1+a) q}}``
-  (:func:`clamp` elementwise, :func:`mentored_distribution` on ``[..., V]`` rows);
+  (:mod:`mdboost.md.clamp`: :func:`clamp` elementwise, :func:`mentored_distribution` on ``[..., V]``
+  rows; imported here);
 - Definition 3.11 / Theorem 3.13: the optimal couples form one f-independent curve C(p, q),
   searched through :class:`~mdboost.md.breakpoints.Breakpoints` (:func:`solve`);
 - Theorem 3.12: the conservative ``mode="bound"``.
@@ -29,10 +30,10 @@ import torch
 
 from mdboost.md import _buckets, _router, _scalar_rows
 from mdboost.md import support as _support
-from mdboost.md._checks import (_as_real_tensor, _check_budget_range, check_budget, check_pair, check_probs, checked_pair,
-                                is_number)
+from mdboost.md._checks import _check_budget_range, check_budget, checked_pair, is_number
 from mdboost.md._histogram import takes_numpy_pass
 from mdboost.md.breakpoints import Breakpoints
+from mdboost.md.clamp import acceptance_probability, boost_coefficient, clamp, mentored_distribution
 from mdboost.md.contract import tolerance
 from mdboost.md.divergences import f_divergence, resolve
 
@@ -87,135 +88,6 @@ class MDSolution:
     def boost_coefficient(self) -> torch.Tensor:
         """``k = sqrt((1+a) / (1-b))`` at the solution (:func:`boost_coefficient`)."""
         return boost_coefficient(self.a, self.b, validate=False)
-
-
-def boost_coefficient(a, b, *, validate: bool = True) -> torch.Tensor:
-    """The boosting coefficient ``k = sqrt((1 + a) / (1 - b))`` (paper, Table 5 / Theorem 4.8).
-
-    Parameters
-    ----------
-    a, b : float or tensor, broadcastable
-        A clamp point: ``a >= 0``, ``0 <= b <= 1``.
-    validate : bool, default=True
-        Check the ranges (a device synchronisation); False for points from :func:`solve`.
-
-    Returns
-    -------
-    torch.Tensor
-        ``k >= 1``, in ``a``'s float dtype (float64 for integer ``a``); ``inf`` where ``b = 1``.
-
-    Examples
-    --------
-    >>> float(boost_coefficient(0.0, 0.75))
-    2.0
-    """
-    if not (torch.is_tensor(a) and a.is_floating_point()):
-        a = _as_real_tensor("a", a, None)
-    b = _as_real_tensor("b", b, a.device).to(a.dtype)
-    if validate and ((a < 0).any() or (b < 0).any() or (b > 1).any() or a.isnan().any() or b.isnan().any()):
-        raise ValueError(f"boost_coefficient needs a >= 0 and 0 <= b <= 1, got a={a}, b={b}")
-    return torch.sqrt((1 + a) / (1 - b))
-
-
-def clamp(draft_probs, target_probs, a, b) -> torch.Tensor:
-    """The clamp ``max{(1-b) q, min{p, (1+a) q}}`` elementwise (``docs/theory.md`` section 4).
-
-    The one implementation of the clamp: :func:`mentored_distribution` applies it to whole rows,
-    the ranking to single tokens (:func:`mdboost.ranking.quality.mentored_true_prob`), to a
-    common top-k support with its tail bucket (:func:`mdboost.ranking.chains.budget_tilt`) and
-    to ratios ``p / q`` with ``q = 1`` (:func:`mdboost.ranking.chains.conditional_acceptance`).
-
-    Parameters
-    ----------
-    draft_probs, target_probs : tensor or float
-        ``p`` and ``q`` (probabilities, masses or ratios); at least one argument is a tensor.
-    a, b : float or tensor
-        Clamp parameters, ``a >= 0``, ``0 <= b <= 1`` (not checked). All four broadcast together:
-        give ``a``, ``b`` a trailing axis of size 1 to clamp ``[..., V]`` rows per ``(...)``.
-
-    Returns
-    -------
-    torch.Tensor
-        The broadcast shape; no renormalisation.
-
-    Examples
-    --------
-    >>> clamp(torch.tensor([0.7, 0.2, 0.1]), torch.tensor([0.2, 0.3, 0.5]), 1.0, 0.5)
-    tensor([0.4000, 0.2000, 0.2500])
-    """
-    return torch.maximum((1 - b) * target_probs, torch.minimum(draft_probs, (1 + a) * target_probs))
-
-
-def mentored_distribution(
-    draft_probs: torch.Tensor,  # [..., V]
-    target_probs: torch.Tensor,  # [..., V]
-    a,  # scalar or [...]
-    b,  # scalar or [...]
-    *,
-    off_support=None,  # scalar or [...]
-    validate: bool = True,
-) -> torch.Tensor:  # [..., V]
-    """The clamp ``pi(a, b) = max{(1-b) q, min{p, (1+a) q}}`` coordinate-wise (Cor 3.10).
-
-    It sums to one exactly when ``(a, b)`` is on the curve C(p, q); no renormalisation is done.
-    With ``off_support`` (from ``solve(..., support="any")``), that mass is added on the tokens
-    with ``q_i = 0 < p_i``, split in proportion to ``p`` (``docs/theory.md``, section 4).
-
-    Parameters
-    ----------
-    draft_probs, target_probs : torch.Tensor of shape (..., V)
-        ``p`` and ``q``.
-    a, b : float or tensor broadcastable to (...)
-        ``a >= 0`` (``+inf`` allowed), ``0 <= b <= 1``.
-    off_support : float or tensor broadcastable to (...), optional
-        Mass in ``[0, 1]`` on the tokens the target excludes (:attr:`MDSolution.off_support`).
-    validate : bool, default=True
-        Check the inputs (rows, ranges; raises ValueError naming the argument).
-
-    Returns
-    -------
-    torch.Tensor of shape (..., V)
-        In the common dtype of ``draft_probs`` and ``target_probs`` (float32 for half
-        precision; float32 with float64 gives float64); an ``a`` beyond that
-        dtype's range acts as its largest finite value, and a ``q_i`` whose ratio ``p_i / q_i``
-        overflows the dtype counts as 0, as in the solvers (``docs/theory.md``, section 9).
-
-    Examples
-    --------
-    >>> p, q = torch.tensor([0.7, 0.2, 0.1]), torch.tensor([0.2, 0.3, 0.5])
-    >>> mentored_distribution(p, q, 1.0, 0.5)
-    tensor([0.4000, 0.2000, 0.2500])
-    """
-    p, q = check_pair(draft_probs, target_probs, validate=validate)
-    batch, device = p.shape[:-1], p.device
-    a = check_budget("a", a, batch, device, validate=validate)
-    b = check_budget("b", b, batch, device, upper=1.0, validate=validate)
-    a = a.clamp(max=torch.finfo(p.dtype).max).to(p.dtype).unsqueeze(-1)
-    q = torch.where(torch.isinf(p / q) & (q > 0), 0.0, q)  # a ratio beyond the dtype's range: q_i = 0
-    pi = clamp(p, q, a, b.to(p.dtype).unsqueeze(-1))
-    if off_support is None:
-        return pi
-    off = check_budget("off_support", off_support, batch, device, upper=1.0, validate=validate)
-    return _support.add_off_support(pi, p, q, off)
-
-
-def acceptance_probability(
-    draft_probs: torch.Tensor,  # [..., V]
-    output_probs: torch.Tensor,  # [..., V]
-    *,
-    validate: bool = True,
-) -> torch.Tensor:  # [...]
-    """``P_acc(pi) = sum_i min(pi_i, p_i) = 1 - TV(pi, p)`` for SD towards ``pi`` (``docs/theory.md`` section 2).
-
-    ``output_probs = target_probs`` gives the acceptance of standard SD. ``validate`` checks
-    both rows (finite, non-negative, summing to 1 within the tolerance).
-    """
-    p = check_probs("draft_probs", draft_probs, validate=validate)
-    pi = check_probs("output_probs", output_probs, validate=validate)
-    if p.shape != pi.shape:
-        raise ValueError(f"draft_probs and output_probs must have the same shape, got {tuple(p.shape)} "
-                         f"and {tuple(pi.shape)}")
-    return torch.minimum(p, pi).sum(dim=-1)
 
 
 def solve(
@@ -429,6 +301,12 @@ def _check_request(max_divergence, min_acceptance, mode, support, on_infeasible,
 
 
 # ---------------------------------------------------------------- the routes (mdboost.md._router)
+def _checked_request(p, request, dual: bool, validate: bool) -> torch.Tensor:  # -> float64 [...]
+    """The budget (``max_divergence``) or target acceptance (``min_acceptance``, at most 1) per row of ``p``."""
+    name = "min_acceptance" if dual else "max_divergence"
+    return check_budget(name, request, p.shape[:-1], p.device, upper=1.0 if dual else None, validate=validate)
+
+
 def _bucketed_row(p, q, budget: float, div, validate: bool, row_sums, in_pass: bool) -> MDSolution:
     """One CPU row in expected linear time, its reduced row searched in Python floats."""
     if validate:
@@ -439,8 +317,7 @@ def _bucketed_row(p, q, budget: float, div, validate: bool, row_sums, in_pass: b
 def _bucketed_batch(p, q, request, dual, div, support, on_infeasible, validate, row_sums, in_pass,
                     namespace=None) -> MDSolution:
     """Rows in expected linear time (``docs/theory.md``, section 4)."""
-    name = "min_acceptance" if dual else "max_divergence"
-    value = check_budget(name, request, p.shape[:-1], p.device, upper=1.0 if dual else None, validate=validate)
+    value = _checked_request(p, request, dual, validate)
     sol = MDSolution(*_buckets.solve_batch(p, q, value, div, dual, normalize=validate, row_sums=row_sums,
                                            check=in_pass, xp=namespace))
     p64, q64 = _rows64(p, q, validate) if dual or support == "any" else (None, None)
@@ -449,8 +326,7 @@ def _bucketed_batch(p, q, request, dual, div, support, on_infeasible, validate, 
 
 def _reference_route(p, q, request, dual, div, support, on_infeasible, validate) -> MDSolution:
     """:func:`reference` on the rows the routes solve (rescaled where they rescale)."""
-    name = "min_acceptance" if dual else "max_divergence"
-    value = check_budget(name, request, p.shape[:-1], p.device, upper=1.0 if dual else None, validate=validate)
+    value = _checked_request(p, request, dual, validate)
     p64, q64 = _rows64(p, q, validate)
     sol = MDSolution(*(x.to(p.dtype) for x in reference(p64, q64, value, dual, div)))
     return _finish(sol, p64, q64, value, dual, div, support, on_infeasible)

@@ -6,7 +6,7 @@ Per position, over the coordinates where the drafter ``p`` and the target ``q`` 
 - ``eps_pq = min_i |ratio_i - 1|`` (how close the most similar coordinate is);
 - ``rho_pq = min(min_i ratio_i, 1 / max_i ratio_i)`` (ratios lie in ``[rho_pq, 1/rho_pq]``);
 - the boosting coefficient of Theorem 4.8 / Table 5 at an operating point ``(a, b)`` of the
-  curve C(p, q): ``k = sqrt((1 + a) / (1 - b))`` (:func:`mdboost.md.solve.boost_coefficient`,
+  curve C(p, q): ``k = sqrt((1 + a) / (1 - b))`` (:func:`mdboost.md.clamp.boost_coefficient`,
   re-exported here beside the other diagnostics).
 
 Coordinates where both are zero are ignored; ``p_i = 0 < q_i`` gives ``ratio = inf`` (so
