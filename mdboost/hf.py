@@ -106,6 +106,7 @@ def mentored_generate(
     md_top_k: int | None = None,
     md_solve: str = DEFAULT_MD_SOLVE,
     mentor=None,
+    rule=None,
     generator: torch.Generator | None = None,
     streamer=None,
     home=None,
@@ -132,6 +133,10 @@ def mentored_generate(
         An explicit emitted distribution per drafted position instead of a budget
         (:class:`~mdboost.engine.GenerationSettings`'s ``mentor``, e.g.
         :class:`mdboost.md.tv_set.BoostedMentor`).
+    rule : mdboost.md.rules.Rule or None
+        A verification rule instead of a budget (:class:`~mdboost.engine.GenerationSettings`'s
+        ``rule``: ``Threshold(accept=c)`` for SGLang's thresholds, ``Match()`` for llama.cpp's
+        verification, ``Rejection(drafting="greedy")`` for vLLM's default, ...).
     num_draft_tokens : int, default=4
         Draft length per step (the engine's ``gamma``).
     generator : torch.Generator or None
@@ -165,7 +170,7 @@ def mentored_generate(
     settings = GenerationSettings(
         max_new_tokens=_max_new_tokens(max_length, input_ids.shape[1]), gamma=num_draft_tokens, **sampling,
         max_divergence=max_divergence, min_acceptance=min_acceptance, divergence=divergence, md_top_k=md_top_k,
-        md_solve=md_solve, mentor=mentor, eos_token_id=eos_id, pad_token_id=None if pad is None else int(pad),
+        md_solve=md_solve, mentor=mentor, rule=rule, eos_token_id=eos_id, pad_token_id=None if pad is None else int(pad),
         logits_processor=lp.LogitsProcessorList(processors) if processors else None,
         stopping_criteria=criteria)
     def stream(rows):  # one row (checked): [1, n] per step, as transformers' assisted decoding puts them

@@ -19,6 +19,7 @@ from transformers.generation.utils import GenerationMixin
 import mdboost.hf
 from mdboost.engine import GenerationSettings, ModelDrafter, generate
 from mdboost.hf import MentoredGenerateOutput, drafter_for, mentored_generate
+from mdboost.md.rules import Threshold
 from mdboost.models.tiny import EOS_ID, PAD_ID, tiny_llama
 
 V = 32
@@ -321,3 +322,15 @@ def test_cache_implementation_is_ignored_with_a_warning(target, other):
     with pytest.warns(UserWarning, match="cache_implementation='static' is ignored"):
         out = md(target, ids, drafter=other, do_sample=False, max_new_tokens=6, cache_implementation="static")
     assert torch.equal(out, md(target, ids, drafter=other, do_sample=False, max_new_tokens=6))
+
+
+def test_a_rule_runs_through_generate_as_in_the_engine(target, other):
+    """``rule=`` reaches the engine: the same tokens as the engine with the same rule and seed."""
+    ids = prompt(7, 6, batch=3)
+    rule = Threshold(accept=0.5)
+    ours = md(target, ids, drafter=other, rule=rule, do_sample=True, max_new_tokens=8, num_draft_tokens=3,
+              generator=torch.Generator().manual_seed(4))
+    settings = GenerationSettings(max_new_tokens=8, gamma=3, temperature=1.0, rule=rule, eos_token_id=EOS_ID,
+                                  pad_token_id=PAD_ID)
+    engine = generate(target, ids, settings, drafter=ModelDrafter(other), generator=torch.Generator().manual_seed(4))
+    assert torch.equal(ours, engine.sequences)

@@ -39,7 +39,7 @@ from mdboost.md.divergences import f_divergence, resolve
 from mdboost.md.sampling import (VerifyResult, accept_ratio, accepted_prefix, draw_uniforms, emitted_tokens,
                                  inverse_cdf)
 from mdboost.md.solve import solve
-from mdboost.md.verify import verify
+from mdboost.md.verify import SOLVE, verify
 
 __all__ = ["DRAFTING", "ENGINES", "Match", "Mentored", "Rejection", "Rule", "Threshold", "TokenLaw",
            "greedy_proposal", "threshold_for_budget"]
@@ -198,6 +198,9 @@ class Mentored(Rule):
         The generator ``f`` of the budget.
     min_acceptance : float or None
         The dual budget instead (then ``max_divergence`` stays 0).
+    solve : {"all", "reached", "needed"}, default="all"
+        Where :meth:`verify` solves the clamp (:func:`mdboost.md.verify.verify`'s ``solve``): the
+        same tokens for every value; fewer solves, and NaN stats where none was needed.
     drafting : {"sampled", "greedy"}, default="sampled"
 
     Examples
@@ -212,6 +215,7 @@ class Mentored(Rule):
     max_divergence: float = 0.0
     divergence: str = "kl"
     min_acceptance: float | None = None
+    solve: str = "all"
     name: ClassVar[str] = "mentored"
 
     def __post_init__(self):
@@ -230,6 +234,8 @@ class Mentored(Rule):
             resolve(self.divergence)
         except ValueError as err:
             raise ValueError(f"divergence: {err}") from err
+        if self.solve not in SOLVE:
+            raise ValueError(f"solve must be one of {SOLVE}, got {self.solve!r}")
 
     @property
     def lossless(self) -> bool:
@@ -251,7 +257,7 @@ class Mentored(Rule):
         return TokenLaw(sol.acceptance.double(), pi)
 
     def _verify(self, tokens, p, q_all, generator, validate, divergence) -> VerifyResult:
-        return verify(tokens, p, q_all, generator=generator, validate=False, **self._budget())
+        return verify(tokens, p, q_all, generator=generator, validate=False, solve=self.solve, **self._budget())
 
 
 @dataclass(frozen=True, kw_only=True)
