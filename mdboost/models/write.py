@@ -93,6 +93,8 @@ def write_drafter(target_model, spec: str, out_dir: str | os.PathLike, *, tokeni
         ``out_dir``, holding ``config.json``, the safetensors weights, the tokenizer files and
         ``mdboost_drafter.json`` (the spec, the target's name, mdboost's version).
     """
+    if not isinstance(out_dir, (str, os.PathLike)) or not os.fspath(out_dir):
+        raise ValueError(f"out_dir must be the path of a new folder, got {out_dir!r}")
     architecture = type(target_model).__name__
     why = unwritable_reason(spec, architecture)
     if why is not None:
