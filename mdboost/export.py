@@ -476,6 +476,8 @@ def drafter_engine_lines(written: dict, rec: dict, home: str | None = None) -> d
     path, gamma = written["path"], int(written["gamma"])
     target = vllm_model(rec["target"], home)[0] or "<target>"
     drafting = rec.get("drafting") or "sampled"  # mdboost's ranking samples drafts from p
+    if drafting not in VLLM_DRAFT_SAMPLING:
+        raise ValueError(f"the recommendation's drafting must be one of {tuple(VLLM_DRAFT_SAMPLING)}, got {drafting!r}")
     config = {"method": "draft_model", "model": path, "num_speculative_tokens": gamma,
               "draft_sample_method": VLLM_DRAFT_SAMPLING[drafting]}
     gguf = f"{path}.gguf"

@@ -146,7 +146,7 @@ COLUMNS = ("rank", "drafter", "target", "temperature", "divergence", "max_diverg
            "predicted_speedup_lo", "predicted_speedup_hi")
 
 
-def ranking_dir(tmp_path, drafter, gamma=3, beats=True, device="cpu"):
+def ranking_dir(tmp_path, drafter, gamma=3, beats=True, device="cpu", **more):
     folder = tmp_path / f"rank-{drafter.replace(':', '-')}"
     folder.mkdir()
     row = {"rank": 1, "drafter": drafter, "target": "tiny", "temperature": 0.7, "divergence": "none",
@@ -156,7 +156,7 @@ def ranking_dir(tmp_path, drafter, gamma=3, beats=True, device="cpu"):
         writer = csv.DictWriter(fh, COLUMNS)
         writer.writeheader()
         writer.writerow(row)
-    rec = {k: row[k] for k in COLUMNS if k != "rank"} | {"beats_plain_decoding": beats, "quality_ok": True}
+    rec = {k: row[k] for k in COLUMNS if k != "rank"} | {"beats_plain_decoding": beats, "quality_ok": True, **more}
     summary = {"recommendation": rec, "sampling": {"top_k": None, "top_p": None}, "device": device}
     (folder / "summary.json").write_text(json.dumps(summary))
     return folder
@@ -205,3 +205,12 @@ def test_cli_refuses_an_existing_folder(tmp_path, capsys):
     out.mkdir()
     assert main(["export", "--ranking", str(ranking_dir(tmp_path, "early_exit:2")), "--write-drafter", str(out)]) == 2
     assert "already exists" in capsys.readouterr().err and list(out.iterdir()) == []
+
+
+def test_cli_keeps_greedy_drafting_and_says_when_plain_decoding_is_as_fast(tmp_path, capsys):
+    folder = ranking_dir(tmp_path, "early_exit:2", beats=False, drafting="greedy")
+    assert main(["export", "--ranking", str(folder), "--write-drafter", str(tmp_path / "draft")]) == 0
+    printed = capsys.readouterr().out
+    serve = next(line for line in printed.splitlines() if line.startswith("vLLM:"))
+    assert json.loads(shlex.split(serve)[-1])["draft_sample_method"] == "greedy"
+    assert "plain decoding" in printed
