@@ -14,8 +14,9 @@ argument the exports emit against it.
   values ``--generation-config`` takes and the keys ``--override-generation-config`` applies
   (``config/model.py``).
 - SGLang: every ``launch_server`` flag derived from the ``A[...]`` fields of
-  ``srt/arg_groups/fields/*.py`` (type, choices, aliases), and the builtin speculative
-  algorithms (``srt/speculative/spec_info.py``).
+  ``srt/arg_groups/fields/*.py`` (type, choices, aliases), the builtin speculative
+  algorithms (``srt/speculative/spec_info.py``) and ``SamplingParams``' fields
+  (``srt/sampling/sampling_params.py``).
 - llama.cpp: every option of ``common/arg.cpp`` (its names, whether ``llama-server`` takes it,
   whether it was removed) and the ``--spec-type`` names (``common/speculative.cpp``).
 
@@ -198,7 +199,9 @@ def sglang_schema(pkg: Path, dist_info: Path) -> dict:
     spec_info = _tree(pkg / "srt/speculative/spec_info.py")
     enum = next(n for n in ast.walk(spec_info) if isinstance(n, ast.ClassDef) and n.name == "SpeculativeAlgorithm")
     members = {t.id: node.lineno for node in enum.body if isinstance(node, ast.Assign) for t in node.targets}
+    sampling = class_fields(_tree(pkg / "srt/sampling/sampling_params.py"), "SamplingParams")
     return {"version": version, "launch_server": {"module": "sglang.launch_server", "flags": flags},
+            "sampling_params": {"file": "sglang/srt/sampling/sampling_params.py", "fields": sampling},
             "speculative_algorithms": {"file": "sglang/srt/speculative/spec_info.py",
                                        "values": {k: v for k, v in members.items() if k != "NONE"}}}
 
