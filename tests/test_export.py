@@ -1,6 +1,7 @@
 """``mdboost export``: the recommendation's mdboost / Hugging Face / vLLM calls. The vLLM part is
-checked against the schema of vLLM's documented ``SpeculativeConfig`` fields (not a running vLLM);
-the Python snippets are executed on the tiny model."""
+checked here for its keys and ranges, and in ``tests/test_export_schemas.py`` against vLLM
+0.34.0's own ``SpeculativeConfig`` (not a running vLLM); the Python snippets are executed on
+the tiny model."""
 
 import contextlib
 import csv
