@@ -62,10 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     ui.set_defaults(target="mdboost.tracking.ui:main")
 
     export = sub.add_parser("export", help="print what to run for a ranking's recommendation "
-                                           "(mdboost, HF generate, vLLM)")
+                                           "(mdboost, HF generate, vLLM, SGLang, llama.cpp)")
     export.add_argument("--ranking", required=True,
                         help="a ranking output folder (e.g. outputs/rank) or its MLflow run id")
-    export.add_argument("--format", default="json", choices=["json", "mdboost", "hf", "vllm"])
+    export.add_argument("--format", default="json", choices=["json", "mdboost", "hf", "vllm", "sglang", "llamacpp"])
     export.add_argument("--tracking-uri", default=None, help="store of a run id (default: $MLFLOW_TRACKING_URI, "
                                                              "else sqlite:///mlruns/mlflow.db)")
     export.add_argument("--write-drafter", default=None, metavar="DIR",

@@ -61,6 +61,8 @@ def test_transformers_calling_convention_is_the_one_we_rely_on():
     assert "streamer" in sample
     source = inspect.getsource(GenerationMixin._extract_generation_mode_kwargs)
     assert "inspect.signature(GenerationMixin._sample)" in source and "inspect.signature(custom_generate)" in source
+    # ... so mentored_generate reads it from generate's own frame, which calls the custom_generate
+    assert "result = decoding_method(" in inspect.getsource(GenerationMixin.generate)
 
 
 def test_generate_forwards_our_keywords(target, other):
@@ -248,6 +250,69 @@ def test_streamer_receives_the_new_tokens(target, other):
                             config, drafter=other, streamer=streamer)
     assert streamer.ended == 1 and all(p.shape[0] == 1 for p in streamer.puts)
     assert torch.cat([p[0] for p in streamer.puts]).tolist() == out[0, 5:].tolist()
+
+
+def consume(streamer, call):
+    """Run ``call`` in a thread while reading ``streamer`` here, as a TextIteratorStreamer's user does;
+    the streamer's own timeout turns a consumer that would wait forever into ``queue.Empty``."""
+    import threading
+
+    box = {}
+
+    def work():
+        try:
+            box["out"] = call()
+        except Exception as err:  # noqa: BLE001 -- handed to the test below
+            box["err"] = err
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    text = "".join(streamer)
+    thread.join(timeout=30)
+    return text, box
+
+
+@pytest.mark.parametrize("skip_prompt", [True, False])
+def test_a_text_iterator_streamer_given_to_generate_streams_and_ends(target, other, skip_prompt):
+    """transformers 5.x puts the prompt into generate's streamer but never forwards it to a callable
+    custom_generate: the consumer got the prompt and then waited forever for end(). The streamer is
+    read from generate's call: the consumer gets the new tokens and stops."""
+    from transformers import TextIteratorStreamer
+
+    from mdboost.models.tiny import tiny_tokenizer
+
+    tok = tiny_tokenizer(V)
+    streamer = TextIteratorStreamer(tok, skip_prompt=skip_prompt, timeout=20)
+    ids = prompt(6, 5)
+    text, box = consume(streamer, lambda: md(target, ids, drafter=other, do_sample=False, max_new_tokens=12,
+                                             streamer=streamer))
+    assert "err" not in box
+    out = box["out"]
+    new = tok.decode(out[0, 5:])
+    assert text == (new if skip_prompt else tok.decode(ids[0]) + new)
+    assert torch.equal(out, md(target, ids, drafter=other, do_sample=False, max_new_tokens=12))
+
+
+def test_a_streamer_ends_when_the_call_fails(target):
+    """generate has put the prompt before mentored_generate checks its arguments: a refused call
+    ends the streamer too, so its consumer stops instead of waiting."""
+    from transformers import TextIteratorStreamer
+
+    from mdboost.models.tiny import tiny_tokenizer
+
+    streamer = TextIteratorStreamer(tiny_tokenizer(V), timeout=20)
+    text, box = consume(streamer, lambda: md(target, prompt(6, 5), do_sample=False, max_new_tokens=4,
+                                             streamer=streamer))
+    assert isinstance(box["err"], ValueError) and "drafter is required" in str(box["err"])
+
+
+def test_only_generate_s_own_frame_hands_over_its_streamer():
+    """A direct call (any caller but GenerationMixin.generate) has no streamer but its own argument."""
+    import sys
+
+    streamer = Recorder()  # noqa: F841 -- a local named like generate's, in a frame that is not generate's
+    assert mdboost.hf.streamer_given_to_generate(sys._getframe(0)) is None
+    assert mdboost.hf.streamer_given_to_generate(None) is None
 
 
 def test_drafter_specs_are_built_from_the_target_once(target):

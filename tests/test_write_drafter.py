@@ -179,7 +179,7 @@ def test_cli_writes_the_pick_and_prints_the_engine_lines(pool, tmp_path, capsys)
     arg = {k: sglang[sglang.index(k) + 1] for k in sglang if k.startswith("--")}
     assert arg["--speculative-draft-model-path"] == path and arg["--speculative-algorithm"] == "STANDALONE"
     assert int(arg["--speculative-num-draft-tokens"]) == int(arg["--speculative-num-steps"]) + 1 == 6
-    assert f"-md {path}.gguf" in printed and "--outtype f32" in printed and "--spec-draft-n-max 5" in printed
+    assert f"--spec-draft-model {path}.gguf" in printed and "--outtype f32" in printed and "--spec-draft-n-max 5" in printed
 
 
 def test_cli_writes_a_cuda_ranking_in_bfloat16(tmp_path, capsys):
