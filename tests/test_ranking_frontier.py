@@ -28,6 +28,7 @@ def test_md_dominates_every_heuristic_point(divergence, seed):
     assert len(fr.points) == 2 * sum(len(v) for v in DEFAULT_GRIDS.values())
     for pt in fr.points:
         assert pt.gap >= -1e-9, pt
+        assert pt.gap_at_max >= pt.gap - 1e-9, pt
         assert pt.divergence_max >= pt.divergence_mean - 1e-12
     for mode, curve in fr.curves.items():  # MD's curve: acceptance non-decreasing in the budget
         acc = [pt.acceptance for pt in curve]
@@ -75,6 +76,7 @@ def test_hand_case_with_a_gap():
     assert pt.md_acceptance == pytest.approx(0.45, abs=1e-9)
     assert pt.gap == pytest.approx(0.45, abs=1e-9)
     assert pt.md_acceptance_at_mean == pytest.approx(0.45, abs=1e-9)  # one position: the same budget
+    assert pt.gap_at_max == pytest.approx(0.45, abs=1e-9)
 
 
 def test_gap_at_mean_is_md_at_the_uniform_budget():

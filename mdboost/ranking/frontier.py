@@ -15,7 +15,9 @@ much at every position: the gap is ``>= 0``, a theorem and not an empirical find
 compares the two at equal divergence position by position, not only on average. MD as mdboost
 runs it (one budget for every position) is also reported at the heuristic's mean divergence
 (:attr:`FrontierPoint.gap_at_mean`); its mean divergence is at most that budget, but a uniform
-budget is not the best allocation of a mean, so that gap carries no sign guarantee.
+budget is not the best allocation of a mean, so that gap carries no sign guarantee. At the
+heuristic's max divergence (:attr:`FrontierPoint.gap_at_max`, the guarantee SGLang's mapped
+threshold gives) MD's uniform budget covers every position's divergence: ``gap_at_max >= gap``.
 
 FLy's points use the law of the first position of a block (:class:`mdboost.md.heuristics.Fly`)
 with ``kappa = alpha^W``, ``alpha`` the mean native acceptance over the positions (positions
@@ -75,6 +77,9 @@ class FrontierPoint:
         there (NaN on MD's own points).
     md_acceptance_at_mean : float
         MD's mean acceptance at the uniform budget ``divergence_mean`` (NaN on MD's own points).
+    md_acceptance_at_max : float
+        MD's mean acceptance at the uniform budget ``divergence_max``: the same worst-case
+        divergence as this point (NaN on MD's own points).
     speedup, md_speedup : float
         Predicted speedups at ``acceptance`` and ``md_acceptance`` (NaN without a speed model).
     """
@@ -88,6 +93,7 @@ class FrontierPoint:
     divergence_max: float
     md_acceptance: float = math.nan
     md_acceptance_at_mean: float = math.nan
+    md_acceptance_at_max: float = math.nan
     speedup: float = math.nan
     md_speedup: float = math.nan
 
@@ -102,6 +108,11 @@ class FrontierPoint:
         return self.md_acceptance_at_mean - self.acceptance
 
     @property
+    def gap_at_max(self) -> float:
+        """MD's acceptance at the uniform budget ``divergence_max`` minus this point's (``>= gap >= 0``)."""
+        return self.md_acceptance_at_max - self.acceptance
+
+    @property
     def speedup_gap(self) -> float:
         """The speedup MD adds at this point's per-position divergences."""
         return self.md_speedup - self.speedup
@@ -109,7 +120,8 @@ class FrontierPoint:
     def as_row(self) -> dict:
         """A flat dict (for a CSV or MLflow), with the gaps."""
         row = {name: getattr(self, name) for name in self.__dataclass_fields__}
-        return row | {"gap": self.gap, "gap_at_mean": self.gap_at_mean, "speedup_gap": self.speedup_gap}
+        return row | {"gap": self.gap, "gap_at_mean": self.gap_at_mean, "gap_at_max": self.gap_at_max,
+                      "speedup_gap": self.speedup_gap}
 
 
 @dataclass(frozen=True)
@@ -239,7 +251,8 @@ def frontier(draft_probs: torch.Tensor, target_probs: torch.Tensor, divergence="
                                     window_acceptance=alpha ** fly_window):
             point, achieved = _point(rule, p, q, name, draft_token)
             point = replace(point, md_acceptance=_md_acceptance(proposal, q, achieved, name),
-                            md_acceptance_at_mean=_md_acceptance(proposal, q, point.divergence_mean, name))
+                            md_acceptance_at_mean=_md_acceptance(proposal, q, point.divergence_mean, name),
+                            md_acceptance_at_max=_md_acceptance(proposal, q, point.divergence_max, name))
             out.points.append(_with_speed(point, gamma, cost_ratio))
         curve = md_curve(p, q, name, drafting=mode, budgets=budgets, draft_token=draft_token)
         out.curves[mode] = [_with_speed(pt, gamma, cost_ratio) for pt in curve]
