@@ -150,8 +150,8 @@ def _fly_block_law(rule, p, q):
             if w > 0:
                 add(tuple(drafts[:length]) + (y,), prob * w)
 
-    options = [[(int(torch.argmax(p[i])), 1.0)] if greedy else [(x, float(p[i, x])) for x in range(vocab) if p[i, x] > 0]
-               for i in range(num_draft)]
+    options = [[(int(torch.argmax(p[i])), 1.0)] if greedy else
+               [(x, float(p[i, x])) for x in range(vocab) if p[i, x] > 0] for i in range(num_draft)]
     for combo in itertools.product(*options):
         drafts = [x for x, _ in combo]
         weight = math.prod(w for _, w in combo)
