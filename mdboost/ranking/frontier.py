@@ -23,6 +23,12 @@ FLy's points use the law of the first position of a block (:class:`mdboost.md.he
 with ``kappa = alpha^W``, ``alpha`` the mean native acceptance over the positions (positions
 taken as independent): its window positions' own distortion is not in the point.
 
+Rows are full distributions, one token a column: Typical's, SGLang's and FLy's tests read a
+token's own probability (and FLy a top-k entropy), so a column that merges many tokens (the
+ranking's aligned tail bucket, :mod:`mdboost.ranking.support`) would be read as one token. The
+cache's ``pair_probs(..., tail="drop")`` rows (each member's top-k renormalised, distinct tokens)
+qualify.
+
 Speedups, when ``gamma`` and ``cost_ratio`` are given, are :func:`mdboost.ranking.speed.walltime_speedup`
 at the mean acceptance (the i.i.d. chain of Leviathan et al.; no MD solve overhead).
 """
