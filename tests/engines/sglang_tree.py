@@ -8,10 +8,20 @@ Source: SGLang 0.5.23 (the ``sglang`` wheel), kernel
 ``sglang/kernels/ops/speculative/sampling.py`` (lines 33-65) and the inverse-CDF step it calls,
 FlashInfer's ``DeviceSamplingFromProb`` (``include/flashinfer/sampling.cuh``; SGLang 0.5.23
 pins ``flashinfer_python==0.7.2``). The caller is ``sglang/srt/speculative/eagle_utils.py``,
-``eagle_sample`` (lines 521-805): it passes ``draft_probs = zeros_like(target_probs)`` (line 748),
+``eagle_sample`` (lines 521-854): it passes ``draft_probs = zeros_like(target_probs)`` (line 748),
 one coin per tree node and one final coin per request from ``_verify_coins`` (lines 457-482)
 and the server's ``--speculative-accept-threshold-single`` / ``-acc`` (lines 781-782; both
 default to 1.0, ``sglang/srt/arg_groups/fields/spec.py`` lines 109-116).
+
+When SGLang runs it: a batch with a non-greedy request, on CUDA, without
+``--speculative-use-rejection-sampling`` (``eagle_sample``, lines 641-647 and 713-718; an
+all-greedy batch, or a CPU/XPU device, commits the target's argmax instead, and rejection
+sampling refuses thresholds other than 1, ``srt/arg_groups/speculative_hook.py`` lines 1231-1240).
+``target_probs`` is the target's softmax at the request's temperature, then top-k / top-p
+renormalised (lines 720-744). At ``--speculative-eagle-topk 1`` the drafts are the drafter's
+argmax (``fast_topk``, ``srt/utils/common.py`` lines 3941-3944; ``draft_topk1_postprocess``,
+``srt/speculative/eagle_worker_v2.py`` line 866; the STANDALONE worker subclasses EAGLE's,
+``srt/speculative/standalone_worker_v2.py`` lines 37 and 138).
 
 What the kernel does, per request (one CUDA block, ``bx``):
 
