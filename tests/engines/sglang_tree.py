@@ -20,7 +20,7 @@ sampling refuses thresholds other than 1, ``srt/arg_groups/speculative_hook.py``
 ``target_probs`` is the target's softmax at the request's temperature, then top-k / top-p
 renormalised (lines 720-744). At ``--speculative-eagle-topk 1`` the drafts are the drafter's
 argmax (``fast_topk``, ``srt/utils/common.py`` lines 3941-3944; ``draft_topk1_postprocess``,
-``srt/speculative/eagle_worker_v2.py`` line 866; the STANDALONE worker subclasses EAGLE's,
+``srt/speculative/eagle_worker_v2.py`` lines 867-869; the STANDALONE worker subclasses EAGLE's,
 ``srt/speculative/standalone_worker_v2.py`` lines 37 and 138).
 
 What the kernel does, per request (one CUDA block, ``bx``):
