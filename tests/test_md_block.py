@@ -220,7 +220,7 @@ def test_block_verify_equals_the_reference_on_the_same_uniforms():
 @pytest.mark.parametrize("prefix_dependent", [False, True])
 def test_greedy_drafts_give_token_wise_rejection_in_law(prefix_dependent):
     """One-hot drafts: the same law of (accepted length, emitted tokens) as token-wise rejection,
-    not the same outcome for the same uniforms (docs/theory.md, block verification section)."""
+    not the same outcome for the same uniforms (docs/theory.md, section 5b)."""
     vocab, k = 3, 3
     rng = np.random.default_rng(11)
     dist = _greedy(_tree(vocab, rng, prefix_dependent))

@@ -5,8 +5,8 @@ at the first rejection. Block verification judges the block as a whole: it keeps
 ratio ``r_j = min(1, r_{j-1} q_j(x_j) / p_j(x_j))`` (``r_{-1} = 1``), accepts the *longest* prefix
 whose test passes, and resamples from a residual scaled by the accepted prefix's ratio. Emitted
 tokens still follow the target exactly, and the expected number of accepted drafts is at least
-token-wise rejection's (``docs/theory.md``, "Block verification (vLLM
-``rejection_sample_method="block"``)", which derives the law :func:`block_acceptance_law` computes).
+token-wise rejection's (``docs/theory.md``, section 5b, which proves both and derives the law
+:func:`block_acceptance_law` computes).
 
 The port (0-indexed positions ``j = 0..K-1``; ``p`` drafter, ``q`` target; file
 ``vllm/v1/worker/gpu/spec_decode/rejection_sampler_utils.py`` of the vLLM 0.34.0 wheel):
@@ -36,8 +36,8 @@ probability ``h`` either way.
 
 Greedy drafts. With ``draft_sample_method="greedy"`` (vLLM's default, ``vllm/config/speculative.py``
 line 682) vLLM keeps no draft logits and verifies the drafts as one-hot (``rejection_sampler_utils.py``
-lines 100 and 996-1000): pass one-hot ``draft_probs`` here. Then ``r_j = prod_{i<=j} q_i(x_i)`` and
-block verification emits exactly the law of token-wise rejection (``docs/theory.md``, same section):
+lines 100 and 989-1001): pass one-hot ``draft_probs`` here. Then ``r_j = prod_{i<=j} q_i(x_i)`` and
+block verification emits exactly the law of token-wise rejection (``docs/theory.md``, section 5b):
 no gain, in law; not the same accepted counts for the same uniforms. A target at temperature 0
 (vLLM's ``is_greedy``, line 617) is verified by argmax match whatever the method; here that is a
 one-hot target row.
@@ -62,7 +62,7 @@ def joint_ratios(draft_prob: torch.Tensor, target_prob: torch.Tensor) -> torch.T
 
     ``draft_prob`` and ``target_prob`` are the drafter's and the target's probabilities of the
     drafted tokens (``p_j(x_j) > 0``). ``r_j`` is the probability that block verification accepts
-    at least ``j + 1`` drafts given them (``docs/theory.md``, block verification section).
+    at least ``j + 1`` drafts given them (``docs/theory.md``, section 5b, the lemma).
 
     >>> joint_ratios(torch.tensor([0.5, 0.5, 0.25]), torch.tensor([1.0, 0.25, 1.0]))
     tensor([1.0000, 0.5000, 1.0000])
@@ -205,10 +205,10 @@ def block_acceptance_law(draft_probs, target_probs, counts=None, *, max_states: 
     Position ``j`` of a block drafts from ``p_j`` and is judged against ``q_j``, the same whatever
     was drafted before (the ranking's approximation: each position's pair read off a cached text).
     Then ``P(accepted >= j + 1) = E[r_j]`` over drafts ``x_i ~ p_i``, with the joint ratio
-    ``r_j = min(1, r_{j-1} q_j(x_j) / p_j(x_j))`` (``docs/theory.md``, block verification
-    section). The ratio is a Markov chain; this enumerates its distinct states position by
-    position (equal states merged), which is exact and tractable for small supports: the states
-    can grow as ``S ** j`` (generic ratios give distinct products), so large supports take
+    ``r_j = min(1, r_{j-1} q_j(x_j) / p_j(x_j))`` (``docs/theory.md``, section 5b). The ratio is
+    a Markov chain; this enumerates its distinct states position by position (equal states
+    merged), which is exact and tractable for small supports: the states can grow as ``S ** j``
+    (generic ratios give distinct products), so large supports take
     :func:`block_acceptance_estimate`.
 
     Parameters
