@@ -298,3 +298,21 @@ def test_bad_input_names_the_argument():
                              torch.full((6, 5), 0.2, **T64), max_states=10)
     with pytest.raises(ValueError, match="num_samples"):
         block_acceptance_estimate(p[0], p[0], num_samples=0)
+
+
+def test_joint_ratio_dominates_token_wise_draft_by_draft_and_rows_batch():
+    """``r_j >= prod_{i<=j} min(1, q_i / p_i)`` for every draft (docs/theory.md, section 5b), and a
+    list of generators makes a batched call equal row-by-row calls."""
+    rng = np.random.default_rng(8)
+    p_x = torch.tensor(rng.uniform(0.01, 1, size=(500, 6)), **T64)
+    q_x = torch.tensor(rng.uniform(0, 1, size=(500, 6)), **T64)
+    s = torch.clamp(q_x / p_x, max=1).cumprod(-1)
+    assert (joint_ratios(p_x, q_x) >= s - 1e-15).all()
+    batch, k, vocab = 5, 3, 4
+    p = torch.tensor(rng.dirichlet(np.ones(vocab), size=(batch, k)), **T64)
+    q = torch.tensor(rng.dirichlet(np.ones(vocab), size=(batch, k + 1)), **T64)
+    tokens = torch.multinomial(p.reshape(-1, vocab), 1, generator=torch.Generator().manual_seed(0)).reshape(batch, k)
+    together = block_verify(tokens, p, q, generator=[torch.Generator().manual_seed(i) for i in range(batch)])
+    alone = [block_verify(tokens[i:i + 1], p[i:i + 1], q[i:i + 1], generator=[torch.Generator().manual_seed(i)])
+             for i in range(batch)]
+    assert torch.equal(together.tokens, torch.cat([r.tokens for r in alone]))
