@@ -11,7 +11,7 @@ from scipy import stats as sps
 
 from mdboost.engine import GenerationSettings, ModelDrafter, generate
 from mdboost.md.probs import logits_to_probs
-from mdboost.md.rules import Match, Mentored, Rejection, Threshold
+from mdboost.md.rules import Block, Match, Mentored, Rejection, Threshold
 from mdboost.models.tiny import tiny_llama
 
 VOCAB = 8
@@ -29,7 +29,8 @@ def _first_position(model):
 
 
 @pytest.mark.parametrize("rule", [Threshold(accept=0.5), Match(), Rejection(drafting="greedy"),
-                                  Mentored(max_divergence=0.3, drafting="greedy"), Threshold(accept=0.6, drafting="sampled")],
+                                  Mentored(max_divergence=0.3, drafting="greedy"), Threshold(accept=0.6, drafting="sampled"),
+                                  Block()],
                          ids=repr)
 def test_first_token_follows_the_rules_law(models, rule):
     target, draft_model = models

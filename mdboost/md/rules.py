@@ -10,6 +10,7 @@ A rule is the pair the engines differ on (``docs/theory.md``, section 11):
   rule          accept the draft ``x`` with probability      at the first rejection, draw from
   ============  ===========================================  =====================================
   `Rejection`   ``min(1, q_x / p_x)``                        ``(q - p)_+``: lossless SD
+  `Block`       the block's joint ratio (vLLM ``"block"``)   scaled residual: lossless, >= SD
   `Mentored`    ``min(1, (1 + a) q_x / p_x)``                ``((1 - b) q - p)_+``: the MD clamp
   `Threshold`   ``1`` if ``q_x >= single``, else             ``q`` without ``x``, renormalised
                 ``min(1, q_x / accept)``                     (SGLang's thresholds)
@@ -34,6 +35,7 @@ from typing import ClassVar, NamedTuple
 import torch
 
 from mdboost.md._checks import check_probs, check_tokens, compute_dtype
+from mdboost.md.block import block_verify
 from mdboost.md.clamp import mentored_distribution
 from mdboost.md.divergences import f_divergence, resolve
 from mdboost.md.sampling import (VerifyResult, accept_ratio, accepted_prefix, draw_uniforms, emitted_tokens,
@@ -41,7 +43,7 @@ from mdboost.md.sampling import (VerifyResult, accept_ratio, accepted_prefix, dr
 from mdboost.md.solve import solve
 from mdboost.md.verify import SOLVE, verify
 
-__all__ = ["DRAFTING", "ENGINES", "Match", "Mentored", "Rejection", "Rule", "Threshold", "TokenLaw",
+__all__ = ["Block", "DRAFTING", "ENGINES", "Match", "Mentored", "Rejection", "Rule", "Threshold", "TokenLaw",
            "greedy_proposal", "threshold_for_budget"]
 
 DRAFTING = ("sampled", "greedy")
@@ -184,6 +186,42 @@ class Rejection(Rule):
 
     def _verify(self, tokens, p, q_all, generator, validate, divergence) -> VerifyResult:
         return verify(tokens, p, q_all, generator=generator, validate=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Block(Rule):
+    """vLLM's block verification (``rejection_sample_method="block"``, Sun et al. 2024): lossless.
+
+    The drafts are judged as a block (:func:`mdboost.md.block.block_verify`, ``docs/theory.md``
+    section 5b): the longest prefix whose test passes is kept, so a block accepts at least as many
+    drafts as token-wise `Rejection`, draft by draft. Its :meth:`law` is that of a one-draft
+    block, token-wise rejection's (a longer block's accepted length is not a product of
+    per-position acceptances: :func:`mdboost.md.block.block_acceptance_law`). With greedy drafts
+    its law is token-wise rejection's exactly (section 5b).
+
+    Examples
+    --------
+    >>> p = torch.tensor([0.6, 0.4], dtype=torch.float64)
+    >>> q = torch.tensor([0.3, 0.7], dtype=torch.float64)
+    >>> round(float(Block().law(p, q).acceptance), 6)
+    0.7
+    """
+
+    name: ClassVar[str] = "block"
+
+    @property
+    def lossless(self) -> bool:
+        return True
+
+    @property
+    def engines(self) -> tuple[str, ...]:
+        return Rejection(drafting=self.drafting).engines
+
+    def _law(self, p, q) -> TokenLaw:
+        return TokenLaw(torch.minimum(p, q).sum(-1).clamp(0.0, 1.0), q)
+
+    def _verify(self, tokens, p, q_all, generator, validate, divergence) -> VerifyResult:
+        return block_verify(tokens, p, q_all, generator=generator, validate=False)
 
 
 @dataclass(frozen=True, kw_only=True)
