@@ -171,7 +171,8 @@ def text_chains(layout: SequenceLayout, draft_rows, target_rows, labels, points,
         return chains, chains, offered, index, lengths
     raw, tilted = [], []
     for pt, t in zip(points, tilts):
-        c = conditional_acceptance(draft_rows.true_logp, target_rows.true_logp, pt.a, pt.b)
+        c = (conditional_acceptance(draft_rows.true_logp, target_rows.true_logp, pt.a, pt.b)
+             if pt.conditional is None else pt.conditional.double())
         c = chain_from_positions(gather_rows(torch.where(draft_rows.valid, c, torch.zeros_like(c)), index), width)
         raw.append(c)
         tilted.append(_tilted(c, chain_from_positions(t, width)))
