@@ -65,8 +65,8 @@ class RulePoint:
 
     @property
     def threshold(self) -> tuple[float, float]:
-        """SGLang's ``(threshold_acc, threshold_single)`` (NaN for other rules)."""
-        if isinstance(self.rule, Threshold):
+        """SGLang's ``(threshold_acc, threshold_single)`` (NaN for other rules, `Match` included)."""
+        if type(self.rule) is Threshold:
             return float(self.rule.accept), float(self.rule.single)
         return math.nan, math.nan
 

@@ -1,0 +1,84 @@
+"""End to end with every default rule (md.rules) on target-sampled text: the rule columns, SGLang's
+thresholds within their budgets, MD above them, and the recommendation per engine."""
+
+import json
+import math
+
+import pytest
+
+from mdboost.md.rules import ENGINES
+from mdboost.ranking.report import read_csv
+from pipelines.config import MDConfig, RankConfig
+from pipelines.loader import from_dict, to_dict
+from tests.test_rank_pipeline_sampled import _config
+
+RULES = {("mentored", "sampled"), ("rejection", "greedy"), ("rejection", "sampled"), ("threshold", "greedy"),
+         ("match", "greedy")}
+
+
+@pytest.fixture(scope="module")
+def rules_run(tmp_path_factory):
+    from pipelines.rank_pool import run
+
+    tmp_path = tmp_path_factory.mktemp("rank_rules")
+    cfg = _config(tmp_path, md={"rules": to_dict(MDConfig())["rules"], "temperatures": [1.0], "budgets": [0.0, 0.1, 0.5]})
+    return tmp_path, cfg, run(cfg)
+
+
+def test_default_rules_are_the_documented_list():
+    assert [(r.rule, r.drafting) for r in MDConfig().rules] == [
+        ("mentored", "sampled"), ("rejection", "greedy"), ("rejection", "sampled"), ("threshold", "greedy"),
+        ("match", "greedy")]
+    with pytest.raises(ValueError, match=r"md.rules\[1\].rule': expected one of"):
+        from_dict(RankConfig, {"md": {"rules": [{"rule": "mentored"}, {"rule": "lenient"}]}, "tracking": {"enabled": False}})
+
+
+def test_rule_columns_bounds_and_md_above_sglang(rules_run):
+    tmp_path, cfg, summary = rules_run
+    rows = read_csv(tmp_path / "out" / "ranking.csv")
+    assert {(r["rule"], r["drafting"]) for r in rows} == RULES
+    points = {}
+    for r in rows:
+        assert set(r["engines"].split()) <= set(ENGINES) and {"mdboost", "hf"} <= set(r["engines"].split())
+        points.setdefault((r["drafter"], r["rule"], r["drafting"], r["divergence"], float(r["max_divergence"])), r)
+    # budget 0 once per rule; SGLang's and MD's rules once per (f, D > 0); 2 drafters
+    per_drafter = 5 + 2 * 2 * 2
+    assert len(points) == len(cfg.pool.drafters) * per_drafter == summary["n_points"]
+    for (drafter, rule, drafting, f, budget), r in points.items():
+        mean, worst = float(r["achieved_divergence_mean"]), float(r["achieved_divergence_max"])
+        assert 0 <= mean <= worst + 1e-12
+        if budget == 0:
+            assert worst < 1e-9 and f == "none" and math.isclose(float(r["nll_mentored"]), float(r["nll_target"]))
+        if rule == "threshold" and budget > 0:
+            assert worst <= budget + 1e-9, r  # every cached position within its budget
+            md = points[(drafter, "mentored", "sampled", f, budget)]
+            assert float(md["md_acceptance"]) >= float(r["md_acceptance"]) - 1e-12
+            assert float(r["threshold_acc"]) == pytest.approx(math.exp(-budget) if f == "kl" else 1 - budget)
+            assert "sglang" in r["engines"].split() and "vllm" not in r["engines"].split()
+        if rule != "threshold":
+            assert r["threshold_acc"] == "nan"
+        if rule != "mentored" and budget == 0 and drafting == "greedy":
+            assert r["engines"].split() == list(ENGINES)
+
+
+def test_recommendations_per_engine(rules_run):
+    tmp_path, _, summary = rules_run
+    saved = json.loads((tmp_path / "out" / "summary.json").read_text())
+    recs = saved["recommendations"]
+    assert list(recs) == list(ENGINES) and saved["recommendation"] == summary["recommendation"]
+    rows = read_csv(tmp_path / "out" / "ranking.csv")
+    for engine, entry in recs.items():
+        rec = entry["recommendation"]
+        assert rec is not None and entry["reason"] is None  # every engine runs a lossless greedy rule
+        match = [r for r in rows if r["drafter"] == rec["drafter"] and r["rule"] == rec["rule"]
+                 and r["drafting"] == rec["drafting"] and r["divergence"] == rec["divergence"]
+                 and float(r["max_divergence"]) == rec["max_divergence"] and int(r["gamma"]) == rec["gamma"]]
+        assert len(match) == 1 and engine in match[0]["engines"].split()
+        assert rec["predicted_speedup"] == pytest.approx(float(match[0]["predicted_speedup"]))
+        assert {"predicted_speedup_lo", "predicted_speedup_hi", "threshold_acc", "verdict"} <= set(rec)
+        mine = [r for r in rows if engine in r["engines"].split() and r["quality_ok"] == "True"]
+        assert rec["predicted_speedup"] <= max(float(r["predicted_speedup"]) for r in mine) + 1e-12
+    # the overall pick is the best of all rows: no engine's is ahead of it when it beats plain decoding
+    if summary["recommendation"]["beats_plain_decoding"]:
+        assert all(e["recommendation"]["predicted_speedup"] <= summary["recommendation"]["predicted_speedup"] + 1e-12
+                   for e in recs.values())
