@@ -44,7 +44,7 @@ from mdboost.models.home import mdboost_home
 from mdboost.models.loading import resolve_device
 from mdboost.ranking import plots, report
 from mdboost.ranking.rank import PLAIN_SD, rank_rows
-from mdboost.ranking.recommend import Recommendation, recommend, recommend_engines
+from mdboost.ranking.recommend import Recommendation, md_row, recommend, recommend_engines
 from mdboost.ranking.rows import MemberLoader, select_pairs
 from mdboost.ranking.scaleout import active_client, score_cached_pair, score_pairs_on
 from mdboost.tracking import setup
@@ -105,15 +105,10 @@ def best_gamma_rows(rows: list[dict]) -> list[dict]:
     return [r for r in rows if r["is_best_gamma"]]
 
 
-def is_md_row(row: dict) -> bool:
-    """A row of MD on sampled drafts (the rule of the MD plots; a row without ``rule`` is one)."""
-    return (row.get("rule", "mentored"), row.get("drafting", "sampled")) == ("mentored", "sampled")
-
-
 def _plot_rows(rows: list[dict], divergences: list[str]) -> list[dict]:
     """MD's best-gamma rows with the plain-SD point repeated under each divergence (its budget-0 end)."""
     out = []
-    for r in filter(is_md_row, best_gamma_rows(rows)):
+    for r in filter(md_row, best_gamma_rows(rows)):
         out += [dict(r, divergence=d) for d in divergences] if r["divergence"] == PLAIN_SD else [r]
     return out
 
@@ -178,7 +173,7 @@ def _child_runs(rows: list[dict], pool_target: str) -> list:
         target = None if row["target"] == pool_target else row["target"]
         name = point_name(row["drafter"], row["divergence"], row["max_divergence"], row["gamma"], row["temperature"],
                           target=target)
-        if not is_md_row(row):  # the rule names the point (SD's budget-0 points of several rules)
+        if not md_row(row):  # the rule names the point (SD's budget-0 points of several rules)
             name += f" {row['rule']}:{row['drafting']}"
         params = {k: row[k] for k in ("drafter", "target", "temperature", "divergence", "max_divergence", "gamma",
                                       "acceptance_source", "process_text", "rule", "drafting", "engines")

@@ -161,6 +161,12 @@ def _number(value) -> float | None:
     return x if math.isfinite(x) else None
 
 
+def md_row(row: dict) -> bool:
+    """Whether the row is MD on sampled drafts (a row without ``rule``, from a ranking before
+    rules were ranked, is one)."""
+    return (row.get("rule", "mentored"), row.get("drafting", "sampled")) == ("mentored", "sampled")
+
+
 def runs_on(row: dict, engine: str) -> bool:
     """Whether ``engine`` runs the row's rule (its name in the row's space-separated ``engines``;
     a row without the column, from a ranking before rules were ranked, is MD on sampled drafts:
