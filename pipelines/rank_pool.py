@@ -44,7 +44,7 @@ from mdboost.models.home import mdboost_home
 from mdboost.models.loading import resolve_device
 from mdboost.ranking import plots, report
 from mdboost.ranking.rank import PLAIN_SD, rank_rows
-from mdboost.ranking.recommend import Recommendation, md_row, recommend, recommend_engines
+from mdboost.ranking.recommend import Recommendation, md_row, recommend, recommend_engines, rule_label
 from mdboost.ranking.rows import MemberLoader, select_pairs
 from mdboost.ranking.scaleout import active_client, score_cached_pair, score_pairs_on
 from mdboost.tracking import setup
@@ -173,8 +173,7 @@ def _child_runs(rows: list[dict], pool_target: str) -> list:
         target = None if row["target"] == pool_target else row["target"]
         name = point_name(row["drafter"], row["divergence"], row["max_divergence"], row["gamma"], row["temperature"],
                           target=target)
-        if not md_row(row):  # the rule names the point (SD's budget-0 points of several rules)
-            name += f" {row['rule']}:{row['drafting']}"
+        name += rule_label(row)
         params = {k: row[k] for k in ("drafter", "target", "temperature", "divergence", "max_divergence", "gamma",
                                       "acceptance_source", "process_text", "rule", "drafting", "engines")
                   if k in row}

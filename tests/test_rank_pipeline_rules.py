@@ -82,3 +82,22 @@ def test_recommendations_per_engine(rules_run):
     if summary["recommendation"]["beats_plain_decoding"]:
         assert all(e["recommendation"]["predicted_speedup"] <= summary["recommendation"]["predicted_speedup"] + 1e-12
                    for e in recs.values())
+
+
+def test_mlflow_child_runs_name_and_tag_their_rule(rules_run):
+    from mlflow.tracking import MlflowClient
+
+    tmp_path, cfg, summary = rules_run
+    client = MlflowClient(cfg.tracking.tracking_uri)
+    exp = client.get_experiment_by_name(cfg.tracking.experiment)
+    children = [r for r in client.search_runs([exp.experiment_id], max_results=1000)
+                if r.data.tags.get("mlflow.parentRunId") == summary["run_id"]]
+    assert len(children) == summary["n_points"] == len({c.info.run_name for c in children})  # one name per point
+    rows = {(r["drafter"], r["rule"], r["drafting"], r["divergence"], float(r["max_divergence"])): r
+            for r in read_csv(tmp_path / "out" / "ranking.csv") if r["is_best_gamma"] == "True"}
+    for child in children:
+        prm = child.data.params
+        row = rows[(prm["drafter"], prm["rule"], prm["drafting"], prm["divergence"], float(prm["max_divergence"]))]
+        assert prm["engines"] == row["engines"]
+        assert child.data.metrics["predicted_speedup"] == pytest.approx(float(row["predicted_speedup"]))
+        assert child.info.run_name.endswith(f"{prm['rule']}:{prm['drafting']}") == (prm["rule"] != "mentored")

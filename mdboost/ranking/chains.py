@@ -14,8 +14,10 @@ so the drafter's context is the text's prefix; :func:`chain_from_positions`),
 ``1[proposal_s[i] = x_{s+i}]`` for prompt lookup (one lookup at ``s`` proposes the whole chain;
 :func:`chain_from_proposals`). On ``q``-sampled text MD's chains are tilted to their mean
 ``P_acc`` (:func:`budget_tilt`); on a text the loop does not emit (a reference) they are the
-expected acceptances (:func:`expected_chain`). :func:`text_chains` builds them for every
-operating point of a pair; :mod:`mdboost.ranking.process` runs the start process on them.
+expected acceptances (:func:`expected_chain`). A rule on greedy drafts gives its own ``c``
+(``1[x_t = argmax p_t]``, :mod:`mdboost.ranking.rule_points`; ``PointInputs.conditional``).
+:func:`text_chains` builds them for every operating point of a pair;
+:mod:`mdboost.ranking.process` runs the start process on them.
 """
 
 from __future__ import annotations

@@ -167,6 +167,12 @@ def md_row(row: dict) -> bool:
     return (row.get("rule", "mentored"), row.get("drafting", "sampled")) == ("mentored", "sampled")
 
 
+def rule_label(row: dict) -> str:
+    """What a point's name adds for its rule: ``""`` for MD on sampled drafts, else
+    ``" threshold:greedy"`` (budget-0 points of several rules share drafter, budget and gamma)."""
+    return "" if md_row(row) else f" {row['rule']}:{row['drafting']}"
+
+
 def runs_on(row: dict, engine: str) -> bool:
     """Whether ``engine`` runs the row's rule (its name in the row's space-separated ``engines``;
     a row without the column, from a ranking before rules were ranked, is MD on sampled drafts:
