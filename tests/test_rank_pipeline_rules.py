@@ -101,3 +101,18 @@ def test_mlflow_child_runs_name_and_tag_their_rule(rules_run):
         assert prm["engines"] == row["engines"]
         assert child.data.metrics["predicted_speedup"] == pytest.approx(float(row["predicted_speedup"]))
         assert child.info.run_name.endswith(f"{prm['rule']}:{prm['drafting']}") == (prm["rule"] != "mentored")
+
+
+def test_an_engine_names_its_own_rule_among_equal_lossless_rows():
+    from mdboost.ranking.recommend import recommend_engines
+
+    row = {"drafter": "d", "target": "t", "temperature": 1.0, "divergence": "none", "max_divergence": 0.0,
+           "gamma": 2, "predicted_speedup": 1.5, "predicted_speedup_lo": 1.2, "predicted_speedup_hi": 1.8,
+           "quality_ok": True, "nll_target": 1.0, "nll_mentored": 1.0, "drafting": "greedy",
+           "engines": "mdboost hf vllm sglang llamacpp"}
+    rows = [dict(row, rule=rule, predicted_speedup=1.5 + 1e-12 * i) for i, rule in
+            enumerate(("rejection", "threshold", "match"))]
+    rows.append(dict(row, rule="mentored", drafting="sampled", engines="mdboost hf vllm", predicted_speedup=1.4))
+    recs = recommend_engines(rows)
+    assert {e: recs[e]["recommendation"]["rule"] for e in recs} == {
+        "mdboost": "match", "hf": "match", "vllm": "rejection", "sglang": "threshold", "llamacpp": "match"}

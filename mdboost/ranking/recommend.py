@@ -138,11 +138,12 @@ def recommend(rows: list[dict]) -> Recommendation:
     return _recommendation(rows)
 
 
-def _recommendation(rows: list[dict]) -> Recommendation:
+def _recommendation(rows: list[dict], prefer=None) -> Recommendation:
     eligible = [r for r in rows if csv_bool(r.get("quality_ok"))]
     pool = eligible or list(rows)
     winners = [r for r in pool if beats_plain_decoding(r)]
     best = min(winners or pool, key=_order)
+    best = best if prefer is None else prefer(best, winners or pool)
     return Recommendation(
         drafter=str(best["drafter"]), target=str(best["target"]), temperature=csv_float(best.get("temperature")),
         divergence=str(best["divergence"]), max_divergence=csv_float(best.get("max_divergence")),
@@ -195,14 +196,33 @@ def recommend_engines(rows: list[dict]) -> dict[str, dict]:
     return {engine: engine_entry(rows, engine) for engine in ENGINES}
 
 
+NATIVE = {"mdboost": "mentored", "hf": "mentored", "vllm": "rejection", "sglang": "threshold", "llamacpp": "match"}
+"""Each engine's own rule: among rows of the same point with the same law (lossless rules on greedy
+drafts), the recommendation names it."""
+
+
+def _native(engine: str):
+    """Among the candidates, the row of the engine's own rule at the best row's point (drafter,
+    target, temperature, divergence, budget, gamma) and speedup (to 1e-9), else the best row."""
+    def point(r):
+        return (str(r["drafter"]), str(r["target"]), csv_float(r.get("temperature")), str(r["divergence"]),
+                csv_float(r.get("max_divergence")), int(float(r["gamma"])), round(csv_float(r.get("predicted_speedup")), 9))
+
+    def prefer(best: dict, candidates: list[dict]) -> dict:
+        same = [r for r in candidates if point(r) == point(best) and r.get("rule") == NATIVE[engine]]
+        return same[0] if same else best
+    return prefer
+
+
 def engine_entry(rows: list[dict], engine: str) -> dict:
     """``{"recommendation": Recommendation dict with its verdict, "reason": None}`` for the rows
-    ``engine`` runs, or ``{"recommendation": None, "reason": why}`` when it runs none."""
+    ``engine`` runs, or ``{"recommendation": None, "reason": why}`` when it runs none. Where rows
+    of several rules tie at the recommended point, the engine's own rule (:data:`NATIVE`) is named."""
     mine = [r for r in rows if runs_on(r, engine)]
     if not mine:
         ranked = sorted({f"{r.get('rule', 'mentored')} ({r.get('drafting', 'sampled')} drafts)" for r in rows})
         return {"recommendation": None,
                 "reason": f"{engine} runs none of the ranked rules ({', '.join(ranked)}); md.rules lists them "
                           "(docs/ranking.md, \"Rules and engines\")"}
-    rec = _recommendation(mine)
+    rec = _recommendation(mine, prefer=_native(engine))
     return {"recommendation": {**rec.to_dict(), "verdict": rec.verdict()}, "reason": None}
