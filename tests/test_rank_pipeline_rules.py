@@ -1,5 +1,6 @@
-"""End to end with every default rule (md.rules) on target-sampled text: the rule columns, SGLang's
-thresholds within their budgets, MD above them, and the recommendation per engine."""
+"""End to end with every default rule (md.rules), and MD on greedy drafts, on target-sampled text: the
+rule columns, SGLang's thresholds within their budgets, MD on the same greedy drafts above them, and
+the recommendation per engine."""
 
 import json
 import math
@@ -13,7 +14,7 @@ from pipelines.loader import from_dict, to_dict
 from tests.test_rank_pipeline_sampled import _config
 
 RULES = {("mentored", "sampled"), ("rejection", "greedy"), ("rejection", "sampled"), ("threshold", "greedy"),
-         ("match", "greedy")}
+         ("match", "greedy"), ("mentored", "greedy")}
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +22,8 @@ def rules_run(tmp_path_factory):
     from pipelines.rank_pool import run
 
     tmp_path = tmp_path_factory.mktemp("rank_rules")
-    cfg = _config(tmp_path, md={"rules": to_dict(MDConfig())["rules"], "temperatures": [1.0], "budgets": [0.0, 0.1, 0.5]})
+    rules = to_dict(MDConfig())["rules"] + [{"rule": "mentored", "drafting": "greedy"}]
+    cfg = _config(tmp_path, md={"rules": rules, "temperatures": [1.0], "budgets": [0.0, 0.1, 0.5]})
     return tmp_path, cfg, run(cfg)
 
 
@@ -41,8 +43,8 @@ def test_rule_columns_bounds_and_md_above_sglang(rules_run):
     for r in rows:
         assert set(r["engines"].split()) <= set(ENGINES) and {"mdboost", "hf"} <= set(r["engines"].split())
         points.setdefault((r["drafter"], r["rule"], r["drafting"], r["divergence"], float(r["max_divergence"])), r)
-    # budget 0 once per rule; SGLang's and MD's rules once per (f, D > 0); 2 drafters
-    per_drafter = 5 + 2 * 2 * 2
+    # budget 0 once per rule; SGLang's and MD's (sampled, greedy) rules once per (f, D > 0); 2 drafters
+    per_drafter = 6 + 3 * 2 * 2
     assert len(points) == len(cfg.pool.drafters) * per_drafter == summary["n_points"]
     for (drafter, rule, drafting, f, budget), r in points.items():
         mean, worst = float(r["achieved_divergence_mean"]), float(r["achieved_divergence_max"])
@@ -51,8 +53,11 @@ def test_rule_columns_bounds_and_md_above_sglang(rules_run):
             assert worst < 1e-9 and f == "none" and math.isclose(float(r["nll_mentored"]), float(r["nll_target"]))
         if rule == "threshold" and budget > 0:
             assert worst <= budget + 1e-9, r  # every cached position within its budget
-            md = points[(drafter, "mentored", "sampled", f, budget)]
+            # MD on the same greedy drafts accepts at least as often at every position (docs/theory.md
+            # section 11); MD on sampled drafts proposes other tokens: no order (reported, not asserted)
+            md = points[(drafter, "mentored", "greedy", f, budget)]
             assert float(md["md_acceptance"]) >= float(r["md_acceptance"]) - 1e-12
+            assert float(md["achieved_divergence_max"]) <= budget + 1e-9
             assert float(r["threshold_acc"]) == pytest.approx(math.exp(-budget) if f == "kl" else 1 - budget)
             assert "sglang" in r["engines"].split() and "vllm" not in r["engines"].split()
         if rule != "threshold":
@@ -100,7 +105,8 @@ def test_mlflow_child_runs_name_and_tag_their_rule(rules_run):
         row = rows[(prm["drafter"], prm["rule"], prm["drafting"], prm["divergence"], float(prm["max_divergence"]))]
         assert prm["engines"] == row["engines"]
         assert child.data.metrics["predicted_speedup"] == pytest.approx(float(row["predicted_speedup"]))
-        assert child.info.run_name.endswith(f"{prm['rule']}:{prm['drafting']}") == (prm["rule"] != "mentored")
+        assert child.info.run_name.endswith(f"{prm['rule']}:{prm['drafting']}") == (
+            (prm["rule"], prm["drafting"]) != ("mentored", "sampled"))
 
 
 def test_an_engine_names_its_own_rule_among_equal_lossless_rows():
