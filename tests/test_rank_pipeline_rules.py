@@ -32,7 +32,8 @@ def test_default_rules_are_the_documented_list():
         ("mentored", "sampled"), ("rejection", "greedy"), ("rejection", "sampled"), ("threshold", "greedy"),
         ("match", "greedy")]
     with pytest.raises(ValueError, match=r"md.rules\[1\].rule': expected one of"):
-        from_dict(RankConfig, {"md": {"rules": [{"rule": "mentored"}, {"rule": "lenient"}]}, "tracking": {"enabled": False}})
+        from_dict(RankConfig, {"md": {"rules": [{"rule": "mentored"}, {"rule": "lenient"}]},
+                               "tracking": {"enabled": False}})
 
 
 def test_rule_columns_bounds_and_md_above_sglang(rules_run):

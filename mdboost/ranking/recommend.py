@@ -68,7 +68,8 @@ class Recommendation:
         """``"ngram:3 -> smollm2-135m, T=0.7, kl <= 0.2, gamma 4"`` (budget 0: ``SD``; a rule other
         than MD on sampled drafts is named: ``"..., gamma 4, threshold (greedy drafts)"``)."""
         budget = "SD" if self.max_divergence == 0 else f"{self.divergence} <= {self.max_divergence:g}"
-        rule = "" if (self.rule, self.drafting) == ("mentored", "sampled") else f", {self.rule} ({self.drafting} drafts)"
+        md = (self.rule, self.drafting) == ("mentored", "sampled")
+        rule = "" if md else f", {self.rule} ({self.drafting} drafts)"
         return f"{self.drafter} -> {self.target}, T={self.temperature:g}, {budget}, gamma {self.gamma}{rule}"
 
     @property
@@ -206,7 +207,8 @@ def _native(engine: str):
     target, temperature, divergence, budget, gamma) and speedup (to 1e-9), else the best row."""
     def point(r):
         return (str(r["drafter"]), str(r["target"]), csv_float(r.get("temperature")), str(r["divergence"]),
-                csv_float(r.get("max_divergence")), int(float(r["gamma"])), round(csv_float(r.get("predicted_speedup")), 9))
+                csv_float(r.get("max_divergence")), int(float(r["gamma"])),
+                round(csv_float(r.get("predicted_speedup")), 9))
 
     def prefer(best: dict, candidates: list[dict]) -> dict:
         same = [r for r in candidates if point(r) == point(best) and r.get("rule") == NATIVE[engine]]

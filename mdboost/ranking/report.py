@@ -37,7 +37,8 @@ COLUMNS = [
 
 TABLE_COLUMNS = [
     ("rank", "rank"), ("drafter", "drafter"), ("target", "target"), ("temperature", "T"), ("divergence", "f"),
-    ("max_divergence", "D"), ("rule", "rule"), ("drafting", "drafts"), ("sd_acceptance", "SD acc"), ("md_acceptance", "MD acc"), ("engine_acceptance", "eng acc"),
+    ("max_divergence", "D"), ("rule", "rule"), ("drafting", "drafts"),
+    ("sd_acceptance", "SD acc"), ("md_acceptance", "MD acc"), ("engine_acceptance", "eng acc"),
     ("cost_ratio", "c"), ("gamma", "gamma"), ("predicted_speedup", "speedup"), ("predicted_speedup_lo", "lo"),
     ("predicted_speedup_hi", "hi"),
     ("boosting_advantage", "A"), ("k_median", "k"), ("nll_target", "NLL q"),

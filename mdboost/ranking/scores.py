@@ -90,8 +90,8 @@ class PointScore:
     ``process``: the draft-start process's (or None), every figure at every searched gamma;
     ``verify_costs``: ``v`` at every searched gamma; ``md_overhead``: the ``s`` the speed model
     used (0 at budget 0). ``divergence`` is ``"none"`` for the budget-0 point (plain SD).
-    ``rule``: the verification rule and the operating point it was set for (None: MD on sampled
-    drafts, the rows of :func:`~mdboost.ranking.rank.score_pair` before rules were an axis);
+    ``rule``: the verification rule and the operating point it was set for (None: no rule
+    columns in the rows; :func:`~mdboost.ranking.rank.score_pair` always sets it);
     ``achieved_divergence`` / ``achieved_divergence_max``: the mean and largest achieved
     ``D_f(pi || q)`` over the acceptance rows; ``acceptance`` is the rule's.
     """
