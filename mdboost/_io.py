@@ -36,10 +36,14 @@ _TEMP = re.compile(r"\..+\.tmp(\.[A-Za-z0-9_]+)?|\..+\.tmp-.+")  # atomic_path /
 _MEMO: dict = {}  # path -> ((size, mtime_ns, inode), sha256): sha256_file(memo=True)
 
 
-def _default_mode() -> int:
+def _umask() -> int:
     umask = os.umask(0)
     os.umask(umask)
-    return 0o666 & ~umask
+    return umask
+
+
+def _default_mode() -> int:
+    return 0o666 & ~_umask()
 
 
 @contextmanager
@@ -69,6 +73,37 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
         with open(tmp, "w", newline="") as fh:
             fh.write(text)
     return Path(path)
+
+
+@contextmanager
+def atomic_folder(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary folder next to ``path``; it is renamed to ``path`` when the block succeeds.
+
+    ``path`` must not exist (``FileExistsError`` naming it, before anything is written; a folder
+    someone created meanwhile makes the final rename fail the same way). On an exception the
+    temporary folder is removed: a reader never finds a half-written ``path``.
+
+    >>> import tempfile; d = Path(tempfile.mkdtemp())
+    >>> with atomic_folder(d / "out") as tmp: _ = (tmp / "a.txt").write_text("a")
+    >>> sorted(p.name for p in d.iterdir()), (d / "out" / "a.txt").read_text()
+    (['out'], 'a')
+    """
+    path = Path(path)
+    if path.exists():
+        raise FileExistsError(f"{str(path)!r} already exists: give a new folder (nothing is overwritten)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.tmp-"))
+    try:
+        yield tmp
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0o700 -> a folder's usual mode
+        try:
+            os.rename(tmp, path)  # an existing non-empty folder fails here: never merged into
+        except OSError as err:
+            if path.exists():
+                raise FileExistsError(f"{str(path)!r} appeared while it was written: nothing was overwritten") from err
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def read_json_object(path: str | os.PathLike) -> dict | None:

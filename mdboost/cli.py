@@ -62,12 +62,15 @@ def build_parser() -> argparse.ArgumentParser:
     ui.set_defaults(target="mdboost.tracking.ui:main")
 
     export = sub.add_parser("export", help="print what to run for a ranking's recommendation "
-                                           "(mdboost, HF generate, vLLM)")
+                                           "(mdboost, HF generate, vLLM, SGLang, llama.cpp)")
     export.add_argument("--ranking", required=True,
                         help="a ranking output folder (e.g. outputs/rank) or its MLflow run id")
-    export.add_argument("--format", default="json", choices=["json", "mdboost", "hf", "vllm"])
+    export.add_argument("--format", default="json", choices=["json", "mdboost", "hf", "vllm", "sglang", "llamacpp"])
     export.add_argument("--tracking-uri", default=None, help="store of a run id (default: $MLFLOW_TRACKING_URI, "
                                                              "else sqlite:///mlruns/mlflow.db)")
+    export.add_argument("--write-drafter", default=None, metavar="DIR",
+                        help="write the pick's drafter (early_exit:N or a model) to the new folder DIR as a "
+                             "transformers checkpoint and print the engine flags that load it, instead of the plan")
     export.set_defaults(target="mdboost.cli:export_main")
     return parser
 
@@ -77,14 +80,20 @@ def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.Argume
     return action.choices[command]
 
 
-def export_main(ranking: str, format: str = "json", tracking_uri: str | None = None) -> int:
-    """``mdboost export``: print the recommendation's calls (:mod:`mdboost.export`)."""
+def export_main(ranking: str, format: str = "json", tracking_uri: str | None = None,
+                write_drafter: str | None = None) -> int:
+    """``mdboost export``: print the recommendation's calls (:mod:`mdboost.export`); with
+    ``write_drafter``, write the pick's drafter there and print the lines that load it instead."""
     # deferred: mdboost.export imports the ranking and transformers (seconds); mdboost --help and --version stay fast
-    from mdboost.export import export_plan, load_ranking, render
+    from mdboost.export import export_plan, load_ranking, render, render_written, write_pick_drafter
 
     # stdout is the plan (JSON or code): MLflow's download bars would clutter stderr (a user's setting wins)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    print(render(export_plan(load_ranking(ranking, tracking_uri=resolve_tracking_uri(tracking_uri))), format))
+    loaded = load_ranking(ranking, tracking_uri=resolve_tracking_uri(tracking_uri))
+    if write_drafter is not None:
+        print(render_written(write_pick_drafter(loaded, write_drafter)))
+        return 0
+    print(render(export_plan(loaded), format))
     return 0
 
 

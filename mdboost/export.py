@@ -1,4 +1,5 @@
-"""What to run for a ranking's recommendation: mdboost's engine, Hugging Face ``generate``, vLLM.
+"""What to run for a ranking's recommendation: mdboost's engine, Hugging Face ``generate``, vLLM,
+SGLang, llama.cpp.
 
 :func:`load_ranking` reads a ranking (an output folder of ``mdboost rank``, or its MLflow run);
 :func:`export_plan` turns its recommendation into one JSON-able document:
@@ -6,13 +7,23 @@
 - ``mdboost``: the :func:`mdboost.engine.generate` call;
 - ``hf``: the ``target.generate(custom_generate=mdboost.hf.mentored_generate, ...)`` call and
   its keyword arguments;
-- ``vllm``: the target and sampling parameters, and for a lossless (budget 0) pick whose
-  drafter vLLM can run, its ``speculative_config`` (field names of vLLM's documented
-  ``SpeculativeConfig``: ``method``, ``model``, ``num_speculative_tokens``,
-  ``prompt_lookup_max``, ``prompt_lookup_min``). vLLM verifies drafts losslessly (its
-  rejection sampler keeps the target's distribution), so a lossy (MD) pick has no
+- ``vllm``: the target and sampling parameters, the ``vllm serve`` line, and for a lossless
+  (budget 0) pick whose drafter vLLM can run, its ``speculative_config`` (fields of vLLM
+  0.34.0's ``SpeculativeConfig``, ``vllm/config/speculative.py``: ``method``, ``model``,
+  ``num_speculative_tokens``, ``prompt_lookup_max``, ``prompt_lookup_min``,
+  ``draft_sample_method``, ``rejection_sample_method``). The ranking drafts by sampling from
+  the drafter, vLLM by default greedily (``draft_sample_method: "greedy"``, line 682): a draft
+  model's pick is exported with ``"probabilistic"`` drafts and ``"standard"`` rejection, what was
+  ranked. vLLM has no budgeted (divergence-bounded) verification: its
+  ``rejection_sample_method`` (line 98) is ``"standard"`` or ``"block"`` (lossless),
+  ``"fly"`` (lossy, gated by the target's entropy, with no divergence bound) or
+  ``"synthetic"`` (fixed acceptance rates, for benchmarks). So a lossy (MD) pick has no
   ``speculative_config``: the document says so and names the nearest lossless option of the
-  ranking instead (``docs/theory.md`` section 3: budget 0 is standard SD).
+  ranking instead (``docs/theory.md`` section 3: budget 0 is standard SD). vLLM 0.34.0 loads
+  no GGUF file (see :func:`vllm_model`).
+- ``sglang`` and ``llamacpp``: ``launch_server`` / ``llama-server`` arguments
+  (:mod:`mdboost.serve_args`) for the pick's drafter and draft length, verified losslessly
+  (SGLang's thresholds ``c = s = 1``), or a note saying why the engine cannot run that drafter.
 
 :func:`render` prints the document as JSON or as the Python of one of the three calls.
 """
@@ -23,18 +34,23 @@ import json
 import math
 import os
 import re
+import shlex
 import tempfile
 from pathlib import Path
 
 from mdboost._io import json_ready, read_json_object, read_yaml_mapping
+from mdboost.models.convert import smollm2_gguf
 from mdboost.models.home import mdboost_home, models_dir
 from mdboost.models.pool import parse_drafter
 from mdboost.ranking.report import check_csv_digest, read_csv
+from mdboost.serve_args import llamacpp_args, sglang_args, vllm_serve_args
 from mdboost.tracking.store import check_tracking_uri, existing_run
 
-FORMATS = ("json", "mdboost", "hf", "vllm")
+FORMATS = ("json", "mdboost", "hf", "vllm", "sglang", "llamacpp")
 VLLM_METHODS = ("draft_model", "ngram")
-SPECULATIVE_CONFIG_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min")
+SPECULATIVE_CONFIG_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
+                           "draft_sample_method", "rejection_sample_method")
+DRAFTINGS = {"sampled": "probabilistic", "greedy": "greedy"}  # a rule's drafting -> vLLM's draft_sample_method
 PROMPT = "def fib(n):"
 MAX_NEW_TOKENS = 64
 _RUN_ID = re.compile(r"[0-9a-f]{32}")
@@ -157,23 +173,35 @@ def _from_run(run_id: str, tracking_uri: str | None) -> dict:
         return _ranking(rec, sampling, Path(tmp), run_id)
 
 
-def speculative_config(drafter: str, gamma: int, home: str | None = None) -> tuple[dict | None, str]:
-    """vLLM's ``speculative_config`` for an mdboost drafter spec, or ``None`` and why not.
+def speculative_config(drafter: str, gamma: int, home: str | None = None,
+                       drafting: str = "sampled") -> tuple[dict | None, str]:
+    """vLLM's lossless ``speculative_config`` for an mdboost drafter spec, or ``None`` and why not.
 
-    >>> speculative_config("ngram:3", 4)[0]
-    {'method': 'ngram', 'num_speculative_tokens': 4, 'prompt_lookup_max': 3, 'prompt_lookup_min': 1}
+    ``drafting``: how the ranked rule drew its drafts, ``"sampled"`` from the drafter or
+    ``"greedy"`` (its argmax): a draft model's ``draft_sample_method`` (``"probabilistic"`` or
+    ``"greedy"``, vLLM's default; ``vllm/config/speculative.py:682``). An n-gram draft is one
+    deterministic token in both engines: vLLM's n-gram speculator keeps no draft logits
+    (``BaseSpeculator.draft_logits = None``, ``vllm/v1/worker/gpu/spec_decode/speculator.py:83``),
+    so it is verified as one-hot whatever ``draft_sample_method`` says, as mdboost ranks it.
+
+    >>> speculative_config("ngram:3", 4)[0]  # doctest: +NORMALIZE_WHITESPACE
+    {'method': 'ngram', 'num_speculative_tokens': 4, 'prompt_lookup_max': 3, 'prompt_lookup_min': 1,
+     'rejection_sample_method': 'standard'}
     >>> speculative_config("tuned:12", 4)[0] is None
     True
     """
+    if drafting not in DRAFTINGS:
+        raise ValueError(f"drafting must be one of {tuple(DRAFTINGS)}, got {drafting!r}")
     kind, n = parse_drafter(drafter)
     if kind == "ngram":  # mdboost's prompt lookup falls back from n-token suffixes down to one token
         return {"method": "ngram", "num_speculative_tokens": int(gamma), "prompt_lookup_max": n,
-                "prompt_lookup_min": 1}, ""
+                "prompt_lookup_min": 1, "rejection_sample_method": "standard"}, ""
     if kind == "hf":  # an mdboost alias (smollm2-135m, tiny:<seed>) maps to what vLLM can load, or to nothing
         model, note = vllm_model(drafter, home)
         if model is None:
             return None, f"drafter: {note}"
-        return {"method": "draft_model", "model": model, "num_speculative_tokens": int(gamma)}, ""
+        return {"method": "draft_model", "model": model, "num_speculative_tokens": int(gamma),
+                "draft_sample_method": DRAFTINGS[drafting], "rejection_sample_method": "standard"}, ""
     what = {"early_exit": "an early exit of the target (its first layers)",
             "tuned": "an early exit with a tuned-lens translator", "int8": "a dynamically int8-quantized CPU copy"}
     return None, f"vLLM has no drafter method for {drafter!r} ({what[kind]} built by mdboost)"
@@ -181,22 +209,62 @@ def speculative_config(drafter: str, gamma: int, home: str | None = None) -> tup
 
 def vllm_model(target: str, home: str | None = None) -> tuple[str | None, str]:
     """The model vLLM should load for an mdboost target name, and a note; ``home``: the mdboost
-    home of the ranking (None: the default one)."""
+    home of the ranking (None: the default one).
+
+    A ``.gguf`` file has none: vLLM 0.34.0 has no ``"gguf"`` load format
+    (``vllm/model_executor/model_loader/__init__.py:33-66``), its default loader reads
+    ``*.safetensors`` / ``*.bin`` / ``*.pt`` only (``default_loader.py:187-206``), and a model
+    path needs a ``config.json`` (``vllm/transformers_utils/config.py:934-968``): the note says
+    how to convert it to a folder vLLM loads.
+
+    >>> vllm_model("/m/q4.gguf")[0] is None
+    True
+    """
     if target.lower() == "smollm2-135m":
         return str(models_dir(home) / "smollm2-135m"), ("mdboost's conversion of the bundled SmolLM2-135M-Instruct "
                                                     "Q4_1 GGUF (made by `mdboost rank`)")
     if target.startswith("tiny"):
         return None, f"{target!r} is a random test model built in code: vLLM cannot load it"
+    if target.endswith(".gguf"):
+        path = Path(target).expanduser()
+        return None, (f"{target!r} is a GGUF file, which vLLM 0.34.0 cannot load (no gguf load format; it reads "
+                      f"a folder with config.json and safetensors/bin weights): convert it once with "
+                      f"`python -c \"from mdboost.models.convert import convert_gguf; "
+                      f"convert_gguf('{path.parent}', '{path.name}', '{path.with_suffix('')}')\"` and give vLLM "
+                      f"the folder {str(path.with_suffix(''))!r}")
     return target, ""
 
 
+_DRAFTING_NOTE = {  # the draft sampling of an emitted config, and why (vllm/config/speculative.py:682)
+    "draft_model": ("; draft_sample_method 'probabilistic': drafts sampled from the drafter, as ranked "
+                    "(vLLM's default 'greedy' drafts the argmax and accepts it with probability q(x): another "
+                    "acceptance, another speedup)"),
+    "ngram": "; n-gram drafts are one deterministic token, verified as one-hot, as ranked"}
+
+
+def _served(out: dict, config: dict | None) -> dict:
+    """The vllm section with its ``serve`` argv: sampling as ranked (not the model's generation_config)."""
+    if out["model"] is not None:
+        out["serve"] = vllm_serve_args(out["model"], out["sampling_params"], config)
+        out["notes"].append("the server's sampling defaults are the ranked ones: --generation-config vllm (not the "
+                            "model's generation_config.json, vllm/config/model.py:1899-1904) and "
+                            "--override-generation-config; a request's own temperature/top_k/top_p still win")
+    return out
+
+
 def _vllm(rec: dict, rows: list[dict], sampling: dict, home: str | None = None) -> dict:
+    out = _vllm_point(rec, rows, sampling, home)
+    config = out["speculative_config"] or (out["nearest_lossless"] or {}).get("speculative_config")
+    return _served(out, config)
+
+
+def _vllm_point(rec: dict, rows: list[dict], sampling: dict, home: str | None = None) -> dict:
     model, model_note = vllm_model(rec["target"], home)
     params = {"temperature": float(rec["temperature"])}
     params.update({k: v for k, v in sampling.items() if v is not None})
     notes = [model_note] if model_note else []
     out = {"model": model, "sampling_params": params, "lossless": float(rec["max_divergence"]) == 0,
-           "speculative_config": None, "nearest_lossless": None, "notes": notes}
+           "speculative_config": None, "nearest_lossless": None, "serve": None, "notes": notes}
     if not rec["beats_plain_decoding"]:
         lo = rec.get("predicted_speedup_lo")
         if lo is not None and not math.isfinite(float(lo)):  # as Recommendation.verdict says it
@@ -208,14 +276,15 @@ def _vllm(rec: dict, rows: list[dict], sampling: dict, home: str | None = None) 
     config, why = speculative_config(rec["drafter"], rec["gamma"], home)
     if out["lossless"] and config is not None:
         out["speculative_config"] = config
-        notes.append("lossless speculative decoding: vLLM's rejection sampler keeps the target's distribution, "
-                     "as mdboost's budget 0 does")
+        notes.append("lossless speculative decoding: vLLM's standard rejection sampler keeps the target's "
+                     "distribution, as mdboost's budget 0 does" + _DRAFTING_NOTE.get(config["method"], ""))
     else:
         if not out["lossless"]:
-            notes.append(f"vLLM verifies drafts losslessly (its rejection sampler keeps the target's distribution): "
-                         f"the pick's mentored-decoding budget "
-                         f"({rec['divergence']} <= {float(rec['max_divergence']):g}) "
-                         f"has no speculative_config field, so vLLM cannot run this point")
+            notes.append(f"vLLM 0.34.0 has no budgeted (divergence-bounded) verification: its "
+                         f"rejection_sample_method is 'standard' or 'block' (lossless), 'fly' (lossy, gated by the "
+                         f"target's entropy, no divergence bound) or 'synthetic' (fixed acceptance rates, for "
+                         f"benchmarks), so the pick's mentored-decoding budget "
+                         f"({rec['divergence']} <= {float(rec['max_divergence']):g}) cannot run there")
         if why:
             notes.append(why)
         near = out["nearest_lossless"] = nearest_lossless(rows, rec, home)
@@ -351,12 +420,111 @@ def vllm_snippet(vllm: dict) -> str:
         return "\n".join(lines)
     params = ", ".join(f"{k}={v!r}" for k, v in vllm["sampling_params"].items())
     spec = "" if config is None else f", speculative_config={config!r}"
-    serve = "" if config is None else f" --speculative-config '{json.dumps(config)}'"
+    # an explicit SamplingParams: LLM.generate applies no generation_config defaults (vllm/entrypoints/llm.py:479-480)
     return "\n".join(lines + ["from vllm import LLM, SamplingParams", "",
                               f"llm = LLM(model={vllm['model']!r}{spec})",
                               f"outputs = llm.generate([{PROMPT!r}], "
                               f"SamplingParams({params}, max_tokens={MAX_NEW_TOKENS}))",
-                              f"# server: vllm serve {vllm['model']}{serve}"])
+                              f"# server: {shlex.join(vllm['serve'])}"])
+
+
+_CANNOT = {"early_exit": "an early exit of the target (its first layers) built by mdboost",
+           "tuned": "an early exit with a tuned-lens translator built by mdboost",
+           "int8": "a dynamically int8-quantized CPU copy built by mdboost"}
+
+
+def _engine_section(args: list[str] | None, notes: list[str]) -> dict:
+    """A command-line section: its argv (None: nothing to serve), notes and shell text."""
+    shell = [f"# {note}" for note in notes] + ([] if args is None else [shlex.join(args)])
+    return {"args": args, "notes": notes, "shell": "\n".join(shell)}
+
+
+def _lossless_note(rec: dict, engine: str, rule: str, greedy: bool = True) -> list[str]:
+    """What the engine's lossless rule is; ``greedy``: it drafts the argmax where the ranking
+    sampled the drafts (an n-gram draft is one deterministic token in both)."""
+    notes = [f"{engine} {rule}: lossless, but its acceptance (q(x) of the drafter's argmax) is not the ranked "
+             f"one (drafts sampled from the drafter), so the predicted speedup does not carry over" if greedy else
+             f"{engine} {rule}: lossless, a one-hot draft accepted with probability q(x), as ranked"]
+    if float(rec["max_divergence"]) > 0:
+        notes.append(f"the pick's mentored-decoding budget ({rec['divergence']} <= {float(rec['max_divergence']):g}) "
+                     f"is not rendered: this is the lossless point of its drafter and gamma")
+    return notes
+
+
+def _sglang(rec: dict, sampling: dict, home: str | None) -> dict:
+    """The ``sglang`` section: the pick's drafter as SGLang's STANDALONE draft model, ``c = s = 1``."""
+    model, note = vllm_model(rec["target"], home)  # SGLang loads what vLLM loads, and GGUF files
+    if rec["target"].endswith(".gguf"):
+        model, note = rec["target"], ""
+    notes = [note.replace("vLLM", "SGLang")] if note else []
+    if model is None:
+        return _engine_section(None, notes)
+    settings = dict(temperature=float(rec["temperature"]), top_k=sampling.get("top_k"), top_p=sampling.get("top_p"))
+    if not rec["beats_plain_decoding"]:
+        return _engine_section(sglang_args(model, **settings), notes + ["plain decoding is fastest here"])
+    kind, _ = parse_drafter(rec["drafter"])
+    draft, draft_note = vllm_model(rec["drafter"], home) if kind == "hf" else (None, "")
+    if kind == "hf" and rec["drafter"].endswith(".gguf"):
+        draft, draft_note = rec["drafter"], ""
+    if draft is None:
+        why = {"ngram": "mdboost's prompt lookup; SGLang's NGRAM drafts a tree from a corpus of the last 18 tokens "
+                        "of every request (srt/speculative/ngram_worker.py:396-420), another drafter",
+               "hf": draft_note.replace("vLLM", "SGLang")}.get(kind) or _CANNOT[kind]
+        return _engine_section(sglang_args(model, **settings),
+                               notes + [f"SGLang cannot run the drafter {rec['drafter']!r} ({why}): serving "
+                                        f"the target without speculative decoding"])
+    notes += _lossless_note(rec, "SGLang STANDALONE drafts greedily and, with --speculative-accept-threshold-acc 1 "
+                                 "and -single 1,", "accepts x with probability q(x)")
+    return _engine_section(sglang_args(model, draft_model=draft, num_draft_tokens=int(rec["gamma"]), accept=1.0,
+                                       single=1.0, **settings), notes)
+
+
+def llamacpp_model(name: str) -> tuple[str | None, str]:
+    """The GGUF file llama.cpp should load for an mdboost model name, and a note (None: none).
+
+    >>> llamacpp_model("/m/q4.gguf")
+    ('/m/q4.gguf', '')
+    """
+    if name.endswith(".gguf"):
+        return name, ""
+    if name.lower() == "smollm2-135m":
+        try:
+            folder, file = smollm2_gguf()
+        except (FileNotFoundError, ModuleNotFoundError) as err:
+            return None, f"the bundled SmolLM2 GGUF is not installed here ({err})"
+        return str(folder / file), ("the bundled SmolLM2-135M-Instruct Q4_1 GGUF mdboost converted and ranked "
+                                    "(the same weights, computed on the quantized blocks)")
+    if name.startswith("tiny"):
+        return None, f"{name!r} is a random test model built in code: llama.cpp cannot load it"
+    return None, (f"{name!r} is not a GGUF file and llama.cpp loads nothing else: convert it with llama.cpp's "
+                  f"convert_hf_to_gguf.py")
+
+
+def _llamacpp(rec: dict, sampling: dict) -> dict:
+    """The ``llamacpp`` section: ``llama-server`` with the pick's drafter, when llama.cpp can run it."""
+    model, note = llamacpp_model(rec["target"])
+    notes = [note] if note else []
+    if model is None:
+        return _engine_section(None, notes)
+    settings = dict(temperature=float(rec["temperature"]), top_k=sampling.get("top_k"), top_p=sampling.get("top_p"))
+    if not rec["beats_plain_decoding"]:
+        return _engine_section(llamacpp_args(model, **settings), notes + ["plain decoding is fastest here"])
+    kind, n = parse_drafter(rec["drafter"])
+    gamma = int(rec["gamma"])
+    if kind == "ngram":
+        notes += _lossless_note(rec, "llama.cpp's ngram-simple", "drafts one deterministic token sequence, "
+                                "accepted while the target's sample equals it", greedy=False)
+        notes.append(f"ngram-simple looks up exactly the last {n} tokens (common/ngram-map.cpp:49-100); mdboost's "
+                     f"{rec['drafter']} falls back to shorter suffixes and runs on into its own copy: drafts differ")
+        return _engine_section(llamacpp_args(model, ngram=n, draft_max=gamma, **settings), notes)
+    draft, draft_note = llamacpp_model(rec["drafter"]) if kind == "hf" else (None, _CANNOT[kind])
+    if draft is None:
+        return _engine_section(llamacpp_args(model, **settings),
+                               notes + [f"llama.cpp cannot run the drafter {rec['drafter']!r} ({draft_note}): "
+                                        f"serving the target without speculative decoding"])
+    notes += _lossless_note(rec, "llama.cpp drafts greedily (--spec-draft-p-min 0: always gamma tokens) and",
+                            "accepts while the target's own sample equals the draft")
+    return _engine_section(llamacpp_args(model, draft_model=draft, draft_max=gamma, **settings), notes)
 
 
 _RANKING_KEYS = ("recommendation", "sampling", "rows", "device", "source")  # what load_ranking returns
@@ -374,7 +542,8 @@ def export_plan(ranking: dict) -> dict:
     Returns
     -------
     dict
-        ``source``, ``recommendation``, ``lossless``, ``mdboost``, ``hf`` and ``vllm``.
+        ``source``, ``recommendation``, ``lossless``, ``mdboost``, ``hf``, ``vllm``, ``sglang``
+        and ``llamacpp``.
     """
     if isinstance(ranking, (str, os.PathLike)):
         raise TypeError(f"ranking must be the dict returned by load_ranking, got {type(ranking).__name__} "
@@ -395,14 +564,114 @@ def export_plan(ranking: dict) -> dict:
             "hf": {"custom_generate": CUSTOM_GENERATE if rec["beats_plain_decoding"] else None,
                    "generate_kwargs": hf_kwargs(rec, sampling, home),
                    "python": hf_snippet(rec, sampling, device, home)},
-            "vllm": {**vllm, "python": vllm_snippet(vllm)}}
+            "vllm": {**vllm, "python": vllm_snippet(vllm)},
+            "sglang": _sglang(rec, sampling, home), "llamacpp": _llamacpp(rec, sampling)}
 
 
 def render(plan: dict, fmt: str = "json") -> str:
     """``plan`` as JSON (standard JSON: a missing figure, such as an interval bound of a ranking
-    without a bootstrap, is ``null``), or the Python of its ``mdboost``, ``hf`` or ``vllm`` section."""
+    without a bootstrap, is ``null``), the Python of its ``mdboost``, ``hf`` or ``vllm`` section,
+    or the command line of its ``sglang`` or ``llamacpp`` section."""
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
     if fmt == "json":
         return json.dumps(json_ready(plan), indent=2, default=str, allow_nan=False)
-    return plan[fmt]["python"]
+    return plan[fmt]["python"] if "python" in plan[fmt] else plan[fmt]["shell"]
+
+
+# ---- the pick's drafter written out as a checkpoint (`mdboost export --write-drafter DIR`) ----------
+
+VLLM_DRAFT_SAMPLING = {"sampled": "probabilistic", "greedy": "greedy"}  # vllm/config/speculative.py:99
+GGUF_OUTTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}  # convert_hf_to_gguf.py --outtype
+
+
+def write_pick_drafter(ranking: dict, out_dir: str | os.PathLike) -> dict:
+    """Write the recommendation's drafter for its target to ``out_dir`` (:func:`mdboost.models.write.write_drafter`).
+
+    The target is loaded on the CPU in the dtype the ranking ran it in (bfloat16 for a ranking on
+    CUDA, float32 otherwise: :func:`mdboost.models.loading.default_dtype`), so the folder holds the
+    weights the ranking drafted with. A drafter that cannot be written, or an existing
+    ``out_dir``, is refused before the target is loaded.
+
+    Returns
+    -------
+    dict with ``path``, ``drafter``, ``target``, ``gamma``, ``layers`` and ``dtype`` (from the
+    folder's marker), ``engines`` (:func:`drafter_engine_lines`) and ``notes``.
+    """
+    import torch  # deferred: torch, transformers and the models load only when a drafter is written
+    from mdboost.models.loading import default_dtype, load_model
+    from mdboost.models.write import MARKER, unwritable_reason, write_drafter
+
+    if not isinstance(ranking, dict) or "recommendation" not in ranking:
+        raise TypeError(f"ranking must be the dict returned by load_ranking, got {type(ranking).__name__}")
+    rec, home = ranking["recommendation"], ranking.get("home")
+    why = unwritable_reason(rec["drafter"])
+    if why is not None:
+        raise ValueError(why)
+    if not isinstance(out_dir, (str, os.PathLike)) or not os.fspath(out_dir):
+        raise ValueError(f"out_dir must be the path of a new folder, got {out_dir!r}")
+    if Path(out_dir).exists():
+        raise FileExistsError(f"{os.fspath(out_dir)!r} already exists: give a new folder (nothing is overwritten)")
+    dtype = default_dtype(torch.device(str(ranking["device"])))
+    target, tokenizer = load_model(rec["target"], device="cpu", dtype=dtype, home=home)
+    path = write_drafter(target, rec["drafter"], out_dir, tokenizer=tokenizer, home=home)
+    marker = json.loads((path / MARKER).read_text())
+    info = {"path": str(path.resolve()), "drafter": rec["drafter"], "target": rec["target"],
+            "gamma": int(rec["gamma"]), "layers": marker["num_hidden_layers"], "dtype": marker["dtype"]}
+    served, served_note = vllm_model(rec["target"], home)
+    notes = [] if served is not None else [served_note]
+    notes.append("these lines load the drafter; which verification rule each engine runs and whether it can run the "
+                 "pick's budget: `mdboost export --format json`")
+    if not rec["beats_plain_decoding"]:
+        notes.insert(0, "the ranking predicts plain decoding to be as fast as this pick: serving without a drafter "
+                        "may be as fast")
+    return {**info, "engines": drafter_engine_lines(info, rec, home, ranking.get("sampling")), "notes": notes}
+
+
+def drafter_engine_lines(written: dict, rec: dict, home: str | None = None, sampling: dict | None = None) -> dict:
+    """The command lines that load a written drafter folder, per engine.
+
+    - ``vllm``: ``speculative_config`` with ``method: draft_model``, ``model: <folder>``,
+      ``num_speculative_tokens: gamma`` and ``draft_sample_method`` as the ranking drafted
+      (``probabilistic`` for sampled drafts; vLLM's default is ``greedy``), fields of vLLM 0.34's
+      ``SpeculativeConfig`` (``vllm/config/speculative.py:455-461, 682``);
+    - ``sglang``: ``--speculative-algorithm STANDALONE --speculative-draft-model-path <folder>``
+      with ``gamma`` steps, top-k 1 and ``gamma + 1`` draft tokens (SGLang 0.5.23
+      ``srt/arg_groups/fields/spec.py:31-69``; top-k 1 needs ``num_steps + 1`` tokens,
+      ``srt/arg_groups/speculative_hook.py:1255-1262``);
+    - ``llamacpp``: ``convert_hf_to_gguf.py`` (llama.cpp's converter, ``--outtype`` the folder's
+      dtype, so no rounding) then ``llama-server -md <gguf> --spec-type draft-simple
+      --spec-draft-n-max gamma`` (``common/arg.cpp:4140, 4241, 4249`` of the llama.cpp vendored in
+      llama-cpp-python 0.3.36; the default speculative type is ``none``, ``common/common.h:373``).
+    """
+    path, gamma = written["path"], int(written["gamma"])
+    target = vllm_model(rec["target"], home)[0] or "<target>"
+    drafting = rec.get("drafting") or "sampled"  # mdboost's ranking samples drafts from p
+    if drafting not in VLLM_DRAFT_SAMPLING:
+        raise ValueError(f"the recommendation's drafting must be one of {tuple(VLLM_DRAFT_SAMPLING)}, got {drafting!r}")
+    config = {"method": "draft_model", "model": path, "num_speculative_tokens": gamma,
+              "draft_sample_method": VLLM_DRAFT_SAMPLING[drafting]}
+    sampling = dict(temperature=float(rec["temperature"]), top_k=(sampling or {}).get("top_k"),
+                    top_p=(sampling or {}).get("top_p"))
+    gguf = f"{path}.gguf"
+    served = {k: v for k, v in sampling.items() if v is not None}
+    return {"vllm": {"speculative_config": config, "serve": shlex.join(vllm_serve_args(target, served, config))},
+            "sglang": {"launch_server": shlex.join(sglang_args(target, draft_model=path, num_draft_tokens=gamma,
+                                                               **sampling))},
+            "llamacpp": {"convert": f"python convert_hf_to_gguf.py {path} --outfile {gguf} "
+                                    f"--outtype {GGUF_OUTTYPES.get(written['dtype'], 'auto')}",
+                         "llama_server": shlex.join(llamacpp_args("<target GGUF>", draft_model=gguf, draft_max=gamma,
+                                                                  **sampling))}}
+
+
+def render_written(written: dict) -> str:
+    """The lines ``mdboost export --write-drafter`` prints for :func:`write_pick_drafter`'s result."""
+    engines = written["engines"]
+    return "\n".join([
+        f"wrote drafter {written['drafter']} of {written['target']} ({written['layers']} layers, {written['dtype']}) "
+        f"to {written['path']}",
+        f"vLLM:      {engines['vllm']['serve']}",
+        f"SGLang:    {engines['sglang']['launch_server']}",
+        f"llama.cpp: {engines['llamacpp']['convert']}",
+        f"           {engines['llamacpp']['llama_server']}",
+        *(f"note: {note}" for note in written["notes"])])

@@ -28,7 +28,10 @@ never reaches it; the drafter has its own name here)::
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import os
+import sys
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -38,7 +41,7 @@ import torch
 from transformers import AutoTokenizer, StoppingCriteriaList
 from transformers.generation import logits_process as lp
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
-from transformers.generation.utils import GenerateDecoderOnlyOutput
+from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
 
 from mdboost.data import fit_sequences
 from mdboost.engine import Drafter, GenerationSettings, GenerationStats, ModelDrafter, NgramAdapter, as_drafter
@@ -71,6 +74,7 @@ _STATEFUL_PROCESSORS = tuple(getattr(lp, name) for name in (
 _IGNORED_MODEL_KWARGS = ("attention_mask", "use_cache", "logits_to_keep", "position_ids", "cache",
                          "past_key_values", "cache_position")
 _BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {spec or (spec, home): Drafter}
+_GENERATE_CODE = inspect.unwrap(GenerationMixin.generate).__code__  # the frame that calls a custom_generate
 
 
 @dataclass
@@ -106,6 +110,7 @@ def mentored_generate(
     md_top_k: int | None = None,
     md_solve: str = DEFAULT_MD_SOLVE,
     mentor=None,
+    rule=None,
     generator: torch.Generator | None = None,
     streamer=None,
     home=None,
@@ -132,14 +137,19 @@ def mentored_generate(
         An explicit emitted distribution per drafted position instead of a budget
         (:class:`~mdboost.engine.GenerationSettings`'s ``mentor``, e.g.
         :class:`mdboost.md.tv_set.BoostedMentor`).
+    rule : mdboost.md.rules.Rule or None
+        A verification rule instead of a budget (:class:`~mdboost.engine.GenerationSettings`'s
+        ``rule``: ``Threshold(accept=c)`` for SGLang's thresholds, ``Match()`` for llama.cpp's
+        verification, ``Rejection(drafting="greedy")`` for vLLM's default, ...).
     num_draft_tokens : int, default=4
         Draft length per step (the engine's ``gamma``).
     generator : torch.Generator or None
         Source of randomness (``None``: torch's global generator, as transformers samples).
     streamer : transformers streamer or None
-        Receives each step's tokens (one row only). transformers 5.x does not forward
-        ``streamer=`` to a callable ``custom_generate`` (it puts only the prompt into it);
-        this is honoured where transformers passes it, or when called directly.
+        Receives each step's tokens (one row only), then ``end()`` (also when the call fails).
+        transformers 5.x puts the prompt into ``generate(streamer=...)`` and then calls a
+        callable ``custom_generate`` without it; the streamer is then read from that
+        ``generate`` call (:func:`streamer_given_to_generate`).
     home : path or None
         The mdboost home of a ``drafter`` spec's translators and models (:func:`drafter_for`'s
         ``home``: a ranking's ``pool.home``, as ``mdboost export`` writes it); None: the default.
@@ -148,6 +158,46 @@ def mentored_generate(
     -------
     torch.LongTensor of shape (B, T + N), or MentoredGenerateOutput with ``return_dict_in_generate``.
     """
+    if streamer is None:
+        streamer = streamer_given_to_generate(sys._getframe(1))
+    with _ended(streamer):
+        return _mentored_generate(model, input_ids, logits_processor, stopping_criteria, generation_config,
+                                  drafter=drafter, max_divergence=max_divergence, min_acceptance=min_acceptance,
+                                  divergence=divergence, num_draft_tokens=num_draft_tokens, md_top_k=md_top_k,
+                                  md_solve=md_solve, mentor=mentor, rule=rule, generator=generator, streamer=streamer,
+                                  home=home, model_kwargs=model_kwargs)
+
+
+def streamer_given_to_generate(caller):
+    """The ``streamer`` of the ``GenerationMixin.generate`` call running in frame ``caller``, or None.
+
+    transformers 5.x forwards to a callable ``custom_generate`` only the keywords its signature
+    names and ``GenerationMixin._sample``'s does not (``_extract_generation_mode_kwargs``);
+    ``streamer`` is one of ``_sample``'s, so it never arrives, although ``generate`` has already
+    put the prompt into it. A ``TextIteratorStreamer`` consumer then waited forever for the
+    ``end()`` that only ``_sample`` calls. ``mentored_generate`` is called from ``generate``'s own
+    frame (``result = decoding_method(self, input_ids, ...)``), so the streamer is read there.
+    Any other caller (a direct call): None.
+    """
+    if caller is None or caller.f_code is not _GENERATE_CODE:
+        return None
+    return caller.f_locals.get("streamer")
+
+
+@contextlib.contextmanager
+def _ended(streamer):
+    """Call ``streamer.end()`` on the way out, an error included: a consumer of a
+    ``TextIteratorStreamer`` stops instead of waiting for tokens that will never come."""
+    try:
+        yield
+    finally:
+        if streamer is not None:
+            streamer.end()
+
+
+def _mentored_generate(model, input_ids, logits_processor, stopping_criteria, generation_config, *, drafter,
+                       max_divergence, min_acceptance, divergence, num_draft_tokens, md_top_k, md_solve, mentor,
+                       rule, generator, streamer, home, model_kwargs):
     config = generation_config if generation_config is not None else model.generation_config
     _check_call(model, input_ids, config, model_kwargs, streamer)
     if drafter is None:
@@ -165,7 +215,7 @@ def mentored_generate(
     settings = GenerationSettings(
         max_new_tokens=_max_new_tokens(max_length, input_ids.shape[1]), gamma=num_draft_tokens, **sampling,
         max_divergence=max_divergence, min_acceptance=min_acceptance, divergence=divergence, md_top_k=md_top_k,
-        md_solve=md_solve, mentor=mentor, eos_token_id=eos_id, pad_token_id=None if pad is None else int(pad),
+        md_solve=md_solve, mentor=mentor, rule=rule, eos_token_id=eos_id, pad_token_id=None if pad is None else int(pad),
         logits_processor=lp.LogitsProcessorList(processors) if processors else None,
         stopping_criteria=criteria)
     def stream(rows):  # one row (checked): [1, n] per step, as transformers' assisted decoding puts them
@@ -175,8 +225,6 @@ def mentored_generate(
     out = engine_generate(model, input_ids, settings, drafter=drafter_for(model, drafter, home=home),
                           attention_mask=model_kwargs.get("attention_mask"), generator=generator,
                           on_tokens=stream if streamer is not None else None)
-    if streamer is not None:
-        streamer.end()
     if config.return_dict_in_generate:
         return MentoredGenerateOutput(sequences=out.sequences, num_new_tokens=out.num_new_tokens, stats=out.stats)
     return out.sequences
@@ -204,7 +252,7 @@ def _check_call(model, input_ids, config, model_kwargs, streamer) -> None:
     if getattr(config, "cache_implementation", None) is not None:
         warnings.warn(f"cache_implementation={config.cache_implementation!r} is ignored by mentored_generate: "
                       "mdboost's engine keeps its own dynamic KV cache, rolled back after each verification, "
-                      "and returns no cache", UserWarning, stacklevel=3)
+                      "and returns no cache", UserWarning, stacklevel=4)
 
 
 def from_config(config) -> tuple[list, list]:

@@ -1,6 +1,7 @@
 """``mdboost export``: the recommendation's mdboost / Hugging Face / vLLM calls. The vLLM part is
-checked against the schema of vLLM's documented ``SpeculativeConfig`` fields (not a running vLLM);
-the Python snippets are executed on the tiny model."""
+checked here for its keys and ranges, and in ``tests/test_export_schemas.py`` against vLLM
+0.34.0's own ``SpeculativeConfig`` (not a running vLLM); the Python snippets are executed on
+the tiny model."""
 
 import contextlib
 import csv
@@ -82,19 +83,24 @@ def test_lossless_pick_gets_a_speculative_config(tmp_path, rank, method):
 
 def test_ngram_maps_to_prompt_lookup_and_derived_drafters_have_no_method():
     assert speculative_config("ngram:3", 4)[0] == {"method": "ngram", "num_speculative_tokens": 4,
-                                                   "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+                                                   "prompt_lookup_max": 3, "prompt_lookup_min": 1,
+                                                   "rejection_sample_method": "standard"}
     for spec in ("early_exit:12", "tuned:12", "int8"):
         config, why = speculative_config(spec, 4)
         assert config is None and spec in why
 
 
 @pytest.mark.parametrize("rank, nearest", [(1, 3), (6, 5)])
-def test_lossy_pick_says_vllm_is_lossless_and_names_the_nearest_lossless_option(tmp_path, rank, nearest):
+def test_lossy_pick_says_vllm_has_no_budgeted_verification_and_names_the_nearest_lossless_option(
+        tmp_path, rank, nearest):
     """tuned:2 (no vLLM method): the best-ranked runnable budget-0 row at the same temperature;
-    ngram:2: its own budget-0 row first."""
+    ngram:2: its own budget-0 row first. The note no longer says vLLM verifies losslessly (0.34
+    ships the lossy 'fly'): it says there is no budgeted verification."""
     vllm = plan_for(tmp_path, rank)["vllm"]
     assert not vllm["lossless"] and vllm["speculative_config"] is None
-    assert any("verifies drafts losslessly" in note for note in vllm["notes"])
+    assert not any("verifies drafts losslessly" in note for note in vllm["notes"])
+    assert any("no budgeted (divergence-bounded) verification" in note and "'fly' (lossy" in note
+               for note in vllm["notes"])
     near = vllm["nearest_lossless"]
     assert (near["rank"], near["drafter"], near["temperature"]) == (nearest, ROWS[nearest - 1][1], 0.7)
     check_speculative_config(near["speculative_config"], ROWS[nearest - 1][5])
@@ -206,7 +212,8 @@ def test_drafter_aliases_map_to_what_vllm_loads():
     from mdboost.models.home import models_dir
 
     config, _ = speculative_config("smollm2-135m", 4)
-    assert config == {"method": "draft_model", "model": str(models_dir() / "smollm2-135m"), "num_speculative_tokens": 4}
+    assert config == {"method": "draft_model", "model": str(models_dir() / "smollm2-135m"), "num_speculative_tokens": 4,
+                      "draft_sample_method": "probabilistic", "rejection_sample_method": "standard"}
     config, why = speculative_config("tiny:1", 4)
     assert config is None and "vLLM cannot load it" in why
 
@@ -367,3 +374,33 @@ def test_the_snippets_put_the_prompt_on_the_target_device(tmp_path, monkeypatch,
     exec(compile(head, f"<export {section}>", "exec"), scope)
     tensor = scope[name] if name == "input_ids" else scope[name]["input_ids"]
     assert tensor.device == torch.device("meta")
+
+
+def test_a_gguf_model_is_not_handed_to_vllm(tmp_path):
+    """vLLM 0.34.0 loads no GGUF file (no gguf load format, a model path needs config.json): a GGUF
+    target or drafter gets no model / speculative_config, and a note saying how to convert it."""
+    from mdboost.export import vllm_model
+
+    model, note = vllm_model("/models/q4.gguf")
+    assert model is None and "cannot load" in note and "convert_gguf('/models', 'q4.gguf', '/models/q4')" in note
+    config, why = speculative_config("/models/draft.gguf", 4)
+    assert config is None and "GGUF file" in why
+    rec = {**recommendation(3), "target": "/models/q4.gguf"}
+    ranking = {**load_ranking(ranking_dir(tmp_path, 3)), "recommendation": rec}
+    vllm = export_plan(ranking)["vllm"]
+    assert vllm["model"] is None and vllm["serve"] is None
+    assert "GGUF file, which vLLM 0.34.0 cannot load" in vllm["python"] and "LLM(" not in vllm["python"]
+
+
+def test_the_vllm_server_line_carries_the_ranked_sampling(tmp_path):
+    """vllm serve applies the model's generation_config.json defaults to requests that set no
+    sampling: the exported line turns them off and sets the ranked ones."""
+    import shlex
+
+    rec = {**recommendation(5), "target": "org/target"}
+    ranking = {**load_ranking(ranking_dir(tmp_path, 5)), "recommendation": rec, "sampling": {"top_k": 20, "top_p": None}}
+    vllm = export_plan(ranking)["vllm"]
+    argv = vllm["serve"]
+    assert argv[argv.index("--generation-config") + 1] == "vllm"
+    assert json.loads(argv[argv.index("--override-generation-config") + 1]) == {"temperature": 0.7, "top_k": 20}
+    assert f"# server: {shlex.join(argv)}" in vllm["python"]

@@ -19,6 +19,7 @@ from transformers.generation.utils import GenerationMixin
 import mdboost.hf
 from mdboost.engine import GenerationSettings, ModelDrafter, generate
 from mdboost.hf import MentoredGenerateOutput, drafter_for, mentored_generate
+from mdboost.md.rules import Threshold
 from mdboost.models.tiny import EOS_ID, PAD_ID, tiny_llama
 
 V = 32
@@ -60,6 +61,8 @@ def test_transformers_calling_convention_is_the_one_we_rely_on():
     assert "streamer" in sample
     source = inspect.getsource(GenerationMixin._extract_generation_mode_kwargs)
     assert "inspect.signature(GenerationMixin._sample)" in source and "inspect.signature(custom_generate)" in source
+    # ... so mentored_generate reads it from generate's own frame, which calls the custom_generate
+    assert "result = decoding_method(" in inspect.getsource(GenerationMixin.generate)
 
 
 def test_generate_forwards_our_keywords(target, other):
@@ -249,6 +252,69 @@ def test_streamer_receives_the_new_tokens(target, other):
     assert torch.cat([p[0] for p in streamer.puts]).tolist() == out[0, 5:].tolist()
 
 
+def consume(streamer, call):
+    """Run ``call`` in a thread while reading ``streamer`` here, as a TextIteratorStreamer's user does;
+    the streamer's own timeout turns a consumer that would wait forever into ``queue.Empty``."""
+    import threading
+
+    box = {}
+
+    def work():
+        try:
+            box["out"] = call()
+        except Exception as err:  # noqa: BLE001 -- handed to the test below
+            box["err"] = err
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    text = "".join(streamer)
+    thread.join(timeout=30)
+    return text, box
+
+
+@pytest.mark.parametrize("skip_prompt", [True, False])
+def test_a_text_iterator_streamer_given_to_generate_streams_and_ends(target, other, skip_prompt):
+    """transformers 5.x puts the prompt into generate's streamer but never forwards it to a callable
+    custom_generate: the consumer got the prompt and then waited forever for end(). The streamer is
+    read from generate's call: the consumer gets the new tokens and stops."""
+    from transformers import TextIteratorStreamer
+
+    from mdboost.models.tiny import tiny_tokenizer
+
+    tok = tiny_tokenizer(V)
+    streamer = TextIteratorStreamer(tok, skip_prompt=skip_prompt, timeout=20)
+    ids = prompt(6, 5)
+    text, box = consume(streamer, lambda: md(target, ids, drafter=other, do_sample=False, max_new_tokens=12,
+                                             streamer=streamer))
+    assert "err" not in box
+    out = box["out"]
+    new = tok.decode(out[0, 5:])
+    assert text == (new if skip_prompt else tok.decode(ids[0]) + new)
+    assert torch.equal(out, md(target, ids, drafter=other, do_sample=False, max_new_tokens=12))
+
+
+def test_a_streamer_ends_when_the_call_fails(target):
+    """generate has put the prompt before mentored_generate checks its arguments: a refused call
+    ends the streamer too, so its consumer stops instead of waiting."""
+    from transformers import TextIteratorStreamer
+
+    from mdboost.models.tiny import tiny_tokenizer
+
+    streamer = TextIteratorStreamer(tiny_tokenizer(V), timeout=20)
+    text, box = consume(streamer, lambda: md(target, prompt(6, 5), do_sample=False, max_new_tokens=4,
+                                             streamer=streamer))
+    assert isinstance(box["err"], ValueError) and "drafter is required" in str(box["err"])
+
+
+def test_only_generate_s_own_frame_hands_over_its_streamer():
+    """A direct call (any caller but GenerationMixin.generate) has no streamer but its own argument."""
+    import sys
+
+    streamer = Recorder()  # noqa: F841 -- a local named like generate's, in a frame that is not generate's
+    assert mdboost.hf.streamer_given_to_generate(sys._getframe(0)) is None
+    assert mdboost.hf.streamer_given_to_generate(None) is None
+
+
 def test_drafter_specs_are_built_from_the_target_once(target):
     for spec in ("ngram:3", "early_exit:1", "tuned:2", "int8"):
         drafter = drafter_for(target, spec)
@@ -321,3 +387,15 @@ def test_cache_implementation_is_ignored_with_a_warning(target, other):
     with pytest.warns(UserWarning, match="cache_implementation='static' is ignored"):
         out = md(target, ids, drafter=other, do_sample=False, max_new_tokens=6, cache_implementation="static")
     assert torch.equal(out, md(target, ids, drafter=other, do_sample=False, max_new_tokens=6))
+
+
+def test_a_rule_runs_through_generate_as_in_the_engine(target, other):
+    """``rule=`` reaches the engine: the same tokens as the engine with the same rule and seed."""
+    ids = prompt(7, 6, batch=3)
+    rule = Threshold(accept=0.5)
+    ours = md(target, ids, drafter=other, rule=rule, do_sample=True, max_new_tokens=8, num_draft_tokens=3,
+              generator=torch.Generator().manual_seed(4))
+    settings = GenerationSettings(max_new_tokens=8, gamma=3, temperature=1.0, rule=rule, eos_token_id=EOS_ID,
+                                  pad_token_id=PAD_ID)
+    engine = generate(target, ids, settings, drafter=ModelDrafter(other), generator=torch.Generator().manual_seed(4))
+    assert torch.equal(ours, engine.sequences)

@@ -10,14 +10,14 @@ import torch
 from mdboost.md.divergences import f_divergence
 from mdboost.md.onehot import one_hot_primal
 from mdboost.md.divergences import resolve
-from mdboost.md.rules import Match, Mentored, Rejection, Threshold, threshold_for_budget
+from mdboost.md.rules import Block, Match, Mentored, Rejection, Threshold, threshold_for_budget
 from mdboost.md.verify import verify
 
 DIVERGENCES = ["kl", "tv", "hellinger", "pearson", "js", "alpha:0.5", "alpha:3"]  # g(0) finite
 UNBOUNDED = ["rkl", "neyman", "alpha:-2"]  # g(0) = inf: a surely emitted draft costs inf
 RULES = [Rejection(), Rejection(drafting="greedy"), Mentored(max_divergence=0.1), Mentored(max_divergence=0.1, drafting="greedy"),
          Mentored(min_acceptance=0.8, divergence="tv"), Threshold(accept=0.6), Threshold(accept=0.5, single=0.7),
-         Threshold(accept=0.7, drafting="sampled"), Match(), Match(drafting="sampled")]
+         Threshold(accept=0.7, drafting="sampled"), Match(), Match(drafting="sampled"), Block(), Block(drafting="greedy")]
 
 
 def _pair(vocab, seed, alpha=0.7):
@@ -55,7 +55,7 @@ def test_threshold_law_equals_enumeration(seed, greedy):
     assert law.emitted.tolist() == pytest.approx(emitted, abs=1e-12)
 
 
-@pytest.mark.parametrize("rule", [Match(), Match(drafting="sampled"), Rejection(), Rejection(drafting="greedy")])
+@pytest.mark.parametrize("rule", [Match(), Match(drafting="sampled"), Rejection(), Rejection(drafting="greedy"), Block()])
 def test_lossless_rules_emit_the_target(rule):
     p, q = _pair(9, 3)
     law = rule.law(p, q)

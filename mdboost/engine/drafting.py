@@ -188,7 +188,7 @@ class _PrivateCacheSession(_ScheduledSession):
     def __init__(self, drafter: ModelDrafter, prompts, device, settings):
         super().__init__(drafter.schedule, settings.gamma)
         self._stop, self._sampling = drafter.confidence_stop, settings.sampling
-        self._processor, self._pad = settings.logits_processor, settings.pad_id
+        self._processor, self._pad, self._greedy = settings.logits_processor, settings.pad_id, settings.greedy_drafts
         self._lm = CachedLM(drafter.model, len(prompts), device)
         self._pending = [list(p) for p in prompts]  # tokens not yet in the drafter cache
         self._fed_pending = 0  # width of the pending chunk fed by the last propose (0: none)
@@ -198,7 +198,7 @@ class _PrivateCacheSession(_ScheduledSession):
         k = self._draft_length(max_tokens)
         base = None if self._processor is None else context_ids(contexts, self._pad, self._lm.device)
         tokens, probs, self._fed_pending, lengths = _draft(self._lm, self._pending, k, self._sampling, generator,
-                                                           self._stop, self._processor, base)
+                                                           self._stop, self._processor, base, self._greedy)
         self._drafts = tokens.tolist()
         return tokens, probs, lengths
 
@@ -229,7 +229,7 @@ class _SharedCacheSession(_ScheduledSession):
         super().__init__(drafter.schedule, settings.gamma)
         self._model, self._target = drafter.model, target
         self._stop, self._sampling = drafter.confidence_stop, settings.sampling
-        self._processor, self._pad = settings.logits_processor, settings.pad_id
+        self._processor, self._pad, self._greedy = settings.logits_processor, settings.pad_id, settings.greedy_drafts
 
     def propose(self, contexts, max_tokens, generator):
         k = self._draft_length(max_tokens)
@@ -238,7 +238,7 @@ class _SharedCacheSession(_ScheduledSession):
         pending = [c[n:] for c, n in zip(contexts, seen)]
         base = None if self._processor is None else context_ids(contexts, self._pad, view.device)
         tokens, probs, _, lengths = _draft(view, pending, k, self._sampling, generator, self._stop,
-                                           self._processor, base)
+                                           self._processor, base, self._greedy)
         view.keep([0] * view.batch_size)  # crop the draft entries off the target's layers
         return tokens, probs, lengths
 
@@ -247,13 +247,15 @@ class _SharedCacheSession(_ScheduledSession):
 
 
 def _draft(lm: CachedLM, pending, k, sampling, generator, stop: ConfidenceStop | None = None,
-           processor=None, base: torch.Tensor | None = None):
+           processor=None, base: torch.Tensor | None = None, greedy: bool = False):
     """Feed the pending tokens, then sample up to ``k >= 1`` drafts one by one (feeding all but the last).
 
     With ``stop``, a row's drafts end at the first token that ``stop`` flags (that token
     included); drafting ends when every row has ended. With ``processor`` (the settings'
     ``logits_processor``), each draft's logits are processed first, after the rows' contexts
     ``base`` (``[B, L]``, :func:`mdboost.engine.hooks.context_ids`) and the drafts before it.
+    ``greedy`` (or temperature 0): each draft is the argmax of its logits (a rule's
+    ``drafting="greedy"``); ``probs`` stay the drafter's distributions.
     Returns ``(tokens [B, w], probs [B, w, V], width of the fed pending chunk, lengths)``
     with ``w <= k`` the longest row's length.
     """
@@ -261,7 +263,7 @@ def _draft(lm: CachedLM, pending, k, sampling, generator, stop: ConfidenceStop |
     tokens = torch.empty(batch, k, dtype=torch.long, device=device)
     chunk, valid = left_pad(pending, 0, device)
     logits = lm.forward(chunk, valid, logits_to_keep=1)[:, -1]  # [B, V]
-    greedy = sampling["temperature"] == 0
+    greedy = greedy or sampling["temperature"] == 0
     lengths = torch.full((batch,), k, dtype=torch.long, device=device)
     probs = []
     for j in range(k):

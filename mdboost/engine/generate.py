@@ -298,7 +298,11 @@ def _verify(drafts, draft_probs, target_probs, lengths, md_args, generator):
     if md_args.get("mentor") is not None:  # GenerationSettings.mentor: the emitted distribution per position
         md_args = dict(md_args)
         md_args["mentored_probs"] = md_args.pop("mentor")(draft_probs, target_probs[:, :drafts.shape[1]])
-    result = verify(drafts, draft_probs, target_probs, generator=generator, validate=False, **md_args)
+    if md_args.get("rule") is not None:  # GenerationSettings.rule (mdboost.md.rules)
+        result = md_args["rule"].verify(drafts, draft_probs, target_probs, generator=generator, validate=False,
+                                        divergence=md_args["divergence"])
+    else:
+        result = verify(drafts, draft_probs, target_probs, generator=generator, validate=False, **md_args)
     tokens = result.tokens.tolist()
     num_accepted = result.num_accepted.tolist()
     new_tokens = [row[n] for row, n in zip(tokens, num_accepted)]

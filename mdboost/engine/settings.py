@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from mdboost.md.divergences import resolve
+from mdboost.md.rules import Mentored, Rule
 from mdboost.md.verify import SOLVE
 
 
@@ -103,6 +104,14 @@ class GenerationSettings:
         :class:`mdboost.md.tv_set.BoostedMentor`. It replaces the budget (leave
         ``max_divergence`` 0, ``min_acceptance`` and ``md_top_k`` None); ``divergence`` then
         only names the reported divergence. Positions past a row's draft length are ignored.
+    rule : mdboost.md.rules.Rule or None, default=None
+        The verification rule, with its drafting (``docs/theory.md``, section 11), e.g.
+        ``Threshold(accept=0.6)`` (SGLang's thresholds on greedy drafts), ``Match()``
+        (llama.cpp), ``Rejection(drafting="greedy")`` (vLLM's default), ``Mentored(...)``. It
+        replaces the budget (leave ``max_divergence`` 0, ``min_acceptance``, ``md_top_k`` and
+        ``mentor`` unset); ``divergence`` names the reported divergence (a ``Mentored`` rule
+        reports its own: leave ``divergence`` unset or equal). A ``Mentored`` rule solves where
+        ``md_solve`` says. None: the budget fields above, sampled drafts.
 
     Examples
     --------
@@ -130,6 +139,7 @@ class GenerationSettings:
     logits_processor: Callable | None = None
     stopping_criteria: Callable | None = None
     mentor: Callable | None = None
+    rule: Rule | None = None
 
     def __post_init__(self):
         _positive_int("max_new_tokens", self.max_new_tokens)
@@ -164,11 +174,29 @@ class GenerationSettings:
                                         or self.md_top_k is not None):
             raise ValueError(f"mentor sets the emitted distribution: leave max_divergence (got {self.max_divergence!r}), "
                              f"min_acceptance ({self.min_acceptance!r}) and md_top_k ({self.md_top_k!r}) unset")
+        if self.rule is not None:
+            if not isinstance(self.rule, Rule):
+                raise TypeError(f"rule must be a mdboost.md.rules.Rule or None, got {self.rule!r}")
+            if self.max_divergence != 0 or self.min_acceptance is not None or self.md_top_k is not None \
+                    or self.mentor is not None:
+                raise ValueError(f"rule sets the verification: leave max_divergence (got {self.max_divergence!r}), "
+                                 f"min_acceptance ({self.min_acceptance!r}), md_top_k ({self.md_top_k!r}) and mentor "
+                                 f"({self.mentor!r}) unset")
+            if isinstance(self.rule, Mentored) and self.divergence not in ("kl", self.rule.divergence):
+                raise ValueError(f"divergence={self.divergence!r} differs from the Mentored rule's divergence="
+                                 f"{self.rule.divergence!r}: the rule's budget names the divergence (leave divergence unset)")
 
     @property
     def lossy(self) -> bool:
-        """True with a budget (``max_divergence > 0`` or ``min_acceptance``) or a mentor: MD, else SD."""
+        """True with a budget (``max_divergence > 0`` or ``min_acceptance``), a mentor or a lossy rule."""
+        if self.rule is not None:
+            return not self.rule.lossless
         return self.max_divergence > 0 or self.min_acceptance is not None or self.mentor is not None
+
+    @property
+    def greedy_drafts(self) -> bool:
+        """Whether drafts are the drafter's argmax (a rule with ``drafting="greedy"``)."""
+        return self.rule is not None and self.rule.drafting == "greedy"
 
     @property
     def sampling(self) -> dict:
@@ -178,7 +206,12 @@ class GenerationSettings:
     @property
     def verify_args(self) -> dict:
         """Keyword arguments of :func:`mdboost.md.verify.verify` (``md_top_k`` only when lossy),
-        plus ``mentor`` when set (the engine turns it into ``mentored_probs``)."""
+        plus ``mentor`` when set (the engine turns it into ``mentored_probs``); with a ``rule``,
+        ``{"rule": rule, "divergence": ...}`` (a ``Mentored`` rule solving where ``md_solve`` says)."""
+        if self.rule is not None:
+            rule = replace(self.rule, solve=self.md_solve) if isinstance(self.rule, Mentored) else self.rule
+            divergence = self.rule.divergence if isinstance(self.rule, Mentored) else self.divergence
+            return dict(rule=rule, divergence=divergence)
         args = dict(max_divergence=self.max_divergence, min_acceptance=self.min_acceptance,
                     divergence=self.divergence, top_k=self.md_top_k if self.lossy else None, solve=self.md_solve)
         return args if self.mentor is None else dict(args, mentor=self.mentor)

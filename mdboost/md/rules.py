@@ -10,6 +10,7 @@ A rule is the pair the engines differ on (``docs/theory.md``, section 11):
   rule          accept the draft ``x`` with probability      at the first rejection, draw from
   ============  ===========================================  =====================================
   `Rejection`   ``min(1, q_x / p_x)``                        ``(q - p)_+``: lossless SD
+  `Block`       the block's joint ratio (vLLM ``"block"``)   scaled residual: lossless, >= SD
   `Mentored`    ``min(1, (1 + a) q_x / p_x)``                ``((1 - b) q - p)_+``: the MD clamp
   `Threshold`   ``1`` if ``q_x >= single``, else             ``q`` without ``x``, renormalised
                 ``min(1, q_x / accept)``                     (SGLang's thresholds)
@@ -34,14 +35,15 @@ from typing import ClassVar, NamedTuple
 import torch
 
 from mdboost.md._checks import check_probs, check_tokens, compute_dtype
+from mdboost.md.block import block_verify
 from mdboost.md.clamp import mentored_distribution
 from mdboost.md.divergences import f_divergence, resolve
 from mdboost.md.sampling import (VerifyResult, accept_ratio, accepted_prefix, draw_uniforms, emitted_tokens,
                                  inverse_cdf)
 from mdboost.md.solve import solve
-from mdboost.md.verify import verify
+from mdboost.md.verify import SOLVE, verify
 
-__all__ = ["DRAFTING", "ENGINES", "Match", "Mentored", "Rejection", "Rule", "Threshold", "TokenLaw",
+__all__ = ["Block", "DRAFTING", "ENGINES", "Match", "Mentored", "Rejection", "Rule", "Threshold", "TokenLaw",
            "greedy_proposal", "threshold_for_budget"]
 
 DRAFTING = ("sampled", "greedy")
@@ -187,6 +189,42 @@ class Rejection(Rule):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Block(Rule):
+    """vLLM's block verification (``rejection_sample_method="block"``, Sun et al. 2024): lossless.
+
+    The drafts are judged as a block (:func:`mdboost.md.block.block_verify`, ``docs/theory.md``
+    section 5b): the longest prefix whose test passes is kept, so a block accepts at least as many
+    drafts as token-wise `Rejection`, draft by draft. Its :meth:`law` is that of a one-draft
+    block, token-wise rejection's (a longer block's accepted length is not a product of
+    per-position acceptances: :func:`mdboost.md.block.block_acceptance_law`). With greedy drafts
+    its law is token-wise rejection's exactly (section 5b).
+
+    Examples
+    --------
+    >>> p = torch.tensor([0.6, 0.4], dtype=torch.float64)
+    >>> q = torch.tensor([0.3, 0.7], dtype=torch.float64)
+    >>> round(float(Block().law(p, q).acceptance), 6)
+    0.7
+    """
+
+    name: ClassVar[str] = "block"
+
+    @property
+    def lossless(self) -> bool:
+        return True
+
+    @property
+    def engines(self) -> tuple[str, ...]:
+        return Rejection(drafting=self.drafting).engines
+
+    def _law(self, p, q) -> TokenLaw:
+        return TokenLaw(torch.minimum(p, q).sum(-1).clamp(0.0, 1.0), q)
+
+    def _verify(self, tokens, p, q_all, generator, validate, divergence) -> VerifyResult:
+        return block_verify(tokens, p, q_all, generator=generator, validate=False)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Mentored(Rule):
     """Mentored decoding: the optimal clamp ``pi(a, b)`` at each position (``mdboost.md.verify``).
 
@@ -198,6 +236,9 @@ class Mentored(Rule):
         The generator ``f`` of the budget.
     min_acceptance : float or None
         The dual budget instead (then ``max_divergence`` stays 0).
+    solve : {"all", "reached", "needed"}, default="all"
+        Where :meth:`verify` solves the clamp (:func:`mdboost.md.verify.verify`'s ``solve``): the
+        same tokens for every value; fewer solves, and NaN stats where none was needed.
     drafting : {"sampled", "greedy"}, default="sampled"
 
     Examples
@@ -212,6 +253,7 @@ class Mentored(Rule):
     max_divergence: float = 0.0
     divergence: str = "kl"
     min_acceptance: float | None = None
+    solve: str = "all"
     name: ClassVar[str] = "mentored"
 
     def __post_init__(self):
@@ -230,6 +272,8 @@ class Mentored(Rule):
             resolve(self.divergence)
         except ValueError as err:
             raise ValueError(f"divergence: {err}") from err
+        if self.solve not in SOLVE:
+            raise ValueError(f"solve must be one of {SOLVE}, got {self.solve!r}")
 
     @property
     def lossless(self) -> bool:
@@ -251,7 +295,7 @@ class Mentored(Rule):
         return TokenLaw(sol.acceptance.double(), pi)
 
     def _verify(self, tokens, p, q_all, generator, validate, divergence) -> VerifyResult:
-        return verify(tokens, p, q_all, generator=generator, validate=False, **self._budget())
+        return verify(tokens, p, q_all, generator=generator, validate=False, solve=self.solve, **self._budget())
 
 
 @dataclass(frozen=True, kw_only=True)

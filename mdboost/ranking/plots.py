@@ -7,6 +7,8 @@
   over positions) against mean MD acceptance along the budgets (the paper's Table 5).
 - :func:`plot_margin_cdf`: empirical CDF of the normalized boosting margins per pair
   (target-first run), with the margin bound at ``theta = 0``.
+- :func:`plot_frontier`: acceptance against achieved divergence for every rule and heuristic,
+  MD's optimal curve on top (:mod:`mdboost.ranking.frontier`).
 """
 
 from __future__ import annotations
@@ -95,4 +97,36 @@ def plot_margin_cdf(margins: dict[str, np.ndarray], bounds: dict[str, float], pa
     ax.set_ylabel("fraction of positions with margin <= theta")
     ax.set_xlim(-1, 1)
     ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    return _save(fig, path)
+
+
+def plot_frontier(fr, path, title: str | None = None) -> Path:
+    """Acceptance against achieved mean divergence: one panel per drafting, each heuristic along its
+    parameter grid (markers), a dotted rise from each point to MD's acceptance at the point's own
+    per-position divergences (the optimality gap), and MD's curve at one budget for every position
+    on top (:class:`mdboost.ranking.frontier.Frontier`)."""
+    plt = _plt()
+    modes = list(fr.curves)
+    fig, axes = plt.subplots(1, len(modes), figsize=(4.8 * len(modes), 3.8), squeeze=False, sharey=True)
+    markers = dict(lenient="o", typical="s", fuzzy="^", threshold="D", fly="v")
+    for ax, mode in zip(axes[0], modes):
+        ax.set_prop_cycle(color=plt.cm.tab10.colors)
+        for rule in sorted({pt.rule for pt in fr.points if pt.drafting == mode}):
+            mine = sorted((pt for pt in fr.points if pt.drafting == mode and pt.rule == rule and
+                           np.isfinite(pt.divergence_mean)), key=lambda pt: pt.divergence_mean)
+            if mine:
+                line, = ax.plot([pt.divergence_mean for pt in mine], [pt.acceptance for pt in mine], lw=0.6,
+                                marker=markers.get(rule, "x"), ms=4, label=rule)
+                for pt in mine:  # the optimality gap: MD at the point's own per-position divergences
+                    ax.plot([pt.divergence_mean] * 2, [pt.acceptance, pt.md_acceptance], lw=0.8, ls=":",
+                            color=line.get_color())
+        curve = sorted((pt for pt in fr.curves[mode] if np.isfinite(pt.divergence_mean)),
+                       key=lambda pt: pt.divergence_mean)
+        ax.plot([pt.divergence_mean for pt in curve], [pt.acceptance for pt in curve], color="black", lw=1.6,
+                zorder=5, label="MD, one budget")
+        ax.set_xscale("symlog", linthresh=1e-3)
+        ax.set_title(f"{mode} drafts" if title is None else f"{title}: {mode} drafts", fontsize=9)
+        ax.set_xlabel(f"achieved mean D_{fr.divergence}(pi || q)")
+    axes[0][0].set_ylabel("mean acceptance")
+    axes[0][-1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     return _save(fig, path)
