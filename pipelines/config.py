@@ -252,7 +252,8 @@ class TrackingConfig:
 @dataclass
 class RuleEntry:
     """One verification rule ranked (``docs/ranking.md``, "Rules and engines"): ``rule`` names a
-    :class:`mdboost.md.rules.Rule` (``mentored``, ``rejection``, ``threshold``: SGLang's, at the
+    :class:`mdboost.md.rules.Rule` (``mentored``, ``rejection``, ``block``: vLLM's block
+    verification, ``threshold``: SGLang's, at the
     threshold each divergence and budget maps to; ``match``: llama.cpp's), ``drafting`` how its
     drafts are drawn (``sampled`` or ``greedy``; default: the rule's own)."""
 
@@ -272,9 +273,10 @@ class RuleEntry:
 
 def _default_rules() -> list[RuleEntry]:
     """MD on sampled drafts (the rows of before), lossless SD with greedy and sampled drafts (vLLM's
-    ``draft_sample_method``), SGLang's thresholds and llama.cpp's match, both on greedy drafts."""
+    ``draft_sample_method``), vLLM's block verification on sampled drafts (on greedy ones it is SD's
+    law), SGLang's thresholds and llama.cpp's match, both on greedy drafts."""
     return [RuleEntry("mentored", "sampled"), RuleEntry("rejection", "greedy"), RuleEntry("rejection", "sampled"),
-            RuleEntry("threshold", "greedy"), RuleEntry("match", "greedy")]
+            RuleEntry("block", "sampled"), RuleEntry("threshold", "greedy"), RuleEntry("match", "greedy")]
 
 
 @dataclass

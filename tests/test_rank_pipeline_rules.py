@@ -13,8 +13,8 @@ from pipelines.config import MDConfig, RankConfig
 from pipelines.loader import from_dict, to_dict
 from tests.test_rank_pipeline_sampled import _config
 
-RULES = {("mentored", "sampled"), ("rejection", "greedy"), ("rejection", "sampled"), ("threshold", "greedy"),
-         ("match", "greedy"), ("mentored", "greedy")}
+RULES = {("mentored", "sampled"), ("rejection", "greedy"), ("rejection", "sampled"), ("block", "sampled"),
+         ("threshold", "greedy"), ("match", "greedy"), ("mentored", "greedy")}
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +29,8 @@ def rules_run(tmp_path_factory):
 
 def test_default_rules_are_the_documented_list():
     assert [(r.rule, r.drafting) for r in MDConfig().rules] == [
-        ("mentored", "sampled"), ("rejection", "greedy"), ("rejection", "sampled"), ("threshold", "greedy"),
-        ("match", "greedy")]
+        ("mentored", "sampled"), ("rejection", "greedy"), ("rejection", "sampled"), ("block", "sampled"),
+        ("threshold", "greedy"), ("match", "greedy")]
     with pytest.raises(ValueError, match=r"md.rules\[1\].rule': expected one of"):
         from_dict(RankConfig, {"md": {"rules": [{"rule": "mentored"}, {"rule": "lenient"}]},
                                "tracking": {"enabled": False}})
@@ -45,7 +45,7 @@ def test_rule_columns_bounds_and_md_above_sglang(rules_run):
         assert set(r["engines"].split()) <= set(ENGINES) and {"mdboost", "hf"} <= set(r["engines"].split())
         points.setdefault((r["drafter"], r["rule"], r["drafting"], r["divergence"], float(r["max_divergence"])), r)
     # budget 0 once per rule; SGLang's and MD's (sampled, greedy) rules once per (f, D > 0); 2 drafters
-    per_drafter = 6 + 3 * 2 * 2
+    per_drafter = 7 + 3 * 2 * 2
     assert len(points) == len(cfg.pool.drafters) * per_drafter == summary["n_points"]
     for (drafter, rule, drafting, f, budget), r in points.items():
         mean, worst = float(r["achieved_divergence_mean"]), float(r["achieved_divergence_max"])
@@ -65,6 +65,12 @@ def test_rule_columns_bounds_and_md_above_sglang(rules_run):
             assert r["threshold_acc"] == "nan"
         if rule != "mentored" and budget == 0 and drafting == "greedy":
             assert r["engines"].split() == list(ENGINES)
+    at = {(r["drafter"], r["rule"], r["drafting"], int(r["gamma"])): r for r in rows if r["divergence"] == "none"}
+    for (drafter, rule, drafting, gamma), r in at.items():  # block verification: its accepted length >= SD's
+        if rule == "block":
+            sd = at[(drafter, "rejection", "sampled", gamma)]
+            assert float(r["md_acceptance"]) == pytest.approx(float(sd["md_acceptance"]))
+            assert float(r["engine_mean_accepted_length"]) >= float(sd["engine_mean_accepted_length"]) - 0.01
 
 
 def test_recommendations_per_engine(rules_run):

@@ -193,3 +193,47 @@ def test_greedy_process_runs_on_the_argmax_match_along_the_text():
         res = run_process(chain_from_positions(hit, 3), r["gamma"])
         drafted = (res.start_prob * (res.draft_len > 0)).sum()
         assert r["engine_mean_accepted_length"] == pytest.approx(float(1 + res.accepted.sum() / drafted))
+
+
+def test_block_chain_is_the_block_law_of_each_start():
+    """c_{s,i} = E[r_{s,i}] / E[r_{s,i-1}] against the exact enumeration (small vocabulary)."""
+    from mdboost.md.block import block_acceptance_law
+    from mdboost.ranking.rule_points import block_chain
+
+    v, n, width = 5, 9, 3
+    lp, lq, true = _logits(6, n=n, v=v)
+    aligned = align(rows_from_logits(lp, true, 2, keep_full=True), rows_from_logits(lq, true, 2, keep_full=True), v)
+    sequence = torch.tensor([0] * 5 + [1] * 4)
+    chain = block_chain(aligned, torch.ones(n, dtype=torch.bool), sequence, width, num_samples=20000)
+    p, q = torch.softmax(lp, -1), torch.softmax(lq, -1)
+    for s in range(n):
+        end = 5 if s < 5 else n
+        k = min(width, end - s)
+        law = block_acceptance_law(p[s:s + k], q[s:s + k])  # P(accepted >= i + 1), i < k
+        expected = law / torch.cat([torch.ones(1, dtype=torch.float64), law[:-1]])
+        assert torch.allclose(chain[s, :k], expected, atol=0.02), (s, chain[s], expected)
+        assert (chain[s, k:] == 0).all()  # past the sequence's end
+        assert chain[s, 0] == pytest.approx(float(torch.minimum(p[s], q[s]).sum()), abs=0.02)
+
+
+def test_block_rows_accept_at_least_token_wise_rejection():
+    """Sampled drafts: block verification's mean accepted length >= token-wise rejection's at every
+    gamma, same first-draft acceptance; greedy drafts: the same rows as rejection's."""
+    from mdboost.md.rules import Block
+
+    layout = SequenceLayout(torch.arange(40) // 10)
+    pair, *_ = _pair(7, layout=layout)
+    settings = ScoreSettings(divergences=("kl",), budgets=(0.0,), gamma_min=1, gamma_max=4,
+                             rules=(Rejection(), Block(), Rejection(drafting="greedy"), Block(drafting="greedy")))
+    rows = score_pair(pair, V, settings=settings, on_reference=False).rows
+    by = {(r["rule"], r["drafting"], r["gamma"]): r for r in rows}
+    gains = []
+    for g in range(1, 5):
+        block, sd = by[("block", "sampled", g)], by[("rejection", "sampled", g)]
+        assert block["md_acceptance"] == pytest.approx(sd["md_acceptance"])
+        assert block["engine_mean_accepted_length"] >= sd["engine_mean_accepted_length"] - 0.01
+        gains.append(block["engine_mean_accepted_length"] - sd["engine_mean_accepted_length"])
+        for key in ("md_acceptance", "engine_mean_accepted_length", "predicted_speedup"):
+            assert by[("block", "greedy", g)][key] == by[("rejection", "greedy", g)][key]
+        assert block["engines"] == "mdboost hf vllm"
+    assert max(gains) > 0.01  # blocks of several drafts gain

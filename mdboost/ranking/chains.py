@@ -149,6 +149,22 @@ def _tilted(chain, delta, same=None):  # [B, L, W], [B, L, W], [B, L, W] bool or
 def text_chains(layout: SequenceLayout, draft_rows, target_rows, labels, points, width: int, on_reference: bool = False):
     """``(chains [P, B, L, W], raw chains, offered [B, L] or None, index [B, L], lengths [B])``.
 
+    A point with its own ``chain`` [M, >= W] (block verification) takes it as both.
+    """
+    chains, raw, offered, index, lengths = _text_chains(layout, draft_rows, target_rows, labels, points, width,
+                                                        on_reference)
+    given = [i for i, pt in enumerate(points) if pt.chain is not None]
+    if given:
+        chains, raw = chains.clone(), raw.clone()
+        for i in given:
+            chains[i] = raw[i] = gather_rows(points[i].chain[:, :width].double(), index)
+    return chains, raw, offered, index, lengths
+
+
+def _text_chains(layout: SequenceLayout, draft_rows, target_rows, labels, points, width: int,
+                 on_reference: bool = False):
+    """The chains of :func:`text_chains` from each point's ``c`` (or ``P_acc`` on a reference).
+
     ``raw``: the conditional acceptance ``c``; ``chains``: tilted by each point's
     :func:`budget_tilt` (a prompt-lookup chain only where the draft is the position's own proposal).
     ``on_reference``: the text is not one the loop emits, so both are the expected chain

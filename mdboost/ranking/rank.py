@@ -42,7 +42,7 @@ import torch
 
 from mdboost.engine.settings import DEFAULT_MD_SOLVE
 from mdboost.md.divergences import GENERATORS
-from mdboost.md.rules import Mentored, Rule
+from mdboost.md.rules import Block, Mentored, Rule
 from mdboost.md.verify import SOLVE
 from mdboost.ranking import quality
 from mdboost.ranking.acceptance import md_operating_points, sd_acceptance
@@ -53,8 +53,8 @@ from mdboost.ranking.mentored import mentored_process
 from mdboost.ranking.pair import PairRows, PairSide
 from mdboost.ranking.chains import budget_tilt
 from mdboost.ranking.process import PointInputs, ProcessSettings, score_process
-from mdboost.ranking.rule_points import (PLAIN, RulePoint, greedy_tilt, point_law, rule_points, text_acceptance,
-                                         true_token_prob)
+from mdboost.ranking.rule_points import (PLAIN, RulePoint, block_chain, greedy_tilt, point_law, rule_points,
+                                         text_acceptance, true_token_prob)
 from mdboost.ranking.scores import PairScore, PairStats, PointScore, Quantiles, SpeedChoice
 from mdboost.ranking.speed import SpeedProfile, check_verify_costs, gamma_speedups
 from mdboost.ranking.uncertainty import BootstrapSettings
@@ -319,9 +319,12 @@ def _rule_scores(rule_pts: list[RulePoint], pair: PairRows, aligned: Aligned, ac
         law = point_law(pt, acc_aligned, acc_valid, s.divergences[0])
         overhead = profile.md_overhead if isinstance(pt.rule, Mentored) and not pt.rule.lossless else 0.0
         greedy = law.slots is not None
+        block = isinstance(pt.rule, Block) and not greedy and acc.layout is not None and not acc.draft.rows.one_hot
         inputs.append(PointInputs(zeros, zeros, law.acceptance, overhead,
                                   greedy_tilt(law, acc_aligned) if greedy else None,
-                                  text_acceptance(law, acc_aligned, acc_valid, acc.labels) if greedy else None))
+                                  text_acceptance(law, acc_aligned, acc_valid, acc.labels) if greedy else None,
+                                  block_chain(acc_aligned, acc_valid, acc.layout.sequence, s.gamma_max,
+                                              seed=s.bootstrap.seed) if block else None))
         laws.append(law)
     process = None
     if acc.layout is not None and rule_pts:

@@ -8,7 +8,7 @@ engines"). :func:`rule_points` crosses the configured rules with the divergences
 - `Threshold` for SGLang's rule at the threshold each ``(f, D)`` maps to
   (``Threshold.for_budget(D, f)``: ``D_f(pi || q) <= D`` at every position, ``docs/theory.md``
   section 11);
-- `Rejection` and `Match` are lossless: one point each.
+- `Rejection`, `Block` (vLLM's block verification) and `Match` are lossless: one point each.
 
 Budget 0 is one lossless point per rule, its divergence ``"none"``, as for plain SD.
 
@@ -28,6 +28,14 @@ accepted exactly when the emitted token is ``g``: every rule emits ``g`` only by
 (:func:`text_acceptance`), and on text sampled from ``q`` the chain is tilted to the rule's mean
 acceptance by ``delta = (P_acc - q_g) / (1 - q_g)`` (:func:`greedy_tilt`, the budget tilt of
 :func:`~mdboost.ranking.chains.budget_tilt` with ``E_q[c] = q_g``).
+
+`Block` on sampled drafts judges a step's drafts together: its accepted length is not a product
+of per-draft acceptances, but ``P(accepted >= i + 1) = E[r_i]`` for the joint ratio ``r_i`` of the
+drafts from the start on, whatever the number of drafts (``docs/theory.md`` section 5b). So a step
+started at ``s`` has the chain ``c_{s,i} = E[r_{s,i}] / E[r_{s,i-1}]`` (:func:`block_chain`), the
+expected one (not conditioned on the text, as on a reference text), and the draft-start process
+gives the block's accepted lengths exactly for it. With greedy drafts `Block`'s law is
+token-wise rejection's.
 """
 
 from __future__ import annotations
@@ -38,14 +46,16 @@ from typing import NamedTuple
 
 import torch
 
+from mdboost.md.block import block_acceptance_estimate
 from mdboost.md.divergences import f_divergence, resolve
-from mdboost.md.rules import Match, Mentored, Rejection, Rule, Threshold
+from mdboost.md.rules import Block, Match, Mentored, Rejection, Rule, Threshold
+from mdboost.ranking.layout import gather_rows, padded_index
 from mdboost.ranking.support import Aligned
 
-__all__ = ["PLAIN", "RULES", "PointLaw", "RulePoint", "greedy_slots", "greedy_tilt", "point_law", "rule_points",
-           "text_acceptance", "true_token_prob"]
+__all__ = ["PLAIN", "RULES", "PointLaw", "RulePoint", "block_chain", "greedy_slots", "greedy_tilt", "point_law",
+           "rule_points", "text_acceptance", "true_token_prob"]
 
-RULES = {cls.name: cls for cls in (Mentored, Rejection, Threshold, Match)}
+RULES = {cls.name: cls for cls in (Mentored, Rejection, Block, Threshold, Match)}
 PLAIN = "none"  # the divergence of a lossless budget-0 point (the same for every f)
 
 
@@ -218,3 +228,44 @@ def true_token_prob(law: PointLaw, aligned: Aligned, valid: torch.Tensor, tokens
     q_j = target_true_logp.double().exp()
     pi_j = torch.where(q_s > 0, q_j * pi_s / q_s.clamp_min(1e-300), pi_s / count.clamp_min(1.0))
     return torch.where(valid, pi_j, q_j)
+
+
+def block_chain(aligned: Aligned, valid: torch.Tensor, sequence, width: int, *, num_samples: int = 1024,
+                seed: int = 0, chunk: int = 256) -> torch.Tensor:  # -> [N, width]
+    """Block verification's chain at every start (module docstring): ``c_{s,i} = E[r_{s,i}] /
+    E[r_{s,i-1}]`` over sampled drafts at positions ``s .. s + i`` of the start's sequence.
+
+    ``E[r]`` is :func:`mdboost.md.block.block_acceptance_estimate`'s seeded Monte-Carlo mean
+    (``num_samples`` blocks per start; an exact enumeration grows as ``S ** i``). Positions past a
+    sequence's end, and rows where nothing is drafted, get 0 (the process never drafts there).
+
+    Parameters
+    ----------
+    aligned : Aligned
+        ``[N, S]`` support; valid : bool [N]; sequence : [N] the rows' sequence ids (contiguous).
+    width : int
+        Drafts per step at most (the largest gamma).
+    """
+    index, lengths = padded_index(sequence)  # [B, L]
+    pos = torch.arange(index.shape[1])
+    ahead = pos[:, None] + torch.arange(width)  # [L, W]
+    windows = torch.where(ahead < index.shape[1], index[:, ahead.clamp(max=index.shape[1] - 1)],
+                          torch.full((), -1, dtype=torch.long))  # [B, L, W] row of draft i of a start
+    rows = gather_rows(torch.arange(valid.shape[0]), index, -1).reshape(-1)  # [B * L] the start's row
+    windows = windows.reshape(-1, width)[rows >= 0]  # [N', W], in the order of the rows
+    starts = rows[rows >= 0]
+    drafted = valid[windows.clamp(min=0)] & (windows >= 0)  # [N', W]
+    alive = drafted.long().cumprod(-1).bool()  # a step stops at the first undrafted position
+    generator = torch.Generator().manual_seed(seed)
+    chain = torch.zeros(valid.shape[0], width, dtype=torch.float64)
+    for lo in range(0, starts.numel(), chunk):
+        w, keep = windows[lo:lo + chunk].clamp(min=0), alive[lo:lo + chunk]
+        p, q, c = (x[w] for x in (aligned.p, aligned.q, aligned.count))  # [n, W, S]
+        one = torch.zeros_like(p).index_fill_(-1, torch.tensor([0]), 1.0)  # an undrafted slot: ratio 1
+        p, q = torch.where(keep[..., None], p, one), torch.where(keep[..., None], q, one)
+        c = torch.where(keep[..., None], c, torch.ones_like(c))
+        er, _ = block_acceptance_estimate(p, q, c, num_samples=num_samples, generator=generator, validate=False)
+        prev = torch.cat([torch.ones_like(er[:, :1]), er[:, :-1]], dim=-1)
+        ratio = torch.where(prev > 0, er / prev.clamp_min(1e-300), torch.zeros_like(er)).clamp(0.0, 1.0)
+        chain[starts[lo:lo + chunk]] = torch.where(keep, ratio, torch.zeros_like(ratio))
+    return chain
