@@ -237,3 +237,18 @@ def test_block_rows_accept_at_least_token_wise_rejection():
             assert by[("block", "greedy", g)][key] == by[("rejection", "greedy", g)][key]
         assert block["engines"] == "mdboost hf vllm"
     assert max(gains) > 0.01  # blocks of several drafts gain
+
+
+def test_block_at_one_draft_is_sd_exactly():
+    """gamma 1: a block is one draft, token-wise rejection's law: the same rows, to rounding."""
+    from mdboost.md.rules import Block
+
+    layout = SequenceLayout(torch.arange(40) // 10)
+    pair, *_ = _pair(8, layout=layout)
+    settings = ScoreSettings(divergences=("kl",), budgets=(0.0,), gamma_min=1, gamma_max=3,
+                             rules=(Rejection(), Block()))
+    for on_reference in (False, True):
+        rows = score_pair(pair, V, settings=settings, on_reference=on_reference).rows
+        one = {r["rule"]: r for r in rows if r["gamma"] == 1}
+        for key in ("engine_mean_accepted_length", "predicted_speedup", "engine_acceptance"):
+            assert one["block"][key] == pytest.approx(one["rejection"][key], rel=1e-12), (key, on_reference)

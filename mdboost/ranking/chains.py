@@ -149,16 +149,33 @@ def _tilted(chain, delta, same=None):  # [B, L, W], [B, L, W], [B, L, W] bool or
 def text_chains(layout: SequenceLayout, draft_rows, target_rows, labels, points, width: int, on_reference: bool = False):
     """``(chains [P, B, L, W], raw chains, offered [B, L] or None, index [B, L], lengths [B])``.
 
-    A point with its own ``chain`` [M, >= W] (block verification) takes it as both.
+    A point with its own ``chain`` [M, >= W] (block verification: each start's expected
+    continuation probabilities) keeps its text chain's ``c`` and is tilted to that chain's values
+    (:func:`chain_tilt`).
     """
     chains, raw, offered, index, lengths = _text_chains(layout, draft_rows, target_rows, labels, points, width,
                                                         on_reference)
     given = [i for i, pt in enumerate(points) if pt.chain is not None]
     if given:
-        chains, raw = chains.clone(), raw.clone()
+        chains = chains.clone()
         for i in given:
-            chains[i] = raw[i] = gather_rows(points[i].chain[:, :width].double(), index)
+            expected = chain_from_positions(gather_rows(points[i].acceptance.double(), index), width)
+            chains[i] = chain_tilt(chains[i], expected, gather_rows(points[i].chain[:, :width].double(), index))
     return chains, raw, offered, index, lengths
+
+
+def chain_tilt(chain: torch.Tensor, expected: torch.Tensor, wanted: torch.Tensor) -> torch.Tensor:  # [..., W] x3
+    """``chain`` (mean ``expected`` on the text) moved to mean ``wanted``, keeping its autocorrelation:
+    ``c + (1 - c) (w - e) / (1 - e)`` where ``w >= e``, ``c w / e`` where ``w < e`` (the budget
+    tilt's form, :func:`budget_tilt`; ``w = e`` leaves ``c`` as it is).
+
+    >>> chain_tilt(torch.tensor([0.0, 1.0]), torch.tensor([0.5, 0.5]), torch.tensor([0.75, 0.25])).tolist()
+    [0.5, 0.5]
+    """
+    up = chain + (1 - chain) * (wanted - expected) / (1 - expected).clamp_min(1e-12)
+    down = chain * wanted / expected.clamp_min(1e-300)
+    out = torch.where(wanted >= expected, up, torch.where(expected > 0, down, wanted))
+    return out.clamp(0.0, 1.0)
 
 
 def _text_chains(layout: SequenceLayout, draft_rows, target_rows, labels, points, width: int,

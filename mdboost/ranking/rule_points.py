@@ -32,10 +32,12 @@ acceptance by ``delta = (P_acc - q_g) / (1 - q_g)`` (:func:`greedy_tilt`, the bu
 `Block` on sampled drafts judges a step's drafts together: its accepted length is not a product
 of per-draft acceptances, but ``P(accepted >= i + 1) = E[r_i]`` for the joint ratio ``r_i`` of the
 drafts from the start on, whatever the number of drafts (``docs/theory.md`` section 5b). So a step
-started at ``s`` has the chain ``c_{s,i} = E[r_{s,i}] / E[r_{s,i-1}]`` (:func:`block_chain`), the
-expected one (not conditioned on the text, as on a reference text), and the draft-start process
-gives the block's accepted lengths exactly for it. With greedy drafts `Block`'s law is
-token-wise rejection's.
+started at ``s`` has the expected chain ``c_{s,i} = E[r_{s,i}] / E[r_{s,i-1}]`` (:func:`block_chain`;
+``c_{s,0} = 1 - TV``, token-wise rejection's), for which the draft-start process gives the block's
+accepted lengths exactly. Along a text, the process keeps token-wise rejection's chain at the
+text's tokens and tilts it to those values (:func:`~mdboost.ranking.chains.chain_tilt`), so a
+block's first draft is SD's exactly and its gain is all in the later drafts. With greedy drafts
+`Block`'s law is token-wise rejection's.
 """
 
 from __future__ import annotations
@@ -236,8 +238,9 @@ def block_chain(aligned: Aligned, valid: torch.Tensor, sequence, width: int, *, 
     E[r_{s,i-1}]`` over sampled drafts at positions ``s .. s + i`` of the start's sequence.
 
     ``E[r]`` is :func:`mdboost.md.block.block_acceptance_estimate`'s seeded Monte-Carlo mean
-    (``num_samples`` blocks per start; an exact enumeration grows as ``S ** i``). Positions past a
-    sequence's end, and rows where nothing is drafted, get 0 (the process never drafts there).
+    (``num_samples`` blocks per start; an exact enumeration grows as ``S ** i``), but the first
+    draft's exact ``1 - TV``. Positions past a sequence's end, and rows where nothing is drafted,
+    get 0 (the process never drafts there).
 
     Parameters
     ----------
@@ -268,4 +271,6 @@ def block_chain(aligned: Aligned, valid: torch.Tensor, sequence, width: int, *, 
         prev = torch.cat([torch.ones_like(er[:, :1]), er[:, :-1]], dim=-1)
         ratio = torch.where(prev > 0, er / prev.clamp_min(1e-300), torch.zeros_like(er)).clamp(0.0, 1.0)
         chain[starts[lo:lo + chunk]] = torch.where(keep, ratio, torch.zeros_like(ratio))
+    first = torch.minimum(aligned.p_mass, aligned.q_mass).sum(-1).clamp(0.0, 1.0)  # E[r_0] exactly
+    chain[:, 0] = torch.where(valid, first, torch.zeros_like(first))
     return chain
