@@ -38,17 +38,20 @@ from mdboost.data import _FORMATS as DATA_FORMATS
 from mdboost.data import SPLITS, TextSource
 from mdboost.engine.settings import DEFAULT_MD_SOLVE
 from mdboost.md.divergences import GENERATORS
+from mdboost.md.rules import DRAFTING, Rule
 from mdboost.md.verify import SOLVE
 from mdboost.models.loading import check_model_source, resolve_device
 from mdboost.models.pool import check_drafter
 from mdboost.ranking.rank import BOOSTING_ORDERS, MD_MODES, ScoreSettings
 from mdboost.ranking.rows import PAIR_MODES
+from mdboost.ranking.rule_points import RULES, rule_points
 from mdboost.ranking.uncertainty import DEFAULT_LEVEL, DEFAULT_RESAMPLES, BootstrapSettings
 from mdboost.tracking.store import check_tracking_uri, resolve_tracking_uri
 from pipelines.loader import check as _check
 
 _DIVERGENCES = tuple(GENERATORS)
 _DTYPES = tuple(DTYPES)
+_RULES = tuple(RULES)
 
 
 # --------------------------------------------------------------------------- shared sections
@@ -247,6 +250,36 @@ class TrackingConfig:
 # --------------------------------------------------------------------------- ranking sections
 
 @dataclass
+class RuleEntry:
+    """One verification rule ranked (``docs/ranking.md``, "Rules and engines"): ``rule`` names a
+    :class:`mdboost.md.rules.Rule` (``mentored``, ``rejection``, ``block``: vLLM's block
+    verification, ``threshold``: SGLang's, at the
+    threshold each divergence and budget maps to; ``match``: llama.cpp's), ``drafting`` how its
+    drafts are drawn (``sampled`` or ``greedy``; default: the rule's own)."""
+
+    rule: Literal[_RULES] = "mentored"
+    drafting: Literal[DRAFTING] | None = None
+
+    def __post_init__(self):
+        self.to_rule()  # a combination the ranking cannot score: its ValueError, at this entry's path
+
+    def to_rule(self) -> Rule:
+        """The library's rule object (the family :attr:`mdboost.ranking.ScoreSettings.rules` takes)."""
+        cls = RULES[self.rule]
+        rule = cls() if self.drafting is None else cls(drafting=self.drafting)
+        rule_points([rule], ["kl"], [0.0])
+        return rule
+
+
+def _default_rules() -> list[RuleEntry]:
+    """MD on sampled drafts (the rows of before), lossless SD with greedy and sampled drafts (vLLM's
+    ``draft_sample_method``), vLLM's block verification on sampled drafts (on greedy ones it is SD's
+    law), SGLang's thresholds and llama.cpp's match, both on greedy drafts."""
+    return [RuleEntry("mentored", "sampled"), RuleEntry("rejection", "greedy"), RuleEntry("rejection", "sampled"),
+            RuleEntry("block", "sampled"), RuleEntry("threshold", "greedy"), RuleEntry("match", "greedy")]
+
+
+@dataclass
 class MDConfig:
     """Operating points: each divergence crossed with each budget (``max_divergence``), at each
     sampling temperature.
@@ -262,9 +295,13 @@ class MDConfig:
     temperature: float | None = None
     temperatures: list[float] | None = None
     mentor: Literal["clamp", "boosted"] = "clamp"  # what TV points emit (ScoreSettings.tv_mentor)
+    rules: list[RuleEntry] = field(default_factory=_default_rules)
 
     def __post_init__(self):
         _check(len(self.divergences) >= 1, "divergences (need at least one)", self.divergences)
+        _check(len(self.rules) >= 1, "rules (need at least one)", self.rules)
+        _check(len({r.to_rule() for r in self.rules}) == len(self.rules), "rules (duplicates)",
+               [dataclasses.asdict(r) for r in self.rules])
         _check(len(self.budgets) >= 1 and all(math.isfinite(b) and b >= 0 for b in self.budgets),
                "budgets (finite, >= 0)", self.budgets)
         if self.temperature is not None and self.temperatures is not None:
@@ -372,7 +409,8 @@ class RankConfig:
         temperature = self.md.sampling_temperatures[0] if temperature is None else temperature
         budgets = tuple(self.md.budgets) if temperature > 0 else (0.0,)  # greedy: lossless SD only
         return library_settings(ScoreSettings, self.md, self.speed, self.boosting, temperature=temperature,
-                                budgets=budgets, bootstrap=self.ranking.bootstrap(), tv_mentor=self.md.mentor)
+                                budgets=budgets, bootstrap=self.ranking.bootstrap(), tv_mentor=self.md.mentor,
+                                rules=tuple(r.to_rule() for r in self.md.rules))
 
 
 def library_settings(cls, *sections, **given):

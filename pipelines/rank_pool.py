@@ -44,7 +44,7 @@ from mdboost.models.home import mdboost_home
 from mdboost.models.loading import resolve_device
 from mdboost.ranking import plots, report
 from mdboost.ranking.rank import PLAIN_SD, rank_rows
-from mdboost.ranking.recommend import Recommendation, recommend
+from mdboost.ranking.recommend import Recommendation, md_row, recommend, recommend_engines, rule_label
 from mdboost.ranking.rows import MemberLoader, select_pairs
 from mdboost.ranking.scaleout import active_client, score_cached_pair, score_pairs_on
 from mdboost.tracking import setup
@@ -106,9 +106,9 @@ def best_gamma_rows(rows: list[dict]) -> list[dict]:
 
 
 def _plot_rows(rows: list[dict], divergences: list[str]) -> list[dict]:
-    """Best-gamma rows with the plain-SD point repeated under each divergence (its budget-0 end)."""
+    """MD's best-gamma rows with the plain-SD point repeated under each divergence (its budget-0 end)."""
     out = []
-    for r in best_gamma_rows(rows):
+    for r in filter(md_row, best_gamma_rows(rows)):
         out += [dict(r, divergence=d) for d in divergences] if r["divergence"] == PLAIN_SD else [r]
     return out
 
@@ -173,8 +173,10 @@ def _child_runs(rows: list[dict], pool_target: str) -> list:
         target = None if row["target"] == pool_target else row["target"]
         name = point_name(row["drafter"], row["divergence"], row["max_divergence"], row["gamma"], row["temperature"],
                           target=target)
+        name += rule_label(row)
         params = {k: row[k] for k in ("drafter", "target", "temperature", "divergence", "max_divergence", "gamma",
-                                      "acceptance_source", "process_text")}
+                                      "acceptance_source", "process_text", "rule", "drafting", "engines")
+                  if k in row}
         children.append(ChildRun(name, params, ordered_metrics(row), {"rank": str(row["rank"])}))
     return children
 
@@ -288,6 +290,7 @@ def _run(cfg: RankConfig) -> dict:
                "md_solve": cfg.speed.md_solve, "bootstrap": bootstrap, "device": ranked_device(cfg),
                "home": ranked_home(cfg),
                "recommendation": rec.to_dict(), "verdict": rec.verdict(), "engine_snippet": snippet,
+               "recommendations": recommend_engines(rows),
                "ranking_csv_sha256": report.csv_sha256(paths["csv"])}
     summary["recommendation_markdown"] = ranking_note(
         rec, best_gamma_rows(rows), bootstrap=bootstrap, snippet=snippet, n_pairs=summary["n_pairs"],
@@ -334,5 +337,9 @@ def main(config: str, overrides=()) -> int:
     print(f"\nranking: {summary['paths']['csv']}  cache: {summary['cache_dir']} "
           f"({'reused' if summary['cache_reused'] else 'built'})  time: {summary['seconds_total']:.1f}s"
           + (f"  mlflow run: {summary['run_id']} in {cfg.tracking.tracking_uri}" if "run_id" in summary else ""))
+    print("\nper engine (the rows each can run, docs/ranking.md \"Rules and engines\"):")
+    for engine, entry in summary["recommendations"].items():
+        rec = entry["recommendation"]
+        print(f"  {engine}: {entry['reason'] if rec is None else rec['verdict']}")
     print(f"\n{summary['verdict']}\nrun it with mdboost's engine:\n{summary['engine_snippet']}")
     return 0

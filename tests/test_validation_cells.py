@@ -151,3 +151,18 @@ def test_generation_length_note(source, ranked, generated, expected):
     cache = SimpleNamespace(acceptance_source=source, acceptance_max_new_tokens=ranked)
     note = generation_length_note(SimpleNamespace(config=SimpleNamespace(cache=cache)), generated)
     assert (note is None) if expected is None else re.search(expected, note)
+
+
+def test_cells_are_md_rows_even_when_another_rule_ranks_first():
+    """The validation decodes with MD on sampled drafts: other rules' rows (docs/ranking.md, "Rules
+    and engines") are no cells, and a recommendation of another rule is recomputed over MD's."""
+    md = ranking_rows()
+    others = [dict(r, rule="threshold", drafting="greedy", predicted_speedup=9.0, predicted_speedup_lo=8.0)
+              for r in md]
+    rows = others + [dict(r, rule="mentored", drafting="sampled") for r in md]
+    rec = recommend(rows).to_dict()
+    assert rec["rule"] == "threshold"
+    cells = select_cells(rows, rec, cells=5)
+    assert all(c["rule"] == "mentored" for c in cells)
+    assert cell_key(cells[0]) == cell_key(recommend(md).to_dict())
+    assert [cell_key(c) for c in cells] == [cell_key(c) for c in select_cells(md, None, cells=5)]

@@ -14,7 +14,8 @@ RANK = {
     "name": "tiny-e2e", "pool": {"target": "tiny", "drafters": ["int8", "ngram:2"], "pairs": "target", "device": "cpu"},
     "data": {"source": "humaneval", "split": "cache", "limit": 2, "max_tokens": 32},
     "cache": {"k": 16, "full_logits": True, "shard_size": 2, "cost_repeats": 1, "cost_context": 8},
-    "md": {"divergences": ["kl"], "budgets": [0.0, 0.2], "temperatures": [0.5, 1.0]},
+    "md": {"divergences": ["kl"], "budgets": [0.0, 0.2], "temperatures": [0.5, 1.0],
+           "rules": [{"rule": "mentored", "drafting": "sampled"}]},  # what the validation decodes with
     "speed": {"gamma_min": 1, "gamma_max": 3}, "boosting": {"n_estimators": 2, "orders": ["target_first"]},
     "progress": False,
 }

@@ -14,8 +14,10 @@ so the drafter's context is the text's prefix; :func:`chain_from_positions`),
 ``1[proposal_s[i] = x_{s+i}]`` for prompt lookup (one lookup at ``s`` proposes the whole chain;
 :func:`chain_from_proposals`). On ``q``-sampled text MD's chains are tilted to their mean
 ``P_acc`` (:func:`budget_tilt`); on a text the loop does not emit (a reference) they are the
-expected acceptances (:func:`expected_chain`). :func:`text_chains` builds them for every
-operating point of a pair; :mod:`mdboost.ranking.process` runs the start process on them.
+expected acceptances (:func:`expected_chain`). A rule on greedy drafts gives its own ``c``
+(``1[x_t = argmax p_t]``, :mod:`mdboost.ranking.rule_points`; ``PointInputs.conditional``).
+:func:`text_chains` builds them for every operating point of a pair;
+:mod:`mdboost.ranking.process` runs the start process on them.
 """
 
 from __future__ import annotations
@@ -147,6 +149,39 @@ def _tilted(chain, delta, same=None):  # [B, L, W], [B, L, W], [B, L, W] bool or
 def text_chains(layout: SequenceLayout, draft_rows, target_rows, labels, points, width: int, on_reference: bool = False):
     """``(chains [P, B, L, W], raw chains, offered [B, L] or None, index [B, L], lengths [B])``.
 
+    A point with its own ``chain`` [M, >= W] (block verification: each start's expected
+    continuation probabilities) keeps its text chain's ``c`` and is tilted to that chain's values
+    (:func:`chain_tilt`).
+    """
+    chains, raw, offered, index, lengths = _text_chains(layout, draft_rows, target_rows, labels, points, width,
+                                                        on_reference)
+    given = [i for i, pt in enumerate(points) if pt.chain is not None]
+    if given:
+        chains = chains.clone()
+        for i in given:
+            expected = chain_from_positions(gather_rows(points[i].acceptance.double(), index), width)
+            chains[i] = chain_tilt(chains[i], expected, gather_rows(points[i].chain[:, :width].double(), index))
+    return chains, raw, offered, index, lengths
+
+
+def chain_tilt(chain: torch.Tensor, expected: torch.Tensor, wanted: torch.Tensor) -> torch.Tensor:  # [..., W] x3
+    """``chain`` (mean ``expected`` on the text) moved to mean ``wanted``, keeping its autocorrelation:
+    ``c + (1 - c) (w - e) / (1 - e)`` where ``w >= e``, ``c w / e`` where ``w < e`` (the budget
+    tilt's form, :func:`budget_tilt`; ``w = e`` leaves ``c`` as it is).
+
+    >>> chain_tilt(torch.tensor([0.0, 1.0]), torch.tensor([0.5, 0.5]), torch.tensor([0.75, 0.25])).tolist()
+    [0.5, 0.5]
+    """
+    up = chain + (1 - chain) * (wanted - expected) / (1 - expected).clamp_min(1e-12)
+    down = chain * wanted / expected.clamp_min(1e-300)
+    out = torch.where(wanted >= expected, up, torch.where(expected > 0, down, wanted))
+    return out.clamp(0.0, 1.0)
+
+
+def _text_chains(layout: SequenceLayout, draft_rows, target_rows, labels, points, width: int,
+                 on_reference: bool = False):
+    """The chains of :func:`text_chains` from each point's ``c`` (or ``P_acc`` on a reference).
+
     ``raw``: the conditional acceptance ``c``; ``chains``: tilted by each point's
     :func:`budget_tilt` (a prompt-lookup chain only where the draft is the position's own proposal).
     ``on_reference``: the text is not one the loop emits, so both are the expected chain
@@ -171,7 +206,8 @@ def text_chains(layout: SequenceLayout, draft_rows, target_rows, labels, points,
         return chains, chains, offered, index, lengths
     raw, tilted = [], []
     for pt, t in zip(points, tilts):
-        c = conditional_acceptance(draft_rows.true_logp, target_rows.true_logp, pt.a, pt.b)
+        c = (conditional_acceptance(draft_rows.true_logp, target_rows.true_logp, pt.a, pt.b)
+             if pt.conditional is None else pt.conditional.double())
         c = chain_from_positions(gather_rows(torch.where(draft_rows.valid, c, torch.zeros_like(c)), index), width)
         raw.append(c)
         tilted.append(_tilted(c, chain_from_positions(t, width)))

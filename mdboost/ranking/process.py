@@ -193,13 +193,19 @@ class ProcessScore:
 
 @dataclass
 class PointInputs:
-    """Per-row inputs of one operating point: clamp ``(a, b)`` [M], ``P_acc`` [M], overhead ``s``."""
+    """Per-row inputs of one operating point: clamp ``(a, b)`` [M], ``P_acc`` [M], overhead ``s``;
+    ``conditional`` [M]: the conditional acceptance at the text's token when the rule is not the
+    clamp (greedy drafts, :mod:`mdboost.ranking.rule_points`), instead of the clamp's at ``(a, b)``;
+    ``chain`` [M, W]: every start's chain itself (block verification,
+    :func:`~mdboost.ranking.rule_points.block_chain`), used as given."""
 
     a: torch.Tensor
     b: torch.Tensor
     acceptance: torch.Tensor
     md_overhead: float = 0.0
     tilt: torch.Tensor | None = None  # [M] budget_tilt; None: 0
+    conditional: torch.Tensor | None = None  # [M] c at the text's token; None: the clamp's at (a, b)
+    chain: torch.Tensor | None = None  # [M, W] each start's whole chain (block verification); None: from c
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ import torch
 
 from mdboost.engine.settings import DEFAULT_MD_SOLVE
 from mdboost.md.divergences import GENERATORS
+from mdboost.md.rules import Block, Mentored, Rule
 from mdboost.md.verify import SOLVE
 from mdboost.ranking import quality
 from mdboost.ranking.acceptance import md_operating_points, sd_acceptance
@@ -52,6 +53,8 @@ from mdboost.ranking.mentored import mentored_process
 from mdboost.ranking.pair import PairRows, PairSide
 from mdboost.ranking.chains import budget_tilt
 from mdboost.ranking.process import PointInputs, ProcessSettings, score_process
+from mdboost.ranking.rule_points import (PLAIN, RulePoint, block_chain, greedy_tilt, point_law, rule_points,
+                                         text_acceptance, true_token_prob)
 from mdboost.ranking.scores import PairScore, PairStats, PointScore, Quantiles, SpeedChoice
 from mdboost.ranking.speed import SpeedProfile, check_verify_costs, gamma_speedups
 from mdboost.ranking.uncertainty import BootstrapSettings
@@ -93,6 +96,11 @@ class ScoreSettings:
         the boosted ensemble projected onto the TV optimal set (``docs/theory.md`` section 10);
         ``nll_mentored`` (hence ``quality_ok`` and ``beats_target``) follows it. Both NLLs are
         reported at every TV point either way.
+    rules : tuple of mdboost.md.rules.Rule, default=(Mentored(),)
+        The verification rules scored, each at its operating points
+        (:func:`~mdboost.ranking.rule_points.rule_points`: `Mentored` and `Threshold` at every
+        divergence and budget, `Rejection` and `Match` once); ``Mentored()`` (sampled drafts)
+        gives the MD rows.
     """
 
     divergences: tuple[str, ...] = ("kl", "tv", "hellinger")
@@ -107,6 +115,7 @@ class ScoreSettings:
     thetas: tuple[float, ...] = (0.0, 0.1)
     bootstrap: BootstrapSettings = BootstrapSettings()
     tv_mentor: str = "clamp"
+    rules: tuple[Rule, ...] = (Mentored(),)
 
     def __post_init__(self):
         checks = [
@@ -128,8 +137,11 @@ class ScoreSettings:
             if not ok:
                 value = (self.gamma_min, self.gamma_max) if name == "gamma_min/gamma_max" else getattr(self, name)
                 raise ValueError(f"{name} must be {what}, got {value!r}")
-        for name in ("divergences", "orders"):
+        for name in ("divergences", "orders", "rules"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
+        if not self.rules:
+            raise ValueError(f"rules must hold at least one rule, got {self.rules!r}")
+        rule_points(self.rules, self.divergences, self.budgets)  # a rule the ranking cannot score: ValueError
         for name in ("budgets", "thetas"):
             object.__setattr__(self, name, tuple(float(x) for x in getattr(self, name)))
         object.__setattr__(self, "temperature", float(self.temperature))
@@ -137,6 +149,11 @@ class ScoreSettings:
     @property
     def gammas(self) -> range:
         return range(self.gamma_min, self.gamma_max + 1)
+
+    @property
+    def points(self) -> tuple[RulePoint, ...]:
+        """Every rule at its operating points (:func:`~mdboost.ranking.rule_points.rule_points`)."""
+        return rule_points(self.rules, self.divergences, self.budgets)
 
     @property
     def process(self) -> ProcessSettings:
@@ -235,13 +252,38 @@ def score_pair(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | Non
     stats = _pair_stats(pair, aligned, acc, acc_aligned, sd, s)
     verify = _verify_table(profile, s)
     sd_iid = _iid_choice(stats.sd_acceptance, pair.draft.cost_ratio, s, profile, 0.0, stats.sd_acceptance)
-    acc_ops = _one_plain_point(md_operating_points(acc_aligned, acc_valid, s.divergences, s.budgets, s.mode))
-    ref_ops = acc_ops if acceptance is None else _one_plain_point(
+    rule_pts = s.points
+    md_wanted = any(pt.is_md for pt in rule_pts)
+    acc_ops = _one_plain_point(md_operating_points(acc_aligned, acc_valid, s.divergences, s.budgets, s.mode)) \
+        if md_wanted else []
+    ref_ops = acc_ops if acceptance is None or not md_wanted else _one_plain_point(
         md_operating_points(aligned, pair.draft.rows.valid, s.divergences, s.budgets, s.mode))
     # without target-sampled rows the process runs on the reference text (expected chains, no c at its tokens)
     on_reference = acceptance is None if on_reference is None else on_reference
     process = None if acc.layout is None else _process_scores(acc, acc_aligned, acc_ops, sd, s, profile, on_reference)
     mentored = dict(mentored or {})
+    md_points = iter([])
+    if md_wanted:
+        md_points = iter(_md_points(pair, aligned, acc, acc_aligned, acc_ops, ref_ops, process, stats, s, profile,
+                                    verify, mentored, vocab_size))
+    others = iter(_rule_scores([pt for pt in rule_pts if not pt.is_md], pair, aligned, acc, acc_aligned, sd, stats,
+                               s, profile, verify, on_reference))
+    points = [next(md_points) if pt.is_md else next(others) for pt in rule_pts]
+    return PairScore(pair.draft.name, pair.target.name,
+                     acceptance_source or ("reference" if acceptance is None else "sampled"), stats, sd.numpy(),
+                     sd_iid, None if process is None else process[0], tuple(points), s.temperature,
+                     tuple(s.gammas), s.md_solve, _bootstrap_info(s.bootstrap, acc.layout),
+                     (profile.prefill_per_token, acc.draft.prefill_per_token))
+
+
+PLAIN_SD = PLAIN  # the divergence column of budget-0 points: plain SD, the same for every f
+
+
+def _md_points(pair, aligned, acc, acc_aligned, acc_ops, ref_ops, process, stats, s, profile, verify, mentored,
+               vocab_size) -> list[PointScore]:
+    """The MD points (`Mentored` on sampled drafts) from the clamp's operating points."""
+    acc_valid = acc.draft.rows.valid
+    any_valid = bool(acc_valid.any())
     points = []
     for i, (op, ref_op) in enumerate(zip(acc_ops, ref_ops, strict=True)):
         overhead = profile.md_overhead if op.max_divergence > 0 else 0.0
@@ -250,22 +292,61 @@ def score_pair(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | Non
             process[i + 1] = mentored_process(on_text, op.divergence, op.max_divergence, vocab_size, s, profile)
         nll_clamp = _mean(quality.nll_mentored(pair.draft.rows, pair.target.rows, ref_op.a, ref_op.b))
         tv = _tv_boosted(pair, aligned, stats, ref_op, s, nll_clamp)
+        rule = Mentored(max_divergence=op.max_divergence, divergence=op.divergence)
         points.append(PointScore(
             divergence=op.divergence if op.max_divergence > 0 else PLAIN_SD, max_divergence=op.max_divergence,
             acceptance=op.acceptance.numpy(), k=boost_coefficient(op.a, op.b)[acc_valid].numpy(),
-            achieved_divergence=_mean(op.achieved_divergence[acc_valid]) if bool(acc_valid.any()) else 0.0,
+            achieved_divergence=_mean(op.achieved_divergence[acc_valid]) if any_valid else 0.0,
             nll_mentored=nll_clamp if tv is None or s.tv_mentor == "clamp" else tv["nll_tv_boosted"],
             iid=_iid_choice(_mean(op.acceptance), acc.draft.cost_ratio, s, profile, overhead, stats.sd_acceptance),
             process=None if process is None else process[i + 1], verify_costs=tuple(verify.tolist()),
-            md_overhead=float(overhead), tv=tv, text="target" if on_text is None else "mentored"))
-    return PairScore(pair.draft.name, pair.target.name,
-                     acceptance_source or ("reference" if acceptance is None else "sampled"), stats, sd.numpy(),
-                     sd_iid, None if process is None else process[0], tuple(points), s.temperature,
-                     tuple(s.gammas), s.md_solve, _bootstrap_info(s.bootstrap, acc.layout),
-                     (profile.prefill_per_token, acc.draft.prefill_per_token))
+            md_overhead=float(overhead), tv=tv, text="target" if on_text is None else "mentored",
+            rule=RulePoint(rule, op.divergence if op.max_divergence > 0 else PLAIN_SD, op.max_divergence),
+            achieved_divergence_max=float(op.achieved_divergence[acc_valid].max()) if any_valid else 0.0))
+    return points
 
 
-PLAIN_SD = "none"  # the divergence column of budget-0 points: plain SD, the same for every f
+def _rule_scores(rule_pts: list[RulePoint], pair: PairRows, aligned: Aligned, acc: PairRows, acc_aligned: Aligned,
+                 sd: torch.Tensor, stats: PairStats, s: ScoreSettings, profile: SpeedProfile, verify: torch.Tensor,
+                 on_reference: bool) -> list[PointScore]:
+    """The points of every other rule (:mod:`mdboost.ranking.rule_points`): the rule's law per
+    position, its process on the same text (greedy drafts: ``c = 1[x = g]``, tilted to ``P_acc``)
+    and the NLL of its emitted ``pi`` at the true tokens of the quality rows."""
+    acc_valid, valid = acc.draft.rows.valid, pair.draft.rows.valid
+    zeros = torch.zeros_like(sd, dtype=torch.float64)
+    laws, inputs = [], []
+    for pt in rule_pts:
+        law = point_law(pt, acc_aligned, acc_valid, s.divergences[0])
+        overhead = profile.md_overhead if isinstance(pt.rule, Mentored) and not pt.rule.lossless else 0.0
+        greedy = law.slots is not None
+        block = isinstance(pt.rule, Block) and not greedy and acc.layout is not None and not acc.draft.rows.one_hot
+        inputs.append(PointInputs(zeros, zeros, law.acceptance, overhead,
+                                  greedy_tilt(law, acc_aligned) if greedy else None,
+                                  text_acceptance(law, acc_aligned, acc_valid, acc.labels) if greedy else None,
+                                  block_chain(acc_aligned, acc_valid, acc.layout.sequence, s.gamma_max,
+                                              seed=s.bootstrap.seed) if block else None))
+        laws.append(law)
+    process = None
+    if acc.layout is not None and rule_pts:
+        process = score_process(acc, inputs, s.process, profile, sd_acceptance=sd, on_reference=on_reference)
+    points = []
+    for i, (pt, law, inp) in enumerate(zip(rule_pts, laws, inputs)):
+        if pt.rule.lossless:
+            nll = stats.nll_target
+        else:
+            ref = law if acc is pair else point_law(pt, aligned, valid, s.divergences[0])
+            nll = _mean(-true_token_prob(ref, aligned, valid, pair.labels, pair.target.rows.true_logp).log())
+        achieved = law.divergence[acc_valid]
+        points.append(PointScore(
+            divergence=pt.divergence, max_divergence=pt.max_divergence, acceptance=law.acceptance.numpy(),
+            k=torch.full((int(acc_valid.sum()),), float("nan"), dtype=torch.float64).numpy(),
+            achieved_divergence=_mean(achieved) if achieved.numel() else 0.0, nll_mentored=nll,
+            iid=_iid_choice(_mean(law.acceptance), acc.draft.cost_ratio, s, profile, inp.md_overhead,
+                            stats.sd_acceptance),
+            process=None if process is None else process[i], verify_costs=tuple(verify.tolist()),
+            md_overhead=float(inp.md_overhead), rule=pt,
+            achieved_divergence_max=float(achieved.max()) if achieved.numel() else 0.0))
+    return points
 
 
 def _tv_boosted(pair: PairRows, aligned: Aligned, stats: PairStats, ref_op, s: ScoreSettings,

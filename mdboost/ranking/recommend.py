@@ -13,6 +13,10 @@ rows, one per (drafter, target, temperature, divergence, budget, gamma):
    it names the best speculative point by the same order (its figures, ``beats_plain_decoding``
    false) so the user sees how far it is.
 
+The same rule over the rows one engine can run (its name in the row's ``engines``, from the
+row's verification rule, :attr:`mdboost.md.rules.Rule.engines`) gives that engine's
+recommendation (:func:`recommend_engines`, ``summary.json``'s ``recommendations``).
+
 Rows are plain dicts (CSV rows may hold strings): this module reads them, nothing else.
 """
 
@@ -23,6 +27,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 
+from mdboost.md.rules import ENGINES
 from mdboost.ranking.report import csv_bool, csv_float
 
 FIELDS = ("drafter", "target", "temperature", "divergence", "max_divergence", "gamma", "predicted_speedup",
@@ -50,15 +55,22 @@ class Recommendation:
     quality_ok: bool
     nll_target: float
     nll_mentored: float
+    rule: str = "mentored"
+    drafting: str = "sampled"
+    threshold_acc: float | None = None  # SGLang's thresholds, for its rule only
+    threshold_single: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @property
     def point(self) -> str:
-        """``"ngram:3 -> smollm2-135m, T=0.7, kl <= 0.2, gamma 4"`` (budget 0: ``SD``)."""
+        """``"ngram:3 -> smollm2-135m, T=0.7, kl <= 0.2, gamma 4"`` (budget 0: ``SD``; a rule other
+        than MD on sampled drafts is named: ``"..., gamma 4, threshold (greedy drafts)"``)."""
         budget = "SD" if self.max_divergence == 0 else f"{self.divergence} <= {self.max_divergence:g}"
-        return f"{self.drafter} -> {self.target}, T={self.temperature:g}, {budget}, gamma {self.gamma}"
+        md = (self.rule, self.drafting) == ("mentored", "sampled")
+        rule = "" if md else f", {self.rule} ({self.drafting} drafts)"
+        return f"{self.drafter} -> {self.target}, T={self.temperature:g}, {budget}, gamma {self.gamma}{rule}"
 
     @property
     def interval(self) -> str:
@@ -124,10 +136,15 @@ def recommend(rows: list[dict]) -> Recommendation:
             _not_rows(row)
     if not rows:
         raise ValueError("rows must hold at least one ranking row, got none")
+    return _recommendation(rows)
+
+
+def _recommendation(rows: list[dict], prefer=None) -> Recommendation:
     eligible = [r for r in rows if csv_bool(r.get("quality_ok"))]
     pool = eligible or list(rows)
     winners = [r for r in pool if beats_plain_decoding(r)]
     best = min(winners or pool, key=_order)
+    best = best if prefer is None else prefer(best, winners or pool)
     return Recommendation(
         drafter=str(best["drafter"]), target=str(best["target"]), temperature=csv_float(best.get("temperature")),
         divergence=str(best["divergence"]), max_divergence=csv_float(best.get("max_divergence")),
@@ -135,4 +152,79 @@ def recommend(rows: list[dict]) -> Recommendation:
         predicted_speedup_lo=csv_float(best.get("predicted_speedup_lo")),
         predicted_speedup_hi=csv_float(best.get("predicted_speedup_hi")), beats_plain_decoding=bool(winners),
         quality_ok=bool(eligible), nll_target=csv_float(best.get("nll_target")),
-        nll_mentored=csv_float(best.get("nll_mentored")))
+        nll_mentored=csv_float(best.get("nll_mentored")), rule=str(best.get("rule", "mentored")),
+        drafting=str(best.get("drafting", "sampled")), threshold_acc=_number(best.get("threshold_acc")),
+        threshold_single=_number(best.get("threshold_single")))
+
+
+def _number(value) -> float | None:
+    """A finite number of a row, else None (a rule without the column's parameter holds NaN)."""
+    x = csv_float(value)
+    return x if math.isfinite(x) else None
+
+
+def md_row(row: dict) -> bool:
+    """Whether the row is MD on sampled drafts (a row without ``rule``, from a ranking before
+    rules were ranked, is one)."""
+    return (row.get("rule", "mentored"), row.get("drafting", "sampled")) == ("mentored", "sampled")
+
+
+def rule_label(row: dict) -> str:
+    """What a point's name adds for its rule: ``""`` for MD on sampled drafts, else
+    ``" threshold:greedy"`` (budget-0 points of several rules share drafter, budget and gamma)."""
+    return "" if md_row(row) else f" {row['rule']}:{row['drafting']}"
+
+
+def runs_on(row: dict, engine: str) -> bool:
+    """Whether ``engine`` runs the row's rule (its name in the row's space-separated ``engines``;
+    a row without the column, from a ranking before rules were ranked, is MD on sampled drafts:
+    mdboost and hf)."""
+    engines = row.get("engines")
+    return engine in (str(engines).split() if engines is not None else ("mdboost", "hf"))
+
+
+def recommend_engines(rows: list[dict]) -> dict[str, dict]:
+    """Every engine's recommendation (:data:`mdboost.md.rules.ENGINES`, ``summary.json``'s
+    ``recommendations``): the module's rule over the rows it can run (:func:`runs_on`).
+
+    Returns
+    -------
+    dict
+        ``engine ->`` :func:`engine_entry`: ``{"recommendation": ..., "reason": ...}``, the
+        recommendation ``None`` (with the reason) where the engine runs none of the rows.
+    """
+    rows = list(rows)
+    return {engine: engine_entry(rows, engine) for engine in ENGINES}
+
+
+NATIVE = {"mdboost": "mentored", "hf": "mentored", "vllm": "rejection", "sglang": "threshold", "llamacpp": "match"}
+"""Each engine's own rule: among rows of the same point with the same law (lossless rules on greedy
+drafts), the recommendation names it."""
+
+
+def _native(engine: str):
+    """Among the candidates, the row of the engine's own rule at the best row's point (drafter,
+    target, temperature, divergence, budget, gamma) and speedup (to 1e-9), else the best row."""
+    def point(r):
+        return (str(r["drafter"]), str(r["target"]), csv_float(r.get("temperature")), str(r["divergence"]),
+                csv_float(r.get("max_divergence")), int(float(r["gamma"])),
+                round(csv_float(r.get("predicted_speedup")), 9))
+
+    def prefer(best: dict, candidates: list[dict]) -> dict:
+        same = [r for r in candidates if point(r) == point(best) and r.get("rule") == NATIVE[engine]]
+        return same[0] if same else best
+    return prefer
+
+
+def engine_entry(rows: list[dict], engine: str) -> dict:
+    """``{"recommendation": Recommendation dict with its verdict, "reason": None}`` for the rows
+    ``engine`` runs, or ``{"recommendation": None, "reason": why}`` when it runs none. Where rows
+    of several rules tie at the recommended point, the engine's own rule (:data:`NATIVE`) is named."""
+    mine = [r for r in rows if runs_on(r, engine)]
+    if not mine:
+        ranked = sorted({f"{r.get('rule', 'mentored')} ({r.get('drafting', 'sampled')} drafts)" for r in rows})
+        return {"recommendation": None,
+                "reason": f"{engine} runs none of the ranked rules ({', '.join(ranked)}); md.rules lists them "
+                          "(docs/ranking.md, \"Rules and engines\")"}
+    rec = _recommendation(mine, prefer=_native(engine))
+    return {"recommendation": {**rec.to_dict(), "verdict": rec.verdict()}, "reason": None}

@@ -18,7 +18,8 @@ from pathlib import Path
 from mdboost._io import atomic_write_text
 
 COLUMNS = [
-    "rank", "drafter", "target", "temperature", "divergence", "max_divergence", "gamma", "best_gamma", "is_best_gamma",
+    "rank", "drafter", "target", "temperature", "divergence", "max_divergence", "rule", "drafting", "engines",
+    "threshold_acc", "threshold_single", "gamma", "best_gamma", "is_best_gamma",
     "predicted_speedup", "predicted_speedup_lo", "predicted_speedup_hi",
     "engine_acceptance", "engine_acceptance_lo", "engine_acceptance_hi",
     "engine_mean_accepted_length", "engine_mean_accepted_length_lo", "engine_mean_accepted_length_hi",
@@ -27,6 +28,7 @@ COLUMNS = [
     "mu_target", "mu_drafter", "boosting_advantage", "eps_pq_median", "rho_pq_median", "k_median",
     "nll_target", "nll_drafter", "nll_mentored", "nll_boosted", "beats_target", "quality_ok",
     "md_acceptance_q10", "md_acceptance_median", "md_acceptance_q90", "achieved_divergence",
+    "achieved_divergence_mean", "achieved_divergence_max",
     "sd_best_gamma", "sd_speedup", "engine_acceptance_conditional", "sd_engine_acceptance", "best_gamma_iid", "predicted_speedup_iid", "sd_best_gamma_iid",
     "sd_speedup_iid", "verify_cost", "md_overhead", "prefill_target", "prefill_drafter", "proposal_rate", "tail_mass", "n_positions", "acceptance_source",
     "acceptance_positions",
@@ -35,7 +37,8 @@ COLUMNS = [
 
 TABLE_COLUMNS = [
     ("rank", "rank"), ("drafter", "drafter"), ("target", "target"), ("temperature", "T"), ("divergence", "f"),
-    ("max_divergence", "D"), ("sd_acceptance", "SD acc"), ("md_acceptance", "MD acc"), ("engine_acceptance", "eng acc"),
+    ("max_divergence", "D"), ("rule", "rule"), ("drafting", "drafts"),
+    ("sd_acceptance", "SD acc"), ("md_acceptance", "MD acc"), ("engine_acceptance", "eng acc"),
     ("cost_ratio", "c"), ("gamma", "gamma"), ("predicted_speedup", "speedup"), ("predicted_speedup_lo", "lo"),
     ("predicted_speedup_hi", "hi"),
     ("boosting_advantage", "A"), ("k_median", "k"), ("nll_target", "NLL q"),

@@ -19,6 +19,7 @@ import numpy as np
 
 from mdboost.ranking.boosting import PairBoost
 from mdboost.ranking.process import ProcessScore
+from mdboost.ranking.rule_points import RulePoint
 
 
 def quantile(x, level: float) -> float:
@@ -89,6 +90,10 @@ class PointScore:
     ``process``: the draft-start process's (or None), every figure at every searched gamma;
     ``verify_costs``: ``v`` at every searched gamma; ``md_overhead``: the ``s`` the speed model
     used (0 at budget 0). ``divergence`` is ``"none"`` for the budget-0 point (plain SD).
+    ``rule``: the verification rule and the operating point it was set for (None: no rule
+    columns in the rows; :func:`~mdboost.ranking.rank.score_pair` always sets it);
+    ``achieved_divergence`` / ``achieved_divergence_max``: the mean and largest achieved
+    ``D_f(pi || q)`` over the acceptance rows; ``acceptance`` is the rule's.
     """
 
     divergence: str
@@ -103,6 +108,8 @@ class PointScore:
     md_overhead: float
     tv: dict | None = None  # TV points: the clamp's and the boosted projection's NLL columns (rank._tv_boosted)
     text: str = "target"  # the text the process ran on: the target's continuations, or "mentored" (MD's own)
+    rule: RulePoint | None = None
+    achieved_divergence_max: float = math.nan
 
     @property
     def gamma(self) -> int:
@@ -203,6 +210,18 @@ def _speed_columns(point: PointScore, j: int, gamma: int) -> dict:
     return {"gamma": gamma, "best_gamma": best, "is_best_gamma": gamma == best, **out, **iid}
 
 
+def _rule_columns(point: PointScore) -> dict:
+    """Which rule the row is (``docs/ranking.md``, "Rules and engines")."""
+    rp = point.rule
+    if rp is None:
+        return {}
+    acc, single = rp.threshold
+    return {"rule": rp.rule.name, "drafting": rp.rule.drafting, "engines": " ".join(rp.rule.engines),
+            "threshold_acc": acc, "threshold_single": single,
+            "achieved_divergence_mean": point.achieved_divergence,
+            "achieved_divergence_max": point.achieved_divergence_max}
+
+
 def score_rows(score: PairScore) -> list[dict]:
     """One ``ranking.csv`` row per operating point and searched gamma (column definitions:
     ``docs/ranking.md``)."""
@@ -219,7 +238,7 @@ def score_rows(score: PairScore) -> list[dict]:
             "achieved_divergence": point.achieved_divergence,
             "md_overhead": point.md_overhead, "process_text": point.text, "k_median": quantile(k, 0.5), "k_q90": quantile(k, 0.9),
             "nll_mentored": point.nll_mentored, "beats_target": bool(point.nll_mentored < common["nll_target"]),
-            **(point.tv or {}),
+            **(point.tv or {}), **_rule_columns(point),
         }
         for j, gamma in enumerate(score.gammas):
             rows.append({**base, **_speed_columns(point, j, gamma), "verify_cost": float(point.verify_costs[j])})

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Mapping, Sequence
 
-from mdboost.ranking.recommend import Recommendation
+from mdboost.ranking.recommend import Recommendation, rule_label
 from mdboost.tracking.runs import point_name
 
 POINT_COLUMNS = (("rank", "rank"), ("point", "point"), ("target", "target"), ("speedup", "speedup [90%]"),
@@ -81,7 +81,7 @@ def point_cells(row: Mapping) -> dict:
     """The cells of :data:`POINT_COLUMNS` for one ranking row (numbers or CSV strings)."""
     return {"rank": int(float(row["rank"])),
             "point": point_name(str(row["drafter"]), str(row["divergence"]), row["max_divergence"], row["gamma"],
-                                row["temperature"]),
+                                row["temperature"]) + rule_label(row),
             "target": str(row["target"]), "speedup": _interval(row, "predicted_speedup", ".3f"),
             "acceptance": _interval(row, "engine_acceptance", ".3f"),
             "length": _interval(row, "engine_mean_accepted_length", ".2f"),

@@ -7,7 +7,8 @@ ranking's (a prediction made at ``T = 0.7`` says nothing about a run at ``T = 1`
 
 The selection rule (:func:`select_cells`, documented in ``docs/validation.md``, "Which cells"):
 
-1. candidates are the rows whose target can verify (not an n-gram member), with a finite
+1. candidates are the rows of MD on sampled drafts (``rule`` ``mentored``, ``drafting``
+   ``sampled``: what the validation decodes with) whose target can verify (not an n-gram member), with a finite
    predicted speedup, at one of the allowed temperatures; a budget-0 row is plain SD, so its
    divergence does not matter (it counts once per (pair, temperature, gamma));
 2. the first cell is the recommendation's row (the ranking's, or
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import math
 
-from mdboost.ranking.recommend import recommend
+from mdboost.ranking.recommend import md_row, recommend
 from mdboost.ranking.report import csv_bool, csv_float
 
 SAMPLING_KEYS = ("temperature", "top_k", "top_p")
@@ -148,6 +149,8 @@ def check_md_solve(rows: list[dict], md_solve: str | None) -> None:
 
 
 def _is_candidate(row: dict, temperatures) -> bool:
+    if not md_row(row):  # the validation decodes with MD on sampled drafts: other rules' rows predict another loop
+        return False
     target = str(row["target"])
     if target == "ngram" or target.startswith("ngram:"):
         return False
@@ -160,7 +163,7 @@ def _is_candidate(row: dict, temperatures) -> bool:
 def _recommended_index(rows: list[dict], recommendation: dict | None) -> int:
     """Index of the recommendation's row among ``rows``; recomputed over them when absent."""
     keys = [cell_key(r) for r in rows]
-    if recommendation is not None and cell_key(recommendation) in keys:
+    if recommendation is not None and md_row(recommendation) and cell_key(recommendation) in keys:
         return keys.index(cell_key(recommendation))
     return keys.index(cell_key(recommend(rows).to_dict()))
 
