@@ -58,3 +58,27 @@ def test_interleaved_modes_equal_separate_runs():
         assert runs[name].stats.num_accepted_tokens == alone.stats.num_accepted_tokens
     with pytest.raises(ValueError, match="modes"):
         run_modes(target, prompts, {})
+
+
+def test_a_cell_of_another_rule_runs_that_rule():
+    """A ranking row of another rule than MD on sampled drafts runs with GenerationSettings.rule
+    (mdboost.ranking.rule_points.row_rule); MD rows keep their budget arguments."""
+    from types import SimpleNamespace
+
+    from mdboost.md.rules import Block, Mentored, Threshold
+    from mdboost.validation.points import _cell_modes
+
+    pool = {"d": SimpleNamespace(kind="model", model="the drafter model")}
+    base = {"drafter": "d", "gamma": "3", "md_solve": "needed", "divergence": "kl"}
+    threshold = _cell_modes(dict(base, rule="threshold", drafting="greedy", max_divergence="0.2"), pool)
+    assert threshold["mode"] == "md" and threshold["rule"] == Threshold.for_budget(0.2, "kl")
+    block = _cell_modes(dict(base, rule="block", drafting="sampled", max_divergence="0"), pool)
+    assert block["mode"] == "sd" and block["rule"] == Block()
+    greedy_md = _cell_modes(dict(base, rule="mentored", drafting="greedy", max_divergence="0.5"), pool)
+    assert greedy_md["rule"] == Mentored(max_divergence=0.5, drafting="greedy")
+    md = _cell_modes(dict(base, rule="mentored", drafting="sampled", max_divergence="0.5"), pool)
+    assert md == dict(mode="md", drafter="the drafter model", gamma=3, max_divergence=0.5, divergence="kl",
+                      md_solve="needed")
+    settings, _ = __import__("mdboost.validation.runs", fromlist=["_mode_arguments"])._mode_arguments(
+        {k: v for k, v in threshold.items() if k != "drafter"} | {"drafter": None, "mode": "ar"})
+    assert settings.rule == threshold["rule"] and settings.greedy_drafts

@@ -54,7 +54,7 @@ from mdboost.md.rules import Block, Match, Mentored, Rejection, Rule, Threshold
 from mdboost.ranking.layout import gather_rows, padded_index
 from mdboost.ranking.support import Aligned
 
-__all__ = ["PLAIN", "RULES", "PointLaw", "RulePoint", "block_chain", "greedy_slots", "greedy_tilt", "point_law",
+__all__ = ["PLAIN", "RULES", "PointLaw", "RulePoint", "block_chain", "greedy_slots", "greedy_tilt", "point_law", "row_rule",
            "rule_points", "text_acceptance", "true_token_prob"]
 
 RULES = {cls.name: cls for cls in (Mentored, Rejection, Block, Threshold, Match)}
@@ -102,6 +102,27 @@ def _at(rule: Rule, divergence: str, budget: float) -> Rule:
     if isinstance(rule, Threshold):
         return Threshold.for_budget(budget, divergence, drafting=rule.drafting)
     return Mentored(max_divergence=budget, divergence=divergence, drafting=rule.drafting)
+
+
+def row_rule(row: dict) -> Rule:
+    """The rule of a ``ranking.csv`` row (columns ``rule``, ``drafting``, ``divergence``,
+    ``max_divergence``), as :func:`rule_points` made it; a row without ``rule`` (a ranking from
+    before rules were ranked) is MD on sampled drafts.
+
+    Examples
+    --------
+    >>> row_rule({"rule": "threshold", "drafting": "greedy", "divergence": "tv", "max_divergence": "0.25"}).accept
+    0.75
+    >>> row_rule({"divergence": "kl", "max_divergence": 0.1})
+    Mentored(drafting='sampled', max_divergence=0.1, divergence='kl', min_acceptance=None, solve='all')
+    """
+    name, drafting = str(row.get("rule") or Mentored.name), str(row.get("drafting") or "sampled")
+    if name not in RULES:
+        raise ValueError(f"row's rule must be one of {sorted(RULES)}, got {name!r}")
+    cls, budget = RULES[name], float(row["max_divergence"])
+    if cls in (Mentored, Threshold) and budget > 0:
+        return _at(cls(drafting=drafting), str(row["divergence"]), budget)
+    return cls(drafting=drafting)
 
 
 def rule_points(rules, divergences, budgets) -> tuple[RulePoint, ...]:

@@ -7,21 +7,23 @@ ranking's (a prediction made at ``T = 0.7`` says nothing about a run at ``T = 1`
 
 The selection rule (:func:`select_cells`, documented in ``docs/validation.md``, "Which cells"):
 
-1. candidates are the rows of MD on sampled drafts (``rule`` ``mentored``, ``drafting``
-   ``sampled``: what the validation decodes with) whose target can verify (not an n-gram member), with a finite
-   predicted speedup, at one of the allowed temperatures; a budget-0 row is plain SD, so its
-   divergence does not matter (it counts once per (pair, temperature, gamma));
+1. candidates are the rows of every rule (``docs/ranking.md``, "Rules and engines": the engine
+   runs each with its drafting, :mod:`mdboost.md.rules`) whose target can verify (not an n-gram
+   member), with a finite predicted speedup, at one of the allowed temperatures; a budget-0 row
+   is lossless, so its divergence does not matter (it counts once per (pair, temperature, gamma,
+   rule, drafting));
 2. the first cell is the recommendation's row (the ranking's, or
    :func:`mdboost.ranking.recommend.recommend` over the candidates when none is given or when
    it lies outside the candidates, e.g. at a temperature left out);
 3. then, one at a time, the candidate whose values are least used so far, compared in this
    order: its temperature's count among the chosen cells, the count of its (temperature, budget
-   class) pair (class: budget 0 or > 0), whether it fails the quality check (``quality_ok``
-   rows first), and the summed counts of its drafter, gamma, budget and divergence; ties go to
-   the better ``rank``, then to the row order.
+   class) pair (class: budget 0 or > 0), the count of its rule (name and drafting), whether it
+   fails the quality check (``quality_ok`` rows first), and the summed counts of its drafter,
+   gamma, budget and divergence; ties go to the better ``rank``, then to the row order.
 
-Step 3 spreads the cells round-robin over temperatures, and within each over SD / MD, then over
-drafters, gammas and budgets, without duplicates; the same rows always give the same cells.
+Step 3 spreads the cells round-robin over temperatures, and within each over lossless / lossy,
+then over rules, drafters, gammas and budgets, without duplicates; the same rows always give the
+same cells.
 
 Rows are ``ranking.csv`` rows as read back (strings) or dicts of numbers: this module reads
 them, nothing else.
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 import math
 
-from mdboost.ranking.recommend import md_row, recommend
+from mdboost.ranking.recommend import recommend
 from mdboost.ranking.report import csv_bool, csv_float
 
 SAMPLING_KEYS = ("temperature", "top_k", "top_p")
@@ -43,18 +45,20 @@ def _optional(value):
 
 
 def cell_key(row: dict) -> tuple:
-    """``(drafter, target, temperature, divergence, max_divergence, gamma)`` of a row.
+    """``(drafter, target, temperature, divergence, max_divergence, gamma, rule, drafting)`` of a row.
 
-    A budget-0 row is plain SD: its divergence is ``"none"`` whatever the row says.
+    A budget-0 row is lossless: its divergence is ``"none"`` whatever the row says. A row
+    without ``rule`` / ``drafting`` (a ranking from before rules were ranked) is MD on sampled
+    drafts.
 
     >>> cell_key({"drafter": "a", "target": "t", "temperature": "0.7", "divergence": "kl",
     ...           "max_divergence": "0.0", "gamma": "3"})
-    ('a', 't', 0.7, 'none', 0.0, 3)
+    ('a', 't', 0.7, 'none', 0.0, 3, 'mentored', 'sampled')
     """
     budget = round(csv_float(row["max_divergence"]), 12)
     divergence = "none" if budget == 0 else str(row["divergence"])
     return (str(row["drafter"]), str(row["target"]), round(csv_float(row["temperature"]), 12), divergence, budget,
-            int(csv_float(row["gamma"])))
+            int(csv_float(row["gamma"])), str(row.get("rule") or "mentored"), str(row.get("drafting") or "sampled"))
 
 
 def complete_rows(rows: list[dict], *, temperature: float | None, md_solve: str) -> list[dict]:
@@ -149,8 +153,6 @@ def check_md_solve(rows: list[dict], md_solve: str | None) -> None:
 
 
 def _is_candidate(row: dict, temperatures) -> bool:
-    if not md_row(row):  # the validation decodes with MD on sampled drafts: other rules' rows predict another loop
-        return False
     target = str(row["target"])
     if target == "ngram" or target.startswith("ngram:"):
         return False
@@ -163,7 +165,7 @@ def _is_candidate(row: dict, temperatures) -> bool:
 def _recommended_index(rows: list[dict], recommendation: dict | None) -> int:
     """Index of the recommendation's row among ``rows``; recomputed over them when absent."""
     keys = [cell_key(r) for r in rows]
-    if recommendation is not None and md_row(recommendation) and cell_key(recommendation) in keys:
+    if recommendation is not None and cell_key(recommendation) in keys:
         return keys.index(cell_key(recommendation))
     return keys.index(cell_key(recommend(rows).to_dict()))
 
@@ -221,12 +223,12 @@ def select_cells(rows: list[dict], recommendation: dict | None = None, *, cells:
 
 
 def _dimensions(row: dict) -> list[tuple]:
-    _, _, temperature, divergence, budget, gamma = cell_key(row)
-    return [("temperature", temperature), ("class", temperature, budget > 0), ("drafter", str(row["drafter"])),
-            ("gamma", gamma), ("budget", budget), ("divergence", divergence)]
+    _, _, temperature, divergence, budget, gamma, rule, drafting = cell_key(row)
+    return [("temperature", temperature), ("class", temperature, budget > 0), ("rule", rule, drafting),
+            ("drafter", str(row["drafter"])), ("gamma", gamma), ("budget", budget), ("divergence", divergence)]
 
 
 def _novelty(row: dict, counts: dict, index: int) -> tuple:
-    t, cls, *rest = (counts.get(d, 0) for d in _dimensions(row))
+    t, cls, rule, *rest = (counts.get(d, 0) for d in _dimensions(row))
     rank = csv_float(row.get("rank"), math.inf)
-    return t, cls, not csv_bool(row.get("quality_ok")), sum(rest), rank, index
+    return t, cls, rule, not csv_bool(row.get("quality_ok")), sum(rest), rank, index

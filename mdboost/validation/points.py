@@ -19,6 +19,8 @@ import math
 import torch
 
 from mdboost.data import TextSource, encode_prompt
+from mdboost.ranking.recommend import md_row
+from mdboost.ranking.rule_points import row_rule
 from mdboost.ranking.speed import walltime_speedup
 from mdboost.validation import humaneval
 from mdboost.validation.runs import progress_bar, run_modes, target_nll, truncate_completion
@@ -76,9 +78,14 @@ def model_speedup(row: dict, alpha: float, md_solve: str, *, new_tokens: float =
 
 
 def _cell_modes(row: dict, pool) -> dict:
-    """The engine arguments of one cell: SD at budget 0, else MD with its divergence and budget."""
+    """The engine arguments of one cell: MD on sampled drafts as ever (SD at budget 0, else its
+    divergence and budget); another rule's row runs its rule (:func:`mdboost.ranking.rule_points.row_rule`,
+    the engine's ``GenerationSettings.rule``), lossless or lossy as the rule is."""
     drafter, budget = _drafter(pool[row["drafter"]]), float(row["max_divergence"])
     mode = dict(mode="sd", drafter=drafter, gamma=int(float(row["gamma"])))
+    if not md_row(row):
+        rule = row_rule(row)
+        return mode | dict(mode="sd" if rule.lossless else "md", rule=rule, md_solve=row["md_solve"])
     if budget > 0:
         mode.update(mode="md", max_divergence=budget, divergence=row["divergence"], md_solve=row["md_solve"])
     return mode

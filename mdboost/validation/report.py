@@ -38,7 +38,8 @@ MIN_COVERAGE = 0.80
 MAX_REGRET = 0.05
 WIDE_COVERAGE = 0.97
 
-CELL_FIELDS = ("drafter", "target", "temperature", "divergence", "max_divergence", "gamma", "md_solve")
+CELL_FIELDS = ("drafter", "target", "temperature", "divergence", "max_divergence", "gamma", "md_solve", "rule",
+               "drafting")
 
 #: figure -> (predicted column, realized column) of a record
 FIGURES = {"speedup": ("predicted_speedup", "realized_speedup"),
@@ -117,7 +118,8 @@ def cell_record(index: int, role: str, row: dict, realized: dict, *, top_k=None,
     rec = {"cell": int(index), "role": role, "drafter": str(row["drafter"]), "target": str(row["target"]),
            "temperature": csv_float(row["temperature"]), "divergence": str(row["divergence"]),
            "max_divergence": csv_float(row["max_divergence"]), "gamma": int(csv_float(row["gamma"])),
-           "md_solve": str(row["md_solve"]), "top_k": top_k, "top_p": top_p, "rank": csv_float(row.get("rank")),
+           "md_solve": str(row["md_solve"]), "rule": str(row.get("rule") or "mentored"),
+           "drafting": str(row.get("drafting") or "sampled"), "top_k": top_k, "top_p": top_p, "rank": csv_float(row.get("rank")),
            "quality_ok": csv_bool(row.get("quality_ok")),
            "predicted_speedup": csv_float(row["predicted_speedup"]),
            "predicted_speedup_lo": csv_float(row.get("predicted_speedup_lo")),
@@ -256,18 +258,21 @@ def _interval(rec: dict, pred: str, fmt: str) -> str:
 def format_table(records: list[dict]) -> str:
     """A fixed-width table of the cells: predicted (with interval) vs realized, ``*`` = outside."""
     mark = {True: " ", False: "*", None: " "}
-    head = (f"{'#':>2} {'drafter':<14} {'target':<14} {'T':>4} {'point':<14} {'g':>2} "
+    head = (f"{'#':>2} {'drafter':<14} {'target':<14} {'T':>4} {'point':<14} {'rule':<12} {'g':>2} "
             f"{'speedup pred [90%]':<22} {'real':>6}  {'accept pred [90%]':<22} {'real':>6}  "
             f"{'length pred [90%]':<22} {'real':>6}")
     lines = [head, "-" * len(head)]
     for r in records:
-        point = "SD" if r["max_divergence"] == 0 else f"{r['divergence']}<={r['max_divergence']:g}"
+        point = "lossless" if r["max_divergence"] == 0 else f"{r['divergence']}<={r['max_divergence']:g}"
+        rule = f"{r.get('rule', 'mentored')}:{r.get('drafting', 'sampled')[0]}"  # the rule and its drafting's initial
         lines.append(
             f"{r['cell']:>2} {r['drafter'][:14]:<14} {r['target'][:14]:<14} {r['temperature']:>4g} {point[:14]:<14} "
+            f"{rule[:12]:<12} "
             f"{r['gamma']:>2} {_interval(r, 'predicted_speedup', '.2f'):<22} {_num(r['realized_speedup'], '.2f'):>6}"
             f"{mark[r['speedup_inside']]} {_interval(r, 'predicted_acceptance', '.3f'):<22} "
             f"{_num(r['realized_acceptance'], '.3f'):>6}{mark[r['acceptance_inside']]} "
             f"{_interval(r, 'predicted_mean_accepted_length', '.2f'):<22} "
             f"{_num(r['realized_mean_accepted_length'], '.2f'):>6}{mark[r['mean_accepted_length_inside']]}")
-    lines.append("cell 0 is the recommendation; * = realized outside the predicted 90% interval")
+    lines.append("cell 0 is the recommendation; * = realized outside the predicted 90% interval; rule: "
+                 "mdboost.md.rules name, s/g = sampled/greedy drafts")
     return "\n".join(lines)
