@@ -42,7 +42,9 @@ from mdboost._io import json_ready, read_json_object, read_yaml_mapping
 from mdboost.models.convert import smollm2_gguf
 from mdboost.models.home import mdboost_home, models_dir
 from mdboost.models.pool import parse_drafter
+from mdboost.ranking.recommend import md_row
 from mdboost.ranking.report import check_csv_digest, read_csv
+from mdboost.ranking.rule_points import row_rule
 from mdboost.serve_args import llamacpp_args, sglang_args, vllm_serve_args
 from mdboost.tracking.store import check_tracking_uri, existing_run
 
@@ -92,7 +94,8 @@ def load_ranking(source: str | os.PathLike, *, tracking_uri: str | None = None) 
             raise ValueError(f"ranking folder {source!r} has no summary.json with a recommendation: "
                              f"run `mdboost rank --config ...` first")
         return _ranking(summary["recommendation"], summary.get("sampling") or {}, folder, source,
-                        summary.get("ranking_csv_sha256"), summary.get("device"), summary.get("home"))
+                        summary.get("ranking_csv_sha256"), summary.get("device"), summary.get("home"),
+                        summary.get("recommendations"))
     if _RUN_ID.fullmatch(source):
         return _from_run(source, tracking_uri)
     raise ValueError(f"ranking must be a ranking folder or an MLflow run id (32 hex digits), got {source!r}: "
@@ -117,12 +120,13 @@ def _checked(rec, rows: list[dict], source: str) -> None:
 
 
 def _ranking(rec: dict, sampling: dict, folder: Path, source: str, csv_sha256: str | None = None,
-             device: str | None = None, home: str | None = None) -> dict:
+             device: str | None = None, home: str | None = None, recommendations: dict | None = None) -> dict:
     """The ranking of ``folder``; ``csv_sha256``: the digest of ``ranking.csv`` its summary
     records (rankings from before it recorded one: None, not checked); ``device``: the one the
     ranking ran on, as its summary records it (older rankings: the config's ``pool.device``, else CPU);
     ``home``: the absolute mdboost home its summary records (older rankings: the config's
-    ``pool.home``, resolved here; None where the config named none)."""
+    ``pool.home``, resolved here; None where the config named none); ``recommendations``: its
+    summary's best point per engine (rankings from before rules were ranked: None)."""
     csv = folder / "ranking.csv"
     if not csv.is_file():
         raise ValueError(f"ranking {source!r} has no ranking.csv")
@@ -141,7 +145,8 @@ def _ranking(rec: dict, sampling: dict, folder: Path, source: str, csv_sha256: s
     if not isinstance(sampling, dict):
         raise ValueError(f"ranking {source!r}: sampling must be a mapping, got {sampling!r}")
     return {"recommendation": dict(rec), "sampling": {"top_k": sampling.get("top_k"), "top_p": sampling.get("top_p")},
-            "rows": rows, "device": device, "home": None if home is None else str(home), "source": source}
+            "rows": rows, "device": device, "home": None if home is None else str(home), "source": source,
+            "recommendations": recommendations}
 
 
 def _from_run(run_id: str, tracking_uri: str | None) -> dict:
@@ -160,7 +165,8 @@ def _from_run(run_id: str, tracking_uri: str | None) -> dict:
         summary = read_json_object(Path(tmp) / "summary.json")
         if summary is not None and "recommendation" in summary:
             return _ranking(summary["recommendation"], summary.get("sampling") or {}, Path(tmp), run_id,
-                            summary.get("ranking_csv_sha256"), summary.get("device"), summary.get("home"))
+                            summary.get("ranking_csv_sha256"), summary.get("device"), summary.get("home"),
+                            summary.get("recommendations"))
         params = run.data.params
         rec = {k[len("recommendation."):]: v for k, v in params.items() if k.startswith("recommendation.")}
         if "drafter" not in rec:
@@ -173,8 +179,25 @@ def _from_run(run_id: str, tracking_uri: str | None) -> dict:
         return _ranking(rec, sampling, Path(tmp), run_id)
 
 
+def written_drafter_path(target: str, drafter: str, home: str | None = None) -> str:
+    """Where ``mdboost export --write-drafter`` should write ``drafter`` of ``target`` for the
+    engines to load it (the ranking's mdboost home's models folder).
+
+    >>> Path(written_drafter_path("smollm2-135m", "early_exit:12", "/h")).name
+    'smollm2-135m--early_exit_12'
+    """
+    return str(models_dir(home) / f"{target}--{drafter.replace(':', '_')}")
+
+
+def _written_note(target: str, drafter: str, home: str | None) -> str:
+    return (f"the drafter {drafter!r} is an early exit mdboost builds from the target: write it out first, "
+            f"`mdboost export --ranking <this ranking> --write-drafter {written_drafter_path(target, drafter, home)}` "
+            f"(a standalone model drafts on its own KV cache, where mdboost's engine shared the target's: its cost "
+            f"differs from the ranked one)")
+
+
 def speculative_config(drafter: str, gamma: int, home: str | None = None,
-                       drafting: str = "sampled") -> tuple[dict | None, str]:
+                       drafting: str = "sampled", target: str | None = None) -> tuple[dict | None, str]:
     """vLLM's lossless ``speculative_config`` for an mdboost drafter spec, or ``None`` and why not.
 
     ``drafting``: how the ranked rule drew its drafts, ``"sampled"`` from the drafter or
@@ -182,7 +205,9 @@ def speculative_config(drafter: str, gamma: int, home: str | None = None,
     ``"greedy"``, vLLM's default; ``vllm/config/speculative.py:682``). An n-gram draft is one
     deterministic token in both engines: vLLM's n-gram speculator keeps no draft logits
     (``BaseSpeculator.draft_logits = None``, ``vllm/v1/worker/gpu/spec_decode/speculator.py:83``),
-    so it is verified as one-hot whatever ``draft_sample_method`` says, as mdboost ranks it.
+    so it is verified as one-hot whatever ``draft_sample_method`` says, as mdboost ranks it. An
+    early exit of ``target`` runs as the folder ``mdboost export --write-drafter`` writes
+    (:func:`written_drafter_path`); without ``target`` it has none.
 
     >>> speculative_config("ngram:3", 4)[0]  # doctest: +NORMALIZE_WHITESPACE
     {'method': 'ngram', 'num_speculative_tokens': 4, 'prompt_lookup_max': 3, 'prompt_lookup_min': 1,
@@ -196,6 +221,10 @@ def speculative_config(drafter: str, gamma: int, home: str | None = None,
     if kind == "ngram":  # mdboost's prompt lookup falls back from n-token suffixes down to one token
         return {"method": "ngram", "num_speculative_tokens": int(gamma), "prompt_lookup_max": n,
                 "prompt_lookup_min": 1, "rejection_sample_method": "standard"}, ""
+    if kind == "early_exit" and target is not None and vllm_model(target, home)[0] is not None:
+        return {"method": "draft_model", "model": written_drafter_path(target, drafter, home),
+                "num_speculative_tokens": int(gamma), "draft_sample_method": DRAFTINGS[drafting],
+                "rejection_sample_method": "standard"}, _written_note(target, drafter, home)
     if kind == "hf":  # an mdboost alias (smollm2-135m, tiny:<seed>) maps to what vLLM can load, or to nothing
         model, note = vllm_model(drafter, home)
         if model is None:
@@ -235,11 +264,15 @@ def vllm_model(target: str, home: str | None = None) -> tuple[str | None, str]:
     return target, ""
 
 
-_DRAFTING_NOTE = {  # the draft sampling of an emitted config, and why (vllm/config/speculative.py:682)
-    "draft_model": ("; draft_sample_method 'probabilistic': drafts sampled from the drafter, as ranked "
-                    "(vLLM's default 'greedy' drafts the argmax and accepts it with probability q(x): another "
-                    "acceptance, another speedup)"),
-    "ngram": "; n-gram drafts are one deterministic token, verified as one-hot, as ranked"}
+def _drafting_note(config: dict) -> str:
+    """The draft sampling of an emitted config, and why (``vllm/config/speculative.py:682``)."""
+    if config["method"] == "ngram":
+        return "; n-gram drafts are one deterministic token, verified as one-hot, as ranked"
+    if config.get("draft_sample_method") == "greedy":
+        return ("; draft_sample_method 'greedy' (vLLM's default): the drafter's argmax, verified as one-hot, as "
+                "ranked")
+    return ("; draft_sample_method 'probabilistic': drafts sampled from the drafter, as ranked (vLLM's default "
+            "'greedy' drafts the argmax and accepts it with probability q(x): another acceptance, another speedup)")
 
 
 def _served(out: dict, config: dict | None) -> dict:
@@ -273,11 +306,18 @@ def _vllm_point(rec: dict, rows: list[dict], sampling: dict, home: str | None = 
         else:
             notes.append("plain decoding is fastest here: serve the target without speculative_config")
         return out
-    config, why = speculative_config(rec["drafter"], rec["gamma"], home)
+    config, why = speculative_config(rec["drafter"], rec["gamma"], home, drafting=rec.get("drafting") or "sampled",
+                                     target=rec["target"])
     if out["lossless"] and config is not None:
+        if why:  # an early exit: write it out first
+            notes.append(why)
+        block = rec.get("rule") == "block"
+        if block:  # vLLM's block verification (rejection_sampler.py:182-183), ranked as mdboost.md.rules.Block
+            config["rejection_sample_method"] = "block"
         out["speculative_config"] = config
-        notes.append("lossless speculative decoding: vLLM's standard rejection sampler keeps the target's "
-                     "distribution, as mdboost's budget 0 does" + _DRAFTING_NOTE.get(config["method"], ""))
+        method = "block verification (Sun et al. 2024)" if block else "standard rejection sampler"
+        notes.append(f"lossless speculative decoding: vLLM's {method} keeps the target's distribution, as the "
+                     f"ranked rule does" + _drafting_note(config))
     else:
         if not out["lossless"]:
             notes.append(f"vLLM 0.34.0 has no budgeted (divergence-bounded) verification: its "
@@ -329,9 +369,29 @@ def _settings_args(rec: dict, sampling: dict) -> list[str]:
 
 
 def _budget_args(rec: dict) -> list[str]:
+    rule = rule_code(rec)
+    if rule is not None:
+        return [f"rule={rule}"]
     if float(rec["max_divergence"]) == 0:
         return []
     return [f"max_divergence={float(rec['max_divergence']):g}", f"divergence={rec['divergence']!r}"]
+
+
+def rule_code(rec: dict) -> str | None:
+    """The Python of a point's verification rule (:func:`mdboost.ranking.rule_points.row_rule`),
+    or None for MD on sampled drafts (the budget arguments say it).
+
+    >>> rule_code({"rule": "threshold", "drafting": "greedy", "divergence": "kl", "max_divergence": 0.0})
+    "Threshold(drafting='greedy', accept=1.0, single=1.0)"
+    """
+    if md_row(rec):
+        return None
+    return repr(row_rule(rec))
+
+
+def _rule_import(rec: dict) -> list[str]:
+    rule = rule_code(rec)
+    return [] if rule is None else [f"from mdboost.md.rules import {rule.split('(')[0]}"]
 
 
 def _home_arg(home: str | None) -> str:
@@ -357,6 +417,7 @@ def mdboost_snippet(rec: dict, sampling: dict, device: str, home: str | None = N
     return "\n".join([
         "from mdboost.engine import GenerationSettings, generate",
         *(["from mdboost.hf import drafter_for"] if speculative else []),
+        *(_rule_import(rec) if speculative else []),
         "from mdboost.models import load_model", "",
         _load_target(rec, device, home),
         f"input_ids = tok({PROMPT!r}, return_tensors=\"pt\").input_ids.to(target.device)",
@@ -381,7 +442,7 @@ def hf_kwargs(rec: dict, sampling: dict, home: str | None = None) -> dict:
     md = {"drafter": rec["drafter"], "num_draft_tokens": int(rec["gamma"])}
     if home is not None:
         md["home"] = home
-    if float(rec["max_divergence"]) > 0:
+    if rule_code(rec) is None and float(rec["max_divergence"]) > 0:
         md.update(max_divergence=float(rec["max_divergence"]), divergence=rec["divergence"])
     return {**md, **kwargs}
 
@@ -396,6 +457,9 @@ def hf_snippet(rec: dict, sampling: dict, device: str, home: str | None = None) 
     drafted = bool(rec["beats_plain_decoding"])
     args = ["**inputs"] + (["custom_generate=mdboost.hf.mentored_generate"] if drafted else [])
     args += [f"{k}={v!r}" for k, v in kwargs.items()]
+    rule = rule_code(rec) if drafted else None
+    if rule is not None:  # the rule object, not a keyword's value: hf_kwargs (JSON) leaves it out
+        args.append(f"rule={rule}")
     lines = [f"{args[0]}"]
     for arg in args[1:]:  # wrap the call at about 100 columns
         if len(lines[-1]) + len(arg) > 70:
@@ -403,7 +467,7 @@ def hf_snippet(rec: dict, sampling: dict, device: str, home: str | None = None) 
         else:
             lines[-1] += f", {arg}"
     call = ",\n                      ".join(lines)
-    return "\n".join([*(["import mdboost.hf"] if drafted else []),
+    return "\n".join([*(["import mdboost.hf"] if drafted else []), *(_rule_import(rec) if rule else []),
                       "from mdboost.models import load_model", "",
                       _load_target(rec, device, home),
                       f"inputs = tok({PROMPT!r}, return_tensors=\"pt\").to(target.device)",
@@ -428,7 +492,7 @@ def vllm_snippet(vllm: dict) -> str:
                               f"# server: {shlex.join(vllm['serve'])}"])
 
 
-_CANNOT = {"early_exit": "an early exit of the target (its first layers) built by mdboost",
+_CANNOT = {"early_exit": "an early exit of the target (its first layers) built by mdboost: write it out with --write-drafter",
            "tuned": "an early exit with a tuned-lens translator built by mdboost",
            "int8": "a dynamically int8-quantized CPU copy built by mdboost"}
 
@@ -440,8 +504,9 @@ def _engine_section(args: list[str] | None, notes: list[str]) -> dict:
 
 
 def _lossless_note(rec: dict, engine: str, rule: str, greedy: bool = True) -> list[str]:
-    """What the engine's lossless rule is; ``greedy``: it drafts the argmax where the ranking
-    sampled the drafts (an n-gram draft is one deterministic token in both)."""
+    """What the engine's lossless rule is; ``greedy``: it drafts the argmax where the rendered
+    point's rule sampled the drafts (a point ranked on greedy drafts, or an n-gram draft, is one
+    deterministic token in both)."""
     notes = [f"{engine} {rule}: lossless, but its acceptance (q(x) of the drafter's argmax) is not the ranked "
              f"one (drafts sampled from the drafter), so the predicted speedup does not carry over" if greedy else
              f"{engine} {rule}: lossless, a one-hot draft accepted with probability q(x), as ranked"]
@@ -466,6 +531,9 @@ def _sglang(rec: dict, sampling: dict, home: str | None) -> dict:
     draft, draft_note = vllm_model(rec["drafter"], home) if kind == "hf" else (None, "")
     if kind == "hf" and rec["drafter"].endswith(".gguf"):
         draft, draft_note = rec["drafter"], ""
+    if kind == "early_exit":
+        draft = written_drafter_path(rec["target"], rec["drafter"], home)
+        notes.append(_written_note(rec["target"], rec["drafter"], home))
     if draft is None:
         why = {"ngram": "mdboost's prompt lookup; SGLang's NGRAM drafts a tree from a corpus of the last 18 tokens "
                         "of every request (srt/speculative/ngram_worker.py:396-420), another drafter",
@@ -473,10 +541,28 @@ def _sglang(rec: dict, sampling: dict, home: str | None) -> dict:
         return _engine_section(sglang_args(model, **settings),
                                notes + [f"SGLang cannot run the drafter {rec['drafter']!r} ({why}): serving "
                                         f"the target without speculative decoding"])
-    notes += _lossless_note(rec, "SGLang STANDALONE drafts greedily and, with --speculative-accept-threshold-acc 1 "
-                                 "and -single 1,", "accepts x with probability q(x)")
-    return _engine_section(sglang_args(model, draft_model=draft, num_draft_tokens=int(rec["gamma"]), accept=1.0,
-                                       single=1.0, **settings), notes)
+    accept, single = (_threshold_of(rec, key) for key in ("threshold_acc", "threshold_single"))
+    if rec.get("rule") == "threshold" and accept < 1:
+        notes.append(f"SGLang's thresholds as ranked (mdboost.md.rules.Threshold, greedy drafts): a draft x is "
+                     f"accepted with probability min(1, q(x) / {accept:.6g}), always when q(x) >= {single:.6g}, "
+                     f"so every position keeps {rec['divergence']} <= {float(rec['max_divergence']):g} "
+                     f"(docs/theory.md, section 11); SGLang applies them at temperature > 0 on CUDA")
+    else:
+        notes += _lossless_note(rec, "SGLang STANDALONE drafts greedily and, with --speculative-accept-threshold-acc 1 "
+                                     "and -single 1,", "accepts x with probability q(x)",
+                                greedy=rec.get("drafting") != "greedy")
+    return _engine_section(sglang_args(model, draft_model=draft, num_draft_tokens=int(rec["gamma"]), accept=accept,
+                                       single=single, **settings), notes)
+
+
+def _threshold_of(rec: dict, key: str) -> float:
+    """SGLang's threshold of a recommended row (1 where the row has none: a lossless rule)."""
+    value = rec.get(key)
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return 1.0
+    return value if math.isfinite(value) else 1.0
 
 
 def llamacpp_model(name: str) -> tuple[str | None, str]:
@@ -500,7 +586,7 @@ def llamacpp_model(name: str) -> tuple[str | None, str]:
                   f"convert_hf_to_gguf.py")
 
 
-def _llamacpp(rec: dict, sampling: dict) -> dict:
+def _llamacpp(rec: dict, sampling: dict, home: str | None = None) -> dict:
     """The ``llamacpp`` section: ``llama-server`` with the pick's drafter, when llama.cpp can run it."""
     model, note = llamacpp_model(rec["target"])
     notes = [note] if note else []
@@ -518,16 +604,40 @@ def _llamacpp(rec: dict, sampling: dict) -> dict:
                      f"{rec['drafter']} falls back to shorter suffixes and runs on into its own copy: drafts differ")
         return _engine_section(llamacpp_args(model, ngram=n, draft_max=gamma, **settings), notes)
     draft, draft_note = llamacpp_model(rec["drafter"]) if kind == "hf" else (None, _CANNOT[kind])
+    if kind == "early_exit":
+        written = written_drafter_path(rec["target"], rec["drafter"], home)
+        draft = f"{written}.gguf"
+        notes.append(_written_note(rec["target"], rec["drafter"], home) + f"; then `python convert_hf_to_gguf.py "
+                     f"{written} --outfile {draft}` (llama.cpp's converter)")
     if draft is None:
         return _engine_section(llamacpp_args(model, **settings),
                                notes + [f"llama.cpp cannot run the drafter {rec['drafter']!r} ({draft_note}): "
                                         f"serving the target without speculative decoding"])
     notes += _lossless_note(rec, "llama.cpp drafts greedily (--spec-draft-p-min 0: always gamma tokens) and",
-                            "accepts while the target's own sample equals the draft")
+                            "accepts while the target's own sample equals the draft",
+                            greedy=rec.get("drafting") != "greedy")
     return _engine_section(llamacpp_args(model, draft_model=draft, draft_max=gamma, **settings), notes)
 
 
 _RANKING_KEYS = ("recommendation", "sampling", "rows", "device", "source")  # what load_ranking returns
+
+
+def engine_recommendation(ranking: dict, engine: str) -> tuple[dict, list[str]]:
+    """The point to render for ``engine``: the ranking's best row that engine runs
+    (``summary.json``'s ``recommendations``, ``docs/ranking.md`` "Rules and engines"), and notes.
+
+    A ranking without per-engine recommendations (from before rules were ranked) gives the overall
+    pick. An engine that runs none of the ranked rows gives the overall pick marked as not beating
+    plain decoding (so the engine serves the target alone), with the ranking's reason.
+    """
+    recs = ranking.get("recommendations")
+    if not recs or engine not in recs:
+        return ranking["recommendation"], []
+    entry = recs[engine] or {}
+    if entry.get("recommendation"):
+        return entry["recommendation"], []
+    reason = entry.get("reason") or f"the ranking has no point {engine} can run"
+    return dict(ranking["recommendation"], beats_plain_decoding=False), [reason]
 
 
 def export_plan(ranking: dict) -> dict:
@@ -558,14 +668,24 @@ def export_plan(ranking: dict) -> dict:
     home = ranking.get("home")  # optional: a dict made before load_ranking returned it
     if home is not None:  # a str, absolute (a hand-made dict may hold a relative path or a Path)
         home = str(mdboost_home(home))
-    vllm = _vllm(rec, ranking["rows"], sampling, home)
+    per_engine = {engine: engine_recommendation(ranking, engine) for engine in ("mdboost", "hf", "vllm", "sglang",
+                                                                                "llamacpp")}
+    vllm_rec, vllm_notes = per_engine["vllm"]
+    vllm = _vllm(vllm_rec, ranking["rows"], sampling, home)
+    vllm["notes"][:0] = vllm_notes
+    mdboost_rec, hf_rec = per_engine["mdboost"][0], per_engine["hf"][0]
+    sections = {}
+    for engine, render_section in (("sglang", lambda r: _sglang(r, sampling, home)),
+                                   ("llamacpp", lambda r: _llamacpp(r, sampling, home))):
+        point, notes = per_engine[engine]
+        section = render_section(point)
+        sections[engine] = _engine_section(section["args"], notes + section["notes"]) | {"point": point}
     return {"source": ranking["source"], "recommendation": rec, "lossless": float(rec["max_divergence"]) == 0,
-            "mdboost": {"python": mdboost_snippet(rec, sampling, device, home)},
-            "hf": {"custom_generate": CUSTOM_GENERATE if rec["beats_plain_decoding"] else None,
-                   "generate_kwargs": hf_kwargs(rec, sampling, home),
-                   "python": hf_snippet(rec, sampling, device, home)},
-            "vllm": {**vllm, "python": vllm_snippet(vllm)},
-            "sglang": _sglang(rec, sampling, home), "llamacpp": _llamacpp(rec, sampling)}
+            "mdboost": {"python": mdboost_snippet(mdboost_rec, sampling, device, home), "point": mdboost_rec},
+            "hf": {"custom_generate": CUSTOM_GENERATE if hf_rec["beats_plain_decoding"] else None,
+                   "generate_kwargs": hf_kwargs(hf_rec, sampling, home),
+                   "python": hf_snippet(hf_rec, sampling, device, home), "point": hf_rec},
+            "vllm": {**vllm, "python": vllm_snippet(vllm), "point": vllm_rec}, **sections}
 
 
 def render(plan: dict, fmt: str = "json") -> str:

@@ -404,3 +404,38 @@ def test_the_vllm_server_line_carries_the_ranked_sampling(tmp_path):
     assert argv[argv.index("--generation-config") + 1] == "vllm"
     assert json.loads(argv[argv.index("--override-generation-config") + 1]) == {"temperature": 0.7, "top_k": 20}
     assert f"# server: {shlex.join(argv)}" in vllm["python"]
+
+
+def _engine_rec(drafter, rule, drafting, **extra):
+    rec = dict(recommendation(3), drafter=drafter, target="smollm2-135m", rule=rule, drafting=drafting, **extra)
+    return {"recommendation": rec, "reason": None}
+
+
+def test_each_engine_section_renders_that_engines_recommendation(tmp_path):
+    """summary.json's recommendations: vLLM's block point on greedy drafts, SGLang's threshold at
+    its ranked c, llama.cpp's match on a written early exit; an engine that runs nothing serves the
+    target alone with the reason."""
+    folder = ranking_dir(tmp_path, 3)
+    summary = json.loads((folder / "summary.json").read_text())
+    summary["recommendations"] = {
+        "vllm": _engine_rec("HuggingFaceTB/SmolLM2-135M-Instruct", "block", "greedy"),
+        "sglang": _engine_rec("early_exit:12", "threshold", "greedy", divergence="kl", max_divergence=0.2,
+                              threshold_acc=0.8187307530779818, threshold_single=1.0),
+        "llamacpp": _engine_rec("early_exit:12", "match", "greedy"),
+        "mdboost": _engine_rec("tuned:2", "threshold", "greedy", divergence="tv", max_divergence=0.25,
+                               threshold_acc=0.75, threshold_single=1.0),
+        "hf": {"recommendation": None, "reason": "hf runs none of the ranked rows"}}
+    (folder / "summary.json").write_text(json.dumps(summary))
+    plan = export_plan(load_ranking(str(folder)))
+    config = plan["vllm"]["speculative_config"]
+    assert config["rejection_sample_method"] == "block" and config["draft_sample_method"] == "greedy"
+    check_speculative_config(config, 3)
+    args = plan["sglang"]["args"]
+    assert float(args[args.index("--speculative-accept-threshold-acc") + 1]) == pytest.approx(0.8187307530779818, 1e-5)
+    assert args[args.index("--speculative-draft-model-path") + 1].endswith("smollm2-135m--early_exit_12")
+    assert any("--write-drafter" in note for note in plan["sglang"]["notes"])
+    largs = plan["llamacpp"]["args"]
+    assert largs[largs.index("--spec-draft-model") + 1].endswith("smollm2-135m--early_exit_12.gguf")
+    assert "rule=Threshold(drafting='greedy', accept=0.75, single=1.0)" in plan["mdboost"]["python"]
+    assert "from mdboost.md.rules import Threshold" in plan["mdboost"]["python"]
+    assert plan["hf"]["custom_generate"] is None  # runs nothing: plain decoding

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 
 from mdboost.md.rules import ENGINES
+from mdboost.models.pool import parse_drafter
 from mdboost.ranking.report import csv_bool, csv_float
 
 FIELDS = ("drafter", "target", "temperature", "divergence", "max_divergence", "gamma", "predicted_speedup",
@@ -175,12 +176,27 @@ def rule_label(row: dict) -> str:
     return "" if md_row(row) else f" {row['rule']}:{row['drafting']}"
 
 
+DRAFTER_KINDS = {
+    "vllm": ("hf", "ngram", "early_exit"),
+    "sglang": ("hf", "early_exit"),
+    "llamacpp": ("hf", "ngram", "early_exit"),
+}
+"""The drafter kinds (:func:`mdboost.models.pool.parse_drafter`) each serving engine can draft with:
+a model it loads (``hf``), its own prompt lookup (vLLM's ``ngram``, llama.cpp's ``ngram-simple``:
+SGLang's ``NGRAM`` drafts from a corpus of all requests, another drafter) and an early exit written
+out as a standalone model (``mdboost export --write-drafter``). mdboost's engine and ``hf`` run
+every kind; ``tuned`` (a fitted translator) and ``int8`` (torch's dynamic quantization) run there
+only. Whether an ``hf`` drafter loads in the engine (a GGUF file in vLLM) is the export's check."""
+
+
 def runs_on(row: dict, engine: str) -> bool:
-    """Whether ``engine`` runs the row's rule (its name in the row's space-separated ``engines``;
-    a row without the column, from a ranking before rules were ranked, is MD on sampled drafts:
-    mdboost and hf)."""
+    """Whether ``engine`` runs the row: its rule (the engine's name in the row's space-separated
+    ``engines``; a row without the column, from a ranking before rules were ranked, is MD on
+    sampled drafts: mdboost and hf) with its drafter (:data:`DRAFTER_KINDS`)."""
     engines = row.get("engines")
-    return engine in (str(engines).split() if engines is not None else ("mdboost", "hf"))
+    if engine not in (str(engines).split() if engines is not None else ("mdboost", "hf")):
+        return False
+    return engine not in DRAFTER_KINDS or parse_drafter(str(row["drafter"]))[0] in DRAFTER_KINDS[engine]
 
 
 def recommend_engines(rows: list[dict]) -> dict[str, dict]:
@@ -223,8 +239,9 @@ def engine_entry(rows: list[dict], engine: str) -> dict:
     mine = [r for r in rows if runs_on(r, engine)]
     if not mine:
         ranked = sorted({f"{r.get('rule', 'mentored')} ({r.get('drafting', 'sampled')} drafts)" for r in rows})
+        kinds = ", ".join(DRAFTER_KINDS.get(engine, ()))
         return {"recommendation": None,
-                "reason": f"{engine} runs none of the ranked rules ({', '.join(ranked)}); md.rules lists them "
-                          "(docs/ranking.md, \"Rules and engines\")"}
+                "reason": f"{engine} runs none of the ranked rows: its rules with its drafter kinds ({kinds}); "
+                          f"ranked rules: {', '.join(ranked)} (md.rules, docs/ranking.md \"Rules and engines\")"}
     rec = _recommendation(mine, prefer=_native(engine))
     return {"recommendation": {**rec.to_dict(), "verdict": rec.verdict()}, "reason": None}
