@@ -34,9 +34,8 @@ from typing import ClassVar
 import torch
 
 from mdboost.md.divergences import f_divergence, resolve
-from mdboost.md.rules import Rule, TokenLaw
-from mdboost.md.sampling import (VerifyResult, accept_ratio, accepted_prefix, draw_uniforms, emitted_tokens,
-                                 inverse_cdf)
+from mdboost.md.rules import Rule, TokenLaw, tokenwise_result
+from mdboost.md.sampling import VerifyResult, accept_ratio, accepted_prefix, draw_uniforms
 
 __all__ = ["Fly", "Fuzzy", "Lenient", "Typical", "fly_entropy", "typical_threshold"]
 
@@ -115,27 +114,11 @@ class _Local(Rule):
 
 def _result(rule, tokens, num_accepted, by_budget, u_draw, p, q_all, divergence) -> VerifyResult:
     """Draw the token after the accepted prefix and report the per-position law (shared tail)."""
-    batch, num_draft, _ = p.shape
+    num_draft = p.shape[1]
     q = q_all[:, :num_draft]
-    weights = rule._bonus(q_all[:, num_draft])  # [B, V]
-    if num_draft:
-        rows = torch.arange(batch, device=p.device)
-        rpos = num_accepted.clamp(max=num_draft - 1)
-        resid = rule._residual(p[rows, rpos], q[rows, rpos])  # [B, V]
-        weights = torch.where((num_accepted == num_draft).unsqueeze(-1), weights, resid)
-    sampled = inverse_cdf(weights, u_draw)
-    law = rule._position_law(p.double(), q.double())
-    nan = torch.full((batch, num_draft), float("nan"), dtype=p.dtype, device=p.device)
-    return VerifyResult(
-        tokens=emitted_tokens(tokens, num_accepted, sampled),
-        num_accepted=num_accepted,
-        acceptance_probability=law.acceptance.to(p.dtype),
-        sd_acceptance=torch.minimum(p, q).sum(-1),
-        divergence=f_divergence(law.emitted, q.double(), resolve(divergence), validate=False).to(p.dtype),
-        accepted_by_budget=by_budget,
-        a=nan,
-        b=nan.clone(),
-    )
+    return tokenwise_result(tokens, num_accepted, by_budget, u_draw, p, q_all, rule._position_law(p.double(), q.double()),
+                            divergence, lambda rows, rpos: rule._residual(p[rows, rpos], q[rows, rpos]),
+                            bonus=rule._bonus(q_all[:, num_draft]))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -43,7 +43,7 @@ from mdboost.md.sampling import (VerifyResult, accept_ratio, accepted_prefix, dr
 from mdboost.md.solve import solve
 from mdboost.md.verify import SOLVE, verify
 
-__all__ = ["Block", "DRAFTING", "ENGINES", "Match", "Mentored", "Rejection", "Rule", "Threshold", "TokenLaw",
+__all__ = ["Block", "DRAFTING", "ENGINES", "Match", "Mentored", "Rejection", "Rule", "Threshold", "TokenLaw", "tokenwise_result",
            "greedy_proposal", "threshold_for_budget"]
 
 DRAFTING = ("sampled", "greedy")
@@ -374,26 +374,42 @@ class Threshold(Rule):
             raise ValueError("draft_tokens contains a token to which draft_probs gives probability 0")
         ratio = self._accept_prob(q_x)
         num_accepted, by_budget = accepted_prefix(u[:, :num_draft], ratio, accept_ratio(q_x, p_x))
-        weights = q_all[:, num_draft]  # [B, V] the bonus
-        if num_draft:
-            rows = torch.arange(batch, device=p.device)
-            rpos = num_accepted.clamp(max=num_draft - 1)
-            resid = q[rows, rpos].scatter(-1, tokens[rows, rpos].unsqueeze(-1), 0.0)  # q without x
-            resid = torch.where(resid.sum(-1, keepdim=True) > 0, resid, q[rows, rpos])  # q = x: rounding only
-            weights = torch.where((num_accepted == num_draft).unsqueeze(-1), weights, resid)
-        sampled = inverse_cdf(weights, u[:, num_draft])
-        law = self._law(p.double(), q.double())
-        nan = torch.full((batch, num_draft), float("nan"), dtype=p.dtype, device=p.device)
-        return VerifyResult(
-            tokens=emitted_tokens(tokens, num_accepted, sampled),
-            num_accepted=num_accepted,
-            acceptance_probability=law.acceptance.to(p.dtype),
-            sd_acceptance=torch.minimum(p, q).sum(-1),
-            divergence=f_divergence(law.emitted, q.double(), resolve(divergence), validate=False).to(p.dtype),
-            accepted_by_budget=by_budget,
-            a=nan,
-            b=nan.clone(),
-        )
+        def without_draft(rows, rpos):  # [B] x2 -> [B, V]: q without the rejected draft
+            resid = q[rows, rpos].scatter(-1, tokens[rows, rpos].unsqueeze(-1), 0.0)
+            return torch.where(resid.sum(-1, keepdim=True) > 0, resid, q[rows, rpos])  # q = x: rounding only
+
+        return tokenwise_result(tokens, num_accepted, by_budget, u[:, num_draft], p, q_all,
+                                self._law(p.double(), q.double()), divergence, without_draft)
+
+
+def tokenwise_result(tokens, num_accepted, by_budget, u_draw, p, q_all, law: TokenLaw, divergence, residual,
+                     bonus=None) -> VerifyResult:
+    """The shared tail of a token-wise rule's sampler: the one categorical draw, then the result.
+
+    ``residual(rows, rpos)`` gives the weights ``[B, V]`` of the draw at each row's first rejected
+    position; ``bonus`` the weights ``[B, V]`` after ``K`` accepted drafts (default the target at
+    ``K``); ``u_draw`` ``[B]`` the draw's uniforms (column ``K`` of :func:`draw_uniforms`). The
+    per-position stats are the rule's ``law`` (float64, ``[B, K]`` / ``[B, K, V]``); ``a``, ``b``
+    NaN (not a clamp).
+    """
+    batch, num_draft, _ = p.shape
+    weights = q_all[:, num_draft] if bonus is None else bonus  # [B, V]
+    if num_draft:
+        rows = torch.arange(batch, device=p.device)
+        resid = residual(rows, num_accepted.clamp(max=num_draft - 1))
+        weights = torch.where((num_accepted == num_draft).unsqueeze(-1), weights, resid)
+    q = q_all[:, :num_draft]
+    nan = torch.full((batch, num_draft), float("nan"), dtype=p.dtype, device=p.device)
+    return VerifyResult(
+        tokens=emitted_tokens(tokens, num_accepted, inverse_cdf(weights, u_draw)),
+        num_accepted=num_accepted,
+        acceptance_probability=law.acceptance.to(p.dtype),
+        sd_acceptance=torch.minimum(p, q).sum(-1),
+        divergence=f_divergence(law.emitted, q.double(), resolve(divergence), validate=False).to(p.dtype),
+        accepted_by_budget=by_budget,
+        a=nan,
+        b=nan.clone(),
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
