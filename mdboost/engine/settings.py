@@ -18,8 +18,7 @@ import numbers
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from mdboost.md.divergences import resolve
-from mdboost.md.rules import Mentored, Rule
+from mdboost.md.rules import Mentored, Rule, check_budget_request
 from mdboost.md.verify import SOLVE
 
 
@@ -149,18 +148,7 @@ class GenerationSettings:
         _positive_int("top_k", self.top_k, optional=True)
         if self.top_p is not None and not (_is_real(self.top_p) and 0 < self.top_p <= 1):
             raise ValueError(f"top_p must be in (0, 1] or None, got {self.top_p!r}")
-        if not _is_real(self.max_divergence) or not self.max_divergence >= 0:
-            raise ValueError(f"max_divergence must be a number >= 0, got {self.max_divergence!r}")
-        if self.min_acceptance is not None:
-            if not (_is_real(self.min_acceptance) and 0 <= self.min_acceptance <= 1):
-                raise ValueError(f"min_acceptance must be in [0, 1] or None, got {self.min_acceptance!r}")
-            if self.max_divergence != 0:
-                raise ValueError(f"give max_divergence or min_acceptance, not both: max_divergence="
-                                 f"{self.max_divergence!r}, min_acceptance={self.min_acceptance!r}")
-        try:
-            resolve(self.divergence)
-        except ValueError as err:
-            raise ValueError(f"divergence: {err}") from err
+        check_budget_request(self.max_divergence, self.min_acceptance, self.divergence)
         _positive_int("md_top_k", self.md_top_k, optional=True)
         if self.md_solve not in SOLVE:
             raise ValueError(f"md_solve must be one of {SOLVE}, got {self.md_solve!r}")

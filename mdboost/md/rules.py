@@ -29,6 +29,7 @@ section 11); `Match` is `Threshold` at ``accept = single = 1``, lossless.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import ClassVar, NamedTuple
 
@@ -44,7 +45,7 @@ from mdboost.md.solve import solve
 from mdboost.md.verify import SOLVE, verify
 
 __all__ = ["Block", "DRAFTING", "ENGINES", "Match", "Mentored", "Rejection", "Rule", "Threshold", "TokenLaw", "tokenwise_result",
-           "greedy_proposal", "threshold_for_budget"]
+           "check_budget_request", "greedy_proposal", "threshold_for_budget"]
 
 DRAFTING = ("sampled", "greedy")
 ENGINES = ("mdboost", "hf", "vllm", "sglang", "llamacpp")
@@ -258,20 +259,7 @@ class Mentored(Rule):
 
     def __post_init__(self):
         super().__post_init__()
-        if isinstance(self.max_divergence, bool) or not isinstance(self.max_divergence, (int, float)) \
-                or not self.max_divergence >= 0:
-            raise ValueError(f"max_divergence must be a number >= 0, got {self.max_divergence!r}")
-        if self.min_acceptance is not None:
-            if isinstance(self.min_acceptance, bool) or not isinstance(self.min_acceptance, (int, float)) \
-                    or not 0 <= self.min_acceptance <= 1:
-                raise ValueError(f"min_acceptance must be in [0, 1] or None, got {self.min_acceptance!r}")
-            if self.max_divergence != 0:
-                raise ValueError(f"give max_divergence or min_acceptance, not both: max_divergence="
-                                 f"{self.max_divergence!r}, min_acceptance={self.min_acceptance!r}")
-        try:
-            resolve(self.divergence)
-        except ValueError as err:
-            raise ValueError(f"divergence: {err}") from err
+        check_budget_request(self.max_divergence, self.min_acceptance, self.divergence)
         if self.solve not in SOLVE:
             raise ValueError(f"solve must be one of {SOLVE}, got {self.solve!r}")
 
@@ -428,6 +416,25 @@ class Match(Threshold):
     @property
     def engines(self) -> tuple[str, ...]:
         return ENGINES if self.drafting == "greedy" else ("mdboost", "hf")
+
+
+def check_budget_request(max_divergence, min_acceptance, divergence) -> None:
+    """The checks of an MD budget (``Mentored``'s and ``GenerationSettings``'): ``max_divergence``
+    a number ``>= 0``; ``min_acceptance`` None or in ``[0, 1]``, and then ``max_divergence`` 0;
+    ``divergence`` a generator :func:`mdboost.md.divergences.resolve` knows. Errors name the argument."""
+    if isinstance(max_divergence, bool) or not isinstance(max_divergence, numbers.Real) or not max_divergence >= 0:
+        raise ValueError(f"max_divergence must be a number >= 0, got {max_divergence!r}")
+    if min_acceptance is not None:
+        if isinstance(min_acceptance, bool) or not isinstance(min_acceptance, numbers.Real) \
+                or not 0 <= min_acceptance <= 1:
+            raise ValueError(f"min_acceptance must be in [0, 1] or None, got {min_acceptance!r}")
+        if max_divergence != 0:
+            raise ValueError(f"give max_divergence or min_acceptance, not both: max_divergence="
+                             f"{max_divergence!r}, min_acceptance={min_acceptance!r}")
+    try:
+        resolve(divergence)
+    except ValueError as err:
+        raise ValueError(f"divergence: {err}") from err
 
 
 def threshold_for_budget(max_divergence: float, divergence="kl") -> float:
