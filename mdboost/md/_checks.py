@@ -279,3 +279,18 @@ def check_tokens(name: str, tokens, shape: tuple, vocab: int, *, validate: bool 
             bad = lo if lo < 0 else hi
             raise ValueError(f"{name} contains token id {bad} outside [0, {vocab})")
     return tokens.long()
+
+
+def check_verify_inputs(draft_tokens, draft_probs, target_probs, *, validate: bool = True):
+    """A verifier's three inputs checked, named as in its signature: ``draft_probs`` ``[B, K, V]``,
+    ``target_probs`` ``[B, K + 1, V]`` and ``draft_tokens`` ``[B, K]`` in the vocabulary; returns
+    ``(tokens, p, q_all)``."""
+    p = check_probs("draft_probs", draft_probs, ndim=3, validate=validate)
+    q_all = check_probs("target_probs", target_probs, ndim=3, validate=validate)
+    batch, num_draft, vocab = p.shape
+    if tuple(q_all.shape) != (batch, num_draft + 1, vocab):
+        raise ValueError(
+            f"target_probs must have shape ({batch}, {num_draft + 1}, {vocab}) to match draft_probs "
+            f"{tuple(p.shape)}, got {tuple(q_all.shape)}"
+        )
+    return check_tokens("draft_tokens", draft_tokens, (batch, num_draft), vocab, validate=validate), p, q_all

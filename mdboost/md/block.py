@@ -49,7 +49,7 @@ import math
 
 import torch
 
-from mdboost.md._checks import check_positive_int, check_probs, check_tokens, compute_dtype
+from mdboost.md._checks import check_positive_int, check_probs, check_verify_inputs, compute_dtype
 from mdboost.md.sampling import VerifyResult, accept_ratio, draw_uniforms, emitted_tokens, inverse_cdf
 
 __all__ = ["block_acceptance_estimate", "block_acceptance_law", "block_verify", "joint_ratios"]
@@ -113,15 +113,8 @@ def block_verify(
         ``accepted_by_budget`` marks the emitted drafts that token-wise rejection would have
         rejected on the same uniforms (the drafts block verification recovers).
     """
-    p = check_probs("draft_probs", draft_probs, ndim=3, validate=validate)
-    q_all = check_probs("target_probs", target_probs, ndim=3, validate=validate)
+    tokens, p, q_all = check_verify_inputs(draft_tokens, draft_probs, target_probs, validate=validate)
     batch, num_draft, vocab = p.shape
-    if tuple(q_all.shape) != (batch, num_draft + 1, vocab):
-        raise ValueError(
-            f"target_probs must have shape ({batch}, {num_draft + 1}, {vocab}) to match draft_probs "
-            f"{tuple(p.shape)}, got {tuple(q_all.shape)}"
-        )
-    tokens = check_tokens("draft_tokens", draft_tokens, (batch, num_draft), vocab, validate=validate)
     dtype = compute_dtype(torch.promote_types(p.dtype, q_all.dtype))
     p, q_all = p.to(dtype), q_all.to(dtype)
     q = q_all[:, :num_draft]  # [B, K, V]

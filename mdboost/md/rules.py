@@ -35,7 +35,7 @@ from typing import ClassVar, NamedTuple
 
 import torch
 
-from mdboost.md._checks import check_probs, check_tokens, compute_dtype
+from mdboost.md._checks import check_probs, check_verify_inputs, compute_dtype
 from mdboost.md.block import block_verify
 from mdboost.md.clamp import mentored_distribution
 from mdboost.md.divergences import f_divergence, resolve
@@ -128,13 +128,8 @@ class Rule:
         ``drafting="greedy"`` every draft must be an argmax of its ``p`` (checked when
         ``validate``); the verifier sees its one-hot.
         """
-        p = check_probs("draft_probs", draft_probs, ndim=3, validate=validate)
-        q_all = check_probs("target_probs", target_probs, ndim=3, validate=validate)
-        batch, num_draft, vocab = p.shape
-        if tuple(q_all.shape) != (batch, num_draft + 1, vocab):
-            raise ValueError(f"target_probs must have shape ({batch}, {num_draft + 1}, {vocab}) to match "
-                             f"draft_probs {tuple(p.shape)}, got {tuple(q_all.shape)}")
-        tokens = check_tokens("draft_tokens", draft_tokens, (batch, num_draft), vocab, validate=validate)
+        tokens, p, q_all = check_verify_inputs(draft_tokens, draft_probs, target_probs, validate=validate)
+        num_draft = p.shape[1]
         dtype = compute_dtype(torch.promote_types(p.dtype, q_all.dtype))
         p, q_all = p.to(dtype), q_all.to(dtype)
         if self.drafting == "greedy":

@@ -36,8 +36,8 @@ from __future__ import annotations
 import torch
 
 from mdboost.md import _buckets, _router
-from mdboost.md._checks import (_as_real_tensor, check_budget, check_positive_int, check_probs, check_tokens,
-                                compute_dtype, is_number)
+from mdboost.md._checks import (_as_real_tensor, check_budget, check_positive_int, check_verify_inputs, compute_dtype,
+                                is_number)
 from mdboost.md.breakpoints import Breakpoints
 from mdboost.md.divergences import resolve
 from mdboost.md.onehot import one_hot_dual, one_hot_primal
@@ -136,15 +136,8 @@ def verify(
     -------
     VerifyResult
     """
-    p = check_probs("draft_probs", draft_probs, ndim=3, validate=validate)
-    q_all = check_probs("target_probs", target_probs, ndim=3, validate=validate)
+    tokens, p, q_all = check_verify_inputs(draft_tokens, draft_probs, target_probs, validate=validate)
     batch, num_draft, vocab = p.shape
-    if tuple(q_all.shape) != (batch, num_draft + 1, vocab):
-        raise ValueError(
-            f"target_probs must have shape ({batch}, {num_draft + 1}, {vocab}) to match draft_probs "
-            f"{tuple(p.shape)}, got {tuple(q_all.shape)}"
-        )
-    tokens = check_tokens("draft_tokens", draft_tokens, (batch, num_draft), vocab, validate=validate)
     if not isinstance(solve, str) or solve not in SOLVE:
         raise ValueError(f"solve must be one of {SOLVE}, got {solve!r}")
     if mentored_probs is not None:  # an explicit pi per position (docs/theory.md, section 2)
