@@ -34,8 +34,8 @@ from typing import ClassVar
 import torch
 
 from mdboost.md.divergences import f_divergence, resolve
-from mdboost.md.rules import Rule, TokenLaw, tokenwise_result
-from mdboost.md.sampling import VerifyResult, accept_ratio, accepted_prefix, draw_uniforms
+from mdboost.md.rules import Rule, TokenLaw, draft_draws, tokenwise_result
+from mdboost.md.sampling import VerifyResult, accept_ratio, accepted_prefix
 
 __all__ = ["Fly", "Fuzzy", "Lenient", "Typical", "fly_entropy", "typical_threshold"]
 
@@ -102,11 +102,7 @@ class _Local(Rule):
     def _verify(self, tokens, p, q_all, generator, validate, divergence) -> VerifyResult:
         batch, num_draft, vocab = p.shape
         q = q_all[:, :num_draft]
-        u = draw_uniforms(batch, num_draft, dtype=p.dtype, device=p.device, generator=generator)
-        p_x = torch.gather(p, -1, tokens.unsqueeze(-1)).squeeze(-1)  # [B, K]
-        if validate and num_draft and bool((p_x <= 0).any()):
-            raise ValueError("draft_tokens contains a token to which draft_probs gives probability 0")
-        q_x = torch.gather(q, -1, tokens.unsqueeze(-1)).squeeze(-1)  # [B, K]
+        u, p_x, q_x = draft_draws(tokens, p, q, generator, validate)
         t_x = torch.gather(self._accept(p, q), -1, tokens.unsqueeze(-1)).squeeze(-1)  # [B, K]
         num_accepted, by_budget = accepted_prefix(u[:, :num_draft], t_x, accept_ratio(q_x, p_x))
         return _result(self, tokens, num_accepted, by_budget, u[:, num_draft], p, q_all, divergence)
@@ -355,11 +351,7 @@ class Fly(_Local):
     def _verify(self, tokens, p, q_all, generator, validate, divergence) -> VerifyResult:
         batch, num_draft, vocab = p.shape
         q = q_all[:, :num_draft]
-        u = draw_uniforms(batch, num_draft, dtype=p.dtype, device=p.device, generator=generator)
-        p_x = torch.gather(p, -1, tokens.unsqueeze(-1)).squeeze(-1)  # [B, K]
-        if validate and num_draft and bool((p_x <= 0).any()):
-            raise ValueError("draft_tokens contains a token to which draft_probs gives probability 0")
-        q_x = torch.gather(q, -1, tokens.unsqueeze(-1)).squeeze(-1)  # [B, K]
+        u, p_x, q_x = draft_draws(tokens, p, q, generator, validate)
         native = u[:, :num_draft] < accept_ratio(q_x, p_x)  # [B, K]
         can_defer = ((fly_entropy(q, self.entropy_top_k) >= self.entropy_threshold) & (q_x > 0) & (p_x > 0))
         length = torch.zeros(batch, dtype=torch.long, device=p.device)

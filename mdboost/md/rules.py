@@ -45,7 +45,7 @@ from mdboost.md.solve import solve
 from mdboost.md.verify import SOLVE, verify
 
 __all__ = ["Block", "DRAFTING", "ENGINES", "Match", "Mentored", "Rejection", "Rule", "Threshold", "TokenLaw", "tokenwise_result",
-           "check_budget_request", "greedy_proposal", "threshold_for_budget"]
+           "check_budget_request", "draft_draws", "greedy_proposal", "threshold_for_budget"]
 
 DRAFTING = ("sampled", "greedy")
 ENGINES = ("mdboost", "hf", "vllm", "sglang", "llamacpp")
@@ -348,13 +348,9 @@ class Threshold(Rule):
         return TokenLaw((p * t).sum(-1).clamp(0.0, 1.0), emitted)
 
     def _verify(self, tokens, p, q_all, generator, validate, divergence) -> VerifyResult:
-        batch, num_draft, vocab = p.shape
+        num_draft = p.shape[1]
         q = q_all[:, :num_draft]
-        q_x = torch.gather(q, -1, tokens.unsqueeze(-1)).squeeze(-1)  # [B, K]
-        u = draw_uniforms(batch, num_draft, dtype=p.dtype, device=p.device, generator=generator)
-        p_x = torch.gather(p, -1, tokens.unsqueeze(-1)).squeeze(-1)  # [B, K] (1 for greedy drafts)
-        if validate and num_draft and bool((p_x <= 0).any()):
-            raise ValueError("draft_tokens contains a token to which draft_probs gives probability 0")
+        u, p_x, q_x = draft_draws(tokens, p, q, generator, validate)  # p_x: 1 for greedy drafts
         ratio = self._accept_prob(q_x)
         num_accepted, by_budget = accepted_prefix(u[:, :num_draft], ratio, accept_ratio(q_x, p_x))
         def without_draft(rows, rpos):  # [B] x2 -> [B, V]: q without the rejected draft
@@ -363,6 +359,17 @@ class Threshold(Rule):
 
         return tokenwise_result(tokens, num_accepted, by_budget, u[:, num_draft], p, q_all,
                                 self._law(p.double(), q.double()), divergence, without_draft)
+
+
+def draft_draws(tokens, p, q, generator, validate: bool):  # [B, K], [B, K, V] x2 -> [B, K+1], [B, K] x2
+    """A token-wise sampler's start: the ``K + 1`` uniforms per row (:func:`draw_uniforms`) and the
+    drafts' ``p_x``, ``q_x`` (a draft ``p`` gives probability 0 is refused when ``validate``)."""
+    batch, num_draft, _ = p.shape
+    u = draw_uniforms(batch, num_draft, dtype=p.dtype, device=p.device, generator=generator)
+    p_x = torch.gather(p, -1, tokens.unsqueeze(-1)).squeeze(-1)  # [B, K]
+    if validate and num_draft and bool((p_x <= 0).any()):
+        raise ValueError("draft_tokens contains a token to which draft_probs gives probability 0")
+    return u, p_x, torch.gather(q, -1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
 def tokenwise_result(tokens, num_accepted, by_budget, u_draw, p, q_all, law: TokenLaw, divergence, residual,
