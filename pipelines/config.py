@@ -354,19 +354,23 @@ class BoostingConfig:
 class RuleConfig:
     """The ranking rule: quality tolerance (nats per token) over the target's NLL; the rows shown;
     the intervals: ``resamples`` bootstrap resamples of the prompts (0: no intervals) at
-    ``level`` coverage, seeded by ``seed`` (``mdboost.ranking.uncertainty``)."""
+    ``level`` coverage, seeded by ``seed`` (``mdboost.ranking.uncertainty``); ``frontier_rows``:
+    the cached positions per pair and temperature the frontier of the rules and heuristics is
+    read on (``mdboost.ranking.frontier``; 0: no frontier)."""
 
     nll_tolerance: float = 0.05
     top: int = 12
     resamples: int = DEFAULT_RESAMPLES
     level: float = DEFAULT_LEVEL
     seed: int = 0
+    frontier_rows: int = 64
 
     def __post_init__(self):
         _check(self.nll_tolerance >= 0, "nll_tolerance (>= 0)", self.nll_tolerance)
         _check(self.top >= 1, "top (>= 1)", self.top)
         _check(self.resamples >= 0, "resamples (>= 0)", self.resamples)
         _check(0 < self.level < 1, "level (in (0, 1))", self.level)
+        _check(self.frontier_rows >= 0, "frontier_rows (>= 0)", self.frontier_rows)
 
     def bootstrap(self) -> BootstrapSettings:
         return BootstrapSettings(num_resamples=self.resamples, level=float(self.level), seed=self.seed)

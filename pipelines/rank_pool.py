@@ -43,6 +43,7 @@ from mdboost.export import mdboost_snippet
 from mdboost.models.home import mdboost_home
 from mdboost.models.loading import resolve_device
 from mdboost.ranking import plots, report
+from mdboost.ranking.frontier import cached_positions, frontier
 from mdboost.ranking.rank import PLAIN_SD, rank_rows
 from mdboost.ranking.recommend import Recommendation, md_row, recommend, recommend_engines, rule_label
 from mdboost.ranking.rows import MemberLoader, select_pairs
@@ -113,13 +114,63 @@ def _plot_rows(rows: list[dict], divergences: list[str]) -> list[dict]:
     return out
 
 
-def write_outputs(cfg: RankConfig, rows: list[dict], details: dict, out: Path) -> dict[str, Path]:
-    """CSV, HTML, plots and the resolved config into ``out`` (all atomic)."""
+def frontiers(cfg: RankConfig, pc, temperature: float, rows: list[dict]) -> dict[tuple, object]:
+    """Each pair's frontier at ``temperature`` and every divergence (``mdboost.ranking.frontier``):
+    the rules' and heuristics' points against MD's curve on the pair's first
+    ``ranking.frontier_rows`` cached positions, speedups at the gamma of the pair's best row there
+    and its drafter's cost ratio. Keyed ``(drafter, target, temperature, divergence)``."""
+    out = {}
+    if not cfg.ranking.frontier_rows:
+        return out
+    for drafter, target in select_pairs(pc, cfg.pool.pairs):
+        mine = [r for r in rows if (r["drafter"], r["target"]) == (drafter, target)
+                and float(r["temperature"]) == temperature]
+        p, q, _ = cached_positions(pc, drafter, target, temperature, cfg.ranking.frontier_rows)
+        if not mine or not p.shape[0]:
+            continue
+        gamma = int(min(mine, key=lambda r: float(r["rank"]))["gamma"])
+        for divergence in cfg.md.divergences:
+            out[(drafter, target, temperature, divergence)] = frontier(
+                p, q, divergence, gamma=gamma, cost_ratio=pc.cost_ratio(drafter))
+    return out
+
+
+def frontier_table(fronts: dict) -> list[dict]:
+    """Every frontier point as a row (``frontier.csv``), its pair, temperature and divergence first."""
+    return [{"drafter": d, "target": t, "temperature": temp, "divergence": div, **row}
+            for (d, t, temp, div), fr in fronts.items() for row in fr.rows()]
+
+
+def frontier_summary(fronts: dict) -> list[dict]:
+    """Per (pair, temperature, divergence, heuristic, drafting): its best acceptance and the largest
+    optimality gap to MD at equal per-position divergence (the HTML report's frontier table)."""
+    out = {}
+    for (d, t, temp, div), fr in fronts.items():
+        for pt in fr.points:
+            key = (d, t, temp, div, pt.rule, pt.drafting)
+            row = out.setdefault(key, {"drafter": d, "target": t, "temperature": temp, "divergence": div,
+                                       "rule": pt.rule, "drafting": pt.drafting, "points": 0,
+                                       "best_acceptance": 0.0, "max_gap": 0.0, "max_gap_at_max": 0.0})
+            row["points"] += 1
+            row["best_acceptance"] = max(row["best_acceptance"], pt.acceptance)
+            row["max_gap"] = max(row["max_gap"], pt.gap)
+            row["max_gap_at_max"] = max(row["max_gap_at_max"], pt.gap_at_max)
+    return list(out.values())
+
+
+def write_outputs(cfg: RankConfig, rows: list[dict], details: dict, out: Path, fronts: dict | None = None,
+                  rec=None) -> dict[str, Path]:
+    """CSV, HTML, plots and the resolved config into ``out`` (all atomic); with ``fronts``, the
+    frontier's CSV, its table in the HTML and the recommendation's pair's frontier plots."""
     compact = best_gamma_rows(rows)
     plot_rows = _plot_rows(rows, list(cfg.md.divergences))
+    fronts = fronts or {}
+    sections = [("Frontier: each heuristic's best acceptance and its largest optimality gap to MD at equal "
+                 "per-position divergence (frontier.csv has every point)", frontier_summary(fronts))] if fronts else []
     paths = {
         "csv": report.write_csv(rows, out / "ranking.csv"),
-        "html": report.write_html(compact, out / "ranking.html", title=f"mdboost pool ranking: {cfg.name}"),
+        "html": report.write_html(compact, out / "ranking.html", title=f"mdboost pool ranking: {cfg.name}",
+                                  sections=sections),
         "config": report.atomic_write_text(out / "config.resolved.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False)),
         "acceptance_vs_budget": plots.plot_acceptance_vs_budget(plot_rows, out / "plots" / "acceptance_vs_budget.png"),
         "k_vs_acceptance": plots.plot_k_vs_acceptance(plot_rows, out / "plots" / "k_vs_acceptance.png"),
@@ -129,6 +180,12 @@ def write_outputs(cfg: RankConfig, rows: list[dict], details: dict, out: Path) -
         bounds[name] = score.rows[0].get("margin_bound_0", 1.0)
     paths["margin_cdf"] = plots.plot_margin_cdf({n: s.margins for n, s in details.items()}, bounds,
                                                 out / "plots" / "margin_cdf.png")
+    if fronts:
+        paths["frontier_csv"] = report.write_csv(frontier_table(fronts), out / "frontier.csv")
+        for (d, t, temp, div), fr in fronts.items():
+            if rec is not None and (d, t, temp) == (rec.drafter, rec.target, float(rec.temperature)):
+                paths[f"frontier_{div}"] = plots.plot_frontier(
+                    fr, out / "plots" / f"frontier_{div}.png", title=f"{d} -> {t}, T={temp:g}, {div}")
     return paths
 
 
@@ -249,7 +306,7 @@ def run(cfg: RankConfig) -> dict:
 
 def _run(cfg: RankConfig) -> dict:
     start = time.perf_counter()
-    rows, details, t_cache, t_score, opened = [], {}, 0.0, 0.0, []
+    rows, details, t_cache, t_score, opened, fronts = [], {}, 0.0, 0.0, [], {}
     for temperature in cfg.md.sampling_temperatures:
         t0 = time.perf_counter()
         pc, cache_info = open_or_build_cache(cfg.cache_spec(temperature), progress=cfg.progress)  # costs: once per pool
@@ -261,6 +318,7 @@ def _run(cfg: RankConfig) -> dict:
                                  progress=cfg.progress)
         t1 = time.perf_counter()
         more, more_details = score_all(cfg, pc, temperature)
+        fronts.update(frontiers(cfg, pc, temperature, rank_rows(list(more), cfg.ranking.nll_tolerance)))
         t_cache, t_score = t_cache + t1 - t0, t_score + time.perf_counter() - t1
         rows += more
         details.update(more_details)
@@ -273,7 +331,7 @@ def _run(cfg: RankConfig) -> dict:
     # interrupted from here on leaves a folder without one (export refuses it), never the old
     # recommendation beside a new ranking.csv
     (out / "summary.json").unlink(missing_ok=True)
-    paths = write_outputs(cfg, rows, details, out)
+    paths = write_outputs(cfg, rows, details, out, fronts, rec)
     snippet = engine_snippet(rec, cfg)
     pc, cache_info = opened[0]
     summary = {"n_pairs": len({(r["drafter"], r["target"]) for r in rows}), "n_rows": len(rows),

@@ -46,6 +46,7 @@ def _config(tmp_path, **over) -> RankConfig:
     data["data"]["limit"] = 3
     data["md"].update(budgets=[0.0, 0.3], rules=[{"rule": "mentored", "drafting": "sampled"}])  # MD's rows (other
     # rules: tests/test_rank_pipeline_rules.py)
+    data["ranking"]["frontier_rows"] = 0  # the frontier: tests/test_rank_pipeline_rules.py
     data["cache"]["dir"] = str(tmp_path / "cache")
     data["output_dir"] = str(tmp_path / "out")
     data["tracking"].update(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", artifact_root=str(tmp_path / "art"))

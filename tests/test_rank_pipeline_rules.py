@@ -23,7 +23,8 @@ def rules_run(tmp_path_factory):
 
     tmp_path = tmp_path_factory.mktemp("rank_rules")
     rules = to_dict(MDConfig())["rules"] + [{"rule": "mentored", "drafting": "greedy"}]
-    cfg = _config(tmp_path, md={"rules": rules, "temperatures": [1.0], "budgets": [0.0, 0.1, 0.5]})
+    cfg = _config(tmp_path, md={"rules": rules, "temperatures": [1.0], "budgets": [0.0, 0.1, 0.5]},
+                  ranking={"frontier_rows": 16})
     return tmp_path, cfg, run(cfg)
 
 
@@ -129,3 +130,22 @@ def test_an_engine_names_its_own_rule_among_equal_lossless_rows():
     recs = recommend_engines(rows)
     assert {e: recs[e]["recommendation"]["rule"] for e in recs} == {
         "mdboost": "match", "hf": "match", "vllm": "rejection", "sglang": "threshold", "llamacpp": "match"}
+
+
+def test_frontier_csv_html_and_plots(rules_run):
+    """ranking.frontier_rows: every pair and divergence has a frontier of every heuristic, each
+    point at least matched by MD at its own per-position divergence (gap >= 0); the HTML report has
+    its table; the recommendation's pair has one plot per divergence."""
+    tmp_path, cfg, summary = rules_run
+    out = summary["paths"]["csv"].parent
+    rows = read_csv(out / "frontier.csv")
+    pairs = {(r["drafter"], r["target"]) for r in read_csv(out / "ranking.csv")}
+    assert {(r["drafter"], r["target"]) for r in rows} == pairs
+    assert {r["divergence"] for r in rows} == set(cfg.md.divergences)
+    heuristics = {r["rule"] for r in rows if r["gap"] not in ("", "nan")}
+    assert {"lenient", "typical", "fuzzy", "threshold", "fly"} <= heuristics
+    assert all(float(r["gap"]) >= -1e-9 for r in rows if r["gap"] not in ("", "nan"))
+    assert "Frontier" in (out / "ranking.html").read_text()
+    rec = summary["recommendation"]
+    for div in cfg.md.divergences:
+        assert (out / "plots" / f"frontier_{div}.png").is_file(), (rec, div)

@@ -45,9 +45,10 @@ from mdboost.md.heuristics import Fly, Fuzzy, Lenient, Typical
 from mdboost.md.rules import DRAFTING, Mentored, Threshold
 from mdboost.md.solve import solve
 from mdboost.ranking.speed import walltime_speedup
+from mdboost.ranking.support import align_topk
 
-__all__ = ["DEFAULT_BUDGETS", "DEFAULT_GRIDS", "Frontier", "FrontierPoint", "frontier", "heuristic_rules",
-           "md_curve"]
+__all__ = ["DEFAULT_BUDGETS", "DEFAULT_GRIDS", "Frontier", "FrontierPoint", "cached_positions", "frontier",
+           "heuristic_rules", "md_curve"]
 
 DEFAULT_BUDGETS = (0.0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
 DEFAULT_GRIDS = {
@@ -192,9 +193,12 @@ def md_curve(draft_probs: torch.Tensor, target_probs: torch.Tensor, divergence="
                    draft_token)[0] for b in budgets]
 
 
-def _md_acceptance(proposal, q, budget, divergence) -> float:  # budget: [N] or a float
-    sol = solve(proposal, q, max_divergence=budget, divergence=divergence, support="any", validate=False)
-    return float(sol.acceptance.double().mean())
+def _md_acceptances(proposal, q, budgets, divergence) -> list[float]:  # [N, V] x2, budgets [M, N] -> M means
+    """MD's mean acceptance over the positions at each row of per-position ``budgets``, in one solve."""
+    m = budgets.shape[0]
+    sol = solve(proposal.expand(m, *proposal.shape), q.expand(m, *q.shape), max_divergence=budgets,
+                divergence=divergence, support="any", validate=False)
+    return sol.acceptance.double().mean(-1).tolist()
 
 
 def _checked(draft_probs, target_probs):
@@ -253,12 +257,17 @@ def frontier(draft_probs: torch.Tensor, target_probs: torch.Tensor, divergence="
     for mode in drafting:
         proposal = Mentored(drafting=mode).proposal(p, draft_token)  # [N, V] what the verifier sees
         alpha = float(torch.minimum(proposal, q).sum(-1).mean())  # native (SD) acceptance
+        points, md_budgets = [], []  # MD at each point's three budgets, solved in one batched call
         for rule in heuristic_rules(name, drafting=mode, grids=grids, fly_window=fly_window,
                                     window_acceptance=alpha ** fly_window):
             point, achieved = _point(rule, p, q, name, draft_token)
-            point = replace(point, md_acceptance=_md_acceptance(proposal, q, achieved, name),
-                            md_acceptance_at_mean=_md_acceptance(proposal, q, point.divergence_mean, name),
-                            md_acceptance_at_max=_md_acceptance(proposal, q, point.divergence_max, name))
+            points.append(point)
+            md_budgets += [achieved, torch.full_like(achieved, point.divergence_mean),
+                           torch.full_like(achieved, point.divergence_max)]
+        md = _md_acceptances(proposal, q, torch.stack(md_budgets), name) if points else []
+        for i, point in enumerate(points):
+            point = replace(point, md_acceptance=md[3 * i], md_acceptance_at_mean=md[3 * i + 1],
+                            md_acceptance_at_max=md[3 * i + 2])
             out.points.append(_with_speed(point, gamma, cost_ratio))
         curve = md_curve(p, q, name, drafting=mode, budgets=budgets, draft_token=draft_token)
         out.curves[mode] = [_with_speed(pt, gamma, cost_ratio) for pt in curve]
@@ -273,3 +282,20 @@ def _with_speed(point: FrontierPoint, gamma, cost_ratio) -> FrontierPoint:
         return math.nan if math.isnan(alpha) else float(walltime_speedup(alpha, gamma, cost_ratio))
 
     return replace(point, speedup=speed(point.acceptance), md_speedup=speed(point.md_acceptance))
+
+
+def cached_positions(pc, drafter: str, target: str, temperature: float, rows: int):
+    """``p``, ``q`` ``[N, S]`` (float64) of a pool pair's first ``rows`` cached positions, one token
+    a column, and their sequences ``[N]``: each member's kept top-k renormalised
+    (:meth:`~mdboost.cache.reader.LogitCache.sparse` with ``tail="drop"``) on the union of the two
+    (:func:`mdboost.ranking.support.align_topk`), from the acceptance cache when the pool has one
+    (the text the ranking reads acceptance on). Positions where the drafter drafts nothing are dropped.
+    """
+    caches = pc.acceptance.caches if pc.acceptance is not None else pc.caches
+    index = torch.arange(min(int(rows), caches[target].num_rows))
+    d_ids, d_logp, d_tail, d_valid = caches[drafter].sparse(drafter, index, temperature, "drop")
+    t_ids, t_logp, t_tail, t_valid = caches[target].sparse(target, index, temperature, "drop")
+    aligned = align_topk(d_ids, d_logp, d_tail, t_ids, t_logp, t_tail, pc.vocab_size)
+    valid = d_valid & t_valid
+    p, q = aligned.p_mass.double()[valid], aligned.q_mass.double()[valid]
+    return p / p.sum(-1, keepdim=True), q / q.sum(-1, keepdim=True), caches[target].row_sequence()[index][valid]

@@ -104,17 +104,23 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def write_html(rows: list[dict], path: str | os.PathLike, title: str = "mdboost pool ranking") -> Path:
-    """A standalone HTML table of all rows (atomic)."""
+def _html_table(rows: list[dict]) -> str:
     cols = columns_of(rows)
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
     body = "\n".join(
         "<tr>" + "".join(f"<td>{html.escape(_fmt(r.get(c, '')))}</td>" for c in cols) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>\n{body}</table>"
+
+
+def write_html(rows: list[dict], path: str | os.PathLike, title: str = "mdboost pool ranking",
+               sections=()) -> Path:
+    """A standalone HTML table of all rows, then one table per ``(heading, rows)`` of ``sections`` (atomic)."""
+    extra = "".join(f"<h2>{html.escape(heading)}</h2>{_html_table(part)}" for heading, part in sections)
     page = (
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         "<style>table{border-collapse:collapse;font:12px sans-serif}td,th{border:1px solid #ccc;"
         "padding:2px 6px;text-align:right}th{background:#eee;position:sticky;top:0}</style></head>"
-        f"<body><h1>{html.escape(title)}</h1><table><tr>{head}</tr>\n{body}</table></body></html>\n"
+        f"<body><h1>{html.escape(title)}</h1>{_html_table(rows)}{extra}</body></html>\n"
     )
     return atomic_write_text(path, page)
 
