@@ -14,8 +14,9 @@ reports, per drafter and temperature:
    token-wise rejection's product of ``1 - TV`` (positions read off the text, as the ranking
    does), sampled drafts; greedy drafts have token-wise rejection's law exactly (theory section 5b).
 
-Rows are each member's cached top-k renormalised (``tail="drop"``): one token a column, as the
-thresholds' and the heuristics' tests need. Run: ``python bench/engines.py [--rows N] [--no-write]``
+Rows are each member's cached top-k renormalised (``tail="drop"``,
+``mdboost.ranking.frontier.cached_positions``): one token a column, as the thresholds' and the
+heuristics' tests need. Run: ``python bench/engines.py [--rows N] [--no-write]``
 (writes the section ``engines`` of ``bench/RESULTS.md``).
 """
 
@@ -38,23 +39,6 @@ BUDGETS = (0.05, 0.2, 1.0)
 BLOCK_K = (2, 4, 8)
 
 
-def _pair(pc, drafter: str, target: str, temperature: float, rows):
-    """``p``, ``q`` [N, S] float64 on the union of the two members' kept tokens, and the rows' sequences."""
-    import torch
-
-    from mdboost.ranking.support import align_topk
-
-    caches = pc.acceptance.caches if pc.acceptance is not None else pc.caches
-    d_ids, d_logp, d_tail, d_valid = caches[drafter].sparse(drafter, rows, temperature, "drop")
-    t_ids, t_logp, t_tail, t_valid = caches[target].sparse(target, rows, temperature, "drop")
-    aligned = align_topk(d_ids, d_logp, d_tail, t_ids, t_logp, t_tail, pc.vocab_size)
-    seq = caches[target].row_sequence()
-    seq = seq if rows is None else seq[rows]
-    valid = d_valid & t_valid
-    p, q = aligned.p_mass.double(), aligned.q_mass.double()
-    return p / p.sum(-1, keepdim=True), q / q.sum(-1, keepdim=True), seq, valid
-
-
 def _sglang(p, q, divergence: str, budget: float) -> dict:
     from mdboost.md.rules import Mentored, Threshold
     from mdboost.md.solve import solve
@@ -71,7 +55,7 @@ def _sglang(p, q, divergence: str, budget: float) -> dict:
             "within": bool(float(achieved.max()) <= budget * (1 + 1e-9))}
 
 
-def _blocks(p, q, seq, valid, k: int, limit: int = 4000):
+def _blocks(p, q, seq, k: int, limit: int = 4000):
     """Blocks of ``k`` consecutive valid rows of one sequence, starting every ``max(BLOCK_K)`` rows
     (the same starts for every ``k``: a shorter block is a prefix of a longer one): ``[M, k, S]`` x2."""
     width = max(BLOCK_K)
@@ -81,7 +65,7 @@ def _blocks(p, q, seq, valid, k: int, limit: int = 4000):
     n = p.shape[0]
     for s in range(0, n - width + 1, width):
         window = slice(s, s + width)
-        if bool((seq[window] == seq[s]).all()) and bool(valid[window].all()):
+        if bool((seq[window] == seq[s]).all()):
             starts.append(s)
         if len(starts) >= limit:
             break
@@ -89,12 +73,12 @@ def _blocks(p, q, seq, valid, k: int, limit: int = 4000):
     return p[idx], q[idx]
 
 
-def _block_gain(p, q, seq, valid, k: int) -> dict:
+def _block_gain(p, q, seq, k: int) -> dict:
     import torch
 
     from mdboost.md.block import block_acceptance_estimate
 
-    pb, qb = _blocks(p, q, seq, valid, k)
+    pb, qb = _blocks(p, q, seq, k)
     est, err = block_acceptance_estimate(pb, qb, num_samples=512, generator=torch.Generator().manual_seed(0),
                                          validate=False)
     token = torch.minimum(pb, qb).sum(-1).cumprod(-1)  # P(accepted >= j) token-wise, [M, k]
@@ -113,7 +97,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     from mdboost.cache import open_or_build_cache
-    from mdboost.ranking.frontier import frontier
+    from mdboost.ranking.frontier import cached_positions, frontier
     from pipelines.config import RankConfig
     from pipelines.loader import load_yaml
 
@@ -123,8 +107,7 @@ def main() -> None:
     for temperature in cfg.md.temperatures:
         pc, _ = open_or_build_cache(cfg.cache_spec(temperature))
         for drafter in [m for m in pc.names if m != pc.target and pc.kind(m) != "ngram"]:
-            p, q, seq, valid = _pair(pc, drafter, pc.target, temperature, torch.arange(args.rows))
-            pv, qv = p[valid], q[valid]
+            pv, qv, seq = cached_positions(pc, drafter, pc.target, temperature, args.rows)
             for divergence in DIVERGENCES:
                 for budget in BUDGETS:
                     r = _sglang(pv, qv, divergence, budget)
@@ -140,7 +123,7 @@ def main() -> None:
                                       f"{min(gaps):+.4f} | {statistics.median(gaps):+.4f} | {max(gaps):+.4f} "
                                       f"({worst.rule} {worst.drafting} {worst.parameter}={worst.value:g}) |")
             for k in BLOCK_K:
-                g = _block_gain(p, q, seq, valid, k)
+                g = _block_gain(pv, qv, seq, k)
                 block_rows.append(f"| {drafter} | {temperature:g} | {k} | {g['blocks']} | {g['token']:.4f} | "
                                   f"{g['block']:.4f} +- {g['se']:.4f} | {100 * g['gain']:+.1f}% |")
     lines = [
