@@ -30,7 +30,8 @@ RANK = {
                                 "device": "cpu"},
     "data": {"source": "humaneval", "split": "cache", "limit": 2, "max_tokens": 32},
     "cache": {"k": 16, "full_logits": True, "shard_size": 2, "cost_repeats": 1, "cost_context": 8},
-    "md": {"divergences": ["kl"], "budgets": [0.0, 0.2], "temperatures": [0.7]},
+    "md": {"divergences": ["kl"], "budgets": [0.0, 0.2], "temperatures": [0.7],
+           "rules": [{"rule": "mentored", "drafting": "sampled"}]},  # MD's rows: the names below are MD's
     "speed": {"gamma_min": 1, "gamma_max": 4}, "boosting": {"n_estimators": 2, "orders": ["target_first"]},
     "ranking": {"top": 4}, "progress": False,
 }

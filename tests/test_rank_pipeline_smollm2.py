@@ -25,6 +25,8 @@ def test_smollm2_rank_small(tmp_path):
     data["cache"].update(dir=str(tmp_path / "cache"), k=64, cost_repeats=5)
     data["md"]["budgets"] = [0.0, 0.2]
     data["md"]["temperatures"] = [1.0]
+    data["md"]["rules"] = [{"rule": "mentored", "drafting": "sampled"}]  # MD's rows (rules: test_rank_pipeline_rules.py)
+    data["ranking"]["frontier_rows"] = 0
     data["output_dir"] = str(tmp_path / "out")
     data["progress"] = False
     data["tracking"].update(tracking_uri=f"sqlite:///{tmp_path / 'm.db'}", artifact_root=str(tmp_path / "a"))
