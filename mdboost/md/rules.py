@@ -185,13 +185,13 @@ class Rejection(Rule):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Block(Rule):
+class Block(Rejection):
     """vLLM's block verification (``rejection_sample_method="block"``, Sun et al. 2024): lossless.
 
     The drafts are judged as a block (:func:`mdboost.md.block.block_verify`, ``docs/theory.md``
     section 5b): the longest prefix whose test passes is kept, so a block accepts at least as many
-    drafts as token-wise `Rejection`, draft by draft. Its :meth:`law` is that of a one-draft
-    block, token-wise rejection's (a longer block's accepted length is not a product of
+    drafts as token-wise `Rejection`, draft by draft. It is `Rejection` but for its sampler: its
+    :meth:`law`, :attr:`engines` and losslessness are a one-draft block's, token-wise rejection's (a longer block's accepted length is not a product of
     per-position acceptances: :func:`mdboost.md.block.block_acceptance_law`). With greedy drafts
     its law is token-wise rejection's exactly (section 5b).
 
@@ -204,17 +204,6 @@ class Block(Rule):
     """
 
     name: ClassVar[str] = "block"
-
-    @property
-    def lossless(self) -> bool:
-        return True
-
-    @property
-    def engines(self) -> tuple[str, ...]:
-        return Rejection(drafting=self.drafting).engines
-
-    def _law(self, p, q) -> TokenLaw:
-        return TokenLaw(torch.minimum(p, q).sum(-1).clamp(0.0, 1.0), q)
 
     def _verify(self, tokens, p, q_all, generator, validate, divergence) -> VerifyResult:
         return block_verify(tokens, p, q_all, generator=generator, validate=False)
