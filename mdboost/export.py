@@ -497,6 +497,12 @@ _CANNOT = {"early_exit": "an early exit of the target (its first layers) built b
            "int8": "a dynamically int8-quantized CPU copy built by mdboost"}
 
 
+def server_sampling(rec: dict, sampling: dict) -> dict:
+    """The ranked sampling of a point as the servers' keywords (:mod:`mdboost.serve_args`):
+    its temperature and the ranking's ``top_k`` / ``top_p``."""
+    return dict(temperature=float(rec["temperature"]), top_k=sampling.get("top_k"), top_p=sampling.get("top_p"))
+
+
 def _engine_section(args: list[str] | None, notes: list[str]) -> dict:
     """A command-line section: its argv (None: nothing to serve), notes and shell text."""
     shell = [f"# {note}" for note in notes] + ([] if args is None else [shlex.join(args)])
@@ -524,7 +530,7 @@ def _sglang(rec: dict, sampling: dict, home: str | None) -> dict:
     notes = [note.replace("vLLM", "SGLang")] if note else []
     if model is None:
         return _engine_section(None, notes)
-    settings = dict(temperature=float(rec["temperature"]), top_k=sampling.get("top_k"), top_p=sampling.get("top_p"))
+    settings = server_sampling(rec, sampling)
     if not rec["beats_plain_decoding"]:
         return _engine_section(sglang_args(model, **settings), notes + ["plain decoding is fastest here"])
     kind, _ = parse_drafter(rec["drafter"])
@@ -592,7 +598,7 @@ def _llamacpp(rec: dict, sampling: dict, home: str | None = None) -> dict:
     notes = [note] if note else []
     if model is None:
         return _engine_section(None, notes)
-    settings = dict(temperature=float(rec["temperature"]), top_k=sampling.get("top_k"), top_p=sampling.get("top_p"))
+    settings = server_sampling(rec, sampling)
     if not rec["beats_plain_decoding"]:
         return _engine_section(llamacpp_args(model, **settings), notes + ["plain decoding is fastest here"])
     kind, n = parse_drafter(rec["drafter"])
@@ -771,8 +777,7 @@ def drafter_engine_lines(written: dict, rec: dict, home: str | None = None, samp
         raise ValueError(f"the recommendation's drafting must be one of {tuple(VLLM_DRAFT_SAMPLING)}, got {drafting!r}")
     config = {"method": "draft_model", "model": path, "num_speculative_tokens": gamma,
               "draft_sample_method": VLLM_DRAFT_SAMPLING[drafting]}
-    sampling = dict(temperature=float(rec["temperature"]), top_k=(sampling or {}).get("top_k"),
-                    top_p=(sampling or {}).get("top_p"))
+    sampling = server_sampling(rec, sampling or {})
     gguf = f"{path}.gguf"
     served = {k: v for k, v in sampling.items() if v is not None}
     return {"vllm": {"speculative_config": config, "serve": shlex.join(vllm_serve_args(target, served, config))},
