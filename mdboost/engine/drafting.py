@@ -44,6 +44,7 @@ from mdboost.engine.hooks import context_ids, process_at
 from mdboost.engine.kv import CachedLM, left_pad
 from mdboost.engine.schedule import ConfidenceStop, DraftSchedule, FixedDraftLength
 from mdboost.md._checks import check_positive_int
+from mdboost.md.drafting import draft_confidence
 from mdboost.md.probs import logits_to_probs
 from mdboost.models.ngram import NgramDrafter
 from mdboost.models.pool import PoolMember
@@ -189,6 +190,7 @@ class _PrivateCacheSession(_ScheduledSession):
         super().__init__(drafter.schedule, settings.gamma)
         self._stop, self._sampling = drafter.confidence_stop, settings.sampling
         self._processor, self._pad, self._greedy = settings.logits_processor, settings.pad_id, settings.greedy_drafts
+        self._floor = settings.draft_p_min
         self._lm = CachedLM(drafter.model, len(prompts), device)
         self._pending = [list(p) for p in prompts]  # tokens not yet in the drafter cache
         self._fed_pending = 0  # width of the pending chunk fed by the last propose (0: none)
@@ -198,7 +200,8 @@ class _PrivateCacheSession(_ScheduledSession):
         k = self._draft_length(max_tokens)
         base = None if self._processor is None else context_ids(contexts, self._pad, self._lm.device)
         tokens, probs, self._fed_pending, lengths = _draft(self._lm, self._pending, k, self._sampling, generator,
-                                                           self._stop, self._processor, base, self._greedy)
+                                                           self._stop, self._processor, base, self._greedy,
+                                                           self._floor)
         self._drafts = tokens.tolist()
         return tokens, probs, lengths
 
@@ -208,7 +211,7 @@ class _PrivateCacheSession(_ScheduledSession):
             for row, tok in zip(self._pending, new_tokens):
                 row.append(tok)
             return
-        fed_drafts = len(self._drafts[0]) - 1  # the last draft token was sampled but never fed
+        fed_drafts = max(len(self._drafts[0]) - 1, 0)  # the last draft token was sampled but never fed
         self._lm.keep([self._fed_pending + min(n, fed_drafts) for n in num_accepted])
         self._pending = [drafts[min(n, fed_drafts): n] + [tok]
                          for drafts, n, tok in zip(self._drafts, num_accepted, new_tokens)]
@@ -230,6 +233,7 @@ class _SharedCacheSession(_ScheduledSession):
         self._model, self._target = drafter.model, target
         self._stop, self._sampling = drafter.confidence_stop, settings.sampling
         self._processor, self._pad, self._greedy = settings.logits_processor, settings.pad_id, settings.greedy_drafts
+        self._floor = settings.draft_p_min
 
     def propose(self, contexts, max_tokens, generator):
         k = self._draft_length(max_tokens)
@@ -238,7 +242,7 @@ class _SharedCacheSession(_ScheduledSession):
         pending = [c[n:] for c, n in zip(contexts, seen)]
         base = None if self._processor is None else context_ids(contexts, self._pad, view.device)
         tokens, probs, _, lengths = _draft(view, pending, k, self._sampling, generator, self._stop,
-                                           self._processor, base, self._greedy)
+                                           self._processor, base, self._greedy, self._floor)
         view.keep([0] * view.batch_size)  # crop the draft entries off the target's layers
         return tokens, probs, lengths
 
@@ -247,7 +251,7 @@ class _SharedCacheSession(_ScheduledSession):
 
 
 def _draft(lm: CachedLM, pending, k, sampling, generator, stop: ConfidenceStop | None = None,
-           processor=None, base: torch.Tensor | None = None, greedy: bool = False):
+           processor=None, base: torch.Tensor | None = None, greedy: bool = False, floor: float = 0.0):
     """Feed the pending tokens, then sample up to ``k >= 1`` drafts one by one (feeding all but the last).
 
     With ``stop``, a row's drafts end at the first token that ``stop`` flags (that token
@@ -255,9 +259,11 @@ def _draft(lm: CachedLM, pending, k, sampling, generator, stop: ConfidenceStop |
     ``logits_processor``), each draft's logits are processed first, after the rows' contexts
     ``base`` (``[B, L]``, :func:`mdboost.engine.hooks.context_ids`) and the drafts before it.
     ``greedy`` (or temperature 0): each draft is the argmax of its logits (a rule's
-    ``drafting="greedy"``); ``probs`` stay the drafter's distributions.
+    ``drafting="greedy"``); ``probs`` stay the drafter's distributions. ``floor`` (a greedy
+    rule's ``draft_p_min``): a row's drafts end *before* the first position whose
+    :func:`~mdboost.md.drafting.draft_confidence` (of the processed logits) is below it.
     Returns ``(tokens [B, w], probs [B, w, V], width of the fed pending chunk, lengths)``
-    with ``w <= k`` the longest row's length.
+    with ``w <= k`` the longest row's length (0 when the floor stops every row at once).
     """
     batch, device = len(pending), lm.device
     tokens = torch.empty(batch, k, dtype=torch.long, device=device)
@@ -271,15 +277,17 @@ def _draft(lm: CachedLM, pending, k, sampling, generator, stop: ConfidenceStop |
             logits = lm.forward(tokens[:, j - 1: j], logits_to_keep=1)[:, -1]
         if processor is not None:
             logits = process_at(processor, base, tokens, j, logits)
+        if floor > 0:  # llama.cpp: the position is not drafted (common/speculative.cpp:363-371)
+            lengths = torch.where((draft_confidence(logits) < floor) & (lengths == k), j, lengths)
         probs.append(logits_to_probs(logits, **sampling))
         # greedy: the argmax on which the one-hot sits (what multinomial would return), cheaper
         tokens[:, j] = logits.argmax(-1) if greedy else sample(probs[-1], generator)
         if stop is not None:
             lengths = torch.where(stop.stops(logits, tokens[:, j]) & (lengths == k), j + 1, lengths)
-            if bool((lengths <= j + 1).all()):
-                break
-    width = len(probs)
-    return tokens[:, :width], torch.stack(probs, dim=1), chunk.shape[1], lengths.tolist()
+        if (stop is not None or floor > 0) and bool((lengths <= j + 1).all()):
+            break
+    width = int(lengths.max()) if floor > 0 else len(probs)
+    return tokens[:, :width], torch.stack(probs, dim=1)[:, :width], chunk.shape[1], lengths.tolist()
 
 
 @dataclass(frozen=True, eq=False)

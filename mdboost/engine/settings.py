@@ -187,6 +187,11 @@ class GenerationSettings:
         return self.rule is not None and self.rule.drafting == "greedy"
 
     @property
+    def draft_p_min(self) -> float:
+        """The rule's draft probability floor (:mod:`mdboost.md.drafting`; 0: none)."""
+        return 0.0 if self.rule is None else self.rule.draft_p_min
+
+    @property
     def sampling(self) -> dict:
         """Keyword arguments of :func:`mdboost.logits_to_probs` for both models."""
         return dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)

@@ -320,8 +320,7 @@ class Fly(_Local):
         if self.window_acceptance is not None:
             _number("window_acceptance", self.window_acceptance, 0.0, 1.0)
 
-    @property
-    def engines(self) -> tuple[str, ...]:
+    def _engines(self) -> tuple[str, ...]:
         return ("mdboost", "hf", "vllm")
 
     def _gate(self, p, q):  # [..., V]: whether a native rejection of x may be deferred

@@ -3,7 +3,8 @@
 A rule is the pair the engines differ on (``docs/theory.md``, section 11):
 
 - **drafting** ``"sampled"`` (``x ~ p``) or ``"greedy"`` (``x = argmax p``: the verifier sees the
-  one-hot of ``x`` as the draft distribution, as vLLM's ``draft_sample_method="greedy"`` does);
+  one-hot of ``x`` as the draft distribution, as vLLM's ``draft_sample_method="greedy"`` does),
+  greedy with an optional probability floor ``draft_p_min`` (llama.cpp's, :mod:`mdboost.md.drafting`);
 - **verification**, token by token:
 
   ============  ===========================================  =====================================
@@ -39,16 +40,17 @@ from mdboost.md._checks import check_probs, check_verify_inputs, compute_dtype
 from mdboost.md.block import block_verify
 from mdboost.md.clamp import mentored_distribution
 from mdboost.md.divergences import f_divergence, resolve
+from mdboost.md.drafting import DRAFTING, check_draft_floor, greedy_proposal
 from mdboost.md.sampling import (VerifyResult, accept_ratio, accepted_prefix, draw_uniforms, emitted_tokens,
                                  inverse_cdf)
 from mdboost.md.solve import solve
 from mdboost.md.verify import SOLVE, verify
 
-__all__ = ["Block", "DRAFTING", "ENGINES", "Match", "Mentored", "Rejection", "Rule", "Threshold", "TokenLaw", "tokenwise_result",
+__all__ = ["Block", "DRAFTING", "ENGINES", "FLOOR_ENGINES", "Match", "Mentored", "Rejection", "Rule", "Threshold", "TokenLaw", "tokenwise_result",
            "check_budget_request", "draft_draws", "greedy_proposal", "threshold_for_budget"]
 
-DRAFTING = ("sampled", "greedy")
 ENGINES = ("mdboost", "hf", "vllm", "sglang", "llamacpp")
+FLOOR_ENGINES = ("mdboost", "hf", "llamacpp")  # a draft probability floor: llama.cpp's --spec-draft-p-min
 
 
 class TokenLaw(NamedTuple):
@@ -56,13 +58,6 @@ class TokenLaw(NamedTuple):
 
     acceptance: torch.Tensor  # [...] probability that the draft is accepted
     emitted: torch.Tensor  # [..., V] distribution pi of the emitted token
-
-
-def greedy_proposal(draft_probs: torch.Tensor, draft_token: torch.Tensor | None = None) -> torch.Tensor:  # [..., V]
-    """The one-hot of ``draft_token`` (default ``argmax p``, the lowest index among ties)."""
-    if draft_token is None:
-        draft_token = draft_probs.argmax(-1)
-    return torch.zeros_like(draft_probs).scatter_(-1, draft_token.unsqueeze(-1), 1.0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,14 +69,22 @@ class Rule:
     drafting : {"sampled", "greedy"}, default="sampled"
         How the drafter's tokens are drawn: ``x ~ p``, or ``x = argmax p`` with the draft
         distribution taken as its one-hot.
+    draft_p_min : float in [0, 1), default=0.0
+        With greedy drafting, llama.cpp's floor: a step drafts no position whose
+        :func:`~mdboost.md.drafting.draft_confidence` is below it, nor any after it (0: every
+        step drafts its full length). It changes the draft lengths (the engine's drafting, the
+        ranking's draft-start process), not the law of a drafted position; only mdboost, hf and
+        llama.cpp run it.
     """
 
     drafting: str = "sampled"
+    draft_p_min: float = 0.0
     name: ClassVar[str] = "rule"
 
     def __post_init__(self):
         if self.drafting not in DRAFTING:
             raise ValueError(f"drafting must be one of {DRAFTING}, got {self.drafting!r}")
+        object.__setattr__(self, "draft_p_min", check_draft_floor(self.draft_p_min, self.drafting))
 
     @property
     def lossless(self) -> bool:
@@ -90,7 +93,11 @@ class Rule:
 
     @property
     def engines(self) -> tuple[str, ...]:
-        """The engines that emit this rule's law (``docs/theory.md``, section 11)."""
+        """The engines that run this rule: its verification's (``docs/theory.md``, section 11),
+        those of :data:`FLOOR_ENGINES` only when it has a draft probability floor."""
+        return tuple(e for e in self._engines() if self.draft_p_min == 0 or e in FLOOR_ENGINES)
+
+    def _engines(self) -> tuple[str, ...]:  # the engines that emit the verification's law
         return ("mdboost", "hf")
 
     def proposal(self, draft_probs: torch.Tensor, draft_token: torch.Tensor | None = None) -> torch.Tensor:
@@ -173,8 +180,7 @@ class Rejection(Rule):
     def lossless(self) -> bool:
         return True
 
-    @property
-    def engines(self) -> tuple[str, ...]:
+    def _engines(self) -> tuple[str, ...]:
         return ENGINES if self.drafting == "greedy" else ("mdboost", "hf", "vllm")
 
     def _law(self, p, q) -> TokenLaw:
@@ -251,9 +257,8 @@ class Mentored(Rule):
     def lossless(self) -> bool:
         return self.min_acceptance is None and self.max_divergence == 0
 
-    @property
-    def engines(self) -> tuple[str, ...]:
-        return Rejection(drafting=self.drafting).engines if self.lossless else ("mdboost", "hf")
+    def _engines(self) -> tuple[str, ...]:
+        return Rejection(drafting=self.drafting)._engines() if self.lossless else ("mdboost", "hf")
 
     def _budget(self) -> dict:
         return dict(max_divergence=self.max_divergence, min_acceptance=self.min_acceptance,
@@ -318,8 +323,7 @@ class Threshold(Rule):
     def lossless(self) -> bool:
         return self.accept == 1
 
-    @property
-    def engines(self) -> tuple[str, ...]:
+    def _engines(self) -> tuple[str, ...]:
         if self.drafting == "sampled":
             return ("mdboost", "hf")
         return ENGINES if self.lossless else ("mdboost", "hf", "sglang")
@@ -404,8 +408,7 @@ class Match(Threshold):
     single: float = field(default=1.0, init=False)
     name: ClassVar[str] = "match"
 
-    @property
-    def engines(self) -> tuple[str, ...]:
+    def _engines(self) -> tuple[str, ...]:
         return ENGINES if self.drafting == "greedy" else ("mdboost", "hf")
 
 

@@ -114,7 +114,7 @@ def row_rule(row: dict) -> Rule:
     >>> row_rule({"rule": "threshold", "drafting": "greedy", "divergence": "tv", "max_divergence": "0.25"}).accept
     0.75
     >>> row_rule({"divergence": "kl", "max_divergence": 0.1})
-    Mentored(drafting='sampled', max_divergence=0.1, divergence='kl', min_acceptance=None, solve='all')
+    Mentored(drafting='sampled', draft_p_min=0.0, max_divergence=0.1, divergence='kl', min_acceptance=None, solve='all')
     """
     name, drafting = str(row.get("rule") or Mentored.name), str(row.get("drafting") or "sampled")
     if name not in RULES:
