@@ -383,6 +383,8 @@ def rule_code(rec: dict) -> str | None:
 
     >>> rule_code({"rule": "threshold", "drafting": "greedy", "divergence": "kl", "max_divergence": 0.0})
     "Threshold(drafting='greedy', accept=1.0, single=1.0)"
+    >>> rule_code({"rule": "match", "drafting": "greedy", "draft_p_min": 0.5, "divergence": "none", "max_divergence": 0.0})
+    "Match(drafting='greedy', draft_p_min=0.5)"
     """
     if md_row(rec):
         return None
@@ -619,10 +621,14 @@ def _llamacpp(rec: dict, sampling: dict, home: str | None = None) -> dict:
         return _engine_section(llamacpp_args(model, **settings),
                                notes + [f"llama.cpp cannot run the drafter {rec['drafter']!r} ({draft_note}): "
                                         f"serving the target without speculative decoding"])
-    notes += _lossless_note(rec, "llama.cpp drafts greedily (--spec-draft-p-min 0: always gamma tokens) and",
+    floor = float(rec.get("draft_p_min") or 0.0)
+    drafts = (f"--spec-draft-p-min {floor:g}: a step stops before a draft whose top-10 probability is below it, as "
+              f"ranked" if floor else "--spec-draft-p-min 0: always gamma tokens")
+    notes += _lossless_note(rec, f"llama.cpp drafts greedily ({drafts}) and",
                             "accepts while the target's own sample equals the draft",
                             greedy=rec.get("drafting") != "greedy")
-    return _engine_section(llamacpp_args(model, draft_model=draft, draft_max=gamma, **settings), notes)
+    return _engine_section(llamacpp_args(model, draft_model=draft, draft_max=gamma, draft_p_min=floor, **settings),
+                           notes)
 
 
 _RANKING_KEYS = ("recommendation", "sampling", "rows", "device", "source")  # what load_ranking returns
@@ -786,6 +792,7 @@ def drafter_engine_lines(written: dict, rec: dict, home: str | None = None, samp
             "llamacpp": {"convert": f"python convert_hf_to_gguf.py {path} --outfile {gguf} "
                                     f"--outtype {GGUF_OUTTYPES.get(written['dtype'], 'auto')}",
                          "llama_server": shlex.join(llamacpp_args("<target GGUF>", draft_model=gguf, draft_max=gamma,
+                                                                  draft_p_min=float(rec.get("draft_p_min") or 0.0),
                                                                   **sampling))}}
 
 

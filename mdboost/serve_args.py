@@ -28,6 +28,8 @@ from __future__ import annotations
 import json
 import math
 
+from mdboost.md.drafting import check_draft_floor
+
 SGLANG_ALGORITHM = "STANDALONE"  # a separate draft model (srt/speculative/standalone_worker_v2.py:37)
 LLAMACPP_DRAFT_TYPE = "draft-simple"  # a separate draft model (common/speculative.cpp:190)
 LLAMACPP_NGRAM_TYPE = "ngram-simple"  # prompt lookup of one n-gram size (common/ngram-map.cpp:49)
@@ -135,8 +137,9 @@ def llamacpp_args(model: str, *, draft_model: str | None = None, ngram: int | No
     draft_max, draft_min : int
         ``--spec-draft-n-max`` / ``--spec-draft-n-min`` (mdboost's ``gamma`` and 0).
     draft_p_min : float in [0, 1)
-        ``--spec-draft-p-min``: drafting stops at a top-1 drafter probability below it
-        (``common/speculative.cpp:366``); 0: always ``draft_max`` tokens.
+        ``--spec-draft-p-min``: drafting stops before a draft whose top-10 probability is below
+        it (``common/speculative.cpp:366``; a rule's ``draft_p_min``,
+        :func:`mdboost.md.drafting.draft_confidence`); 0: always ``draft_max`` tokens.
     temperature, top_k, top_p
         The server's sampling: ``--temp``, ``--top-k`` (0: off), ``--top-p`` (1: off) and
         ``--min-p 0`` (llama-server's default 0.05 would filter what mdboost's ranking did not).
@@ -158,8 +161,7 @@ def llamacpp_args(model: str, *, draft_model: str | None = None, ngram: int | No
         gamma = _positive_int("draft_max", draft_max)
         if isinstance(draft_min, bool) or not isinstance(draft_min, int) or not 0 <= draft_min <= gamma:
             raise ValueError(f"draft_min must be an integer in [0, draft_max={gamma}], got {draft_min!r}")
-        if isinstance(draft_p_min, bool) or not isinstance(draft_p_min, (int, float)) or not 0 <= draft_p_min < 1:
-            raise ValueError(f"draft_p_min must be in [0, 1), got {draft_p_min!r}")
+        draft_p_min = check_draft_floor(draft_p_min, "greedy")
         if ngram is not None:
             args += ["--spec-type", LLAMACPP_NGRAM_TYPE, "--spec-ngram-simple-size-n", str(_positive_int("ngram", ngram)),
                      "--spec-ngram-simple-size-m", str(gamma)]

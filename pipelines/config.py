@@ -255,10 +255,12 @@ class RuleEntry:
     :class:`mdboost.md.rules.Rule` (``mentored``, ``rejection``, ``block``: vLLM's block
     verification, ``threshold``: SGLang's, at the
     threshold each divergence and budget maps to; ``match``: llama.cpp's), ``drafting`` how its
-    drafts are drawn (``sampled`` or ``greedy``; default: the rule's own)."""
+    drafts are drawn (``sampled`` or ``greedy``; default: the rule's own), ``draft_p_min`` the
+    draft probability floor of greedy drafting (llama.cpp's ``--spec-draft-p-min``; 0: none)."""
 
     rule: Literal[_RULES] = "mentored"
     drafting: Literal[DRAFTING] | None = None
+    draft_p_min: float = 0.0
 
     def __post_init__(self):
         self.to_rule()  # a combination the ranking cannot score: its ValueError, at this entry's path
@@ -266,7 +268,8 @@ class RuleEntry:
     def to_rule(self) -> Rule:
         """The library's rule object (the family :attr:`mdboost.ranking.ScoreSettings.rules` takes)."""
         cls = RULES[self.rule]
-        rule = cls() if self.drafting is None else cls(drafting=self.drafting)
+        drafting = {} if self.drafting is None else {"drafting": self.drafting}
+        rule = cls(**drafting, draft_p_min=self.draft_p_min)
         rule_points([rule], ["kl"], [0.0])
         return rule
 
@@ -274,9 +277,12 @@ class RuleEntry:
 def _default_rules() -> list[RuleEntry]:
     """MD on sampled drafts (the rows of before), lossless SD with greedy and sampled drafts (vLLM's
     ``draft_sample_method``), vLLM's block verification on sampled drafts (on greedy ones it is SD's
-    law), SGLang's thresholds and llama.cpp's match, both on greedy drafts."""
+    law), SGLang's thresholds and llama.cpp's match, both on greedy drafts, the match also with draft
+    probability floors 0.25, 0.5 and 0.75 (llama.cpp's ``--spec-draft-p-min``: its default 0 and an
+    even grid over the floors that stop drafting on the drafter's unconfident positions)."""
     return [RuleEntry("mentored", "sampled"), RuleEntry("rejection", "greedy"), RuleEntry("rejection", "sampled"),
-            RuleEntry("block", "sampled"), RuleEntry("threshold", "greedy"), RuleEntry("match", "greedy")]
+            RuleEntry("block", "sampled"), RuleEntry("threshold", "greedy"), RuleEntry("match", "greedy"),
+            *(RuleEntry("match", "greedy", floor) for floor in (0.25, 0.5, 0.75))]
 
 
 @dataclass

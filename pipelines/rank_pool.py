@@ -232,7 +232,7 @@ def _child_runs(rows: list[dict], pool_target: str) -> list:
                           target=target)
         name += rule_label(row)
         params = {k: row[k] for k in ("drafter", "target", "temperature", "divergence", "max_divergence", "gamma",
-                                      "acceptance_source", "process_text", "rule", "drafting", "engines")
+                                      "acceptance_source", "process_text", "rule", "drafting", "draft_p_min", "engines")
                   if k in row}
         children.append(ChildRun(name, params, ordered_metrics(row), {"rank": str(row["rank"])}))
     return children

@@ -421,7 +421,7 @@ def test_each_engine_section_renders_that_engines_recommendation(tmp_path):
         "vllm": _engine_rec("HuggingFaceTB/SmolLM2-135M-Instruct", "block", "greedy"),
         "sglang": _engine_rec("early_exit:12", "threshold", "greedy", divergence="kl", max_divergence=0.2,
                               threshold_acc=0.8187307530779818, threshold_single=1.0),
-        "llamacpp": _engine_rec("early_exit:12", "match", "greedy"),
+        "llamacpp": _engine_rec("early_exit:12", "match", "greedy", draft_p_min=0.5),
         "mdboost": _engine_rec("tuned:2", "threshold", "greedy", divergence="tv", max_divergence=0.25,
                                threshold_acc=0.75, threshold_single=1.0),
         "hf": {"recommendation": None, "reason": "hf runs none of the ranked rows"}}
@@ -436,6 +436,8 @@ def test_each_engine_section_renders_that_engines_recommendation(tmp_path):
     assert any("--write-drafter" in note for note in plan["sglang"]["notes"])
     largs = plan["llamacpp"]["args"]
     assert largs[largs.index("--spec-draft-model") + 1].endswith("smollm2-135m--early_exit_12.gguf")
+    assert largs[largs.index("--spec-draft-p-min") + 1] == "0.5"  # the floor it was ranked with
+    assert any("--spec-draft-p-min 0.5" in note for note in plan["llamacpp"]["notes"])
     assert "rule=Threshold(drafting='greedy', accept=0.75, single=1.0)" in plan["mdboost"]["python"]
     assert "from mdboost.md.rules import Threshold" in plan["mdboost"]["python"]
     assert plan["hf"]["custom_generate"] is None  # runs nothing: plain decoding

@@ -201,7 +201,7 @@ def test_a_target_llama_cpp_cannot_load_is_said_plainly():
     (lambda: sglang_args("t", temperature=-1), "temperature must be a number >= 0, got -1"),
     (lambda: llamacpp_args("t", draft_model="d", ngram=3, draft_max=4), "give draft_model or ngram, not both"),
     (lambda: llamacpp_args("t", draft_model="d", draft_max=4, draft_min=5), r"draft_min must be an integer in \[0"),
-    (lambda: llamacpp_args("t", ngram=3, draft_max=4, draft_p_min=1.0), r"draft_p_min must be in \[0, 1\)"),
+    (lambda: llamacpp_args("t", ngram=3, draft_max=4, draft_p_min=1.0), r"draft_p_min must be a number in \[0, 1\), got 1.0"),
     (lambda: llamacpp_args("t", top_p=0), r"top_p must be in \(0, 1\] or None, got 0"),
 ])
 def test_bad_values_are_named(call, message):

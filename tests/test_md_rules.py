@@ -216,3 +216,18 @@ def test_engines_follow_the_law():
     law = Threshold(accept=0.5).law(p, q)
     assert float(Threshold(accept=0.5).achieved_divergence(p, q, "js")) == pytest.approx(
         float(f_divergence(law.emitted, q, "js")), abs=1e-12)
+
+
+def test_a_rules_repr_evaluates_back_to_it():
+    """The export prints rules as Python (``mdboost.export.rule_code``): the repr names what
+    ``__init__`` takes (not `Match`'s fixed thresholds) and a draft floor only when there is one."""
+    from mdboost.md.heuristics import Fly, Fuzzy, Lenient, Typical
+
+    namespace = {cls.__name__: cls for cls in (Block, Match, Mentored, Rejection, Threshold, Fly, Fuzzy, Lenient, Typical)}
+    rules = [Match(), Match(draft_p_min=0.5), Threshold(accept=0.5, single=0.9), Block(), Rejection(drafting="greedy"),
+             Mentored(max_divergence=0.2, divergence="tv", drafting="greedy", draft_p_min=0.25), Lenient(lenience=0.5),
+             Typical(), Fuzzy(threshold=0.1), Fly()]
+    for rule in rules:
+        assert eval(repr(rule), namespace) == rule, repr(rule)
+    assert repr(Match()) == "Match(drafting='greedy')"
+    assert "draft_p_min" not in repr(Rejection()) and "draft_p_min=0.5" in repr(Match(draft_p_min=0.5))

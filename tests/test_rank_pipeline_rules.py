@@ -13,8 +13,14 @@ from pipelines.config import MDConfig, RankConfig
 from pipelines.loader import from_dict, to_dict
 from tests.test_rank_pipeline_sampled import _config
 
-RULES = {("mentored", "sampled"), ("rejection", "greedy"), ("rejection", "sampled"), ("block", "sampled"),
-         ("threshold", "greedy"), ("match", "greedy"), ("mentored", "greedy")}
+RULES = {("mentored", "sampled", 0.0), ("rejection", "greedy", 0.0), ("rejection", "sampled", 0.0),
+         ("block", "sampled", 0.0), ("threshold", "greedy", 0.0), ("match", "greedy", 0.0), ("match", "greedy", 0.25),
+         ("match", "greedy", 0.5), ("match", "greedy", 0.75), ("mentored", "greedy", 0.0)}
+
+
+def _key(r: dict) -> tuple:
+    """A ranking.csv row's point: drafter, rule, drafting, draft floor, divergence, budget."""
+    return r["drafter"], r["rule"], r["drafting"], float(r["draft_p_min"]), r["divergence"], float(r["max_divergence"])
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +35,13 @@ def rules_run(tmp_path_factory):
 
 
 def test_default_rules_are_the_documented_list():
-    assert [(r.rule, r.drafting) for r in MDConfig().rules] == [
-        ("mentored", "sampled"), ("rejection", "greedy"), ("rejection", "sampled"), ("block", "sampled"),
-        ("threshold", "greedy"), ("match", "greedy")]
+    assert [(r.rule, r.drafting, r.draft_p_min) for r in MDConfig().rules] == [
+        ("mentored", "sampled", 0.0), ("rejection", "greedy", 0.0), ("rejection", "sampled", 0.0), ("block", "sampled", 0.0),
+        ("threshold", "greedy", 0.0), ("match", "greedy", 0.0), ("match", "greedy", 0.25), ("match", "greedy", 0.5),
+        ("match", "greedy", 0.75)]
+    with pytest.raises(ValueError, match="draft_p_min=0.5 needs drafting='greedy'"):
+        from_dict(RankConfig, {"md": {"rules": [{"rule": "rejection", "drafting": "sampled", "draft_p_min": 0.5}]},
+                               "tracking": {"enabled": False}})
     with pytest.raises(ValueError, match=r"md.rules\[1\].rule': expected one of"):
         from_dict(RankConfig, {"md": {"rules": [{"rule": "mentored"}, {"rule": "lenient"}]},
                                "tracking": {"enabled": False}})
@@ -40,15 +50,15 @@ def test_default_rules_are_the_documented_list():
 def test_rule_columns_bounds_and_md_above_sglang(rules_run):
     tmp_path, cfg, summary = rules_run
     rows = read_csv(tmp_path / "out" / "ranking.csv")
-    assert {(r["rule"], r["drafting"]) for r in rows} == RULES
+    assert {(r["rule"], r["drafting"], float(r["draft_p_min"])) for r in rows} == RULES
     points = {}
     for r in rows:
         assert set(r["engines"].split()) <= set(ENGINES) and {"mdboost", "hf"} <= set(r["engines"].split())
-        points.setdefault((r["drafter"], r["rule"], r["drafting"], r["divergence"], float(r["max_divergence"])), r)
+        points.setdefault(_key(r), r)
     # budget 0 once per rule; SGLang's and MD's (sampled, greedy) rules once per (f, D > 0); 2 drafters
-    per_drafter = 7 + 3 * 2 * 2
+    per_drafter = 10 + 3 * 2 * 2
     assert len(points) == len(cfg.pool.drafters) * per_drafter == summary["n_points"]
-    for (drafter, rule, drafting, f, budget), r in points.items():
+    for (drafter, rule, drafting, floor, f, budget), r in points.items():
         mean, worst = float(r["achieved_divergence_mean"]), float(r["achieved_divergence_max"])
         assert 0 <= mean <= worst + 1e-12
         if budget == 0:
@@ -57,7 +67,7 @@ def test_rule_columns_bounds_and_md_above_sglang(rules_run):
             assert worst <= budget + 1e-9, r  # every cached position within its budget
             # MD on the same greedy drafts accepts at least as often at every position (docs/theory.md
             # section 11); MD on sampled drafts proposes other tokens: no order (reported, not asserted)
-            md = points[(drafter, "mentored", "greedy", f, budget)]
+            md = points[(drafter, "mentored", "greedy", 0.0, f, budget)]
             assert float(md["md_acceptance"]) >= float(r["md_acceptance"]) - 1e-12
             assert float(md["achieved_divergence_max"]) <= budget + 1e-9
             assert float(r["threshold_acc"]) == pytest.approx(math.exp(-budget) if f == "kl" else 1 - budget)
@@ -65,8 +75,18 @@ def test_rule_columns_bounds_and_md_above_sglang(rules_run):
         if rule != "threshold":
             assert r["threshold_acc"] == "nan"
         if rule != "mentored" and budget == 0 and drafting == "greedy":
-            assert r["engines"].split() == list(ENGINES)
-    at = {(r["drafter"], r["rule"], r["drafting"], int(r["gamma"])): r for r in rows if r["divergence"] == "none"}
+            assert r["engines"].split() == (list(ENGINES) if floor == 0 else ["mdboost", "hf", "llamacpp"])
+        if floor:  # a floor changes where the drafter drafts, not the law of a drafted position
+            plain = points[(drafter, rule, drafting, 0.0, f, budget)]
+            assert r["md_acceptance"] == plain["md_acceptance"]
+            speed, plain_speed = float(r["predicted_speedup"]), float(plain["predicted_speedup"])
+            if drafter.startswith("ngram"):  # prompt lookup's proposals are certain: no floor stops them
+                assert speed == plain_speed
+            elif floor == 0.75:  # the tiny random drafter is never that confident: no step drafts
+                assert float(r["engine_tokens_per_call"]) == 1.0 < float(plain["engine_tokens_per_call"])
+                assert speed != plain_speed
+    at = {(r["drafter"], r["rule"], r["drafting"], int(r["gamma"])): r for r in rows
+          if r["divergence"] == "none" and float(r["draft_p_min"]) == 0}
     for (drafter, rule, drafting, gamma), r in at.items():  # block verification: its accepted length >= SD's
         if rule == "block":
             sd = at[(drafter, "rejection", "sampled", gamma)]
@@ -84,7 +104,8 @@ def test_recommendations_per_engine(rules_run):
         rec = entry["recommendation"]
         assert rec is not None and entry["reason"] is None  # every engine runs a lossless greedy rule
         match = [r for r in rows if r["drafter"] == rec["drafter"] and r["rule"] == rec["rule"]
-                 and r["drafting"] == rec["drafting"] and r["divergence"] == rec["divergence"]
+                 and r["drafting"] == rec["drafting"] and float(r["draft_p_min"]) == rec["draft_p_min"]
+                 and r["divergence"] == rec["divergence"]
                  and float(r["max_divergence"]) == rec["max_divergence"] and int(r["gamma"]) == rec["gamma"]]
         assert len(match) == 1 and engine in match[0]["engines"].split()
         assert rec["predicted_speedup"] == pytest.approx(float(match[0]["predicted_speedup"]))
@@ -106,15 +127,15 @@ def test_mlflow_child_runs_name_and_tag_their_rule(rules_run):
     children = [r for r in client.search_runs([exp.experiment_id], max_results=1000)
                 if r.data.tags.get("mlflow.parentRunId") == summary["run_id"]]
     assert len(children) == summary["n_points"] == len({c.info.run_name for c in children})  # one name per point
-    rows = {(r["drafter"], r["rule"], r["drafting"], r["divergence"], float(r["max_divergence"])): r
-            for r in read_csv(tmp_path / "out" / "ranking.csv") if r["is_best_gamma"] == "True"}
+    rows = {_key(r): r for r in read_csv(tmp_path / "out" / "ranking.csv") if r["is_best_gamma"] == "True"}
     for child in children:
         prm = child.data.params
-        row = rows[(prm["drafter"], prm["rule"], prm["drafting"], prm["divergence"], float(prm["max_divergence"]))]
+        row = rows[_key(prm)]
         assert prm["engines"] == row["engines"]
         assert child.data.metrics["predicted_speedup"] == pytest.approx(float(row["predicted_speedup"]))
-        assert child.info.run_name.endswith(f"{prm['rule']}:{prm['drafting']}") == (
-            (prm["rule"], prm["drafting"]) != ("mentored", "sampled"))
+        floor = float(prm["draft_p_min"])
+        label = f"{prm['rule']}:{prm['drafting']}" + (f":p{floor:g}" if floor else "")
+        assert child.info.run_name.endswith(label) == ((prm["rule"], prm["drafting"]) != ("mentored", "sampled"))
 
 
 def test_an_engine_names_its_own_rule_among_equal_lossless_rows():

@@ -451,3 +451,35 @@ def test_cost_draws_keep_the_medians_first_and_draw_measured_repeats():
     assert {tuple(row) for row in verify[1:, 0, 0].tolist()} <= repeats
     cost, verify = _cost_draws(drafter, profile, 3, BootstrapSettings(num_resamples=0))
     assert cost.flatten().tolist() == [0.1] and verify == (1.0, 1.6, 2.2)  # no bootstrap: the measured figures
+
+
+def test_point_offers_cut_each_start_at_its_first_undrafted_position():
+    """A draft floor: a step started at s drafts the run of floor-passing positions from s on
+    (within gamma and the sequence), at most what the pair itself offers."""
+    from mdboost.ranking.layout import padded_index
+    from mdboost.ranking.process import PointInputs, point_offers
+
+    zeros = torch.zeros(7, dtype=torch.float64)
+    drafts = torch.tensor([True, True, False, True, True, True, True])  # rows 0-4: sequence 0; 5-6: sequence 1
+    index, _ = padded_index(torch.tensor([0, 0, 0, 0, 0, 1, 1]))
+    floored = PointInputs(zeros, zeros, zeros, drafts=drafts)
+    plain = PointInputs(zeros, zeros, zeros)
+    assert point_offers([plain], None, index, 3) is None
+    offers = point_offers([floored, plain], None, index, 3)
+    assert offers[0].tolist() == [[2, 1, 0, 2, 1], [2, 1, 0, 0, 0]]
+    assert offers[1].tolist() == [[3] * 5, [3] * 5]
+    pair = torch.tensor([[3, 3, 3, 0, 3], [1, 1, 0, 0, 0]])  # prompt lookup's own proposal lengths
+    assert point_offers([floored], pair, index, 3)[0].tolist() == [[2, 1, 0, 0, 1], [1, 1, 0, 0, 0]]
+
+
+def test_floor_drafts_reads_the_confidence_and_needs_ten_logits():
+    from mdboost.ranking.rule_points import floor_drafts
+    from mdboost.ranking.support import rows_from_logits, rows_from_proposals
+
+    logits = torch.tensor([[4.0] + [0.0] * 11, [0.0] * 12])  # confident row (e^4 / (e^4 + 9)), uniform row
+    rows = rows_from_logits(logits, torch.tensor([0, 1]), k=10)
+    assert floor_drafts(rows, 0.5).tolist() == [True, False] and floor_drafts(rows, 0.0).tolist() == [True, True]
+    with pytest.raises(ValueError, match="k=4 per position: build it with k >= 10"):
+        floor_drafts(rows_from_logits(logits, torch.tensor([0, 1]), k=4), 0.5)
+    props = rows_from_proposals(torch.tensor([3, -1]), torch.tensor([3, 2]))
+    assert floor_drafts(props, 0.9).tolist() == [True, False]  # prompt lookup: wherever it proposes

@@ -73,7 +73,7 @@ def fly_entropy(target_probs: torch.Tensor, top_k: int) -> torch.Tensor:  # [...
     return -torch.where(top > 0, top * torch.log(torch.where(top > 0, top, 1.0)), 0.0).sum(-1)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, repr=False)
 class _Local(Rule):
     """A rule that accepts ``x`` with probability ``t_x`` and at a rejection draws from ``r``.
 
@@ -117,7 +117,7 @@ def _result(rule, tokens, num_accepted, by_budget, u_draw, p, q_all, divergence)
                             bonus=rule._bonus(q_all[:, num_draft]))
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, repr=False)
 class Lenient(_Local):
     """Lenient speculative decoding (Leviathan et al. 2023, "Fast inference from transformers via
     speculative decoding", appendix on lenience).
@@ -164,7 +164,7 @@ class Lenient(_Local):
         return _normalised((q - self.lenience * p).clamp(min=0.0), q)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, repr=False)
 class Typical(_Local):
     """Typical acceptance (Cai et al. 2024, Medusa), as Medusa's released code runs it.
 
@@ -218,7 +218,7 @@ class Typical(_Local):
         return torch.zeros_like(q).scatter_(-1, q.argmax(-1, keepdim=True), 1.0)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, repr=False)
 class Fuzzy(_Local):
     """Fuzzy speculative decoding (Holsman et al. 2025, "Fuzzy Speculative Decoding for a Tunable
     Accuracy-Runtime Tradeoff", arXiv:2502.20704).
@@ -267,7 +267,7 @@ class Fuzzy(_Local):
         return torch.where(self._gate(p, q), torch.ones_like(q), accept_ratio(q, p))
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, repr=False)
 class Fly(_Local):
     """vLLM's FLy verification (``rejection_sample_method="fly"``, vLLM 0.34.0).
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import ClassVar, NamedTuple
 
 import torch
@@ -60,7 +60,7 @@ class TokenLaw(NamedTuple):
     emitted: torch.Tensor  # [..., V] distribution pi of the emitted token
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, repr=False)
 class Rule:
     """Base of the verification rules (not used directly).
 
@@ -85,6 +85,10 @@ class Rule:
         if self.drafting not in DRAFTING:
             raise ValueError(f"drafting must be one of {DRAFTING}, got {self.drafting!r}")
         object.__setattr__(self, "draft_p_min", check_draft_floor(self.draft_p_min, self.drafting))
+
+    def __repr__(self) -> str:  # the dataclass repr of what __init__ takes (it evaluates back), no floor when 0
+        shown = [f for f in fields(self) if f.repr and f.init and not (f.name == "draft_p_min" and self.draft_p_min == 0)]
+        return f"{type(self).__name__}({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in shown)})"
 
     @property
     def lossless(self) -> bool:
@@ -155,7 +159,7 @@ class Rule:
         raise NotImplementedError
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, repr=False)
 class Rejection(Rule):
     """Lossless speculative decoding: accept ``min(1, q_x / p_x)``, resample ``(q - p)_+``.
 
@@ -190,7 +194,7 @@ class Rejection(Rule):
         return verify(tokens, p, q_all, generator=generator, validate=False)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, repr=False)
 class Block(Rejection):
     """vLLM's block verification (``rejection_sample_method="block"``, Sun et al. 2024): lossless.
 
@@ -215,7 +219,7 @@ class Block(Rejection):
         return block_verify(tokens, p, q_all, generator=generator, validate=False)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, repr=False)
 class Mentored(Rule):
     """Mentored decoding: the optimal clamp ``pi(a, b)`` at each position (``mdboost.md.verify``).
 
@@ -275,7 +279,7 @@ class Mentored(Rule):
         return verify(tokens, p, q_all, generator=generator, validate=False, solve=self.solve, **self._budget())
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, repr=False)
 class Threshold(Rule):
     """SGLang's lossy acceptance (``--speculative-accept-threshold-acc`` / ``-single``).
 
@@ -395,7 +399,7 @@ def tokenwise_result(tokens, num_accepted, by_budget, u_draw, p, q_all, law: Tok
     )
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, repr=False)
 class Match(Threshold):
     """llama.cpp's verification: the target samples its own token; the draft is kept iff equal.
 

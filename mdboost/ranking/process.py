@@ -32,7 +32,7 @@ from typing import NamedTuple
 import torch
 
 from mdboost.md.verify import SOLVE
-from mdboost.ranking.chains import text_chains
+from mdboost.ranking.chains import chain_from_positions, text_chains
 from mdboost.ranking.layout import gather_rows
 from mdboost.ranking.speed import SpeedProfile, process_speedup
 from mdboost.ranking.uncertainty import (BootstrapSettings, percentile_interval, prompt_weights, resample_sums,
@@ -197,7 +197,10 @@ class PointInputs:
     ``conditional`` [M]: the conditional acceptance at the text's token when the rule is not the
     clamp (greedy drafts, :mod:`mdboost.ranking.rule_points`), instead of the clamp's at ``(a, b)``;
     ``chain`` [M, W]: every start's chain itself (block verification,
-    :func:`~mdboost.ranking.rule_points.block_chain`), used as given."""
+    :func:`~mdboost.ranking.rule_points.block_chain`), used as given; ``drafts`` [M] bool: where
+    the drafter drafts under a draft probability floor
+    (:func:`~mdboost.ranking.rule_points.floor_drafts`): a step started at ``s`` offers the run
+    of such positions from ``s`` on (:func:`point_offers`)."""
 
     a: torch.Tensor
     b: torch.Tensor
@@ -206,6 +209,7 @@ class PointInputs:
     tilt: torch.Tensor | None = None  # [M] budget_tilt; None: 0
     conditional: torch.Tensor | None = None  # [M] c at the text's token; None: the clamp's at (a, b)
     chain: torch.Tensor | None = None  # [M, W] each start's whole chain (block verification); None: from c
+    drafts: torch.Tensor | None = None  # [M] bool: positions drafted under a draft floor; None: every valid one
 
 
 @dataclass(frozen=True)
@@ -253,9 +257,34 @@ def _run_points(rows, points: list[PointInputs], gammas: tuple, on_reference: bo
     n_b, length, width = chains.shape[1:]
     batch = chains[:, None].expand(n_p, n_g, n_b, length, width).reshape(-1, length, width)
     gamma = torch.tensor(gammas)[None, :, None].expand(n_p, n_g, n_b).reshape(-1)
-    res = run_process(batch, gamma, draft_len=None if offered is None else offered.repeat(n_p * n_g, 1),
-                      lengths=lengths.repeat(n_p * n_g))
+    offers = point_offers(points, offered, index, width)  # [P, B, L] or None
+    draft_len = None if offers is None else offers[:, None].expand(n_p, n_g, n_b, length).reshape(-1, length)
+    res = run_process(batch, gamma, draft_len=draft_len, lengths=lengths.repeat(n_p * n_g))
     return _Batch(res, raw, index, lengths, (n_p, n_g, n_b, length))
+
+
+def point_offers(points: list[PointInputs], offered, index: torch.Tensor, width: int) -> torch.Tensor | None:
+    """Drafts each point's drafter offers at each start, ``[P, B, L]`` (None: ``gamma`` everywhere).
+
+    The pair's own offer (``offered`` [B, L]: prompt lookup's proposal lengths, or None), cut,
+    for a point with ``drafts`` (a draft floor), at the first position from the start where the
+    drafter does not draft: drafting stops before it. Along the text this is exact for every
+    draft that can be accepted (accepted drafts are the text, so the drafter's context is the
+    text's prefix, ``mdboost.ranking.chains``); drafts after a rejection are priced at the text's
+    confidences too.
+    """
+    if offered is None and all(pt.drafts is None for pt in points):
+        return None
+    base = torch.full(index.shape, width, dtype=torch.long) if offered is None else torch.as_tensor(offered).long()
+    offers = []
+    for pt in points:
+        if pt.drafts is None:
+            offers.append(base)
+            continue
+        here = gather_rows(pt.drafts.double(), index)  # [B, L]: 1 where the drafter drafts
+        run = chain_from_positions(here, width).cumprod(-1).sum(-1).long()  # [B, L]: drafts from each start on
+        offers.append(torch.minimum(base, run))
+    return torch.stack(offers)
 
 
 def _resample_weights(num_prompts: int, boot: BootstrapSettings) -> torch.Tensor:  # -> [R, B]

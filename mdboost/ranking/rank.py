@@ -53,7 +53,7 @@ from mdboost.ranking.mentored import mentored_process
 from mdboost.ranking.pair import PairRows, PairSide
 from mdboost.ranking.chains import budget_tilt
 from mdboost.ranking.process import PointInputs, ProcessSettings, score_process
-from mdboost.ranking.rule_points import (PLAIN, RulePoint, block_chain, greedy_tilt, point_law, rule_points,
+from mdboost.ranking.rule_points import (PLAIN, RulePoint, block_chain, floor_drafts, greedy_tilt, point_law, rule_points,
                                          text_acceptance, true_token_prob)
 from mdboost.ranking.scores import PairScore, PairStats, PointScore, Quantiles, SpeedChoice
 from mdboost.ranking.speed import SpeedProfile, check_verify_costs, gamma_speedups
@@ -324,7 +324,8 @@ def _rule_scores(rule_pts: list[RulePoint], pair: PairRows, aligned: Aligned, ac
                                   greedy_tilt(law, acc_aligned) if greedy else None,
                                   text_acceptance(law, acc_aligned, acc_valid, acc.labels) if greedy else None,
                                   block_chain(acc_aligned, acc_valid, acc.layout.sequence, s.gamma_max,
-                                              seed=s.bootstrap.seed) if block else None))
+                                              seed=s.bootstrap.seed) if block else None,
+                                  floor_drafts(acc.draft.rows, pt.rule.draft_p_min) if pt.rule.draft_p_min else None))
         laws.append(law)
     process = None
     if acc.layout is not None and rule_pts:

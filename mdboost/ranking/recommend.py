@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from mdboost.md.rules import ENGINES
 from mdboost.models.pool import parse_drafter
 from mdboost.ranking.report import csv_bool, csv_float
+from mdboost.ranking.rule_points import row_draft_p_min
 
 FIELDS = ("drafter", "target", "temperature", "divergence", "max_divergence", "gamma", "predicted_speedup",
           "predicted_speedup_lo", "predicted_speedup_hi", "beats_plain_decoding")
@@ -60,6 +61,7 @@ class Recommendation:
     drafting: str = "sampled"
     threshold_acc: float | None = None  # SGLang's thresholds, for its rule only
     threshold_single: float | None = None
+    draft_p_min: float = 0.0  # llama.cpp's draft probability floor (greedy drafts; 0: none)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -70,7 +72,8 @@ class Recommendation:
         than MD on sampled drafts is named: ``"..., gamma 4, threshold (greedy drafts)"``)."""
         budget = "SD" if self.max_divergence == 0 else f"{self.divergence} <= {self.max_divergence:g}"
         md = (self.rule, self.drafting) == ("mentored", "sampled")
-        rule = "" if md else f", {self.rule} ({self.drafting} drafts)"
+        floor = f", p_min {self.draft_p_min:g}" if self.draft_p_min else ""
+        rule = "" if md else f", {self.rule} ({self.drafting} drafts{floor})"
         return f"{self.drafter} -> {self.target}, T={self.temperature:g}, {budget}, gamma {self.gamma}{rule}"
 
     @property
@@ -155,7 +158,7 @@ def _recommendation(rows: list[dict], prefer=None) -> Recommendation:
         quality_ok=bool(eligible), nll_target=csv_float(best.get("nll_target")),
         nll_mentored=csv_float(best.get("nll_mentored")), rule=str(best.get("rule", "mentored")),
         drafting=str(best.get("drafting", "sampled")), threshold_acc=_number(best.get("threshold_acc")),
-        threshold_single=_number(best.get("threshold_single")))
+        threshold_single=_number(best.get("threshold_single")), draft_p_min=row_draft_p_min(best))
 
 
 def _number(value) -> float | None:
@@ -172,8 +175,10 @@ def md_row(row: dict) -> bool:
 
 def rule_label(row: dict) -> str:
     """What a point's name adds for its rule: ``""`` for MD on sampled drafts, else
-    ``" threshold:greedy"`` (budget-0 points of several rules share drafter, budget and gamma)."""
-    return "" if md_row(row) else f" {row['rule']}:{row['drafting']}"
+    ``" threshold:greedy"`` (budget-0 points of several rules share drafter, budget and gamma),
+    ``" match:greedy:p0.5"`` with a draft floor."""
+    floor = row_draft_p_min(row)
+    return "" if md_row(row) else f" {row['rule']}:{row['drafting']}" + (f":p{floor:g}" if floor else "")
 
 
 DRAFTER_KINDS = {

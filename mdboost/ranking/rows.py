@@ -18,6 +18,7 @@ from mdboost.ranking.boosting import CachedLogitsHypothesis, ProposalHypothesis
 from mdboost.ranking.layout import sequence_layout
 from mdboost.ranking.pair import PairRows, PairSide
 from mdboost.ranking.speed import SpeedProfile
+from mdboost.md.drafting import draft_confidence
 from mdboost.ranking.support import MemberRows, rows_from_proposals
 
 PAIR_MODES = ("target", "all")
@@ -77,6 +78,7 @@ def member_rows(cache, name: str, temperature: float) -> tuple[MemberRows, objec
         tail = (1 - logp.exp().sum(-1)).clamp_min(0.0)
         full_logp = torch.log_softmax(full / temperature, dim=-1) if full is not None else None
         rows = MemberRows(ids, logp, tail, true_logit / temperature - lse, valid, full_logp)
+    rows.confidence = draft_confidence(logits.double())  # the top-k is enough (k >= 10: the ranking checks)
     hyp = CachedLogitsHypothesis(true.numpy(), true_logit.numpy(), cache.logit_sum(name).double().numpy(), vocab,
                                  topk_ids=ids.numpy(), topk_logits=logits.double().numpy(),
                                  full_logits=None if full is None else full.numpy(), name=name)

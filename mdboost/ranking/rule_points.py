@@ -43,19 +43,20 @@ block's first draft is SD's exactly and its gain is all in the later drafts. Wit
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import torch
 
 from mdboost.md.block import block_acceptance_estimate
 from mdboost.md.divergences import f_divergence, resolve
+from mdboost.md.drafting import FLOOR_TOP_K
 from mdboost.md.rules import Block, Match, Mentored, Rejection, Rule, Threshold
 from mdboost.ranking.layout import gather_rows, padded_index
 from mdboost.ranking.support import Aligned
 
-__all__ = ["PLAIN", "RULES", "PointLaw", "RulePoint", "block_chain", "greedy_slots", "greedy_tilt", "point_law", "row_rule",
-           "rule_points", "text_acceptance", "true_token_prob"]
+__all__ = ["PLAIN", "RULES", "PointLaw", "RulePoint", "block_chain", "floor_drafts", "greedy_slots", "greedy_tilt", "point_law", "row_rule",
+           "row_draft_p_min", "rule_points", "text_acceptance", "true_token_prob"]
 
 RULES = {cls.name: cls for cls in (Mentored, Rejection, Block, Threshold, Match)}
 PLAIN = "none"  # the divergence of a lossless budget-0 point (the same for every f)
@@ -92,37 +93,58 @@ def _family(rule: Rule) -> bool:
         raise ValueError(f"rules: the ranking scores {rule.name} on greedy drafts only (its test q_x >= single "
                          f"is not defined on the merged tail slot), got {rule!r}")
     budgeted = type(rule) in (Mentored, Threshold)
-    if budgeted and rule != type(rule)(drafting=rule.drafting):
+    if budgeted and rule != _plain(rule):
         raise ValueError(f"rules: a {rule.name} entry stands for its rule at every divergence and budget: give "
-                         f"{type(rule).__name__}(drafting={rule.drafting!r}), got {rule!r}")
+                         f"{type(rule).__name__}(drafting={rule.drafting!r}, draft_p_min={rule.draft_p_min!r}), "
+                         f"got {rule!r}")
     return budgeted
+
+
+def _plain(rule: Rule) -> Rule:
+    """The rule's family at budget 0: its drafting and draft floor only."""
+    return type(rule)(drafting=rule.drafting, draft_p_min=rule.draft_p_min)
 
 
 def _at(rule: Rule, divergence: str, budget: float) -> Rule:
     if isinstance(rule, Threshold):
-        return Threshold.for_budget(budget, divergence, drafting=rule.drafting)
-    return Mentored(max_divergence=budget, divergence=divergence, drafting=rule.drafting)
+        return replace(Threshold.for_budget(budget, divergence, drafting=rule.drafting), draft_p_min=rule.draft_p_min)
+    return Mentored(max_divergence=budget, divergence=divergence, drafting=rule.drafting, draft_p_min=rule.draft_p_min)
 
 
 def row_rule(row: dict) -> Rule:
-    """The rule of a ``ranking.csv`` row (columns ``rule``, ``drafting``, ``divergence``,
-    ``max_divergence``), as :func:`rule_points` made it; a row without ``rule`` (a ranking from
-    before rules were ranked) is MD on sampled drafts.
+    """The rule of a ``ranking.csv`` row (columns ``rule``, ``drafting``, ``draft_p_min``,
+    ``divergence``, ``max_divergence``), as :func:`rule_points` made it; a row without ``rule`` (a
+    ranking from before rules were ranked) is MD on sampled drafts, one without ``draft_p_min``
+    has no draft floor.
 
     Examples
     --------
     >>> row_rule({"rule": "threshold", "drafting": "greedy", "divergence": "tv", "max_divergence": "0.25"}).accept
     0.75
     >>> row_rule({"divergence": "kl", "max_divergence": 0.1})
-    Mentored(drafting='sampled', draft_p_min=0.0, max_divergence=0.1, divergence='kl', min_acceptance=None, solve='all')
+    Mentored(drafting='sampled', max_divergence=0.1, divergence='kl', min_acceptance=None, solve='all')
     """
     name, drafting = str(row.get("rule") or Mentored.name), str(row.get("drafting") or "sampled")
     if name not in RULES:
         raise ValueError(f"row's rule must be one of {sorted(RULES)}, got {name!r}")
     cls, budget = RULES[name], float(row["max_divergence"])
+    plain = cls(drafting=drafting, draft_p_min=row_draft_p_min(row))
     if cls in (Mentored, Threshold) and budget > 0:
-        return _at(cls(drafting=drafting), str(row["divergence"]), budget)
-    return cls(drafting=drafting)
+        return _at(plain, str(row["divergence"]), budget)
+    return plain
+
+
+def row_draft_p_min(row: dict) -> float:
+    """A ``ranking.csv`` row's draft floor (0 where the column is missing or empty: no floor).
+
+    >>> row_draft_p_min({"draft_p_min": "0.5"}), row_draft_p_min({})
+    (0.5, 0.0)
+    """
+    value = row.get("draft_p_min")
+    if value is None or value == "":
+        return 0.0
+    value = float(value)
+    return 0.0 if math.isnan(value) else value
 
 
 def rule_points(rules, divergences, budgets) -> tuple[RulePoint, ...]:
@@ -147,11 +169,31 @@ def rule_points(rules, divergences, budgets) -> tuple[RulePoint, ...]:
             for budget in budgets:
                 budget = float(budget)
                 if budget == 0 and not plain:
-                    points.append(RulePoint(type(rule)(drafting=rule.drafting), PLAIN, 0.0))
+                    points.append(RulePoint(_plain(rule), PLAIN, 0.0))
                     plain = True
                 elif budget > 0:
                     points.append(RulePoint(_at(rule, div, budget), div, budget))
     return tuple(points)
+
+
+def floor_drafts(rows, draft_p_min: float) -> torch.Tensor:  # -> bool [N]
+    """Where a greedy drafter drafts under the floor ``draft_p_min``: its valid rows whose
+    confidence (``rows.confidence``, :func:`mdboost.md.drafting.draft_confidence`) is at least the
+    floor; a one-hot drafter (no confidence: its proposal is certain) drafts wherever it proposes.
+
+    Parameters
+    ----------
+    rows : MemberRows
+        The drafter's rows (``confidence`` read from at least ``FLOOR_TOP_K`` cached logits).
+    draft_p_min : float
+        The floor (0: every valid row).
+    """
+    if draft_p_min == 0 or rows.confidence is None:
+        return rows.valid
+    if rows.k < FLOOR_TOP_K:
+        raise ValueError(f"a draft floor reads the drafter's {FLOOR_TOP_K} largest logits, but the cache keeps "
+                         f"k={rows.k} per position: build it with k >= {FLOOR_TOP_K} (cache.k)")
+    return rows.valid & (rows.confidence >= draft_p_min)
 
 
 def greedy_slots(aligned: Aligned) -> torch.Tensor:  # [N, S] -> LongTensor [N]

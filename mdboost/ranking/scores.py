@@ -216,7 +216,8 @@ def _rule_columns(point: PointScore) -> dict:
     if rp is None:
         return {}
     acc, single = rp.threshold
-    return {"rule": rp.rule.name, "drafting": rp.rule.drafting, "engines": " ".join(rp.rule.engines),
+    return {"rule": rp.rule.name, "drafting": rp.rule.drafting, "draft_p_min": rp.rule.draft_p_min,
+            "engines": " ".join(rp.rule.engines),
             "threshold_acc": acc, "threshold_single": single,
             "achieved_divergence_mean": point.achieved_divergence,
             "achieved_divergence_max": point.achieved_divergence_max}

@@ -31,6 +31,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from mdboost.md.drafting import draft_confidence
+
 
 @dataclass
 class MemberRows:
@@ -52,6 +54,10 @@ class MemberRows:
         Full log-probabilities when the cache kept full logits.
     one_hot : bool
         Deterministic drafter (``ngram``).
+    confidence : tensor [N] or None
+        llama.cpp's confidence in the greedy draft (:func:`mdboost.md.drafting.draft_confidence`
+        of the raw top-k logits, whatever the temperature), what a draft probability floor
+        tests; None for a one-hot drafter (its proposal is certain).
     """
 
     ids: torch.Tensor
@@ -61,6 +67,7 @@ class MemberRows:
     valid: torch.Tensor
     full_logp: torch.Tensor | None = None
     one_hot: bool = False
+    confidence: torch.Tensor | None = None
 
     @property
     def k(self) -> int:
@@ -223,7 +230,8 @@ def rows_from_logits(logits: torch.Tensor, true_ids: torch.Tensor, k: int, tempe
     tail = (1 - top.values.exp().sum(-1)).clamp_min(0)
     true_logp = logp.gather(-1, true_ids.long()[:, None]).squeeze(-1)
     valid = torch.ones(logits.shape[0], dtype=torch.bool)
-    return MemberRows(top.indices, top.values, tail, true_logp, valid, logp if keep_full else None)
+    return MemberRows(top.indices, top.values, tail, true_logp, valid, logp if keep_full else None,
+                      confidence=draft_confidence(logits.double()))
 
 
 def rows_from_proposals(proposals: torch.Tensor, true_ids: torch.Tensor) -> MemberRows:

@@ -35,6 +35,7 @@ import math
 
 from mdboost.ranking.recommend import recommend
 from mdboost.ranking.report import csv_bool, csv_float
+from mdboost.ranking.rule_points import row_draft_p_min
 
 SAMPLING_KEYS = ("temperature", "top_k", "top_p")
 
@@ -53,12 +54,13 @@ def cell_key(row: dict) -> tuple:
 
     >>> cell_key({"drafter": "a", "target": "t", "temperature": "0.7", "divergence": "kl",
     ...           "max_divergence": "0.0", "gamma": "3"})
-    ('a', 't', 0.7, 'none', 0.0, 3, 'mentored', 'sampled')
+    ('a', 't', 0.7, 'none', 0.0, 3, 'mentored', 'sampled', 0.0)
     """
     budget = round(csv_float(row["max_divergence"]), 12)
     divergence = "none" if budget == 0 else str(row["divergence"])
     return (str(row["drafter"]), str(row["target"]), round(csv_float(row["temperature"]), 12), divergence, budget,
-            int(csv_float(row["gamma"])), str(row.get("rule") or "mentored"), str(row.get("drafting") or "sampled"))
+            int(csv_float(row["gamma"])), str(row.get("rule") or "mentored"), str(row.get("drafting") or "sampled"),
+            row_draft_p_min(row))
 
 
 def complete_rows(rows: list[dict], *, temperature: float | None, md_solve: str) -> list[dict]:
@@ -223,8 +225,8 @@ def select_cells(rows: list[dict], recommendation: dict | None = None, *, cells:
 
 
 def _dimensions(row: dict) -> list[tuple]:
-    _, _, temperature, divergence, budget, gamma, rule, drafting = cell_key(row)
-    return [("temperature", temperature), ("class", temperature, budget > 0), ("rule", rule, drafting),
+    _, _, temperature, divergence, budget, gamma, rule, drafting, floor = cell_key(row)
+    return [("temperature", temperature), ("class", temperature, budget > 0), ("rule", rule, drafting, floor),
             ("drafter", str(row["drafter"])), ("gamma", gamma), ("budget", budget), ("divergence", divergence)]
 
 

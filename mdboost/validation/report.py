@@ -31,6 +31,7 @@ import numpy as np
 
 from mdboost._io import atomic_write_text, json_ready
 from mdboost.ranking.report import csv_bool, csv_float
+from mdboost.ranking.rule_points import row_draft_p_min
 from mdboost.validation.calibration import calibration, coverage
 from mdboost.validation.prediction import predicted_acceptance
 
@@ -39,7 +40,7 @@ MAX_REGRET = 0.05
 WIDE_COVERAGE = 0.97
 
 CELL_FIELDS = ("drafter", "target", "temperature", "divergence", "max_divergence", "gamma", "md_solve", "rule",
-               "drafting")
+               "drafting", "draft_p_min")
 
 #: figure -> (predicted column, realized column) of a record
 FIGURES = {"speedup": ("predicted_speedup", "realized_speedup"),
@@ -119,7 +120,7 @@ def cell_record(index: int, role: str, row: dict, realized: dict, *, top_k=None,
            "temperature": csv_float(row["temperature"]), "divergence": str(row["divergence"]),
            "max_divergence": csv_float(row["max_divergence"]), "gamma": int(csv_float(row["gamma"])),
            "md_solve": str(row["md_solve"]), "rule": str(row.get("rule") or "mentored"),
-           "drafting": str(row.get("drafting") or "sampled"), "top_k": top_k, "top_p": top_p, "rank": csv_float(row.get("rank")),
+           "drafting": str(row.get("drafting") or "sampled"), "draft_p_min": row_draft_p_min(row), "top_k": top_k, "top_p": top_p, "rank": csv_float(row.get("rank")),
            "quality_ok": csv_bool(row.get("quality_ok")),
            "predicted_speedup": csv_float(row["predicted_speedup"]),
            "predicted_speedup_lo": csv_float(row.get("predicted_speedup_lo")),
