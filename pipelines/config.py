@@ -38,6 +38,7 @@ from mdboost.data import _FORMATS as DATA_FORMATS
 from mdboost.data import SPLITS, TextSource
 from mdboost.engine.settings import DEFAULT_MD_SOLVE
 from mdboost.md.divergences import GENERATORS
+from mdboost.md.drafting import FLOOR_TOP_K
 from mdboost.md.rules import DRAFTING, Rule
 from mdboost.md.verify import SOLVE
 from mdboost.models.loading import check_model_source, resolve_device
@@ -403,6 +404,10 @@ class RankConfig:
         _check(0 not in self.md.sampling_temperatures or self.cache.acceptance_source == "sampled",
                "md.temperatures (0, greedy decoding, needs cache.acceptance_source: sampled: its acceptance is "
                "the argmax match along greedy continuations)", self.md.sampling_temperatures)
+        floored = any(r.draft_p_min > 0 for r in self.md.rules)
+        _check(not floored or self.cache.k >= FLOOR_TOP_K,
+               f"cache.k (a rule with draft_p_min reads the drafter's {FLOOR_TOP_K} largest logits per position: "
+               f"k >= {FLOOR_TOP_K})", self.cache.k)
 
     def cache_spec(self, temperature: float | None = None) -> PoolCacheSpec:
         """Where the pool's member caches live and what they hold (:mod:`mdboost.cache.keys`), for

@@ -39,6 +39,10 @@ def test_default_rules_are_the_documented_list():
         ("mentored", "sampled", 0.0), ("rejection", "greedy", 0.0), ("rejection", "sampled", 0.0), ("block", "sampled", 0.0),
         ("threshold", "greedy", 0.0), ("match", "greedy", 0.0), ("match", "greedy", 0.25), ("match", "greedy", 0.5),
         ("match", "greedy", 0.75)]
+    with pytest.raises(ValueError, match=r"invalid cache.k \(a rule with draft_p_min .*\): 8"):
+        from_dict(RankConfig, {"md": {"rules": [{"rule": "match", "draft_p_min": 0.5}]}, "cache": {"k": 8},
+                               "tracking": {"enabled": False}})
+    from_dict(RankConfig, {"md": {"rules": [{"rule": "match"}]}, "cache": {"k": 8}, "tracking": {"enabled": False}})
     with pytest.raises(ValueError, match="draft_p_min=0.5 needs drafting='greedy'"):
         from_dict(RankConfig, {"md": {"rules": [{"rule": "rejection", "drafting": "sampled", "draft_p_min": 0.5}]},
                                "tracking": {"enabled": False}})
