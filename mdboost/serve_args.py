@@ -28,8 +28,6 @@ from __future__ import annotations
 import json
 import math
 
-from mdboost.md.drafting import check_draft_floor
-
 SGLANG_ALGORITHM = "STANDALONE"  # a separate draft model (srt/speculative/standalone_worker_v2.py:37)
 LLAMACPP_DRAFT_TYPE = "draft-simple"  # a separate draft model (common/speculative.cpp:190)
 LLAMACPP_NGRAM_TYPE = "ngram-simple"  # prompt lookup of one n-gram size (common/ngram-map.cpp:49)
@@ -161,7 +159,8 @@ def llamacpp_args(model: str, *, draft_model: str | None = None, ngram: int | No
         gamma = _positive_int("draft_max", draft_max)
         if isinstance(draft_min, bool) or not isinstance(draft_min, int) or not 0 <= draft_min <= gamma:
             raise ValueError(f"draft_min must be an integer in [0, draft_max={gamma}], got {draft_min!r}")
-        draft_p_min = check_draft_floor(draft_p_min, "greedy")
+        if isinstance(draft_p_min, bool) or not isinstance(draft_p_min, (int, float)) or not 0 <= draft_p_min < 1:
+            raise ValueError(f"draft_p_min must be a number in [0, 1), got {draft_p_min!r}")
         if ngram is not None:
             args += ["--spec-type", LLAMACPP_NGRAM_TYPE, "--spec-ngram-simple-size-n", str(_positive_int("ngram", ngram)),
                      "--spec-ngram-simple-size-m", str(gamma)]

@@ -168,3 +168,18 @@ def test_cells_span_the_rules_and_the_recommendation_of_another_rule_is_the_firs
     assert len({cell_key(c) for c in cells}) == 6
     # the same row under two rules is two cells
     assert cell_key(others[0]) != cell_key(dict(md[0], rule="mentored", drafting="sampled"))
+
+
+def test_a_row_predicted_to_draft_nowhere_is_no_cell():
+    """A draft floor above every confidence: the process predicts no drafted step (engine
+    acceptance NaN, tokens per call 1); such a row is skipped, an i.i.d.-only row is not."""
+    from mdboost.validation.cells import select_cells
+
+    base = {"drafter": "d", "target": "t", "temperature": "1.0", "divergence": "none", "max_divergence": "0.0",
+            "gamma": "2", "predicted_speedup": "1.0", "rank": "1", "quality_ok": "True", "rule": "match",
+            "drafting": "greedy", "md_acceptance": "0.4"}
+    nowhere = dict(base, draft_p_min="0.75", engine_acceptance="nan", engine_tokens_per_call="1.0")
+    drafts = dict(base, draft_p_min="0.0", engine_acceptance="0.4", engine_tokens_per_call="1.3", rank="2")
+    iid = dict(base, drafter="e", engine_acceptance="nan", engine_tokens_per_call="nan", rank="3")
+    chosen = select_cells([nowhere, drafts, iid], cells=5)
+    assert [(r["drafter"], r["draft_p_min"] if "draft_p_min" in r else None) for r in chosen] == [("d", "0.0"), ("e", None)]

@@ -92,6 +92,19 @@ def test_scatter_plot_is_a_png_with_two_panels(tmp_path):
     assert not any(p.name.startswith(".") for p in path.parent.iterdir())  # no temp leftovers
 
 
+def test_scatter_plot_leaves_out_a_cell_that_drafted_nothing(tmp_path):
+    """A realized acceptance is NaN where a cell's runs drafted nothing (a draft floor): no point
+    on the acceptance panel; a NaN speedup, or a NaN predicted acceptance, is still refused."""
+    path = plot_predicted_vs_realized(["a", "b"], [0.5, 0.6], [float("nan"), 0.58], [1.0, 1.1], [0.98, 1.2],
+                                      tmp_path / "nan.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    plot_predicted_vs_realized(["a"], [0.5], [float("nan")], [1.0], [0.98], tmp_path / "none.png")
+    with pytest.raises(ValueError, match="realized_speedup must be 2 finite numbers"):
+        plot_predicted_vs_realized(["a", "b"], [0.5, 0.6], [0.5, 0.6], [1.0, 1.1], [1.0, float("nan")], tmp_path / "x.png")
+    with pytest.raises(ValueError, match="predicted_acceptance must be 2 finite numbers"):
+        plot_predicted_vs_realized(["a", "b"], [0.5, float("nan")], [0.5, 0.6], [1.0, 1.1], [1.0, 1.1], tmp_path / "x.png")
+
+
 def test_scatter_plot_rejects_mismatched_lengths(tmp_path):
     with pytest.raises(ValueError, match="realized_speedup"):
         plot_predicted_vs_realized(["a", "b"], [0.5, 0.6], [0.5, 0.6], [1.0, 1.1], [1.0],

@@ -9,15 +9,17 @@ The selection rule (:func:`select_cells`, documented in ``docs/validation.md``, 
 
 1. candidates are the rows of every rule (``docs/ranking.md``, "Rules and engines": the engine
    runs each with its drafting, :mod:`mdboost.md.rules`) whose target can verify (not an n-gram
-   member), with a finite predicted speedup, at one of the allowed temperatures; a budget-0 row
+   member), with a finite predicted speedup, drafting somewhere (a row whose draft-start process
+   predicts no drafted step, ``engine_acceptance`` NaN: a draft floor above every confidence,
+   has no acceptance to realize), at one of the allowed temperatures; a budget-0 row
    is lossless, so its divergence does not matter (it counts once per (pair, temperature, gamma,
-   rule, drafting));
+   rule, drafting, draft floor));
 2. the first cell is the recommendation's row (the ranking's, or
    :func:`mdboost.ranking.recommend.recommend` over the candidates when none is given or when
    it lies outside the candidates, e.g. at a temperature left out);
 3. then, one at a time, the candidate whose values are least used so far, compared in this
    order: its temperature's count among the chosen cells, the count of its (temperature, budget
-   class) pair (class: budget 0 or > 0), the count of its rule (name and drafting), whether it
+   class) pair (class: budget 0 or > 0), the count of its rule (name, drafting, floor), whether it
    fails the quality check (``quality_ok`` rows first), and the summed counts of its drafter,
    gamma, budget and divergence; ties go to the better ``rank``, then to the row order.
 
@@ -160,6 +162,8 @@ def _is_candidate(row: dict, temperatures) -> bool:
         return False
     if not math.isfinite(csv_float(row.get("predicted_speedup"))):
         return False
+    if math.isnan(csv_float(row.get("engine_acceptance"))) and math.isfinite(csv_float(row.get("engine_tokens_per_call"))):
+        return False  # the process ran and predicts no drafted step (a draft floor above every confidence)
     return temperatures is None or any(math.isclose(csv_float(row["temperature"]), float(t), abs_tol=1e-9)
                                        for t in temperatures)
 

@@ -29,9 +29,12 @@ def _plt():
 
 def _panel(ax, predicted, realized, labels, title, tolerance=None, interval=None) -> None:
     lo_b, hi_b = interval if interval is not None else (np.full_like(predicted, np.nan),) * 2
+    shown = np.isfinite(realized)  # an acceptance is NaN where a cell drafted nothing: no point
+    predicted, realized, lo_b, hi_b = predicted[shown], realized[shown], lo_b[shown], hi_b[shown]
+    labels = [label for label, keep in zip(labels, shown) if keep]
     has = np.isfinite(lo_b) & np.isfinite(hi_b)
     values = np.concatenate([predicted, realized, lo_b[has], hi_b[has]])
-    lo, hi = float(values.min()), float(values.max())
+    lo, hi = (float(values.min()), float(values.max())) if values.size else (0.0, 1.0)
     pad = 0.05 * (hi - lo) if hi > lo else 0.05
     line = np.array([lo - pad, hi + pad])
     ax.plot(line, line, color="grey", lw=0.8, ls="--", label="predicted = realized")
@@ -63,7 +66,8 @@ def plot_predicted_vs_realized(labels: Sequence[str], predicted_acceptance, real
     labels : sequence of str
         One name per pair (e.g. ``"drafter -> target @ kl 0.1"``).
     predicted_acceptance, realized_acceptance, predicted_speedup, realized_speedup : array-like
-        Shape (n_pairs,) each, finite.
+        Shape (n_pairs,) each, finite; a realized acceptance may be NaN (a cell whose runs drafted
+        nothing, e.g. under a draft floor): its point is left out of the acceptance panel.
     path : str or Path
         PNG file to write (parent folders are created).
     tolerance : float
@@ -78,7 +82,8 @@ def plot_predicted_vs_realized(labels: Sequence[str], predicted_acceptance, real
         raise ValueError("labels must name at least one pair, got none")
     for name, arr in zip(("predicted_acceptance", "realized_acceptance", "predicted_speedup",
                           "realized_speedup"), arrays):
-        if arr.shape != (n,) or not np.all(np.isfinite(arr)):
+        finite = np.isfinite(arr) | (np.isnan(arr) if name == "realized_acceptance" else False)
+        if arr.shape != (n,) or not np.all(finite):
             raise ValueError(f"{name} must be {n} finite numbers (one per label), got {arr.tolist()}")
     plt = _plt()
     fig, (ax_acc, ax_spd) = plt.subplots(1, 2, figsize=(9, 4.2))
