@@ -252,7 +252,9 @@ def score_pair(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | Non
     stats = _pair_stats(pair, aligned, acc, acc_aligned, sd, s)
     verify = _verify_table(profile, s)
     sd_iid = _iid_choice(stats.sd_acceptance, pair.draft.cost_ratio, s, profile, 0.0, stats.sd_acceptance)
-    rule_pts = s.points
+    # a draft floor tests the drafter's confidence: a one-hot drafter (prompt lookup) has none, so
+    # its floored points would repeat the unfloored ones
+    rule_pts = [pt for pt in s.points if not (pt.rule.draft_p_min and acc.draft.rows.confidence is None)]
     md_wanted = any(pt.is_md for pt in rule_pts)
     acc_ops = _one_plain_point(md_operating_points(acc_aligned, acc_valid, s.divergences, s.budgets, s.mode)) \
         if md_wanted else []
@@ -325,7 +327,7 @@ def _rule_scores(rule_pts: list[RulePoint], pair: PairRows, aligned: Aligned, ac
                                   text_acceptance(law, acc_aligned, acc_valid, acc.labels) if greedy else None,
                                   block_chain(acc_aligned, acc_valid, acc.layout.sequence, s.gamma_max,
                                               seed=s.bootstrap.seed) if block else None,
-                                  floor_drafts(acc.draft.rows, pt.rule.draft_p_min) if pt.rule.draft_p_min else None))
+                                  floor_drafts(acc.draft.rows, pt.rule.draft_p_min)))
         laws.append(law)
     process = None
     if acc.layout is not None and rule_pts:

@@ -176,10 +176,11 @@ def rule_points(rules, divergences, budgets) -> tuple[RulePoint, ...]:
     return tuple(points)
 
 
-def floor_drafts(rows, draft_p_min: float) -> torch.Tensor:  # -> bool [N]
+def floor_drafts(rows, draft_p_min: float) -> torch.Tensor | None:  # -> bool [N] or None
     """Where a greedy drafter drafts under the floor ``draft_p_min``: its valid rows whose
     confidence (``rows.confidence``, :func:`mdboost.md.drafting.draft_confidence`) is at least the
-    floor; a one-hot drafter (no confidence: its proposal is certain) drafts wherever it proposes.
+    floor; None (no cut) without a floor or for a one-hot drafter (no confidence: its proposal
+    is certain, and how far one lookup drafts is its own offer).
 
     Parameters
     ----------
@@ -189,7 +190,7 @@ def floor_drafts(rows, draft_p_min: float) -> torch.Tensor:  # -> bool [N]
         The floor (0: every valid row).
     """
     if draft_p_min == 0 or rows.confidence is None:
-        return rows.valid
+        return None
     if rows.k < FLOOR_TOP_K:
         raise ValueError(f"a draft floor reads the drafter's {FLOOR_TOP_K} largest logits, but the cache keeps "
                          f"k={rows.k} per position: build it with k >= {FLOOR_TOP_K} (cache.k)")
