@@ -453,23 +453,33 @@ def test_cost_draws_keep_the_medians_first_and_draw_measured_repeats():
     assert cost.flatten().tolist() == [0.1] and verify == (1.0, 1.6, 2.2)  # no bootstrap: the measured figures
 
 
-def test_point_offers_cut_each_start_at_its_first_undrafted_position():
-    """A draft floor: a step started at s drafts the run of floor-passing positions from s on
-    (within gamma and the sequence), at most what the pair itself offers."""
+def test_floor_runs_cut_each_start_at_its_first_undrafted_position():
+    """A draft floor: a step started at s may draft the run of floor-passing positions from s on
+    (within the chain width and the sequence); a point without a floor is not cut."""
     from mdboost.ranking.layout import padded_index
-    from mdboost.ranking.process import PointInputs, point_offers
+    from mdboost.ranking.process import PointInputs, floor_runs
 
     zeros = torch.zeros(7, dtype=torch.float64)
     drafts = torch.tensor([True, True, False, True, True, True, True])  # rows 0-4: sequence 0; 5-6: sequence 1
     index, _ = padded_index(torch.tensor([0, 0, 0, 0, 0, 1, 1]))
     floored = PointInputs(zeros, zeros, zeros, drafts=drafts)
     plain = PointInputs(zeros, zeros, zeros)
-    assert point_offers([plain], None, index, 3) is None
-    offers = point_offers([floored, plain], None, index, 3)
-    assert offers[0].tolist() == [[2, 1, 0, 2, 1], [2, 1, 0, 0, 0]]
-    assert offers[1].tolist() == [[3] * 5, [3] * 5]
-    pair = torch.tensor([[3, 3, 3, 0, 3], [1, 1, 0, 0, 0]])  # prompt lookup's own proposal lengths
-    assert point_offers([floored], pair, index, 3)[0].tolist() == [[2, 1, 0, 0, 1], [1, 1, 0, 0, 0]]
+    assert floor_runs([plain], index, 3) is None
+    runs = floor_runs([floored, plain], index, 3)
+    assert runs[0].tolist() == [[2, 1, 0, 2, 1], [2, 1, 0, 0, 0]]
+    assert runs[1].tolist() == [[3] * 5, [3] * 5]
+
+
+@pytest.mark.parametrize("accept, stops, drafted", [(1.0, 1, 3), (0.0, 3, 4)])
+def test_a_floor_that_ends_drafting_costs_one_more_drafter_forward(accept, stops, drafted):
+    """Worked by hand, L = 5, gamma 3, floor runs [2, 1, 0, 2, 1]. Every draft accepted: start 0
+    drafts 2 (the floor ends it: a stop), start 3 drafts 1 (the text's end binds). Every draft
+    rejected: starts 0, 1, 2 end at the floor (2, 1, 0 drafts), 3 drafts 1, 4 none (the end)."""
+    chain = torch.full((1, 5, 3), accept, dtype=torch.float64)
+    res = run_process(chain, 3, floor_len=torch.tensor([[2, 1, 0, 2, 1]]))
+    assert float(res.floor_stops[0]) == stops and float(res.draft_tokens[0]) == drafted
+    assert float(res.drafter_forwards[0]) == stops + drafted
+    assert float(run_process(chain, 3).floor_stops[0]) == 0
 
 
 def test_floor_drafts_reads_the_confidence_and_needs_ten_logits():

@@ -57,6 +57,9 @@ class ProcessResult:
         Expected steps with ``K`` drafts, ``K = 0..G``.
     lengths : LongTensor [B]
         Tokens emitted (the row's length).
+    floor_stops : [B]
+        Expected steps whose drafting a draft floor ended (``floor_len``): the drafter ran one
+        forward more than it drafted, the one whose confidence was below the floor.
     """
 
     start_prob: torch.Tensor
@@ -65,6 +68,7 @@ class ProcessResult:
     accepted: torch.Tensor
     steps_by_draft_len: torch.Tensor
     lengths: torch.Tensor
+    floor_stops: torch.Tensor
 
     @property
     def steps(self) -> torch.Tensor:  # [B]
@@ -80,6 +84,11 @@ class ProcessResult:
     def draft_tokens(self) -> torch.Tensor:  # [B]
         """Expected drafted tokens (``num_draft_tokens``)."""
         return (self.start_prob * self.draft_len).sum(-1)
+
+    @property
+    def drafter_forwards(self) -> torch.Tensor:  # [B]
+        """Expected drafter forwards: one per drafted token, one more per step a floor ended."""
+        return self.draft_tokens + self.floor_stops
 
     def position0(self, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(sum_s P(start s) values[s], sum_s P(start s))`` over drafted starts, each [B].
@@ -105,7 +114,7 @@ def _draft_lengths(gamma, offered, lengths, n: int, length: int) -> torch.Tensor
     return k if offered is None else torch.minimum(k, torch.as_tensor(offered, dtype=torch.long).clamp_min(0))
 
 
-def run_process(chain: torch.Tensor, gamma, *, draft_len=None, lengths=None) -> ProcessResult:
+def run_process(chain: torch.Tensor, gamma, *, draft_len=None, lengths=None, floor_len=None) -> ProcessResult:
     """Exact expectations of the engine's draft/verify loop on fixed texts (module docstring).
 
     Parameters
@@ -117,6 +126,10 @@ def run_process(chain: torch.Tensor, gamma, *, draft_len=None, lengths=None) -> 
         Draft length (per row: stack operating points and gammas in the batch).
     draft_len : LongTensor [B, L], optional
         Drafts the drafter offers at each start (default: unlimited, i.e. ``gamma``).
+    floor_len : LongTensor [B, L], optional
+        Drafts a draft floor lets a step started at ``s`` make (:func:`floor_runs`); where it is
+        below the other limits the step drafts that many and its drafter runs one forward more
+        (``ProcessResult.floor_stops``). Default: no floor.
     lengths : LongTensor [B], optional
         Positions per row (default ``L``); positions past it are padding.
 
@@ -135,7 +148,12 @@ def run_process(chain: torch.Tensor, gamma, *, draft_len=None, lengths=None) -> 
         raise ValueError(f"lengths must be a LongTensor [{n}] in [0, {length}], got {lengths}")
     if int(torch.as_tensor(gamma).max()) > width:
         raise ValueError(f"chain width {width} is below the largest gamma {int(torch.as_tensor(gamma).max())}")
-    k = _draft_lengths(gamma, draft_len, lengths, n, length)  # [B, L]
+    k = _draft_lengths(gamma, draft_len, lengths, n, length)  # [B, L] without the floor
+    stopped = torch.zeros_like(k, dtype=torch.bool)
+    if floor_len is not None:
+        floor_len = torch.as_tensor(floor_len, dtype=torch.long)
+        stopped = floor_len < k  # the floor binds: drafting ends at a position it tested
+        k = torch.minimum(k, floor_len)
     g = max(width, 1)
     idx = torch.arange(g + 1)
     padded = torch.cat([chain, chain.new_zeros(n, length, g + 1 - width)], dim=-1)  # [B, L, G + 1]
@@ -155,7 +173,8 @@ def run_process(chain: torch.Tensor, gamma, *, draft_len=None, lengths=None) -> 
         visit[:, i:i + length] += start_prob * reach[..., i]
     accepted = (start_prob * surv[..., 1:].mul(idx[1:] <= k[..., None]).sum(-1)).sum(-1)
     hist = torch.zeros(n, g + 1, dtype=torch.float64).scatter_add_(1, k, start_prob)
-    return ProcessResult(start_prob, visit[:, :length], k * inside, accepted, hist, lengths)
+    return ProcessResult(start_prob, visit[:, :length], k * inside, accepted, hist, lengths,
+                         (start_prob * (stopped & inside)).sum(-1))
 
 
 # ---- one pair: every operating point and gamma in one batch ----------------------------------------
@@ -200,7 +219,7 @@ class PointInputs:
     :func:`~mdboost.ranking.rule_points.block_chain`), used as given; ``drafts`` [M] bool: where
     the drafter drafts under a draft probability floor
     (:func:`~mdboost.ranking.rule_points.floor_drafts`): a step started at ``s`` offers the run
-    of such positions from ``s`` on (:func:`point_offers`)."""
+    of such positions from ``s`` on (:func:`floor_runs`)."""
 
     a: torch.Tensor
     b: torch.Tensor
@@ -257,34 +276,32 @@ def _run_points(rows, points: list[PointInputs], gammas: tuple, on_reference: bo
     n_b, length, width = chains.shape[1:]
     batch = chains[:, None].expand(n_p, n_g, n_b, length, width).reshape(-1, length, width)
     gamma = torch.tensor(gammas)[None, :, None].expand(n_p, n_g, n_b).reshape(-1)
-    offers = point_offers(points, offered, index, width)  # [P, B, L] or None
-    draft_len = None if offers is None else offers[:, None].expand(n_p, n_g, n_b, length).reshape(-1, length)
-    res = run_process(batch, gamma, draft_len=draft_len, lengths=lengths.repeat(n_p * n_g))
+    floors = floor_runs(points, index, width)  # [P, B, L] or None
+    floor_len = None if floors is None else floors[:, None].expand(n_p, n_g, n_b, length).reshape(-1, length)
+    res = run_process(batch, gamma, draft_len=None if offered is None else offered.repeat(n_p * n_g, 1),
+                      lengths=lengths.repeat(n_p * n_g), floor_len=floor_len)
     return _Batch(res, raw, index, lengths, (n_p, n_g, n_b, length))
 
 
-def point_offers(points: list[PointInputs], offered, index: torch.Tensor, width: int) -> torch.Tensor | None:
-    """Drafts each point's drafter offers at each start, ``[P, B, L]`` (None: ``gamma`` everywhere).
+def floor_runs(points: list[PointInputs], index: torch.Tensor, width: int) -> torch.Tensor | None:
+    """Drafts each point's draft floor lets a step started at each start make, ``[P, B, L]``
+    (``width`` for a point without a floor; None when no point has one).
 
-    The pair's own offer (``offered`` [B, L]: prompt lookup's proposal lengths, or None), cut,
-    for a point with ``drafts`` (a draft floor), at the first position from the start where the
-    drafter does not draft: drafting stops before it. Along the text this is exact for every
-    draft that can be accepted (accepted drafts are the text, so the drafter's context is the
-    text's prefix, ``mdboost.ranking.chains``); drafts after a rejection are priced at the text's
-    confidences too.
+    A point with ``drafts`` (a draft floor) drafts from the start up to, not including, the first
+    position where the drafter does not draft. Along the text this is exact for every draft that
+    can be accepted (accepted drafts are the text, so the drafter's context is the text's prefix,
+    ``mdboost.ranking.chains``); drafts after a rejection are priced at the text's confidences too.
     """
-    if offered is None and all(pt.drafts is None for pt in points):
+    if all(pt.drafts is None for pt in points):
         return None
-    base = torch.full(index.shape, width, dtype=torch.long) if offered is None else torch.as_tensor(offered).long()
-    offers = []
+    runs = []
     for pt in points:
         if pt.drafts is None:
-            offers.append(base)
+            runs.append(torch.full(index.shape, width, dtype=torch.long))
             continue
         here = gather_rows(pt.drafts.double(), index)  # [B, L]: 1 where the drafter drafts
-        run = chain_from_positions(here, width).cumprod(-1).sum(-1).long()  # [B, L]: drafts from each start on
-        offers.append(torch.minimum(base, run))
-    return torch.stack(offers)
+        runs.append(chain_from_positions(here, width).cumprod(-1).sum(-1).long())  # [B, L]: drafts from each start on
+    return torch.stack(runs)
 
 
 def _resample_weights(num_prompts: int, boot: BootstrapSettings) -> torch.Tensor:  # -> [R, B]
@@ -365,7 +382,7 @@ def score_process(rows, points: list[PointInputs], settings: ProcessSettings, pr
            else (torch.as_tensor(prompt, dtype=torch.float64) - 1).clamp_min(0))  # [B]: prompt tokens beyond one
     beta_t, beta_d = float(profile.prefill_per_token), float(rows.draft.prefill_per_token)
     fed = resample_sums(fed, weights)[:, None, None]  # [R, 1, 1]
-    speed = process_speedup(tokens, pooled(res.draft_tokens), pooled(res.steps_by_draft_len), cost,
+    speed = process_speedup(tokens, pooled(res.drafter_forwards), pooled(res.steps_by_draft_len), cost,
                             verify_costs=verify, md_overhead=overhead, solved=solved,
                             prefill=beta_t * fed, drafter_prefill=beta_d * fed)  # [R, P, G]
 

@@ -265,7 +265,9 @@ def process_speedup(tokens, draft_tokens, steps_by_draft_len, cost_ratio, *, ver
     tokens : float or tensor [...]
         Tokens emitted.
     draft_tokens : float or tensor [...]
-        Expected drafted tokens.
+        Expected drafter forwards, each costing ``c``: the drafted tokens, plus one per step a
+        draft floor ended (``ProcessResult.drafter_forwards``: the forward whose confidence was
+        below the floor drafts nothing but is paid).
     steps_by_draft_len : tensor [..., G + 1]
         Expected steps with ``K = 0..G`` drafts.
     cost_ratio : float or tensor [...] >= 0
