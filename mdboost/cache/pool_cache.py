@@ -9,14 +9,18 @@
 3. measures what the pool's speed file (:mod:`mdboost.cache.speed`) lacks, in the engine's own
    steps at one torch thread (:mod:`mdboost.engine.costs`): the target's profile (``v(K)``,
    the MD solve overhead ``s``, its prefill cost) and each drafter's cost ratio ``c`` with its
-   repeat samples and prefill cost;
+   repeat samples and prefill cost; the file then names the pool and this machine's hardware
+   (a cost profile, :mod:`mdboost.cache.profile`);
 4. opens every folder (checksums verified) and checks that all cover the target's rows. A
    finished folder whose files turn out damaged or missing when opened (its manifest intact:
    a damaged manifest already counts as unfinished in step 2) is rebuilt in place before it is
    opened again: :func:`~mdboost.cache.build.build_cache` resumes it, keeping every file that
    matches its manifest entry and computing the rest (``BuildInfo.repaired``).
 
-Models and records load only when something has to be built or measured. The costs are read
+:func:`measure_pool_costs` is step 3 alone (``mdboost profile``); :func:`open_cached` is step 4
+alone with a cost profile's costs instead of the speed file's (``mdboost rank --costs``: nothing
+is built or measured, a missing folder is an error). Models and records load only when something
+has to be built or measured. The costs are read
 from the speed file (:meth:`PoolCache.cost_ratio`, :meth:`PoolCache.cost_samples`,
 :meth:`PoolCache.prefill_per_token`, :meth:`PoolCache.speed_profile_info`).
 """
