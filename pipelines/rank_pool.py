@@ -19,6 +19,12 @@ acceptance-side columns are scored on them (quality and boosting stay on the mai
 each row says so in ``acceptance_source``. Predicted speedups use the target's measured speed
 profile (verification cost table and MD overhead, :mod:`mdboost.ranking.speed`).
 
+With ``--costs PROFILE`` (``run(cfg, costs)``) the finished caches are re-scored with a cost
+profile's costs (:mod:`mdboost.cache.profile`, e.g. another machine's) instead of this machine's
+speed file: nothing is built or measured, and ``ranking.csv`` is the one a full run with those
+costs writes. ``summary.json``'s ``cost_profile`` and ``hardware``, the verdict and the MLflow
+description name where the costs were measured.
+
 Re-running with the same config reuses the cache (same fingerprint, finished shards skipped);
 a config that changes the pool, the data or the cache settings gets a new cache folder, while
 changes to budgets, gamma range, boosting or the ranking rule only re-score from the cache.

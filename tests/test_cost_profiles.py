@@ -63,7 +63,8 @@ def test_the_hardware_fingerprint_of_this_machine():
     assert set(hw["cpu_flags"]) <= set(CPU_FLAGS)
     if Path("/proc/cpuinfo").is_file():
         text = Path("/proc/cpuinfo").read_text()
-        flags = next(line for line in text.splitlines() if line.startswith("flags")).split(":")[1].split()
+        lines = [line for line in text.splitlines() if line.split(":")[0].strip() == "flags"]  # none on ARM
+        flags = lines[0].split(":", 1)[1].split() if lines else []
         assert hw["cpu_flags"] == [f for f in CPU_FLAGS if f in flags]
         if "model name" in text:
             assert isinstance(hw["cpu"], str) and hw["cpu"] in text
@@ -202,3 +203,20 @@ def test_a_missing_or_garbled_profile_exits_2(tmp_path, capsys, content):
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"mdboost rank: error: cost profile {str(path)!r}") and "\n" not in err
     assert ("does not exist" if content is None else "write it again with `mdboost profile`") in err
+
+
+def test_profile_measures_on_a_fresh_folder_without_building_caches(tmp_path, capsys):
+    cfg = _config(tmp_path)
+    data = to_dict(cfg)
+    data["md"]["temperatures"] = [1.0]
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(data))
+    assert cli.main(["profile", "--config", str(config), "--out", str(tmp_path / "p.json")]) == 0
+    out = capsys.readouterr().out
+    assert "measured target profile, early_exit:2, ngram:2" in out and "cost profile:" in out
+    names = [p.name for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")]  # no logit cache
+    assert len(names) == 1 and names[0].startswith("speed-") and names[0].endswith(".json")
+    profile = read_profile(tmp_path / "p.json")
+    assert profile.pool["target"] == "tiny" and profile.pool["sampling"] == "sampled"
+    assert profile.hardware["load_average"] is None or len(profile.hardware["load_average"]) == 3
+    assert profile.missing(["early_exit:2", "ngram:2"]) == [] and len(profile.profile["verify_cost"]) == 9
