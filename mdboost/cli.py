@@ -1,4 +1,4 @@
-"""The ``mdboost`` command: ``rank``, ``validate``, ``export`` and ``ui``.
+"""The ``mdboost`` command: ``rank``, ``profile``, ``validate``, ``export`` and ``ui``.
 
 Each subcommand only parses arguments and hands over to a pipeline entry point
 (``pipelines/``) or a library function. Conventions, as in the tools ML engineers already use:
@@ -44,8 +44,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     rank = sub.add_parser("rank", help="rank drafter/target pairs of a pool (pipelines/rank_pool.py)")
     rank.add_argument("--config", required=True, help="YAML config, e.g. configs/default.yaml")
+    rank.add_argument("--costs", action="append", default=None, metavar="PROFILE.json",
+                      help="re-score the finished caches with this cost profile (`mdboost profile`, e.g. another "
+                           "machine's) instead of this machine's costs; nothing is built or measured; one per "
+                           "decoding mode ranked (greedy, sampled)")
     _add_overrides(rank)
     rank.set_defaults(target="pipelines.rank_pool:main")
+
+    profile = sub.add_parser("profile", help="measure a pool's engine costs on this machine into a portable cost "
+                                             "profile (pipelines/profile_costs.py)")
+    profile.add_argument("--config", required=True, help="YAML config, e.g. configs/default.yaml")
+    profile.add_argument("--out", default=None, metavar="PATH",
+                         help="write the profile here (a config ranking greedy and sampled decoding also writes "
+                              "PATH's stem + '-greedy'); default: print where the pool's speed file is")
+    _add_overrides(profile)
+    profile.set_defaults(target="pipelines.profile_costs:main")
 
     validate = sub.add_parser("validate", help="run real MD generation on ranked pairs (pipelines/validate_pairs.py)")
     validate.add_argument("--config", required=True, help="YAML config, e.g. configs/validate_default.yaml")

@@ -19,6 +19,12 @@ acceptance-side columns are scored on them (quality and boosting stay on the mai
 each row says so in ``acceptance_source``. Predicted speedups use the target's measured speed
 profile (verification cost table and MD overhead, :mod:`mdboost.ranking.speed`).
 
+With ``--costs PROFILE`` (``run(cfg, costs)``) the finished caches are re-scored with a cost
+profile's costs (:mod:`mdboost.cache.profile`, e.g. another machine's) instead of this machine's
+speed file: nothing is built or measured, and ``ranking.csv`` is the one a full run with those
+costs writes. ``summary.json``'s ``cost_profile`` and ``hardware``, the verdict and the MLflow
+description name where the costs were measured.
+
 Re-running with the same config reuses the cache (same fingerprint, finished shards skipped);
 a config that changes the pool, the data or the cache settings gets a new cache folder, while
 changes to budgets, gamma range, boosting or the ranking rule only re-score from the cache.
@@ -37,7 +43,8 @@ from tqdm.auto import tqdm
 
 from mdboost.cache import open_or_build_cache
 from mdboost.cache.mentored import attach_mentored
-from mdboost.cache.pool_cache import BuildInfo, PoolCache
+from mdboost.cache.pool_cache import BuildInfo, PoolCache, open_cached
+from mdboost.cache.profile import costs_line, hardware_label, read_profile, sampling_of
 from mdboost.engine.costs import torch_threads
 from mdboost.export import mdboost_snippet
 from mdboost.models.home import mdboost_home
@@ -50,7 +57,7 @@ from mdboost.ranking.rows import MemberLoader, select_pairs
 from mdboost.ranking.scaleout import active_client, score_cached_pair, score_pairs_on
 from mdboost.tracking import setup
 from mdboost.tracking.datasets import log_records
-from mdboost.tracking.notes import ranking_note
+from mdboost.tracking.notes import costed_verdict, ranking_note
 from mdboost.tracking.runs import ChildRun, log_children, ordered_metrics, point_name
 from pipelines.loader import load_yaml, to_dict
 from pipelines.config import RankConfig
@@ -271,6 +278,7 @@ def log_mlflow(cfg: RankConfig, rows: list[dict], paths: dict[str, Path], summar
         mlflow.log_params(_flat_params(cfg))
         mlflow.set_tags({"mdboost.pipeline": "rank_pool", "cache_dir": str(summary.get("cache_dir", "")),
                          "acceptance_source": cfg.cache.acceptance_source,
+                         "cost_profile": str(summary["cost_profile"]), "hardware": hardware_label(summary["hardware"]),
                          "mlflow.note.content": summary["recommendation_markdown"]})
         mlflow.log_params({f"recommendation.{k}": str(v) for k, v in rec.items()})
         text = cfg.data.text_source()
@@ -297,25 +305,58 @@ class _Opened(NamedTuple):
     info: BuildInfo
 
 
-def run(cfg: RankConfig) -> dict:
+def run(cfg: RankConfig, costs=None) -> dict:
     """Run the whole pipeline for a validated config; returns a summary dict. With ``cache.backend:
-    dask`` it runs on the Dask cluster of ``cache.scheduler`` (a ``local`` one is closed at the end)."""
+    dask`` it runs on the Dask cluster of ``cache.scheduler`` (a ``local`` one is closed at the end).
+
+    ``costs``: cost profile files (:mod:`mdboost.cache.profile`; one per decoding mode ranked,
+    greedy or sampled) whose costs replace this machine's speed file: the finished caches are
+    re-scored, nothing is built or measured (:func:`mdboost.cache.pool_cache.open_cached`)."""
     with cfg.cache.cluster():
-        return _run(cfg)
+        return _run(cfg, None if costs is None else [read_profile(path) for path in costs])
 
 
-def _run(cfg: RankConfig) -> dict:
+def _profile_for(profiles: list, spec):
+    """The profile among ``profiles`` for ``spec``'s decoding mode (a single one is checked as it is)."""
+    if len(profiles) == 1:
+        return profiles[0]
+    mine = [p for p in profiles if (p.pool or {}).get("sampling") == sampling_of(spec)]
+    if len(mine) != 1:
+        raise ValueError(f"costs must hold one cost profile of {sampling_of(spec)} decoding (T={spec.temperature:g}), "
+                         f"got {len(mine)} among {[str(p.path) for p in profiles]}")
+    return mine[0]
+
+
+def _open(cfg: RankConfig, temperature: float, profiles: list | None) -> tuple[PoolCache, BuildInfo]:
+    """One temperature's caches: opened or built with this machine's costs, or opened with a profile's."""
+    spec = cfg.cache_spec(temperature)
+    if profiles is None:
+        pc, cache_info = open_or_build_cache(spec, progress=cfg.progress)  # costs: once per pool
+    else:
+        pc, cache_info = open_cached(spec, _profile_for(profiles, spec))
+    if cache_info.repaired:
+        print(f"mdboost rank: cache: damaged files of {', '.join(cache_info.repaired)} were rebuilt "
+              f"(the intact ones kept)", file=sys.stderr)
+    if cfg.cache.mentored_text:  # prompt lookup's points with a budget, on MD's own text
+        pc = attach_mentored(pc.spec, pc, cfg.md.divergences, cfg.md.budgets, cfg.speed.gamma_max,
+                             progress=cfg.progress, sample=profiles is None)
+    return pc, cache_info
+
+
+def cost_fields(pc: PoolCache, profiles: list | None) -> dict:
+    """``summary.json``'s ``cost_profile`` (the profile files given, None for this machine's speed
+    file) and ``hardware`` (the fingerprint of the machine the costs were measured on)."""
+    paths = None if profiles is None else [str(p.path) for p in profiles]
+    return {"cost_profile": paths[0] if paths and len(paths) == 1 else paths,
+            "hardware": None if pc.speed is None else pc.speed.hardware}
+
+
+def _run(cfg: RankConfig, profiles: list | None = None) -> dict:
     start = time.perf_counter()
     rows, details, t_cache, t_score, opened, fronts = [], {}, 0.0, 0.0, [], {}
     for temperature in cfg.md.sampling_temperatures:
         t0 = time.perf_counter()
-        pc, cache_info = open_or_build_cache(cfg.cache_spec(temperature), progress=cfg.progress)  # costs: once per pool
-        if cache_info.repaired:
-            print(f"mdboost rank: cache: damaged files of {', '.join(cache_info.repaired)} were rebuilt "
-                  f"(the intact ones kept)", file=sys.stderr)
-        if cfg.cache.mentored_text:  # prompt lookup's points with a budget, on MD's own text
-            pc = attach_mentored(pc.spec, pc, cfg.md.divergences, cfg.md.budgets, cfg.speed.gamma_max,
-                                 progress=cfg.progress)
+        pc, cache_info = _open(cfg, temperature, profiles)
         t1 = time.perf_counter()
         more, more_details = score_all(cfg, pc, temperature)
         fronts.update(frontiers(cfg, pc, temperature, rank_rows(list(more), cfg.ranking.nll_tolerance)))
@@ -350,12 +391,15 @@ def _run(cfg: RankConfig) -> dict:
                "recommendation": rec.to_dict(), "verdict": rec.verdict(), "engine_snippet": snippet,
                "recommendations": recommend_engines(rows),
                "ranking_csv_sha256": report.csv_sha256(paths["csv"])}
+    sampled = [o for o in opened if o.pc.spec.temperature > 0] or opened  # greedy has its own profile, no MD
+    pc = sampled[0].pc
+    summary.update(cost_fields(pc, profiles))
+    costs = costs_line(summary["hardware"], summary["cost_profile"])
+    summary["verdict"] = costed_verdict(rec, costs)
     summary["recommendation_markdown"] = ranking_note(
         rec, best_gamma_rows(rows), bootstrap=bootstrap, snippet=snippet, n_pairs=summary["n_pairs"],
         n_rows=len(rows), nll_tolerance=cfg.ranking.nll_tolerance, top=cfg.ranking.top,
-        cache=f"Cache: `{cache_info.dir}` ({'reused' if summary['cache_reused'] else 'built'}).")
-    sampled = [o for o in opened if o.pc.spec.temperature > 0] or opened  # greedy has its own profile, no MD
-    pc = sampled[0].pc
+        cache=f"Cache: `{cache_info.dir}` ({'reused' if summary['cache_reused'] else 'built'}).", costs=costs)
     profile = pc.speed_profile_info(cfg.pool.target)
     if profile is not None:  # the speed model's inputs (docs/ranking.md, "Speed model")
         summary["verify_cost"] = profile["verify_cost"]
@@ -372,8 +416,9 @@ def _run(cfg: RankConfig) -> dict:
     return summary
 
 
-def main(config: str, overrides=()) -> int:
-    """CLI entry point: ``mdboost rank --config <yaml> [--set key.path=value ...]``; returns the exit status.
+def main(config: str, overrides=(), costs=None) -> int:
+    """CLI entry point: ``mdboost rank --config <yaml> [--set key.path=value ...] [--costs profile.json ...]``;
+    returns the exit status.
 
     A bad config raises its ValueError (``config error ...``), reported by :func:`mdboost.cli.main`
     as one line (exit 2, the traceback with ``--debug``).
@@ -381,7 +426,7 @@ def main(config: str, overrides=()) -> int:
     cfg = load_yaml(config, RankConfig, overrides)
     if not cfg.progress:
         quiet_libraries()
-    summary = run(cfg)
+    summary = run(cfg, costs)
     if cfg.cache.acceptance_source == "reference":
         print("mdboost rank: warning: cache.acceptance_source is 'reference': acceptance is read on the reference "
               "text, not on text the target samples (the process takes each position's expected acceptance and "

@@ -44,7 +44,7 @@ def test_bad_config_is_one_line_naming_the_key(tmp_path, capsys, monkeypatch, ca
 
     sections, key, value = BAD[case]
     path = write_config(tmp_path, **sections)
-    monkeypatch.setattr(rank_pool, "run", lambda cfg: pytest.fail("a bad config must not start the pipeline"))
+    monkeypatch.setattr(rank_pool, "run", lambda cfg, costs=None: pytest.fail("a bad config must not start the pipeline"))
     assert cli.main(["rank", "--config", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and key in err and value in err, err
@@ -61,7 +61,7 @@ def test_yaml_syntax_error_names_file_and_line(tmp_path, capsys):
 def test_a_runtime_error_is_one_line_and_debug_shows_the_traceback(tmp_path, capsys, monkeypatch):
     import pipelines.rank_pool as rank_pool
 
-    def fails(cfg):
+    def fails(cfg, costs=None):
         raise ValueError("records file vanished:\n  /data/x.jsonl")
 
     monkeypatch.setattr(rank_pool, "run", fails)
@@ -108,7 +108,7 @@ def test_more_mistakes_are_config_errors_before_any_work(tmp_path, capsys, monke
 
     if overrides[0].startswith("pool.device") and torch.cuda.device_count() > 7:
         pytest.skip("this machine has a cuda:7")
-    monkeypatch.setattr(rank_pool, "run", lambda cfg: pytest.fail("a bad config must not start the pipeline"))
+    monkeypatch.setattr(rank_pool, "run", lambda cfg, costs=None: pytest.fail("a bad config must not start the pipeline"))
     argv = ["rank", "--config", str(write_config(tmp_path))] + [a for o in overrides for a in ("--set", o)]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip()
@@ -126,7 +126,7 @@ def test_config_errors_and_interrupts_with_and_without_debug(tmp_path, capsys, m
     with pytest.raises(ValueError, match="unknown key 'budgts'"):
         cli.main(bad + ["--debug"])
 
-    def interrupted(cfg):
+    def interrupted(cfg, costs=None):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(rank_pool, "run", interrupted)

@@ -89,7 +89,7 @@ def test_rank_set_reaches_the_pipeline(monkeypatch):
 def test_a_bad_override_is_one_line_naming_the_key(monkeypatch, capsys, override, named):
     import pipelines.rank_pool as rank_pool
 
-    monkeypatch.setattr(rank_pool, "run", lambda cfg: pytest.fail("a bad override must not start the pipeline"))
+    monkeypatch.setattr(rank_pool, "run", lambda cfg, costs=None: pytest.fail("a bad override must not start the pipeline"))
     assert cli.main(["rank", "--config", str(REPO / "configs/tiny.yaml"), "--set", override]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and named in err, err

@@ -262,14 +262,16 @@ def load_mentored(path: str | os.PathLike) -> dict:
     return load_file(str(path))
 
 
-def attach_mentored(spec: PoolCacheSpec, pc, divergences, budgets, width: int, *, progress: bool = False):
+def attach_mentored(spec: PoolCacheSpec, pc, divergences, budgets, width: int, *, progress: bool = False,
+                    sample: bool = True):
     """``pc`` with the mentored rows files of every prompt-lookup drafter at every point with a budget.
 
     Every ``(divergence, budget > 0)`` of ``divergences`` x ``budgets`` gets a file per
     ``ngram`` member (:func:`open_or_sample_mentored`), stored in ``pc.mentored``
     (``drafter -> {(divergence, budget): path}``). Nothing is sampled at temperature 0 (no budget
     there), without a sampled acceptance cache (no shared prompts to continue) or without a
-    lookup drafter.
+    lookup drafter. ``sample=False``: a missing file is a ``ValueError`` (re-scoring reads
+    finished files only).
     """
     points = [(d, float(b)) for d in divergences for b in budgets if b > 0]
     lookup = [m for m in pc.names if m != pc.target and pc.kind(m) == "ngram"]
@@ -278,7 +280,11 @@ def attach_mentored(spec: PoolCacheSpec, pc, divergences, budgets, width: int, *
     model = tokenizer = None
     mentored = {}
     for drafter in lookup:
-        if model is None and any(finished_digest(mentored_path(spec, drafter, *pt, width)) is None for pt in points):
+        missing = [pt for pt in points if finished_digest(mentored_path(spec, drafter, *pt, width)) is None]
+        if missing and not sample:
+            raise ValueError(f"the mentored continuations of {drafter!r} at {missing} (T={spec.temperature:g}) are "
+                             f"missing in {spec.dir!r}: run `mdboost rank` on this config first")
+        if model is None and missing:
             # deferred: mdboost.models imports transformers (seconds); a cache opens without it
             from mdboost.models.pool import build_pool
 

@@ -9,14 +9,18 @@
 3. measures what the pool's speed file (:mod:`mdboost.cache.speed`) lacks, in the engine's own
    steps at one torch thread (:mod:`mdboost.engine.costs`): the target's profile (``v(K)``,
    the MD solve overhead ``s``, its prefill cost) and each drafter's cost ratio ``c`` with its
-   repeat samples and prefill cost;
+   repeat samples and prefill cost; the file then names the pool and this machine's hardware
+   (a cost profile, :mod:`mdboost.cache.profile`);
 4. opens every folder (checksums verified) and checks that all cover the target's rows. A
    finished folder whose files turn out damaged or missing when opened (its manifest intact:
    a damaged manifest already counts as unfinished in step 2) is rebuilt in place before it is
    opened again: :func:`~mdboost.cache.build.build_cache` resumes it, keeping every file that
    matches its manifest entry and computing the rest (``BuildInfo.repaired``).
 
-Models and records load only when something has to be built or measured. The costs are read
+:func:`measure_pool_costs` is step 3 alone (``mdboost profile``); :func:`open_cached` is step 4
+alone with a cost profile's costs instead of the speed file's (``mdboost rank --costs``: nothing
+is built or measured, a missing folder is an error). Models and records load only when something
+has to be built or measured. The costs are read
 from the speed file (:meth:`PoolCache.cost_ratio`, :meth:`PoolCache.cost_samples`,
 :meth:`PoolCache.prefill_per_token`, :meth:`PoolCache.speed_profile_info`).
 """
@@ -27,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from mdboost._io import file_lock, lock_path
 from mdboost.cache.build import build_cache, sample_sequences
@@ -34,6 +39,7 @@ from mdboost.cache.keys import PoolCacheSpec
 from mdboost.cache.manifest import CacheCorruptionError, finished_digest, read_manifest
 from mdboost.cache.reader import LogitCache
 from mdboost.cache.settings import RunOptions, SequenceSettings, StoreSettings
+from mdboost.cache.profile import check_profile, hardware_fingerprint, pool_identity
 from mdboost.cache.speed import SpeedStore, entry_key, speed_path
 
 
@@ -216,18 +222,30 @@ class _Builder:
                     run=RunOptions(backend=spec.backend, n_jobs=spec.n_jobs, progress=self.progress, overwrite=True))
 
     def measure_costs(self, store: SpeedStore, drafters: list[str]) -> tuple[bool, tuple[str, ...]]:
-        """Measure what ``store`` lacks: the target's profile, then each drafter's cost.
+        """Measure what ``store`` lacks: the target's profile, then each drafter's cost; the
+        file then names the pool and this machine (:mod:`mdboost.cache.profile`).
 
         Returns whether the profile was measured and the drafters whose cost was."""
         spec, profiled = self.spec, store.profile is None
-        if profiled:
-            store.set_profile(measure_speed_profile(self.pool.target.model, spec.gamma_max, spec.cost_context,
-                                                    spec.cost_repeats, spec.temperature))
         missing = tuple(store.missing(drafters))
-        for name in missing:
-            store.set_drafter(name, measure_member_cost(self.pool[name], self.pool.target, spec.cost_context,
-                                                        spec.cost_repeats, spec.temperature).to_dict())
+        if not (profiled or missing):
+            return False, ()
+        store.identify(pool_identity(spec, self.pool.target.vocab_fingerprint), hardware_fingerprint(spec.device))
+        todo = (["target profile"] if profiled else []) + list(missing)
+        for name in tqdm(todo, desc=f"measuring costs ({spec.target})", unit="cost", disable=not self.progress):
+            if name == "target profile":
+                store.set_profile(measure_speed_profile(self.pool.target.model, spec.gamma_max, spec.cost_context,
+                                                        spec.cost_repeats, spec.temperature))
+            else:
+                store.set_drafter(name, measure_member_cost(self.pool[name], self.pool.target, spec.cost_context,
+                                                            spec.cost_repeats, spec.temperature).to_dict())
         return profiled, missing
+
+    def vocabulary(self) -> str:
+        """The pool's vocabulary fingerprint: the target folder's manifest when built, else the loaded pool's."""
+        if folder_complete(self.spec, self.spec.target):
+            return read_manifest(self.spec.member_dir(self.spec.target))["tokenizer_fingerprint"]
+        return self.pool.target.vocab_fingerprint
 
 
 def folder_complete(spec: PoolCacheSpec, member: str, acceptance: bool = False) -> bool:
@@ -247,7 +265,7 @@ def folder_complete(spec: PoolCacheSpec, member: str, acceptance: bool = False) 
     return bool(info.get("complete"))
 
 
-def _open_checked(spec: PoolCacheSpec, acceptance: bool, builder: _Builder, repaired: list) -> dict:
+def _open_checked(spec: PoolCacheSpec, acceptance: bool, builder: _Builder | None, repaired: list) -> dict:
     """Open the members' folders; all must cover the same rows and tokenizer as the target's.
 
     A folder found damaged (a shard changed or missing, a bad header: ``CacheCorruptionError``) is
@@ -270,6 +288,8 @@ def _open_checked(spec: PoolCacheSpec, acceptance: bool, builder: _Builder, repa
             with file_lock(lock_path(folder)):  # another run is writing it: wait for it, then open again
                 pass
             caches[name] = LogitCache.open(folder)
+    if damaged and builder is None:
+        raise ValueError(f"the cache folders of {damaged} in {spec.dir!r} are damaged; {_RANK_FIRST}")
     for name in damaged:
         builder.include(name)
     for name in damaged:
@@ -287,11 +307,55 @@ def _open_checked(spec: PoolCacheSpec, acceptance: bool, builder: _Builder, repa
     return caches
 
 
+_RANK_FIRST = "re-scoring with a cost profile reads finished caches only: run `mdboost rank` on this config first"
+
+
+def open_cached(spec: PoolCacheSpec, costs: SpeedStore) -> tuple[PoolCache, BuildInfo]:
+    """Open the finished caches of ``spec`` with the costs of a cost profile, building and measuring
+    nothing (no model loads): a missing, unfinished or damaged folder is a ``ValueError``, and so
+    is a profile that is not for this pool (:func:`mdboost.cache.profile.check_profile`)."""
+    spec = spec.keyed()
+    for acc in spec.folder_sets():
+        unfinished = [m for m in spec.names if not folder_complete(spec, m, acc)]
+        if unfinished:
+            kind = "acceptance cache" if acc else "cache"
+            raise ValueError(f"the {kind} folders of {unfinished} in {spec.dir!r} are missing or unfinished "
+                             f"(T={spec.temperature:g}); {_RANK_FIRST}")
+    acc_pc = PoolCache(_open_checked(spec, True, None, []), spec.target) if spec.sampled_acceptance else None
+    caches = _open_checked(spec, False, None, [])
+    costs = costs.keyed({m: entry_key(spec, m) for m in spec.drafters})
+    check_profile(costs, spec, caches[spec.target].manifest["tokenizer_fingerprint"], spec.gamma_max)
+    pc = PoolCache(caches, spec.target, acc_pc, costs, spec=spec)
+    return pc, BuildInfo(str(Path(spec.dir)), (), (), 0, False)
+
+
+def _identify_format1(store: SpeedStore, spec: PoolCacheSpec, vocabulary: str) -> None:
+    """Name the pool and hardware of a format-1 speed file, in memory: it was measured on this
+    machine (its name keys the device, the thread count and the torch version), at a load
+    average it did not record."""
+    store.identify(pool_identity(spec, vocabulary), {**hardware_fingerprint(spec.device), "load_average": None})
+
+
+def measure_pool_costs(spec: PoolCacheSpec, *, progress: bool = False) -> tuple[SpeedStore, BuildInfo]:
+    """Measure what the pool's speed file lacks (the costs step of :func:`open_or_build_cache`,
+    alone: no logit cache is built) and name its pool in it (in memory when nothing was measured).
+
+    Returns the speed file and what was measured (``measured_speed_profile``, ``measured_costs``)."""
+    spec = spec.keyed()
+    store = SpeedStore(speed_path(spec), {m: entry_key(spec, m) for m in spec.drafters})
+    builder = _Builder(spec, store.missing(spec.drafters), progress)
+    profiled, costed = builder.measure_costs(store, list(spec.drafters))
+    if store.pool is None:
+        _identify_format1(store, spec, builder.vocabulary())
+    return store, BuildInfo(str(Path(spec.dir)), (), (), 0, profiled, costed)
+
+
 def open_or_build_cache(spec: PoolCacheSpec, *, progress: bool = False) -> tuple[PoolCache, BuildInfo]:
     """Open every member's cache of ``spec``, building what is missing first (module docstring).
 
     Costs are measured once per pool target and machine setting (:func:`~mdboost.cache.speed.speed_path`),
-    so another temperature's spec of the same pool reuses them.
+    so another temperature's spec of the same pool reuses them. (Another machine's costs on the
+    same caches: :func:`open_cached`.)
 
     Returns
     -------
@@ -321,6 +385,8 @@ def open_or_build_cache(spec: PoolCacheSpec, *, progress: bool = False) -> tuple
     pc = PoolCache(_open_checked(spec, False, builder, repaired), spec.target, acc_pc, store, spec=spec)
     if acc_pc is not None and acc_pc.vocab_size != pc.vocab_size:
         raise ValueError(f"acceptance caches have vocab_size {acc_pc.vocab_size}, the main caches {pc.vocab_size}")
+    if store.pool is None:
+        _identify_format1(store, spec, pc.caches[spec.target].manifest["tokenizer_fingerprint"])
     info = BuildInfo(str(Path(spec.dir)), built[False], built.get(True, ()), len(to_sample), profiled, costed,
                      tuple(repaired))
     return pc, info

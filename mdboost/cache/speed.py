@@ -14,8 +14,18 @@ id (:func:`entry_key`), so re-saved weights are measured again. The file holds
 
 - ``profile``: the target's :class:`~mdboost.engine.costs.EngineProfile` (``verify_cost``
   ``v(K)``, ``md_overhead`` ``s``, ``prefill_per_token``, samples, method);
-- ``drafters``: per drafter spec its :class:`~mdboost.engine.costs.CostMeasurement`
-  (``median`` ``c``, ``samples``, ``prefill_per_token``, method), measured against the target.
+- ``drafters``: per drafter entry (:func:`entry_key`) its
+  :class:`~mdboost.engine.costs.CostMeasurement` (``median`` ``c``, ``samples``,
+  ``prefill_per_token``, method, threads, load averages), measured against the target;
+- ``engine`` (``"mdboost"``), ``hardware`` (the machine's fingerprint when it measured:
+  :func:`mdboost.cache.profile.hardware_fingerprint`) and ``pool`` (target, its content id, the
+  vocabulary fingerprint, greedy or sampled: :func:`mdboost.cache.profile.pool_identity`).
+
+So the speed file is a *cost profile* (:mod:`mdboost.cache.profile`): ``mdboost profile`` writes
+a copy of it for one pool's drafters, and ``mdboost rank --costs`` ranks with another machine's.
+A file of format 1 (without ``engine``, ``hardware`` and ``pool``) is read as format 2 with those
+unknown; it is written as format 2 when something new is measured into it. The file's name keeps
+the key of format 1 (:data:`KEY_FORMAT`), so the costs already measured are found.
 
 :class:`SpeedStore` reads it and writes it back atomically after each new measurement, so an
 interrupted build keeps what it measured.
@@ -23,6 +33,7 @@ interrupted build keeps what it measured.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from pathlib import Path
@@ -32,7 +43,9 @@ import torch
 from mdboost._io import atomic_write_text
 from mdboost.cache.keys import fingerprint
 
-FORMAT = "mdboost-speed/1"
+FORMAT = "mdboost-speed/2"
+KEY_FORMAT = "mdboost-speed/1"  # part of a speed file's name: unchanged, so format-1 files are still found
+ENGINE = "mdboost"  # the engine whose steps the costs time (mdboost.engine)
 
 
 def speed_path(spec) -> Path:
@@ -40,7 +53,7 @@ def speed_path(spec) -> Path:
     # deferred: mdboost.engine imports transformers (seconds); a cache opens without it
     from mdboost.engine.costs import COST_UNIT, ENGINE_THREADS
 
-    parts = [FORMAT, COST_UNIT, spec.target, spec.device, spec.home, ENGINE_THREADS, torch.__version__.split("+")[0],
+    parts = [KEY_FORMAT, COST_UNIT, spec.target, spec.device, spec.home, ENGINE_THREADS, torch.__version__.split("+")[0],
              spec.cost_context, spec.cost_repeats, max(spec.gamma_max, 8), *spec.weights(spec.target)]
     key = fingerprint(*parts, *(["greedy"] if spec.temperature == 0 else []))
     return Path(spec.dir) / f"speed-{key}.json"
@@ -61,29 +74,61 @@ class SpeedStore:
         The JSON file (created on the first write).
     keys : dict, optional
         Drafter name -> entry name (:func:`entry_key`); names not in it are their own entry.
+    kind : str, default="speed file"
+        What the file is called in errors (``"cost profile"`` for one given to ``rank --costs``).
     """
 
-    def __init__(self, path: str | os.PathLike, keys: dict | None = None):
-        self.path = Path(path)
+    def __init__(self, path: str | os.PathLike, keys: dict | None = None, kind: str = "speed file"):
+        self.path, self.kind = Path(path), kind
         self._keys = dict(keys or {})
-        self._data = {"format": FORMAT, "profile": None, "drafters": {}}
+        self._data = {"format": FORMAT, "engine": ENGINE, "hardware": None, "pool": None, "profile": None,
+                      "drafters": {}}
         if self.path.is_file():
-            try:
-                data = json.loads(self.path.read_text())
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise ValueError(f"speed file {str(self.path)!r} is not valid JSON ({exc}); delete it to measure "
-                                 f"again") from None
-            if not isinstance(data, dict) or not isinstance(data.get("drafters", {}), dict):
-                raise ValueError(f"speed file {str(self.path)!r} is damaged (not a JSON object with a 'drafters' "
-                                 f"object); delete it to measure again")
-            if data.get("format") != FORMAT:
-                raise ValueError(f"speed file {str(self.path)!r} has format {data.get('format')!r}, expected {FORMAT!r}")
-            self._data = data
+            self._data = self._read()
+
+    def _read(self) -> dict:
+        try:
+            data = json.loads(self.path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{self.kind} {str(self.path)!r} is not valid JSON ({exc}); {self._remedy}") from None
+        if not isinstance(data, dict) or not isinstance(data.get("drafters", {}), dict):
+            raise ValueError(f"{self.kind} {str(self.path)!r} is damaged (not a JSON object with a 'drafters' "
+                             f"object); {self._remedy}")
+        if data.get("format") not in (KEY_FORMAT, FORMAT):
+            raise ValueError(f"{self.kind} {str(self.path)!r} has format {data.get('format')!r}, expected {FORMAT!r}")
+        # format 1 had no engine, hardware or pool: read as format 2 with them unknown
+        return {"engine": ENGINE, "hardware": None, "pool": None, "profile": None, "drafters": {}, **data,
+                "format": FORMAT}
+
+    @property
+    def _remedy(self) -> str:
+        return "delete it to measure again" if self.kind == "speed file" else "write it again with `mdboost profile`"
+
+    def keyed(self, keys: dict) -> SpeedStore:
+        """The same file's figures read through other entry names (``keys``: drafter -> entry)."""
+        out = copy.copy(self)
+        out._keys = dict(keys)
+        return out
 
     @property
     def profile(self) -> dict | None:
         """The target's profile (``EngineProfile.to_dict()``), or None when not measured."""
         return self._data["profile"]
+
+    @property
+    def hardware(self) -> dict | None:
+        """The fingerprint of the machine that measured (:func:`mdboost.cache.profile.hardware_fingerprint`),
+        or None (a format-1 file)."""
+        return self._data["hardware"]
+
+    @property
+    def pool(self) -> dict | None:
+        """The pool the costs belong to (:func:`mdboost.cache.profile.pool_identity`), or None (unknown)."""
+        return self._data["pool"]
+
+    @property
+    def engine(self) -> str:
+        return self._data["engine"]
 
     def drafter(self, name: str) -> dict | None:
         """A drafter's entry (``median``, ``samples``, ``prefill_per_token``, ``method``), or None."""
@@ -93,6 +138,13 @@ class SpeedStore:
         """The names in ``drafters`` without an entry."""
         return [d for d in drafters if self.drafter(d) is None]
 
+    def identify(self, pool: dict, hardware: dict | None = None) -> None:
+        """Set the pool's identity and (when given) the measuring machine's fingerprint, in memory:
+        they are written with the next measurement (a plain re-ranking never writes the file)."""
+        self._data["pool"] = pool
+        if hardware is not None:
+            self._data["hardware"] = hardware
+
     def set_profile(self, profile: dict) -> None:
         self._data["profile"] = profile
         self._write()
@@ -101,6 +153,14 @@ class SpeedStore:
         """Store a drafter's entry (``CostMeasurement.to_dict()``)."""
         self._data["drafters"][self._keys.get(name, name)] = entry
         self._write()
+
+    def to_dict(self, drafters=None) -> dict:
+        """The file's JSON object; with ``drafters`` (names), only their entries."""
+        data = dict(self._data)
+        if drafters is not None:
+            entries = [self._keys.get(d, d) for d in drafters]
+            data["drafters"] = {e: self._data["drafters"][e] for e in entries if e in self._data["drafters"]}
+        return data
 
     def _write(self) -> None:
         atomic_write_text(self.path, json.dumps(self._data, indent=2, sort_keys=True))

@@ -89,9 +89,19 @@ def point_cells(row: Mapping) -> dict:
             "quality_ok": row.get("quality_ok") in (True, "True", "true", "1")}
 
 
+def costed_verdict(rec: Recommendation, costs: str | None = None) -> str:
+    """The recommendation's verdict, then (when given) the line naming where its costs were measured.
+
+    >>> rec = Recommendation("int8", "t", 1.0, "kl", 0.1, 5, 1.43, 1.2, 1.6, True, True, 1.0, 1.01)
+    >>> costed_verdict(rec, "costs measured on CPU X (avx2)")
+    'recommended: int8 -> t, T=1, kl <= 0.1, gamma 5: predicted speedup 1.43x [1.20, 1.60] over plain decoding; costs measured on CPU X (avx2)'
+    """
+    return rec.verdict() if not costs else f"{rec.verdict()}; {costs}"
+
+
 def ranking_note(rec: Recommendation, points: Sequence[Mapping], *, bootstrap: Mapping, snippet: str,
                  n_pairs: int, n_rows: int, nll_tolerance: float, top: int = 10,
-                 cache: str | None = None) -> str:
+                 cache: str | None = None, costs: str | None = None) -> str:
     """A ranking parent run's description: the recommendation, then the ranking's summary.
 
     Parameters
@@ -112,19 +122,22 @@ def ranking_note(rec: Recommendation, points: Sequence[Mapping], *, bootstrap: M
         Points shown in the table (>= 1); the rest are in the table artifact.
     cache : str or None
         A line about the cache (folder, reused or built), shown when given.
+    costs : str or None
+        Where the costs were measured (``mdboost.cache.profile.costs_line``): the speedups hold
+        on that hardware; appended to the verdict when given (:func:`costed_verdict`).
 
     Returns
     -------
     str
-        Markdown; its first line is the recommendation's verdict
-        (:meth:`~mdboost.ranking.recommend.Recommendation.verdict`) in bold.
+        Markdown; its first line is the recommendation's verdict with its costs'
+        hardware (:func:`costed_verdict`) in bold.
     """
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise ValueError(f"top must be an integer >= 1, got {top!r}")
     level = float(bootstrap.get("level", math.nan))
     shown = list(points)[:top]
     lines = [
-        f"**{rec.verdict()}**", "",
+        f"**{costed_verdict(rec, costs)}**", "",
         markdown_table([{"drafter": rec.drafter, "target": rec.target, "T": f"{rec.temperature:g}",
                          "divergence": rec.divergence, "budget": f"{rec.max_divergence:g}", "gamma": rec.gamma,
                          "speedup": _num(rec.predicted_speedup, ".3f"),

@@ -1,0 +1,206 @@
+"""Cost profiles: a pool's measured engine costs as a portable file, with the machine they belong to.
+
+A pool's speed file (:mod:`mdboost.cache.speed`) *is* its cost profile: one JSON object holding
+
+- ``hardware`` (:func:`hardware_fingerprint`): the CPU's model name and the instruction-set flags
+  that decide the speed of its matrix kernels (AVX2, AVX-512, VNNI, AMX, read from
+  ``/proc/cpuinfo`` where there is one), or the CUDA device's name and memory; the torch thread
+  count of the measurement, the torch version, the pool's dtype, the CPU count and the load
+  average when measured;
+- ``engine``: the engine whose steps are timed (``"mdboost"``);
+- ``pool`` (:func:`pool_identity`): the target spec, its content id, the vocabulary
+  fingerprint the logit caches are built with, greedy or sampled decoding;
+- the costs, as the speed model reads them (``docs/theory.md``, "Speed model for ranking"): the
+  target's ``profile`` (``v(K)``, the MD overhead ``s``, the prefill cost, every repeat's sample,
+  the load averages) and per drafter entry its cost ratio ``c`` with its samples (their spread)
+  and prefill cost.
+
+``mdboost profile`` writes a pool's file for its drafters (:func:`write_profile`);
+``mdboost rank --costs FILE`` ranks the cached logits with the costs of ``FILE`` instead of this
+machine's (:func:`read_profile`, then :func:`check_profile` against the pool). A profile of another
+target (spec or weights), another vocabulary, the other decoding mode, another cost unit, one
+lacking a drafter of the pool, or whose ``v(K)`` table is shorter than the ranking's draft
+lengths, is refused with a ``ValueError`` naming the file and the mismatch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+from mdboost._io import atomic_write_text
+from mdboost.cache.speed import ENGINE, SpeedStore
+
+# /proc/cpuinfo flags that select the CPU's matrix kernels (int8 dot products: VNNI, AMX)
+CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
+
+
+def _cpu(cpuinfo: str) -> tuple[str | None, list[str]]:
+    """The model name and the :data:`CPU_FLAGS` present in a ``/proc/cpuinfo`` text (its first CPU).
+
+    >>> _cpu("model name\\t: Some CPU\\nflags\\t\\t: fpu avx2 avx512f\\n")
+    ('Some CPU', ['avx2', 'avx512f'])
+    """
+    fields = {}
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(key.strip(), value.strip())
+    flags = set(fields.get("flags", "").split())
+    return fields.get("model name"), [f for f in CPU_FLAGS if f in flags]
+
+
+def _load_average() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+def hardware_fingerprint(device) -> dict:
+    """What the costs measured on this machine depend on, as a JSON-able dict.
+
+    Parameters
+    ----------
+    device : str, torch.device or None
+        The pool's device (``None``: the one the pool resolves it to, CUDA when present).
+
+    Returns
+    -------
+    dict
+        ``cpu`` (model name or None), ``cpu_flags`` (the :data:`CPU_FLAGS` present), ``cpu_count``,
+        ``machine`` (``platform.machine()``), ``cuda`` (``{"name", "memory_gib"}`` on a CUDA
+        device, else None), ``torch_threads`` (the measurements' thread count), ``torch``
+        (version), ``dtype`` (the pool's models' default dtype on the device) and
+        ``load_average`` (1, 5, 15 minutes; None where the platform has none).
+    """
+    # deferred: mdboost.engine and mdboost.models import transformers (seconds); a cache opens without it
+    from mdboost.engine.costs import ENGINE_THREADS
+    from mdboost.models.loading import default_dtype, resolve_device
+
+    device = resolve_device(device)
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        cpuinfo = ""
+    cpu, flags = _cpu(cpuinfo)
+    cuda = None
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        cuda = {"name": props.name, "memory_gib": round(props.total_memory / 2**30, 1)}
+    return {"cpu": cpu or platform.processor() or None, "cpu_flags": flags, "cpu_count": os.cpu_count(),
+            "machine": platform.machine(), "cuda": cuda, "torch_threads": ENGINE_THREADS,
+            "torch": torch.__version__.split("+")[0], "dtype": str(default_dtype(device)).replace("torch.", ""),
+            "load_average": _load_average()}
+
+
+def hardware_label(hardware: dict | None) -> str:
+    """A fingerprint in words: the GPU, or the CPU with its flags, then threads and torch.
+
+    >>> hardware_label({"cpu": "AMD EPYC 7B13", "cpu_flags": ["avx2"], "cuda": None, "torch_threads": 1,
+    ...                 "torch": "2.9.1", "dtype": "float32"})
+    'AMD EPYC 7B13 (avx2), 1 torch thread, torch 2.9.1, float32'
+    >>> hardware_label(None)
+    'unrecorded hardware'
+    """
+    if not hardware:
+        return "unrecorded hardware"
+    if hardware.get("cuda"):
+        chip = f"{hardware['cuda']['name']} ({hardware['cuda']['memory_gib']:g} GiB)"
+    else:
+        chip = f"{hardware.get('cpu') or 'unknown CPU'} ({', '.join(hardware.get('cpu_flags') or []) or 'no AVX2'})"
+    threads = hardware.get("torch_threads")
+    return f"{chip}, {threads} torch thread{'s' * (threads != 1)}, torch {hardware.get('torch')}, {hardware.get('dtype')}"
+
+
+def costs_line(hardware: dict | None, profile=None) -> str:
+    """Where a ranking's costs were measured, for its verdict: the predicted speedups hold there.
+
+    >>> costs_line({"cpu": "CPU X", "cpu_flags": ["avx2"], "torch_threads": 1, "torch": "2.9", "dtype": "float32"},
+    ...            "other.json")
+    'costs measured on CPU X (avx2), 1 torch thread, torch 2.9, float32 (cost profile other.json)'
+    """
+    if profile is None:
+        return f"costs measured on {hardware_label(hardware)}"
+    names = ", ".join([profile] if isinstance(profile, str) else [str(p) for p in profile])
+    return f"costs measured on {hardware_label(hardware)} (cost profile {names})"
+
+
+def pool_identity(spec, vocabulary: str) -> dict:
+    """The pool a profile's costs belong to: the target spec, its content id
+    (:meth:`~mdboost.cache.keys.PoolCacheSpec.weights`), the vocabulary fingerprint the caches are
+    built with, and ``sampling`` (``"greedy"`` at temperature 0: the engine's greedy path, else
+    ``"sampled"``). The drafters are the profile's entries (:func:`~mdboost.cache.speed.entry_key`)."""
+    return {"target": spec.target, "target_weights": [list(p) for p in spec.weights(spec.target)],
+            "vocabulary": vocabulary, "sampling": sampling_of(spec)}
+
+
+def sampling_of(spec) -> str:
+    return "greedy" if spec.temperature == 0 else "sampled"
+
+
+def write_profile(store: SpeedStore, path: str | os.PathLike, drafters) -> Path:
+    """Write ``store``'s figures for ``drafters`` to ``path`` (atomic), as a cost profile.
+
+    The store must name its pool and hardware (:meth:`SpeedStore.identify`) and hold every
+    drafter's entry and the target's profile."""
+    missing = store.missing(drafters)
+    if store.profile is None or missing or store.pool is None or store.hardware is None:
+        raise ValueError(f"speed file {str(store.path)!r} is incomplete for a profile (target profile "
+                         f"{'missing' if store.profile is None else 'present'}, drafters missing: {missing}, pool "
+                         f"{'unknown' if store.pool is None else 'known'}, hardware "
+                         f"{'unknown' if store.hardware is None else 'known'})")
+    return atomic_write_text(path, json.dumps(store.to_dict(drafters), indent=2, sort_keys=True))
+
+
+def read_profile(path: str | os.PathLike) -> SpeedStore:
+    """A cost profile file, read (not yet checked against a pool: :func:`check_profile`)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"cost profile {str(path)!r} does not exist (write one with `mdboost profile`)")
+    return SpeedStore(path, kind="cost profile")
+
+
+def check_profile(store: SpeedStore, spec, vocabulary: str, gamma_max: int) -> None:
+    """Refuse a profile that is not for the pool of ``spec`` (module docstring), naming the mismatch.
+
+    Parameters
+    ----------
+    store : SpeedStore
+        The profile, keyed by the pool's entry names (:meth:`SpeedStore.keyed`).
+    spec : PoolCacheSpec
+        The pool at one temperature.
+    vocabulary : str
+        The vocabulary fingerprint of the pool's logit caches (their manifests' ``tokenizer_fingerprint``).
+    gamma_max : int
+        The largest draft length ranked: ``v(K)`` must cover it.
+    """
+    # deferred: mdboost.engine imports transformers (seconds); a cache opens without it
+    from mdboost.engine.costs import COST_UNIT
+
+    where = f"cost profile {str(store.path)!r}"
+    pool, own = store.pool, pool_identity(spec, vocabulary)
+    if store.engine != ENGINE:
+        raise ValueError(f"{where} times engine {store.engine!r}, the ranking's speed model is {ENGINE!r}'s")
+    if pool is None or store.hardware is None:
+        raise ValueError(f"{where} names no pool or hardware (a speed file of format 1); write a profile with "
+                         f"`mdboost profile`")
+    for key, what in (("target", "target"), ("target_weights", "target weights"), ("vocabulary", "vocabulary"),
+                      ("sampling", "decoding (greedy or sampled)")):
+        if pool.get(key) != own[key]:
+            raise ValueError(f"{where} is for another {what}: {pool.get(key)!r}, the pool's is {own[key]!r}")
+    profile = store.profile
+    if profile is None:
+        raise ValueError(f"{where} has no target profile (v(K), MD overhead)")
+    if profile.get("unit") != COST_UNIT:
+        raise ValueError(f"{where} is measured in unit {profile.get('unit')!r}, this mdboost's is {COST_UNIT!r}")
+    if len(profile["verify_cost"]) <= gamma_max:
+        raise ValueError(f"{where} has v(K) for K <= {len(profile['verify_cost']) - 1}, the ranking's gamma_max "
+                         f"is {gamma_max}")
+    missing = store.missing(spec.drafters)
+    if missing:
+        raise ValueError(f"{where} lacks drafter(s) {missing} of the pool (or has them with other weights)")
