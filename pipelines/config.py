@@ -280,7 +280,8 @@ def _default_rules() -> list[RuleEntry]:
     ``draft_sample_method``), vLLM's block verification on sampled drafts (on greedy ones it is SD's
     law), SGLang's thresholds and llama.cpp's match, both on greedy drafts, the match also with draft
     probability floors 0.25, 0.5 and 0.75 (llama.cpp's ``--spec-draft-p-min``: its default 0 and an
-    even grid over the floors that stop drafting on the drafter's unconfident positions)."""
+    even grid over the floors that stop drafting on the drafter's unconfident positions; left out
+    when ``cache.k < 10``: a floor reads the drafter's 10 largest logits)."""
     return [RuleEntry("mentored", "sampled"), RuleEntry("rejection", "greedy"), RuleEntry("rejection", "sampled"),
             RuleEntry("block", "sampled"), RuleEntry("threshold", "greedy"), RuleEntry("match", "greedy"),
             *(RuleEntry("match", "greedy", floor) for floor in (0.25, 0.5, 0.75))]
@@ -404,6 +405,8 @@ class RankConfig:
         _check(0 not in self.md.sampling_temperatures or self.cache.acceptance_source == "sampled",
                "md.temperatures (0, greedy decoding, needs cache.acceptance_source: sampled: its acceptance is "
                "the argmax match along greedy continuations)", self.md.sampling_temperatures)
+        if self.cache.k < FLOOR_TOP_K and self.md.rules == _default_rules():  # the default list, on a small top-k
+            self.md.rules = [r for r in self.md.rules if r.draft_p_min == 0]
         floored = any(r.draft_p_min > 0 for r in self.md.rules)
         _check(not floored or self.cache.k >= FLOOR_TOP_K,
                f"cache.k (a rule with draft_p_min reads the drafter's {FLOOR_TOP_K} largest logits per position: "

@@ -43,6 +43,8 @@ def test_default_rules_are_the_documented_list():
         from_dict(RankConfig, {"md": {"rules": [{"rule": "match", "draft_p_min": 0.5}]}, "cache": {"k": 8},
                                "tracking": {"enabled": False}})
     from_dict(RankConfig, {"md": {"rules": [{"rule": "match"}]}, "cache": {"k": 8}, "tracking": {"enabled": False}})
+    small = from_dict(RankConfig, {"cache": {"k": 8}, "tracking": {"enabled": False}})  # the default list
+    assert [r.draft_p_min for r in small.md.rules] == [0.0] * 6
     with pytest.raises(ValueError, match="draft_p_min=0.5 needs drafting='greedy'"):
         from_dict(RankConfig, {"md": {"rules": [{"rule": "rejection", "drafting": "sampled", "draft_p_min": 0.5}]},
                                "tracking": {"enabled": False}})
