@@ -27,22 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench._results import load_line, update_section  # noqa: E402
-
-
-def _cpu() -> str:
-    """The CPU's model name and the vector extensions that decide the int8 drafter's cost."""
-    model, flags = platform.processor() or "unknown CPU", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                model = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-    except OSError:
-        pass
-    ext = [name for name, flag in (("AVX2", "avx2"), ("AVX-512", "avx512f"), ("VNNI", "avx512_vnni")) if flag in flags]
-    return f"{model} ({os.cpu_count()} cores; {', '.join(ext) or 'no AVX2'})"
+from mdboost.cache.profile import hardware_fingerprint, hardware_label  # noqa: E402
+from mdboost.ranking.rule_points import row_draft_p_min  # noqa: E402
 
 
 def _point(cell: dict) -> str:
@@ -51,7 +37,7 @@ def _point(cell: dict) -> str:
 
 
 def _rule(cell: dict) -> str:
-    floor = float(cell.get("draft_p_min") or 0.0)
+    floor = row_draft_p_min(cell)
     return f"{cell['rule']}:{cell['drafting']}" + (f":p{floor:g}" if floor else "")
 
 
@@ -81,7 +67,7 @@ def render(summary: dict) -> str:
     met = (len(cells) >= 12 and len(families) >= 4 and coverage is not None and 0.80 <= coverage <= 0.97
            and all(all(v) for v in by_rule.values()))
     gen = summary["generation"]
-    head = (f"CPU: {_cpu()}, torch {__import__('torch').__version__}, one torch thread per run, Python "
+    head = (f"Machine: {hardware_label(hardware_fingerprint('cpu'))}, {os.cpu_count()} cores, Python "
             f"{platform.python_version()}. Ranking: `configs/default.yaml` with the default `md.rules`; "
             f"`configs/validate_default.yaml`: held-out prompts {gen['first_prompt']}-"
             f"{gen['first_prompt'] + gen['prompts'] - 1}, {gen['max_new_tokens']} new tokens, {len(cells)} cells, "

@@ -44,7 +44,7 @@ from mdboost.models.home import mdboost_home, models_dir
 from mdboost.models.pool import parse_drafter
 from mdboost.ranking.recommend import md_row
 from mdboost.ranking.report import check_csv_digest, read_csv
-from mdboost.ranking.rule_points import row_rule
+from mdboost.ranking.rule_points import row_draft_p_min, row_rule
 from mdboost.serve_args import llamacpp_args, sglang_args, vllm_serve_args
 from mdboost.tracking.store import check_tracking_uri, existing_run
 
@@ -621,7 +621,7 @@ def _llamacpp(rec: dict, sampling: dict, home: str | None = None) -> dict:
         return _engine_section(llamacpp_args(model, **settings),
                                notes + [f"llama.cpp cannot run the drafter {rec['drafter']!r} ({draft_note}): "
                                         f"serving the target without speculative decoding"])
-    floor = float(rec.get("draft_p_min") or 0.0)
+    floor = row_draft_p_min(rec)
     drafts = (f"--spec-draft-p-min {floor:g}: a step stops before a draft whose top-10 probability is below it, as "
               f"ranked" if floor else "--spec-draft-p-min 0: always gamma tokens")
     notes += _lossless_note(rec, f"llama.cpp drafts greedily ({drafts}) and",
@@ -792,7 +792,7 @@ def drafter_engine_lines(written: dict, rec: dict, home: str | None = None, samp
             "llamacpp": {"convert": f"python convert_hf_to_gguf.py {path} --outfile {gguf} "
                                     f"--outtype {GGUF_OUTTYPES.get(written['dtype'], 'auto')}",
                          "llama_server": shlex.join(llamacpp_args("<target GGUF>", draft_model=gguf, draft_max=gamma,
-                                                                  draft_p_min=float(rec.get("draft_p_min") or 0.0),
+                                                                  draft_p_min=row_draft_p_min(rec),
                                                                   **sampling))}}
 
 

@@ -53,6 +53,7 @@ from mdboost.md.divergences import f_divergence, resolve
 from mdboost.md.drafting import FLOOR_TOP_K
 from mdboost.md.rules import Block, Match, Mentored, Rejection, Rule, Threshold
 from mdboost.ranking.layout import gather_rows, padded_index
+from mdboost.ranking.report import csv_float
 from mdboost.ranking.support import Aligned
 
 __all__ = ["PLAIN", "RULES", "PointLaw", "RulePoint", "block_chain", "floor_drafts", "greedy_slots", "greedy_tilt", "point_law", "row_rule",
@@ -140,10 +141,7 @@ def row_draft_p_min(row: dict) -> float:
     >>> row_draft_p_min({"draft_p_min": "0.5"}), row_draft_p_min({})
     (0.5, 0.0)
     """
-    value = row.get("draft_p_min")
-    if value is None or value == "":
-        return 0.0
-    value = float(value)
+    value = csv_float(row.get("draft_p_min"), 0.0)
     return 0.0 if math.isnan(value) else value
 
 
