@@ -93,6 +93,19 @@ def chain_from_proposals(proposals: torch.Tensor, tokens: torch.Tensor, width: i
     return chain, draft_len
 
 
+def tilt_delta(wanted, expected) -> torch.Tensor:  # [...] x2 -> [...]
+    """``delta = (wanted - expected) / (1 - expected)`` in [0, 1]: the share of a chain's misses
+    that ``c + (1 - c) delta`` turns into acceptances, moving its mean from ``expected`` up to
+    ``wanted`` (0 where ``wanted <= expected``).
+
+    >>> tilt_delta(torch.tensor([0.75, 0.2]), torch.tensor([0.5, 0.5])).tolist()
+    [0.5, 0.0]
+    """
+    wanted = torch.as_tensor(wanted, dtype=torch.float64)
+    expected = torch.as_tensor(expected, dtype=torch.float64)
+    return ((wanted - expected) / (1 - expected).clamp_min(1e-12)).clamp(0.0, 1.0)
+
+
 def budget_tilt(p_mass: torch.Tensor, q_mass: torch.Tensor, a, b, acceptance) -> torch.Tensor:  # [M, S] -> [M]
     """``delta = (P_acc - E_q[c]) / (1 - E_q[c])`` in [0, 1]: the acceptance MD adds on ``q``-sampled text.
 
@@ -106,9 +119,7 @@ def budget_tilt(p_mass: torch.Tensor, q_mass: torch.Tensor, a, b, acceptance) ->
     b = torch.as_tensor(b, dtype=torch.float64)[..., None]
     pi = clamp(p_mass, q_mass, a, b)  # [M, S]
     ratio = torch.where(pi > 0, p_mass / pi.clamp_min(1e-300), torch.zeros_like(pi)).clamp_max(1.0)
-    expected = (q_mass * ratio).sum(-1)
-    delta = (torch.as_tensor(acceptance, dtype=torch.float64) - expected) / (1 - expected).clamp_min(1e-12)
-    return delta.clamp(0.0, 1.0)
+    return tilt_delta(acceptance, (q_mass * ratio).sum(-1))
 
 
 def expected_chain(acceptance: torch.Tensor, width: int, same=None) -> torch.Tensor:  # [B, L] -> [B, L, W]
@@ -172,7 +183,7 @@ def chain_tilt(chain: torch.Tensor, expected: torch.Tensor, wanted: torch.Tensor
     >>> chain_tilt(torch.tensor([0.0, 1.0]), torch.tensor([0.5, 0.5]), torch.tensor([0.75, 0.25])).tolist()
     [0.5, 0.5]
     """
-    up = chain + (1 - chain) * (wanted - expected) / (1 - expected).clamp_min(1e-12)
+    up = _tilted(chain, tilt_delta(wanted, expected))
     down = chain * wanted / expected.clamp_min(1e-300)
     out = torch.where(wanted >= expected, up, torch.where(expected > 0, down, wanted))
     return out.clamp(0.0, 1.0)

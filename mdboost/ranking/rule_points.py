@@ -52,6 +52,7 @@ from mdboost.md.block import block_acceptance_estimate
 from mdboost.md.divergences import f_divergence, resolve
 from mdboost.md.drafting import FLOOR_TOP_K
 from mdboost.md.rules import Block, Match, Mentored, Rejection, Rule, Threshold
+from mdboost.ranking.chains import tilt_delta
 from mdboost.ranking.layout import gather_rows, padded_index
 from mdboost.ranking.report import csv_float
 from mdboost.ranking.support import Aligned
@@ -268,9 +269,7 @@ def text_acceptance(law: PointLaw, aligned: Aligned, valid: torch.Tensor, tokens
 def greedy_tilt(law: PointLaw, aligned: Aligned) -> torch.Tensor:  # [N]
     """``delta = (P_acc - q_g) / (1 - q_g)`` in [0, 1] (module docstring; 0 for a lossless rule)."""
     q_mass = aligned.q_mass / aligned.q_mass.sum(-1, keepdim=True)
-    q_g = q_mass.gather(-1, law.slots[:, None]).squeeze(-1)
-    delta = (law.acceptance - q_g) / (1 - q_g).clamp_min(1e-12)
-    return delta.clamp(0.0, 1.0)
+    return tilt_delta(law.acceptance, q_mass.gather(-1, law.slots[:, None]).squeeze(-1))
 
 
 def true_token_prob(law: PointLaw, aligned: Aligned, valid: torch.Tensor, tokens: torch.Tensor,

@@ -48,11 +48,11 @@ def _optional(value):
 
 
 def cell_key(row: dict) -> tuple:
-    """``(drafter, target, temperature, divergence, max_divergence, gamma, rule, drafting)`` of a row.
+    """``(drafter, target, temperature, divergence, max_divergence, gamma, rule, drafting, draft_p_min)`` of a row.
 
     A budget-0 row is lossless: its divergence is ``"none"`` whatever the row says. A row
     without ``rule`` / ``drafting`` (a ranking from before rules were ranked) is MD on sampled
-    drafts.
+    drafts, one without ``draft_p_min`` has no draft floor.
 
     >>> cell_key({"drafter": "a", "target": "t", "temperature": "0.7", "divergence": "kl",
     ...           "max_divergence": "0.0", "gamma": "3"})
