@@ -332,16 +332,24 @@ class MDConfig:
 @dataclass
 class SpeedConfig:
     """Speed model (``docs/theory.md``, "Speed model for ranking"; ``mdboost.ranking.speed``):
-    draft lengths searched for the best gamma, and where the engine solves MD (``md_solve``, the
-    engine's argument of the same name; ``mdboost validate`` generates with it)."""
+    draft lengths searched for the best gamma, where the engine solves MD (``md_solve``, the
+    engine's argument of the same name; ``mdboost validate`` generates with it), and the batch
+    sizes predicted for (``batch_sizes``: sequences per engine batch, each with its costs measured
+    at that batch size; ``docs/theory.md``, "Batches")."""
 
     gamma_min: int = 1
     gamma_max: int = 8
     md_solve: Literal[SOLVE] = DEFAULT_MD_SOLVE
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 4])
 
     def __post_init__(self):
         _check(1 <= self.gamma_min <= self.gamma_max, "gamma range (1 <= gamma_min <= gamma_max)",
                (self.gamma_min, self.gamma_max))
+        sizes = self.batch_sizes
+        _check(isinstance(sizes, list) and bool(sizes) and all(isinstance(b, int) and not isinstance(b, bool) and b >= 1
+                                                                for b in sizes) and len(set(sizes)) == len(sizes),
+               "speed.batch_sizes (distinct positive integers)", sizes)
+        self.batch_sizes = sorted(sizes)
 
 
 @dataclass
@@ -420,15 +428,15 @@ class RankConfig:
         return library_settings(PoolCacheSpec, self.cache, self.pool, self.speed, text=self.data.text_source(),
                                 folders=self.cache.folders, temperature=temperature)
 
-    def score_settings(self, temperature: float | None = None) -> ScoreSettings:
+    def score_settings(self, temperature: float | None = None, batch_size: int = 1) -> ScoreSettings:
         """:func:`mdboost.ranking.rank.score_pair`'s settings from the md, speed and boosting
         sections' fields of the same names and the ranking section's bootstrap, at one of
-        ``md.temperatures`` (default: the first)."""
+        ``md.temperatures`` (default: the first) and one batch size."""
         temperature = self.md.sampling_temperatures[0] if temperature is None else temperature
         budgets = tuple(self.md.budgets) if temperature > 0 else (0.0,)  # greedy: lossless SD only
         return library_settings(ScoreSettings, self.md, self.speed, self.boosting, temperature=temperature,
                                 budgets=budgets, bootstrap=self.ranking.bootstrap(), tv_mentor=self.md.mentor,
-                                rules=tuple(r.to_rule() for r in self.md.rules))
+                                rules=tuple(r.to_rule() for r in self.md.rules), batch_size=batch_size)
 
 
 def library_settings(cls, *sections, **given):

@@ -51,8 +51,9 @@ from mdboost.models.home import mdboost_home
 from mdboost.models.loading import resolve_device
 from mdboost.ranking import plots, report
 from mdboost.ranking.frontier import cached_positions, frontier
-from mdboost.ranking.rank import PLAIN_SD, rank_rows
-from mdboost.ranking.recommend import Recommendation, md_row, recommend, recommend_engines, rule_label
+from mdboost.ranking.rank import PLAIN_SD, at_batch_size, rank_rows
+from mdboost.ranking.recommend import (Recommendation, md_row, plain_wins_from, recommend, recommend_engines,
+                                      rule_label)
 from mdboost.ranking.rows import MemberLoader, select_pairs
 from mdboost.ranking.scaleout import active_client, score_cached_pair, score_pairs_on
 from mdboost.tracking import setup
@@ -89,22 +90,26 @@ def score_all(cfg: RankConfig, pc, temperature: float) -> tuple[list[dict], dict
 
 
 def _score_all(cfg: RankConfig, pc, temperature: float, client=None) -> tuple[list[dict], dict]:
-    rows, details, settings = [], {}, cfg.score_settings(temperature)
+    """Every pair at every batch size of ``speed.batch_sizes`` (the details: the first's)."""
+    rows, details = [], {}
     pairs = select_pairs(pc, cfg.pool.pairs)
-    desc = f"scoring pairs (T={temperature:g})"
-    if client is not None:
-        scores = score_pairs_on(client, pc, pairs, settings, acceptance_source=cfg.cache.acceptance_source,
-                                progress=lambda it: _progress(it, cfg.progress, desc=desc, unit="pair",
-                                                              total=len(pairs)))
-    else:
-        loader = MemberLoader(pc, settings.quality_temperature)  # the quality side (temperature 1 for greedy)
-        acc_loader = None if pc.acceptance is None else MemberLoader(pc.acceptance, temperature)
-        scores = (score_cached_pair(pc, d, t, settings, acceptance_source=cfg.cache.acceptance_source,
-                                    loader=loader, acceptance_loader=acc_loader)
-                  for d, t in _progress(pairs, cfg.progress, desc=desc, unit="pair"))
-    for (drafter_name, target_name), score in zip(pairs, scores):
-        rows.extend(score.rows)
-        details[f"{drafter_name} -> {target_name} (T={temperature:g})"] = score
+    for batch_size in cfg.speed.batch_sizes:
+        settings = cfg.score_settings(temperature, batch_size)
+        desc = f"scoring pairs (T={temperature:g}, B={batch_size})"
+        if client is not None:
+            scores = score_pairs_on(client, pc, pairs, settings, acceptance_source=cfg.cache.acceptance_source,
+                                    progress=lambda it: _progress(it, cfg.progress, desc=desc, unit="pair",
+                                                                  total=len(pairs)))
+        else:
+            loader = MemberLoader(pc, settings.quality_temperature)  # the quality side (temperature 1 for greedy)
+            acc_loader = None if pc.acceptance is None else MemberLoader(pc.acceptance, temperature)
+            scores = (score_cached_pair(pc, d, t, settings, acceptance_source=cfg.cache.acceptance_source,
+                                        loader=loader, acceptance_loader=acc_loader)
+                      for d, t in _progress(pairs, cfg.progress, desc=desc, unit="pair"))
+        for (drafter_name, target_name), score in zip(pairs, scores):
+            rows.extend(score.rows)
+            if batch_size == cfg.speed.batch_sizes[0]:
+                details[f"{drafter_name} -> {target_name} (T={temperature:g})"] = score
     return rows, details
 
 
@@ -166,16 +171,19 @@ def frontier_summary(fronts: dict) -> list[dict]:
 
 
 def write_outputs(cfg: RankConfig, rows: list[dict], details: dict, out: Path, fronts: dict | None = None,
-                  rec=None) -> dict[str, Path]:
+                  rec=None, all_rows: list[dict] | None = None) -> dict[str, Path]:
     """CSV, HTML, plots and the resolved config into ``out`` (all atomic); with ``fronts``, the
-    frontier's CSV, its table in the HTML and the recommendation's pair's frontier plots."""
+    frontier's CSV, its table in the HTML and the recommendation's pair's frontier plots.
+
+    ``rows``: the first batch size's (the HTML table and the plots); ``all_rows``: every batch
+    size's (``ranking.csv``; default ``rows``)."""
     compact = best_gamma_rows(rows)
     plot_rows = _plot_rows(rows, list(cfg.md.divergences))
     fronts = fronts or {}
     sections = [("Frontier: each heuristic's best acceptance and its largest optimality gap to MD at equal "
                  "per-position divergence (frontier.csv has every point)", frontier_summary(fronts))] if fronts else []
     paths = {
-        "csv": report.write_csv(rows, out / "ranking.csv"),
+        "csv": report.write_csv(rows if all_rows is None else all_rows, out / "ranking.csv"),
         "html": report.write_html(compact, out / "ranking.html", title=f"mdboost pool ranking: {cfg.name}",
                                   sections=sections),
         "config": report.atomic_write_text(out / "config.resolved.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False)),
@@ -250,7 +258,8 @@ def _table(rows: list[dict]) -> dict[str, list]:
     return {c: [r.get(c) for r in rows] for c in report.columns_of(rows)}
 
 
-def log_mlflow(cfg: RankConfig, rows: list[dict], paths: dict[str, Path], summary: dict) -> str:
+def log_mlflow(cfg: RankConfig, rows: list[dict], paths: dict[str, Path], summary: dict,
+               all_rows: list[dict] | None = None) -> str:
     """One parent run (config, summary, recommendation, artifacts, dataset) and a nested run per
     pair, temperature and operating point at its best gamma (every gamma is in ``ranking.csv``).
 
@@ -285,7 +294,7 @@ def log_mlflow(cfg: RankConfig, rows: list[dict], paths: dict[str, Path], summar
         log_records(text.load(), text, text.split, context="ranking")
         for path in paths.values():
             mlflow.log_artifact(str(path), artifact_path="plots" if path.suffix == ".png" else None)
-        mlflow.log_table(_table(rows), "ranking_table.json")
+        mlflow.log_table(_table(rows if all_rows is None else all_rows), "ranking_table.json")
         log_children(client, experiment_id, parent.info.run_id, _child_runs(rows, cfg.pool.target),
                      progress=lambda it: _progress(it, cfg.progress, desc="mlflow runs", unit="run"))
         return parent.info.run_id
@@ -359,23 +368,26 @@ def _run(cfg: RankConfig, profiles: list | None = None) -> dict:
         pc, cache_info = _open(cfg, temperature, profiles)
         t1 = time.perf_counter()
         more, more_details = score_all(cfg, pc, temperature)
-        fronts.update(frontiers(cfg, pc, temperature, rank_rows(list(more), cfg.ranking.nll_tolerance)))
+        first = at_batch_size(more, cfg.speed.batch_sizes[0])
+        fronts.update(frontiers(cfg, pc, temperature, rank_rows(first, cfg.ranking.nll_tolerance)))
         t_cache, t_score = t_cache + t1 - t0, t_score + time.perf_counter() - t1
         rows += more
         details.update(more_details)
         opened.append(_Opened(pc, cache_info))
-    rows = rank_rows(rows, cfg.ranking.nll_tolerance)
+    all_rows = rank_rows(rows, cfg.ranking.nll_tolerance)
+    rows = at_batch_size(all_rows, cfg.speed.batch_sizes[0])  # the headline: the first batch size
     rec = recommend(rows)
+    by_batch = {b: recommend(at_batch_size(all_rows, b)) for b in cfg.speed.batch_sizes}
     bootstrap = next(iter(details.values())).bootstrap
     out = Path(cfg.output_dir)
     # summary.json is written last and marks a complete ranking: a rerun that fails or is
     # interrupted from here on leaves a folder without one (export refuses it), never the old
     # recommendation beside a new ranking.csv
     (out / "summary.json").unlink(missing_ok=True)
-    paths = write_outputs(cfg, rows, details, out, fronts, rec)
+    paths = write_outputs(cfg, rows, details, out, fronts, rec, all_rows)
     snippet = engine_snippet(rec, cfg)
     pc, cache_info = opened[0]
-    summary = {"n_pairs": len({(r["drafter"], r["target"]) for r in rows}), "n_rows": len(rows),
+    summary = {"n_pairs": len({(r["drafter"], r["target"]) for r in rows}), "n_rows": len(all_rows),
                "n_points": len(best_gamma_rows(rows)), "seconds_cache": t_cache, "seconds_scoring": t_score,
                "seconds_per_pair": t_score / max(len(details), 1), "cache_dir": cache_info.dir,
                "cache_reused": all(o.info.reused for o in opened),
@@ -390,6 +402,9 @@ def _run(cfg: RankConfig, profiles: list | None = None) -> dict:
                "home": ranked_home(cfg),
                "recommendation": rec.to_dict(), "verdict": rec.verdict(), "engine_snippet": snippet,
                "recommendations": recommend_engines(rows),
+               "batch_sizes": list(cfg.speed.batch_sizes),
+               "recommendations_by_batch_size": {str(b): r.to_dict() for b, r in by_batch.items()},
+               "plain_wins_from_batch_size": plain_wins_from(by_batch),
                "ranking_csv_sha256": report.csv_sha256(paths["csv"])}
     sampled = [o for o in opened if o.pc.spec.temperature > 0] or opened  # greedy has its own profile, no MD
     pc = sampled[0].pc
@@ -398,7 +413,7 @@ def _run(cfg: RankConfig, profiles: list | None = None) -> dict:
     summary["verdict"] = costed_verdict(rec, costs)
     summary["recommendation_markdown"] = ranking_note(
         rec, best_gamma_rows(rows), bootstrap=bootstrap, snippet=snippet, n_pairs=summary["n_pairs"],
-        n_rows=len(rows), nll_tolerance=cfg.ranking.nll_tolerance, top=cfg.ranking.top,
+        n_rows=len(all_rows), by_batch=by_batch, nll_tolerance=cfg.ranking.nll_tolerance, top=cfg.ranking.top,
         cache=f"Cache: `{cache_info.dir}` ({'reused' if summary['cache_reused'] else 'built'}).", costs=costs)
     profile = pc.speed_profile_info(cfg.pool.target)
     if profile is not None:  # the speed model's inputs (docs/ranking.md, "Speed model")
@@ -407,12 +422,12 @@ def _run(cfg: RankConfig, profiles: list | None = None) -> dict:
         summary["prefill_per_token"] = profile["prefill_per_token"]
         summary["speed_file"] = str(pc.speed.path)
     if cfg.tracking.enabled:
-        summary["run_id"] = log_mlflow(cfg, rows, paths, summary)
+        summary["run_id"] = log_mlflow(cfg, rows, paths, summary, all_rows)
     summary["seconds_total"] = time.perf_counter() - start
     summary_path = report.atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, default=str))
     if "run_id" in summary:
         log_summary_file(cfg, summary["run_id"], summary_path)
-    summary["rows"], summary["paths"] = rows, paths
+    summary["rows"], summary["all_rows"], summary["paths"] = rows, all_rows, paths
     return summary
 
 

@@ -103,6 +103,9 @@ class PoolCacheSpec:
         (:mod:`mdboost.models.cost`); not keyed.
     gamma_max : int
         The speed profile's ``v(g)`` table covers ``g <= max(gamma_max, 8)``; not keyed.
+    batch_sizes : tuple of int
+        The batch sizes whose costs are measured (rows per engine step); not keyed (each has its
+        own entries in the speed file, :mod:`mdboost.cache.speed`).
     """
 
     dir: str
@@ -120,8 +123,13 @@ class PoolCacheSpec:
     cost_context: int = 128
     cost_repeats: int = 21
     gamma_max: int = 8
+    batch_sizes: tuple[int, ...] = (1,)
 
     def __post_init__(self):
+        object.__setattr__(self, "batch_sizes", tuple(self.batch_sizes))
+        if not self.batch_sizes or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1
+                                           for b in self.batch_sizes):
+            raise ValueError(f"batch_sizes must be positive integers, got {self.batch_sizes!r}")
         if self.acceptance_source not in ACCEPTANCE_SOURCES:
             raise ValueError(f"acceptance_source must be one of {ACCEPTANCE_SOURCES}, got {self.acceptance_source!r}")
         if not self.temperature >= 0:

@@ -73,42 +73,44 @@ class PoolCache:
     def kind(self, name: str) -> str:
         return self.caches[name].kind(name)
 
-    def _cost(self, name: str) -> dict | None:
+    def _cost(self, name: str, batch_size: int = 1) -> dict | None:
         if name == self.target:
             return None
-        entry = None if self.speed is None else self.speed.drafter(name)
+        entry = None if self.speed is None else self.speed.drafter(name, batch_size)
         if entry is None:
-            raise ValueError(f"member {name!r} has no measured cost ratio in the pool's speed file")
+            raise ValueError(f"member {name!r} has no measured cost ratio at batch size {batch_size} in the pool's "
+                             f"speed file")
         return entry
 
-    def cost_ratio(self, name: str) -> float:
-        """The member's cost ratio ``c`` against the pool target (1 for the target itself)."""
-        entry = self._cost(name)
+    def cost_ratio(self, name: str, batch_size: int = 1) -> float:
+        """The member's cost ratio ``c`` against the pool target (1 for the target itself), at
+        ``batch_size`` rows per step."""
+        entry = self._cost(name, batch_size)
         return 1.0 if entry is None else float(entry["median"])
 
-    def cost_samples(self, name: str) -> list[float] | None:
+    def cost_samples(self, name: str, batch_size: int = 1) -> list[float] | None:
         """The repeated measurements behind :meth:`cost_ratio` (their median); None for the target."""
-        entry = self._cost(name)
+        entry = self._cost(name, batch_size)
         return None if entry is None else [float(x) for x in entry["samples"]]
 
-    def prefill_per_token(self, name: str) -> float:
+    def prefill_per_token(self, name: str, batch_size: int = 1) -> float:
         """A drafter's own prefill cost per prompt token (0 for prompt lookup), or the
         target's (from its profile; 0 when not measured)."""
         if name == self.target:
-            profile = self.speed_profile_info(name)
+            profile = self.speed_profile_info(name, batch_size)
             return 0.0 if profile is None else float(profile["prefill_per_token"])
-        return float(self._cost(name)["prefill_per_token"])
+        return float(self._cost(name, batch_size)["prefill_per_token"])
 
     def true_tokens(self) -> torch.Tensor:  # [R]
         return self.caches[self.target].true_tokens()
 
-    def speed_profile_info(self, target: str) -> dict | None:
-        """The pool target's measured profile (``verify_cost``, ``md_overhead``,
-        ``prefill_per_token``, ...; :class:`~mdboost.engine.costs.EngineProfile`), or None
-        (not measured, or ``target`` is another member)."""
+    def speed_profile_info(self, target: str, batch_size: int = 1) -> dict | None:
+        """The pool target's measured profile at ``batch_size`` rows per step (``verify_cost``,
+        ``md_overhead``, ``prefill_per_token``, ...; :class:`~mdboost.engine.costs.EngineProfile`),
+        or None (not measured, or ``target`` is another member)."""
         if target != self.target or self.speed is None:
             return None
-        return self.speed.profile
+        return self.speed.profile_at(batch_size)
 
 
 @dataclass(frozen=True)
@@ -140,14 +142,16 @@ def _cost_settings(temperature: float):
     return GenerationSettings(temperature=0.0) if temperature == 0 else GenerationSettings()
 
 
-def measure_speed_profile(target, gamma_max: int, context_len: int, repeats: int, temperature: float = 1.0) -> dict:
+def measure_speed_profile(target, gamma_max: int, context_len: int, repeats: int, temperature: float = 1.0,
+                          batch_size: int = 1) -> dict:
     """The target's profile for the speed file: :func:`mdboost.engine.costs.measure_engine_profile`
-    for ``K <= max(gamma_max, 8)`` at ``context_len`` / ``repeats``, one torch thread."""
+    for ``K <= max(gamma_max, 8)`` at ``context_len`` / ``repeats`` (at most: the repeats stop
+    when the costs are tight) and ``batch_size`` rows per step, one torch thread."""
     # deferred: mdboost.engine imports transformers (seconds); a cache opens without it
     from mdboost.engine.costs import measure_engine_profile
 
     return measure_engine_profile(target, max(gamma_max, 8), context_len=context_len, repeats=repeats,
-                                  settings=_cost_settings(temperature)).to_dict()
+                                  settings=_cost_settings(temperature), batch_size=batch_size).to_dict()
 
 
 def store_settings(spec: PoolCacheSpec, acceptance: bool = False) -> StoreSettings:
@@ -166,15 +170,17 @@ def sequence_settings(spec: PoolCacheSpec, source: str, max_new_tokens: int) -> 
                             max_new_tokens=max_new_tokens, sample_temperature=spec.temperature, seed=t.seed)
 
 
-def measure_member_cost(drafter, target, context_len: int, repeats: int, temperature: float = 1.0):
+def measure_member_cost(drafter, target, context_len: int, repeats: int, temperature: float = 1.0,
+                        batch_size: int = 1):
     """A drafter's :class:`~mdboost.engine.costs.CostMeasurement` in the engine's own steps at
-    one torch thread (:func:`mdboost.engine.costs.measure_engine_cost`; pool members)."""
+    one torch thread and ``batch_size`` rows per step (:func:`mdboost.engine.costs.measure_engine_cost`;
+    pool members)."""
     # deferred: mdboost.engine imports transformers (seconds); a cache opens without it
     from mdboost.engine.costs import measure_engine_cost
 
     return measure_engine_cost(drafter.ngram if drafter.kind == "ngram" else drafter.model, target.model,
                                context_len=context_len, repeats=repeats, threads=1,
-                               settings=_cost_settings(temperature))
+                               settings=_cost_settings(temperature), batch_size=batch_size)
 
 
 class _Builder:
@@ -222,24 +228,25 @@ class _Builder:
                     run=RunOptions(backend=spec.backend, n_jobs=spec.n_jobs, progress=self.progress, overwrite=True))
 
     def measure_costs(self, store: SpeedStore, drafters: list[str]) -> tuple[bool, tuple[str, ...]]:
-        """Measure what ``store`` lacks: the target's profile, then each drafter's cost; the
-        file then names the pool and this machine (:mod:`mdboost.cache.profile`).
+        """Measure what ``store`` lacks at each of the spec's batch sizes: the target's profile,
+        then each drafter's cost; the file then names the pool and this machine
+        (:mod:`mdboost.cache.profile`).
 
-        Returns whether the profile was measured and the drafters whose cost was."""
-        spec, profiled = self.spec, store.profile is None
-        missing = tuple(store.missing(drafters))
-        if not (profiled or missing):
+        Returns whether a profile was measured and the drafters whose cost was."""
+        spec = self.spec
+        todo = [(b, None) for b in spec.batch_sizes if store.profile_at(b) is None]
+        todo += [(b, name) for b in spec.batch_sizes for name in store.missing(drafters, b)]
+        if not todo:
             return False, ()
         store.identify(pool_identity(spec, self.pool.target.vocab_fingerprint), hardware_fingerprint(spec.device))
-        todo = (["target profile"] if profiled else []) + list(missing)
-        for name in tqdm(todo, desc=f"measuring costs ({spec.target})", unit="cost", disable=not self.progress):
-            if name == "target profile":
+        for b, name in tqdm(todo, desc=f"measuring costs ({spec.target})", unit="cost", disable=not self.progress):
+            if name is None:
                 store.set_profile(measure_speed_profile(self.pool.target.model, spec.gamma_max, spec.cost_context,
-                                                        spec.cost_repeats, spec.temperature))
+                                                        spec.cost_repeats, spec.temperature, b), b)
             else:
                 store.set_drafter(name, measure_member_cost(self.pool[name], self.pool.target, spec.cost_context,
-                                                            spec.cost_repeats, spec.temperature).to_dict())
-        return profiled, missing
+                                                            spec.cost_repeats, spec.temperature, b).to_dict(), b)
+        return any(name is None for _, name in todo), tuple(dict.fromkeys(n for _, n in todo if n is not None))
 
     def vocabulary(self) -> str:
         """The pool's vocabulary fingerprint: the target folder's manifest when built, else the loaded pool's."""
@@ -343,7 +350,7 @@ def measure_pool_costs(spec: PoolCacheSpec, *, progress: bool = False) -> tuple[
     Returns the speed file and what was measured (``measured_speed_profile``, ``measured_costs``)."""
     spec = spec.keyed()
     store = SpeedStore(speed_path(spec), {m: entry_key(spec, m) for m in spec.drafters})
-    builder = _Builder(spec, store.missing(spec.drafters), progress)
+    builder = _Builder(spec, sorted({m for b in spec.batch_sizes for m in store.missing(spec.drafters, b)}), progress)
     profiled, costed = builder.measure_costs(store, list(spec.drafters))
     if store.pool is None:
         _identify_format1(store, spec, builder.vocabulary())
@@ -370,7 +377,7 @@ def open_or_build_cache(spec: PoolCacheSpec, *, progress: bool = False) -> tuple
     maybe = {m for acc in sets for m in names if not folder_complete(spec, m, acc)}
     store = SpeedStore(speed_path(spec), {m: entry_key(spec, m) for m in names if m != spec.target})
     drafters = [m for m in names if m != spec.target]
-    needed = (maybe | set(store.missing(drafters))) - {spec.target}  # drafters to load
+    needed = (maybe | {m for b in spec.batch_sizes for m in store.missing(drafters, b)}) - {spec.target}  # to load
     builder = _Builder(spec, [m for m in names if m in needed], progress)
     for n in to_sample:
         builder.sample(n)

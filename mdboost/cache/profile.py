@@ -19,8 +19,8 @@ A pool's speed file (:mod:`mdboost.cache.speed`) *is* its cost profile: one JSON
 ``mdboost rank --costs FILE`` ranks the cached logits with the costs of ``FILE`` instead of this
 machine's (:func:`read_profile`, then :func:`check_profile` against the pool). A profile of another
 target (spec or weights), another vocabulary, the other decoding mode, another cost unit, one
-lacking a drafter of the pool, or whose ``v(K)`` table is shorter than the ranking's draft
-lengths, is refused with a ``ValueError`` naming the file and the mismatch.
+lacking a drafter of the pool or a batch size the ranking predicts for, or whose ``v(K)`` table
+is shorter than the ranking's draft lengths, is refused with a ``ValueError`` naming the file and the mismatch.
 """
 
 from __future__ import annotations
@@ -148,11 +148,13 @@ def write_profile(store: SpeedStore, path: str | os.PathLike, drafters) -> Path:
 
     The store must name its pool and hardware (:meth:`SpeedStore.identify`) and hold every
     drafter's entry and the target's profile."""
-    missing = store.missing(drafters)
+    sizes = store.batch_sizes or [1]
+    missing = {b: store.missing(drafters, b) for b in sizes}
+    missing = {b: m for b, m in missing.items() if m}
     if store.profile is None or missing or store.pool is None or store.hardware is None:
         raise ValueError(f"speed file {str(store.path)!r} is incomplete for a profile (target profile "
-                         f"{'missing' if store.profile is None else 'present'}, drafters missing: {missing}, pool "
-                         f"{'unknown' if store.pool is None else 'known'}, hardware "
+                         f"{'missing' if store.profile is None else 'present'}, drafters missing per batch size: "
+                         f"{missing}, pool {'unknown' if store.pool is None else 'known'}, hardware "
                          f"{'unknown' if store.hardware is None else 'known'})")
     return atomic_write_text(path, json.dumps(store.to_dict(drafters), indent=2, sort_keys=True))
 
@@ -193,14 +195,17 @@ def check_profile(store: SpeedStore, spec, vocabulary: str, gamma_max: int) -> N
                       ("sampling", "decoding (greedy or sampled)")):
         if pool.get(key) != own[key]:
             raise ValueError(f"{where} is for another {what}: {pool.get(key)!r}, the pool's is {own[key]!r}")
-    profile = store.profile
-    if profile is None:
-        raise ValueError(f"{where} has no target profile (v(K), MD overhead)")
-    if profile.get("unit") != COST_UNIT:
-        raise ValueError(f"{where} is measured in unit {profile.get('unit')!r}, this mdboost's is {COST_UNIT!r}")
-    if len(profile["verify_cost"]) <= gamma_max:
-        raise ValueError(f"{where} has v(K) for K <= {len(profile['verify_cost']) - 1}, the ranking's gamma_max "
-                         f"is {gamma_max}")
-    missing = store.missing(spec.drafters)
-    if missing:
-        raise ValueError(f"{where} lacks drafter(s) {missing} of the pool (or has them with other weights)")
+    for b in spec.batch_sizes:
+        at = "" if b == 1 else f" at batch size {b}"
+        profile = store.profile_at(b)
+        if profile is None:
+            raise ValueError(f"{where} has no target profile (v(K), MD overhead){at} (profiled batch sizes: "
+                             f"{store.batch_sizes})")
+        if profile.get("unit") != COST_UNIT:
+            raise ValueError(f"{where} is measured in unit {profile.get('unit')!r}, this mdboost's is {COST_UNIT!r}")
+        if len(profile["verify_cost"]) <= gamma_max:
+            raise ValueError(f"{where} has v(K) for K <= {len(profile['verify_cost']) - 1}{at}, the ranking's "
+                             f"gamma_max is {gamma_max}")
+        missing = store.missing(spec.drafters, b)
+        if missing:
+            raise ValueError(f"{where} lacks drafter(s) {missing} of the pool{at} (or has them with other weights)")

@@ -19,7 +19,11 @@ id (:func:`entry_key`), so re-saved weights are measured again. The file holds
   ``prefill_per_token``, method, threads, load averages), measured against the target;
 - ``engine`` (``"mdboost"``), ``hardware`` (the machine's fingerprint when it measured:
   :func:`mdboost.cache.profile.hardware_fingerprint`) and ``pool`` (target, its content id, the
-  vocabulary fingerprint, greedy or sampled: :func:`mdboost.cache.profile.pool_identity`).
+  vocabulary fingerprint, greedy or sampled: :func:`mdboost.cache.profile.pool_identity`);
+- ``batches`` (when measured): per batch size ``B > 1`` (its key the decimal ``B``) the same
+  ``profile`` and ``drafters``, measured with ``B`` rows in every engine step (``v(K, B)``,
+  ``c(B)``, the prefill costs at ``B``; ``docs/theory.md``, "Batches"). The top-level figures
+  are those of ``B = 1``.
 
 So the speed file is a *cost profile* (:mod:`mdboost.cache.profile`): ``mdboost profile`` writes
 a copy of it for one pool's drafters, and ``mdboost rank --costs`` ranks with another machine's.
@@ -110,10 +114,30 @@ class SpeedStore:
         out._keys = dict(keys)
         return out
 
+    def _batch(self, batch_size: int, create: bool = False) -> dict | None:
+        """The figures of one batch size: the file itself at 1, its ``batches`` entry above."""
+        if batch_size == 1:
+            return self._data
+        batches = self._data.setdefault("batches", {}) if create else self._data.get("batches") or {}
+        if create:
+            return batches.setdefault(str(batch_size), {"profile": None, "drafters": {}})
+        return batches.get(str(batch_size))
+
     @property
     def profile(self) -> dict | None:
         """The target's profile (``EngineProfile.to_dict()``), or None when not measured."""
         return self._data["profile"]
+
+    def profile_at(self, batch_size: int = 1) -> dict | None:
+        """The target's profile measured with ``batch_size`` rows per step, or None."""
+        batch = self._batch(batch_size)
+        return None if batch is None else batch["profile"]
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        """The batch sizes with a target profile."""
+        sizes = [1] if self.profile is not None else []
+        return sizes + sorted(int(b) for b, v in (self._data.get("batches") or {}).items() if v.get("profile"))
 
     @property
     def hardware(self) -> dict | None:
@@ -130,13 +154,15 @@ class SpeedStore:
     def engine(self) -> str:
         return self._data["engine"]
 
-    def drafter(self, name: str) -> dict | None:
-        """A drafter's entry (``median``, ``samples``, ``prefill_per_token``, ``method``), or None."""
-        return self._data["drafters"].get(self._keys.get(name, name))
+    def drafter(self, name: str, batch_size: int = 1) -> dict | None:
+        """A drafter's entry (``median``, ``samples``, ``prefill_per_token``, ``method``) at
+        ``batch_size`` rows per step, or None."""
+        batch = self._batch(batch_size)
+        return None if batch is None else batch["drafters"].get(self._keys.get(name, name))
 
-    def missing(self, drafters) -> list[str]:
-        """The names in ``drafters`` without an entry."""
-        return [d for d in drafters if self.drafter(d) is None]
+    def missing(self, drafters, batch_size: int = 1) -> list[str]:
+        """The names in ``drafters`` without an entry at ``batch_size``."""
+        return [d for d in drafters if self.drafter(d, batch_size) is None]
 
     def identify(self, pool: dict, hardware: dict | None = None) -> None:
         """Set the pool's identity and (when given) the measuring machine's fingerprint, in memory:
@@ -145,21 +171,22 @@ class SpeedStore:
         if hardware is not None:
             self._data["hardware"] = hardware
 
-    def set_profile(self, profile: dict) -> None:
-        self._data["profile"] = profile
+    def set_profile(self, profile: dict, batch_size: int = 1) -> None:
+        self._batch(batch_size, create=True)["profile"] = profile
         self._write()
 
-    def set_drafter(self, name: str, entry: dict) -> None:
-        """Store a drafter's entry (``CostMeasurement.to_dict()``)."""
-        self._data["drafters"][self._keys.get(name, name)] = entry
+    def set_drafter(self, name: str, entry: dict, batch_size: int = 1) -> None:
+        """Store a drafter's entry (``CostMeasurement.to_dict()``) at ``batch_size``."""
+        self._batch(batch_size, create=True)["drafters"][self._keys.get(name, name)] = entry
         self._write()
 
     def to_dict(self, drafters=None) -> dict:
-        """The file's JSON object; with ``drafters`` (names), only their entries."""
-        data = dict(self._data)
+        """The file's JSON object; with ``drafters`` (names), only their entries (at every batch size)."""
+        data = copy.deepcopy(self._data)
         if drafters is not None:
             entries = [self._keys.get(d, d) for d in drafters]
-            data["drafters"] = {e: self._data["drafters"][e] for e in entries if e in self._data["drafters"]}
+            for batch in [data, *(data.get("batches") or {}).values()]:
+                batch["drafters"] = {e: batch["drafters"][e] for e in entries if e in batch["drafters"]}
         return data
 
     def _write(self) -> None:

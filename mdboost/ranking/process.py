@@ -32,6 +32,7 @@ from typing import NamedTuple
 import torch
 
 from mdboost.md.verify import SOLVE
+from mdboost.ranking.batch import check_batch_size, batch_totals, expected_max_of
 from mdboost.ranking.chains import chain_from_positions, text_chains
 from mdboost.ranking.layout import gather_rows
 from mdboost.ranking.speed import SpeedProfile, process_speedup
@@ -60,6 +61,9 @@ class ProcessResult:
     floor_stops : [B]
         Expected steps whose drafting a draft floor ended (``floor_len``): the drafter ran one
         forward more than it drafted, the one whose confidence was below the floor.
+    steps_by_forwards : [B, G + 2]
+        Expected steps whose drafter ran ``F = 0..G + 1`` forwards (``K``, plus one where a floor
+        ended the drafting).
     """
 
     start_prob: torch.Tensor
@@ -69,6 +73,7 @@ class ProcessResult:
     steps_by_draft_len: torch.Tensor
     lengths: torch.Tensor
     floor_stops: torch.Tensor
+    steps_by_forwards: torch.Tensor
 
     @property
     def steps(self) -> torch.Tensor:  # [B]
@@ -114,6 +119,45 @@ def _draft_lengths(gamma, offered, lengths, n: int, length: int) -> torch.Tensor
     return k if offered is None else torch.minimum(k, torch.as_tensor(offered, dtype=torch.long).clamp_min(0))
 
 
+class _Outcomes(NamedTuple):
+    """Each start's step outcome, the shared first half of :func:`run_process` and :func:`step_count_law`."""
+
+    k: torch.Tensor  # LongTensor [B, L]: drafts of a step started at s (the floor applied)
+    stopped: torch.Tensor  # bool [B, L]: a draft floor ended that step's drafting
+    surv: torch.Tensor  # [B, L, G + 1]: P(the first n drafts accepted)
+    outcome: torch.Tensor  # [B, L, G + 1]: P(exactly n accepted), 0 outside the row
+    inside: torch.Tensor  # bool [B, L]
+    lengths: torch.Tensor  # LongTensor [B]
+
+
+def _outcomes(chain, gamma, draft_len, lengths, floor_len) -> _Outcomes:
+    chain = torch.as_tensor(chain, dtype=torch.float64)
+    if chain.ndim != 3:
+        raise ValueError(f"chain must be [B, L, W], got shape {tuple(chain.shape)}")
+    if torch.isnan(chain).any() or (chain < 0).any() or (chain > 1).any():
+        raise ValueError("chain must hold probabilities in [0, 1]")
+    n, length, width = chain.shape
+    lengths = torch.full((n,), length, dtype=torch.long) if lengths is None else torch.as_tensor(lengths, dtype=torch.long)
+    if lengths.shape != (n,) or (lengths < 0).any() or (lengths > length).any():
+        raise ValueError(f"lengths must be a LongTensor [{n}] in [0, {length}], got {lengths}")
+    if int(torch.as_tensor(gamma).max()) > width:
+        raise ValueError(f"chain width {width} is below the largest gamma {int(torch.as_tensor(gamma).max())}")
+    k = _draft_lengths(gamma, draft_len, lengths, n, length)  # [B, L] without the floor
+    stopped = torch.zeros_like(k, dtype=torch.bool)
+    if floor_len is not None:
+        floor_len = torch.as_tensor(floor_len, dtype=torch.long)
+        stopped = floor_len < k  # the floor binds: drafting ends at a position it tested
+        k = torch.minimum(k, floor_len)
+    g = max(width, 1)
+    idx = torch.arange(g + 1)
+    padded = torch.cat([chain, chain.new_zeros(n, length, g + 1 - width)], dim=-1)  # [B, L, G + 1]
+    live = torch.where(idx < k[..., None], padded, torch.zeros(()))  # acceptance of the draft, 0 at n = K
+    surv = torch.cat([torch.ones_like(live[..., :1]), live.cumprod(-1)[..., :-1]], dim=-1)  # P(first n accepted)
+    inside = torch.arange(length)[None, :] < lengths[:, None]  # [B, L]
+    outcome = surv * (1 - live) * inside[..., None]  # [B, L, G + 1]: P(exactly n accepted)
+    return _Outcomes(k, stopped, surv, outcome, inside, lengths)
+
+
 def run_process(chain: torch.Tensor, gamma, *, draft_len=None, lengths=None, floor_len=None) -> ProcessResult:
     """Exact expectations of the engine's draft/verify loop on fixed texts (module docstring).
 
@@ -137,44 +181,51 @@ def run_process(chain: torch.Tensor, gamma, *, draft_len=None, lengths=None, flo
     -------
     ProcessResult
     """
-    chain = torch.as_tensor(chain, dtype=torch.float64)
-    if chain.ndim != 3:
-        raise ValueError(f"chain must be [B, L, W], got shape {tuple(chain.shape)}")
-    if torch.isnan(chain).any() or (chain < 0).any() or (chain > 1).any():
-        raise ValueError("chain must hold probabilities in [0, 1]")
-    n, length, width = chain.shape
-    lengths = torch.full((n,), length, dtype=torch.long) if lengths is None else torch.as_tensor(lengths, dtype=torch.long)
-    if lengths.shape != (n,) or (lengths < 0).any() or (lengths > length).any():
-        raise ValueError(f"lengths must be a LongTensor [{n}] in [0, {length}], got {lengths}")
-    if int(torch.as_tensor(gamma).max()) > width:
-        raise ValueError(f"chain width {width} is below the largest gamma {int(torch.as_tensor(gamma).max())}")
-    k = _draft_lengths(gamma, draft_len, lengths, n, length)  # [B, L] without the floor
-    stopped = torch.zeros_like(k, dtype=torch.bool)
-    if floor_len is not None:
-        floor_len = torch.as_tensor(floor_len, dtype=torch.long)
-        stopped = floor_len < k  # the floor binds: drafting ends at a position it tested
-        k = torch.minimum(k, floor_len)
-    g = max(width, 1)
+    o = _outcomes(chain, gamma, draft_len, lengths, floor_len)
+    n, length, g1 = o.outcome.shape
+    g = g1 - 1
     idx = torch.arange(g + 1)
-    padded = torch.cat([chain, chain.new_zeros(n, length, g + 1 - width)], dim=-1)  # [B, L, G + 1]
-    live = torch.where(idx < k[..., None], padded, torch.zeros(()))  # acceptance of the draft, 0 at n = K
-    surv = torch.cat([torch.ones_like(live[..., :1]), live.cumprod(-1)[..., :-1]], dim=-1)  # P(first n accepted)
-    outcome = surv * (1 - live)  # [B, L, G + 1]: P(exactly n accepted)
-    inside = torch.arange(length)[None, :] < lengths[:, None]  # [B, L]
-    outcome = outcome * inside[..., None]
     start = torch.zeros(n, length + g + 2, dtype=torch.float64)
-    start[:, 0] = (lengths > 0).double()
+    start[:, 0] = (o.lengths > 0).double()
     for s in range(length):  # next start s + n + 1
-        start[:, s + 1:s + g + 2] += start[:, s:s + 1] * outcome[:, s]
-    start_prob = start[:, :length] * inside
-    reach = surv[..., :g] * (idx[:g] < k[..., None])  # [B, L, G]: draft i of a step at s is verified
+        start[:, s + 1:s + g + 2] += start[:, s:s + 1] * o.outcome[:, s]
+    start_prob = start[:, :length] * o.inside
+    reach = o.surv[..., :g] * (idx[:g] < o.k[..., None])  # [B, L, G]: draft i of a step at s is verified
     visit = torch.zeros(n, length + g, dtype=torch.float64)
     for i in range(g):
         visit[:, i:i + length] += start_prob * reach[..., i]
-    accepted = (start_prob * surv[..., 1:].mul(idx[1:] <= k[..., None]).sum(-1)).sum(-1)
-    hist = torch.zeros(n, g + 1, dtype=torch.float64).scatter_add_(1, k, start_prob)
-    return ProcessResult(start_prob, visit[:, :length], k * inside, accepted, hist, lengths,
-                         (start_prob * (stopped & inside)).sum(-1))
+    accepted = (start_prob * o.surv[..., 1:].mul(idx[1:] <= o.k[..., None]).sum(-1)).sum(-1)
+    hist = torch.zeros(n, g + 1, dtype=torch.float64).scatter_add_(1, o.k, start_prob)
+    forwards = torch.zeros(n, g + 2, dtype=torch.float64).scatter_add_(1, o.k + o.stopped.long(), start_prob)
+    return ProcessResult(start_prob, visit[:, :length], o.k * o.inside, accepted, hist, o.lengths,
+                         (start_prob * (o.stopped & o.inside)).sum(-1), forwards)
+
+
+def step_count_law(chain: torch.Tensor, gamma, *, draft_len=None, lengths=None, floor_len=None) -> torch.Tensor:
+    """The law of each row's number of steps (target calls): ``P(N = j)``, ``[B, L + 1]``.
+
+    The same Markov chain over start positions as :func:`run_process` (same arguments), carried
+    with the count of steps made: ``P(start s' after j + 1 steps) += P(start s after j steps)
+    O_s(n)`` for ``s' = s + n + 1``; a row of length ``L_b`` ends at start ``L_b``. Its mean is
+    ``ProcessResult.steps``. ``O(L^2 gamma)`` per row, keeping ``gamma + 2`` starts at a time.
+    """
+    o = _outcomes(chain, gamma, draft_len, lengths, floor_len)
+    n, length, g1 = o.outcome.shape
+    ring = g1 + 1  # starts s .. s + G + 1 are live while s is processed
+    buf = torch.zeros(n, ring, length + 1, dtype=torch.float64)  # [B, ring, steps]
+    buf[:, 0, 0] = 1.0
+    law = torch.zeros(n, length + 1, dtype=torch.float64)
+    targets = torch.arange(1, g1 + 1)
+    for s in range(length + 1):
+        cur = buf[:, s % ring].clone()  # [B, J]: P(start s after j steps)
+        buf[:, s % ring] = 0.0
+        ends = o.lengths == s
+        law[ends] += cur[ends]
+        if s == length:
+            break
+        spread = o.outcome[:, s, :, None] * cur[:, None, :-1]  # [B, G + 1, J - 1]: one more step, n accepted
+        buf.index_add_(1, (s + targets) % ring, torch.nn.functional.pad(spread, (1, 0)))
+    return law
 
 
 # ---- one pair: every operating point and gamma in one batch ----------------------------------------
@@ -243,13 +294,19 @@ class ProcessSettings:
         Which draft positions pay the MD overhead (the engine's argument of the same name).
     bootstrap : BootstrapSettings or None
         Intervals over prompts (:mod:`mdboost.ranking.uncertainty`); None: none (NaN bounds).
+    batch_size : int, default=1
+        Sequences the engine runs as one batch: the speedup is a batch's throughput over plain
+        decoding's at the same batch size (:mod:`mdboost.ranking.batch`), its costs the
+        profile's and the drafter's at that batch size.
     """
 
     gammas: tuple
     md_solve: str = "reached"
     bootstrap: BootstrapSettings | None = None
+    batch_size: int = 1
 
     def __post_init__(self):
+        check_batch_size(self.batch_size)
         if self.md_solve not in SOLVE:
             raise ValueError(f"md_solve must be one of {SOLVE}, got {self.md_solve!r}")
         gammas = [int(g) for g in self.gammas]
@@ -259,9 +316,15 @@ class ProcessSettings:
 
 
 class _Batch(NamedTuple):
-    """The draft-start process of every point and gamma of a pair, stacked as ``[P * G * B]`` rows."""
+    """The draft-start process of every point and gamma of a pair, stacked as ``[P * G * B]`` rows,
+    with its inputs (for :func:`step_count_law`)."""
 
     res: ProcessResult
+    chain: torch.Tensor  # [P * G * B, L, W]
+    gamma: torch.Tensor  # LongTensor [P * G * B]
+    offered: torch.Tensor | None  # [P * G * B, L]
+    floor_len: torch.Tensor | None  # [P * G * B, L]
+    row_lengths: torch.Tensor  # LongTensor [P * G * B]
     raw: torch.Tensor  # [B, L, W]: conditional acceptance of each draft (position-0 figures)
     index: torch.Tensor  # [B, L]: each position's cache row
     lengths: torch.Tensor  # LongTensor [B]
@@ -278,9 +341,10 @@ def _run_points(rows, points: list[PointInputs], gammas: tuple, on_reference: bo
     gamma = torch.tensor(gammas)[None, :, None].expand(n_p, n_g, n_b).reshape(-1)
     floors = floor_runs(points, index, width)  # [P, B, L] or None
     floor_len = None if floors is None else floors[:, None].expand(n_p, n_g, n_b, length).reshape(-1, length)
-    res = run_process(batch, gamma, draft_len=None if offered is None else offered.repeat(n_p * n_g, 1),
-                      lengths=lengths.repeat(n_p * n_g), floor_len=floor_len)
-    return _Batch(res, raw, index, lengths, (n_p, n_g, n_b, length))
+    offered = None if offered is None else offered.repeat(n_p * n_g, 1)
+    row_lengths = lengths.repeat(n_p * n_g)
+    res = run_process(batch, gamma, draft_len=offered, lengths=row_lengths, floor_len=floor_len)
+    return _Batch(res, batch, gamma, offered, floor_len, row_lengths, raw, index, lengths, (n_p, n_g, n_b, length))
 
 
 def floor_runs(points: list[PointInputs], index: torch.Tensor, width: int) -> torch.Tensor | None:
@@ -370,21 +434,34 @@ def score_process(rows, points: list[PointInputs], settings: ProcessSettings, pr
         return resample_sums(x.reshape(n_p, n_g, n_b, *x.shape[1:]).movedim(2, -1), weights)
 
     if md_solve == "all":
-        solved = pooled(res.draft_tokens)
+        solved = res.draft_tokens
     else:
         weight = torch.ones(()) if md_solve == "reached" else 1 - gather_rows(torch.as_tensor(sd_acceptance).double(), index)
-        solved = pooled((res.visit_prob.reshape(n_p * n_g, n_b, length) * weight).sum(-1).reshape(-1))
+        solved = (res.visit_prob.reshape(n_p * n_g, n_b, length) * weight).sum(-1).reshape(-1)
     overhead = torch.tensor([pt.md_overhead for pt in points], dtype=torch.float64)[:, None]
     cost, verify = _cost_draws(rows.draft, profile, max(gammas) + 1, boot)
-    tokens = resample_sums(lengths, weights)[:, None, None]  # [R, 1, 1]
+    total = weights.sum(-1)  # [R]
+
+    def mixed(x):  # [P * G * B, ...] -> [R, P, G, ...]: weighted means over the sequences
+        out = pooled(x)
+        return out / total.reshape(-1, *[1] * (out.ndim - 1))
+
+    law = None
+    if settings.batch_size > 1:
+        law = step_count_law(batch.chain, batch.gamma, draft_len=batch.offered, lengths=batch.row_lengths,
+                             floor_len=batch.floor_len)
+    per_batch = batch_totals(mixed, res.steps, res.steps_by_draft_len, res.steps_by_forwards, solved,
+                             settings.batch_size, law)
     prompt = rows.layout.prompt_lengths
     fed = (torch.zeros_like(lengths, dtype=torch.float64) if prompt is None
            else (torch.as_tensor(prompt, dtype=torch.float64) - 1).clamp_min(0))  # [B]: prompt tokens beyond one
     beta_t, beta_d = float(profile.prefill_per_token), float(rows.draft.prefill_per_token)
-    fed = resample_sums(fed, weights)[:, None, None]  # [R, 1, 1]
-    speed = process_speedup(tokens, pooled(res.drafter_forwards), pooled(res.steps_by_draft_len), cost,
-                            verify_costs=verify, md_overhead=overhead, solved=solved,
+    fed = expected_max_of(fed, weights, settings.batch_size)[:, None, None]  # [R, 1, 1]: the batch's longest prompt
+    tokens_max = expected_max_of(lengths.double(), weights, settings.batch_size)[:, None, None]  # [R, 1, 1]
+    speed = process_speedup(tokens_max, per_batch.drafter_forwards, per_batch.steps_by_draft_len, cost,
+                            verify_costs=verify, md_overhead=overhead, solved=per_batch.solved,
                             prefill=beta_t * fed, drafter_prefill=beta_d * fed)  # [R, P, G]
+    tokens = resample_sums(lengths, weights)[:, None, None]  # [R, 1, 1]
 
     def per_row(x):  # [P, B, L] -> [P * G * B, L], the batch order of run_process
         return x[:, None].expand(n_p, n_g, n_b, length).reshape(-1, length)

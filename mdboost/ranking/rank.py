@@ -8,7 +8,8 @@ One row per (pair, divergence, budget) operating point, with the columns of ``ra
 2. eligible points come first, ordered by predicted walltime speedup (descending);
 3. ties (equal speedup to 1e-9) are broken by complementarity, the boosting advantage
    ``A = mu_target^2 + mu_drafter^2`` (descending), then by MD acceptance;
-4. ineligible points follow in the same order. ``rank`` is 1-based.
+4. ineligible points follow in the same order. ``rank`` is 1-based, within each batch size
+   (``batch_size`` column: the sequences per engine batch the speed columns are for).
 
 Acceptance-side columns (``sd_*``, ``md_acceptance*``, ``acceptance_gain``, ``best_gamma``,
 ``predicted_speedup``, ``achieved_divergence``, ``k_*``, ``eps_pq_*``, ``rho_pq_*``,
@@ -101,6 +102,10 @@ class ScoreSettings:
         (:func:`~mdboost.ranking.rule_points.rule_points`: `Mentored` and `Threshold` at every
         divergence and budget, `Rejection` and `Match` once); ``Mentored()`` (sampled drafts)
         gives the MD rows.
+    batch_size : int, default=1
+        Sequences the engine runs as one batch: the speed columns predict a batch's throughput
+        over plain decoding's at the same batch size (:mod:`mdboost.ranking.batch`), with the
+        costs measured at that batch size (the pair's sides and ``speed_profile``).
     """
 
     divergences: tuple[str, ...] = ("kl", "tv", "hellinger")
@@ -116,6 +121,7 @@ class ScoreSettings:
     bootstrap: BootstrapSettings = BootstrapSettings()
     tv_mentor: str = "clamp"
     rules: tuple[Rule, ...] = (Mentored(),)
+    batch_size: int = 1
 
     def __post_init__(self):
         checks = [
@@ -132,6 +138,8 @@ class ScoreSettings:
             (all(o in BOOSTING_ORDERS for o in self.orders), "orders", f"a subset of {BOOSTING_ORDERS}"),
             (all(-1 <= t <= 1 for t in self.thetas), "thetas", "in [-1, 1]"),
             (self.tv_mentor in TV_MENTORS, "tv_mentor", f"one of {TV_MENTORS}"),
+            (not isinstance(self.batch_size, bool) and isinstance(self.batch_size, int) and self.batch_size >= 1,
+             "batch_size", "a positive integer"),
         ]
         for ok, name, what in checks:
             if not ok:
@@ -158,7 +166,7 @@ class ScoreSettings:
     @property
     def process(self) -> ProcessSettings:
         """The draft-start process's settings (:func:`~mdboost.ranking.process.score_process`)."""
-        return ProcessSettings(tuple(self.gammas), self.md_solve, self.bootstrap)
+        return ProcessSettings(tuple(self.gammas), self.md_solve, self.bootstrap, self.batch_size)
 
     @property
     def quality_temperature(self) -> float:
@@ -275,7 +283,7 @@ def score_pair(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | Non
                      acceptance_source or ("reference" if acceptance is None else "sampled"), stats, sd.numpy(),
                      sd_iid, None if process is None else process[0], tuple(points), s.temperature,
                      tuple(s.gammas), s.md_solve, _bootstrap_info(s.bootstrap, acc.layout),
-                     (profile.prefill_per_token, acc.draft.prefill_per_token))
+                     (profile.prefill_per_token, acc.draft.prefill_per_token), s.batch_size)
 
 
 PLAIN_SD = PLAIN  # the divergence column of budget-0 points: plain SD, the same for every f
@@ -399,13 +407,34 @@ def _bootstrap_info(boot: BootstrapSettings, layout: SequenceLayout | None) -> d
     return {"prompts": prompts, "resamples": resamples, "level": boot.level, "seed": boot.seed}
 
 
+def row_batch_size(row: dict) -> int:
+    """A ``ranking.csv`` row's batch size (1 where the column is missing: a ranking before batch
+    sizes were ranked)."""
+    value = row.get("batch_size")
+    return 1 if value in (None, "") else int(float(value))
+
+
+def at_batch_size(rows: list[dict], batch_size: int) -> list[dict]:
+    """The rows predicted for ``batch_size`` sequences per engine batch, in their order."""
+    return [r for r in rows if row_batch_size(r) == batch_size]
+
+
+def batch_sizes_of(rows: list[dict]) -> list[int]:
+    """The batch sizes of ``rows``, ascending."""
+    return sorted({row_batch_size(r) for r in rows})
+
+
 def rank_rows(rows: list[dict], nll_tolerance: float = 0.05) -> list[dict]:
-    """Apply the ranking rule of the module docstring; returns new dicts sorted by ``rank``."""
+    """Apply the ranking rule of the module docstring within each batch size; returns new dicts
+    sorted by batch size, then ``rank`` (1-based within the batch size)."""
     if nll_tolerance < 0:
         raise ValueError(f"nll_tolerance must be >= 0, got {nll_tolerance!r}")
     out = [dict(r, quality_ok=bool(r["nll_mentored"] <= r["nll_target"] + nll_tolerance)) for r in rows]
-    out.sort(key=lambda r: (not r["quality_ok"], -round(r["predicted_speedup"], 9),
+    out.sort(key=lambda r: (row_batch_size(r), not r["quality_ok"], -round(r["predicted_speedup"], 9),
                             -r["boosting_advantage"], -r["md_acceptance"]))
-    for i, r in enumerate(out, start=1):
-        r["rank"] = i
+    first = 0
+    for i, r in enumerate(out):
+        if i and row_batch_size(r) != row_batch_size(out[i - 1]):
+            first = i
+        r["rank"] = i - first + 1
     return out

@@ -18,7 +18,7 @@ from pathlib import Path
 from mdboost._io import atomic_write_text
 
 COLUMNS = [
-    "rank", "drafter", "target", "temperature", "divergence", "max_divergence", "rule", "drafting", "draft_p_min", "engines",
+    "batch_size", "rank", "drafter", "target", "temperature", "divergence", "max_divergence", "rule", "drafting", "draft_p_min", "engines",
     "threshold_acc", "threshold_single", "gamma", "best_gamma", "is_best_gamma",
     "predicted_speedup", "predicted_speedup_lo", "predicted_speedup_hi",
     "engine_acceptance", "engine_acceptance_lo", "engine_acceptance_hi",
@@ -36,7 +36,7 @@ COLUMNS = [
 ]
 
 TABLE_COLUMNS = [
-    ("rank", "rank"), ("drafter", "drafter"), ("target", "target"), ("temperature", "T"), ("divergence", "f"),
+    ("batch_size", "B"), ("rank", "rank"), ("drafter", "drafter"), ("target", "target"), ("temperature", "T"), ("divergence", "f"),
     ("max_divergence", "D"), ("rule", "rule"), ("drafting", "drafts"), ("draft_p_min", "p_min"),
     ("sd_acceptance", "SD acc"), ("md_acceptance", "MD acc"), ("engine_acceptance", "eng acc"),
     ("cost_ratio", "c"), ("gamma", "gamma"), ("predicted_speedup", "speedup"), ("predicted_speedup_lo", "lo"),

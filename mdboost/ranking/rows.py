@@ -37,10 +37,11 @@ def select_pairs(pc: PoolCache, mode: str = "target") -> list[tuple[str, str]]:
     return [(d, t) for t in targets for d in pc.names if d != t and fp[d] == fp[t]]
 
 
-def speed_profile(pc: PoolCache, drafter: str, target: str) -> SpeedProfile:
-    """The speed model's ``v`` table and MD overhead for the pair (defaults when ``target`` has
-    no measured profile: ``v = 1``, ``s = 0``). One-hot (``ngram``) drafts use their own overhead."""
-    info = pc.speed_profile_info(target)
+def speed_profile(pc: PoolCache, drafter: str, target: str, batch_size: int = 1) -> SpeedProfile:
+    """The speed model's ``v`` table and MD overhead for the pair at ``batch_size`` rows per step
+    (defaults when ``target`` has no measured profile: ``v = 1``, ``s = 0``). One-hot (``ngram``)
+    drafts use their own overhead."""
+    info = pc.speed_profile_info(target, batch_size)
     if info is None:
         return SpeedProfile()
     kind = "onehot" if pc.kind(drafter) == "ngram" else "dense"
@@ -98,37 +99,39 @@ class MemberLoader:
         return self._memo[name]
 
 
-def _sides(loader: MemberLoader, costs: PoolCache, drafter: str, target: str) -> tuple[PairSide, PairSide]:
+def _sides(loader: MemberLoader, costs: PoolCache, drafter: str, target: str,
+           batch_size: int = 1) -> tuple[PairSide, PairSide]:
     """The pair's two sides; the drafter's cost ratio is ``c_drafter / c_target``, both measured
-    against the pool target and read from ``costs`` (the pool's speed file), with its repeated
-    measurements and its prefill cost on the same scale (the speedup intervals carry their
-    spread)."""
+    against the pool target at ``batch_size`` rows per step and read from ``costs`` (the pool's
+    speed file), with its repeated measurements and its prefill cost on the same scale (the
+    speedup intervals carry their spread)."""
     d_rows, d_hyp = loader(drafter)
     t_rows, t_hyp = loader(target)
-    scale = costs.cost_ratio(target)
-    samples = costs.cost_samples(drafter)
-    cost = costs.cost_ratio(drafter) / scale
+    scale = costs.cost_ratio(target, batch_size)
+    samples = costs.cost_samples(drafter, batch_size)
+    cost = costs.cost_ratio(drafter, batch_size) / scale
     samples = None if samples is None else tuple(x / scale for x in samples)
-    prefill = costs.prefill_per_token(drafter) / scale
+    prefill = costs.prefill_per_token(drafter, batch_size) / scale
     return PairSide(drafter, d_rows, d_hyp, cost, samples, prefill), PairSide(target, t_rows, t_hyp, 1.0)
 
 
-def pair_rows(loader: MemberLoader, drafter: str, target: str) -> PairRows:
+def pair_rows(loader: MemberLoader, drafter: str, target: str, batch_size: int = 1) -> PairRows:
     """One ordered pair over all rows of ``loader``'s cache (``row_ids``: the cache rows), with
-    their sequence layout (the draft-start process then predicts on this text too)."""
-    draft, tgt = _sides(loader, loader.pc, drafter, target)
+    their sequence layout (the draft-start process then predicts on this text too), its costs at
+    ``batch_size``."""
+    draft, tgt = _sides(loader, loader.pc, drafter, target, batch_size)
     labels = loader.pc.true_tokens().numpy()
     return PairRows(draft, tgt, labels, torch.arange(len(labels)).numpy(),
                     layout=sequence_layout(loader.pc.caches[drafter], drafter))
 
 
-def acceptance_rows(loader: MemberLoader, pc: PoolCache, drafter: str, target: str) -> PairRows:
+def acceptance_rows(loader: MemberLoader, pc: PoolCache, drafter: str, target: str, batch_size: int = 1) -> PairRows:
     """One ordered pair on ``loader``'s (acceptance) cache, with its sequence layout.
 
     ``loader`` reads the target-sampled caches (``pc.acceptance``); cost ratios come from ``pc``,
     the main caches, where they were measured. The layout groups the rows by sequence for the
     engine's draft-start process (:func:`mdboost.ranking.layout.sequence_layout`).
     """
-    draft, tgt = _sides(loader, pc, drafter, target)
+    draft, tgt = _sides(loader, pc, drafter, target, batch_size)
     labels = loader.pc.true_tokens().numpy()
     return PairRows(draft, tgt, labels, layout=sequence_layout(loader.pc.caches[drafter], drafter))

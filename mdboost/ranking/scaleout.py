@@ -58,12 +58,13 @@ def score_cached_pair(pc: PoolCache, drafter: str, target: str, settings: ScoreS
     acceptance, mentored = None, {}
     if pc.acceptance is not None:
         acc_loader = MemberLoader(pc.acceptance, settings.temperature) if acceptance_loader is None else acceptance_loader
-        acceptance = acceptance_rows(acc_loader, pc, drafter, target)
+        acceptance = acceptance_rows(acc_loader, pc, drafter, target, settings.batch_size)
         if target == pc.target:  # the mentored texts were sampled from the pool target
             mentored = {point: mentored_pair_rows(load_mentored(path), acceptance, settings.temperature)
                         for point, path in pc.mentored.get(drafter, {}).items()}
-    return score_pair(pair_rows(loader, drafter, target), pc.vocab_size, settings=settings, acceptance=acceptance,
-                      acceptance_source=acceptance_source, speed_profile=speed_profile(pc, drafter, target),
+    b = settings.batch_size
+    return score_pair(pair_rows(loader, drafter, target, b), pc.vocab_size, settings=settings, acceptance=acceptance,
+                      acceptance_source=acceptance_source, speed_profile=speed_profile(pc, drafter, target, b),
                       mentored=mentored, on_reference=None if acceptance is None else target != pc.target)
 
 

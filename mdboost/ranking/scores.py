@@ -124,7 +124,7 @@ class PairScore:
     ``sd_acceptance`` [M]: per-position SD acceptance; ``sd_iid`` / ``sd_process``: plain SD's
     speed choice (i.i.d. model, draft-start process or None); ``points``: one per operating
     point, divergences outer, budgets inner (budget 0 once); ``temperature``, ``gammas`` and
-    ``md_solve``: what the predictions are for; ``bootstrap``: how the intervals were made
+    ``md_solve`` and ``batch_size`` (sequences per engine batch): what the predictions are for; ``bootstrap``: how the intervals were made
     (prompts, resamples, level, seed); ``prefill``: the speed model's ``(beta_t, beta_d)``, the
     target's and the drafter's prefill cost per prompt token (``docs/theory.md`` section 8).
     """
@@ -142,6 +142,7 @@ class PairScore:
     md_solve: str = "needed"
     bootstrap: dict | None = None
     prefill: tuple = (0.0, 0.0)
+    batch_size: int = 1
 
     @property
     def margins(self) -> np.ndarray:  # [N]
@@ -227,7 +228,7 @@ def score_rows(score: PairScore) -> list[dict]:
     """One ``ranking.csv`` row per operating point and searched gamma (column definitions:
     ``docs/ranking.md``)."""
     common = _pair_columns(score)
-    common.update(temperature=score.temperature, md_solve=score.md_solve)
+    common.update(temperature=score.temperature, md_solve=score.md_solve, batch_size=score.batch_size)
     rows = []
     for point in score.points:
         acc, k = point.acceptance, point.k

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Mapping, Sequence
 
-from mdboost.ranking.recommend import Recommendation, rule_label
+from mdboost.ranking.recommend import Recommendation, batch_lines, rule_label
 from mdboost.tracking.runs import point_name
 
 POINT_COLUMNS = (("rank", "rank"), ("point", "point"), ("target", "target"), ("speedup", "speedup [90%]"),
@@ -101,7 +101,7 @@ def costed_verdict(rec: Recommendation, costs: str | None = None) -> str:
 
 def ranking_note(rec: Recommendation, points: Sequence[Mapping], *, bootstrap: Mapping, snippet: str,
                  n_pairs: int, n_rows: int, nll_tolerance: float, top: int = 10,
-                 cache: str | None = None, costs: str | None = None) -> str:
+                 cache: str | None = None, costs: str | None = None, by_batch: Mapping | None = None) -> str:
     """A ranking parent run's description: the recommendation, then the ranking's summary.
 
     Parameters
@@ -125,6 +125,10 @@ def ranking_note(rec: Recommendation, points: Sequence[Mapping], *, bootstrap: M
     costs : str or None
         Where the costs were measured (``mdboost.cache.profile.costs_line``): the speedups hold
         on that hardware; appended to the verdict when given (:func:`costed_verdict`).
+    by_batch : mapping or None
+        ``{batch_size: Recommendation}`` when several batch sizes were ranked: a section with
+        each one's verdict and the batch size from which plain decoding wins
+        (:func:`mdboost.ranking.recommend.batch_lines`).
 
     Returns
     -------
@@ -155,6 +159,8 @@ def ranking_note(rec: Recommendation, points: Sequence[Mapping], *, bootstrap: M
         f"`ranking.csv`, table `ranking_table.json`). Rule: the largest predicted speedup among points with "
         f"NLL <= target + {nll_tolerance:g} nats. Nested runs: one per point, best first.", "",
     ]
+    if by_batch and len(by_batch) > 1:
+        lines += ["### Batch sizes", "", *[f"- {line}" for line in batch_lines(by_batch)], ""]
     if cache:
         lines += [cache, ""]
     lines.append(markdown_table([point_cells(r) for r in shown], POINT_COLUMNS))
