@@ -51,7 +51,8 @@ from mdboost.models.home import mdboost_home
 from mdboost.models.loading import resolve_device
 from mdboost.ranking import plots, report
 from mdboost.ranking.frontier import cached_positions, frontier
-from mdboost.ranking.rank import PLAIN_SD, at_batch_size, rank_rows
+from mdboost.ranking.rank import PLAIN_SD, rank_rows
+from mdboost.ranking.report import at_batch_size
 from mdboost.ranking.recommend import (Recommendation, md_row, plain_wins_from, recommend, recommend_engines,
                                       rule_label)
 from mdboost.ranking.rows import MemberLoader, select_pairs

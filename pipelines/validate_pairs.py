@@ -27,6 +27,7 @@ import torch
 from mdboost._io import read_json_object, read_yaml_mapping
 from mdboost.engine.costs import ENGINE_THREADS, torch_threads
 from mdboost.models.pool import build_pool
+from mdboost.ranking.report import at_batch_size, batch_sizes_of
 from mdboost.ranking.report import check_csv_digest, read_csv
 from mdboost.tracking import setup
 from mdboost.tracking.datasets import log_records
@@ -138,8 +139,13 @@ def plan(cfg: ValidateConfig) -> Plan:
     rows = complete_rows(ranking.rows, temperature=float(temps[0]) if len(temps) == 1 else None,
                          md_solve=ranking.md_solve)
     check_md_solve(rows, g.md_solve)
-    recommendation = (ranking.summary or {}).get("recommendation")
-    cells = select_cells(rows, recommendation, cells=cfg.ranking.cells, temperatures=sampling["temperatures"])
+    summary = ranking.summary or {}
+    by_batch = summary.get("recommendations_by_batch_size") or {}
+    cells = []
+    for b in batch_sizes_of(rows):  # the recommendation's and cfg.ranking.cells more at each batch size
+        recommendation = by_batch.get(str(b)) or (summary.get("recommendation") if b == 1 else None)
+        cells += select_cells(at_batch_size(rows, b), recommendation, cells=cfg.ranking.cells,
+                              temperatures=sampling["temperatures"])
     return Plan(ranking, cells, sampling)
 
 

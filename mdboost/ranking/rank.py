@@ -52,6 +52,7 @@ from mdboost.ranking.diagnostics import boost_coefficient, pair_diagnostics
 from mdboost.ranking.layout import SequenceLayout
 from mdboost.ranking.mentored import mentored_process
 from mdboost.ranking.pair import PairRows, PairSide
+from mdboost.ranking.report import row_batch_size
 from mdboost.ranking.chains import budget_tilt
 from mdboost.ranking.process import PointInputs, ProcessSettings, score_process
 from mdboost.ranking.rule_points import (PLAIN, RulePoint, block_chain, floor_drafts, greedy_tilt, point_law, rule_points,
@@ -405,23 +406,6 @@ def _bootstrap_info(boot: BootstrapSettings, layout: SequenceLayout | None) -> d
     prompts = 0 if layout is None else int(torch.as_tensor(layout.sequence).unique().numel())
     resamples = boot.num_resamples if layout is not None else 0
     return {"prompts": prompts, "resamples": resamples, "level": boot.level, "seed": boot.seed}
-
-
-def row_batch_size(row: dict) -> int:
-    """A ``ranking.csv`` row's batch size (1 where the column is missing: a ranking before batch
-    sizes were ranked)."""
-    value = row.get("batch_size")
-    return 1 if value in (None, "") else int(float(value))
-
-
-def at_batch_size(rows: list[dict], batch_size: int) -> list[dict]:
-    """The rows predicted for ``batch_size`` sequences per engine batch, in their order."""
-    return [r for r in rows if row_batch_size(r) == batch_size]
-
-
-def batch_sizes_of(rows: list[dict]) -> list[int]:
-    """The batch sizes of ``rows``, ascending."""
-    return sorted({row_batch_size(r) for r in rows})
 
 
 def rank_rows(rows: list[dict], nll_tolerance: float = 0.05) -> list[dict]:

@@ -134,3 +134,20 @@ def format_table(rows: list[dict], top: int = 10) -> str:
     lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
     lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
     return "\n".join(lines)
+
+
+def row_batch_size(row: dict) -> int:
+    """A ``ranking.csv`` row's batch size (1 where the column is missing: a ranking before batch
+    sizes were ranked)."""
+    value = row.get("batch_size")
+    return 1 if value in (None, "") else int(float(value))
+
+
+def at_batch_size(rows: list[dict], batch_size: int) -> list[dict]:
+    """The rows predicted for ``batch_size`` sequences per engine batch, in their order."""
+    return [r for r in rows if row_batch_size(r) == batch_size]
+
+
+def batch_sizes_of(rows: list[dict]) -> list[int]:
+    """The batch sizes of ``rows``, ascending."""
+    return sorted({row_batch_size(r) for r in rows})

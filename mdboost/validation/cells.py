@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 
 from mdboost.ranking.recommend import recommend
-from mdboost.ranking.report import csv_bool, csv_float
+from mdboost.ranking.report import csv_bool, csv_float, row_batch_size
 from mdboost.ranking.rule_points import row_draft_p_min
 
 SAMPLING_KEYS = ("temperature", "top_k", "top_p")
@@ -48,21 +48,23 @@ def _optional(value):
 
 
 def cell_key(row: dict) -> tuple:
-    """``(drafter, target, temperature, divergence, max_divergence, gamma, rule, drafting, draft_p_min)`` of a row.
+    """``(drafter, target, temperature, divergence, max_divergence, gamma, rule, drafting, draft_p_min,
+    batch_size)`` of a row.
 
     A budget-0 row is lossless: its divergence is ``"none"`` whatever the row says. A row
     without ``rule`` / ``drafting`` (a ranking from before rules were ranked) is MD on sampled
-    drafts, one without ``draft_p_min`` has no draft floor.
+    drafts, one without ``draft_p_min`` has no draft floor, one without ``batch_size`` is for
+    batch size 1.
 
     >>> cell_key({"drafter": "a", "target": "t", "temperature": "0.7", "divergence": "kl",
     ...           "max_divergence": "0.0", "gamma": "3"})
-    ('a', 't', 0.7, 'none', 0.0, 3, 'mentored', 'sampled', 0.0)
+    ('a', 't', 0.7, 'none', 0.0, 3, 'mentored', 'sampled', 0.0, 1)
     """
     budget = round(csv_float(row["max_divergence"]), 12)
     divergence = "none" if budget == 0 else str(row["divergence"])
     return (str(row["drafter"]), str(row["target"]), round(csv_float(row["temperature"]), 12), divergence, budget,
             int(csv_float(row["gamma"])), str(row.get("rule") or "mentored"), str(row.get("drafting") or "sampled"),
-            row_draft_p_min(row))
+            row_draft_p_min(row), row_batch_size(row))
 
 
 def complete_rows(rows: list[dict], *, temperature: float | None, md_solve: str) -> list[dict]:
@@ -171,9 +173,10 @@ def _is_candidate(row: dict, temperatures) -> bool:
 def _recommended_index(rows: list[dict], recommendation: dict | None) -> int:
     """Index of the recommendation's row among ``rows``; recomputed over them when absent."""
     keys = [cell_key(r) for r in rows]
-    if recommendation is not None and cell_key(recommendation) in keys:
-        return keys.index(cell_key(recommendation))
-    return keys.index(cell_key(recommend(rows).to_dict()))
+    size = {"batch_size": row_batch_size(rows[0])}  # a recommendation names no batch size: the rows'
+    if recommendation is not None and cell_key({**size, **recommendation}) in keys:
+        return keys.index(cell_key({**size, **recommendation}))
+    return keys.index(cell_key({**recommend(rows).to_dict(), **size}))
 
 
 def select_cells(rows: list[dict], recommendation: dict | None = None, *, cells: int = 12,
@@ -229,7 +232,7 @@ def select_cells(rows: list[dict], recommendation: dict | None = None, *, cells:
 
 
 def _dimensions(row: dict) -> list[tuple]:
-    _, _, temperature, divergence, budget, gamma, rule, drafting, floor = cell_key(row)
+    _, _, temperature, divergence, budget, gamma, rule, drafting, floor, _ = cell_key(row)
     return [("temperature", temperature), ("class", temperature, budget > 0), ("rule", rule, drafting, floor),
             ("drafter", str(row["drafter"])), ("gamma", gamma), ("budget", budget), ("divergence", divergence)]
 

@@ -19,6 +19,7 @@ import math
 import torch
 
 from mdboost.data import TextSource, encode_prompt
+from mdboost.ranking.report import row_batch_size
 from mdboost.ranking.recommend import md_row
 from mdboost.ranking.rule_points import row_rule
 from mdboost.ranking.speed import walltime_speedup
@@ -95,10 +96,11 @@ def realize_cells(rows: list[dict], pool, prompts, *, max_new_tokens: int = 64, 
                   top_k: int | None = None, top_p: float | None = None, progress: bool = False) -> list[dict]:
     """Realized numbers of ranking cells, one dict per row (same order).
 
-    Each row runs at its own ``temperature``, ``gamma``, divergence, budget ``max_divergence``
-    and ``md_solve`` (a budget-0 row is SD); ``top_k`` / ``top_p`` are the ranking's. Cells of
-    one target and temperature run interleaved per prompt with one AR run of that target
-    (:func:`mdboost.validation.runs.run_modes`): prompt ``i`` runs AR, then every cell, so every
+    Each row runs at its own ``temperature``, ``gamma``, divergence, budget ``max_divergence``,
+    ``md_solve`` (a budget-0 row is SD) and ``batch_size`` (consecutive prompts batched; 1 where
+    the row has none); ``top_k`` / ``top_p`` are the ranking's. Cells of one target, temperature
+    and batch size run interleaved per batch with one AR run of that target at that batch size
+    (:func:`mdboost.validation.runs.run_modes`): batch ``i`` runs AR, then every cell, so every
     speedup divides by the same AR reference made under the same machine load. ``progress``
     shows a bar over the generations (cells and AR runs x prompts) with the tokens/s so far
     (:func:`mdboost.validation.runs.progress_bar`; ``TQDM_DISABLE=1`` silences it).
@@ -114,15 +116,16 @@ def realize_cells(rows: list[dict], pool, prompts, *, max_new_tokens: int = 64, 
     """
     groups: dict[tuple, list[int]] = {}
     for i, r in enumerate(rows):
-        groups.setdefault((r["target"], float(r["temperature"])), []).append(i)
-    bar = progress_bar(len(prompts) * sum(len(m) + 1 for m in groups.values()), "validation runs", progress)
+        groups.setdefault((r["target"], float(r["temperature"]), row_batch_size(r)), []).append(i)
+    total = sum(-(-len(prompts) // b) * (len(m) + 1) for (_, _, b), m in groups.items())
+    bar = progress_bar(total, "validation runs", progress)
     out: list[dict] = [{} for _ in rows]
     eos = pool.target.tokenizer.eos_token_id
-    for (target_name, temperature), members in groups.items():
+    for (target_name, temperature, batch_size), members in groups.items():
         target = pool[target_name].model
         modes = {"ar": dict(mode="ar")} | {f"cell{i}": _cell_modes(rows[i], pool) for i in members}
         runs = run_modes(target, prompts, modes, seed=seed, max_new_tokens=max_new_tokens, temperature=temperature,
-                         top_k=top_k, top_p=top_p, eos_token_id=eos, on_generation=bar.step)
+                         top_k=top_k, top_p=top_p, eos_token_id=eos, on_generation=bar.step, batch_size=batch_size)
         ar = runs["ar"]
         ar_tps, ar_nll = ar.stats.tokens_per_second, target_nll(target, prompts, ar.outputs)
         for i in members:
@@ -132,7 +135,8 @@ def realize_cells(rows: list[dict], pool, prompts, *, max_new_tokens: int = 64, 
                      nll_target_outputs=target_nll(target, prompts, run.outputs), nll_target_ar_outputs=ar_nll)
             alpha = m["realized_acceptance"] if math.isnan(m["expected_acceptance"]) else m["expected_acceptance"]
             budget = float(rows[i]["max_divergence"])
-            m["model_speedup_at_realized_acceptance"] = model_speedup(
+            # the i.i.d. model is one sequence's: at B > 1 the batch's slowest row sets the time
+            m["model_speedup_at_realized_acceptance"] = math.nan if batch_size > 1 else model_speedup(
                 rows[i], alpha, rows[i]["md_solve"] if budget > 0 else "reached", new_tokens=m["num_new_tokens"],
                 prompt_tokens=float(sum(max(p.numel() - 1, 0) for p in prompts)))
             out[i] = m

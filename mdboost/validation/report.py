@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from mdboost._io import atomic_write_text, json_ready
-from mdboost.ranking.report import csv_bool, csv_float
+from mdboost.ranking.report import csv_bool, csv_float, row_batch_size
 from mdboost.ranking.rule_points import row_draft_p_min
 from mdboost.validation.calibration import calibration, coverage
 from mdboost.validation.prediction import predicted_acceptance
@@ -40,7 +40,7 @@ MAX_REGRET = 0.05
 WIDE_COVERAGE = 0.97
 
 CELL_FIELDS = ("drafter", "target", "temperature", "divergence", "max_divergence", "gamma", "md_solve", "rule",
-               "drafting", "draft_p_min")
+               "drafting", "draft_p_min", "batch_size")
 
 #: figure -> (predicted column, realized column) of a record
 FIGURES = {"speedup": ("predicted_speedup", "realized_speedup"),
@@ -120,7 +120,7 @@ def cell_record(index: int, role: str, row: dict, realized: dict, *, top_k=None,
            "temperature": csv_float(row["temperature"]), "divergence": str(row["divergence"]),
            "max_divergence": csv_float(row["max_divergence"]), "gamma": int(csv_float(row["gamma"])),
            "md_solve": str(row["md_solve"]), "rule": str(row.get("rule") or "mentored"),
-           "drafting": str(row.get("drafting") or "sampled"), "draft_p_min": row_draft_p_min(row), "top_k": top_k, "top_p": top_p, "rank": csv_float(row.get("rank")),
+           "drafting": str(row.get("drafting") or "sampled"), "draft_p_min": row_draft_p_min(row), "batch_size": row_batch_size(row), "top_k": top_k, "top_p": top_p, "rank": csv_float(row.get("rank")),
            "quality_ok": csv_bool(row.get("quality_ok")),
            "predicted_speedup": csv_float(row["predicted_speedup"]),
            "predicted_speedup_lo": csv_float(row.get("predicted_speedup_lo")),
@@ -175,7 +175,8 @@ def summarize(records: list[dict]) -> dict:
     """Metrics over the validated cells: one :func:`figure_metrics` entry per figure, and
     ``recommendation``: the first record's cell, predicted speedup with interval, realized
     speedup, ``inside`` (None without an interval) and ``regret`` (``1 - realized / best
-    realized`` among the validated cells)."""
+    realized`` among the validated cells). With cells at several batch sizes, ``by_batch_size``:
+    per batch size its :func:`batch_metrics`."""
     if not records:
         raise ValueError("records must hold at least one validated cell, got none")
     metrics = {figure: figure_metrics(records, figure) for figure in FIGURES}
@@ -186,7 +187,48 @@ def summarize(records: list[dict]) -> dict:
         **{k: rec[k] for k in ("predicted_speedup", "predicted_speedup_lo", "predicted_speedup_hi",
                                "realized_speedup")},
         "inside": rec["speedup_inside"], "regret": float(1 - rec["realized_speedup"] / best) if best > 0 else math.nan}
+    sizes = sorted({int(r.get("batch_size", 1)) for r in records})
+    if len(sizes) > 1:
+        metrics["by_batch_size"] = {str(b): batch_metrics([r for r in records if int(r.get("batch_size", 1)) == b])
+                                    for b in sizes}
+        metrics["crossover"] = crossover(metrics["by_batch_size"])
     return metrics
+
+
+def batch_metrics(records: list[dict]) -> dict:
+    """One batch size's cells: the speedup's :func:`figure_metrics`, and the best cell's predicted
+    and realized speedups (the best by prediction, and the best realized)."""
+    best_pred = max(records, key=lambda r: r["predicted_speedup"])
+    return {"speedup": figure_metrics(records, "speedup"), "cells": len(records),
+            "best_predicted_speedup": best_pred["predicted_speedup"],
+            "best_realized_speedup": max(r["realized_speedup"] for r in records)}
+
+
+def crossover(by_batch: dict) -> dict:
+    """The batch size from which plain decoding wins, predicted and realized, over the validated cells.
+
+    From each batch size's best cell (:func:`batch_metrics`): the smallest listed batch size from
+    which on no cell is predicted (realized) faster than plain decoding; None when one is at the
+    largest size. ``within_one``: the two are at most one listed batch size apart (None counts
+    as one place past the largest).
+
+    >>> crossover({"1": {"best_predicted_speedup": 1.2, "best_realized_speedup": 1.1},
+    ...            "4": {"best_predicted_speedup": 0.9, "best_realized_speedup": 1.02}})
+    {'predicted': 4, 'realized': None, 'within_one': True}
+    """
+    sizes = sorted(int(b) for b in by_batch)
+
+    def first(key):
+        cross = None
+        for b in reversed(sizes):
+            if by_batch[str(b)][key] > 1.0:
+                break
+            cross = b
+        return cross
+
+    pred, real = first("best_predicted_speedup"), first("best_realized_speedup")
+    place = lambda b: len(sizes) if b is None else sizes.index(b)  # noqa: E731
+    return {"predicted": pred, "realized": real, "within_one": abs(place(pred) - place(real)) <= 1}
 
 
 def verdict(metrics: dict) -> str:

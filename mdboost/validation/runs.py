@@ -3,7 +3,8 @@
 The ranking predicts per-token acceptance ``alpha`` (f-MD over cached logits,
 ``docs/theory.md``, "The clamp solution and the curve C(p, q)") and the speed model's speedup
 (``docs/theory.md``, "Speed model for ranking"). Real runs of :func:`mdboost.engine.generate`
-realize them. Definitions used here (counters summed over prompts, batch size 1):
+realize them. Definitions used here (counters summed over the generations; a generation is one
+batch of prompts, :func:`run_modes`):
 
 - ``realized_acceptance``: acceptance rate at draft position 0, accepted / proposed. Under the
   speed model's i.i.d. assumption position ``j`` accepts with ``alpha^(j+1)``, so position 0
@@ -14,7 +15,8 @@ realize them. Definitions used here (counters summed over prompts, batch size 1)
   computed at every position-0 draft (SD; MD with the engine's ``md_solve="reached"`` or
   ``"all"``), else NaN;
 - ``mean_accepted_length``: ``1 + accepted / drafts`` (tokens per target call when drafting);
-- ``tokens_per_second`` = new tokens / wall seconds; ``speedup`` = MD (or SD) tokens/s over AR's;
+- ``tokens_per_second`` = new tokens / wall seconds (all rows of a batch); ``speedup`` = MD (or
+  SD) tokens/s over AR's at the same batch size;
 - ``realized_divergence``: mean realized ``D_f(pi || q)`` over verified positions;
 - ``nll_target``: the target's mean negative log-likelihood (natural log, temperature 1) of the
   generated tokens, teacher-forced.
@@ -157,31 +159,48 @@ def run_mode(target, prompts: list[torch.Tensor], *, drafter=None, mode: str = "
     return run_modes(target, prompts, {mode: dict(drafter=drafter, mode=mode)}, seed=seed, **gen_kwargs)[mode]
 
 
+def _batch_inputs(group: list[torch.Tensor], device) -> tuple[torch.Tensor, torch.Tensor]:  # -> [B, T] x 2
+    """Prompts left-padded to the longest (pad id 0, masked out), as the engine batches them."""
+    width = max(ids.numel() for ids in group)
+    ids = torch.zeros(len(group), width, dtype=torch.long)
+    mask = torch.zeros(len(group), width, dtype=torch.long)
+    for b, row in enumerate(group):
+        ids[b, width - row.numel():], mask[b, width - row.numel():] = row.view(-1), 1
+    return ids.to(device), mask.to(device)
+
+
 def run_modes(target, prompts: list[torch.Tensor], modes: dict[str, dict], *, seed: int = 0,
-              on_generation=None, **common) -> dict[str, ModeRun]:
-    """Several modes interleaved per prompt: prompt ``i`` runs every mode in turn.
+              on_generation=None, batch_size: int = 1, **common) -> dict[str, ModeRun]:
+    """Several modes interleaved per batch of prompts: each batch runs every mode in turn.
 
     A change of machine load during the run then hits every mode alike, so speedups (ratios
     of tokens/s between modes) stay fair. ``modes`` maps a name to the mode's own arguments
     (``mode``, ``drafter``, ``max_divergence``, ...: see :func:`_mode_arguments`), merged over
-    ``common``. Prompt ``i`` uses seed ``seed + i`` in every mode. ``on_generation``, when
-    given, is called after each generation with its :class:`GenerationStats` (a progress bar's
-    hook: ``len(prompts) * len(modes)`` calls).
+    ``common``. ``batch_size`` consecutive prompts run as one batch of the engine (left-padded;
+    the last batch may be smaller); batch ``i`` uses seed ``seed + i`` in every mode (at batch
+    size 1: prompt ``i``, seed ``seed + i``). ``on_generation``, when given, is called after each
+    generation with its :class:`GenerationStats` (a progress bar's hook: one call per batch and
+    mode).
     """
     if not prompts:
         raise ValueError("prompts must hold at least one prompt, got none")
     if not modes:
         raise ValueError("modes must name at least one mode, got none")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     arguments = {name: _mode_arguments({**common, **kwargs}) for name, kwargs in modes.items()}
     device = next(target.parameters()).device
     stats = {name: [] for name in modes}
     outputs = {name: [] for name in modes}
-    for i, ids in enumerate(prompts):
+    for i, start in enumerate(range(0, len(prompts), batch_size)):
+        group = prompts[start:start + batch_size]
+        ids, mask = _batch_inputs(group, device)
         for name, (settings, drafter) in arguments.items():
             gen = torch.Generator(device=device).manual_seed(seed + i)
-            out = generate(target, ids.view(1, -1).to(device), settings, drafter=drafter, generator=gen)
-            n = int(out.num_new_tokens[0])
-            outputs[name].append(out.sequences[0, ids.numel(): ids.numel() + n].tolist())
+            out = generate(target, ids, settings, drafter=drafter, attention_mask=mask, generator=gen)
+            for b in range(len(group)):
+                n = int(out.num_new_tokens[b])
+                outputs[name].append(out.sequences[b, ids.shape[1]: ids.shape[1] + n].tolist())
             stats[name].append(out.stats)
             if on_generation is not None:
                 on_generation(out.stats)
