@@ -33,19 +33,33 @@ target's sampled tokens soon leave the period and lookup in random tokens then f
 The target's ``v`` and ``s`` are measured with fixed random drafts (no drafter cost, the
 drafts' ``p`` dense or one-hot), so they belong to the target alone.
 
+**Batch size.** With ``batch_size = B`` the prompt is ``B`` rows (each its own repeated
+random block, row 0 the prompt of ``B = 1``) and every timed step runs over all ``B`` rows
+(the engine's batched step): ``T_ar(B)`` is the undrafted ``B``-row step, ``v(K, B)`` a step
+verifying ``K`` drafts in every row over ``T_ar(B)``, ``c(B)`` the drafter's seconds per draft
+position of the batch (its draft tokens / ``B``) over ``T_ar(B)``, ``s(B)`` per drafted
+position of the batch, ``beta(B)`` the forward seconds per prompt token of a ``B``-row prompt
+batch over ``T_ar(B)``. Prompt lookup's per-row CPU work adds up in its ``c(B)``.
+
+**Repeats.** ``repeats`` is a maximum: :class:`StoppingRule` stops once the 90% sign-test
+interval of every reported figure's median is tight (:mod:`._stopping`; ``docs/engine.md``,
+"Costs measured once, well"); ``rel_tol = 0`` runs all ``repeats``.
+
 The results keep every sample with its median and spread, at a fixed torch thread count (the
 engine's benchmarks run at 1 thread; with 2 threads on a loaded 2-core CPU the int8
 drafter's ratio varied from 0.5 to 1.0 between runs where 1 thread gave 0.34 each time), and
 the 1-minute load average before and after.
 
 The package: :mod:`._timing` runs and times single engine steps (a fresh generation, the
-prefill slope, the thread count and load), :mod:`.drafter` measures a drafter's ``c``,
-:mod:`.target` the target's profile.
+prefill slope, the thread count and load), :mod:`._stopping` decides when the repeats stop,
+:mod:`.drafter` measures a drafter's ``c``, :mod:`.target` the target's profile.
 """
 
+from mdboost.engine.costs._stopping import CONFIDENCE, StoppingRule, median_interval, median_ranks, relative_half_width
 from mdboost.engine.costs._timing import COST_UNIT, ENGINE_THREADS, PERIOD, PREFILL_LENGTHS, torch_threads
 from mdboost.engine.costs.drafter import CostMeasurement, measure_engine_cost
 from mdboost.engine.costs.target import EngineProfile, measure_engine_profile
 
-__all__ = ["COST_UNIT", "ENGINE_THREADS", "PERIOD", "PREFILL_LENGTHS", "CostMeasurement", "EngineProfile",
-           "measure_engine_cost", "measure_engine_profile", "torch_threads"]
+__all__ = ["CONFIDENCE", "COST_UNIT", "ENGINE_THREADS", "PERIOD", "PREFILL_LENGTHS", "CostMeasurement", "EngineProfile",
+           "StoppingRule", "measure_engine_cost", "measure_engine_profile", "median_interval", "median_ranks",
+           "relative_half_width", "torch_threads"]

@@ -63,9 +63,10 @@ def _check_positive(name: str, value) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
-def _check_common(context_len, repeats, steps, warmup, threads, settings) -> GenerationSettings:
+def _check_common(context_len, repeats, steps, warmup, threads, settings, batch_size=1) -> GenerationSettings:
     _check_positive("context_len", context_len)
     _check_positive("repeats", repeats)
+    _check_positive("batch_size", batch_size)
     _check_positive("steps", steps)
     if isinstance(warmup, bool) or int(warmup) != warmup or warmup < 0:
         raise ValueError(f"warmup must be a non-negative integer, got {warmup!r}")
@@ -86,12 +87,15 @@ def _check_lengths(lengths) -> None:
         raise ValueError(f"prefill_lengths must hold at least two distinct positive integers, got {lengths!r}")
 
 
-def _prompt(vocab_size: int, context_len: int, seed: int) -> torch.Tensor:  # [1, context_len]
-    """A random block of ``min(PERIOD, context_len // 2)`` tokens (at least 1), repeated to
-    ``context_len`` tokens: a context of 2 tokens or more holds its block twice."""
+def _prompt(vocab_size: int, context_len: int, seed: int, batch_size: int = 1) -> torch.Tensor:  # [B, context_len]
+    """``batch_size`` rows, each a random block of ``min(PERIOD, context_len // 2)`` tokens (at
+    least 1) repeated to ``context_len`` tokens: a context of 2 tokens or more holds its block
+    twice. The rows' blocks are drawn one after another from one generator (row 0: the same
+    prompt at every batch size)."""
     gen = torch.Generator().manual_seed(seed)
-    block = torch.randint(0, vocab_size, (max(1, min(PERIOD, context_len // 2)),), generator=gen)
-    return block.repeat(context_len // block.numel() + 1)[:context_len][None]
+    width = max(1, min(PERIOD, context_len // 2))
+    blocks = [torch.randint(0, vocab_size, (width,), generator=gen) for _ in range(batch_size)]
+    return torch.stack([block.repeat(context_len // width + 1)[:context_len] for block in blocks])
 
 
 class _Run:
@@ -120,10 +124,11 @@ class _Run:
         return self.timer.now() - start, self.stats.time_drafter - before
 
 
-def _forward_seconds(model, length: int, vocab_size: int, device, seed: int) -> float:
-    """Wall time of one forward of a fresh ``length``-token prompt through ``CachedLM(model)``."""
-    ids = torch.randint(0, vocab_size, (1, length), generator=torch.Generator().manual_seed(seed)).to(device)
-    lm = CachedLM(model, 1, device)
+def _forward_seconds(model, length: int, vocab_size: int, device, seed: int, batch_size: int = 1) -> float:
+    """Wall time of one forward of a fresh ``[batch_size, length]`` prompt batch through ``CachedLM(model)``."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab_size, (batch_size, length), generator=gen).to(device)  # [B, length]
+    lm = CachedLM(model, batch_size, device)
     timer = _Timer(device)
     start = timer.now()
     lm.forward(ids, torch.ones_like(ids, dtype=torch.bool), logits_to_keep=1)
@@ -140,8 +145,9 @@ def _slope(lengths, seconds) -> float:
 def _prefill_slope(model, target, prompt, settings, repeats: int, seed: int, lengths=PREFILL_LENGTHS) -> float:
     """``beta``: ``model``'s forward seconds per prompt token over ``T_ar``, medians over repeats.
 
-    Each repeat times ``model``'s forward of a fresh prompt at every length in ``lengths``,
-    interleaved with undrafted steps of the target (``T_ar``).
+    Each repeat times ``model``'s forward of a fresh prompt batch of ``prompt``'s rows (``B``)
+    at every length in ``lengths``, interleaved with undrafted steps of the target over the
+    ``B`` rows of ``prompt`` (``T_ar(B)``): the slope is per token of each row's prompt.
     """
     device = next(target.parameters()).device
     vocab = target.config.get_text_config().vocab_size
@@ -153,7 +159,7 @@ def _prefill_slope(model, target, prompt, settings, repeats: int, seed: int, len
             seconds, walls = [], []
             for length in lengths:
                 walls.append(run.step(0)[0])
-                seconds.append(_forward_seconds(model, length, vocab, device, seed + r))
+                seconds.append(_forward_seconds(model, length, vocab, device, seed + r, prompt.shape[0]))
             slopes.append(_slope(lengths, seconds) / statistics.median(walls))
     return max(0.0, float(statistics.median(slopes)))
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 
 import torch
 
+from mdboost.engine.costs._stopping import StoppingRule, median_interval, relative_half_width
 from mdboost.engine.costs._timing import (ENGINE_THREADS, PREFILL_LENGTHS, _check_common, _check_lengths, _load,
                                           _prefill_slope, _prompt, _quantile, _Run, torch_threads)
 from mdboost.engine.drafting import ModelDrafter, NgramAdapter, as_drafter
@@ -15,12 +17,12 @@ from mdboost.engine.settings import GenerationSettings
 
 @dataclass(frozen=True)
 class CostMeasurement:
-    """Repeated measurements of a drafter's cost ratio ``c`` against its target.
+    """Repeated measurements of a drafter's cost ratio ``c`` against its target, at one batch size.
 
     Attributes
     ----------
     samples : list of float
-        One ``c`` per repeat, in measurement order.
+        One ``c`` per repeat, in measurement order (``repeats_run`` of them).
     method : str
         How it was measured, with the thread count and the load averages.
     threads : int
@@ -31,6 +33,17 @@ class CostMeasurement:
     prefill_per_token : float, default=0.0
         The drafter's own prefill cost per prompt token in ``T_ar`` (the module docstring); 0
         for prompt lookup (no model).
+    batch_size : int, default=1
+        Rows ``B`` of every timed step: ``c(B)`` is the drafter's seconds per draft position
+        of the ``B``-row batch over ``T_ar(B)``.
+    step_seconds : float, default=nan
+        The median over repeats of ``T_ar(B)`` itself (seconds).
+    rule : StoppingRule or None, default=None
+        How many repeats ran (``docs/engine.md``, "Costs measured once, well"); None: not recorded.
+    stopped : {"tight", "max_repeats"} or None, default=None
+        Why the repeats stopped.
+    c_interval : tuple of float or None, default=None
+        The 90% sign-test interval of the median ``c`` (None below 5 repeats).
     """
 
     samples: list[float]
@@ -39,6 +52,15 @@ class CostMeasurement:
     load_before: float
     load_after: float
     prefill_per_token: float = 0.0
+    batch_size: int = 1
+    step_seconds: float = math.nan
+    rule: StoppingRule | None = None
+    stopped: str | None = None
+    c_interval: tuple[float, float] | None = None
+
+    @property
+    def repeats_run(self) -> int:
+        return len(self.samples)
 
     @property
     def median(self) -> float:
@@ -60,7 +82,10 @@ class CostMeasurement:
         """The JSON form stored with the cache (a drafter's entry of :mod:`mdboost.cache.speed`)."""
         return {"median": self.median, "samples": list(self.samples), "prefill_per_token": self.prefill_per_token,
                 "method": self.method, "threads": self.threads, "load_before": self.load_before,
-                "load_after": self.load_after}
+                "load_after": self.load_after, "batch_size": self.batch_size, "step_seconds": self.step_seconds,
+                "repeats_run": self.repeats_run, "stopped": self.stopped,
+                "c_interval": None if self.c_interval is None else list(self.c_interval),
+                **(self.rule.to_dict() if self.rule is not None else {})}
 
     def describe(self) -> str:
         """``"0.612 [0.590, 0.650] (5-95%, 21 repeats, 1 threads, load 0.40)"``."""
@@ -69,8 +94,10 @@ class CostMeasurement:
                 f"{self.threads} threads, load {self.load_before:.2f})")
 
 
-def _repeat(target, drafter, prompt, settings, steps: int, warmup: int, seed: int) -> float:
-    """One fresh generation: prefill, then ``warmup + steps`` (drafted, undrafted) step pairs."""
+def _repeat(target, drafter, prompt, settings, steps: int, warmup: int, seed: int) -> tuple[float, float]:
+    """One fresh generation of ``prompt``'s ``B`` rows: prefill, then ``warmup + steps`` (drafted,
+    undrafted) step pairs. Returns ``(c(B), T_ar(B) seconds)``: the drafter's seconds per draft
+    position of the batch (its draft tokens over ``B``) over the mean undrafted step."""
     run = _Run(target, drafter, prompt, settings, seed)
     drafter_time = draft_tokens = step_time = 0.0
     lookup = isinstance(drafter, NgramAdapter)
@@ -92,7 +119,7 @@ def _repeat(target, drafter, prompt, settings, steps: int, warmup: int, seed: in
                 step_time += wall
     if not draft_tokens:
         raise RuntimeError("the drafter proposed no token in a whole repeat; its cost per draft token is undefined")
-    return (drafter_time / draft_tokens) / (step_time / steps)
+    return (drafter_time / (draft_tokens / prompt.shape[0])) / (step_time / steps), step_time / steps
 
 
 def measure_engine_cost(
@@ -107,8 +134,12 @@ def measure_engine_cost(
     threads: int | None = ENGINE_THREADS,
     seed: int = 0,
     prefill_lengths=PREFILL_LENGTHS,
+    batch_size: int = 1,
+    min_repeats: int = 5,
+    rel_tol: float = 0.02,
+    progress=None,
 ) -> CostMeasurement:
-    """Measure ``c`` = drafter time per draft token / ``T_ar`` (an undrafted step), in the engine.
+    """Measure ``c`` = drafter time per draft position / ``T_ar`` (an undrafted step), in the engine.
 
     Parameters
     ----------
@@ -117,10 +148,10 @@ def measure_engine_cost(
         or its ``ngram`` for prompt lookup); must share ``target``'s vocabulary.
     target : transformers causal LM
     context_len : int, default=128
-        Prompt tokens (a random block of :data:`PERIOD` tokens, or half the prompt if
+        Prompt tokens per row (a random block of :data:`PERIOD` tokens, or half the prompt if
         shorter, repeated), ``>= 1`` (``>= 2`` for prompt lookup to find its match).
     repeats : int, default=21
-        Samples, one fresh generation each, ``>= 1``.
+        Samples at most, one fresh generation each, ``>= 1`` (the stopping rule below).
     steps, warmup : int, default=4, 2
         Timed (``>= 1``) and untimed (drafted, undrafted) step pairs per repeat.
     settings : GenerationSettings, optional
@@ -131,28 +162,53 @@ def measure_engine_cost(
     seed : int
         Seeds the prompt and the sampling generator.
     prefill_lengths : sequence of int, default=PREFILL_LENGTHS
-        Prompt lengths of the prefill slope (at least two distinct), timed in ``repeats // 3``
+        Prompt lengths of the prefill slope (at least two distinct), timed in ``repeats_run // 3``
         (at least 3) further repeats.
+    batch_size : int, default=1
+        Rows ``B`` of the prompt (each its own random block; row 0 the prompt of ``B = 1``) and
+        of every timed step and prefill forward: ``c(B)`` = drafter seconds per draft position of
+        the batch (its draft tokens / ``B``) over ``T_ar(B)``, the undrafted ``B``-row step.
+    min_repeats : int, default=5
+        Repeats before the stopping rule may stop, ``>= 1``.
+    rel_tol : float, default=0.02
+        Stop once the 90% sign-test interval of the median ``c`` has half-width ``<= rel_tol *
+        c`` (:class:`StoppingRule`; ``docs/engine.md``, "Costs measured once, well"); ``0``:
+        always run ``repeats``.
+    progress : callable, optional
+        Called after each repeat with ``(repeats run, repeats, half-width / |median|)``
+        (``inf`` below 5 repeats).
 
     Returns
     -------
     CostMeasurement
         With ``prefill_per_token`` for a model drafter (:class:`~mdboost.engine.drafting.ModelDrafter`).
     """
-    settings = _check_common(context_len, repeats, steps, warmup, threads, settings)
+    settings = _check_common(context_len, repeats, steps, warmup, threads, settings, batch_size)
+    rule = StoppingRule(repeats, min_repeats, rel_tol)
     _check_lengths(prefill_lengths)
     drafter = as_drafter(drafter)
     device = next(target.parameters()).device
-    prompt = _prompt(target.config.get_text_config().vocab_size, context_len, seed).to(device)
+    prompt = _prompt(target.config.get_text_config().vocab_size, context_len, seed, batch_size).to(device)
+    samples, walls = [], []
+
+    def one_repeat(r: int) -> None:
+        sample, wall = _repeat(target, drafter, prompt, settings, steps, warmup, seed + r)
+        samples.append(float(sample))
+        walls.append(wall)
+
     with torch_threads(threads):
         load_before, used = _load(), torch.get_num_threads()
-        samples = [_repeat(target, drafter, prompt, settings, steps, warmup, seed + r) for r in range(repeats)]
-        prefill = (_prefill_slope(drafter.model, target, prompt, settings, max(3, repeats // 3), seed,
+        stopped = rule.run(one_repeat, lambda: relative_half_width(samples), progress)
+        prefill = (_prefill_slope(drafter.model, target, prompt, settings, max(3, len(samples) // 3), seed,
                                   prefill_lengths) if isinstance(drafter, ModelDrafter) else 0.0)
         load_after = _load()
-    method = (f"engine steps: {repeats} repeats (fresh generations), each {steps} interleaved pairs of a drafted "
-              f"step (gamma {settings.gamma}, temperature {settings.temperature:g}) and an undrafted step after "
-              f"{warmup} warm-up pairs, prompt {context_len} tokens; drafter seconds per draft token over the "
+    rows = f"{batch_size} rows x {context_len} tokens (each row its own block)" if batch_size > 1 else \
+        f"{context_len} tokens"
+    method = (f"engine steps: {len(samples)} repeats (fresh generations; {rule.describe()}, stopped: {stopped}), "
+              f"each {steps} interleaved pairs of a drafted step (gamma {settings.gamma}, temperature "
+              f"{settings.temperature:g}) and an undrafted step after {warmup} warm-up pairs, prompt {rows}; "
+              f"drafter seconds per draft {'position of the batch' if batch_size > 1 else 'token'} over the "
               f"undrafted step's wall time; {device.type}, {used} threads, 1-min load "
               f"{load_before:.2f} -> {load_after:.2f}")
-    return CostMeasurement([float(s) for s in samples], method, used, load_before, load_after, prefill)
+    return CostMeasurement(samples, method, used, load_before, load_after, prefill, batch_size,
+                           float(statistics.median(walls)), rule, stopped, median_interval(samples))
