@@ -64,13 +64,19 @@ def first_run(tmp_path_factory):
     return tmp_path, cfg, run(cfg)
 
 
+def _rows(tmp_path, batch_size: int = 1) -> list[dict]:
+    """The ranking's rows at one batch size (the default config ranks batch sizes 1 and 4)."""
+    return [r for r in read_csv(tmp_path / "out" / "ranking.csv") if int(r["batch_size"]) == batch_size]
+
+
 def test_csv_has_required_fields_and_ranks(first_run):
     tmp_path, cfg, summary = first_run
-    rows = read_csv(tmp_path / "out" / "ranking.csv")
-    assert set(REQUIRED + ["temperature", "gamma", "is_best_gamma", "predicted_speedup_lo"]) <= set(rows[0])
+    rows = _rows(tmp_path)
+    assert set(REQUIRED + ["temperature", "gamma", "is_best_gamma", "predicted_speedup_lo", "batch_size"]) <= set(rows[0])
     # 4 ordered pairs (ngram is never a target) x 2 temperatures x (plain SD once + 2 divergences x
-    # budget 0.3) x 6 gammas
-    assert len(rows) == summary["n_rows"] == 4 * 2 * 3 * 6 and summary["n_points"] == 4 * 2 * 3
+    # budget 0.3) x 6 gammas, at batch sizes 1 and 4
+    assert cfg.speed.batch_sizes == [1, 4]
+    assert 2 * len(rows) == summary["n_rows"] == 2 * 4 * 2 * 3 * 6 and summary["n_points"] == 4 * 2 * 3
     assert sorted(int(r["rank"]) for r in rows) == list(range(1, len(rows) + 1))
     assert {float(r["temperature"]) for r in rows} == {0.7, 1.0}
     points = {}
@@ -105,7 +111,7 @@ def test_metrics_match_direct_computation_on_cache(first_run):
     from mdboost.cache import LogitCache
     from mdboost.cache.speed import SpeedStore, speed_path
     tmp_path, cfg, _ = first_run
-    rows = [r for r in read_csv(tmp_path / "out" / "ranking.csv") if r["drafter"] == "early_exit:2" and r["target"] == "tiny"
+    rows = [r for r in _rows(tmp_path) if r["drafter"] == "early_exit:2" and r["target"] == "tiny"
             and float(r["temperature"]) == 1.0]
     spec = cfg.cache_spec(1.0)
     tc, dc = LogitCache.open(spec.member_dir("tiny")), LogitCache.open(spec.member_dir("early_exit:2"))
@@ -124,7 +130,7 @@ def test_metrics_match_direct_computation_on_cache(first_run):
         profile = SpeedStore(speed_path(spec)).profile
         assert profile["verify_cost"][0] == 1.0 and len(profile["verify_cost"]) >= cfg.speed.gamma_max + 1
         check_speed_columns(r, profile, "dense", range(cfg.speed.gamma_min, cfg.speed.gamma_max + 1))
-    ngram = [r for r in read_csv(tmp_path / "out" / "ranking.csv") if r["drafter"] == "ngram:2" and r["target"] == "tiny"
+    ngram = [r for r in _rows(tmp_path) if r["drafter"] == "ngram:2" and r["target"] == "tiny"
              and float(r["temperature"]) == 1.0]
     for r in ngram:  # one-hot drafts use their own MD overhead
         check_speed_columns(r, SpeedStore(speed_path(spec)).profile, "onehot", range(cfg.speed.gamma_min, cfg.speed.gamma_max + 1))
@@ -132,6 +138,30 @@ def test_metrics_match_direct_computation_on_cache(first_run):
     for r in read_csv(tmp_path / "out" / "ranking.csv"):
         if r["target"] == "early_exit:2":
             assert float(r["verify_cost"]) == 1.0 and float(r["md_overhead"]) == 0.0
+
+
+def test_batch_size_rows_repeat_the_points_with_their_own_costs(first_run):
+    """Every point is ranked at each batch size, ranks restart per batch size, the acceptance side is
+    the same, the costs are those measured at that batch size, and the summary has a recommendation
+    per batch size."""
+    from mdboost.cache.speed import SpeedStore, speed_path
+
+    tmp_path, cfg, summary = first_run
+    one, four = _rows(tmp_path, 1), _rows(tmp_path, 4)
+    key = lambda r: tuple(r[c] for c in ("drafter", "target", "temperature", "divergence", "max_divergence", "gamma"))  # noqa: E731
+    assert sorted(map(key, one)) == sorted(map(key, four))
+    assert sorted(int(r["rank"]) for r in four) == list(range(1, len(four) + 1))
+    by_key = {key(r): r for r in one}
+    store = SpeedStore(speed_path(cfg.cache_spec(1.0)))
+    for r in four:
+        assert r["engine_acceptance"] == by_key[key(r)]["engine_acceptance"]
+        if r["target"] == "tiny" and float(r["temperature"]) == 1.0:
+            assert float(r["cost_ratio"]) == pytest.approx(store.drafter(r["drafter"], 4)["median"])
+            assert float(r["verify_cost"]) == pytest.approx(store.profile_at(4)["verify_cost"][int(r["gamma"])])
+    assert set(summary["recommendations_by_batch_size"]) == {"1", "4"}
+    assert summary["recommendations_by_batch_size"]["1"] == summary["recommendation"]
+    best4 = min(four, key=lambda r: int(r["rank"]))
+    assert summary["recommendations_by_batch_size"]["4"]["drafter"] == best4["drafter"] or not best4["quality_ok"]
 
 
 def test_mlflow_runs_hold_the_fields(first_run):
@@ -145,7 +175,7 @@ def test_mlflow_runs_hold_the_fields(first_run):
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert len(children) == summary["n_points"] == 24  # each point at its best gamma
     rows = {(r["drafter"], r["target"], float(r["temperature"]), r["divergence"], float(r["max_divergence"])): r
-            for r in read_csv(tmp_path / "out" / "ranking.csv") if r["is_best_gamma"] == "True"}
+            for r in _rows(tmp_path) if r["is_best_gamma"] == "True"}
     numeric = set(REQUIRED) - {"drafter", "target", "divergence", "nll_drafter"}
     for child in children:
         prm, met = child.data.params, child.data.metrics
@@ -177,7 +207,7 @@ def test_rerun_reuses_cache_and_rescoring_recomputes_only_scores(first_run):
     after = read_csv(tmp_path / "out" / "ranking.csv")
     assert [r["md_acceptance"] for r in before] == [r["md_acceptance"] for r in after]
     more = run(_config(tmp_path, tracking={"enabled": False}, md={"budgets": [0.0, 0.3, 1.0]}))
-    assert more["cache_reused"] is True and more["n_rows"] == 4 * 2 * 5 * 6
+    assert more["cache_reused"] is True and more["n_rows"] == 2 * 4 * 2 * 5 * 6  # batch sizes 1 and 4
 
 
 def test_main_reports_config_errors(tmp_path, capsys):

@@ -115,4 +115,4 @@ def test_writers_round_trip(tmp_path):
     assert head == [label for _, label in TABLE_COLUMNS] and len(body) == 1
     shown = dict(zip(head, body[0]))
     assert int(shown["rank"]) == 1 and shown["drafter"] == "a" and float(shown["MD acc"]) == 0.5
-    assert COLUMNS[:3] == ["rank", "drafter", "target"]
+    assert COLUMNS[:4] == ["batch_size", "rank", "drafter", "target"]
