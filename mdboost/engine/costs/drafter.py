@@ -202,8 +202,8 @@ def measure_engine_cost(
         prefill = (_prefill_slope(drafter.model, target, prompt, settings, max(3, len(samples) // 3), seed,
                                   prefill_lengths) if isinstance(drafter, ModelDrafter) else 0.0)
         load_after = _load()
-    rows = f"{batch_size} rows x {context_len} tokens (each row its own block)" if batch_size > 1 else \
-        f"{context_len} tokens"
+    rows = (f"{batch_size} rows x {context_len} tokens (each row its own block)" if batch_size > 1
+            else f"{context_len} tokens")
     method = (f"engine steps: {len(samples)} repeats (fresh generations; {rule.describe()}, stopped: {stopped}), "
               f"each {steps} interleaved pairs of a drafted step (gamma {settings.gamma}, temperature "
               f"{settings.temperature:g}) and an undrafted step after {warmup} warm-up pairs, prompt {rows}; "

@@ -235,32 +235,24 @@ def measure_engine_profile(
     med = {label: float(statistics.median(x)) for label, x in ratios.items()}
     overhead = None if greedy else {kind: max(0.0, (med[("md", kind)] - med[("sd", kind)]) / md_draft_len)
                                     for kind in ("dense", "onehot")}
+    md_part = "" if greedy else (f", and {md_draft_len} drafts with MD ({divergence} <= {max_divergence:g}, every "
+                                 f"position solved) vs SD, dense and one-hot")
+    rows = (f"{batch_size} rows x {context_len} tokens (each row its own block; K drafts in every row)"
+            if batch_size > 1 else f"{context_len} tokens")
+    method = (f"engine steps{' (greedy path, temperature 0)' if greedy else ''}: {n} repeats (fresh "
+              f"generations; {rule.describe()}, stopped: {stopped}), each {steps} rounds after {warmup} warm-up of "
+              f"an undrafted step and steps verifying 1..{gamma_max} fixed random drafts (SD){md_part}; wall "
+              f"time over the undrafted step's, prompt {rows}, prefill slope over prompts of "
+              f"{list(prefill_lengths)} tokens; {device.type}, {used} threads, 1-min load "
+              f"{load_before:.2f} -> {load_after:.2f}")
     intervals = [[1.0, 1.0]] + [_listed(median_interval(ratios[("v", k)])) for k in range(1, gamma_max + 1)]
     overhead_intervals = None if greedy else {kind: _listed(median_interval(x))
                                               for kind, x in _overhead_samples(ratios, md_draft_len).items()}
     return EngineProfile([1.0] + [med[("v", k)] for k in range(1, gamma_max + 1)],
                          [[1.0] * n] + [ratios[("v", k)] for k in range(1, gamma_max + 1)],
-                         overhead, prefill, float(statistics.median(walls)),
-                         _method(sd, md_draft_len, max_divergence, divergence, gamma_max, steps, warmup, context_len,
-                                 batch_size, prefill_lengths, rule, n, stopped, device, used, load_before, load_after),
-                         used, load_before, load_after, batch_size, rule, stopped, intervals, overhead_intervals)
+                         overhead, prefill, float(statistics.median(walls)), method, used, load_before, load_after,
+                         batch_size, rule, stopped, intervals, overhead_intervals)
 
 
 def _listed(interval) -> list[float] | None:
     return None if interval is None else list(interval)
-
-
-def _method(sd, md_draft_len, max_divergence, divergence, gamma_max, steps, warmup, context_len, batch_size,
-            prefill_lengths, rule, n, stopped, device, used, load_before, load_after) -> str:
-    """The profile's ``method``: how it was measured, in words."""
-    greedy = sd.temperature == 0
-    md_part = "" if greedy else (f", and {md_draft_len} drafts with MD ({divergence} <= {max_divergence:g}, every "
-                                 f"position solved) vs SD, dense and one-hot")
-    rows = f"{batch_size} rows x {context_len} tokens (each row its own block; K drafts in every row)" \
-        if batch_size > 1 else f"{context_len} tokens"
-    return (f"engine steps{' (greedy path, temperature 0)' if greedy else ''}: {n} repeats (fresh "
-            f"generations; {rule.describe()}, stopped: {stopped}), each {steps} rounds after {warmup} warm-up of an "
-            f"undrafted step and steps verifying 1..{gamma_max} fixed random drafts (SD){md_part}; wall "
-            f"time over the undrafted step's, prompt {rows}, prefill slope over prompts of "
-            f"{list(prefill_lengths)} tokens; {device.type}, {used} threads, 1-min load "
-            f"{load_before:.2f} -> {load_after:.2f}")
