@@ -43,7 +43,7 @@ from mdboost.models.convert import smollm2_gguf
 from mdboost.models.home import mdboost_home, models_dir
 from mdboost.models.pool import parse_drafter
 from mdboost.ranking.recommend import md_row
-from mdboost.ranking.report import check_csv_digest, read_csv
+from mdboost.ranking.report import at_batch_size, batch_sizes_of, check_csv_digest, csv_bool, read_csv, row_batch_size
 from mdboost.ranking.rule_points import row_draft_p_min, row_rule
 from mdboost.serve_args import llamacpp_args, sglang_args, vllm_serve_args
 from mdboost.tracking.store import check_tracking_uri, existing_run
@@ -131,7 +131,8 @@ def _ranking(rec: dict, sampling: dict, folder: Path, source: str, csv_sha256: s
     if not csv.is_file():
         raise ValueError(f"ranking {source!r} has no ranking.csv")
     check_csv_digest(csv, csv_sha256, f"ranking {source!r}")
-    rows = read_csv(csv)
+    every = read_csv(csv)
+    rows = at_batch_size(every, batch_sizes_of(every)[0]) if every else every  # the headline batch size's
     _checked(rec, rows, source)
     config, configured = folder / "config.resolved.yaml", None
     if config.is_file():
@@ -146,7 +147,7 @@ def _ranking(rec: dict, sampling: dict, folder: Path, source: str, csv_sha256: s
         raise ValueError(f"ranking {source!r}: sampling must be a mapping, got {sampling!r}")
     return {"recommendation": dict(rec), "sampling": {"top_k": sampling.get("top_k"), "top_p": sampling.get("top_p")},
             "rows": rows, "device": device, "home": None if home is None else str(home), "source": source,
-            "recommendations": recommendations}
+            "recommendations": recommendations, "batch_rows": every}
 
 
 def _from_run(run_id: str, tracking_uri: str | None) -> dict:
@@ -285,13 +286,13 @@ def _served(out: dict, config: dict | None) -> dict:
     return out
 
 
-def _vllm(rec: dict, rows: list[dict], sampling: dict, home: str | None = None) -> dict:
-    out = _vllm_point(rec, rows, sampling, home)
+def _vllm(rec: dict, rows: list[dict], sampling: dict, home: str | None = None, batch_rows=None) -> dict:
+    out = _vllm_point(rec, rows, sampling, home, batch_rows)
     config = out["speculative_config"] or (out["nearest_lossless"] or {}).get("speculative_config")
     return _served(out, config)
 
 
-def _vllm_point(rec: dict, rows: list[dict], sampling: dict, home: str | None = None) -> dict:
+def _vllm_point(rec: dict, rows: list[dict], sampling: dict, home: str | None = None, batch_rows=None) -> dict:
     model, model_note = vllm_model(rec["target"], home)
     params = {"temperature": float(rec["temperature"])}
     params.update({k: v for k, v in sampling.items() if v is not None})
@@ -315,6 +316,13 @@ def _vllm_point(rec: dict, rows: list[dict], sampling: dict, home: str | None = 
         if block:  # vLLM's block verification (rejection_sampler.py:182-183), ranked as mdboost.md.rules.Block
             config["rejection_sample_method"] = "block"
         out["speculative_config"] = config
+        schedule = batch_size_schedule(batch_rows or [], rec)
+        if schedule is not None:
+            config["num_speculative_tokens_per_batch_size"] = schedule
+            config["num_speculative_tokens"] = max(config["num_speculative_tokens"], *(k for _, _, k in schedule))
+            notes.append(f"num_speculative_tokens_per_batch_size {schedule}: the point's best draft length at each "
+                         f"ranked batch size (0: plain decoding predicted faster there), each from its batch size to "
+                         f"the next one's (vllm/config/speculative.py:570, vllm/v1/spec_decode/dynamic/utils.py)")
         method = "block verification (Sun et al. 2024)" if block else "standard rejection sampler"
         notes.append(f"lossless speculative decoding: vLLM's {method} keeps the target's distribution, as the "
                      f"ranked rule does" + _drafting_note(config))
@@ -339,6 +347,37 @@ def _vllm_point(rec: dict, rows: list[dict], sampling: dict, home: str | None = 
                          f"[{near['predicted_speedup_lo']:.2f}, {near['predicted_speedup_hi']:.2f}] in mdboost's "
                          f"engine, {verdict}")
     return out
+
+
+def batch_size_schedule(rows: list[dict], rec: dict) -> list[list[int]] | None:
+    """vLLM's ``num_speculative_tokens_per_batch_size`` for a lossless pick: per ranked batch size
+    the point's best draft length there, 0 where plain decoding is predicted faster (its predicted
+    speedup at that batch size <= 1), as inclusive ranges ``[start, end, K]`` from each ranked
+    batch size to the next one's start - 1 (vLLM 0.34.0 carries the last range's ``K`` on to its
+    ``max_num_seqs``: ``vllm/v1/spec_decode/dynamic/utils.py:85-148``; the first range must start
+    at 1, ``utils.py:67-72``). None with a single batch size ranked (no schedule to give).
+
+    >>> rows = [{"drafter": "d", "target": "t", "temperature": "1.0", "max_divergence": "0.0", "rule": "mentored",
+    ...          "drafting": "sampled", "draft_p_min": "0.0", "is_best_gamma": "True", "gamma": g, "batch_size": b,
+    ...          "predicted_speedup": s} for b, g, s in (("1", "5", "1.4"), ("4", "2", "1.1"), ("8", "1", "0.9"))]
+    >>> batch_size_schedule(rows, {"drafter": "d", "target": "t", "temperature": 1.0, "max_divergence": 0.0})
+    [[1, 3, 5], [4, 7, 2], [8, 8, 0]]
+    """
+    def same(r):
+        return (str(r["drafter"]), str(r["target"]), float(r["temperature"]), float(r["max_divergence"]),
+                str(r.get("rule") or "mentored"), str(r.get("drafting") or "sampled"), row_draft_p_min(r)) == (
+            str(rec["drafter"]), str(rec["target"]), float(rec["temperature"]), float(rec["max_divergence"]),
+            str(rec.get("rule") or "mentored"), str(rec.get("drafting") or "sampled"), float(rec.get("draft_p_min") or 0))
+
+    best = {}
+    for r in rows:
+        if same(r) and csv_bool(r.get("is_best_gamma")):
+            best[row_batch_size(r)] = 0 if float(r["predicted_speedup"]) <= 1 else int(float(r["gamma"]))
+    sizes = sorted(best)
+    if len(sizes) < 2 or sizes[0] != 1:
+        return None
+    ends = [b - 1 for b in sizes[1:]] + [sizes[-1]]
+    return [[b, e, best[b]] for b, e in zip(sizes, ends)]
 
 
 def nearest_lossless(rows: list[dict], rec: dict, home: str | None = None) -> dict | None:
@@ -683,7 +722,7 @@ def export_plan(ranking: dict) -> dict:
     per_engine = {engine: engine_recommendation(ranking, engine) for engine in ("mdboost", "hf", "vllm", "sglang",
                                                                                 "llamacpp")}
     vllm_rec, vllm_notes = per_engine["vllm"]
-    vllm = _vllm(vllm_rec, ranking["rows"], sampling, home)
+    vllm = _vllm(vllm_rec, ranking["rows"], sampling, home, ranking.get("batch_rows"))
     vllm["notes"][:0] = vllm_notes
     mdboost_rec, hf_rec = per_engine["mdboost"][0], per_engine["hf"][0]
     sections = {}

@@ -82,3 +82,26 @@ def test_a_cell_of_another_rule_runs_that_rule():
     settings, _ = __import__("mdboost.validation.runs", fromlist=["_mode_arguments"])._mode_arguments(
         {k: v for k, v in threshold.items() if k != "drafter"} | {"drafter": None, "mode": "ar"})
     assert settings.rule == threshold["rule"] and settings.greedy_drafts
+
+
+def test_batched_runs_give_each_prompt_its_own_greedy_output():
+    """At batch size 2 (left-padded prompts of different lengths, the last batch smaller) greedy
+    decoding gives every prompt the tokens it gets alone, and SD (lossless, greedy) the same tokens;
+    the stats count one generation per batch and every row's tokens."""
+    import torch
+
+    from mdboost.models.tiny import tiny_llama
+    from mdboost.validation.runs import run_modes
+
+    target, drafter = tiny_llama(seed=0), tiny_llama(seed=1)
+    prompts = [torch.tensor([1, 5, 7]), torch.tensor([2, 9, 4, 3, 8]), torch.tensor([6, 2])]
+    common = dict(max_new_tokens=7, temperature=0.0, gamma=3)
+    modes = {"ar": dict(mode="ar"), "sd": dict(mode="sd", drafter=drafter)}
+    alone = run_modes(target, prompts, modes, **common)
+    batched = run_modes(target, prompts, modes, batch_size=2, **common)
+    assert batched["ar"].outputs == alone["ar"].outputs == batched["sd"].outputs
+    assert [len(o) for o in batched["ar"].outputs] == [7, 7, 7]
+    assert batched["ar"].stats.num_new_tokens == 21
+    assert batched["ar"].stats.num_target_calls == 7 * 2  # two batches of 7 steps each
+    with pytest.raises(ValueError, match="batch_size"):
+        run_modes(target, prompts, modes, batch_size=0, **common)

@@ -143,7 +143,7 @@ def _cost_settings(temperature: float):
 
 
 def measure_speed_profile(target, gamma_max: int, context_len: int, repeats: int, temperature: float = 1.0,
-                          batch_size: int = 1) -> dict:
+                          batch_size: int = 1, progress=None) -> dict:
     """The target's profile for the speed file: :func:`mdboost.engine.costs.measure_engine_profile`
     for ``K <= max(gamma_max, 8)`` at ``context_len`` / ``repeats`` (at most: the repeats stop
     when the costs are tight) and ``batch_size`` rows per step, one torch thread."""
@@ -151,7 +151,8 @@ def measure_speed_profile(target, gamma_max: int, context_len: int, repeats: int
     from mdboost.engine.costs import measure_engine_profile
 
     return measure_engine_profile(target, max(gamma_max, 8), context_len=context_len, repeats=repeats,
-                                  settings=_cost_settings(temperature), batch_size=batch_size).to_dict()
+                                  settings=_cost_settings(temperature), batch_size=batch_size,
+                                  progress=progress).to_dict()
 
 
 def store_settings(spec: PoolCacheSpec, acceptance: bool = False) -> StoreSettings:
@@ -171,7 +172,7 @@ def sequence_settings(spec: PoolCacheSpec, source: str, max_new_tokens: int) -> 
 
 
 def measure_member_cost(drafter, target, context_len: int, repeats: int, temperature: float = 1.0,
-                        batch_size: int = 1):
+                        batch_size: int = 1, progress=None):
     """A drafter's :class:`~mdboost.engine.costs.CostMeasurement` in the engine's own steps at
     one torch thread and ``batch_size`` rows per step (:func:`mdboost.engine.costs.measure_engine_cost`;
     pool members)."""
@@ -180,7 +181,7 @@ def measure_member_cost(drafter, target, context_len: int, repeats: int, tempera
 
     return measure_engine_cost(drafter.ngram if drafter.kind == "ngram" else drafter.model, target.model,
                                context_len=context_len, repeats=repeats, threads=1,
-                               settings=_cost_settings(temperature), batch_size=batch_size)
+                               settings=_cost_settings(temperature), batch_size=batch_size, progress=progress)
 
 
 class _Builder:
@@ -239,13 +240,16 @@ class _Builder:
         if not todo:
             return False, ()
         store.identify(pool_identity(spec, self.pool.target.vocab_fingerprint), hardware_fingerprint(spec.device))
-        for b, name in tqdm(todo, desc=f"measuring costs ({spec.target})", unit="cost", disable=not self.progress):
+        bar = tqdm(todo, desc=f"measuring costs ({spec.target})", unit="cost", disable=not self.progress)
+        for b, name in bar:
+            def repeat(r, n, width, what=f"{name or 'target profile'} at B={b}"):  # the stopping rule's state
+                bar.set_postfix_str(f"{what}: repeat {r}/{n}, interval +-{100 * width:.1f}%")
             if name is None:
                 store.set_profile(measure_speed_profile(self.pool.target.model, spec.gamma_max, spec.cost_context,
-                                                        spec.cost_repeats, spec.temperature, b), b)
+                                                        spec.cost_repeats, spec.temperature, b, repeat), b)
             else:
                 store.set_drafter(name, measure_member_cost(self.pool[name], self.pool.target, spec.cost_context,
-                                                            spec.cost_repeats, spec.temperature, b).to_dict(), b)
+                                                            spec.cost_repeats, spec.temperature, b, repeat).to_dict(), b)
         return any(name is None for _, name in todo), tuple(dict.fromkeys(n for _, n in todo if n is not None))
 
     def vocabulary(self) -> str:
