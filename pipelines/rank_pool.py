@@ -56,7 +56,7 @@ from mdboost.ranking.report import at_batch_size
 from mdboost.ranking.recommend import (Recommendation, md_row, plain_wins_from, recommend, recommend_engines,
                                       rule_label)
 from mdboost.ranking.rows import MemberLoader, select_pairs
-from mdboost.ranking.scaleout import active_client, score_cached_pair, score_pairs_on
+from mdboost.ranking.scaleout import active_client, score_cached_batches, score_pairs_on
 from mdboost.tracking import setup
 from mdboost.tracking.datasets import log_records
 from mdboost.tracking.notes import costed_verdict, ranking_note
@@ -92,25 +92,24 @@ def score_all(cfg: RankConfig, pc, temperature: float) -> tuple[list[dict], dict
 
 def _score_all(cfg: RankConfig, pc, temperature: float, client=None) -> tuple[list[dict], dict]:
     """Every pair at every batch size of ``speed.batch_sizes`` (the details: the first's)."""
-    rows, details = [], {}
+    rows, details, sizes = [], {}, tuple(cfg.speed.batch_sizes)
+    settings = cfg.score_settings(temperature, sizes[0])
     pairs = select_pairs(pc, cfg.pool.pairs)
-    for batch_size in cfg.speed.batch_sizes:
-        settings = cfg.score_settings(temperature, batch_size)
-        desc = f"scoring pairs (T={temperature:g}, B={batch_size})"
-        if client is not None:
-            scores = score_pairs_on(client, pc, pairs, settings, acceptance_source=cfg.cache.acceptance_source,
-                                    progress=lambda it: _progress(it, cfg.progress, desc=desc, unit="pair",
-                                                                  total=len(pairs)))
-        else:
-            loader = MemberLoader(pc, settings.quality_temperature)  # the quality side (temperature 1 for greedy)
-            acc_loader = None if pc.acceptance is None else MemberLoader(pc.acceptance, temperature)
-            scores = (score_cached_pair(pc, d, t, settings, acceptance_source=cfg.cache.acceptance_source,
-                                        loader=loader, acceptance_loader=acc_loader)
-                      for d, t in _progress(pairs, cfg.progress, desc=desc, unit="pair"))
-        for (drafter_name, target_name), score in zip(pairs, scores):
-            rows.extend(score.rows)
-            if batch_size == cfg.speed.batch_sizes[0]:
-                details[f"{drafter_name} -> {target_name} (T={temperature:g})"] = score
+    desc = f"scoring pairs (T={temperature:g})"
+    if client is not None:
+        scores = score_pairs_on(client, pc, pairs, settings, acceptance_source=cfg.cache.acceptance_source,
+                                progress=lambda it: _progress(it, cfg.progress, desc=desc, unit="pair",
+                                                              total=len(pairs)), batch_sizes=sizes)
+    else:
+        loader = MemberLoader(pc, settings.quality_temperature)  # the quality side (temperature 1 for greedy)
+        acc_loader = None if pc.acceptance is None else MemberLoader(pc.acceptance, temperature)
+        scores = (score_cached_batches(pc, d, t, settings, sizes, acceptance_source=cfg.cache.acceptance_source,
+                                       loader=loader, acceptance_loader=acc_loader)
+                  for d, t in _progress(pairs, cfg.progress, desc=desc, unit="pair"))
+    for (drafter_name, target_name), by_batch in zip(pairs, scores):
+        for batch_size in sizes:
+            rows.extend(by_batch[batch_size].rows)
+        details[f"{drafter_name} -> {target_name} (T={temperature:g})"] = by_batch[sizes[0]]
     return rows, details
 
 

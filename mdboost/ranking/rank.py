@@ -37,7 +37,7 @@ rows, boosting hypothesis and cost ratio relative to the pair's target); the set
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -214,6 +214,27 @@ def _process_scores(acc: PairRows, aligned: Aligned, ops, sd, settings: ScoreSet
     return score_process(acc, points, settings.process, profile, sd_acceptance=sd, on_reference=on_reference)
 
 
+@dataclass(frozen=True)
+class PairCosts:
+    """A pair's costs at one batch size: the target's :class:`~mdboost.ranking.speed.SpeedProfile`
+    and the drafter's cost ratio, its repeat samples and its prefill cost per prompt token (as
+    :class:`~mdboost.ranking.pair.PairSide` holds them; ``cost_ratio`` None: the sides' own)."""
+
+    profile: SpeedProfile = SpeedProfile()
+    cost_ratio: float | None = None
+    cost_samples: tuple | None = None
+    prefill_per_token: float = 0.0
+
+
+def _costed(rows: PairRows | None, costs: PairCosts) -> PairRows | None:
+    """``rows`` with the drafter side's costs of ``costs`` (as they are when it has none)."""
+    if rows is None or costs.cost_ratio is None:
+        return rows
+    draft = replace(rows.draft, cost_ratio=costs.cost_ratio, cost_samples=costs.cost_samples,
+                    prefill_per_token=costs.prefill_per_token)
+    return replace(rows, draft=draft)
+
+
 def score_pair(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | None = None,
                acceptance: PairRows | None = None, acceptance_source: str | None = None,
                speed_profile: SpeedProfile | None = None, mentored=None, on_reference: bool | None = None) -> PairScore:
@@ -251,7 +272,22 @@ def score_pair(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | Non
         without ``acceptance`` (the reference rows), False with it.
     """
     s = settings or ScoreSettings()
-    profile = speed_profile or SpeedProfile()
+    costs = {s.batch_size: PairCosts(speed_profile or SpeedProfile())}
+    return score_pair_batches(pair, vocab_size, costs, settings=s, acceptance=acceptance,
+                              acceptance_source=acceptance_source, mentored=mentored,
+                              on_reference=on_reference)[s.batch_size]
+
+
+def score_pair_batches(pair: PairRows, vocab_size: int, costs: dict, *, settings: ScoreSettings | None = None,
+                       acceptance: PairRows | None = None, acceptance_source: str | None = None, mentored=None,
+                       on_reference: bool | None = None) -> dict:
+    """:func:`score_pair` at several batch sizes: ``costs`` maps each batch size to its
+    :class:`PairCosts`; returns ``{batch_size: PairScore}`` (``settings.batch_size`` is replaced
+    by each). What does not depend on the costs or the batch size (the operating points, the
+    rules' laws, quality, boosting) is computed once."""
+    s = settings or ScoreSettings()
+    if not costs or not all(isinstance(c, PairCosts) for c in costs.values()):
+        raise ValueError(f"costs must map batch sizes to PairCosts, got {costs!r}")
     aligned = align(pair.draft.rows, pair.target.rows, vocab_size, torch.as_tensor(pair.labels))
     acc = pair if acceptance is None else acceptance
     acc_aligned = aligned if acceptance is None else align(acc.draft.rows, acc.target.rows, vocab_size,
@@ -259,8 +295,6 @@ def score_pair(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | Non
     acc_valid = acc.draft.rows.valid
     sd = sd_acceptance(acc_aligned, acc_valid)
     stats = _pair_stats(pair, aligned, acc, acc_aligned, sd, s)
-    verify = _verify_table(profile, s)
-    sd_iid = _iid_choice(stats.sd_acceptance, pair.draft.cost_ratio, s, profile, 0.0, stats.sd_acceptance)
     # a draft floor tests the drafter's confidence: a one-hot drafter (prompt lookup) has none, so
     # its floored points would repeat the unfloored ones
     rule_pts = [pt for pt in s.points if not (pt.rule.draft_p_min and acc.draft.rows.confidence is None)]
@@ -271,38 +305,53 @@ def score_pair(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | Non
         md_operating_points(aligned, pair.draft.rows.valid, s.divergences, s.budgets, s.mode))
     # without target-sampled rows the process runs on the reference text (expected chains, no c at its tokens)
     on_reference = acceptance is None if on_reference is None else on_reference
-    process = None if acc.layout is None else _process_scores(acc, acc_aligned, acc_ops, sd, s, profile, on_reference)
-    mentored = dict(mentored or {})
-    md_points = iter([])
-    if md_wanted:
-        md_points = iter(_md_points(pair, aligned, acc, acc_aligned, acc_ops, ref_ops, process, stats, s, profile,
-                                    verify, mentored, vocab_size))
-    others = iter(_rule_scores([pt for pt in rule_pts if not pt.is_md], pair, aligned, acc, acc_aligned, sd, stats,
-                               s, profile, verify, on_reference))
-    points = [next(md_points) if pt.is_md else next(others) for pt in rule_pts]
-    return PairScore(pair.draft.name, pair.target.name,
-                     acceptance_source or ("reference" if acceptance is None else "sampled"), stats, sd.numpy(),
-                     sd_iid, None if process is None else process[0], tuple(points), s.temperature,
-                     tuple(s.gammas), s.md_solve, _bootstrap_info(s.bootstrap, acc.layout),
-                     (profile.prefill_per_token, acc.draft.prefill_per_token), s.batch_size)
+    md_static = _md_static(pair, aligned, stats, acc_ops, ref_ops, s) if md_wanted else []
+    others_static = _rule_static([pt for pt in rule_pts if not pt.is_md], pair, aligned, acc, acc_aligned, stats, s)
+    out = {}
+    for batch_size, cost in costs.items():
+        sb = replace(s, batch_size=batch_size)
+        profile = cost.profile
+        pair_b, acc_b = _costed(pair, cost), _costed(acc, cost)
+        verify = _verify_table(profile, sb)
+        sd_iid = _iid_choice(stats.sd_acceptance, pair_b.draft.cost_ratio, sb, profile, 0.0, stats.sd_acceptance)
+        process = (None if acc.layout is None else
+                   _process_scores(acc_b, acc_aligned, acc_ops, sd, sb, profile, on_reference))
+        mentored_b = {key: _costed(rows, cost) for key, rows in (mentored or {}).items()}
+        md_points = iter(_md_points(md_static, acc_b, acc_ops, process, stats, sb, profile, verify, mentored_b,
+                                    vocab_size))
+        others = iter(_rule_scores(others_static, acc_b, sd, stats, sb, profile, verify, on_reference))
+        points = [next(md_points) if pt.is_md else next(others) for pt in rule_pts]
+        out[batch_size] = PairScore(
+            pair.draft.name, pair.target.name, acceptance_source or ("reference" if acceptance is None else "sampled"),
+            replace(stats, cost_ratio=float(pair_b.draft.cost_ratio)), sd.numpy(), sd_iid,
+            None if process is None else process[0], tuple(points), sb.temperature, tuple(sb.gammas), sb.md_solve,
+            _bootstrap_info(sb.bootstrap, acc.layout), (profile.prefill_per_token, acc_b.draft.prefill_per_token),
+            batch_size)
+    return out
 
 
 PLAIN_SD = PLAIN  # the divergence column of budget-0 points: plain SD, the same for every f
 
 
-def _md_points(pair, aligned, acc, acc_aligned, acc_ops, ref_ops, process, stats, s, profile, verify, mentored,
-               vocab_size) -> list[PointScore]:
-    """The MD points (`Mentored` on sampled drafts) from the clamp's operating points."""
+def _md_static(pair, aligned, stats, acc_ops, ref_ops, s) -> list[tuple]:
+    """Per MD operating point what does not depend on costs: the clamp's NLL and the TV columns."""
+    out = []
+    for op, ref_op in zip(acc_ops, ref_ops, strict=True):
+        nll_clamp = _mean(quality.nll_mentored(pair.draft.rows, pair.target.rows, ref_op.a, ref_op.b))
+        out.append((nll_clamp, _tv_boosted(pair, aligned, stats, ref_op, s, nll_clamp)))
+    return out
+
+
+def _md_points(static, acc, acc_ops, process, stats, s, profile, verify, mentored, vocab_size) -> list[PointScore]:
+    """The MD points (`Mentored` on sampled drafts) from the clamp's operating points, priced."""
     acc_valid = acc.draft.rows.valid
     any_valid = bool(acc_valid.any())
     points = []
-    for i, (op, ref_op) in enumerate(zip(acc_ops, ref_ops, strict=True)):
+    for i, (op, (nll_clamp, tv)) in enumerate(zip(acc_ops, static, strict=True)):
         overhead = profile.md_overhead if op.max_divergence > 0 else 0.0
         on_text = mentored.get((op.divergence, float(op.max_divergence))) if op.max_divergence > 0 else None
         if on_text is not None:
             process[i + 1] = mentored_process(on_text, op.divergence, op.max_divergence, vocab_size, s, profile)
-        nll_clamp = _mean(quality.nll_mentored(pair.draft.rows, pair.target.rows, ref_op.a, ref_op.b))
-        tv = _tv_boosted(pair, aligned, stats, ref_op, s, nll_clamp)
         rule = Mentored(max_divergence=op.max_divergence, divergence=op.divergence)
         points.append(PointScore(
             divergence=op.divergence if op.max_divergence > 0 else PLAIN_SD, max_divergence=op.max_divergence,
@@ -317,37 +366,46 @@ def _md_points(pair, aligned, acc, acc_aligned, acc_ops, ref_ops, process, stats
     return points
 
 
-def _rule_scores(rule_pts: list[RulePoint], pair: PairRows, aligned: Aligned, acc: PairRows, acc_aligned: Aligned,
-                 sd: torch.Tensor, stats: PairStats, s: ScoreSettings, profile: SpeedProfile, verify: torch.Tensor,
-                 on_reference: bool) -> list[PointScore]:
-    """The points of every other rule (:mod:`mdboost.ranking.rule_points`): the rule's law per
-    position, its process on the same text (greedy drafts: ``c = 1[x = g]``, tilted to ``P_acc``)
-    and the NLL of its emitted ``pi`` at the true tokens of the quality rows."""
+def _rule_static(rule_pts: list[RulePoint], pair: PairRows, aligned: Aligned, acc: PairRows, acc_aligned: Aligned,
+                 stats: PairStats, s: ScoreSettings) -> list[tuple]:
+    """Per point of every other rule what does not depend on costs: the rule's law per position,
+    its process inputs on the same text (greedy drafts: ``c = 1[x = g]``, tilted to ``P_acc``;
+    their MD overhead set when priced) and the NLL of its emitted ``pi`` at the true tokens of the
+    quality rows."""
     acc_valid, valid = acc.draft.rows.valid, pair.draft.rows.valid
-    zeros = torch.zeros_like(sd, dtype=torch.float64)
-    laws, inputs = [], []
+    zeros = torch.zeros(acc_valid.numel(), dtype=torch.float64)
+    out = []
     for pt in rule_pts:
         law = point_law(pt, acc_aligned, acc_valid, s.divergences[0])
-        overhead = profile.md_overhead if isinstance(pt.rule, Mentored) and not pt.rule.lossless else 0.0
         greedy = law.slots is not None
         block = isinstance(pt.rule, Block) and not greedy and acc.layout is not None and not acc.draft.rows.one_hot
-        inputs.append(PointInputs(zeros, zeros, law.acceptance, overhead,
-                                  greedy_tilt(law, acc_aligned) if greedy else None,
-                                  text_acceptance(law, acc_aligned, acc_valid, acc.labels) if greedy else None,
-                                  block_chain(acc_aligned, acc_valid, acc.layout.sequence, s.gamma_max,
-                                              seed=s.bootstrap.seed) if block else None,
-                                  floor_drafts(acc.draft.rows, pt.rule.draft_p_min)))
-        laws.append(law)
-    process = None
-    if acc.layout is not None and rule_pts:
-        process = score_process(acc, inputs, s.process, profile, sd_acceptance=sd, on_reference=on_reference)
-    points = []
-    for i, (pt, law, inp) in enumerate(zip(rule_pts, laws, inputs)):
+        inputs = PointInputs(zeros, zeros, law.acceptance, 0.0,
+                             greedy_tilt(law, acc_aligned) if greedy else None,
+                             text_acceptance(law, acc_aligned, acc_valid, acc.labels) if greedy else None,
+                             block_chain(acc_aligned, acc_valid, acc.layout.sequence, s.gamma_max,
+                                         seed=s.bootstrap.seed) if block else None,
+                             floor_drafts(acc.draft.rows, pt.rule.draft_p_min))
         if pt.rule.lossless:
             nll = stats.nll_target
         else:
             ref = law if acc is pair else point_law(pt, aligned, valid, s.divergences[0])
             nll = _mean(-true_token_prob(ref, aligned, valid, pair.labels, pair.target.rows.true_logp).log())
+        out.append((pt, law, inputs, nll))
+    return out
+
+
+def _rule_scores(static, acc: PairRows, sd: torch.Tensor, stats: PairStats, s: ScoreSettings, profile: SpeedProfile,
+                 verify: torch.Tensor, on_reference: bool) -> list[PointScore]:
+    """The points of every other rule (:mod:`mdboost.ranking.rule_points`), priced: their process
+    and i.i.d. speed with ``profile`` and the drafter costs of ``acc``."""
+    acc_valid = acc.draft.rows.valid
+    inputs = [replace(inp, md_overhead=profile.md_overhead if isinstance(pt.rule, Mentored) and not pt.rule.lossless
+                      else 0.0) for pt, _, inp, _ in static]
+    process = None
+    if acc.layout is not None and static:
+        process = score_process(acc, inputs, s.process, profile, sd_acceptance=sd, on_reference=on_reference)
+    points = []
+    for i, ((pt, law, _, nll), inp) in enumerate(zip(static, inputs)):
         achieved = law.divergence[acc_valid]
         points.append(PointScore(
             divergence=pt.divergence, max_divergence=pt.max_divergence, acceptance=law.acceptance.numpy(),

@@ -99,20 +99,24 @@ class MemberLoader:
         return self._memo[name]
 
 
-def _sides(loader: MemberLoader, costs: PoolCache, drafter: str, target: str,
-           batch_size: int = 1) -> tuple[PairSide, PairSide]:
-    """The pair's two sides; the drafter's cost ratio is ``c_drafter / c_target``, both measured
-    against the pool target at ``batch_size`` rows per step and read from ``costs`` (the pool's
-    speed file), with its repeated measurements and its prefill cost on the same scale (the
-    speedup intervals carry their spread)."""
-    d_rows, d_hyp = loader(drafter)
-    t_rows, t_hyp = loader(target)
+def pair_side_costs(costs: PoolCache, drafter: str, target: str, batch_size: int = 1) -> tuple:
+    """The drafter side's ``(cost_ratio, cost_samples, prefill_per_token)`` at ``batch_size``:
+    ``c_drafter / c_target``, both measured against the pool target and read from ``costs`` (the
+    pool's speed file), with its repeated measurements and its prefill cost on the same scale
+    (the speedup intervals carry their spread)."""
     scale = costs.cost_ratio(target, batch_size)
     samples = costs.cost_samples(drafter, batch_size)
-    cost = costs.cost_ratio(drafter, batch_size) / scale
     samples = None if samples is None else tuple(x / scale for x in samples)
-    prefill = costs.prefill_per_token(drafter, batch_size) / scale
-    return PairSide(drafter, d_rows, d_hyp, cost, samples, prefill), PairSide(target, t_rows, t_hyp, 1.0)
+    return costs.cost_ratio(drafter, batch_size) / scale, samples, costs.prefill_per_token(drafter, batch_size) / scale
+
+
+def _sides(loader: MemberLoader, costs: PoolCache, drafter: str, target: str,
+           batch_size: int = 1) -> tuple[PairSide, PairSide]:
+    """The pair's two sides, the drafter's costs at ``batch_size`` (:func:`pair_side_costs`)."""
+    d_rows, d_hyp = loader(drafter)
+    t_rows, t_hyp = loader(target)
+    return PairSide(drafter, d_rows, d_hyp, *pair_side_costs(costs, drafter, target, batch_size)), \
+        PairSide(target, t_rows, t_hyp, 1.0)
 
 
 def pair_rows(loader: MemberLoader, drafter: str, target: str, batch_size: int = 1) -> PairRows:

@@ -28,16 +28,32 @@ from mdboost.cache.pool_cache import PoolCache
 from mdboost.cache.reader import LogitCache
 from mdboost.cache.speed import SpeedStore
 from mdboost.engine.costs import torch_threads
-from mdboost.ranking.rank import ScoreSettings, score_pair
+from mdboost.ranking.rank import PairCosts, ScoreSettings, score_pair_batches
 from mdboost.ranking.mentored import mentored_pair_rows
-from mdboost.ranking.rows import MemberLoader, acceptance_rows, pair_rows, speed_profile
+from mdboost.ranking.rows import MemberLoader, acceptance_rows, pair_rows, pair_side_costs, speed_profile
 from mdboost.ranking.scores import PairScore
 
 
 def score_cached_pair(pc: PoolCache, drafter: str, target: str, settings: ScoreSettings, *,
                       acceptance_source: str | None = None, loader: MemberLoader | None = None,
                       acceptance_loader: MemberLoader | None = None) -> PairScore:
-    """One ordered pair's :func:`~mdboost.ranking.rank.score_pair` from an opened pool cache.
+    """One ordered pair's :func:`~mdboost.ranking.rank.score_pair` from an opened pool cache, at
+    ``settings.batch_size`` (:func:`score_cached_batches`, whose parameters it takes)."""
+    return score_cached_batches(pc, drafter, target, settings, (settings.batch_size,),
+                                acceptance_source=acceptance_source, loader=loader,
+                                acceptance_loader=acceptance_loader)[settings.batch_size]
+
+
+def pair_costs(pc: PoolCache, drafter: str, target: str, batch_size: int) -> PairCosts:
+    """The pair's costs at ``batch_size`` from the pool's speed file (:func:`~mdboost.ranking.rows.pair_side_costs`
+    and the target's :func:`~mdboost.ranking.rows.speed_profile`)."""
+    return PairCosts(speed_profile(pc, drafter, target, batch_size), *pair_side_costs(pc, drafter, target, batch_size))
+
+
+def score_cached_batches(pc: PoolCache, drafter: str, target: str, settings: ScoreSettings, batch_sizes, *,
+                         acceptance_source: str | None = None, loader: MemberLoader | None = None,
+                         acceptance_loader: MemberLoader | None = None) -> dict:
+    """One ordered pair's :func:`~mdboost.ranking.rank.score_pair_batches` from an opened pool cache.
 
     Parameters
     ----------
@@ -47,25 +63,32 @@ def score_cached_pair(pc: PoolCache, drafter: str, target: str, settings: ScoreS
         Members of ``pc``.
     settings : ScoreSettings
         The operating points, gammas, boosting and bootstrap.
+    batch_sizes : sequence of int
+        The batch sizes to predict for, each with its costs from the pool's speed file.
     acceptance_source : str, optional
         The rows' ``acceptance_source`` column (:func:`~mdboost.ranking.rank.score_pair`).
     loader, acceptance_loader : MemberLoader, optional
         Memoized member rows to share across pairs: ``loader`` on ``pc`` at
         ``settings.quality_temperature``, ``acceptance_loader`` on ``pc.acceptance`` at
         ``settings.temperature`` (default: new ones, each member read once for this pair).
+
+    Returns
+    -------
+    dict
+        ``{batch_size: PairScore}``.
     """
     loader = MemberLoader(pc, settings.quality_temperature) if loader is None else loader
     acceptance, mentored = None, {}
     if pc.acceptance is not None:
         acc_loader = MemberLoader(pc.acceptance, settings.temperature) if acceptance_loader is None else acceptance_loader
-        acceptance = acceptance_rows(acc_loader, pc, drafter, target, settings.batch_size)
+        acceptance = acceptance_rows(acc_loader, pc, drafter, target)
         if target == pc.target:  # the mentored texts were sampled from the pool target
             mentored = {point: mentored_pair_rows(load_mentored(path), acceptance, settings.temperature)
                         for point, path in pc.mentored.get(drafter, {}).items()}
-    b = settings.batch_size
-    return score_pair(pair_rows(loader, drafter, target, b), pc.vocab_size, settings=settings, acceptance=acceptance,
-                      acceptance_source=acceptance_source, speed_profile=speed_profile(pc, drafter, target, b),
-                      mentored=mentored, on_reference=None if acceptance is None else target != pc.target)
+    costs = {b: pair_costs(pc, drafter, target, b) for b in batch_sizes}
+    return score_pair_batches(pair_rows(loader, drafter, target), pc.vocab_size, costs, settings=settings,
+                              acceptance=acceptance, acceptance_source=acceptance_source, mentored=mentored,
+                              on_reference=None if acceptance is None else target != pc.target)
 
 
 @dataclass(frozen=True)
@@ -120,17 +143,19 @@ class CacheLocation:
 
 
 def score_pair_task(location: CacheLocation, drafter: str, target: str, settings: ScoreSettings,
-                    acceptance_source: str | None = None, threads: int | None = 1) -> PairScore:
-    """One pair's score on a worker: open the pair's folders from ``location``, then
-    :func:`score_cached_pair` at ``threads`` torch threads (``None``: the worker's as is)."""
+                    acceptance_source: str | None = None, threads: int | None = 1, batch_sizes=None) -> dict:
+    """One pair's scores on a worker: open the pair's folders from ``location``, then
+    :func:`score_cached_batches` at ``threads`` torch threads (``None``: the worker's as is) and
+    ``batch_sizes`` (default: ``settings.batch_size``)."""
     with torch_threads(threads):
         pc = location.open((drafter, target))
-        return score_cached_pair(pc, drafter, target, settings, acceptance_source=acceptance_source)
+        return score_cached_batches(pc, drafter, target, settings, batch_sizes or (settings.batch_size,),
+                                    acceptance_source=acceptance_source)
 
 
 def score_pairs_on(client, pc: PoolCache, pairs, settings: ScoreSettings, *, acceptance_source: str | None = None,
-                   threads: int | None = 1, progress=None) -> list[PairScore]:
-    """:func:`score_cached_pair` of every pair on ``client``'s workers, one task per pair.
+                   threads: int | None = 1, progress=None, batch_sizes=None) -> list[dict]:
+    """:func:`score_cached_batches` of every pair on ``client``'s workers, one task per pair.
 
     Parameters
     ----------
@@ -148,11 +173,13 @@ def score_pairs_on(client, pc: PoolCache, pairs, settings: ScoreSettings, *, acc
         torch threads in each task (the driver scores at 1).
     progress : callable, optional
         Wraps the iterable of finished tasks (a progress bar: ``lambda it: tqdm(it, total=...)``).
+    batch_sizes : sequence of int, optional
+        The batch sizes scored (default: ``settings.batch_size``).
 
     Returns
     -------
-    list of PairScore
-        One per pair, in the order of ``pairs``. A task's error is raised here.
+    list of dict
+        One ``{batch_size: PairScore}`` per pair, in the order of ``pairs``. A task's error is raised here.
     """
     location = CacheLocation.of(pc)
     pairs = [tuple(p) for p in pairs]
@@ -162,8 +189,8 @@ def score_pairs_on(client, pc: PoolCache, pairs, settings: ScoreSettings, *, acc
             raise ValueError(f"pairs must be (drafter, target) pairs of the cache's members {pc.names!r}, got {pair!r}")
     if not pairs:
         return []
-    futures = [client.submit(score_pair_task, location, d, t, settings, acceptance_source, threads, pure=False)
-               for d, t in pairs]
+    futures = [client.submit(score_pair_task, location, d, t, settings, acceptance_source, threads,
+                             tuple(batch_sizes or (settings.batch_size,)), pure=False) for d, t in pairs]
     if progress is not None:
         from distributed import as_completed  # deferred: distributed is the optional extra mdboost[dask]
 
