@@ -116,13 +116,14 @@ def test_drafter_cost_stops_where_the_hand_computation_says(virtual_clock, rel_t
 def test_rel_tol_0_runs_every_repeat(virtual_clock):
     result, seen = noisy_cost(virtual_clock, 12, rel_tol=0)
     assert result.repeats_run == 12 and result.stopped == "max_repeats" and len(seen) == 12
-    assert "12 repeats (no early stop)" in result.method
+    assert "12 repeats (fresh generations; a fixed count of 12, no early stop" in result.method
 
 
 def test_fewer_repeats_than_the_minimum(virtual_clock):
     result, seen = noisy_cost(virtual_clock, 3)
     assert result.repeats_run == 3 and result.stopped == "max_repeats" and result.c_interval is None
     assert [w for _, _, w in seen] == [math.inf] * 3
+    assert "no early stop" in result.method
 
 
 def test_min_repeats_holds_the_rule_back(virtual_clock):

@@ -138,8 +138,9 @@ class StoppingRule:
 
     def describe(self) -> str:
         """The rule in words, for a measurement's ``method``."""
-        if self.rel_tol == 0:
-            return f"{self.max_repeats} repeats (no early stop)"
+        least = max(self.min_repeats, 5)  # the interval needs 5 repeats (module docstring)
+        if self.rel_tol == 0 or self.max_repeats <= least:
+            return f"a fixed count of {self.max_repeats}, no early stop"
         return (f"repeats until the {CONFIDENCE:.0%} sign-test interval of every figure's median has half-width "
-                f"<= {self.rel_tol:g} x |median| (the MD overhead: x T_ar), at least {max(self.min_repeats, 5)} "
-                f"and at most {self.max_repeats}")
+                f"<= {self.rel_tol:g} x |median| (the MD overhead: x T_ar), at least {least} and at most "
+                f"{self.max_repeats}")
