@@ -220,3 +220,33 @@ def test_profile_measures_on_a_fresh_folder_without_building_caches(tmp_path, ca
     assert profile.pool["target"] == "tiny" and profile.pool["sampling"] == "sampled"
     assert profile.hardware["load_average"] is None or len(profile.hardware["load_average"]) == 3
     assert profile.missing(["early_exit:2", "ngram:2"]) == [] and len(profile.profile["verify_cost"]) == 9
+
+
+def test_kernels_capped_below_the_cpu_are_another_machine(tmp_path, monkeypatch):
+    """A kernel cap (ATEN_CPU_CAPABILITY, ...) keys its own speed file and is named in the fingerprint."""
+    from mdboost.cache.profile import hardware_label
+    from mdboost.cache.speed import speed_path
+
+    spec = _spec(tmp_path)
+    for name in ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        monkeypatch.delenv(name, raising=False)
+    native, hw = speed_path(spec), hardware_fingerprint("cpu")
+    assert hw["kernel_env"] == {} and "capped" not in hardware_label(hw)
+    monkeypatch.setenv("MKL_ENABLE_INSTRUCTIONS", "AVX2")
+    capped = hardware_fingerprint("cpu")
+    assert speed_path(spec) != native and capped["kernel_env"] == {"MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+    assert "kernels capped: MKL_ENABLE_INSTRUCTIONS=AVX2" in hardware_label(capped)
+
+
+def test_a_profile_without_a_ranked_batch_size_is_refused(tmp_path):
+    spec = PoolCacheSpec(str(tmp_path), TextSource(), "tiny", ("early_exit:2", "ngram:2"), batch_sizes=(1, 4))
+    store = _store(tmp_path, spec)
+    with pytest.raises(ValueError, match="no target profile .* at batch size 4"):
+        check_profile(store, spec, "vocab-a", 8)
+    store.set_profile(PROFILE, 4)
+    store.set_drafter("early_exit:2", ENTRY, 4)
+    with pytest.raises(ValueError, match=r"lacks drafter\(s\) \['ngram:2'\] of the pool at batch size 4"):
+        check_profile(store, spec, "vocab-a", 8)
+    store.set_drafter("ngram:2", ENTRY, 4)
+    check_profile(store, spec, "vocab-a", 8)
+    assert store.batch_sizes == [1, 4] and SpeedStore(store.path).drafter("ngram:2", 4) == ENTRY

@@ -33,10 +33,11 @@ from pathlib import Path
 import torch
 
 from mdboost._io import atomic_write_text
-from mdboost.cache.speed import ENGINE, SpeedStore
+from mdboost.cache.speed import ENGINE, KERNEL_ENV, SpeedStore
 
 # /proc/cpuinfo flags that select the CPU's matrix kernels (int8 dot products: VNNI, AMX)
 CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
+
 
 
 def _cpu(cpuinfo: str) -> tuple[str | None, list[str]]:
@@ -75,8 +76,10 @@ def hardware_fingerprint(device) -> dict:
         ``cpu`` (model name or None), ``cpu_flags`` (the :data:`CPU_FLAGS` present), ``cpu_count``,
         ``machine`` (``platform.machine()``), ``cuda`` (``{"name", "memory_gib"}`` on a CUDA
         device, else None), ``torch_threads`` (the measurements' thread count), ``torch``
-        (version), ``dtype`` (the pool's models' default dtype on the device) and
-        ``load_average`` (1, 5, 15 minutes; None where the platform has none).
+        (version), ``dtype`` (the pool's models' default dtype on the device), ``cpu_capability``
+        (the instruction set torch's CPU kernels dispatch to, ``torch.backends.cpu.get_cpu_capability``),
+        ``kernel_env`` (the :data:`KERNEL_ENV` variables set, which cap it) and ``load_average``
+        (1, 5, 15 minutes; None where the platform has none).
     """
     # deferred: mdboost.engine and mdboost.models import transformers (seconds); a cache opens without it
     from mdboost.engine.costs import ENGINE_THREADS
@@ -95,6 +98,8 @@ def hardware_fingerprint(device) -> dict:
     return {"cpu": cpu or platform.processor() or None, "cpu_flags": flags, "cpu_count": os.cpu_count(),
             "machine": platform.machine(), "cuda": cuda, "torch_threads": ENGINE_THREADS,
             "torch": torch.__version__.split("+")[0], "dtype": str(default_dtype(device)).replace("torch.", ""),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "kernel_env": {k: os.environ[k] for k in KERNEL_ENV if os.environ.get(k)},
             "load_average": _load_average()}
 
 
@@ -104,6 +109,9 @@ def hardware_label(hardware: dict | None) -> str:
     >>> hardware_label({"cpu": "AMD EPYC 7B13", "cpu_flags": ["avx2"], "cuda": None, "torch_threads": 1,
     ...                 "torch": "2.9.1", "dtype": "float32"})
     'AMD EPYC 7B13 (avx2), 1 torch thread, torch 2.9.1, float32'
+    >>> hardware_label({"cpu": "CPU X", "cpu_flags": ["avx2", "avx512f"], "torch_threads": 1, "torch": "2.13.0",
+    ...                 "dtype": "float32", "kernel_env": {"ATEN_CPU_CAPABILITY": "avx2"}})
+    'CPU X (avx2, avx512f; kernels capped: ATEN_CPU_CAPABILITY=avx2), 1 torch thread, torch 2.13.0, float32'
     >>> hardware_label(None)
     'unrecorded hardware'
     """
@@ -112,7 +120,9 @@ def hardware_label(hardware: dict | None) -> str:
     if hardware.get("cuda"):
         chip = f"{hardware['cuda']['name']} ({hardware['cuda']['memory_gib']:g} GiB)"
     else:
-        chip = f"{hardware.get('cpu') or 'unknown CPU'} ({', '.join(hardware.get('cpu_flags') or []) or 'no AVX2'})"
+        capped = ", ".join(f"{k}={v}" for k, v in (hardware.get("kernel_env") or {}).items())
+        chip = (f"{hardware.get('cpu') or 'unknown CPU'} ({', '.join(hardware.get('cpu_flags') or []) or 'no AVX2'}"
+                f"{f'; kernels capped: {capped}' if capped else ''})")
     threads = hardware.get("torch_threads")
     return f"{chip}, {threads} torch thread{'s' * (threads != 1)}, torch {hardware.get('torch')}, {hardware.get('dtype')}"
 

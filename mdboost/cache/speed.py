@@ -8,7 +8,8 @@ temperature, except greedy decoding: temperature 0 takes the engine's greedy pat
 file). The key covers what the figures depend on: the target spec, its content id
 (:meth:`~mdboost.cache.keys.PoolCacheSpec.weights`: a local folder's digest, a hub commit) and
 device, the torch thread count and version, the measurement settings (prompt tokens, repeats,
-the largest draft length), greedy or sampled, and :data:`mdboost.engine.costs.COST_UNIT`; a
+the largest draft length), greedy or sampled, :data:`mdboost.engine.costs.COST_UNIT`, and the
+:data:`KERNEL_ENV` variables set (kernels capped below the CPU's time another machine); a
 drafter's entry is keyed by its spec and, for a model loaded by name or path, its own content
 id (:func:`entry_key`), so re-saved weights are measured again. The file holds
 
@@ -47,6 +48,8 @@ import torch
 from mdboost._io import atomic_write_text
 from mdboost.cache.keys import fingerprint
 
+# the environment variables that cap the CPU kernels' instruction set (ATen, MKL, oneDNN)
+KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
 FORMAT = "mdboost-speed/2"
 KEY_FORMAT = "mdboost-speed/1"  # part of a speed file's name: unchanged, so format-1 files are still found
 ENGINE = "mdboost"  # the engine whose steps the costs time (mdboost.engine)
@@ -59,7 +62,9 @@ def speed_path(spec) -> Path:
 
     parts = [KEY_FORMAT, COST_UNIT, spec.target, spec.device, spec.home, ENGINE_THREADS, torch.__version__.split("+")[0],
              spec.cost_context, spec.cost_repeats, max(spec.gamma_max, 8), *spec.weights(spec.target)]
-    key = fingerprint(*parts, *(["greedy"] if spec.temperature == 0 else []))
+    # kernels capped below the CPU's (KERNEL_ENV) time another machine: they get their own file
+    capped = [f"{k}={os.environ[k]}" for k in KERNEL_ENV if os.environ.get(k)]
+    key = fingerprint(*parts, *(["greedy"] if spec.temperature == 0 else []), *capped)
     return Path(spec.dir) / f"speed-{key}.json"
 
 
