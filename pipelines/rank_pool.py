@@ -53,8 +53,8 @@ from mdboost.ranking import plots, report
 from mdboost.ranking.frontier import cached_positions, frontier
 from mdboost.ranking.rank import PLAIN_SD, rank_rows
 from mdboost.ranking.report import at_batch_size
-from mdboost.ranking.recommend import (Recommendation, md_row, plain_wins_from, recommend, recommend_engines,
-                                      rule_label)
+from mdboost.ranking.recommend import (Recommendation, batch_lines, md_row, plain_wins_from, recommend,
+                                      recommend_engines, rule_label)
 from mdboost.ranking.rows import MemberLoader, select_pairs
 from mdboost.ranking.scaleout import active_client, score_cached_batches, score_pairs_on
 from mdboost.tracking import setup
@@ -447,8 +447,9 @@ def main(config: str, overrides=(), costs=None) -> int:
               "text, not on text the target samples (the process takes each position's expected acceptance and "
               "credits prompt lookup only for its own proposals); rank on 'sampled' for predictions to act on "
               "(docs/ranking.md, \"Draft-start process\")", file=sys.stderr)
-    print(f"\nTop points at their best gamma ({summary['n_pairs']} pairs, {summary['n_points']} operating points, "
-          f"{summary['n_rows']} rows with every gamma; rule: predicted speedup among points with NLL <= target + "
+    print(f"\nTop points at their best gamma, batch size {summary['batch_sizes'][0]} ({summary['n_pairs']} pairs, "
+          f"{summary['n_points']} operating points, "
+          f"{summary['n_rows']} rows with every gamma and batch size; rule: predicted speedup among points with NLL <= target + "
           f"{cfg.ranking.nll_tolerance:g} nats; {summary['bootstrap']['level']:.0%} intervals over "
           f"{summary['bootstrap']['prompts']} prompts):")
     print(report.format_table(best_gamma_rows(summary["rows"]), cfg.ranking.top))
@@ -459,5 +460,10 @@ def main(config: str, overrides=(), costs=None) -> int:
     for engine, entry in summary["recommendations"].items():
         rec = entry["recommendation"]
         print(f"  {engine}: {entry['reason'] if rec is None else rec['verdict']}")
+    if len(summary["batch_sizes"]) > 1:
+        print("\nper batch size (sequences per engine batch, docs/ranking.md \"Batch sizes\"):")
+        by_batch = {int(b): Recommendation(**r) for b, r in summary["recommendations_by_batch_size"].items()}
+        for line in batch_lines(by_batch):
+            print(f"  {line}")
     print(f"\n{summary['verdict']}\nrun it with mdboost's engine:\n{summary['engine_snippet']}")
     return 0

@@ -90,7 +90,11 @@ def test_validate_shows_a_bar_over_generations_with_tokens_per_second(ranked, mo
     err = capsys.readouterr().err
     summary = yaml.safe_load((tmp / "validate" / "summary.json").read_text())
     cells, prompts = summary["cells"], summary["generation"]["prompts"]
-    total = prompts * (len(cells) + len({(c["target"], c["temperature"]) for c in cells}))  # cells + one AR each
+    groups = {}
+    for c in cells:  # one AR run per (target, temperature, batch size), on batches of batch_size prompts
+        groups.setdefault((c["target"], c["temperature"], c["batch_size"]), []).append(c)
+    assert {b for _, _, b in groups} == {1, 4}
+    total = sum(-(-prompts // b) * (len(members) + 1) for (_, _, b), members in groups.items())
     assert "validation runs" in err and f"{total}/{total}" in err and "tok/s" in err, err[-2000:]
 
 
