@@ -11,10 +11,11 @@ profiles too. ``mdboost rank --costs PATH`` ranks with it, here or on another ma
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from mdboost.cache.pool_cache import measure_pool_costs
-from mdboost.cache.profile import hardware_label, sampling_of, write_profile
+from mdboost.cache.profile import hardware_label, loaded_measurements, sampling_of, write_profile
 from pipelines.config import RankConfig
 from pipelines.loader import load_yaml
 from pipelines.noise import quiet_libraries
@@ -44,6 +45,11 @@ def main(config: str, overrides=(), out: str | None = None) -> int:
         measured = (["target profile"] if info.measured_speed_profile else []) + list(info.measured_costs)
         print(f"{mode} decoding: measured {', '.join(measured) or 'nothing (all in the speed file)'}; "
               f"hardware: {hardware_label(store.hardware)}")
+        loaded = loaded_measurements(store, spec.drafters)
+        if loaded:
+            print(f"mdboost profile: warning: measured on a busy machine (the load average above the core count "
+                  f"biases every ratio): {'; '.join(loaded)}; delete {store.path} and measure again on a quiet "
+                  f"machine", file=sys.stderr)
         if paths is None:
             print(f"  speed file: {store.path} (--out PATH writes the portable profile of this pool)")
         else:

@@ -44,7 +44,7 @@ from tqdm.auto import tqdm
 from mdboost.cache import open_or_build_cache
 from mdboost.cache.mentored import attach_mentored
 from mdboost.cache.pool_cache import BuildInfo, PoolCache, open_cached
-from mdboost.cache.profile import costs_line, hardware_label, read_profile, sampling_of
+from mdboost.cache.profile import costs_line, hardware_label, loaded_measurements, read_profile, sampling_of
 from mdboost.engine.costs import torch_threads
 from mdboost.export import mdboost_snippet
 from mdboost.models.home import mdboost_home
@@ -354,10 +354,13 @@ def _open(cfg: RankConfig, temperature: float, profiles: list | None) -> tuple[P
 
 def cost_fields(pc: PoolCache, profiles: list | None) -> dict:
     """``summary.json``'s ``cost_profile`` (the profile files given, None for this machine's speed
-    file) and ``hardware`` (the fingerprint of the machine the costs were measured on)."""
+    file), ``hardware`` (the fingerprint of the machine the costs were measured on) and
+    ``loaded_costs`` (the figures measured on a busy machine: :func:`mdboost.cache.profile.loaded_measurements`)."""
     paths = None if profiles is None else [str(p.path) for p in profiles]
+    drafters = [m for m in pc.names if m != pc.target]
     return {"cost_profile": paths[0] if paths and len(paths) == 1 else paths,
-            "hardware": None if pc.speed is None else pc.speed.hardware}
+            "hardware": None if pc.speed is None else pc.speed.hardware,
+            "loaded_costs": [] if pc.speed is None else loaded_measurements(pc.speed, drafters)}
 
 
 def _run(cfg: RankConfig, profiles: list | None = None) -> dict:
@@ -447,6 +450,10 @@ def main(config: str, overrides=(), costs=None) -> int:
               "text, not on text the target samples (the process takes each position's expected acceptance and "
               "credits prompt lookup only for its own proposals); rank on 'sampled' for predictions to act on "
               "(docs/ranking.md, \"Draft-start process\")", file=sys.stderr)
+    if summary["loaded_costs"]:
+        print(f"mdboost rank: warning: costs measured on a busy machine (the load average above the core count "
+              f"biases every ratio): {'; '.join(summary['loaded_costs'])}; measure them again on a quiet machine "
+              f"(delete {summary.get('speed_file')}, then rank or profile)", file=sys.stderr)
     print(f"\nTop points at their best gamma, batch size {summary['batch_sizes'][0]} ({summary['n_pairs']} pairs, "
           f"{summary['n_points']} operating points, "
           f"{summary['n_rows']} rows with every gamma and batch size; rule: predicted speedup among points with NLL <= target + "

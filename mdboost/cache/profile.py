@@ -140,6 +140,33 @@ def costs_line(hardware: dict | None, profile=None) -> str:
     return f"costs measured on {hardware_label(hardware)} (cost profile {names})"
 
 
+def loaded_measurements(store: SpeedStore, drafters=()) -> list[str]:
+    """The figures of ``store`` measured while the machine was busy: the 1-minute load average
+    before or after the measurement above the CPU count (other processes then shared the cores,
+    and the many small ops of a drafter's step slow down more than a target's forward, which
+    biases every ratio). One ``"<what> at B=<b> (load <x> on <n> cores)"`` per figure, the
+    target's profile first, then ``drafters`` in their order.
+
+    >>> import tempfile, pathlib
+    >>> store = SpeedStore(pathlib.Path(tempfile.mkdtemp()) / "s.json")
+    >>> store.identify({}, {"cpu_count": 2})
+    >>> store.set_profile({"load_before": 0.5, "load_after": 3.1})
+    >>> store.set_drafter("int8", {"load_before": 1.0, "load_after": 1.2})
+    >>> loaded_measurements(store, ["int8"])
+    ['target profile at B=1 (load 3.1 on 2 cores)']
+    """
+    cores = (store.hardware or {}).get("cpu_count") or os.cpu_count() or 1
+    out = []
+    for b in store.batch_sizes or [1]:
+        entries = [("target profile", store.profile_at(b))] + [(d, store.drafter(d, b)) for d in drafters]
+        for name, entry in entries:
+            loads = [x for x in ((entry or {}).get("load_before"), (entry or {}).get("load_after"))
+                     if isinstance(x, (int, float)) and x == x]
+            if loads and max(loads) > cores:
+                out.append(f"{name} at B={b} (load {max(loads):.1f} on {cores} cores)")
+    return out
+
+
 def pool_identity(spec, vocabulary: str) -> dict:
     """The pool a profile's costs belong to: the target spec, its content id
     (:meth:`~mdboost.cache.keys.PoolCacheSpec.weights`), the vocabulary fingerprint the caches are
