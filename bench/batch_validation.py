@@ -43,8 +43,22 @@ def _point(cell: dict) -> str:
     return ("lossless" if budget == 0 else f"{cell['divergence']} <= {budget:g}") + rule + (f":p{floor:g}" if floor else "")
 
 
-def render(summary: dict) -> str:
-    """The section's markdown for a validation ``summary.json``."""
+def cost_table(speed: dict) -> str:
+    """The ranking's costs at each batch size (its speed file): ``T_ar(B)``, ``v(K, B)``, ``c(B)``."""
+    blocks = [("1", speed)] + sorted((speed.get("batches") or {}).items(), key=lambda kv: int(kv[0]))
+    names = sorted(speed["drafters"])
+    head = ["| B | T_ar (ms) | v(1..8) | " + " | ".join(n.split("#")[0] for n in names) + " | load (1 min) |",
+            "|" + "---|" * (4 + len(names))]
+    for b, block in blocks:
+        prof = block["profile"]
+        head.append(f"| {b} | {1000 * prof['step_seconds']:.1f} | {', '.join(f'{v:.2f}' for v in prof['verify_cost'][1:])} | "
+                    + " | ".join(f"{block['drafters'][n]['median']:.3f}" for n in names)
+                    + f" | {prof['load_before']:.2f}-{prof['load_after']:.2f} |")
+    return "\n".join(head)
+
+
+def render(summary: dict, speed: dict | None = None) -> str:
+    """The section's markdown for a validation ``summary.json`` (and the ranking's speed file)."""
     cells = summary["cells"]
     by_batch = summary["metrics"].get("by_batch_size") or {}
     rows = ["| B | # | drafter | T | point | gamma | predicted speedup [90%] | realized | inside |", "|" + "---|" * 9]
@@ -74,8 +88,10 @@ def render(summary: dict) -> str:
             f"size listed). Goal (hardware-and-load issue): at least 12 cells, coverage 80-97% at each batch size, "
             f"crossover within one listed batch size: {'met' if ok else 'not met'} on this run (with about 7 cells "
             f"per batch size one cell moves the coverage by 14 points).")
+    costs = [] if speed is None else ["Costs at each batch size (`T_ar(B)` the undrafted B-row step; `v` and `c` in "
+                                      "`T_ar(B)`, `c` per draft position of the batch):", cost_table(speed)]
     return "\n\n".join(["## batch_validation: predictions at batch sizes 1 and 4, run for real (`mdboost validate`)",
-                        head, f"**{summary['verdict']}**", "\n".join(lines), "\n".join(rows), tail])
+                        head, *costs, f"**{summary['verdict']}**", "\n".join(lines), "\n".join(rows), tail])
 
 
 def main() -> None:
@@ -95,7 +111,9 @@ def main() -> None:
                        cwd=ROOT, check=True)
         path = out / "summary.json"
         load = load_line(start)
-    text = render(json.loads(Path(path).read_text())) + (f"\n\n{load}" if load else "")
+    ranked = json.loads((ROOT / "outputs" / "rank" / "summary.json").read_text())
+    speed = json.loads(Path(ranked["speed_file"]).read_text()) if ranked.get("speed_file") else None
+    text = render(json.loads(Path(path).read_text()), speed) + (f"\n\n{load}" if load else "")
     print(text)
     if not args.no_write:
         update_section("batch_validation", text)
