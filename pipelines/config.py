@@ -349,6 +349,8 @@ class SpeedConfig:
         _check(isinstance(sizes, list) and bool(sizes) and all(isinstance(b, int) and not isinstance(b, bool) and b >= 1
                                                                 for b in sizes) and len(set(sizes)) == len(sizes),
                "speed.batch_sizes (distinct positive integers)", sizes)
+        _check(1 in sizes, "speed.batch_sizes (must hold 1: the headline recommendation, the frontier and the "
+               "nested runs are batch size 1's)", sizes)
         self.batch_sizes = sorted(sizes)
 
 

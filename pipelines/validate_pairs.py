@@ -27,7 +27,7 @@ import torch
 from mdboost._io import read_json_object, read_yaml_mapping
 from mdboost.engine.costs import ENGINE_THREADS, torch_threads
 from mdboost.models.pool import build_pool
-from mdboost.ranking.report import at_batch_size, batch_sizes_of
+from mdboost.ranking.report import at_batch_size, batch_sizes_of, row_batch_size
 from mdboost.ranking.report import check_csv_digest, read_csv
 from mdboost.tracking import setup
 from mdboost.tracking.datasets import log_records
@@ -190,6 +190,17 @@ def prompt_count_note(ranking: Ranking, generation) -> str | None:
             f"data): every cell runs on those {have}")
 
 
+def batch_prompts_note(cells: list[dict], prompts: int) -> str | None:
+    """A warning when a batch size of the cells does not divide the prompts: its last batch runs
+    fewer rows (fewer prompts than the batch size: every batch does), so its realized throughput
+    is partly a smaller batch's."""
+    uneven = sorted({row_batch_size(c) for c in cells if prompts % row_batch_size(c)})
+    if not uneven:
+        return None
+    return (f"warning: generation.prompts is {prompts}, not a multiple of batch size(s) {uneven}: their last batch "
+            f"runs {', '.join(str(prompts % b) for b in uneven)} rows, so those cells realize partly a smaller batch")
+
+
 def _label(rec: dict) -> str:
     point = "SD" if rec["max_divergence"] == 0 else f"{rec['divergence']}@{rec['max_divergence']:g}"
     return f"{rec['cell']}:{rec['drafter']} T{rec['temperature']:g} g{rec['gamma']} {point}"
@@ -214,7 +225,10 @@ def run(cfg: ValidateConfig, the_plan: Plan | None = None) -> dict:
         else:  # one cell with its own AR run per task (mdboost.validation.scaleout)
             realized = realize_cells_on(client, p.cells, pool.recipe, prompts, threads=ENGINE_THREADS, **kwargs)
     intervals = interval_settings(p.ranking, len(prompts))
-    records = [cell_record(i, "recommendation" if i == 0 else "sample", row, real, top_k=sampling["top_k"],
+    firsts = {}  # each batch size's first cell is its recommendation's
+    for i, row in enumerate(p.cells):
+        firsts.setdefault(row_batch_size(row), i)
+    records = [cell_record(i, "recommendation" if i in firsts.values() else "sample", row, real, top_k=sampling["top_k"],
                            top_p=sampling["top_p"], interval_scale=intervals["scale"])
                for i, (row, real) in enumerate(zip(p.cells, realized))]
     metrics = summarize(records)
@@ -296,14 +310,15 @@ VALIDATION_METRICS = ("realized_speedup", "predicted_speedup", "predicted_speedu
 
 def _cell_runs(cells: list[dict], children: dict[tuple, str]) -> list:
     """One nested run per validated cell, cell 0 (the recommendation) first."""
-    keys = ("role", "drafter", "target", "temperature", "divergence", "max_divergence", "gamma", "md_solve")
+    keys = ("role", "drafter", "target", "temperature", "divergence", "max_divergence", "gamma", "md_solve",
+            "batch_size")
     out = []
     for rec in cells:
         params = {k: rec[k] for k in keys}
         t = round(rec["temperature"], 12)
         child = children.get(_child_key(rec, t)) or children.get(_child_key(rec, None), "")
         name = f"{rec['cell']}: " + point_name(rec["drafter"], rec["divergence"], rec["max_divergence"], rec["gamma"],
-                                               rec["temperature"])
+                                               rec["temperature"]) + (f" B{rec['batch_size']}" if rec["batch_size"] > 1 else "")
         metrics = ordered_metrics({k: v for k, v in rec.items() if k not in params and k != "cell"}, VALIDATION_METRICS)
         out.append(ChildRun(name, params, metrics, {"mdboost.ranking_run_id": child, "mdboost.cell": str(rec["cell"])}))
     return out
@@ -363,7 +378,8 @@ def main(config: str, overrides=()) -> int:
     the_plan = plan(cfg)
     torch.manual_seed(cfg.generation.seed)
     for note in (generation_length_note(the_plan.ranking, cfg.generation.max_new_tokens),
-                 prompt_count_note(the_plan.ranking, cfg.generation)):
+                 prompt_count_note(the_plan.ranking, cfg.generation),
+                 batch_prompts_note(the_plan.cells, cfg.generation.prompts)):
         if note:
             print(note, file=sys.stderr)
     summary = run(cfg, the_plan)

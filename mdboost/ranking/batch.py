@@ -5,13 +5,13 @@ The engine (:func:`mdboost.engine.generate`) runs ``B`` rows as one batch: every
 all rows and verifies all rows in one target forward of ``B`` rows, until the slowest row is done
 (finished rows stay in the batch). So a batch of ``B`` random sequences expects
 
-- ``E[max_b N_b]`` steps, ``N_b`` a row's number of steps (its own draft-start process,
+- ``E[max_b n_b]`` steps, ``n_b`` a row's number of steps (its own draft-start process,
   :func:`~mdboost.ranking.process.step_count_law`);
 - per step, a verification of the batch's widest draft ``W = max_b K_b`` (``v(W, B)``) and
   ``max_b F_b`` drafter forwards (``c(B)`` each), each row's ``(K_b, F_b)`` drawn from its own
   steps (the steps' mixture, weighted by steps), the rows independent;
-- plain decoding: ``E[max_b L_b]`` steps for rows of ``L_b`` tokens; both feed the batch's longest
-  prompt at the first step.
+- plain decoding: ``E[max_b N_b]`` steps for rows of ``N_b`` new tokens; both feed the batch's
+  longest prompt at the first step (``L_b`` a row's prompt tokens).
 
 The rows of a batch are independent draws from the sequences' mixture (each bootstrap resample
 reweights the sequences, :mod:`mdboost.ranking.uncertainty`), so every expected maximum is
@@ -28,7 +28,12 @@ import torch
 
 
 def check_batch_size(batch_size) -> int:
-    if isinstance(batch_size, bool) or int(batch_size) != batch_size or batch_size < 1:
+    """``batch_size`` as an int, or a ``ValueError`` naming it (a positive integer, numpy's included)."""
+    try:
+        ok = not isinstance(batch_size, bool) and int(batch_size) == batch_size and batch_size >= 1
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if not ok:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     return int(batch_size)
 

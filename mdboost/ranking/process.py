@@ -306,7 +306,7 @@ class ProcessSettings:
     batch_size: int = 1
 
     def __post_init__(self):
-        check_batch_size(self.batch_size)
+        object.__setattr__(self, "batch_size", check_batch_size(self.batch_size))
         if self.md_solve not in SOLVE:
             raise ValueError(f"md_solve must be one of {SOLVE}, got {self.md_solve!r}")
         gammas = [int(g) for g in self.gammas]

@@ -286,8 +286,11 @@ def score_pair_batches(pair: PairRows, vocab_size: int, costs: dict, *, settings
     by each). What does not depend on the costs or the batch size (the operating points, the
     rules' laws, quality, boosting) is computed once."""
     s = settings or ScoreSettings()
-    if not costs or not all(isinstance(c, PairCosts) for c in costs.values()):
+    if not isinstance(costs, dict) or not costs or not all(isinstance(c, PairCosts) for c in costs.values()):
         raise ValueError(f"costs must map batch sizes to PairCosts, got {costs!r}")
+    for batch_size in costs:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"costs must be keyed by batch sizes (positive integers), got key {batch_size!r}")
     aligned = align(pair.draft.rows, pair.target.rows, vocab_size, torch.as_tensor(pair.labels))
     acc = pair if acceptance is None else acceptance
     acc_aligned = aligned if acceptance is None else align(acc.draft.rows, acc.target.rows, vocab_size,
