@@ -193,7 +193,13 @@ def prompt_count_note(ranking: Ranking, generation) -> str | None:
 def batch_prompts_note(cells: list[dict], prompts: int) -> str | None:
     """A warning when a batch size of the cells does not divide the prompts: its last batch runs
     fewer rows (fewer prompts than the batch size: every batch does), so its realized throughput
-    is partly a smaller batch's."""
+    is partly a smaller batch's.
+
+    >>> batch_prompts_note([{"batch_size": "1"}, {"batch_size": "4"}], 8) is None
+    True
+    >>> batch_prompts_note([{"batch_size": "4"}], 10)
+    'warning: generation.prompts is 10, not a multiple of batch size(s) [4]: their last batch runs 2 rows, so those cells realize partly a smaller batch'
+    """
     uneven = sorted({row_batch_size(c) for c in cells if prompts % row_batch_size(c)})
     if not uneven:
         return None

@@ -169,3 +169,13 @@ def test_the_loader_docstring_examples_run():
 
     result = doctest.testmod(pipelines.loader)
     assert result.attempted >= 3 and result.failed == 0
+
+
+@pytest.mark.parametrize("module", ["pipelines.validate_pairs", "pipelines.profile_costs", "pipelines.config"])
+def test_the_pipelines_docstring_examples_run(module):
+    """The pipelines are not collected with --doctest-modules (testpaths: tests, mdboost): run theirs here."""
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module))
+    assert result.attempted >= 1 and result.failed == 0
