@@ -57,7 +57,7 @@ def test_a_profile_round_trips(tmp_path):
 def test_the_hardware_fingerprint_of_this_machine():
     hw = hardware_fingerprint("cpu")
     assert set(hw) == {"cpu", "cpu_flags", "cpu_count", "machine", "cuda", "torch_threads", "torch", "dtype",
-                       "load_average"}
+                       "cpu_capability", "kernel_env", "load_average"}
     assert hw["cuda"] is None and hw["dtype"] == "float32" and hw["torch_threads"] == 1
     assert isinstance(hw["torch"], str) and "+" not in hw["torch"]
     assert set(hw["cpu_flags"]) <= set(CPU_FLAGS)

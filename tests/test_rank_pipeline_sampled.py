@@ -34,7 +34,7 @@ def test_acceptance_from_sampled_cache_quality_from_reference(sampled_run):
     tmp_path, cfg, _ = sampled_run
     spec = cfg.cache_spec()  # the first temperature's folders
     rows = [r for r in read_csv(tmp_path / "out" / "ranking.csv") if r["drafter"] == "early_exit:2"
-            and float(r["temperature"]) == spec.temperature]
+            and float(r["temperature"]) == spec.temperature and r["batch_size"] == "1"]  # batch size 1's costs
     ref_t, ref_d = (LogitCache.open(spec.member_dir(m)) for m in ("tiny", "early_exit:2"))
     smp_t, smp_d = (LogitCache.open(spec.member_dir(m, acceptance=True)) for m in ("tiny", "early_exit:2"))
     assert smp_t.manifest["source"] == "sampled" and ref_t.manifest["source"] == "reference"

@@ -66,15 +66,22 @@ def test_files_next_to_the_plot(ran):
     assert summary["sampling"] == {"temperatures": [0.5, 1.0], "top_k": None, "top_p": None}
     assert {r["md_solve"] for r in rows} == {"needed"}  # the ranking's (the engine default)
     assert {float(r["max_divergence"]) > 0 for r in rows} == {True, False}
-    assert summary["verdict"].startswith(("intervals cover", "no predicted intervals"))
+    # the tiny ranking predicts batch sizes 1 and 4: the verdict's figures are batch size 1's
+    assert summary["verdict"].startswith(("B=1: intervals cover", "B=1: no predicted intervals"))
     for r in rows:
         assert float(r["realized_speedup"]) == pytest.approx(float(r["tokens_per_second"]) / float(r["ar_tokens_per_second"]))
         assert 0.0 <= float(r["realized_acceptance"]) <= 1.0 and float(r["realized_mean_accepted_length"]) >= 1.0
-    realized = np.array([float(r["realized_speedup"]) for r in rows])
-    predicted = np.array([float(r["predicted_speedup"]) for r in rows])
+    first = [r for r in rows if r["batch_size"] == "1"]  # the headline figures are batch size 1's
+    realized = np.array([float(r["realized_speedup"]) for r in first])
+    predicted = np.array([float(r["predicted_speedup"]) for r in first])
     s = summary["metrics"]["speedup"]
     assert s["mae"] == pytest.approx(np.mean(np.abs(predicted - realized)))
     assert s["regret"] == pytest.approx(1 - realized[np.argmax(predicted)] / realized.max())
+    by_batch = summary["metrics"]["by_batch_size"]
+    assert set(by_batch) == {"1", "4"} and sum(m["cells"] for m in by_batch.values()) == len(rows)
+    four = [r for r in rows if r["batch_size"] == "4"]
+    assert by_batch["4"]["best_realized_speedup"] == pytest.approx(max(float(r["realized_speedup"]) for r in four))
+    assert set(summary["metrics"]["crossover"]) == {"predicted", "realized", "within_one"}
     assert 0.0 <= summary["humaneval"]["humaneval_pass_at_1_ar"] <= 1.0
 
 

@@ -173,9 +173,10 @@ def cell_cells(record: Mapping) -> dict:
     """The cells of :data:`CELL_COLUMNS` for one validation record (``summary.json`` ``cells``);
     a realized figure outside its predicted interval is marked ``*``."""
     mark = {True: "", False: " *", None: ""}
+    batch = int(record.get("batch_size", 1))  # the cell's nested run has the same name
     out = {"cell": record["cell"],
            "point": point_name(record["drafter"], record["divergence"], record["max_divergence"], record["gamma"],
-                               record["temperature"])}
+                               record["temperature"]) + (f" B{batch}" if batch > 1 else "")}
     for key, pred, real, spec in (("speedup", "predicted_speedup", "realized_speedup", ".2f"),
                                   ("acceptance", "predicted_acceptance", "realized_acceptance", ".3f"),
                                   ("length", "predicted_mean_accepted_length", "realized_mean_accepted_length", ".2f")):
