@@ -177,8 +177,10 @@ class _Stopped(Exception):
 
 @contextmanager
 def _signals_stop() -> Iterator[None]:
-    """Turn SIGTERM / SIGHUP into :class:`_Stopped` for the block (main thread only), so that
-    stopping ``mdboost ui`` stops the server it started instead of orphaning it."""
+    """Turn SIGINT / SIGTERM / SIGHUP into :class:`_Stopped` for the block (main thread only), so
+    that stopping ``mdboost ui`` stops the server it started instead of orphaning it. SIGINT too:
+    a process started from a shell's background job inherits SIGINT ignored, and Python then keeps
+    ignoring it, so Ctrl-C or ``kill -INT`` would leave the server running."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -186,7 +188,7 @@ def _signals_stop() -> Iterator[None]:
     def raise_stopped(signum, frame):
         raise _Stopped(signum)
 
-    previous = {sig: signal.signal(sig, raise_stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    previous = {sig: signal.signal(sig, raise_stopped) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:
