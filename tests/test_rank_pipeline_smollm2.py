@@ -27,6 +27,7 @@ def test_smollm2_rank_small(tmp_path):
     data["md"]["temperatures"] = [1.0]
     data["md"]["rules"] = [{"rule": "mentored", "drafting": "sampled"}]  # MD's rows (rules: test_rank_pipeline_rules.py)
     data["ranking"]["frontier_rows"] = 0
+    data["speed"]["batch_sizes"] = [1]  # batch sizes: tests/test_rank_pipeline.py (B = 4 costs take minutes here)
     data["output_dir"] = str(tmp_path / "out")
     data["progress"] = False
     data["tracking"].update(tracking_uri=f"sqlite:///{tmp_path / 'm.db'}", artifact_root=str(tmp_path / "a"))
