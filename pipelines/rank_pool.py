@@ -407,7 +407,7 @@ def _run(cfg: RankConfig, profiles: list | None = None) -> dict:
                "recommendations": recommend_engines(rows),
                "batch_sizes": list(cfg.speed.batch_sizes),
                "recommendations_by_batch_size": {str(b): r.to_dict() for b, r in by_batch.items()},
-               "plain_wins_from_batch_size": plain_wins_from(by_batch),
+               "plain_wins_from_batch_size": plain_wins_from({b: r.predicted_speedup for b, r in by_batch.items()}),
                "ranking_csv_sha256": report.csv_sha256(paths["csv"])}
     sampled = [o for o in opened if o.pc.spec.temperature > 0] or opened  # greedy has its own profile, no MD
     pc = sampled[0].pc

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from mdboost._io import atomic_write_text, json_ready
+from mdboost.ranking.recommend import plain_wins_from
 from mdboost.ranking.report import csv_bool, csv_float, row_batch_size
 from mdboost.ranking.rule_points import row_draft_p_min
 from mdboost.validation.calibration import calibration, coverage
@@ -221,16 +222,8 @@ def crossover(by_batch: dict) -> dict:
     {'predicted': 4, 'realized': None, 'within_one': True}
     """
     sizes = sorted(int(b) for b in by_batch)
-
-    def first(key):
-        cross = None
-        for b in reversed(sizes):
-            if by_batch[str(b)][key] > 1.0:
-                break
-            cross = b
-        return cross
-
-    pred, real = first("best_predicted_speedup"), first("best_realized_speedup")
+    pred, real = (plain_wins_from({int(b): m[key] for b, m in by_batch.items()})
+                  for key in ("best_predicted_speedup", "best_realized_speedup"))
     place = lambda b: len(sizes) if b is None else sizes.index(b)  # noqa: E731
     return {"predicted": pred, "realized": real, "within_one": abs(place(pred) - place(real)) <= 1}
 
