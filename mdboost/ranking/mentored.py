@@ -4,7 +4,7 @@ The acceptance rows are the target's continuations; at a point with a budget the
 ``pi`` instead, and for a drafter that reads the text (prompt lookup) that changes what it
 proposes (``docs/ranking.md``, "The text is the target's"). :mod:`mdboost.cache.mentored`
 samples the text MD emits at such a point; :func:`mentored_pair_rows` turns its rows file into
-the :class:`~mdboost.ranking.pair.PairRows` the process runs on, and :func:`mentored_process`
+the :class:`~mdboost.ranking.pair.PairRows` the process runs on, and :func:`mentored_outcomes`
 scores the point there.
 
 On that text the emitted token at a drafted position is ``~ pi``, so the conditional acceptance
@@ -22,10 +22,10 @@ import torch
 from mdboost.ranking.acceptance import md_operating_points, sd_acceptance
 from mdboost.ranking.layout import SequenceLayout
 from mdboost.ranking.pair import PairRows
-from mdboost.ranking.process import PointInputs, score_process
+from mdboost.ranking.process import PointInputs, process_outcomes
 from mdboost.ranking.support import MemberRows, align, rows_from_proposals
 
-__all__ = ["mentored_pair_rows", "mentored_process"]
+__all__ = ["mentored_outcomes", "mentored_pair_rows"]
 
 
 class _Drafts:
@@ -70,8 +70,9 @@ def mentored_pair_rows(tensors: dict, acceptance, temperature: float):
                     layout=layout)
 
 
-def mentored_process(rows, divergence: str, max_divergence: float, vocab_size: int, settings, profile):
-    """The point's :class:`~mdboost.ranking.process.ProcessScore` on its mentored text ``rows``.
+def mentored_outcomes(rows, divergence: str, max_divergence: float, vocab_size: int, settings, step_law: bool):
+    """The point's :class:`~mdboost.ranking.process.ProcessOutcomes` on its mentored text ``rows``
+    (priced like any point's, :func:`~mdboost.ranking.process.price_process`).
 
     The point is solved again on those rows (``settings.mode``), and the process runs without a
     budget tilt (module docstring), with the pair's speed model as everywhere else.
@@ -80,5 +81,5 @@ def mentored_process(rows, divergence: str, max_divergence: float, vocab_size: i
     valid = rows.draft.rows.valid
     sd = sd_acceptance(aligned, valid)
     op = md_operating_points(aligned, valid, [divergence], [max_divergence], settings.mode)[0]
-    point = PointInputs(op.a, op.b, op.acceptance, profile.md_overhead)
-    return score_process(rows, [point], settings.process, profile, sd_acceptance=sd)[0]
+    point = PointInputs(op.a, op.b, op.acceptance)
+    return process_outcomes(rows, [point], settings.process, sd_acceptance=sd, step_law=step_law)

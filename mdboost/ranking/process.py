@@ -388,12 +388,133 @@ def _cost_draws(drafter, profile: SpeedProfile, width: int, boot: BootstrapSetti
     return cost, verify
 
 
+@dataclass
+class ProcessOutcomes:
+    """What :func:`score_process` computes before any cost: every point's and gamma's expected
+    totals per sequence, and the figures that do not depend on costs (:func:`process_outcomes`).
+
+    Each per-sequence tensor is stacked ``[P * G * n]`` (points, gammas, sequences: the batch
+    order of :func:`run_process`). :func:`price_process` turns it into :class:`ProcessScore` objects with
+    a profile's costs at any batch size (``step_law`` is needed for ``batch_size > 1``).
+    """
+
+    gammas: tuple
+    shape: tuple  # (P, G, n, L)
+    steps: torch.Tensor  # [P * G * n]: expected steps per sequence
+    steps_by_draft_len: torch.Tensor  # [P * G * n, G + 1]
+    steps_by_forwards: torch.Tensor  # [P * G * n, G + 2]
+    solved: torch.Tensor  # [P * G * n]: positions that pay the MD overhead
+    step_law: torch.Tensor | None  # [P * G * n, L + 1]: P(N = j); None: priced at batch size 1 only
+    lengths: torch.Tensor  # LongTensor [n]: new tokens per sequence
+    fed: torch.Tensor  # [n]: prompt tokens beyond one per sequence
+    figures: dict  # name -> (values [P, G], lo [P, G], hi [P, G]): every figure but the speedup
+
+
+def process_outcomes(rows, points: list[PointInputs], settings: ProcessSettings, *, sd_acceptance=None,
+                     on_reference: bool = False, step_law: bool | None = None) -> ProcessOutcomes:
+    """The cost-free half of :func:`score_process` (same arguments; ``step_law``: whether to keep
+    each sequence's step-count law for batch sizes above 1, default: ``settings.batch_size > 1``).
+    The points' ``md_overhead`` is not used here: :func:`price_process` takes the overheads."""
+    gammas, md_solve = settings.gammas, settings.md_solve
+    boot = settings.bootstrap or BootstrapSettings(num_resamples=0)
+    batch = _run_points(rows, points, gammas, on_reference)
+    res, index, lengths = batch.res, batch.index, batch.lengths
+    n_p, n_g, n_b, length = batch.shape
+    weights = _resample_weights(n_b, boot)  # [R, n]
+
+    def pooled(x):  # [P * G * n, ...] -> [R, P, G, ...]: weighted sums over the sequences
+        return resample_sums(x.reshape(n_p, n_g, n_b, *x.shape[1:]).movedim(2, -1), weights)
+
+    if md_solve == "all":
+        solved = res.draft_tokens
+    else:
+        weight = torch.ones(()) if md_solve == "reached" else 1 - gather_rows(torch.as_tensor(sd_acceptance).double(), index)
+        solved = (res.visit_prob.reshape(n_p * n_g, n_b, length) * weight).sum(-1).reshape(-1)
+    law = None
+    if settings.batch_size > 1 if step_law is None else step_law:
+        law = step_count_law(batch.chain, batch.gamma, draft_len=batch.offered, lengths=batch.row_lengths,
+                             floor_len=batch.floor_len)
+    prompt = rows.layout.prompt_lengths
+    fed = (torch.zeros_like(lengths, dtype=torch.float64) if prompt is None
+           else (torch.as_tensor(prompt, dtype=torch.float64) - 1).clamp_min(0))  # [n]: prompt tokens beyond one
+    tokens = resample_sums(lengths, weights)[:, None, None]  # [R, 1, 1]
+
+    def per_row(x):  # [P, n, L] -> [P * G * n, L], the batch order of run_process
+        return x[:, None].expand(n_p, n_g, n_b, length).reshape(-1, length)
+
+    values = torch.stack([gather_rows(pt.acceptance.double(), index) for pt in points])  # [P, n, L]
+    num_v, den = (pooled(x) for x in res.position0(per_row(values)))
+    num_c = pooled(res.position0(per_row(batch.raw[..., 0]))[0])
+    drafted = torch.where(den > 0, den, torch.full_like(den, float("nan")))
+    figures = {"acceptance": num_v / drafted, "acceptance_conditional": num_c / drafted,
+               "mean_accepted_length": 1 + pooled(res.accepted) / drafted,
+               "tokens_per_call": tokens / pooled(res.steps)}  # each [R, P, G]
+    return ProcessOutcomes(tuple(gammas), batch.shape, res.steps, res.steps_by_draft_len, res.steps_by_forwards,
+                           solved, law, lengths, fed, {name: (x[0], *_bounds(x, boot, n_b)) for name, x in figures.items()})
+
+
+def _bounds(x: torch.Tensor, boot: BootstrapSettings, num_prompts: int) -> tuple:  # [R, P, G] -> ([P, G], [P, G])
+    return percentile_interval(x[1:], boot.level, num_prompts=num_prompts)
+
+
+def price_process(outcomes: ProcessOutcomes, settings: ProcessSettings, profile: SpeedProfile | None, drafter,
+                  md_overheads) -> list[ProcessScore]:
+    """:class:`ProcessScore` objects of :func:`process_outcomes` with costs, at ``settings.batch_size``.
+
+    Parameters
+    ----------
+    outcomes : ProcessOutcomes
+    settings : ProcessSettings
+        The settings ``outcomes`` were computed with, at the batch size to price (:mod:`mdboost.ranking.batch`).
+    profile : SpeedProfile or None
+        The target's ``v`` table and prefill cost (:func:`score_process`).
+    drafter : object
+        The drafter's ``cost_ratio``, ``cost_samples`` and ``prefill_per_token`` (a
+        :class:`~mdboost.ranking.pair.PairSide`, or the ranking's ``PairCosts``).
+    md_overheads : sequence of float
+        Each point's MD overhead ``s``.
+    """
+    profile = SpeedProfile() if profile is None else profile
+    gammas = outcomes.gammas
+    if tuple(settings.gammas) != gammas:
+        raise ValueError(f"settings.gammas {settings.gammas!r} differ from the outcomes' {gammas!r}")
+    boot = settings.bootstrap or BootstrapSettings(num_resamples=0)
+    n_p, n_g, n_b, _ = outcomes.shape
+    if len(md_overheads) != n_p:
+        raise ValueError(f"md_overheads must hold one overhead per point ({n_p}), got {len(md_overheads)}")
+    if settings.batch_size > 1 and outcomes.step_law is None:
+        raise ValueError(f"outcomes without a step law cannot be priced at batch_size={settings.batch_size}")
+    weights = _resample_weights(n_b, boot)  # [R, n]
+    total = weights.sum(-1)  # [R]
+
+    def mixed(x):  # [P * G * n, ...] -> [R, P, G, ...]: weighted means over the sequences
+        out = resample_sums(x.reshape(n_p, n_g, n_b, *x.shape[1:]).movedim(2, -1), weights)
+        return out / total.reshape(-1, *[1] * (out.ndim - 1))
+
+    per_batch = batch_totals(mixed, outcomes.steps, outcomes.steps_by_draft_len, outcomes.steps_by_forwards,
+                             outcomes.solved, settings.batch_size, outcomes.step_law)
+    overhead = torch.tensor([float(x) for x in md_overheads], dtype=torch.float64)[:, None]
+    cost, verify = _cost_draws(drafter, profile, max(gammas) + 1, boot)
+    beta_t, beta_d = float(profile.prefill_per_token), float(drafter.prefill_per_token)
+    fed = expected_max_of(outcomes.fed, weights, settings.batch_size)[:, None, None]  # [R, 1, 1]: the longest prompt
+    tokens_max = expected_max_of(outcomes.lengths.double(), weights, settings.batch_size)[:, None, None]  # [R, 1, 1]
+    speed = process_speedup(tokens_max, per_batch.drafter_forwards, per_batch.steps_by_draft_len, cost,
+                            verify_costs=verify, md_overhead=overhead, solved=per_batch.solved,
+                            prefill=beta_t * fed, drafter_prefill=beta_d * fed)  # [R, P, G]
+    figures = {"speedup": (speed[0], *_bounds(speed, boot, n_b)), **outcomes.figures}
+    best = speed[0].argmax(-1)  # first maximum: the smallest gamma on ties
+    return [ProcessScore(list(gammas), {f: v[i] for f, (v, _, _) in figures.items()},
+                         {f: lo[i] for f, (_, lo, _) in figures.items()},
+                         {f: hi[i] for f, (_, _, hi) in figures.items()}, int(best[i])) for i in range(n_p)]
+
+
 def score_process(rows, points: list[PointInputs], settings: ProcessSettings, profile: SpeedProfile | None = None, *,
                   sd_acceptance=None, on_reference: bool = False) -> list[ProcessScore]:
     """Best gamma, speedup and engine-side acceptance of every operating point of a pair.
 
     It composes the draft-start process of every point and gamma, the bootstrap over prompts and
-    the cost draws into :func:`~mdboost.ranking.speed.process_speedup`.
+    the cost draws into :func:`~mdboost.ranking.speed.process_speedup`: :func:`process_outcomes`
+    (what does not depend on costs), then :func:`price_process`.
 
     Parameters
     ----------
@@ -422,58 +543,5 @@ def score_process(rows, points: list[PointInputs], settings: ProcessSettings, pr
     list of ProcessScore
         One per point, every figure at every gamma with its interval.
     """
-    profile = SpeedProfile() if profile is None else profile
-    gammas, md_solve = settings.gammas, settings.md_solve
-    boot = settings.bootstrap or BootstrapSettings(num_resamples=0)
-    batch = _run_points(rows, points, gammas, on_reference)
-    res, index, lengths = batch.res, batch.index, batch.lengths
-    n_p, n_g, n_b, length = batch.shape
-    weights = _resample_weights(n_b, boot)  # [R, B]
-
-    def pooled(x):  # [P * G * B, ...] -> [R, P, G, ...]: weighted sums over the sequences
-        return resample_sums(x.reshape(n_p, n_g, n_b, *x.shape[1:]).movedim(2, -1), weights)
-
-    if md_solve == "all":
-        solved = res.draft_tokens
-    else:
-        weight = torch.ones(()) if md_solve == "reached" else 1 - gather_rows(torch.as_tensor(sd_acceptance).double(), index)
-        solved = (res.visit_prob.reshape(n_p * n_g, n_b, length) * weight).sum(-1).reshape(-1)
-    overhead = torch.tensor([pt.md_overhead for pt in points], dtype=torch.float64)[:, None]
-    cost, verify = _cost_draws(rows.draft, profile, max(gammas) + 1, boot)
-    total = weights.sum(-1)  # [R]
-
-    def mixed(x):  # [P * G * B, ...] -> [R, P, G, ...]: weighted means over the sequences
-        out = pooled(x)
-        return out / total.reshape(-1, *[1] * (out.ndim - 1))
-
-    law = None
-    if settings.batch_size > 1:
-        law = step_count_law(batch.chain, batch.gamma, draft_len=batch.offered, lengths=batch.row_lengths,
-                             floor_len=batch.floor_len)
-    per_batch = batch_totals(mixed, res.steps, res.steps_by_draft_len, res.steps_by_forwards, solved,
-                             settings.batch_size, law)
-    prompt = rows.layout.prompt_lengths
-    fed = (torch.zeros_like(lengths, dtype=torch.float64) if prompt is None
-           else (torch.as_tensor(prompt, dtype=torch.float64) - 1).clamp_min(0))  # [B]: prompt tokens beyond one
-    beta_t, beta_d = float(profile.prefill_per_token), float(rows.draft.prefill_per_token)
-    fed = expected_max_of(fed, weights, settings.batch_size)[:, None, None]  # [R, 1, 1]: the batch's longest prompt
-    tokens_max = expected_max_of(lengths.double(), weights, settings.batch_size)[:, None, None]  # [R, 1, 1]
-    speed = process_speedup(tokens_max, per_batch.drafter_forwards, per_batch.steps_by_draft_len, cost,
-                            verify_costs=verify, md_overhead=overhead, solved=per_batch.solved,
-                            prefill=beta_t * fed, drafter_prefill=beta_d * fed)  # [R, P, G]
-    tokens = resample_sums(lengths, weights)[:, None, None]  # [R, 1, 1]
-
-    def per_row(x):  # [P, B, L] -> [P * G * B, L], the batch order of run_process
-        return x[:, None].expand(n_p, n_g, n_b, length).reshape(-1, length)
-
-    values = torch.stack([gather_rows(pt.acceptance.double(), index) for pt in points])  # [P, B, L]
-    num_v, den = (pooled(x) for x in res.position0(per_row(values)))
-    num_c = pooled(res.position0(per_row(batch.raw[..., 0]))[0])
-    drafted = torch.where(den > 0, den, torch.full_like(den, float("nan")))
-    figures = {"speedup": speed, "acceptance": num_v / drafted, "acceptance_conditional": num_c / drafted,
-               "mean_accepted_length": 1 + pooled(res.accepted) / drafted,
-               "tokens_per_call": tokens / pooled(res.steps)}  # each [R, P, G]
-    bounds = {name: percentile_interval(x[1:], boot.level, num_prompts=n_b) for name, x in figures.items()}
-    best = speed[0].argmax(-1)  # first maximum: the smallest gamma on ties
-    return [ProcessScore(list(gammas), {f: x[0, i] for f, x in figures.items()}, {f: b[0][i] for f, b in bounds.items()},
-                         {f: b[1][i] for f, b in bounds.items()}, int(best[i])) for i in range(n_p)]
+    outcomes = process_outcomes(rows, points, settings, sd_acceptance=sd_acceptance, on_reference=on_reference)
+    return price_process(outcomes, settings, profile, rows.draft, [pt.md_overhead for pt in points])

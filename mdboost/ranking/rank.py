@@ -50,11 +50,11 @@ from mdboost.ranking.acceptance import md_operating_points, sd_acceptance
 from mdboost.ranking.boosting import boost_greedy, boost_target_first
 from mdboost.ranking.diagnostics import boost_coefficient, pair_diagnostics
 from mdboost.ranking.layout import SequenceLayout
-from mdboost.ranking.mentored import mentored_process
-from mdboost.ranking.pair import PairRows, PairSide
+from mdboost.ranking.mentored import mentored_outcomes
+from mdboost.ranking.pair import PairRows, PairSide  # noqa: F401 -- PairSide: re-exported, the rows' public type
 from mdboost.ranking.report import row_batch_size
 from mdboost.ranking.chains import budget_tilt
-from mdboost.ranking.process import PointInputs, ProcessSettings, score_process
+from mdboost.ranking.process import PointInputs, ProcessOutcomes, ProcessSettings, price_process, process_outcomes
 from mdboost.ranking.rule_points import (PLAIN, RulePoint, block_chain, floor_drafts, greedy_tilt, point_law, rule_points,
                                          text_acceptance, true_token_prob)
 from mdboost.ranking.scores import PairScore, PairStats, PointScore, Quantiles, SpeedChoice
@@ -202,16 +202,18 @@ def _pair_stats(pair: PairRows, aligned: Aligned, acc: PairRows, acc_aligned: Al
         nll_boosted=_mean(nll_b), boosted_scale=scale, nll_boosted_rescaled=nll_scaled)
 
 
-def _process_scores(acc: PairRows, aligned: Aligned, ops, sd, settings: ScoreSettings, profile: SpeedProfile,
-                    on_reference: bool = False):
-    """Process predictions (:mod:`mdboost.ranking.process`): SD first, then one per operating point
-    (``on_reference``: ``acc`` holds the reference text, see :func:`~mdboost.ranking.process.score_process`)."""
+def _md_process(acc: PairRows, aligned: Aligned, ops, sd, settings: ScoreSettings, on_reference: bool,
+                step_law: bool) -> ProcessOutcomes:
+    """The MD points' process outcomes (:mod:`mdboost.ranking.process`): SD first, then one per
+    operating point (``on_reference``: ``acc`` holds the reference text, see
+    :func:`~mdboost.ranking.process.score_process`)."""
     zeros = torch.zeros_like(sd, dtype=torch.float64)
     p_mass, q_mass = aligned.p_mass, aligned.q_mass
     points = [PointInputs(zeros, zeros, sd.double(), 0.0)]
-    points += [PointInputs(op.a, op.b, op.acceptance, profile.md_overhead if op.max_divergence > 0 else 0.0,
-                           budget_tilt(p_mass, q_mass, op.a, op.b, op.acceptance)) for op in ops]
-    return score_process(acc, points, settings.process, profile, sd_acceptance=sd, on_reference=on_reference)
+    points += [PointInputs(op.a, op.b, op.acceptance, 0.0, budget_tilt(p_mass, q_mass, op.a, op.b, op.acceptance))
+               for op in ops]
+    return process_outcomes(acc, points, settings.process, sd_acceptance=sd, on_reference=on_reference,
+                            step_law=step_law)
 
 
 @dataclass(frozen=True)
@@ -224,15 +226,6 @@ class PairCosts:
     cost_ratio: float | None = None
     cost_samples: tuple | None = None
     prefill_per_token: float = 0.0
-
-
-def _costed(rows: PairRows | None, costs: PairCosts) -> PairRows | None:
-    """``rows`` with the drafter side's costs of ``costs`` (as they are when it has none)."""
-    if rows is None or costs.cost_ratio is None:
-        return rows
-    draft = replace(rows.draft, cost_ratio=costs.cost_ratio, cost_samples=costs.cost_samples,
-                    prefill_per_token=costs.prefill_per_token)
-    return replace(rows, draft=draft)
 
 
 def score_pair(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | None = None,
@@ -263,7 +256,7 @@ def score_pair(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | Non
     mentored : mapping, optional
         ``(divergence, max_divergence) -> PairRows`` on text sampled by MD itself at that point
         (:func:`~mdboost.ranking.mentored.mentored_pair_rows`, prompt-lookup drafters): that
-        point's process columns come from there (:func:`~mdboost.ranking.mentored.mentored_process`),
+        point's process columns come from there (:func:`~mdboost.ranking.mentored.mentored_outcomes`),
         its ``process_text`` column says ``"mentored"`` (else ``"target"``).
     on_reference : bool, optional
         Whether the acceptance rows' text is one this pair's target does not sample (a reference
@@ -284,13 +277,56 @@ def score_pair_batches(pair: PairRows, vocab_size: int, costs: dict, *, settings
     """:func:`score_pair` at several batch sizes: ``costs`` maps each batch size to its
     :class:`PairCosts`; returns ``{batch_size: PairScore}`` (``settings.batch_size`` is replaced
     by each). What does not depend on the costs or the batch size (the operating points, the
-    rules' laws, quality, boosting) is computed once."""
-    s = settings or ScoreSettings()
+    rules' laws, quality, boosting, the draft-start processes) is computed once
+    (:func:`pair_work`), then priced at each batch size (:func:`price_pair`)."""
+    _check_costs(costs)
+    acc = pair if acceptance is None else acceptance
+    own = (float(acc.draft.cost_ratio), acc.draft.cost_samples, float(acc.draft.prefill_per_token))
+    costs = {b: c if c.cost_ratio is not None else replace(c, cost_ratio=own[0], cost_samples=own[1],
+                                                           prefill_per_token=own[2]) for b, c in costs.items()}
+    work = pair_work(pair, vocab_size, settings=settings, acceptance=acceptance, acceptance_source=acceptance_source,
+                     mentored=mentored, on_reference=on_reference, step_law=max(costs) > 1)
+    return price_pair(work, costs)
+
+
+def _check_costs(costs) -> None:
     if not isinstance(costs, dict) or not costs or not all(isinstance(c, PairCosts) for c in costs.values()):
         raise ValueError(f"costs must map batch sizes to PairCosts, got {costs!r}")
     for batch_size in costs:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"costs must be keyed by batch sizes (positive integers), got key {batch_size!r}")
+
+
+@dataclass
+class PairWork:
+    """A pair's score before costs (:func:`pair_work`): what :func:`price_pair` prices at each
+    batch size. It holds no rows, only per-position results (``[M]`` tensors), so it can be
+    kept (:mod:`mdboost.cache.scores`)."""
+
+    drafter: str
+    target: str
+    acceptance_source: str
+    settings: ScoreSettings
+    stats: PairStats
+    sd: torch.Tensor  # [M]: SD's P_acc per acceptance row
+    acc_valid: torch.Tensor  # bool [M]
+    rule_pts: list  # RulePoint, in the rows' order
+    acc_ops: list  # MD operating points (budget 0 once)
+    md_static: list  # per MD point: (nll_clamp, tv columns)
+    others_static: list  # per other rule's point: (point, law, PointInputs, nll)
+    md_process: ProcessOutcomes | None  # SD, then each MD point
+    rule_process: ProcessOutcomes | None
+    mentored: dict  # (divergence, budget) -> ProcessOutcomes on MD's own text
+    bootstrap: dict
+    step_law: bool  # the outcomes can be priced above batch size 1
+
+
+def pair_work(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | None = None,
+              acceptance: PairRows | None = None, acceptance_source: str | None = None, mentored=None,
+              on_reference: bool | None = None, step_law: bool = False) -> PairWork:
+    """Everything of :func:`score_pair_batches` that does not depend on costs or batch size (same
+    arguments; ``step_law``: keep the step-count laws that batch sizes above 1 need)."""
+    s = settings or ScoreSettings()
     aligned = align(pair.draft.rows, pair.target.rows, vocab_size, torch.as_tensor(pair.labels))
     acc = pair if acceptance is None else acceptance
     acc_aligned = aligned if acceptance is None else align(acc.draft.rows, acc.target.rows, vocab_size,
@@ -310,25 +346,50 @@ def score_pair_batches(pair: PairRows, vocab_size: int, costs: dict, *, settings
     on_reference = acceptance is None if on_reference is None else on_reference
     md_static = _md_static(pair, aligned, stats, acc_ops, ref_ops, s) if md_wanted else []
     others_static = _rule_static([pt for pt in rule_pts if not pt.is_md], pair, aligned, acc, acc_aligned, stats, s)
+    md_process = rule_process = None
+    on_text = {}
+    if acc.layout is not None:
+        md_process = _md_process(acc, acc_aligned, acc_ops, sd, s, on_reference, step_law)
+        if others_static:
+            rule_process = process_outcomes(acc, [inp for _, _, inp, _ in others_static], s.process, sd_acceptance=sd,
+                                            on_reference=on_reference, step_law=step_law)
+        for op in acc_ops:
+            rows = (mentored or {}).get((op.divergence, float(op.max_divergence))) if op.max_divergence > 0 else None
+            if rows is not None:
+                on_text[op.divergence, float(op.max_divergence)] = mentored_outcomes(
+                    rows, op.divergence, op.max_divergence, vocab_size, s, step_law)
+    return PairWork(pair.draft.name, pair.target.name,
+                    acceptance_source or ("reference" if acceptance is None else "sampled"), s, stats, sd, acc_valid,
+                    rule_pts, acc_ops, md_static, others_static, md_process, rule_process, on_text,
+                    _bootstrap_info(s.bootstrap, acc.layout), step_law)
+
+
+def price_pair(work: PairWork, costs: dict) -> dict:
+    """``{batch_size: PairScore}``: ``work`` priced with each batch size's :class:`PairCosts`
+    (every one with its drafter costs: ``cost_ratio`` not None)."""
+    _check_costs(costs)
+    if any(c.cost_ratio is None for c in costs.values()):
+        raise ValueError("price_pair needs each batch size's drafter costs (PairCosts.cost_ratio), got None")
+    if max(costs) > 1 and not work.step_law:
+        raise ValueError(f"this PairWork was made without step laws; it cannot be priced at batch sizes {sorted(costs)}")
+    s, stats = work.settings, work.stats
     out = {}
     for batch_size, cost in costs.items():
         sb = replace(s, batch_size=batch_size)
         profile = cost.profile
-        pair_b, acc_b = _costed(pair, cost), _costed(acc, cost)
         verify = _verify_table(profile, sb)
-        sd_iid = _iid_choice(stats.sd_acceptance, pair_b.draft.cost_ratio, sb, profile, 0.0, stats.sd_acceptance)
-        process = (None if acc.layout is None else
-                   _process_scores(acc_b, acc_aligned, acc_ops, sd, sb, profile, on_reference))
-        mentored_b = {key: _costed(rows, cost) for key, rows in (mentored or {}).items()}
-        md_points = iter(_md_points(md_static, acc_b, acc_ops, process, stats, sb, profile, verify, mentored_b,
-                                    vocab_size))
-        others = iter(_rule_scores(others_static, acc_b, sd, stats, sb, profile, verify, on_reference))
-        points = [next(md_points) if pt.is_md else next(others) for pt in rule_pts]
+        sd_iid = _iid_choice(stats.sd_acceptance, cost.cost_ratio, sb, profile, 0.0, stats.sd_acceptance)
+        process = None
+        if work.md_process is not None:
+            overheads = [0.0] + [profile.md_overhead if op.max_divergence > 0 else 0.0 for op in work.acc_ops]
+            process = price_process(work.md_process, sb.process, profile, cost, overheads)
+        md_points = iter(_md_points(work, process, sb, profile, verify, cost))
+        others = iter(_rule_scores(work, sb, profile, verify, cost))
+        points = [next(md_points) if pt.is_md else next(others) for pt in work.rule_pts]
         out[batch_size] = PairScore(
-            pair.draft.name, pair.target.name, acceptance_source or ("reference" if acceptance is None else "sampled"),
-            replace(stats, cost_ratio=float(pair_b.draft.cost_ratio)), sd.numpy(), sd_iid,
-            None if process is None else process[0], tuple(points), sb.temperature, tuple(sb.gammas), sb.md_solve,
-            _bootstrap_info(sb.bootstrap, acc.layout), (profile.prefill_per_token, acc_b.draft.prefill_per_token),
+            work.drafter, work.target, work.acceptance_source, replace(stats, cost_ratio=float(cost.cost_ratio)),
+            work.sd.numpy(), sd_iid, None if process is None else process[0], tuple(points), sb.temperature,
+            tuple(sb.gammas), sb.md_solve, work.bootstrap, (profile.prefill_per_token, cost.prefill_per_token),
             batch_size)
     return out
 
@@ -345,23 +406,23 @@ def _md_static(pair, aligned, stats, acc_ops, ref_ops, s) -> list[tuple]:
     return out
 
 
-def _md_points(static, acc, acc_ops, process, stats, s, profile, verify, mentored, vocab_size) -> list[PointScore]:
+def _md_points(work: PairWork, process, s: ScoreSettings, profile: SpeedProfile, verify, cost: PairCosts) -> list[PointScore]:
     """The MD points (`Mentored` on sampled drafts) from the clamp's operating points, priced."""
-    acc_valid = acc.draft.rows.valid
+    acc_valid, stats = work.acc_valid, work.stats
     any_valid = bool(acc_valid.any())
     points = []
-    for i, (op, (nll_clamp, tv)) in enumerate(zip(acc_ops, static, strict=True)):
+    for i, (op, (nll_clamp, tv)) in enumerate(zip(work.acc_ops, work.md_static, strict=True)):
         overhead = profile.md_overhead if op.max_divergence > 0 else 0.0
-        on_text = mentored.get((op.divergence, float(op.max_divergence))) if op.max_divergence > 0 else None
+        on_text = work.mentored.get((op.divergence, float(op.max_divergence))) if op.max_divergence > 0 else None
         if on_text is not None:
-            process[i + 1] = mentored_process(on_text, op.divergence, op.max_divergence, vocab_size, s, profile)
+            process[i + 1] = price_process(on_text, s.process, profile, cost, [overhead])[0]
         rule = Mentored(max_divergence=op.max_divergence, divergence=op.divergence)
         points.append(PointScore(
             divergence=op.divergence if op.max_divergence > 0 else PLAIN_SD, max_divergence=op.max_divergence,
             acceptance=op.acceptance.numpy(), k=boost_coefficient(op.a, op.b)[acc_valid].numpy(),
             achieved_divergence=_mean(op.achieved_divergence[acc_valid]) if any_valid else 0.0,
             nll_mentored=nll_clamp if tv is None or s.tv_mentor == "clamp" else tv["nll_tv_boosted"],
-            iid=_iid_choice(_mean(op.acceptance), acc.draft.cost_ratio, s, profile, overhead, stats.sd_acceptance),
+            iid=_iid_choice(_mean(op.acceptance), cost.cost_ratio, s, profile, overhead, stats.sd_acceptance),
             process=None if process is None else process[i + 1], verify_costs=tuple(verify.tolist()),
             md_overhead=float(overhead), tv=tv, text="target" if on_text is None else "mentored",
             rule=RulePoint(rule, op.divergence if op.max_divergence > 0 else PLAIN_SD, op.max_divergence),
@@ -397,27 +458,26 @@ def _rule_static(rule_pts: list[RulePoint], pair: PairRows, aligned: Aligned, ac
     return out
 
 
-def _rule_scores(static, acc: PairRows, sd: torch.Tensor, stats: PairStats, s: ScoreSettings, profile: SpeedProfile,
-                 verify: torch.Tensor, on_reference: bool) -> list[PointScore]:
+def _rule_scores(work: PairWork, s: ScoreSettings, profile: SpeedProfile, verify: torch.Tensor,
+                 cost: PairCosts) -> list[PointScore]:
     """The points of every other rule (:mod:`mdboost.ranking.rule_points`), priced: their process
-    and i.i.d. speed with ``profile`` and the drafter costs of ``acc``."""
-    acc_valid = acc.draft.rows.valid
-    inputs = [replace(inp, md_overhead=profile.md_overhead if isinstance(pt.rule, Mentored) and not pt.rule.lossless
-                      else 0.0) for pt, _, inp, _ in static]
+    and i.i.d. speed with ``profile`` and the drafter costs ``cost``."""
+    acc_valid, static = work.acc_valid, work.others_static
+    overheads = [profile.md_overhead if isinstance(pt.rule, Mentored) and not pt.rule.lossless else 0.0
+                 for pt, _, _, _ in static]
     process = None
-    if acc.layout is not None and static:
-        process = score_process(acc, inputs, s.process, profile, sd_acceptance=sd, on_reference=on_reference)
+    if work.rule_process is not None:
+        process = price_process(work.rule_process, s.process, profile, cost, overheads)
     points = []
-    for i, ((pt, law, _, nll), inp) in enumerate(zip(static, inputs)):
+    for i, ((pt, law, _, nll), overhead) in enumerate(zip(static, overheads)):
         achieved = law.divergence[acc_valid]
         points.append(PointScore(
             divergence=pt.divergence, max_divergence=pt.max_divergence, acceptance=law.acceptance.numpy(),
             k=torch.full((int(acc_valid.sum()),), float("nan"), dtype=torch.float64).numpy(),
             achieved_divergence=_mean(achieved) if achieved.numel() else 0.0, nll_mentored=nll,
-            iid=_iid_choice(_mean(law.acceptance), acc.draft.cost_ratio, s, profile, inp.md_overhead,
-                            stats.sd_acceptance),
+            iid=_iid_choice(_mean(law.acceptance), cost.cost_ratio, s, profile, overhead, work.stats.sd_acceptance),
             process=None if process is None else process[i], verify_costs=tuple(verify.tolist()),
-            md_overhead=float(inp.md_overhead), rule=pt,
+            md_overhead=float(overhead), rule=pt,
             achieved_divergence_max=float(achieved.max()) if achieved.numel() else 0.0))
     return points
 
