@@ -45,12 +45,13 @@ from mdboost.cache import open_or_build_cache
 from mdboost.cache.mentored import attach_mentored
 from mdboost.cache.pool_cache import BuildInfo, PoolCache, open_cached
 from mdboost.cache.profile import costs_line, hardware_label, loaded_measurements, read_profile, sampling_of
+from mdboost.cache.scores import WorkStore, folder_names, work_key
 from mdboost.engine.costs import torch_threads
 from mdboost.export import mdboost_snippet
 from mdboost.models.home import mdboost_home
 from mdboost.models.loading import resolve_device
 from mdboost.ranking import plots, report
-from mdboost.ranking.frontier import cached_positions, frontier
+from mdboost.ranking.frontier import cached_positions, frontier, priced
 from mdboost.ranking.rank import PLAIN_SD, rank_rows
 from mdboost.ranking.report import at_batch_size
 from mdboost.ranking.recommend import (Recommendation, batch_lines, md_row, plain_wins_from, recommend,
@@ -137,14 +138,27 @@ def frontiers(cfg: RankConfig, pc, temperature: float, rows: list[dict]) -> dict
     for drafter, target in select_pairs(pc, cfg.pool.pairs):
         mine = [r for r in rows if (r["drafter"], r["target"]) == (drafter, target)
                 and float(r["temperature"]) == temperature]
-        p, q, _ = cached_positions(pc, drafter, target, temperature, cfg.ranking.frontier_rows)
-        if not mine or not p.shape[0]:
+        if not mine:
             continue
         gamma = int(min(mine, key=lambda r: float(r["rank"]))["gamma"])
-        for divergence in cfg.md.divergences:
-            out[(drafter, target, temperature, divergence)] = frontier(
-                p, q, divergence, gamma=gamma, cost_ratio=pc.cost_ratio(drafter))
+        for divergence, front in _cost_free_frontiers(cfg, pc, drafter, target, temperature).items():
+            out[(drafter, target, temperature, divergence)] = priced(front, gamma, pc.cost_ratio(drafter))
     return out
+
+
+def _cost_free_frontiers(cfg: RankConfig, pc, drafter: str, target: str, temperature: float) -> dict:
+    """``{divergence: Frontier}`` of a pair without speeds (empty: no drafted position), kept in
+    the cache's work store (:mod:`mdboost.cache.scores`) under the content it comes from."""
+    rows, divergences = cfg.ranking.frontier_rows, tuple(cfg.md.divergences)
+
+    def make() -> dict:
+        p, q, _ = cached_positions(pc, drafter, target, temperature, rows)
+        return {d: frontier(p, q, d) for d in divergences} if p.shape[0] else {}
+
+    source = pc.acceptance if pc.acceptance is not None else pc  # the rows cached_positions reads
+    key = work_key("frontier", folders=folder_names(source, (drafter, target)), members=[drafter, target],
+                   temperature=float(temperature), rows=int(rows), divergences=divergences, vocab_size=pc.vocab_size)
+    return WorkStore.beside(pc.caches[target].out_dir).get(key, make)
 
 
 def frontier_table(fronts: dict) -> list[dict]:

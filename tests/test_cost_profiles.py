@@ -158,6 +158,34 @@ def test_rescoring_with_the_own_profile_gives_the_same_csv(ranked, monkeypatch):
     assert not again["measured_speed_profile"] and again["cache_reused"]
 
 
+def test_kept_work_prices_to_what_a_fresh_scoring_computes(ranked, tmp_path, monkeypatch):
+    """The fixture's run kept its cost-free work (``scores/``); a run that reads it computes no pair
+    work and no frontier, and gives the bytes of a run on a copy of the cache without it."""
+    import shutil
+
+    import mdboost.ranking.scaleout
+    import pipelines.rank_pool
+    from pipelines.rank_pool import run
+
+    tmp, cfg, _ = ranked
+    assert any((tmp / "cache" / "scores").glob("pair-*.pt")) and any((tmp / "cache" / "scores").glob("frontier-*.pt"))
+
+    def computed(*args, **kwargs):
+        raise AssertionError("kept work computed again")
+
+    with monkeypatch.context() as m:
+        m.setattr(mdboost.ranking.scaleout, "pair_work", computed)
+        m.setattr(pipelines.rank_pool, "frontier", computed)
+        run(from_dict(RankConfig, to_dict(cfg) | {"output_dir": str(tmp_path / "kept")}))
+    shutil.copytree(tmp / "cache", tmp_path / "cache", ignore=shutil.ignore_patterns("scores", ".*.lock"))
+    data = to_dict(cfg) | {"output_dir": str(tmp_path / "fresh")}
+    data["cache"]["dir"] = str(tmp_path / "cache")
+    run(from_dict(RankConfig, data))
+    assert any((tmp_path / "cache" / "scores").iterdir())
+    for name in ("ranking.csv", "frontier.csv"):
+        assert (tmp_path / "kept" / name).read_bytes() == (tmp_path / "fresh" / name).read_bytes()
+
+
 def _key(row: dict) -> tuple:
     return tuple(row[c] for c in ("drafter", "target", "temperature", "divergence", "max_divergence", "gamma", "rule",
                                   "drafting", "draft_p_min", "batch_size"))

@@ -48,7 +48,7 @@ from mdboost.ranking.speed import walltime_speedup
 from mdboost.ranking.support import align_topk
 
 __all__ = ["DEFAULT_BUDGETS", "DEFAULT_GRIDS", "Frontier", "FrontierPoint", "cached_positions", "frontier",
-           "heuristic_rules", "md_curve"]
+           "heuristic_rules", "md_curve", "priced"]
 
 DEFAULT_BUDGETS = (0.0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
 DEFAULT_GRIDS = {
@@ -265,19 +265,23 @@ def frontier(draft_probs: torch.Tensor, target_probs: torch.Tensor, divergence="
             md_budgets += [achieved, torch.full_like(achieved, point.divergence_mean),
                            torch.full_like(achieved, point.divergence_max)]
         md = _md_acceptances(proposal, q, torch.stack(md_budgets), name) if points else []
-        for i, point in enumerate(points):
-            point = replace(point, md_acceptance=md[3 * i], md_acceptance_at_mean=md[3 * i + 1],
-                            md_acceptance_at_max=md[3 * i + 2])
-            out.points.append(_with_speed(point, gamma, cost_ratio))
-        curve = md_curve(p, q, name, drafting=mode, budgets=budgets, draft_token=draft_token)
-        out.curves[mode] = [_with_speed(pt, gamma, cost_ratio) for pt in curve]
-    return out
+        out.points.extend(replace(point, md_acceptance=md[3 * i], md_acceptance_at_mean=md[3 * i + 1],
+                                  md_acceptance_at_max=md[3 * i + 2]) for i, point in enumerate(points))
+        out.curves[mode] = md_curve(p, q, name, drafting=mode, budgets=budgets, draft_token=draft_token)
+    return out if gamma is None else priced(out, gamma, cost_ratio)
+
+
+def priced(front: Frontier, gamma: int, cost_ratio: float) -> Frontier:
+    """``front`` with every point's ``speedup`` and ``md_speedup`` at draft length ``gamma`` and
+    drafter cost ratio ``cost_ratio`` (the module's speed model; the rest of a frontier does not
+    depend on costs, so one computed without them can be priced for any)."""
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+        raise ValueError(f"gamma must be an int >= 1, got {gamma!r}")
+    return Frontier(front.divergence, [_with_speed(pt, gamma, cost_ratio) for pt in front.points],
+                    {mode: [_with_speed(pt, gamma, cost_ratio) for pt in curve] for mode, curve in front.curves.items()})
 
 
 def _with_speed(point: FrontierPoint, gamma, cost_ratio) -> FrontierPoint:
-    if gamma is None:
-        return point
-
     def speed(alpha):
         return math.nan if math.isnan(alpha) else float(walltime_speedup(alpha, gamma, cost_ratio))
 

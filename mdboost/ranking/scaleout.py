@@ -21,14 +21,15 @@ cluster's workers, one task per pair, each in :func:`score_pair_task`:
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mdboost.cache.mentored import load_mentored
 from mdboost.cache.pool_cache import PoolCache
 from mdboost.cache.reader import LogitCache
+from mdboost.cache.scores import WorkStore, folder_names, work_key
 from mdboost.cache.speed import SpeedStore
 from mdboost.engine.costs import torch_threads
-from mdboost.ranking.rank import PairCosts, ScoreSettings, score_pair_batches
+from mdboost.ranking.rank import PairCosts, ScoreSettings, pair_work, price_pair
 from mdboost.ranking.mentored import mentored_pair_rows
 from mdboost.ranking.rows import MemberLoader, acceptance_rows, pair_rows, pair_side_costs, speed_profile
 from mdboost.ranking.scores import PairScore
@@ -76,7 +77,26 @@ def score_cached_batches(pc: PoolCache, drafter: str, target: str, settings: Sco
     -------
     dict
         ``{batch_size: PairScore}``.
+
+    Notes
+    -----
+    The pair's cost-free work (:func:`~mdboost.ranking.rank.pair_work`) is read from the cache's
+    :class:`~mdboost.cache.scores.WorkStore` when a run with the same folders, settings and code
+    kept it (:func:`pair_work_key`), else computed and kept; either way it is priced here with the
+    pool's costs (:func:`~mdboost.ranking.rank.price_pair`).
     """
+    costs = {b: pair_costs(pc, drafter, target, b) for b in batch_sizes}
+    step_law = max(costs) > 1
+
+    def make():
+        return _pair_work(pc, drafter, target, settings, acceptance_source, step_law, loader, acceptance_loader)
+
+    store = WorkStore.beside(pc.caches[target].out_dir)
+    return price_pair(store.get(pair_work_key(pc, drafter, target, settings, acceptance_source, step_law), make), costs)
+
+
+def _pair_work(pc: PoolCache, drafter: str, target: str, settings: ScoreSettings, acceptance_source, step_law: bool,
+               loader: MemberLoader | None, acceptance_loader: MemberLoader | None):
     loader = MemberLoader(pc, settings.quality_temperature) if loader is None else loader
     acceptance, mentored = None, {}
     if pc.acceptance is not None:
@@ -85,10 +105,24 @@ def score_cached_batches(pc: PoolCache, drafter: str, target: str, settings: Sco
         if target == pc.target:  # the mentored texts were sampled from the pool target
             mentored = {point: mentored_pair_rows(load_mentored(path), acceptance, settings.temperature)
                         for point, path in pc.mentored.get(drafter, {}).items()}
-    costs = {b: pair_costs(pc, drafter, target, b) for b in batch_sizes}
-    return score_pair_batches(pair_rows(loader, drafter, target), pc.vocab_size, costs, settings=settings,
-                              acceptance=acceptance, acceptance_source=acceptance_source, mentored=mentored,
-                              on_reference=None if acceptance is None else target != pc.target)
+    return pair_work(pair_rows(loader, drafter, target), pc.vocab_size, settings=settings, acceptance=acceptance,
+                     acceptance_source=acceptance_source, mentored=mentored,
+                     on_reference=None if acceptance is None else target != pc.target, step_law=step_law)
+
+
+def pair_work_key(pc: PoolCache, drafter: str, target: str, settings: ScoreSettings, acceptance_source,
+                  step_law: bool) -> str:
+    """The :func:`~mdboost.cache.scores.work_key` of a pair's :func:`~mdboost.ranking.rank.pair_work`:
+    the names of the folders its rows come from (the pair's, the pool target's, each side's
+    target-sampled folder, the drafter's mentored texts), the settings but their batch size, and
+    whether it keeps step laws."""
+    mentored = sorted(os.path.basename(os.path.dirname(os.path.abspath(path)))
+                      for path in pc.mentored.get(drafter, {}).values()) if target == pc.target else []
+    members = (drafter, target, pc.target)
+    return work_key("pair", folders=folder_names(pc, members), acceptance=folder_names(pc.acceptance, members),
+                    mentored=mentored, settings=repr(replace(settings, batch_size=1)), acceptance_source=acceptance_source,
+                    vocab_size=pc.vocab_size, step_law=bool(step_law), pool_target=pc.target,
+                    members=[drafter, target])
 
 
 @dataclass(frozen=True)
