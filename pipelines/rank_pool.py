@@ -51,6 +51,7 @@ from mdboost.export import mdboost_snippet
 from mdboost.models.home import mdboost_home
 from mdboost.models.loading import resolve_device
 from mdboost.ranking import plots, report
+from mdboost.ranking.breakeven import break_even_costs, hardware_line
 from mdboost.ranking.frontier import cached_positions, frontier, priced
 from mdboost.ranking.rank import PLAIN_SD, rank_rows
 from mdboost.ranking.report import at_batch_size
@@ -426,7 +427,11 @@ def _run(cfg: RankConfig, profiles: list | None = None) -> dict:
     sampled = [o for o in opened if o.pc.spec.temperature > 0] or opened  # greedy has its own profile, no MD
     pc = sampled[0].pc
     summary.update(cost_fields(pc, profiles))
-    costs = costs_line(summary["hardware"], summary["cost_profile"])
+    # what the pick depends on: each drafter's break-even cost at the headline batch size
+    summary["break_even_costs"] = break_even_costs(rows, rec.predicted_speedup if rec.beats_plain_decoding else None)
+    summary["hardware_dependence"] = hardware_line(summary["break_even_costs"],
+                                                   rec.drafter if rec.beats_plain_decoding else None)
+    costs = f"{costs_line(summary['hardware'], summary['cost_profile'])}; {summary['hardware_dependence']}"
     summary["verdict"] = costed_verdict(rec, costs)
     summary["recommendation_markdown"] = ranking_note(
         rec, best_gamma_rows(rows), bootstrap=bootstrap, snippet=snippet, n_pairs=summary["n_pairs"],

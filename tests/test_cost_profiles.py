@@ -211,6 +211,35 @@ def test_a_doubled_drafter_cost_changes_its_rows_only(ranked):
             assert new == old
 
 
+def test_a_drafter_cost_factor_moves_the_speedup_along_the_break_even_line(ranked):
+    """Tripling a drafter's costs (c, its samples and its prefill) gives, on every one of its rows,
+    ``1/s = 1/s0 + 3 (1/s1 - 1/s0)`` from the first ranking's ``predicted_speedup`` (s1) and
+    ``speedup_free_drafter`` (s0): the linearity the break-even costs rest on."""
+    from mdboost.ranking.breakeven import break_even_cost
+    from pipelines.rank_pool import run
+
+    tmp, cfg, summary = ranked
+    data = json.loads((tmp / "p.json").read_text())
+    entry = data["drafters"]["early_exit:2"]
+    entry["median"], entry["samples"] = 3 * entry["median"], [3 * x for x in entry["samples"]]
+    entry["prefill_per_token"] = 3 * entry["prefill_per_token"]
+    (tmp / "triple.json").write_text(json.dumps(data))
+    run(_config(tmp, "triple"), costs=[tmp / "triple.json", tmp / "p-greedy.json"])
+    before = {_key(r): r for r in read_csv(tmp / "out" / "ranking.csv")}
+    checked = 0
+    for key, row in ((k, r) for k, r in ((_key(r), r) for r in read_csv(tmp / "triple" / "ranking.csv"))
+                     if k[0] == "early_exit:2" and float(k[2]) == 1.0 and k[-1] == "1"):
+        s1, s0 = float(before[key]["predicted_speedup"]), float(before[key]["speedup_free_drafter"])
+        assert 1 / float(row["predicted_speedup"]) == pytest.approx(1 / s0 + 3 * (1 / s1 - 1 / s0), rel=1e-9)
+        c = float(before[key]["cost_ratio"])
+        at = break_even_cost(s1, s0, c, float(row["predicted_speedup"]))  # the cost that gives the new speedup
+        assert at == pytest.approx(3 * c, rel=1e-9) or s0 == pytest.approx(s1, rel=1e-12)
+        checked += 1
+    assert checked > 0
+    costs = summary["break_even_costs"]
+    assert set(costs) == {"early_exit:2", "ngram:2"} and summary["hardware_dependence"] in summary["verdict"]
+
+
 def test_rescoring_without_a_cache_says_to_rank_first(ranked, tmp_path, capsys):
     tmp, cfg, _ = ranked
     config = _write(_config(tmp_path), tmp_path / "c.yaml")  # an empty cache folder

@@ -242,7 +242,10 @@ class ProcessScore:
     each start (what the engine's ``expected_acceptance`` averages); ``acceptance_conditional``:
     the same with ``c_s``; ``mean_accepted_length``: ``1 + accepted / drafted steps``;
     ``tokens_per_call``: tokens / steps (undrafted steps included). ``best``: index of the gamma
-    with the largest predicted speedup (the smallest such gamma on ties).
+    with the largest predicted speedup (the smallest such gamma on ties). ``free_speedup`` [G]:
+    the speedup with the drafter's costs (``c`` and its prefill) set to 0, the rest as priced
+    (point estimate): the inverse speedup is linear in a factor on the drafter's costs, so the
+    two speedups give the speedup at any drafter cost (:func:`mdboost.ranking.recommend.break_even_cost`).
     """
 
     gammas: list
@@ -250,6 +253,7 @@ class ProcessScore:
     lo: dict
     hi: dict
     best: int
+    free_speedup: torch.Tensor | None = None
 
     @property
     def gamma(self) -> int:
@@ -450,7 +454,8 @@ def process_outcomes(rows, points: list[PointInputs], settings: ProcessSettings,
                "mean_accepted_length": 1 + pooled(res.accepted) / drafted,
                "tokens_per_call": tokens / pooled(res.steps)}  # each [R, P, G]
     return ProcessOutcomes(tuple(gammas), batch.shape, res.steps, res.steps_by_draft_len, res.steps_by_forwards,
-                           solved, law, lengths, fed, {name: (x[0], *_bounds(x, boot, n_b)) for name, x in figures.items()})
+                           solved, law, lengths, fed,
+                           {name: (x[0].clone(), *_bounds(x, boot, n_b)) for name, x in figures.items()})
 
 
 def _bounds(x: torch.Tensor, boot: BootstrapSettings, num_prompts: int) -> tuple:  # [R, P, G] -> ([P, G], [P, G])
@@ -501,11 +506,14 @@ def price_process(outcomes: ProcessOutcomes, settings: ProcessSettings, profile:
     speed = process_speedup(tokens_max, per_batch.drafter_forwards, per_batch.steps_by_draft_len, cost,
                             verify_costs=verify, md_overhead=overhead, solved=per_batch.solved,
                             prefill=beta_t * fed, drafter_prefill=beta_d * fed)  # [R, P, G]
+    free = process_speedup(tokens_max, per_batch.drafter_forwards, per_batch.steps_by_draft_len, torch.zeros_like(cost),
+                           verify_costs=verify, md_overhead=overhead, solved=per_batch.solved,
+                           prefill=beta_t * fed)[0]  # [P, G]: the drafter's costs at 0
     figures = {"speedup": (speed[0], *_bounds(speed, boot, n_b)), **outcomes.figures}
     best = speed[0].argmax(-1)  # first maximum: the smallest gamma on ties
     return [ProcessScore(list(gammas), {f: v[i] for f, (v, _, _) in figures.items()},
                          {f: lo[i] for f, (_, lo, _) in figures.items()},
-                         {f: hi[i] for f, (_, _, hi) in figures.items()}, int(best[i])) for i in range(n_p)]
+                         {f: hi[i] for f, (_, _, hi) in figures.items()}, int(best[i]), free[i]) for i in range(n_p)]
 
 
 def score_process(rows, points: list[PointInputs], settings: ProcessSettings, profile: SpeedProfile | None = None, *,

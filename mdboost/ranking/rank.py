@@ -313,7 +313,7 @@ class PairWork:
     rule_pts: list  # RulePoint, in the rows' order
     acc_ops: list  # MD operating points (budget 0 once)
     md_static: list  # per MD point: (nll_clamp, tv columns)
-    others_static: list  # per other rule's point: (point, law, PointInputs, nll)
+    others: list  # per other rule's point: (point, acceptance [M], divergence [M], nll)
     md_process: ProcessOutcomes | None  # SD, then each MD point
     rule_process: ProcessOutcomes | None
     mentored: dict  # (divergence, budget) -> ProcessOutcomes on MD's own text
@@ -360,7 +360,9 @@ def pair_work(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | None
                     rows, op.divergence, op.max_divergence, vocab_size, s, step_law)
     return PairWork(pair.draft.name, pair.target.name,
                     acceptance_source or ("reference" if acceptance is None else "sampled"), s, stats, sd, acc_valid,
-                    rule_pts, acc_ops, md_static, others_static, md_process, rule_process, on_text,
+                    rule_pts, acc_ops, md_static,
+                    [(pt, law.acceptance.clone(), law.divergence.clone(), nll) for pt, law, _, nll in others_static],
+                    md_process, rule_process, on_text,
                     _bootstrap_info(s.bootstrap, acc.layout), step_law)
 
 
@@ -462,20 +464,20 @@ def _rule_scores(work: PairWork, s: ScoreSettings, profile: SpeedProfile, verify
                  cost: PairCosts) -> list[PointScore]:
     """The points of every other rule (:mod:`mdboost.ranking.rule_points`), priced: their process
     and i.i.d. speed with ``profile`` and the drafter costs ``cost``."""
-    acc_valid, static = work.acc_valid, work.others_static
+    acc_valid, static = work.acc_valid, work.others
     overheads = [profile.md_overhead if isinstance(pt.rule, Mentored) and not pt.rule.lossless else 0.0
                  for pt, _, _, _ in static]
     process = None
     if work.rule_process is not None:
         process = price_process(work.rule_process, s.process, profile, cost, overheads)
     points = []
-    for i, ((pt, law, _, nll), overhead) in enumerate(zip(static, overheads)):
-        achieved = law.divergence[acc_valid]
+    for i, ((pt, acceptance, divergence, nll), overhead) in enumerate(zip(static, overheads)):
+        achieved = divergence[acc_valid]
         points.append(PointScore(
-            divergence=pt.divergence, max_divergence=pt.max_divergence, acceptance=law.acceptance.numpy(),
+            divergence=pt.divergence, max_divergence=pt.max_divergence, acceptance=acceptance.numpy(),
             k=torch.full((int(acc_valid.sum()),), float("nan"), dtype=torch.float64).numpy(),
             achieved_divergence=_mean(achieved) if achieved.numel() else 0.0, nll_mentored=nll,
-            iid=_iid_choice(_mean(law.acceptance), cost.cost_ratio, s, profile, overhead, work.stats.sd_acceptance),
+            iid=_iid_choice(_mean(acceptance), cost.cost_ratio, s, profile, overhead, work.stats.sd_acceptance),
             process=None if process is None else process[i], verify_costs=tuple(verify.tolist()),
             md_overhead=float(overhead), rule=pt,
             achieved_divergence_max=float(achieved.max()) if achieved.numel() else 0.0))

@@ -199,10 +199,11 @@ def _speed_columns(point: PointScore, j: int, gamma: int) -> dict:
     nan = float("nan")
     if p is None:
         out = {"predicted_speedup": iid["predicted_speedup_iid"], "predicted_speedup_lo": nan,
-               "predicted_speedup_hi": nan}
+               "predicted_speedup_hi": nan, "speedup_free_drafter": nan}
     else:
         out = {"predicted_speedup": float(p.values["speedup"][j]), "predicted_speedup_lo": float(p.lo["speedup"][j]),
-               "predicted_speedup_hi": float(p.hi["speedup"][j])}
+               "predicted_speedup_hi": float(p.hi["speedup"][j]),
+               "speedup_free_drafter": nan if p.free_speedup is None else float(p.free_speedup[j])}
         for figure, column in ENGINE_FIGURES.items():
             out[column] = float(p.values[figure][j])
             if column in INTERVAL_COLUMNS:
