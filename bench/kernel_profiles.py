@@ -50,13 +50,15 @@ def _costs(profile: dict) -> str:
 
 
 def render(results: dict) -> str:
-    rows = ["| profile | hardware | T_ar (ms) | c per drafter | recommendation |", "|---|---|---|---|---|"]
+    rows = ["| profile | hardware | T_ar (ms) | c per drafter | recommendation | what the pick depends on |",
+            "|---|---|---|---|---|---|"]
     picks = {}
     for name, (profile, summary) in results.items():
         rec = summary["recommendation"]
         picks[name] = (rec["drafter"], rec["beats_plain_decoding"], rec["gamma"], rec["max_divergence"])
-        rows.append(f"| {name} | {summary['verdict'].split('; costs measured on ')[-1]} | "
-                    f"{1000 * profile['profile']['step_seconds']:.1f} | {_costs(profile)} | {summary['verdict'].split(';')[0]} |")
+        rows.append(f"| {name} | {summary['verdict'].split('; costs measured on ')[-1].split('; ')[0]} | "
+                    f"{1000 * profile['profile']['step_seconds']:.1f} | {_costs(profile)} | {summary['verdict'].split(';')[0]} | "
+                    f"{summary.get('hardware_dependence', '')} |")
     named = all("costs measured on" in s["verdict"] for _, s in results.values())
     differ = len(set(picks.values())) > 1
     tail = (f"Goal (two profiles of different machines give different picks where their costs say so, each named in "

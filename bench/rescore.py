@@ -2,17 +2,20 @@
 
 On a config whose caches are finished (default: ``configs/default.yaml``), in a scratch folder:
 
-1. copy the config's cache folder there (the source is only read: a rank that found something
-   missing would build into the copy, never into the source);
+1. copy the config's cache folder there, without its kept work (``scores/``, :mod:`mdboost.cache.scores`;
+   the source is only read: a rank that found something missing would build into the copy,
+   never into the source);
 2. ``mdboost rank`` with this machine's speed file (the full re-run: caches opened, verified,
-   every pair scored), timed;
+   every pair scored, its cost-free work kept), timed;
 3. ``mdboost profile --out`` (the pool's costs as a portable profile: nothing to measure when the
    speed file is complete);
-4. ``mdboost rank --costs`` with that profile into another output folder, timed;
+4. ``mdboost rank --costs`` with that profile into another output folder (it prices the kept
+   work), timed;
 
 then prints each command's wall time (process start and imports included) and ``summary.json``'s
-``seconds_total``, ``seconds_cache`` and ``seconds_scoring``, and whether the two ``ranking.csv``
-are byte-identical. Tracking is off in both runs (MLflow's logging is not re-scoring).
+``seconds_total``, ``seconds_cache`` and ``seconds_scoring``, whether the two ``ranking.csv``
+are byte-identical, and the size of the kept work; and writes its section of ``bench/RESULTS.md``
+(``--no-write``: print only). Tracking is off in both runs (MLflow's logging is not re-scoring).
 
 Usage: ``.venv/bin/python bench/rescore.py [--config configs/default.yaml] [--cache DIR] [--work DIR]``
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -33,6 +37,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._results import load_line, update_section  # noqa: E402
+from mdboost.cache.profile import hardware_label  # noqa: E402
+from mdboost.cache.scores import FOLDER  # noqa: E402
 from pipelines.config import RankConfig  # noqa: E402
 from pipelines.loader import load_yaml, to_dict  # noqa: E402
 
@@ -47,7 +54,7 @@ def _timed(argv: list[str]) -> float:
 def scratch_config(config: str, cache: Path, work: Path) -> Path:
     """The config with its cache in ``work`` (a copy of ``cache``), its output there, tracking off."""
     data = to_dict(load_yaml(config, RankConfig))
-    shutil.copytree(cache, work / "cache", ignore=shutil.ignore_patterns(".*.lock"))
+    shutil.copytree(cache, work / "cache", ignore=shutil.ignore_patterns(".*.lock", FOLDER))
     data["cache"]["dir"] = str(work / "cache")
     data["output_dir"] = str(work / "full")
     data["tracking"]["enabled"] = False
@@ -57,30 +64,48 @@ def scratch_config(config: str, cache: Path, work: Path) -> Path:
     return path
 
 
-def _seconds(summary: Path) -> str:
-    s = json.loads(summary.read_text())
-    return (f"seconds_total {s['seconds_total']:.1f} (cache {s['seconds_cache']:.1f}, scoring "
-            f"{s['seconds_scoring']:.1f}), cache_reused {s['cache_reused']}")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/default.yaml")
     parser.add_argument("--cache", default=None, help="finished cache folder (default: the config's cache.dir)")
     parser.add_argument("--work", default=None, help="scratch folder (default: a new temporary one)")
+    parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args()
     cache = Path(args.cache or load_yaml(args.config, RankConfig).cache.dir).resolve()
     work = Path(args.work or tempfile.mkdtemp(prefix="mdboost-rescore-"))
+    start = os.getloadavg()[0]
     config = scratch_config(args.config, cache, work)
     full = _timed(["rank", "--config", str(config)])
     _timed(["profile", "--config", str(config), "--out", str(work / "profile.json")])
     rescored = _timed(["rank", "--config", str(config), "--costs", str(work / "profile.json"),
                        "--set", f"output_dir={work / 'rescored'}"])
     same = (work / "full" / "ranking.csv").read_bytes() == (work / "rescored" / "ranking.csv").read_bytes()
-    print(f"config {args.config}, cache {cache} (copied to {work / 'cache'})")
-    print(f"full re-run:       {full:.1f} s wall; {_seconds(work / 'full' / 'summary.json')}")
-    print(f"rank --costs:      {rescored:.1f} s wall; {_seconds(work / 'rescored' / 'summary.json')}")
-    print(f"ranking.csv identical: {same}")
+    kept = sum(p.stat().st_size for p in (work / "cache" / FOLDER).iterdir())
+    summary = json.loads((work / "rescored" / "summary.json").read_text())
+    text = render(args.config, summary, full, rescored, same, kept, work) + f"\n\n{load_line(start)}"
+    print(text)
+    if not args.no_write:
+        update_section("rescore", text)
+
+
+def render(config: str, summary: dict, full: float, rescored: float, same: bool, kept: int, work: Path) -> str:
+    rows = ["| run | wall | scoring |", "|---|---|---|",
+            f"| full re-run (`mdboost rank`, this machine's speed file, its work computed and kept) | {full:.1f} s | "
+            f"{_scoring(work / 'full' / 'summary.json')} |",
+            f"| `mdboost rank --costs profile.json` (the same costs as a portable profile; the kept work priced) | "
+            f"{rescored:.1f} s | {_scoring(work / 'rescored' / 'summary.json')} |"]
+    return "\n\n".join([
+        "## rescore: `mdboost rank --costs` against a full re-run (`bench/rescore.py`)",
+        f"Costs and runs: {hardware_label(summary['hardware'])}, {os.cpu_count()} cores. Run by `python bench/rescore.py "
+        f"--config {config}` (the cache copied to a scratch folder without its kept work, tracking off in both runs).",
+        "\n".join(rows),
+        f"`ranking.csv` byte-identical: **{'yes' if same else 'no'}**. Time of `rank --costs`: **{rescored:.1f} s** "
+        f"(goal: at most 60 s, process start and imports included): {'met' if rescored <= 60 and same else 'not met'}. "
+        f"Kept work (`<cache.dir>/scores/`, `docs/ranking.md` \"Kept work\"): {kept / 1e6:.1f} MB."])
+
+
+def _scoring(path: Path) -> str:
+    return f"{json.loads(path.read_text())['seconds_scoring']:.1f} s"
 
 
 if __name__ == "__main__":
