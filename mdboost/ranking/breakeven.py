@@ -1,5 +1,5 @@
-"""Where a pick depends on the hardware: each drafter's break-even cost (``docs/ranking.md``,
-"Break-even costs").
+"""Where a pick depends on the hardware: each drafter's break-even cost (``docs/theory.md``
+section 8, "Break-even drafter cost"; ``docs/ranking.md``, "Break-even costs").
 
 A ranking's speedups hold for the costs it was given, and the drafter's cost ratio ``c`` (its
 step over a target step) is what moves most between machines: the int8 drafter costs 0.36 of a
