@@ -113,7 +113,7 @@ def test_a_fork_bomb_is_bounded_and_leaves_nothing(problem, mode):
             "raise SystemExit(f'forked {n}')\n")
     result = he.check_completion(problem, body(bomb))
     forked = int(result.detail.rsplit(" ", 1)[-1])
-    assert result.status == he.FAILED and 1 <= forked <= sandbox.runner.MAX_PROCESSES, result
+    assert result.status == he.FAILED and 1 <= forked <= sandbox.kernel.MAX_PROCESSES, result
     assert with_processes(marker) == []
     assert he.check_completion(problem, "    return x + y\n").passed  # the machine is fine
 

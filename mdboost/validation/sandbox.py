@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from mdboost.validation import _sandbox_kernel as kernel
 from mdboost.validation import _sandbox_runner as runner
 
 PASSED, FAILED, TIMEOUT = "passed", "failed", "timeout"
@@ -69,8 +70,8 @@ def namespace_command() -> tuple[str, ...]:
 def barriers() -> Barriers:
     """The barriers :func:`run` uses on this machine."""
     linux = sys.platform.startswith("linux")
-    return Barriers(bool(namespace_command()), runner.landlock_abi(), linux and os.geteuid() == 0,
-                    linux, linux and os.uname().machine in runner.SECCOMP_ARCH)
+    return Barriers(bool(namespace_command()), kernel.landlock_abi(), linux and os.geteuid() == 0,
+                    linux, linux and os.uname().machine in kernel.SECCOMP_ARCH)
 
 
 def check_limits(timeout: float, memory_mb: int) -> None:
