@@ -218,3 +218,43 @@ def test_processes_found_by_marker_are_real():
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_values_cross_as_data_and_come_back_equal_and_of_the_same_type():
+    import json
+    import math
+    import random
+
+    runner = sandbox.runner
+    rng = random.Random(0)
+
+    def value(depth):
+        leaves = [None, True, False, rng.randint(-10 ** 30, 10 ** 30), rng.uniform(-1e9, 1e9),
+                  math.inf, -0.0, "é\n\"x", b"\x00\xff", 1 + 2j]
+        if depth == 0:
+            return rng.choice(leaves)
+        kind = rng.choice([list, tuple, set, frozenset, dict, None])
+        if kind is None:
+            return rng.choice(leaves)
+        if kind is dict:
+            return {rng.choice(["a", 1, (2, "b"), 3.5]): value(depth - 1) for _ in range(3)}
+        if kind in (set, frozenset):
+            return kind(rng.choice([1, "s", (1, "t"), -0.5, None]) for _ in range(3))
+        return kind(value(depth - 1) for _ in range(3))
+
+    def typed(x):  # equality that also compares types (1 == 1.0 == True otherwise)
+        if isinstance(x, (list, tuple)):
+            return (type(x).__name__, [typed(v) for v in x])
+        if isinstance(x, (set, frozenset)):
+            return (type(x).__name__, sorted(map(repr, x)))
+        if isinstance(x, dict):
+            return ("dict", sorted((repr(k), typed(v)) for k, v in x.items()))
+        return (type(x).__name__, repr(x))
+
+    for _ in range(200):
+        x = value(3)
+        assert typed(runner.decode(json.loads(json.dumps(runner.encode(x))))) == typed(x)
+    nan = runner.decode(json.loads(json.dumps(runner.encode(float("nan")))))
+    assert math.isnan(nan)
+    with pytest.raises(TypeError, match="cannot be passed"):
+        runner.encode(object())
