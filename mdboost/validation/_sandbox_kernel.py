@@ -20,7 +20,6 @@ import time
 
 MAX_PROCESSES = 16  # processes the program may add (RLIMIT_NPROC headroom, or pids cgroup)
 CGROUP_ROOTS = ("/sys/fs/cgroup/pids", "/sys/fs/cgroup")  # cgroup v1 pids hierarchy, v2
-# Landlock's syscall numbers 444-446 are the same on every architecture that has Landlock.
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 1, 4, 38, 36
 PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 28, 47, 4
 SECUREBITS_LOCKED_NOROOT = 0x2F  # noroot, no_setuid_fixup, keep_caps off: each locked
@@ -28,11 +27,13 @@ CAPABILITY_V3 = 0x20080522
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 # seccomp: (audit arch, socket syscall number) of the architectures the filter knows
 SECCOMP_ARCH = {"x86_64": (0xC000003E, 41), "aarch64": (0xC00000B7, 198)}
+# Landlock's syscall numbers 444-446 are the same on every architecture that has Landlock.
 SYS_LANDLOCK = {"create": 444, "add_rule": 445, "restrict": 446}
 LL_FS_WRITE = (1 << 1) | sum(1 << b for b in range(4, 13))  # write_file, remove_*, make_*
 LL_FS_BY_ABI = {2: 1 << 13, 3: 1 << 14, 5: 1 << 15}  # refer, truncate, ioctl_dev
 LL_NET_TCP = (1 << 0) | (1 << 1)  # bind_tcp, connect_tcp (ABI 4)
 LL_SCOPE = (1 << 0) | (1 << 1)  # abstract unix sockets, signals (ABI 6)
+
 
 def _libc():
     return ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
@@ -163,6 +164,7 @@ def pids_cgroup() -> str | None:
 
 
 def cgroup_members(cgroup: str | None) -> list[int]:
+    """Pids in ``cgroup`` (in this process's PID namespace); none without one."""
     if cgroup is None:
         return []
     try:
@@ -237,8 +239,11 @@ def limit_processes(cgroup: str | None) -> None:
             f.write(str(os.getpid()))
         return
     uid = os.getuid()
-    mine = sum(1 for p in descendants(0) if _owner(p) == uid)
-    resource.setrlimit(resource.RLIMIT_NPROC, (mine + MAX_PROCESSES,) * 2)
+    limit = sum(1 for p in descendants(0) if _owner(p) == uid) + MAX_PROCESSES
+    hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)  # a limit cannot be raised
+    resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
 
 
 def _owner(pid: int) -> int:

@@ -222,8 +222,8 @@ def start_program(program: str, timeout: float, memory_mb: int,
 # ---------------------------------------------------------------- the checker
 
 
-class _Timeout(Exception):
-    pass
+class _Timeout(BaseException):
+    """The checker's timer: a BaseException, so that no ``except Exception`` in a test hides it."""
 
 
 class ProgramFailed(Exception):
@@ -281,6 +281,7 @@ def judge(chan: Channel, trusted: dict) -> None:
 
 
 def verdict(err: BaseException | None, pid: int) -> tuple[int, str]:
+    """Exit status and detail for how :func:`judge` ended (``err`` None: it returned)."""
     if err is None:
         return EXIT_PASSED, ""
     if isinstance(err, ProgramFailed):
