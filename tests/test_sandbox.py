@@ -113,7 +113,11 @@ def test_a_fork_bomb_is_bounded_and_leaves_nothing(problem, mode):
             "raise SystemExit(f'forked {n}')\n")
     result = he.check_completion(problem, body(bomb))
     forked = int(result.detail.rsplit(" ", 1)[-1])
-    assert result.status == he.FAILED and 1 <= forked <= sandbox.kernel.MAX_PROCESSES, result
+    # exact where the count is the check's own (a pids cgroup as root, a user namespace); else
+    # RLIMIT_NPROC counts all of the uid's processes, whose exits elsewhere free slots
+    exact = os.geteuid() == 0 or mode == "namespaces"
+    assert result.status == he.FAILED and 1 <= forked, result
+    assert forked <= sandbox.kernel.MAX_PROCESSES if exact else forked < 300  # refused, not done
     assert with_processes(marker) == []
     assert he.check_completion(problem, "    return x + y\n").passed  # the machine is fine
 
