@@ -29,11 +29,16 @@ folder nor ``PYTHONPATH`` on ``sys.path``, so the import below adds the folder f
 
 from __future__ import annotations
 
+import builtins
+import faulthandler
 import json
 import operator
 import os
 import resource
+import shutil
 import signal
+import socket
+import subprocess
 import sys
 import time
 
@@ -131,12 +136,6 @@ def reliability_guard() -> None:
     Not a barrier (``posix.fork``, ``_socket`` and ctypes stay reachable); the process-level
     limits above it are.
     """
-    import builtins
-    import faulthandler
-    import shutil
-    import socket
-    import subprocess
-
     faulthandler.disable()
     builtins.exit = builtins.quit = builtins.help = None
     os.environ["OMP_NUM_THREADS"] = "1"
