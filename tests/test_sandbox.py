@@ -96,7 +96,7 @@ def test_a_setsid_daemon_dies_with_the_check(problem, mode, tmp_path):
     assert he.check_completion(problem, daemon).passed  # the program itself is right
     assert with_processes(marker) == []
     time.sleep(1.5)  # past the daemon's delay
-    assert not late.exists()
+    assert not late.exists() and with_processes(marker) == []
 
 
 @pytest.mark.skipif(not LINUX, reason="the subreaper and /proc are Linux's")
@@ -216,8 +216,12 @@ def test_the_parents_environment_does_not_leak(mode):
 def test_processes_found_by_marker_are_real():
     # with_processes() is what the daemon and fork-bomb tests rely on: it finds a live one
     marker = f"mdboost-probe-{secrets.token_hex(6)}"
-    proc = subprocess.Popen(["sh", "-c", "sleep 30", marker])
+    proc = subprocess.Popen(["sh", "-c", "sleep 30; exit 0", marker])  # one command: sh would exec it
     try:
+        for _ in range(1000):  # Popen may return while the child is still inside exec
+            if with_processes(marker):
+                break
+            time.sleep(0.005)
         assert with_processes(marker) == [proc.pid]
     finally:
         proc.kill()
