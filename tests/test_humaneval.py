@@ -1,4 +1,5 @@
-"""mdboost.validation.humaneval: our sandboxed runner of the HumanEval checks, and pass@k."""
+"""mdboost.validation.humaneval: the HumanEval checks and pass@k (hostile completions:
+tests/test_sandbox.py)."""
 
 from __future__ import annotations
 
@@ -65,9 +66,11 @@ def test_infinite_loop_times_out(problems):
 
 
 def test_sleeping_child_process_times_out_too():
-    status, _ = he.run_program("import subprocess, sys\n"
-                               "subprocess.run([sys.executable, '-c', 'import time; time.sleep(60)'])\n",
-                               timeout=1.0)
+    # posix.fork: the guard has taken os.fork and subprocess.Popen away
+    status, _ = he.run_program("import posix, time\n"
+                               "pid = posix.fork()\n"
+                               "if pid == 0:\n    time.sleep(60)\n"
+                               "posix.waitpid(pid, 0)\n", timeout=1.0)
     assert status == he.TIMEOUT
 
 
@@ -81,8 +84,8 @@ def test_runs_in_an_isolated_temporary_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     (tmp_path / "sitecustomize_marker.py").write_text("raise SystemExit(3)\n")
-    prog = ("import os, sys\n"
-            "assert os.getcwd().split(os.sep)[-1].startswith('mdboost-humaneval-'), os.getcwd()\n"
+    prog = ("import os, posix, sys\n"  # the guard has taken os.getcwd away
+            "assert posix.getcwd().split(os.sep)[-1].startswith('mdboost-humaneval-')\n"
             "assert sys.flags.isolated == 1\n"
             "import importlib.util\n"
             "assert importlib.util.find_spec('sitecustomize_marker') is None\n"
@@ -105,16 +108,23 @@ def test_bad_inputs_raise(problems):
     with pytest.raises(ValueError, match="HumanEval/999"):
         he.evaluate(problems, {"HumanEval/999": "    pass\n"})
     with pytest.raises(ValueError, match="entry_point"):
-        he.build_program({"prompt": "", "test": ""}, "pass")
+        he.program_parts({"prompt": "", "test": ""}, "pass")
     with pytest.raises(ValueError, match="completion"):
-        he.build_program(problems["HumanEval/0"], None)
+        he.program_parts(problems["HumanEval/0"], None)
 
 
-def test_program_matches_the_harness_layout(problems):
+def test_parts_are_the_harness_program_split_at_the_completion(problems):
     p = problems["HumanEval/0"]
-    prog = he.build_program(p, p["canonical_solution"])
-    assert prog.startswith(p["prompt"] + p["canonical_solution"])
-    assert prog.rstrip().endswith(f"check({p['entry_point']})")
+    program, trusted = he.program_parts(p, p["canonical_solution"])
+    assert program == p["prompt"] + p["canonical_solution"] + "\n"  # all the program process runs
+    assert trusted == {"prompt": p["prompt"], "test": p["test"], "entry_point": p["entry_point"]}
+
+
+def test_the_test_may_name_the_entry_point_itself(problems):
+    # HumanEval/33's test calls sort_third by name: the completion's function, not the prompt's stub
+    p = problems["HumanEval/33"]
+    assert he.check_completion(p, p["canonical_solution"]).passed
+    assert not he.check_completion(p, "    return l\n").passed
 
 
 def _brute_pass_at_k(outcomes, k):
