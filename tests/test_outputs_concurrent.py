@@ -122,3 +122,33 @@ def test_a_rank_killed_while_writing_leaves_the_old_outputs(cached):
     with output_folder(out, OUTPUT_FILES) as tmp:  # the next run on the folder (what rank and validate call)
         (tmp / "summary.json").write_text("{}")
     assert not stale[0].exists() and sorted(p.name for p in out.iterdir()) == ["summary.json"]
+
+
+def test_the_digest_is_of_the_bytes_written_not_of_the_file_on_disk(cached, monkeypatch):
+    """ranking_csv_sha256 is the digest of the bytes the run wrote: another writer changing
+    ranking.csv afterwards does not change it (it is never read back), and readers refuse the pair."""
+    import mdboost.ranking.report as report
+    from mdboost.export import load_ranking
+    from pipelines import rank_pool
+    from pipelines.config import RankConfig
+    from pipelines.loader import load_yaml
+
+    argv = _rank_argv(cached, cached / "digest", "[0,0.1]")
+    overrides = argv[argv.index("--set"):][1::2]
+    real = rank_pool.atomic_write_bytes
+
+    def then_changed(path, data):
+        written = real(path, data)
+        with open(path, "ab") as fh:  # another writer, right after this run's write
+            fh.write(b"another,row\n")
+        return written
+
+    monkeypatch.setattr(rank_pool, "atomic_write_bytes", then_changed)
+    monkeypatch.setattr(report, "csv_sha256", lambda path: pytest.fail("ranking.csv read back"))
+    summary = rank_pool.run(load_yaml(str(REPO / "configs" / "tiny.yaml"), RankConfig, overrides))
+    monkeypatch.undo()
+    assert summary["ranking_csv_sha256"] == hashlib.sha256(report.csv_bytes(summary["all_rows"])).hexdigest()
+    on_disk = (cached / "digest" / "ranking.csv").read_bytes()
+    assert hashlib.sha256(on_disk).hexdigest() != summary["ranking_csv_sha256"]
+    with pytest.raises(ValueError, match="ranking.csv is not the one its summary.json was written with"):
+        load_ranking(str(cached / "digest"))

@@ -202,18 +202,16 @@ def check_in_rows(rec: Mapping, rows: list[dict], where: str, field: str = "reco
 
 
 def check_recommendations_in_rows(summary: Mapping, rows: list[dict], where: str) -> None:
-    """Every recommendation of ``summary`` (checked by :func:`check_summary`) is a row of
-    ``rows`` (``ranking.csv``'s, every batch size): the headline one among the rows of the
-    summary's first ``batch_sizes`` (else the smallest batch size), as the per-engine ones; each
-    batch size's among its own."""
+    """The recommendations of ``summary`` (checked by :func:`check_summary`) are rows of ``rows``
+    (``ranking.csv``'s, every batch size): the headline one among the rows of the summary's first
+    ``batch_sizes`` (else the smallest batch size), each batch size's among its own. (The
+    per-engine ones are checked by type only: each is the best row an engine runs, kept in the
+    summary for the engine's section of ``mdboost export``.)"""
     if not rows:
         return
     sizes = batch_sizes_of(rows)
     headline = at_batch_size(rows, (summary.get("batch_sizes") or sizes)[0])
     check_in_rows(summary["recommendation"], headline, where)
-    for engine, entry in (summary.get("recommendations") or {}).items():
-        if entry["recommendation"] is not None:
-            check_in_rows(entry["recommendation"], headline, where, f"recommendations.{engine}.recommendation")
     for size, rec in (summary.get("recommendations_by_batch_size") or {}).items():
         if int(size) in sizes:
             check_in_rows(rec, at_batch_size(rows, int(size)), where, f"recommendations_by_batch_size.{size}")
