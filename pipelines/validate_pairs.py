@@ -86,7 +86,7 @@ def _ranking_sampling(summary: dict | None, md_section: dict) -> dict:
 
 def fetch_ranking(src: SourceConfig, tracking: TrackingConfig, tmp: Path) -> Ranking:
     """The ranking from a folder or an MLflow run (``summary.json`` optional in a run; a folder
-    needs it, written last by ``mdboost rank``, and its ``ranking.csv`` must match the digest there)."""
+    needs it, and its ``ranking.csv`` must match the digest there and hold its recommendations)."""
     folder, run_id = (Path(src.ranking_dir) if src.ranking_dir else None), src.ranking_run_id
     if run_id is not None:
         import mlflow  # deferred: mlflow: seconds to import; only a tracked run needs it
@@ -109,7 +109,7 @@ def fetch_ranking(src: SourceConfig, tracking: TrackingConfig, tmp: Path) -> Ran
             raise ValueError(missing_ranking(src.ranking_dir, name))
     summary = read_json_object(folder / "summary.json")
     where = f"MLflow run {run_id!r}" if run_id is not None else f"ranking folder {src.ranking_dir!r}"
-    if summary is None and run_id is None:  # written last by mdboost rank: without it the folder is incomplete
+    if summary is None and run_id is None:  # mdboost rank always writes one: without it the folder is no ranking
         raise ValueError(f"{where} has ranking files but no summary.json (a rerun failed or was interrupted): "
                          "run `mdboost rank` again")
     if summary is not None:  # every field by type; its recommendations must be rows of ranking.csv
