@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sqlite3
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -85,25 +86,13 @@ def check_tracking_uri(tracking_uri: str) -> str:
 
 def _store_errors() -> tuple[type[BaseException], ...]:
     """What opening a store raises when it fails: MLflow's errors, the database's (SQLAlchemy,
-    sqlite3) and a failed schema migration (alembic)."""
-    import sqlite3
+    sqlite3) and a failed schema migration (alembic; SQLAlchemy and alembic are MLflow's own
+    dependencies)."""
+    import alembic.util  # deferred: mlflow's dependencies: seconds to import; only a tracked run needs them
+    import sqlalchemy.exc  # deferred: as above
+    from mlflow.exceptions import MlflowException  # deferred: as above
 
-    from mlflow.exceptions import MlflowException
-
-    errors = [MlflowException, sqlite3.Error]
-    try:
-        import sqlalchemy.exc
-
-        errors.append(sqlalchemy.exc.SQLAlchemyError)
-    except ImportError:  # pragma: no cover - MLflow's SQL stores need it; a file store does not
-        pass
-    try:
-        import alembic.util
-
-        errors.append(alembic.util.CommandError)
-    except ImportError:  # pragma: no cover
-        pass
-    return tuple(errors)
+    return (MlflowException, sqlite3.Error, sqlalchemy.exc.SQLAlchemyError, alembic.util.CommandError)
 
 
 @contextmanager
