@@ -6,7 +6,9 @@ pool, records, cost ratios, logits) the members' cache folders ``<cache.dir>/<me
 ordered pair (:func:`mdboost.ranking.rank.score_pair`); apply the ranking rule; write
 ``ranking.csv`` (one row per pair, temperature, operating point and gamma, with 90% intervals)
 + ``ranking.html`` (best gamma per point) + plots + the resolved config + ``summary.json``
-(timings, the bootstrap, the recommendation) into ``output_dir``; log one MLflow parent run
+(timings, the bootstrap, the recommendation, the digest of the CSV's bytes) into a fresh
+folder that replaces ``output_dir`` whole at the end (:func:`mdboost._io.output_folder`: a
+killed or concurrent run never leaves two runs' files mixed); log one MLflow parent run
 (its description: the recommendation and the ranking's summary, in markdown; the ranking as a
 table; the cached prompts as its dataset) with a nested run per pair, temperature and
 operating point at its best gamma, best first; print the top points and, last, the recommendation with a

@@ -10,7 +10,7 @@ pick the recommendation's cell and ``ranking.cells`` more across the space
 temperature, gamma, divergence, budget and ``md_solve``, interleaved per prompt with AR
 (:func:`mdboost.validation.points.realize_cells`); compare predicted (with intervals) and
 realized (:mod:`mdboost.validation.report`); write ``validation.csv``, ``summary.json`` and the
-scatter plot to ``output_dir``; optionally HumanEval pass@1 of AR vs the recommendation; log a
+scatter plot into a fresh folder that replaces ``output_dir`` whole (:func:`mdboost._io.output_folder`); optionally HumanEval pass@1 of AR vs the recommendation; log a
 parent run and one nested run per cell, tagged ``mdboost.ranking_run_id``.
 """
 

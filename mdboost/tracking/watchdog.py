@@ -64,13 +64,14 @@ def _stop_group(proc: subprocess.Popen, grace: float) -> None:
 
 
 def watched(cmd: list[str], parent: int | None = None) -> list[str]:
-    """``cmd`` run under the watchdog of ``parent`` (default: this process).
+    """``cmd`` run under the watchdog of ``parent`` (default: this process). The watchdog runs as
+    a script (this file: it imports nothing of mdboost), so it starts wherever the interpreter
+    does, whatever the working directory and ``sys.path``.
 
     >>> watched(["mlflow", "server"], parent=42)[-4:]
     ['42', '--', 'mlflow', 'server']
     """
-    return [sys.executable, "-m", "mdboost.tracking.watchdog", str(os.getpid() if parent is None else parent),
-            "--", *cmd]
+    return [sys.executable, os.path.abspath(__file__), str(os.getpid() if parent is None else parent), "--", *cmd]
 
 
 def main(argv: list[str] | None = None) -> int:
