@@ -113,7 +113,7 @@ def fetch_ranking(src: SourceConfig, tracking: TrackingConfig, tmp: Path) -> Ran
         raise ValueError(f"{where} has ranking files but no summary.json (a rerun failed or was interrupted): "
                          "run `mdboost rank` again")
     if summary is not None:  # every field by type; its recommendations must be rows of ranking.csv
-        summary = check_summary(summary, where)
+        summary = check_summary(summary, where, recommendation=False)
     check_csv_digest(folder / "ranking.csv", (summary or {}).get("ranking_csv_sha256"), where)
     raw = read_yaml_mapping(folder / "config.resolved.yaml")
     config = from_dict(RankConfig, raw)

@@ -130,12 +130,13 @@ def _check_by_batch(by_batch, where: str) -> None:
         check_recommendation(rec, where, f"recommendations_by_batch_size.{size}")
 
 
-def check_summary(summary, where: str) -> dict:
+def check_summary(summary, where: str, *, recommendation: bool = True) -> dict:
     """``summary`` (a ranking's ``summary.json``) with every field a reader uses checked by type:
     the recommendation (:func:`check_recommendation`), the per-engine and per-batch-size ones,
     ``batch_sizes``, ``ranking_csv_sha256`` (64 lowercase hex digits), ``sampling``, ``device``, ``home``,
     ``run_id``, ``md_solve`` and ``bootstrap``. A field a ranking of an older version did not
-    write may be absent; one that is there and of the wrong type is a ValueError naming
+    write may be absent (the recommendation too with ``recommendation=False``: validation picks
+    its cells without one); one that is there and of the wrong type is a ValueError naming
     ``where``, the field and the value.
 
     >>> check_summary({"recommendation": {"drafter": "int8", "target": "t", "temperature": 1.0,
@@ -146,9 +147,10 @@ def check_summary(summary, where: str) -> dict:
     """
     if not isinstance(summary, Mapping):
         raise _bad(where, "top level", summary, "a JSON object")
-    if "recommendation" not in summary:
+    if recommendation and "recommendation" not in summary:
         raise ValueError(f"{where}: summary.json has no recommendation: run `mdboost rank --config ...` first")
-    check_recommendation(summary["recommendation"], where)
+    if "recommendation" in summary:
+        check_recommendation(summary["recommendation"], where)
     digest = summary.get("ranking_csv_sha256")
     if digest is not None and not (isinstance(digest, str) and _HEX64.fullmatch(digest)):
         raise _bad(where, "ranking_csv_sha256", digest, "a SHA-256 (64 hex digits)")
@@ -210,8 +212,8 @@ def check_recommendations_in_rows(summary: Mapping, rows: list[dict], where: str
     if not rows:
         return
     sizes = batch_sizes_of(rows)
-    headline = at_batch_size(rows, (summary.get("batch_sizes") or sizes)[0])
-    check_in_rows(summary["recommendation"], headline, where)
+    if "recommendation" in summary:
+        check_in_rows(summary["recommendation"], at_batch_size(rows, (summary.get("batch_sizes") or sizes)[0]), where)
     for size, rec in (summary.get("recommendations_by_batch_size") or {}).items():
         if int(size) in sizes:
             check_in_rows(rec, at_batch_size(rows, int(size)), where, f"recommendations_by_batch_size.{size}")
