@@ -45,6 +45,7 @@ from mdboost.models.pool import parse_drafter
 from mdboost.ranking.recommend import md_row
 from mdboost.ranking.report import at_batch_size, batch_sizes_of, check_csv_digest, csv_bool, read_csv, row_batch_size
 from mdboost.ranking.rule_points import row_draft_p_min, row_rule
+from mdboost.ranking.summary_check import REQUIRED, check_recommendation, check_recommendations_in_rows, check_summary
 from mdboost.serve_args import llamacpp_args, sglang_args, vllm_serve_args
 from mdboost.tracking.store import check_tracking_uri, existing_run
 
@@ -56,10 +57,18 @@ DRAFTINGS = {"sampled": "probabilistic", "greedy": "greedy"}  # a rule's draftin
 PROMPT = "def fib(n):"
 MAX_NEW_TOKENS = 64
 _RUN_ID = re.compile(r"[0-9a-f]{32}")
+
+
+def _bool_param(text: str) -> bool:
+    """``"True"`` / ``"False"`` (how MLflow params hold a bool), else ValueError."""
+    if text not in ("True", "False"):
+        raise ValueError(text)
+    return text == "True"
+
 _RECOMMENDATION_TYPES = {"temperature": float, "max_divergence": float, "gamma": int, "predicted_speedup": float,
                          "predicted_speedup_lo": float, "predicted_speedup_hi": float, "nll_target": float,
-                         "nll_mentored": float, "beats_plain_decoding": lambda s: s == "True",
-                         "quality_ok": lambda s: s == "True"}
+                         "nll_mentored": float, "beats_plain_decoding": _bool_param, "quality_ok": _bool_param,
+                         "draft_p_min": float, "threshold_acc": float, "threshold_single": float}
 
 
 def load_ranking(source: str | os.PathLike, *, tracking_uri: str | None = None) -> dict:
@@ -93,17 +102,38 @@ def load_ranking(source: str | os.PathLike, *, tracking_uri: str | None = None) 
         if summary is None or "recommendation" not in summary:
             raise ValueError(f"ranking folder {source!r} has no summary.json with a recommendation: "
                              f"run `mdboost rank --config ...` first")
-        return _ranking(summary["recommendation"], summary.get("sampling") or {}, folder, source,
-                        summary.get("ranking_csv_sha256"), summary.get("device"), summary.get("home"),
-                        summary.get("recommendations"))
+        return _from_summary(summary, folder, source)
     if _RUN_ID.fullmatch(source):
         return _from_run(source, tracking_uri)
     raise ValueError(f"ranking must be a ranking folder or an MLflow run id (32 hex digits), got {source!r}: "
                      "no such folder")
 
 
+def _from_summary(summary: dict, folder: Path, source: str) -> dict:
+    """The ranking of ``folder`` as its ``summary.json`` describes it, checked field by field
+    (:func:`mdboost.ranking.summary_check.check_summary`) and its recommendations found in ``ranking.csv``."""
+    where = f"ranking {source!r}"
+    summary = check_summary(summary, where)
+    out = _ranking(summary["recommendation"], summary.get("sampling") or {}, folder, source,
+                   summary.get("ranking_csv_sha256"), summary.get("device"), summary.get("home"),
+                   summary.get("recommendations"))
+    check_recommendations_in_rows(summary, out["batch_rows"], where)
+    return out
+
+
+def _param_value(key: str, value: str, run_id: str):
+    """A ``recommendation.*`` parameter of an MLflow run as its type (ValueError naming it)."""
+    if value == "None" and key in ("threshold_acc", "threshold_single"):
+        return None
+    try:
+        return _RECOMMENDATION_TYPES.get(key, str)(value)
+    except ValueError:
+        kind = "True or False" if _RECOMMENDATION_TYPES[key] is _bool_param else _RECOMMENDATION_TYPES[key].__name__
+        raise ValueError(f"MLflow run {run_id!r}: parameter recommendation.{key} must be {kind}, got {value!r}") from None
+
+
 # what export_plan reads of the recommendation, and of every ranking row (nearest_lossless)
-_REC_KEYS = ("drafter", "target", "temperature", "divergence", "max_divergence", "gamma", "beats_plain_decoding")
+_REC_KEYS = REQUIRED
 _ROW_KEYS = ("drafter", "target", "temperature", "max_divergence", "gamma", "rank", "predicted_speedup",
              "predicted_speedup_lo", "predicted_speedup_hi")
 
@@ -165,14 +195,13 @@ def _from_run(run_id: str, tracking_uri: str | None) -> dict:
                 pass  # optional files; ranking.csv is checked by _ranking
         summary = read_json_object(Path(tmp) / "summary.json")
         if summary is not None and "recommendation" in summary:
-            return _ranking(summary["recommendation"], summary.get("sampling") or {}, Path(tmp), run_id,
-                            summary.get("ranking_csv_sha256"), summary.get("device"), summary.get("home"),
-                            summary.get("recommendations"))
+            return _from_summary(summary, Path(tmp), run_id)
         params = run.data.params
         rec = {k[len("recommendation."):]: v for k, v in params.items() if k.startswith("recommendation.")}
         if "drafter" not in rec:
             raise ValueError(f"MLflow run {run_id!r} is not a ranking run (no recommendation.* parameters)")
-        rec = {k: _RECOMMENDATION_TYPES.get(k, str)(v) for k, v in rec.items()}
+        rec = {k: _param_value(k, v, run_id) for k, v in rec.items()}
+        check_recommendation(rec, f"MLflow run {run_id!r}")
         sampling = {k: None if params.get(f"md.{k}") in (None, "None") else float(params[f"md.{k}"])
                     for k in ("top_k", "top_p")}
         if sampling["top_k"] is not None:

@@ -42,7 +42,7 @@ from mdboost.md.drafting import FLOOR_TOP_K
 from mdboost.md.rules import DRAFTING, Rule
 from mdboost.md.verify import SOLVE
 from mdboost.models.loading import check_model_source, resolve_device
-from mdboost.models.pool import check_drafter
+from mdboost.models.pool import check_drafter, drafter_identity, same_drafters
 from mdboost.ranking.rank import BOOSTING_ORDERS, MD_MODES, ScoreSettings
 from mdboost.ranking.rows import PAIR_MODES
 from mdboost.ranking.rule_points import RULES, rule_points
@@ -78,7 +78,6 @@ class PoolConfig:
     def __post_init__(self):
         _check(bool(self.target), "target", self.target)
         _check(len(self.drafters) >= 1, "drafters (need at least one)", self.drafters)
-        _check(len(set(self.drafters)) == len(self.drafters), "drafters (duplicates)", self.drafters)
         try:
             check_model_source(self.target)
         except ValueError as err:
@@ -88,6 +87,10 @@ class PoolConfig:
                 check_drafter(spec, self.target, self.home)
             except ValueError as err:
                 raise ValueError(f"invalid drafters[{i}]: {err}") from None
+        same = same_drafters(self.drafters)  # one drafter twice would be ranked twice
+        _check(not same, "drafters (duplicates: " + "; ".join(f"{a!r} and {b!r} are the same drafter, "
+                                                              f"{drafter_identity(a)}" for a, b in same) + ")",
+               self.drafters)
         if self.device is not None:  # a device this machine has (no model loads onto a missing GPU)
             try:
                 resolve_device(self.device)

@@ -6,7 +6,9 @@ pool, records, cost ratios, logits) the members' cache folders ``<cache.dir>/<me
 ordered pair (:func:`mdboost.ranking.rank.score_pair`); apply the ranking rule; write
 ``ranking.csv`` (one row per pair, temperature, operating point and gamma, with 90% intervals)
 + ``ranking.html`` (best gamma per point) + plots + the resolved config + ``summary.json``
-(timings, the bootstrap, the recommendation) into ``output_dir``; log one MLflow parent run
+(timings, the bootstrap, the recommendation, the digest of the CSV's bytes) into a fresh
+folder that replaces ``output_dir`` whole at the end (:func:`mdboost._io.output_folder`: a
+killed or concurrent run never leaves two runs' files mixed); log one MLflow parent run
 (its description: the recommendation and the ranking's summary, in markdown; the ranking as a
 table; the cached prompts as its dataset) with a nested run per pair, temperature and
 operating point at its best gamma, best first; print the top points and, last, the recommendation with a
@@ -32,6 +34,7 @@ changes to budgets, gamma range, boosting or the ranking rule only re-score from
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 import time
@@ -41,6 +44,7 @@ from typing import NamedTuple
 import yaml
 from tqdm.auto import tqdm
 
+from mdboost._io import atomic_write_bytes, check_output_folder, output_folder
 from mdboost.cache import open_or_build_cache
 from mdboost.cache.mentored import attach_mentored
 from mdboost.cache.pool_cache import BuildInfo, PoolCache, open_cached
@@ -68,6 +72,8 @@ from pipelines.config import RankConfig
 from pipelines.noise import quiet_libraries
 
 UNFILTERED = {"top_k": None, "top_p": None}  # a ranking samples from the whole distribution (summary's sampling)
+# what a ranking writes at the top of its output folder: an existing folder holding anything else is not replaced
+OUTPUT_FILES = ("ranking.csv", "ranking.html", "config.resolved.yaml", "frontier.csv", "plots", "summary.json")
 
 
 def _progress(iterable, enabled: bool, **kwargs):
@@ -186,19 +192,23 @@ def frontier_summary(fronts: dict) -> list[dict]:
 
 
 def write_outputs(cfg: RankConfig, rows: list[dict], details: dict, out: Path, fronts: dict | None = None,
-                  rec=None, all_rows: list[dict] | None = None) -> dict[str, Path]:
+                  rec=None, all_rows: list[dict] | None = None) -> tuple[dict[str, Path], dict[str, str]]:
     """CSV, HTML, plots and the resolved config into ``out`` (all atomic); with ``fronts``, the
     frontier's CSV, its table in the HTML and the recommendation's pair's frontier plots.
 
     ``rows``: the first batch size's (the HTML table and the plots); ``all_rows``: every batch
-    size's (``ranking.csv``; default ``rows``)."""
+    size's (``ranking.csv``; default ``rows``). Returns the paths and ``summary.json``'s digests
+    (``ranking_csv_sha256``), taken of the bytes written, never read back from disk (where
+    another process could have put other bytes meanwhile)."""
+    csv_data = report.csv_bytes(rows if all_rows is None else all_rows)
+    digests = {"ranking_csv_sha256": hashlib.sha256(csv_data).hexdigest()}
     compact = best_gamma_rows(rows)
     plot_rows = _plot_rows(rows, list(cfg.md.divergences))
     fronts = fronts or {}
     sections = [("Frontier: each heuristic's best acceptance and its largest optimality gap to MD at equal "
                  "per-position divergence (frontier.csv has every point)", frontier_summary(fronts))] if fronts else []
     paths = {
-        "csv": report.write_csv(rows if all_rows is None else all_rows, out / "ranking.csv"),
+        "csv": atomic_write_bytes(out / "ranking.csv", csv_data),
         "html": report.write_html(compact, out / "ranking.html", title=f"mdboost pool ranking: {cfg.name}",
                                   sections=sections),
         "config": report.atomic_write_text(out / "config.resolved.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False)),
@@ -216,7 +226,7 @@ def write_outputs(cfg: RankConfig, rows: list[dict], details: dict, out: Path, f
             if rec is not None and (d, t, temp) == (rec.drafter, rec.target, float(rec.temperature)):
                 paths[f"frontier_{div}"] = plots.plot_frontier(
                     fr, out / "plots" / f"frontier_{div}.png", title=f"{d} -> {t}, T={temp:g}, {div}")
-    return paths
+    return paths, digests
 
 
 def ranked_device(cfg: RankConfig) -> str:
@@ -378,8 +388,21 @@ def cost_fields(pc: PoolCache, profiles: list | None) -> dict:
             "loaded_costs": [] if pc.speed is None else loaded_measurements(pc.speed, drafters)}
 
 
-def _run(cfg: RankConfig, profiles: list | None = None) -> dict:
-    start = time.perf_counter()
+class _Ranked(NamedTuple):
+    """What scoring every temperature gave: the rows (headline batch size, and all), the
+    recommendations, and what the summary reports of the caches and the time taken."""
+
+    rows: list[dict]
+    all_rows: list[dict]
+    details: dict
+    fronts: dict
+    rec: Recommendation
+    by_batch: dict
+    opened: list
+    seconds: tuple[float, float]  # (cache, scoring)
+
+
+def _rank(cfg: RankConfig, profiles: list | None) -> _Ranked:
     rows, details, t_cache, t_score, opened, fronts = [], {}, 0.0, 0.0, [], {}
     for temperature in cfg.md.sampling_temperatures:
         t0 = time.perf_counter()
@@ -394,15 +417,30 @@ def _run(cfg: RankConfig, profiles: list | None = None) -> dict:
         opened.append(_Opened(pc, cache_info))
     all_rows = rank_rows(rows, cfg.ranking.nll_tolerance)
     rows = at_batch_size(all_rows, cfg.speed.batch_sizes[0])  # the headline: the first batch size
-    rec = recommend(rows)
     by_batch = {b: recommend(at_batch_size(all_rows, b)) for b in cfg.speed.batch_sizes}
-    bootstrap = next(iter(details.values())).bootstrap
+    return _Ranked(rows, all_rows, details, fronts, recommend(rows), by_batch, opened, (t_cache, t_score))
+
+
+def _run(cfg: RankConfig, profiles: list | None = None) -> dict:
+    start = time.perf_counter()
+    check_output_folder(cfg.output_dir, OUTPUT_FILES)  # before the work: a folder it may not replace
+    ranked = _rank(cfg, profiles)
     out = Path(cfg.output_dir)
-    # summary.json is written last and marks a complete ranking: a rerun that fails or is
-    # interrupted from here on leaves a folder without one (export refuses it), never the old
-    # recommendation beside a new ranking.csv
-    (out / "summary.json").unlink(missing_ok=True)
-    paths = write_outputs(cfg, rows, details, out, fronts, rec, all_rows)
+    # every file into a fresh folder that replaces output_dir whole at the end (docs/ranking.md,
+    # "Outputs"): a run that fails or is killed leaves the previous run's outputs, and two runs
+    # on one folder leave the last one's, never a summary beside another run's ranking.csv
+    with output_folder(out, OUTPUT_FILES) as tmp:
+        summary = _write_all(cfg, ranked, profiles, start, tmp)
+    summary["paths"] = {k: out / p.relative_to(tmp) for k, p in summary["paths"].items()}
+    return summary
+
+
+def _write_all(cfg: RankConfig, ranked: _Ranked, profiles: list | None, start: float, out: Path) -> dict:
+    """Write the outputs and the summary into the run's folder ``out``, logging them when tracked."""
+    rows, all_rows, details, rec, by_batch, opened = (ranked.rows, ranked.all_rows, ranked.details, ranked.rec,
+                                                      ranked.by_batch, ranked.opened)
+    (t_cache, t_score), bootstrap = ranked.seconds, next(iter(details.values())).bootstrap
+    paths, digests = write_outputs(cfg, rows, details, out, ranked.fronts, rec, all_rows)
     snippet = engine_snippet(rec, cfg)
     pc, cache_info = opened[0]
     summary = {"n_pairs": len({(r["drafter"], r["target"]) for r in rows}), "n_rows": len(all_rows),
@@ -423,7 +461,7 @@ def _run(cfg: RankConfig, profiles: list | None = None) -> dict:
                "batch_sizes": list(cfg.speed.batch_sizes),
                "recommendations_by_batch_size": {str(b): r.to_dict() for b, r in by_batch.items()},
                "plain_wins_from_batch_size": plain_wins_from({b: r.predicted_speedup for b, r in by_batch.items()}),
-               "ranking_csv_sha256": report.csv_sha256(paths["csv"])}
+               **digests}
     sampled = [o for o in opened if o.pc.spec.temperature > 0] or opened  # greedy has its own profile, no MD
     pc = sampled[0].pc
     summary.update(cost_fields(pc, profiles))

@@ -10,7 +10,7 @@ pick the recommendation's cell and ``ranking.cells`` more across the space
 temperature, gamma, divergence, budget and ``md_solve``, interleaved per prompt with AR
 (:func:`mdboost.validation.points.realize_cells`); compare predicted (with intervals) and
 realized (:mod:`mdboost.validation.report`); write ``validation.csv``, ``summary.json`` and the
-scatter plot to ``output_dir``; optionally HumanEval pass@1 of AR vs the recommendation; log a
+scatter plot into a fresh folder that replaces ``output_dir`` whole (:func:`mdboost._io.output_folder`); optionally HumanEval pass@1 of AR vs the recommendation; log a
 parent run and one nested run per cell, tagged ``mdboost.ranking_run_id``.
 """
 
@@ -24,11 +24,12 @@ from pathlib import Path
 
 import torch
 
-from mdboost._io import read_json_object, read_yaml_mapping
+from mdboost._io import check_output_folder, output_folder, read_json_object, read_yaml_mapping
 from mdboost.engine.costs import ENGINE_THREADS, torch_threads
 from mdboost.models.pool import build_pool
 from mdboost.ranking.report import at_batch_size, batch_sizes_of, row_batch_size
 from mdboost.ranking.report import check_csv_digest, read_csv
+from mdboost.ranking.summary_check import check_recommendations_in_rows, check_summary
 from mdboost.tracking import setup
 from mdboost.tracking.datasets import log_records
 from mdboost.tracking.notes import validation_note
@@ -55,6 +56,8 @@ from pipelines.prerequisites import missing_ranking
 from pipelines.validate_config import SourceConfig, ValidateConfig
 
 RANKING_FILES = ("ranking.csv", "config.resolved.yaml")
+# what a validation writes at the top of its output folder: an existing folder holding anything else is not replaced
+OUTPUT_FILES = ("validation.csv", "predicted_vs_realized.png", "summary.json")
 
 
 @dataclass
@@ -83,7 +86,7 @@ def _ranking_sampling(summary: dict | None, md_section: dict) -> dict:
 
 def fetch_ranking(src: SourceConfig, tracking: TrackingConfig, tmp: Path) -> Ranking:
     """The ranking from a folder or an MLflow run (``summary.json`` optional in a run; a folder
-    needs it, written last by ``mdboost rank``, and its ``ranking.csv`` must match the digest there)."""
+    needs it, and its ``ranking.csv`` must match the digest there and hold its recommendations)."""
     folder, run_id = (Path(src.ranking_dir) if src.ranking_dir else None), src.ranking_run_id
     if run_id is not None:
         import mlflow  # deferred: mlflow: seconds to import; only a tracked run needs it
@@ -106,13 +109,17 @@ def fetch_ranking(src: SourceConfig, tracking: TrackingConfig, tmp: Path) -> Ran
             raise ValueError(missing_ranking(src.ranking_dir, name))
     summary = read_json_object(folder / "summary.json")
     where = f"MLflow run {run_id!r}" if run_id is not None else f"ranking folder {src.ranking_dir!r}"
-    if summary is None and run_id is None:  # written last by mdboost rank: without it the folder is incomplete
+    if summary is None and run_id is None:  # mdboost rank always writes one: without it the folder is no ranking
         raise ValueError(f"{where} has ranking files but no summary.json (a rerun failed or was interrupted): "
                          "run `mdboost rank` again")
+    if summary is not None:  # every field by type; its recommendations must be rows of ranking.csv
+        summary = check_summary(summary, where, recommendation=False)
     check_csv_digest(folder / "ranking.csv", (summary or {}).get("ranking_csv_sha256"), where)
     raw = read_yaml_mapping(folder / "config.resolved.yaml")
     config = from_dict(RankConfig, raw)
     rows = sorted(read_csv(folder / "ranking.csv"), key=lambda r: int(r["rank"]))
+    if summary is not None:
+        check_recommendations_in_rows(summary, rows, where)
     md_solve = (summary or {}).get("md_solve") or config.speed.md_solve
     # the ranking's MLflow parent run: the one given, else the one a ranking folder's summary names
     # (linked when the validation logs to the same store: ranking_children)
@@ -214,11 +221,9 @@ def _label(rec: dict) -> str:
 
 def run(cfg: ValidateConfig, the_plan: Plan | None = None) -> dict:
     """Run the validation; returns the summary written to ``summary.json`` (plus ``records``)."""
+    check_output_folder(cfg.output_dir, OUTPUT_FILES)  # before the work: a folder it may not replace
     p = the_plan or plan(cfg)
     rank_cfg, g, sampling = p.ranking.config, cfg.generation, p.sampling
-    # summary.json is written last and marks a complete validation (as rank's): a rerun that fails
-    # or is interrupted leaves no summary next to its new plot and the old validation.csv
-    (Path(cfg.output_dir) / "summary.json").unlink(missing_ok=True)
     pc, text = rank_cfg.pool, rank_cfg.data.text_source()
     names = sorted({n for r in p.cells for n in (r["drafter"], r["target"])} - {pc.target})
     pool = build_pool(pc.target, names, device=pc.device, home=pc.home)
@@ -238,13 +243,6 @@ def run(cfg: ValidateConfig, the_plan: Plan | None = None) -> dict:
                            top_p=sampling["top_p"], interval_scale=intervals["scale"])
                for i, (row, real) in enumerate(zip(p.cells, realized))]
     metrics = summarize(records)
-    out = Path(cfg.output_dir)
-    col = lambda key: [r[key] for r in records]  # noqa: E731
-    scatter = plot_predicted_vs_realized(
-        [_label(r) for r in records], col("predicted_acceptance"), col("realized_acceptance"), col("predicted_speedup"),
-        col("realized_speedup"), out / "predicted_vs_realized.png", tolerance=cfg.tolerance,
-        acceptance_interval=(col("predicted_acceptance_lo"), col("predicted_acceptance_hi")),
-        speedup_interval=(col("predicted_speedup_lo"), col("predicted_speedup_hi")))
     summary = {"verdict": verdict(metrics), "metrics": metrics, "sampling": sampling,
                "md_solve": sorted({r["md_solve"] for r in records}),
                "generation": {"prompts": len(prompts), "first_prompt": g.first_prompt,
@@ -257,17 +255,34 @@ def run(cfg: ValidateConfig, the_plan: Plan | None = None) -> dict:
         summary["humaneval"] = humaneval_pass_at_1(p.cells[0], pool, text, tasks=h.tasks, max_new_tokens=h.max_new_tokens,
                                                    seed=g.seed, timeout=h.timeout, top_k=sampling["top_k"],
                                                    top_p=sampling["top_p"])
-    summary["files"] = {"validation_csv": str(write_validation_csv(records, out / "validation.csv")),
-                        "plot": str(scatter), "summary_json": str(out / "summary.json")}
+    out = Path(cfg.output_dir)
+    summary["files"] = {"validation_csv": str(out / "validation.csv"), "plot": str(out / "predicted_vs_realized.png"),
+                        "summary_json": str(out / "summary.json")}
+    # every file into a fresh folder that replaces output_dir whole at the end (docs/validation.md,
+    # "Outputs"): a run that fails or is killed leaves the previous run's outputs, never a mix
+    with output_folder(out, OUTPUT_FILES) as tmp:
+        _write_all(cfg, summary, records, p, heldout, text, tmp)
+    return summary
+
+
+def _write_all(cfg: ValidateConfig, summary: dict, records: list[dict], p: Plan, heldout, text, out: Path) -> None:
+    """The plot, ``validation.csv`` and ``summary.json`` into the run's folder ``out`` (``summary``'s
+    ``files`` name where they end up), logged to MLflow when tracked."""
+    col = lambda key: [r[key] for r in records]  # noqa: E731
+    plot_predicted_vs_realized(
+        [_label(r) for r in records], col("predicted_acceptance"), col("realized_acceptance"), col("predicted_speedup"),
+        col("realized_speedup"), out / "predicted_vs_realized.png", tolerance=cfg.tolerance,
+        acceptance_interval=(col("predicted_acceptance_lo"), col("predicted_acceptance_hi")),
+        speedup_interval=(col("predicted_speedup_lo"), col("predicted_speedup_hi")))
+    write_validation_csv(records, out / "validation.csv")
     if cfg.tracking.enabled:
         summary["run_id"] = log_mlflow(cfg, summary, ranking_children(p.ranking.run_id, cfg.tracking),
-                                       records=heldout, text=text)
+                                       records=heldout, text=text, folder=out)
     write_summary_json(summary, out / "summary.json")  # last, with the run id
     if "run_id" in summary:
         from mlflow.tracking import MlflowClient  # deferred: mlflow: seconds to import; only a tracked run needs it
 
-        MlflowClient(cfg.tracking.tracking_uri).log_artifact(summary["run_id"], summary["files"]["summary_json"])
-    return summary
+        MlflowClient(cfg.tracking.tracking_uri).log_artifact(summary["run_id"], str(out / "summary.json"))
 
 
 def _child_key(params: dict, temperature: float | None) -> tuple:
@@ -331,13 +346,14 @@ def _cell_runs(cells: list[dict], children: dict[tuple, str]) -> list:
 
 
 def log_mlflow(cfg: ValidateConfig, summary: dict, children: dict[tuple, str], *, records: list[dict] | None = None,
-               text=None) -> str:
+               text=None, folder: Path | None = None) -> str:
     """A parent run (config, metrics, verdict and cells as its description, files, the cells'
     table, the held-out prompts as its dataset) and one nested run per cell, cell 0 first.
 
     ``records`` / ``text``: the held-out records generated on and their
     :class:`~mdboost.data.TextSource` (logged with :func:`mdboost.tracking.datasets.log_records`
-    when both are given).
+    when both are given). ``folder``: where the files of ``summary["files"]`` are while the run
+    writes them (its temporary output folder; None: where ``files`` names them).
     """
     import mlflow  # deferred: mlflow: seconds to import; only a tracked run needs it
     from mlflow.tracking import MlflowClient
@@ -362,7 +378,7 @@ def log_mlflow(cfg: ValidateConfig, summary: dict, children: dict[tuple, str], *
             log_records(records, text, "heldout", context="validation")
         for key, path in summary["files"].items():
             if key != "summary_json":  # written after this run, with its id (run)
-                mlflow.log_artifact(path)
+                mlflow.log_artifact(path if folder is None else str(folder / Path(path).name))
         mlflow.log_dict(to_dict(cfg), "config.resolved.json")
         cells = summary["cells"]
         mlflow.log_table({k: [r.get(k) for r in cells] for k in VALIDATION_COLUMNS}, "validation_table.json")

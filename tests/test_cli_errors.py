@@ -136,7 +136,7 @@ def test_config_errors_and_interrupts_with_and_without_debug(tmp_path, capsys, m
         cli.main(["rank", "--config", str(path), "--debug"])
 
 
-def test_a_failed_rerun_leaves_no_stale_summary_and_export_checks_the_csv(tmp_path, capsys, monkeypatch):
+def test_a_failed_rerun_leaves_the_previous_outputs_and_export_checks_the_csv(tmp_path, capsys, monkeypatch):
     import json
 
     import pipelines.rank_pool as rank_pool
@@ -157,9 +157,14 @@ def test_a_failed_rerun_leaves_no_stale_summary_and_export_checks_the_csv(tmp_pa
     def broken(*args, **kwargs):
         raise OSError("disk full")
 
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
     monkeypatch.setattr(rank_pool.report, "write_html", broken)  # the rerun fails after ranking.csv
     assert cli.main(argv) == 2
-    assert not (out / "summary.json").exists() and summary["ranking_csv_sha256"]
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before  # the previous run's, whole
+    assert json.loads((out / "summary.json").read_text()) == summary
+    assert cli.main(["export", "--ranking", str(out)]) == 0
+    capsys.readouterr()
+    (out / "summary.json").unlink()  # a folder without its summary (written by hand, or an older version's)
     assert cli.main(["export", "--ranking", str(out)]) == 2
     assert "has no summary.json" in capsys.readouterr().err
     val = tmp_path / "val.yaml"

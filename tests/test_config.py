@@ -216,3 +216,25 @@ def test_an_output_dir_that_is_a_file_is_a_config_error(tmp_path, schema):
         with pytest.raises(ValueError, match=r"invalid output_dir \(a folder; .*ranking.txt' is a file\)"):
             from_dict(schema, {"output_dir": str(out)})
     assert from_dict(schema, {"output_dir": str(tmp_path / "new" / "folder")}).output_dir.endswith("folder")
+
+
+@pytest.mark.parametrize("drafters, first, second, identity", [
+    (["early_exit:2", "early_exit:02"], "early_exit:2", "early_exit:02", "early_exit:2"),
+    (["ngram:2", "tuned:1", "ngram:002"], "ngram:2", "ngram:002", "ngram:2"),
+    (["int8", "int8"], "int8", "int8", "int8"),
+])
+def test_specs_naming_one_drafter_are_refused_naming_both(drafters, first, second, identity):
+    """Ranked twice before (early_exit:2 and early_exit:02 are one drafter)."""
+    from pipelines.config import PoolConfig
+
+    with pytest.raises(ValueError, match=rf"invalid drafters \(duplicates: '{first}' and '{second}' are the same "
+                                         rf"drafter, {identity}\)"):
+        PoolConfig(target="tiny", drafters=drafters)
+
+
+def test_a_model_folder_named_by_two_paths_is_one_drafter(tmp_path, monkeypatch):
+    from mdboost.models.pool import same_drafters
+
+    (tmp_path / "m").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert same_drafters(["./m", str(tmp_path / "m"), "m2", "early_exit:1"]) == [("./m", str(tmp_path / "m"))]

@@ -238,9 +238,9 @@ def test_the_hf_section_runs_as_exported(tmp_path):
 @pytest.mark.parametrize("damage, message", [
     (lambda f: (f / "config.resolved.yaml").write_text("pool: [unclosed"), "config.resolved.yaml is not valid YAML"),
     (lambda f: (f / "config.resolved.yaml").write_text("pool: cpu"), "pool must be a mapping, got 'cpu'"),
-    (lambda f: (f / "summary.json").write_text('{"recommendation": null}'), "the recommendation must be a mapping"),
+    (lambda f: (f / "summary.json").write_text('{"recommendation": null}'), "summary.json.s recommendation must be a mapping, got None"),
     (lambda f: (f / "summary.json").write_text('{"recommendation": {"drafter": "ngram:2"}}'),
-     "the recommendation lacks target, temperature"),
+     "summary.json.s recommendation lacks target, temperature"),
     (lambda f: (f / "summary.json").write_text("{"), "summary.json is not valid JSON"),
 ])
 def test_malformed_ranking_files_are_named(tmp_path, damage, message):
@@ -441,3 +441,69 @@ def test_each_engine_section_renders_that_engines_recommendation(tmp_path):
     assert "rule=Threshold(drafting='greedy', accept=0.75, single=1.0)" in plan["mdboost"]["python"]
     assert "from mdboost.md.rules import Threshold" in plan["mdboost"]["python"]
     assert plan["hf"]["custom_generate"] is None  # runs nothing: plain decoding
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("beats_plain_decoding", "false", "recommendation.beats_plain_decoding must be true or false, got 'false'"),
+    ("gamma", "four", "recommendation.gamma must be an integer >= 1, got 'four'"),
+    ("max_divergence", "nan", "recommendation.max_divergence must be a finite number >= 0, got 'nan'"),
+    ("max_divergence", float("nan"), "recommendation.max_divergence must be a finite number >= 0, got nan"),
+    ("gamma", 4.0, "recommendation.gamma must be an integer >= 1, got 4.0"),
+    ("temperature", True, "recommendation.temperature must be a finite number >= 0, got True"),
+    ("drafter", 3, "recommendation.drafter must be a non-empty string, got 3"),
+])
+def test_summary_fields_of_the_wrong_type_are_one_line_naming_them(tmp_path, capsys, field, value, message):
+    """Read unchecked, "false" is truthy: the snippet carried a drafter it should not (exit 0)."""
+    folder = ranking_dir(tmp_path, 5, beats=False)
+    summary = json.loads((folder / "summary.json").read_text())
+    summary["recommendation"][field] = value
+    (folder / "summary.json").write_text(json.dumps(summary))  # NaN as JSON's NaN literal, as json.dumps writes it
+    assert main(["export", "--ranking", str(folder), "--format", "mdboost"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and message in err, err
+    assert err.startswith(f"mdboost export: error: ranking '{folder}': summary.json's recommendation.{field}")
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("ranking_csv_sha256", "abc", "ranking_csv_sha256 must be a SHA-256"),
+    ("sampling", {"top_k": "20"}, "sampling.top_k must be an integer >= 1 or null, got '20'"),
+    ("sampling", {"top_p": 1.5}, "sampling.top_p must be a number in (0, 1] or null, got 1.5"),
+    ("device", 0, "device must be a non-empty string or null, got 0"),
+    ("recommendations_by_batch_size", {"one": {}}, "keyed by batch sizes"),
+    ("recommendations", {"vllm": {"recommendation": {"drafter": "x"}}}, "recommendations.vllm.recommendation lacks"),
+])
+def test_the_summarys_other_fields_are_checked_too(tmp_path, key, value, message):
+    folder = ranking_dir(tmp_path, 5)
+    summary = json.loads((folder / "summary.json").read_text())
+    summary[key] = value
+    (folder / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(ValueError) as err:
+        load_ranking(str(folder))
+    assert message in str(err.value)
+
+
+def test_a_recommendation_absent_from_its_ranking_csv_is_refused(tmp_path, capsys):
+    """The digest matches the CSV, but the recommendation is no row of it (the two came from
+    different runs): refused, where export printed it (exit 0)."""
+    folder = ranking_dir(tmp_path, 1)
+    summary = json.loads((folder / "summary.json").read_text())
+    assert main(["export", "--ranking", str(folder)]) == 0
+    capsys.readouterr()
+    for key, value in (("predicted_speedup", 1.1989), ("gamma", 6), ("drafter", "ngram:2")):
+        bad = dict(summary, recommendation=dict(summary["recommendation"], **{key: value}))
+        (folder / "summary.json").write_text(json.dumps(bad))
+        assert main(["export", "--ranking", str(folder)]) == 2
+        err = capsys.readouterr().err
+        assert "is not a row of its ranking.csv" in err and len(err.strip().splitlines()) == 1
+
+
+def test_each_batch_sizes_recommendation_must_be_a_row_of_its_batch_size(tmp_path):
+    folder = ranking_dir(tmp_path, 1)
+    summary = json.loads((folder / "summary.json").read_text())
+    summary["recommendations_by_batch_size"] = {"1": recommendation(2)}
+    (folder / "summary.json").write_text(json.dumps(summary))
+    load_ranking(str(folder))  # a row of batch size 1 (the CSV's only one)
+    summary["recommendations_by_batch_size"] = {"1": dict(recommendation(2), predicted_speedup=9.0)}
+    (folder / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(ValueError, match=r"recommendations_by_batch_size\.1 .* is not a row"):
+        load_ranking(str(folder))

@@ -144,3 +144,108 @@ def test_stopping_mdboost_ui_stops_its_server(tmp_path, sig):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` has exited (a zombie nobody reaped yet counts as exited)."""
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def _wait_gone(pid: int, deadline_s: float = 30.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + deadline_s
+    while not _gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return _gone(pid)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; killpg (POSIX)")
+def test_the_watchdog_stops_its_command_when_its_parent_is_killed(tmp_path):
+    """A parent killed by SIGKILL (no handler runs) takes the watched command, and what that
+    command started, with it: the watchdog sees it has another parent and stops its group."""
+    import os
+    import signal
+    import subprocess
+
+    pids = tmp_path / "pids"
+    command = tmp_path / "command.py"  # the watched command: starts a child, writes both pids, sleeps
+    command.write_text("import os, subprocess, sys, time\n"
+                       "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+                       f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{c.pid}}')\n"
+                       "time.sleep(300)\n")
+    starter = ("import subprocess, sys, time\n"
+               "from mdboost.tracking.watchdog import watched\n"
+               f"subprocess.Popen(watched([sys.executable, {str(command)!r}]), start_new_session=True)\n"
+               "time.sleep(300)\n")
+    parent = subprocess.Popen([sys.executable, "-c", starter], env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    try:
+        import time
+
+        deadline = time.monotonic() + 60
+        while not (pids.is_file() and len(pids.read_text().split()) == 2) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        command, started = map(int, pids.read_text().split())
+        assert not _gone(command) and not _gone(started)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(30)
+        assert _wait_gone(command) and _wait_gone(started)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        for pid in map(int, pids.read_text().split()) if pids.is_file() else ():
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; killpg (POSIX)")
+def test_mdboost_ui_killed_outright_leaves_no_server(tmp_path):
+    """SIGKILL to ``mdboost ui`` (no handler runs): its server stops anyway and the port is free."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    port = ui.free_port()
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    proc = subprocess.Popen([sys.executable, "-m", "mdboost.cli", "ui", "--port", str(port),
+                             "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    url, group = f"http://127.0.0.1:{port}", None
+    try:
+        ui.wait_until_up(url, proc, timeout=180)
+        group = next(int(p) for p in os.listdir("/proc") if p.isdigit() and _parent_of(int(p)) == proc.pid)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        assert _wait_gone(group, 60)  # the watchdog, after stopping its group
+        deadline = time.monotonic() + 30
+        while ui._answers(url, timeout=1.0) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not ui._answers(url, timeout=1.0)
+        ui._check_port_free("127.0.0.1", port)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if group is not None:
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None

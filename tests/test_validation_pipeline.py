@@ -111,9 +111,9 @@ def test_mlflow_runs_link_to_the_ranking(ran):
     assert logged["run_id"] == parent.info.run_id and logged["verdict"] == summary["verdict"]
 
 
-def test_a_failed_rerun_leaves_no_summary_of_the_run_before(validated, monkeypatch):
-    """summary.json is written last (it marks a complete validation): a rerun that fails after the
-    plan removes the old one, so the folder is never an old summary next to new files."""
+def test_a_failed_rerun_leaves_the_run_before_whole(validated, monkeypatch):
+    """Every file goes into a fresh folder that replaces output_dir at the end: a rerun that fails
+    after the plan leaves the previous validation's files, byte for byte, never a mix."""
     from pipelines import validate_pairs
     from pipelines.loader import load_yaml
     from pipelines.validate_config import ValidateConfig
@@ -128,10 +128,17 @@ def test_a_failed_rerun_leaves_no_summary_of_the_run_before(validated, monkeypat
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
+    before = {p.name: p.read_bytes() for p in (tmp / "val3").iterdir()}
+    assert sorted(before) == sorted(validate_pairs.OUTPUT_FILES)
     monkeypatch.setattr(validate_pairs, "realize_cells", interrupted)
     with pytest.raises(KeyboardInterrupt):
         validate_pairs.run(load_yaml(str(tmp / "val3.yaml"), ValidateConfig))
-    assert not (tmp / "val3" / "summary.json").exists() and (tmp / "val3" / "validation.csv").exists()
+    assert {p.name: p.read_bytes() for p in (tmp / "val3").iterdir()} == before
+    monkeypatch.setattr(validate_pairs, "write_validation_csv", interrupted)  # fails while writing its files
+    with pytest.raises(KeyboardInterrupt):
+        validate_pairs.main(str(tmp / "val3.yaml"))
+    assert {p.name: p.read_bytes() for p in (tmp / "val3").iterdir()} == before
+    assert not [p for p in tmp.iterdir() if p.name.startswith(".val3.tmp")]
 
 
 def test_terminal_shows_a_table_and_the_verdict(validated, capsys):

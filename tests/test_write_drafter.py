@@ -151,9 +151,9 @@ def ranking_dir(tmp_path, drafter, gamma=3, beats=True, device="cpu", **more):
     folder.mkdir()
     row = {"rank": 1, "drafter": drafter, "target": "tiny", "temperature": 0.7, "divergence": "none",
            "max_divergence": 0.0, "gamma": gamma, "predicted_speedup": 1.3, "predicted_speedup_lo": 1.2,
-           "predicted_speedup_hi": 1.4}
+           "predicted_speedup_hi": 1.4, **more}  # the recommendation is this row (summary.json is checked against it)
     with open(folder / "ranking.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, COLUMNS)
+        writer = csv.DictWriter(fh, COLUMNS + tuple(more))
         writer.writeheader()
         writer.writerow(row)
     rec = {k: row[k] for k in COLUMNS if k != "rank"} | {"beats_plain_decoding": beats, "quality_ok": True, **more}

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from mdboost._io import file_lock, lock_path, remove_stale_temps, sha256_file
+from mdboost._io import file_lock, lock_path, remove_stale_temps, sha256_file, swap_folder
 
 from .home import models_dir
 
@@ -101,9 +101,7 @@ def _convert_locked(folder, gguf_file: str, source: Path, out_dir: Path) -> None
         marker = {"source": str(source), "source_bytes": source.stat().st_size, "gguf_file": gguf_file,
                   "source_sha256": sha256_file(source, memo=True)}
         (tmp / MARKER).write_text(json.dumps(marker, indent=2))
-        if out_dir.exists():  # stale: unmarked, or converted from other bytes; moved aside, then removed
-            os.rename(out_dir, Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp-")) / "old")
-        os.rename(tmp, out_dir)
+        swap_folder(tmp, out_dir)  # a stale one (unmarked, or converted from other bytes) is replaced
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

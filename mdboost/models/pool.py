@@ -151,6 +151,40 @@ def parse_drafter(spec: str) -> tuple[str, int | None]:
     return match.group(1), int(match.group(2))
 
 
+def drafter_identity(spec: str) -> str:
+    """The drafter a spec names, spelled one way: two specs with the same identity build the same
+    drafter. ``"early_exit:02"`` -> ``"early_exit:2"``, ``"INT8"`` stays a model name; a model
+    that is a local folder is named by its absolute path (``./m`` and ``m`` are one), the
+    SmolLM2 alias in lower case.
+
+    >>> drafter_identity("early_exit:02"), drafter_identity("ngram:3"), drafter_identity("int8")
+    ('early_exit:2', 'ngram:3', 'int8')
+    """
+    kind, n = parse_drafter(spec)
+    if kind != "hf":
+        return kind if n is None else f"{kind}:{n}"
+    if spec.lower() == SMOLLM2_ALIAS:
+        return SMOLLM2_ALIAS
+    path = Path(spec).expanduser()
+    return str(path.resolve()) if path.exists() else spec
+
+
+def same_drafters(specs: list[str]) -> list[tuple[str, str]]:
+    """The pairs of ``specs`` (in their order) that name the same drafter (:func:`drafter_identity`).
+
+    >>> same_drafters(["early_exit:2", "tuned:2", "early_exit:02"])
+    [('early_exit:2', 'early_exit:02')]
+    """
+    first, pairs = {}, []
+    for spec in specs:
+        identity = drafter_identity(spec)
+        if identity in first:
+            pairs.append((first[identity], spec))
+        else:
+            first[identity] = spec
+    return pairs
+
+
 def target_depth(target: str, home=None) -> int | None:
     """The target's number of decoder layers, read without loading it (None when unknown)."""
     if TINY_NAME.fullmatch(target):

@@ -15,7 +15,7 @@ import math
 import os
 from pathlib import Path
 
-from mdboost._io import atomic_write_text
+from mdboost._io import atomic_write_bytes, atomic_write_text
 
 COLUMNS = [
     "batch_size", "rank", "drafter", "target", "temperature", "divergence", "max_divergence", "rule", "drafting", "draft_p_min", "engines",
@@ -52,13 +52,18 @@ def columns_of(rows: list[dict]) -> list[str]:
     return [c for c in COLUMNS if c in keys] + sorted(keys - set(COLUMNS))
 
 
-def write_csv(rows: list[dict], path: str | os.PathLike) -> Path:
-    """Write the ranking rows as CSV (atomically); returns the path."""
+def csv_bytes(rows: list[dict]) -> bytes:
+    """The ranking rows as CSV, UTF-8: the bytes :func:`write_csv` writes (and a summary's digest is taken of)."""
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=columns_of(rows), extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
-    return atomic_write_text(path, buf.getvalue())
+    return buf.getvalue().encode("utf-8")
+
+
+def write_csv(rows: list[dict], path: str | os.PathLike) -> Path:
+    """Write the ranking rows as CSV (atomically); returns the path."""
+    return atomic_write_bytes(path, csv_bytes(rows))
 
 
 def csv_float(value, default: float = math.nan) -> float:
@@ -77,12 +82,13 @@ def csv_bool(value) -> bool:
 
 def read_csv(path: str | os.PathLike) -> list[dict]:
     """Rows of a ranking CSV as dicts of strings."""
-    with open(path, newline="") as fh:
+    with open(path, newline="", encoding="utf-8") as fh:
         return list(csv.DictReader(fh))
 
 
 def csv_sha256(path: str | os.PathLike) -> str:
-    """The SHA-256 of a ranking CSV's bytes, as ``summary.json`` records it (``ranking_csv_sha256``)."""
+    """The SHA-256 of a ranking CSV's bytes on disk, checked against ``summary.json``'s
+    ``ranking_csv_sha256`` (which the run took of the bytes it wrote, :func:`csv_bytes`)."""
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 

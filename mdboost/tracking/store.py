@@ -7,9 +7,15 @@ the plain file store without an override).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sqlite3
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 from urllib.parse import urlparse
+
+from mdboost._io import file_lock, lock_path
 
 DEFAULT_TRACKING_URI = "sqlite:///mlruns/mlflow.db"
 DEFAULT_ARTIFACT_ROOT = "mlruns/artifacts"
@@ -33,10 +39,11 @@ def existing_run(run_id: str, tracking_uri: str, *, run_name: str = "", uri_name
     db = sqlite_path(tracking_uri)
     if db is not None and not db.is_file():  # a read creates no store
         raise ValueError(f"no MLflow run {run_id!r}{run_name}: the store {tracking_uri!r}{uri_name} does not exist")
-    try:
-        return mlflow.MlflowClient(tracking_uri).get_run(run_id)
-    except MlflowException as err:
-        raise ValueError(f"no MLflow run {run_id!r}{run_name} in {tracking_uri!r}{uri_name}") from err
+    with opening_store(tracking_uri):  # a store another process is creating: after it
+        try:
+            return mlflow.MlflowClient(tracking_uri).get_run(run_id)
+        except MlflowException as err:
+            raise ValueError(f"no MLflow run {run_id!r}{run_name} in {tracking_uri!r}{uri_name}") from err
 
 
 def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
@@ -77,26 +84,64 @@ def check_tracking_uri(tracking_uri: str) -> str:
     return tracking_uri
 
 
+def _store_errors() -> tuple[type[BaseException], ...]:
+    """What opening a store raises when it fails: MLflow's errors, the database's (SQLAlchemy,
+    sqlite3) and a failed schema migration (alembic; SQLAlchemy and alembic are MLflow's own
+    dependencies)."""
+    import alembic.util  # deferred: mlflow's dependencies: seconds to import; only a tracked run needs them
+    import sqlalchemy.exc  # deferred: as above
+    from mlflow.exceptions import MlflowException  # deferred: as above
+
+    return (MlflowException, sqlite3.Error, sqlalchemy.exc.SQLAlchemyError, alembic.util.CommandError)
+
+
+@contextmanager
+def opening_store(tracking_uri: str) -> Iterator[None]:
+    """Open (and on first use create) the store ``tracking_uri`` inside the block, one process at
+    a time for a ``sqlite:///`` store, and report a failure on one line.
+
+    MLflow creates a fresh SQL store's tables and runs its schema migrations when a process
+    first opens it; two processes doing so at once on one sqlite file collide (``sqlite3.
+    OperationalError: duplicate column name``, or alembic's "expected to match one row"). So the
+    first opening in each process (and an experiment's creation, which races the same way) holds
+    an exclusive lock on the store's sibling lock file (:func:`mdboost._io.lock_path`); a second
+    process waits, then finds the store made. A store that fails to open anyway raises an
+    ``OSError`` naming the URI with the cause on one line (the CLI prints it, no traceback).
+    """
+    db = sqlite_path(tracking_uri)
+    lock = contextlib.nullcontext()
+    if db is not None:
+        db.parent.mkdir(parents=True, exist_ok=True)
+        lock = file_lock(lock_path(db))
+    errors = _store_errors()
+    try:
+        with lock:
+            yield
+    except errors as err:
+        cause = " ".join(str(err).split()) or type(err).__name__
+        raise OSError(f"the MLflow store {tracking_uri!r} could not be opened ({type(err).__name__}: "
+                      f"{cause[:300]})") from err
+
+
 def setup(experiment: str, tracking_uri: str = DEFAULT_TRACKING_URI,
           artifact_root: str = DEFAULT_ARTIFACT_ROOT) -> str:
     """Point MLflow at the store and make sure ``experiment`` exists; returns its id.
 
     New experiments store artifacts under ``artifact_root`` (made absolute, so the UI can
     serve them from any working directory) and are tagged as classic ML experiments: MLflow 3
-    otherwise opens them in its GenAI view, where runs and their metrics are not listed.
+    otherwise opens them in its GenAI view, where runs and their metrics are not listed. Safe
+    when several processes set up one fresh store at once (:func:`opening_store`).
     """
     import mlflow  # deferred: mlflow: seconds to import; the library runs without a tracking server
 
-    db = sqlite_path(tracking_uri)
-    if db is not None:
-        db.parent.mkdir(parents=True, exist_ok=True)
-    mlflow.set_tracking_uri(tracking_uri)
-    found = mlflow.get_experiment_by_name(experiment)
-    if found is not None:
-        experiment_id = found.experiment_id
-    else:
-        location = Path(artifact_root).resolve() / experiment
-        experiment_id = mlflow.create_experiment(
-            experiment, artifact_location=location.as_uri(), tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
-    mlflow.set_experiment(experiment_id=experiment_id)
+    with opening_store(tracking_uri):
+        mlflow.set_tracking_uri(tracking_uri)
+        found = mlflow.get_experiment_by_name(experiment)
+        if found is not None:
+            experiment_id = found.experiment_id
+        else:
+            location = Path(artifact_root).resolve() / experiment
+            experiment_id = mlflow.create_experiment(
+                experiment, artifact_location=location.as_uri(), tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+        mlflow.set_experiment(experiment_id=experiment_id)
     return experiment_id

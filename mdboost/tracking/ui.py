@@ -3,7 +3,9 @@
 ``main`` runs ``mlflow server`` in the foreground on localhost over a tracking store (the
 given one, else ``$MLFLOW_TRACKING_URI``, else ``sqlite:///mlruns/mlflow.db``; artifacts of
 experiments created through it under ``artifact_root``, default ``mlruns/artifacts``; see
-:mod:`mdboost.tracking.store`) and stops it, workers included, on SIGINT / SIGTERM / SIGHUP. :func:`running_server` starts the same server in the background on a
+:mod:`mdboost.tracking.store`) and stops it, workers included, on SIGINT / SIGTERM / SIGHUP; the
+server runs under :mod:`mdboost.tracking.watchdog`, so it stops too when ``mdboost ui`` is killed
+outright (SIGKILL). :func:`running_server` starts the same server in the background on a
 free port, waits until it answers ``/health`` and stops it on exit; the browser test and any
 script that wants to look at runs programmatically use it.
 
@@ -29,6 +31,7 @@ from urllib.parse import urlparse
 
 from mdboost.tracking.store import (DEFAULT_ARTIFACT_ROOT, DEFAULT_TRACKING_URI, check_tracking_uri, resolve_tracking_uri,
                                    sqlite_path)
+from mdboost.tracking.watchdog import watched
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
@@ -161,8 +164,9 @@ def main(tracking_uri: str | None = None, port: int = 5000, host: str = "127.0.0
     proc = None
     with _signals_stop():  # installed first: a SIGTERM right after the start still stops the server
         try:
-            # its own session: a signal to us reaches the server (and its workers) only through _stop
-            proc = subprocess.Popen(cmd, start_new_session=True)
+            # its own session: a signal to us reaches the server (and its workers) only through _stop;
+            # under a watchdog that stops it when we die without a word (SIGKILL; mdboost.tracking.watchdog)
+            proc = subprocess.Popen(watched(cmd), start_new_session=True)
             return proc.wait()
         except (KeyboardInterrupt, _Stopped):
             return 0
@@ -286,7 +290,7 @@ def running_server(tracking_uri: str = DEFAULT_TRACKING_URI, *, port: int | None
     with tempfile.TemporaryDirectory(prefix="mdboost-ui-") as tmp:
         log = Path(tmp) / "server.log"
         with open(log, "wb") as out:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen(watched(cmd), stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
         try:
             wait_until_up(url, proc, timeout, log)
