@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -466,9 +467,10 @@ def _write_all(cfg: RankConfig, ranked: _Ranked, profiles: list | None, start: f
     pc = sampled[0].pc
     summary.update(cost_fields(pc, profiles))
     # what the pick depends on: each drafter's break-even cost at the headline batch size
-    summary["break_even_costs"] = break_even_costs(rows, rec.predicted_speedup if rec.beats_plain_decoding else None)
-    summary["hardware_dependence"] = hardware_line(summary["break_even_costs"],
-                                                   rec.drafter if rec.beats_plain_decoding else None)
+    even = break_even_costs(rows, rec.predicted_speedup if rec.beats_plain_decoding else None)
+    summary["hardware_dependence"] = hardware_line(even, rec.drafter if rec.beats_plain_decoding else None)
+    summary["break_even_costs"] = {d: {k: "any" if isinstance(v, float) and math.isinf(v) else v for k, v in e.items()}
+                                   for d, e in even.items()}  # strict JSON: "any" for an infinite break-even
     costs = f"{costs_line(summary['hardware'], summary['cost_profile'])}; {summary['hardware_dependence']}"
     summary["verdict"] = costed_verdict(rec, costs)
     summary["recommendation_markdown"] = ranking_note(
