@@ -32,10 +32,11 @@ from mdboost.md import contract
 from mdboost.md.breakpoints import Breakpoints
 from mdboost.md.divergences import f_divergence
 from mdboost.md.probs import logits_to_probs
-from mdboost.md.solve import _solve, acceptance_probability, mentored_distribution, solve
+from mdboost.md._checks import compute_dtype
+from mdboost.md.solve import _rows64, _solve, acceptance_probability, mentored_distribution, solve
 from mdboost.md.verify import PLACEHOLDER_TOKEN_ID, verify
 
-DIVS = ("kl", "rkl", "hellinger", "pearson", "neyman", "tv", "js", "alpha:-1.5", "alpha:2")
+DIVS = ("kl", "rkl", "hellinger", "pearson", "neyman", "tv", "js", "alpha:-1.5", "alpha:2", "alpha:-3")
 TINY = (5e-324, 1e-320, 1e-310, 1e-300, 1e-200, 1e-60, 2e-49, 1e-45, 1e-40, 1e-38, 1e-30, 1e-25, 3e-14, 1e-9)
 KINDS = ("bad_exception", "nan", "violation")
 
@@ -196,6 +197,24 @@ def _check_divergence(name, value, budget, dtype):
     _check(not bad.any(), f"{name}: divergence above the budget")
 
 
+def _solved_rows(p, q):  # [..., V] x2 -> float64 [..., V] x2
+    """The rows as the solvers read them: in the compute dtype (its overflow rule: a ratio
+    ``p_i / q_i`` beyond its range counts as ``q_i = 0``), then rescaled to sum 1 in float64."""
+    dtype = compute_dtype(torch.promote_types(p.dtype, q.dtype))
+    return _rows64(p.detach().to(dtype), q.detach().to(dtype), True)
+
+
+def _check_budget_kept(name, p, q, a, b, budget, div, dtype):
+    """The returned ``(a, b)`` themselves respect the budget: ``D_f(pi(a, b) || q)`` on the rows as
+    solved (:func:`_solved_rows`), ``pi`` evaluated in float64 at ``(a, b)`` in their output dtype."""
+    if a.numel() == 0:
+        return
+    p64, q64 = _solved_rows(p, q)
+    pi = mentored_distribution(p64, q64, a.detach().double(), b.detach().double(), validate=False)
+    d = f_divergence(pi, q64, div, validate=False)
+    _check_divergence(f"{name}: D_f(pi(a, b) || q) {float(d.max()):.6g} ({div})", d, budget, dtype)
+
+
 def _routed(routing, p, q, value, dual: bool, div):
     """``solve`` of the exact primal (dual) with the ``route=`` / ``namespace=`` arguments of
     ``mdboost.md.solve._solve`` that ``routing(p, q, value, dual, div)`` returns (a dict);
@@ -227,6 +246,7 @@ def _case_solve(rng, dtype, routing=None):
     for mode, sol in (("exact", exact), ("bound", bound)):
         _check_point(f"solve {mode}", p, q, sol.a, sol.b, sol.acceptance, dtype)
         _check_divergence(f"solve {mode} achieved", sol.achieved_divergence, budget, dtype)
+        _check_budget_kept(f"solve {mode}", p, q, sol.a, sol.b, budget, div, dtype)
         _check((sol.acceptance.double() >= sol.sd_acceptance.double() - tol.sum).all(), f"solve {mode}: below SD")
         _check(not sol.acceptance.requires_grad, f"solve {mode}: output requires grad")
     _check((exact.acceptance.double() >= bound.acceptance.double() - tol.sum).all(), "exact acceptance < bound")
@@ -241,6 +261,7 @@ def _case_breakpoints(rng, dtype):
     sd, top = bp.sd_acceptance, bp.max_acceptance
     _no_nan("sd/max acceptance", sd, top)
     _check((sd <= top + tol.sum).all(), "sd_acceptance > max_acceptance")
+    _check(((sd >= 0) & (top <= 1)).all(), "sd/max acceptance outside [0, 1]")
     what = rng.choice(["dual", "exact", "bound", "value", "at", "curve"])
     if what == "dual":
         pt = bp.for_acceptance(_budget(rng, shape, upper=1.0))
@@ -253,10 +274,7 @@ def _case_breakpoints(rng, dtype):
         else:
             pt = (bp.for_divergence if what == "exact" else bp.for_divergence_bound)(budget, div)
         _check_point(f"for_divergence {what}", p, q, pt.a, pt.b, pt.acceptance, dtype)
-        p64, q64 = _d64(p, q)
-        if dtype == torch.float64 and pt.a.numel():  # recomputed on the full vocabulary
-            d = f_divergence(mentored_distribution(p64, q64, pt.a, pt.b, validate=False), q64, div, validate=False)
-            _check_divergence(f"for_divergence {what} recomputed", d, budget, dtype)
+        _check_budget_kept(f"for_divergence {what}", p, q, pt.a, pt.b, budget, div, dtype)
     elif what == "at":
         acc = _budget(rng, shape, upper=1.0)
         _check_divergence("divergence_at", bp.divergence_at(acc, div), math.inf, dtype)
@@ -307,12 +325,23 @@ def _case_verify(rng, dtype):
     if kwargs["solve"] == "all":
         _no_nan("verify stats", res.a, res.b, res.acceptance_probability, res.divergence)
     _no_nan("verify sd_acceptance", res.sd_acceptance)
+    _check(((res.sd_acceptance >= 0) & (res.sd_acceptance <= 1)).all(), "verify: sd_acceptance outside [0, 1]")
+    if "top_k" not in kwargs and batch and k:  # 1 - TV of the rows as solved (rescaled to sum 1 in float64)
+        p64, q64 = (x.detach().double() for x in (p, q[:, :k]))
+        want = torch.minimum(p64 / p64.sum(-1, keepdim=True), q64 / q64.sum(-1, keepdim=True)).sum(-1)
+        _check(((res.sd_acceptance.double() - want).abs() <= tol.sum).all(),
+               lambda: f"verify: sd_acceptance {float(res.sd_acceptance.max()):.6g} != 1 - TV {float(want.max()):.6g}")
     acc, sd = res.acceptance_probability[solved].double(), res.sd_acceptance[solved].double()
     dev = ((p.detach().double().sum(-1) - 1).abs() + (q.detach().double()[:, :k].sum(-1) - 1).abs())[solved]
     _check(((acc >= 0) & (acc <= 1)).all() and (acc >= sd - tol.sum - dev).all(), "verify: acceptance outside [sd, 1]")
     if not dual:
         b = torch.as_tensor(budget, dtype=torch.float64).expand(batch, k)[solved] if k and batch else 0.0
         _check_divergence("verify divergence", res.divergence[solved], b, dtype)
+        if batch and k and "top_k" not in kwargs:  # the clamps of the full rows (top_k solves on restricted ones)
+            zero = torch.zeros((), dtype=res.a.dtype)
+            a0, b0 = torch.where(solved, res.a, zero), torch.where(solved, res.b, zero)
+            budgets = torch.as_tensor(budget, dtype=torch.float64).expand(batch, k)
+            _check_budget_kept("verify", p, q[:, :k], a0, b0, budgets, div, dtype)
 
 
 def _case_f_divergence(rng, dtype):
@@ -499,7 +528,13 @@ def _malformed_case(rng):
         if which == 0:
             bad = [torch.zeros(2, 4, device="meta"), torch.zeros(2, 4, dtype=torch.complex64), torch.full((2, 4), math.nan),
                    torch.full((2, 4), -math.inf), "x", torch.zeros(()), torch.zeros(2, 0)][rng.integers(7)]
-            return api, "logits", lambda: logits_to_probs(bad)
+            # an all -inf row is an error at every temperature (greedy too) and with top_k / top_p
+            kwargs = dict(temperature=float(rng.choice([0.0, 1e-40, 0.5, 1.0])))
+            if rng.random() < 0.3:
+                kwargs["top_k"] = int(rng.choice([1, 3]))
+            if rng.random() < 0.3:
+                kwargs["top_p"] = 0.9
+            return api, "logits", lambda: logits_to_probs(bad, **kwargs)
         name = ["temperature", "top_k", "top_p"][which - 1]
         bad = _bad_number(rng, name)
         return api, name, lambda: logits_to_probs(z, **{name: bad})
