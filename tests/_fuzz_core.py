@@ -239,7 +239,11 @@ def _case_solve(rng, dtype, routing=None):
         _check((sol.acceptance.double() >= want - tol.sum).all(), "solve dual: acceptance below the target")
         _no_nan("solve dual", sol.achieved_divergence)
         return
-    budget = _budget(rng, shape)
+    _check_primal(p, q, _budget(rng, shape), div, dtype, routing)
+
+
+def _check_primal(p, q, budget, div, dtype, routing=None):
+    """The primal ``solve`` (exact and bound) at ``budget`` within the contract."""
     exact = _routed(routing, p, q, budget, False, div)
     bound = solve(p, q, max_divergence=budget, divergence=div, mode="bound")
     tol = contract.tolerance(dtype)
@@ -312,6 +316,14 @@ def _case_verify(rng, dtype):
     dual = rng.random() < 0.2
     budget = _budget(rng, (batch, k), upper=1.0 if dual else None)
     kwargs["min_acceptance" if dual else "max_divergence"] = budget
+    _check_verify(tokens, p, q, kwargs, dtype)
+
+
+def _check_verify(tokens, p, q, kwargs, dtype):
+    """``verify(tokens, p, q, **kwargs)`` within the contract (p [B, K, V], q [B, K + 1, V])."""
+    (batch, k, v), div = p.shape, kwargs.get("divergence", "kl")
+    dual = "min_acceptance" in kwargs
+    budget = kwargs["min_acceptance" if dual else "max_divergence"]
     res = verify(tokens, p, q, **kwargs)
     _check(res.tokens.shape == (batch, k + 1) and res.num_accepted.shape == (batch,), "verify: shapes")
     if batch:
@@ -321,8 +333,9 @@ def _case_verify(rng, dtype):
         after = torch.arange(k + 1) > res.num_accepted.unsqueeze(1)
         _check((res.tokens[after] == PLACEHOLDER_TOKEN_ID).all(), "verify: padding")
     tol = contract.tolerance(dtype)
-    solved = ~torch.isnan(res.a) if kwargs["solve"] != "all" else torch.ones_like(res.a, dtype=torch.bool)
-    if kwargs["solve"] == "all":
+    lazy = kwargs.get("solve", "all") != "all"
+    solved = ~torch.isnan(res.a) if lazy else torch.ones_like(res.a, dtype=torch.bool)
+    if not lazy:
         _no_nan("verify stats", res.a, res.b, res.acceptance_probability, res.divergence)
     _no_nan("verify sd_acceptance", res.sd_acceptance)
     _check(((res.sd_acceptance >= 0) & (res.sd_acceptance <= 1)).all(), "verify: sd_acceptance outside [0, 1]")
@@ -405,6 +418,40 @@ def _case_pool(rng, dtype):
     if len(Xt):
         clf.score(Xt, y[Xt[:, 0]])
         clf.margins(Xt, y[Xt[:, 0]])
+
+
+# ---------------------------------------------------------------------------- fixed regression cases
+def _regression_solve_rounded_b(routing=None):
+    """Float32 ``b = 1 - 6e-12`` rounded to nearest was ``b = 1``: ``pi_2 = 0``, an infinite ``rkl``
+    against the budget 0.6 (also in half precision, and the dual at the same point)."""
+    for dtype in (torch.float32, torch.float16):
+        p, q = torch.tensor([1.0, 0.0], dtype=dtype), torch.tensor([0.97582394, 0.02417603], dtype=dtype)
+        for div in ("rkl", "neyman", "alpha:-3"):
+            _check_primal(p, q, 0.6, div, dtype, routing)
+            for what in ("exact", "bound"):
+                bp = Breakpoints.build(p, q)
+                pt = (bp.for_divergence if what == "exact" else bp.for_divergence_bound)(0.6, div)
+                _check_budget_kept(f"for_divergence {what}", p, q, pt.a, pt.b, 0.6, div, dtype)
+
+
+def _regression_verify_half_overlap(routing=None):  # verify has no routing argument
+    """Two equal float16 rows summing to 1.0005 (within the input tolerance) overlapped by 1.0005:
+    ``sd_acceptance`` above 1."""
+    row = torch.tensor([0.3335, 0.3335, 0.3335], dtype=torch.float16)
+    p, q = row.expand(2, 1, 3).clone(), row.expand(2, 2, 3).clone()
+    tokens = torch.tensor([[0], [2]])
+    for kwargs in (dict(max_divergence=0.0), dict(max_divergence=0.1, divergence="rkl"), dict(min_acceptance=0.5)):
+        _check_verify(tokens, p, q, dict(kwargs, generator=torch.Generator().manual_seed(0)), torch.float16)
+
+
+def _regression_greedy_dead_row():
+    """An all ``-inf`` row was a one-hot on token 0 at ``temperature=0`` (an error at 1)."""
+    z = torch.tensor([[0.0, 1.0], [-math.inf, -math.inf]])
+    return [("logits", "logits", lambda t=t: logits_to_probs(z, temperature=t)) for t in (0.0, 1.0)]
+
+
+REGRESSIONS = dict(solve=_regression_solve_rounded_b, verify=_regression_verify_half_overlap)  # valid input
+MALFORMED_REGRESSIONS = (_regression_greedy_dead_row,)  # each gives (api, argument, thunk) triples
 
 
 VALID = dict(solve=_case_solve, breakpoints=_case_breakpoints, verify=_case_verify, f_divergence=_case_f_divergence,
@@ -590,41 +637,63 @@ def replay(api: str, desc) -> None:
 
 def run(seed: int, n_cases: int, dtypes=(torch.float64, torch.float32), *, malformed_share: float = 0.2,
         time_budget: float | None = None, routing=None) -> Report:
-    """Run ``n_cases`` cases per dtype of ``dtypes`` (stopping early past ``time_budget`` seconds);
-    ``routing``: the exact solves' route and namespace (see :func:`_routed`)."""
+    """Run the fixed regression cases, then ``n_cases`` drawn cases per dtype of ``dtypes`` (stopping
+    early past ``time_budget`` seconds); ``routing``: the exact solves' route and namespace (see
+    :func:`_routed`)."""
     rng = np.random.default_rng(seed)
     report = Report()
     apis, weights = list(VALID), np.array([WEIGHTS[k] for k in VALID])
     start = time.perf_counter()
     torch.manual_seed(seed)
+    _run_regressions(report, routing)
     for i in range(n_cases * len(dtypes)):
         if time_budget is not None and time.perf_counter() - start > time_budget:
             break
         dtype = dtypes[i % len(dtypes)]
         if rng.random() < malformed_share:
-            api, name, thunk = _malformed_case(rng)
-            report.cases[f"{api} (malformed)"] += 1
-            report.malformed += 1
-            try:
-                thunk()
-            except (ValueError, TypeError) as exc:
-                if name not in str(exc):
-                    report.add("bad_exception", api, name, f"{type(exc).__name__} not naming {name}: {exc}")
-            except Exception as exc:  # noqa: BLE001 - counted, that is the point
-                report.add("bad_exception", api, name, f"{type(exc).__name__}: {exc}")
-            else:
-                report.add("bad_exception", api, name, "no error raised")
+            _run_malformed(report, *_malformed_case(rng))
             continue
         api = apis[rng.choice(len(apis), p=weights / weights.sum())]
-        report.cases[api] += 1
         state = rng.bit_generator.state
-        try:
-            VALID[api](rng, dtype, **({"routing": routing} if routing is not None and api == "solve" else {}))
-        except _Fail as fail:
-            report.add(fail.kind, api, (dtype, state), str(fail))
-        except ValueError as exc:
-            report.add("violation", api, (dtype, state), f"valid input rejected: {exc}")
-        except Exception as exc:  # noqa: BLE001
-            report.add("bad_exception", api, (dtype, state), f"{type(exc).__name__}: {exc}")
+        _run_valid(report, api, (dtype, state),
+                   lambda: VALID[api](rng, dtype, **({"routing": routing} if routing is not None and api == "solve" else {})))
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _run_regressions(report: Report, routing=None) -> None:
+    """The fixed regression cases (counted under ``"<api> (regression)"``; a failure's ``desc`` is
+    the case's name, which :func:`replay` does not take); ``routing``: see :func:`run`."""
+    for api, case in REGRESSIONS.items():
+        _run_valid(report, api, case.__name__, lambda case=case: case(routing=routing), label=f"{api} (regression)")
+    for make in MALFORMED_REGRESSIONS:
+        for api, name, thunk in make():
+            _run_malformed(report, api, name, thunk, label=f"{api} (malformed regression)")
+
+
+def _run_valid(report: Report, api: str, desc, thunk, label: str | None = None) -> None:
+    """One call on valid input: its failures counted by kind."""
+    report.cases[label or api] += 1
+    try:
+        thunk()
+    except _Fail as fail:
+        report.add(fail.kind, api, desc, str(fail))
+    except ValueError as exc:
+        report.add("violation", api, desc, f"valid input rejected: {exc}")
+    except Exception as exc:  # noqa: BLE001 - counted, that is the point
+        report.add("bad_exception", api, desc, f"{type(exc).__name__}: {exc}")
+
+
+def _run_malformed(report: Report, api: str, name: str, thunk, label: str | None = None) -> None:
+    """One call with the argument ``name`` spoiled: a ValueError/TypeError naming it, else counted."""
+    report.cases[label or f"{api} (malformed)"] += 1
+    report.malformed += 1
+    try:
+        thunk()
+    except (ValueError, TypeError) as exc:
+        if name not in str(exc):
+            report.add("bad_exception", api, name, f"{type(exc).__name__} not naming {name}: {exc}")
+    except Exception as exc:  # noqa: BLE001 - counted, that is the point
+        report.add("bad_exception", api, name, f"{type(exc).__name__}: {exc}")
+    else:
+        report.add("bad_exception", api, name, "no error raised")

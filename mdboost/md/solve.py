@@ -142,7 +142,12 @@ def solve(
     -------
     MDSolution
         ``acceptance`` in ``[0, 1]`` and ``achieved_divergence >= 0`` (rounding never leaves
-        them); ``feasible`` per row.
+        them); ``feasible`` per row. Computed in float64 and returned in the input's compute
+        dtype; in float32 (and for half inputs) ``a`` and ``b`` are rounded towards ``pi = q``
+        (:func:`~mdboost.md.clamp.point_to_dtype`), so that ``pi(a, b)`` at the returned values
+        keeps the budget on the rows as solved (rescaled to sum 1 in float64 when validated):
+        ``D_f(pi || q) <= max_divergence (1 + rel) + abs`` with float32's tolerances of
+        :func:`mdboost.md.contract.tolerance`, like ``achieved_divergence``.
 
     Examples
     --------
