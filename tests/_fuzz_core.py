@@ -16,6 +16,13 @@ Outcomes, counted per kind (the goal is 0 of each) against the numerical contrac
 - ``nan``: a NaN output on valid input;
 - ``violation``: a contract violation on valid input (valid input rejected, pi not summing to
   1, divergence above the budget, exact acceptance below the bound's, a negative output, ...).
+
+The budget is checked twice for every primal point: the divergence the solver reports, and
+``D_f(pi(a, b) || q)`` recomputed in float64 at the returned ``(a, b)`` (in their output dtype)
+on the rows as solved (:func:`_solved_rows`: rescaled to sum 1), the low-precision contract of
+:mod:`mdboost.md.contract`. ``verify``'s ``sd_acceptance`` is checked against ``1 - TV`` of those
+rows. Every :func:`run` starts with the fixed regression cases (:data:`REGRESSIONS`,
+:data:`MALFORMED_REGRESSIONS`): inputs earlier fuzz runs found, kept as they were found.
 """
 
 from __future__ import annotations
