@@ -37,7 +37,8 @@ class VerifyResult:
     acceptance_probability : torch.Tensor of shape (B, K)
         Optimal MD acceptance probability ``P_acc(pi)`` at each position (on the target's support).
     sd_acceptance : torch.Tensor of shape (B, K)
-        Acceptance of standard SD at each position, ``1 - TV(p, q)``.
+        Acceptance of standard SD at each position, ``1 - TV(p, q)``, of the rows as solved
+        (rescaled to sum 1 when validated: :func:`overlap`), in ``[0, 1]``.
     divergence : torch.Tensor of shape (B, K)
         Realized ``D_f(pi || q)`` at each position.
     accepted_by_budget : torch.BoolTensor of shape (B, K)
