@@ -24,8 +24,12 @@ run: venv
 test: venv
 	$(PY) -m pytest -m "not slow and not browser" -n $(PYTEST_WORKERS) -q
 
+# The slow tests include the core's fuzz harness at four new seeds (10,000 cases per seed and dtype,
+# tests/test_fuzz_core.py); `make test-slow FUZZ_SEEDS=7,8` picks others (`FUZZ_SEEDS=$RANDOM`: a new one
+# each run); every failure names its seed.
+FUZZ_SEEDS ?=
 test-slow: venv
-	$(PY) -m pytest -m "slow or browser" -q
+	$(if $(FUZZ_SEEDS),MDBOOST_FUZZ_SEEDS=$(FUZZ_SEEDS) )$(PY) -m pytest -m "slow or browser" -q
 
 # Every benchmark writes its own section of bench/RESULTS.md (minutes to tens of minutes on CPU).
 bench: venv

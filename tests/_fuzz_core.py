@@ -16,6 +16,13 @@ Outcomes, counted per kind (the goal is 0 of each) against the numerical contrac
 - ``nan``: a NaN output on valid input;
 - ``violation``: a contract violation on valid input (valid input rejected, pi not summing to
   1, divergence above the budget, exact acceptance below the bound's, a negative output, ...).
+
+The budget is checked twice for every primal point: the divergence the solver reports, and
+``D_f(pi(a, b) || q)`` recomputed in float64 at the returned ``(a, b)`` (in their output dtype)
+on the rows as solved (:func:`_solved_rows`: rescaled to sum 1), the low-precision contract of
+:mod:`mdboost.md.contract`. ``verify``'s ``sd_acceptance`` is checked against ``1 - TV`` of those
+rows. Every :func:`run` starts with the fixed regression cases (:data:`REGRESSIONS`,
+:data:`MALFORMED_REGRESSIONS`): inputs earlier fuzz runs found, kept as they were found.
 """
 
 from __future__ import annotations
@@ -32,10 +39,11 @@ from mdboost.md import contract
 from mdboost.md.breakpoints import Breakpoints
 from mdboost.md.divergences import f_divergence
 from mdboost.md.probs import logits_to_probs
-from mdboost.md.solve import _solve, acceptance_probability, mentored_distribution, solve
+from mdboost.md._checks import compute_dtype
+from mdboost.md.solve import _rows64, _solve, acceptance_probability, mentored_distribution, solve
 from mdboost.md.verify import PLACEHOLDER_TOKEN_ID, verify
 
-DIVS = ("kl", "rkl", "hellinger", "pearson", "neyman", "tv", "js", "alpha:-1.5", "alpha:2")
+DIVS = ("kl", "rkl", "hellinger", "pearson", "neyman", "tv", "js", "alpha:-1.5", "alpha:2", "alpha:-3")
 TINY = (5e-324, 1e-320, 1e-310, 1e-300, 1e-200, 1e-60, 2e-49, 1e-45, 1e-40, 1e-38, 1e-30, 1e-25, 3e-14, 1e-9)
 KINDS = ("bad_exception", "nan", "violation")
 
@@ -196,6 +204,24 @@ def _check_divergence(name, value, budget, dtype):
     _check(not bad.any(), f"{name}: divergence above the budget")
 
 
+def _solved_rows(p, q):  # [..., V] x2 -> float64 [..., V] x2
+    """The rows as the solvers read them: in the compute dtype (its overflow rule: a ratio
+    ``p_i / q_i`` beyond its range counts as ``q_i = 0``), then rescaled to sum 1 in float64."""
+    dtype = compute_dtype(torch.promote_types(p.dtype, q.dtype))
+    return _rows64(p.detach().to(dtype), q.detach().to(dtype), True)
+
+
+def _check_budget_kept(name, p, q, a, b, budget, div, dtype):
+    """The returned ``(a, b)`` themselves respect the budget: ``D_f(pi(a, b) || q)`` on the rows as
+    solved (:func:`_solved_rows`), ``pi`` evaluated in float64 at ``(a, b)`` in their output dtype."""
+    if a.numel() == 0:
+        return
+    p64, q64 = _solved_rows(p, q)
+    pi = mentored_distribution(p64, q64, a.detach().double(), b.detach().double(), validate=False)
+    d = f_divergence(pi, q64, div, validate=False)
+    _check_divergence(f"{name}: D_f(pi(a, b) || q) {float(d.max()):.6g} ({div})", d, budget, dtype)
+
+
 def _routed(routing, p, q, value, dual: bool, div):
     """``solve`` of the exact primal (dual) with the ``route=`` / ``namespace=`` arguments of
     ``mdboost.md.solve._solve`` that ``routing(p, q, value, dual, div)`` returns (a dict);
@@ -220,13 +246,18 @@ def _case_solve(rng, dtype, routing=None):
         _check((sol.acceptance.double() >= want - tol.sum).all(), "solve dual: acceptance below the target")
         _no_nan("solve dual", sol.achieved_divergence)
         return
-    budget = _budget(rng, shape)
+    _check_primal(p, q, _budget(rng, shape), div, dtype, routing)
+
+
+def _check_primal(p, q, budget, div, dtype, routing=None):
+    """The primal ``solve`` (exact and bound) at ``budget`` within the contract."""
     exact = _routed(routing, p, q, budget, False, div)
     bound = solve(p, q, max_divergence=budget, divergence=div, mode="bound")
     tol = contract.tolerance(dtype)
     for mode, sol in (("exact", exact), ("bound", bound)):
         _check_point(f"solve {mode}", p, q, sol.a, sol.b, sol.acceptance, dtype)
         _check_divergence(f"solve {mode} achieved", sol.achieved_divergence, budget, dtype)
+        _check_budget_kept(f"solve {mode}", p, q, sol.a, sol.b, budget, div, dtype)
         _check((sol.acceptance.double() >= sol.sd_acceptance.double() - tol.sum).all(), f"solve {mode}: below SD")
         _check(not sol.acceptance.requires_grad, f"solve {mode}: output requires grad")
     _check((exact.acceptance.double() >= bound.acceptance.double() - tol.sum).all(), "exact acceptance < bound")
@@ -241,6 +272,7 @@ def _case_breakpoints(rng, dtype):
     sd, top = bp.sd_acceptance, bp.max_acceptance
     _no_nan("sd/max acceptance", sd, top)
     _check((sd <= top + tol.sum).all(), "sd_acceptance > max_acceptance")
+    _check(((sd >= 0) & (top <= 1)).all(), "sd/max acceptance outside [0, 1]")
     what = rng.choice(["dual", "exact", "bound", "value", "at", "curve"])
     if what == "dual":
         pt = bp.for_acceptance(_budget(rng, shape, upper=1.0))
@@ -253,10 +285,7 @@ def _case_breakpoints(rng, dtype):
         else:
             pt = (bp.for_divergence if what == "exact" else bp.for_divergence_bound)(budget, div)
         _check_point(f"for_divergence {what}", p, q, pt.a, pt.b, pt.acceptance, dtype)
-        p64, q64 = _d64(p, q)
-        if dtype == torch.float64 and pt.a.numel():  # recomputed on the full vocabulary
-            d = f_divergence(mentored_distribution(p64, q64, pt.a, pt.b, validate=False), q64, div, validate=False)
-            _check_divergence(f"for_divergence {what} recomputed", d, budget, dtype)
+        _check_budget_kept(f"for_divergence {what}", p, q, pt.a, pt.b, budget, div, dtype)
     elif what == "at":
         acc = _budget(rng, shape, upper=1.0)
         _check_divergence("divergence_at", bp.divergence_at(acc, div), math.inf, dtype)
@@ -294,6 +323,14 @@ def _case_verify(rng, dtype):
     dual = rng.random() < 0.2
     budget = _budget(rng, (batch, k), upper=1.0 if dual else None)
     kwargs["min_acceptance" if dual else "max_divergence"] = budget
+    _check_verify(tokens, p, q, kwargs, dtype)
+
+
+def _check_verify(tokens, p, q, kwargs, dtype):
+    """``verify(tokens, p, q, **kwargs)`` within the contract (p [B, K, V], q [B, K + 1, V])."""
+    (batch, k, v), div = p.shape, kwargs.get("divergence", "kl")
+    dual = "min_acceptance" in kwargs
+    budget = kwargs["min_acceptance" if dual else "max_divergence"]
     res = verify(tokens, p, q, **kwargs)
     _check(res.tokens.shape == (batch, k + 1) and res.num_accepted.shape == (batch,), "verify: shapes")
     if batch:
@@ -303,16 +340,28 @@ def _case_verify(rng, dtype):
         after = torch.arange(k + 1) > res.num_accepted.unsqueeze(1)
         _check((res.tokens[after] == PLACEHOLDER_TOKEN_ID).all(), "verify: padding")
     tol = contract.tolerance(dtype)
-    solved = ~torch.isnan(res.a) if kwargs["solve"] != "all" else torch.ones_like(res.a, dtype=torch.bool)
-    if kwargs["solve"] == "all":
+    lazy = kwargs.get("solve", "all") != "all"
+    solved = ~torch.isnan(res.a) if lazy else torch.ones_like(res.a, dtype=torch.bool)
+    if not lazy:
         _no_nan("verify stats", res.a, res.b, res.acceptance_probability, res.divergence)
     _no_nan("verify sd_acceptance", res.sd_acceptance)
+    _check(((res.sd_acceptance >= 0) & (res.sd_acceptance <= 1)).all(), "verify: sd_acceptance outside [0, 1]")
+    if "top_k" not in kwargs and batch and k:  # 1 - TV of the rows as solved (rescaled to sum 1 in float64)
+        p64, q64 = (x.detach().double() for x in (p, q[:, :k]))
+        want = torch.minimum(p64 / p64.sum(-1, keepdim=True), q64 / q64.sum(-1, keepdim=True)).sum(-1)
+        _check(((res.sd_acceptance.double() - want).abs() <= tol.sum).all(),
+               lambda: f"verify: sd_acceptance {float(res.sd_acceptance.max()):.6g} != 1 - TV {float(want.max()):.6g}")
     acc, sd = res.acceptance_probability[solved].double(), res.sd_acceptance[solved].double()
     dev = ((p.detach().double().sum(-1) - 1).abs() + (q.detach().double()[:, :k].sum(-1) - 1).abs())[solved]
     _check(((acc >= 0) & (acc <= 1)).all() and (acc >= sd - tol.sum - dev).all(), "verify: acceptance outside [sd, 1]")
     if not dual:
         b = torch.as_tensor(budget, dtype=torch.float64).expand(batch, k)[solved] if k and batch else 0.0
         _check_divergence("verify divergence", res.divergence[solved], b, dtype)
+        if batch and k and "top_k" not in kwargs:  # the clamps of the full rows (top_k solves on restricted ones)
+            zero = torch.zeros((), dtype=res.a.dtype)
+            a0, b0 = torch.where(solved, res.a, zero), torch.where(solved, res.b, zero)
+            budgets = torch.as_tensor(budget, dtype=torch.float64).expand(batch, k)
+            _check_budget_kept("verify", p, q[:, :k], a0, b0, budgets, div, dtype)
 
 
 def _case_f_divergence(rng, dtype):
@@ -376,6 +425,40 @@ def _case_pool(rng, dtype):
     if len(Xt):
         clf.score(Xt, y[Xt[:, 0]])
         clf.margins(Xt, y[Xt[:, 0]])
+
+
+# ---------------------------------------------------------------------------- fixed regression cases
+def _regression_solve_rounded_b(routing=None):
+    """Float32 ``b = 1 - 6e-12`` rounded to nearest was ``b = 1``: ``pi_2 = 0``, an infinite ``rkl``
+    against the budget 0.6 (also in half precision, and the dual at the same point)."""
+    for dtype in (torch.float32, torch.float16):
+        p, q = torch.tensor([1.0, 0.0], dtype=dtype), torch.tensor([0.97582394, 0.02417603], dtype=dtype)
+        for div in ("rkl", "neyman", "alpha:-3"):
+            _check_primal(p, q, 0.6, div, dtype, routing)
+            for what in ("exact", "bound"):
+                bp = Breakpoints.build(p, q)
+                pt = (bp.for_divergence if what == "exact" else bp.for_divergence_bound)(0.6, div)
+                _check_budget_kept(f"for_divergence {what}", p, q, pt.a, pt.b, 0.6, div, dtype)
+
+
+def _regression_verify_half_overlap(routing=None):  # verify has no routing argument
+    """Two equal float16 rows summing to 1.0005 (within the input tolerance) overlapped by 1.0005:
+    ``sd_acceptance`` above 1."""
+    row = torch.tensor([0.3335, 0.3335, 0.3335], dtype=torch.float16)
+    p, q = row.expand(2, 1, 3).clone(), row.expand(2, 2, 3).clone()
+    tokens = torch.tensor([[0], [2]])
+    for kwargs in (dict(max_divergence=0.0), dict(max_divergence=0.1, divergence="rkl"), dict(min_acceptance=0.5)):
+        _check_verify(tokens, p, q, dict(kwargs, generator=torch.Generator().manual_seed(0)), torch.float16)
+
+
+def _regression_greedy_dead_row():
+    """An all ``-inf`` row was a one-hot on token 0 at ``temperature=0`` (an error at 1)."""
+    z = torch.tensor([[0.0, 1.0], [-math.inf, -math.inf]])
+    return [("logits", "logits", lambda t=t: logits_to_probs(z, temperature=t)) for t in (0.0, 1.0)]
+
+
+REGRESSIONS = dict(solve=_regression_solve_rounded_b, verify=_regression_verify_half_overlap)  # valid input
+MALFORMED_REGRESSIONS = (_regression_greedy_dead_row,)  # each gives (api, argument, thunk) triples
 
 
 VALID = dict(solve=_case_solve, breakpoints=_case_breakpoints, verify=_case_verify, f_divergence=_case_f_divergence,
@@ -499,7 +582,13 @@ def _malformed_case(rng):
         if which == 0:
             bad = [torch.zeros(2, 4, device="meta"), torch.zeros(2, 4, dtype=torch.complex64), torch.full((2, 4), math.nan),
                    torch.full((2, 4), -math.inf), "x", torch.zeros(()), torch.zeros(2, 0)][rng.integers(7)]
-            return api, "logits", lambda: logits_to_probs(bad)
+            # an all -inf row is an error at every temperature (greedy too) and with top_k / top_p
+            kwargs = dict(temperature=float(rng.choice([0.0, 1e-40, 0.5, 1.0])))
+            if rng.random() < 0.3:
+                kwargs["top_k"] = int(rng.choice([1, 3]))
+            if rng.random() < 0.3:
+                kwargs["top_p"] = 0.9
+            return api, "logits", lambda: logits_to_probs(bad, **kwargs)
         name = ["temperature", "top_k", "top_p"][which - 1]
         bad = _bad_number(rng, name)
         return api, name, lambda: logits_to_probs(z, **{name: bad})
@@ -555,41 +644,63 @@ def replay(api: str, desc) -> None:
 
 def run(seed: int, n_cases: int, dtypes=(torch.float64, torch.float32), *, malformed_share: float = 0.2,
         time_budget: float | None = None, routing=None) -> Report:
-    """Run ``n_cases`` cases per dtype of ``dtypes`` (stopping early past ``time_budget`` seconds);
-    ``routing``: the exact solves' route and namespace (see :func:`_routed`)."""
+    """Run the fixed regression cases, then ``n_cases`` drawn cases per dtype of ``dtypes`` (stopping
+    early past ``time_budget`` seconds); ``routing``: the exact solves' route and namespace (see
+    :func:`_routed`)."""
     rng = np.random.default_rng(seed)
     report = Report()
     apis, weights = list(VALID), np.array([WEIGHTS[k] for k in VALID])
     start = time.perf_counter()
     torch.manual_seed(seed)
+    _run_regressions(report, routing)
     for i in range(n_cases * len(dtypes)):
         if time_budget is not None and time.perf_counter() - start > time_budget:
             break
         dtype = dtypes[i % len(dtypes)]
         if rng.random() < malformed_share:
-            api, name, thunk = _malformed_case(rng)
-            report.cases[f"{api} (malformed)"] += 1
-            report.malformed += 1
-            try:
-                thunk()
-            except (ValueError, TypeError) as exc:
-                if name not in str(exc):
-                    report.add("bad_exception", api, name, f"{type(exc).__name__} not naming {name}: {exc}")
-            except Exception as exc:  # noqa: BLE001 - counted, that is the point
-                report.add("bad_exception", api, name, f"{type(exc).__name__}: {exc}")
-            else:
-                report.add("bad_exception", api, name, "no error raised")
+            _run_malformed(report, *_malformed_case(rng))
             continue
         api = apis[rng.choice(len(apis), p=weights / weights.sum())]
-        report.cases[api] += 1
         state = rng.bit_generator.state
-        try:
-            VALID[api](rng, dtype, **({"routing": routing} if routing is not None and api == "solve" else {}))
-        except _Fail as fail:
-            report.add(fail.kind, api, (dtype, state), str(fail))
-        except ValueError as exc:
-            report.add("violation", api, (dtype, state), f"valid input rejected: {exc}")
-        except Exception as exc:  # noqa: BLE001
-            report.add("bad_exception", api, (dtype, state), f"{type(exc).__name__}: {exc}")
+        _run_valid(report, api, (dtype, state),
+                   lambda: VALID[api](rng, dtype, **({"routing": routing} if routing is not None and api == "solve" else {})))
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _run_regressions(report: Report, routing=None) -> None:
+    """The fixed regression cases (counted under ``"<api> (regression)"``; a failure's ``desc`` is
+    the case's name, which :func:`replay` does not take); ``routing``: see :func:`run`."""
+    for api, case in REGRESSIONS.items():
+        _run_valid(report, api, case.__name__, lambda case=case: case(routing=routing), label=f"{api} (regression)")
+    for make in MALFORMED_REGRESSIONS:
+        for api, name, thunk in make():
+            _run_malformed(report, api, name, thunk, label=f"{api} (malformed regression)")
+
+
+def _run_valid(report: Report, api: str, desc, thunk, label: str | None = None) -> None:
+    """One call on valid input: its failures counted by kind."""
+    report.cases[label or api] += 1
+    try:
+        thunk()
+    except _Fail as fail:
+        report.add(fail.kind, api, desc, str(fail))
+    except ValueError as exc:
+        report.add("violation", api, desc, f"valid input rejected: {exc}")
+    except Exception as exc:  # noqa: BLE001 - counted, that is the point
+        report.add("bad_exception", api, desc, f"{type(exc).__name__}: {exc}")
+
+
+def _run_malformed(report: Report, api: str, name: str, thunk, label: str | None = None) -> None:
+    """One call with the argument ``name`` spoiled: a ValueError/TypeError naming it, else counted."""
+    report.cases[label or f"{api} (malformed)"] += 1
+    report.malformed += 1
+    try:
+        thunk()
+    except (ValueError, TypeError) as exc:
+        if name not in str(exc):
+            report.add("bad_exception", api, name, f"{type(exc).__name__} not naming {name}: {exc}")
+    except Exception as exc:  # noqa: BLE001 - counted, that is the point
+        report.add("bad_exception", api, name, f"{type(exc).__name__}: {exc}")
+    else:
+        report.add("bad_exception", api, name, "no error raised")

@@ -152,6 +152,9 @@ P2 = torch.softmax(torch.randn(2, 4, dtype=torch.float64), -1)
     (lambda: logits_to_probs(torch.zeros(4, device="meta")), "logits", ValueError),
     (lambda: logits_to_probs(torch.zeros(4, dtype=torch.complex64)), "logits", ValueError),
     (lambda: logits_to_probs(torch.full((2, 3), -math.inf)), "logits", ValueError),
+    (lambda: logits_to_probs(torch.full((2, 3), -math.inf), temperature=0), "logits", ValueError),  # greedy too
+    (lambda: logits_to_probs(_t([[0.0, -math.inf], [-math.inf, -math.inf]]), temperature=0.0, top_k=1), "logits",
+     ValueError),
     (lambda: verify(*_verify_args(), generator=3), "generator", TypeError),
     (lambda: verify(*_verify_args(), top_k=math.inf, max_divergence=0.1), "top_k", ValueError),
     (lambda: verify(*_verify_args(k=0), max_divergence=-1.0), "max_divergence", ValueError),  # K = 0

@@ -52,6 +52,7 @@ from mdboost.md._router import NOISE_BUDGET, too_full
 from mdboost.md._sums import _sort_rows, neutral_ratios
 from mdboost.md._xp import NUMPY, TORCH, namespace_for
 from mdboost.md.breakpoints import Breakpoints
+from mdboost.md.clamp import point_to_dtype
 from mdboost.md.divergences import Divergence
 
 AGGREGATES = 5  # top of A, upper M, lower M, bottom of B, q = 0
@@ -347,5 +348,6 @@ def solve_batch(p, q, value, div: Divergence | None, dual: bool, normalize: bool
     a, b, acc, value, tv = solve_rows(p.reshape(-1, vocab), q.reshape(-1, vocab),
                                       value.reshape(-1, 1).to(torch.float64), div, dual, normalize, row_sums, check,
                                       xp)
-    out = (a, b, acc, None if value is None else value.clamp(min=0), (1 - tv).clamp(0.0, 1.0))
-    return tuple(None if x is None else x.reshape(shape).to(p.dtype) for x in out)
+    a, b = point_to_dtype(a.reshape(shape), b.reshape(shape), p.dtype)  # towards pi = q: the budget holds
+    out = (acc, None if value is None else value.clamp(min=0), (1 - tv).clamp(0.0, 1.0))
+    return (a, b) + tuple(None if x is None else x.reshape(shape).to(p.dtype) for x in out)

@@ -195,4 +195,6 @@ def check_route(route: str, p, budget: float | None, scalar: bool, mode: str) ->
                                                     and p.device.type == "cpu"):
         raise ValueError(f"route {route!r} solves the exact primal of one CPU row with a Python-number budget "
                          f"and a generator with a Python-float form only")
+    if route == SCALAR_ROW and p.dtype not in (torch.float32, torch.float64):  # its sort reads float32/64 bits
+        raise ValueError(f"route {route!r} takes float32 or float64 rows, got {p.dtype}")
     return route

@@ -50,7 +50,7 @@ import math
 import torch
 
 from mdboost.md._checks import check_positive_int, check_probs, check_verify_inputs, compute_dtype
-from mdboost.md.sampling import VerifyResult, accept_ratio, draw_uniforms, emitted_tokens, inverse_cdf
+from mdboost.md.sampling import VerifyResult, accept_ratio, draw_uniforms, emitted_tokens, inverse_cdf, overlap
 
 __all__ = ["block_acceptance_estimate", "block_acceptance_law", "block_verify", "joint_ratios"]
 
@@ -130,7 +130,7 @@ def block_verify(
     num_accepted = (passed.long() * rank).amax(-1) if num_draft else torch.zeros(batch, dtype=torch.long,
                                                                                      device=p.device)
     sampled = _final_token(p, q_all, r, num_accepted, u[:, num_draft])
-    sd_acc = torch.minimum(p, q).sum(-1)  # [B, K]
+    sd_acc = overlap(p, q, rescale=validate)  # [B, K]
     emitted = rank.unsqueeze(0) <= num_accepted.unsqueeze(-1)  # [B, K]
     zeros = torch.zeros_like(sd_acc)
     return VerifyResult(

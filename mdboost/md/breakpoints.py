@@ -37,6 +37,7 @@ from mdboost.md._segment import Segment, SortedSums, ab_on, divergence_on, make_
 from mdboost.md._router import numpy_sums
 from mdboost.md._sums import ACC_DTYPE, neutral_ratios, _cumsums_np, _prefix_sums_np, _sort_rows, _cumsums, _prefix_sums, _mass_sums, _bcast
 from mdboost.md._xp import TORCH
+from mdboost.md.clamp import point_to_dtype
 from mdboost.md.divergences import Divergence, resolve
 
 class CurvePoint(NamedTuple):
@@ -333,6 +334,12 @@ class Breakpoints:
         """A per-row tensor ([N, 1] or [N]) in the batch shape and the output dtype."""
         return x.reshape(self.batch_shape).to(self.dtype)
 
+    def point_to_output(self, a, b, acceptance) -> CurvePoint:
+        """A float64 point (fields [N, 1] or [N]) in the batch shape and the output dtype, ``(a, b)``
+        rounded towards ``pi = q`` (:func:`~mdboost.md.clamp.point_to_dtype`: the budget still holds)."""
+        a, b = point_to_dtype(a.reshape(self.batch_shape), b.reshape(self.batch_shape), self.dtype)
+        return CurvePoint(a, b, self.to_output(acceptance))
+
     def _empty_point(self) -> CurvePoint:  # a batch without rows
         empty = torch.zeros(self.batch_shape, dtype=self.dtype, device=self._r.device)
         return CurvePoint(empty, empty.clone(), empty.clone())
@@ -347,7 +354,7 @@ class Breakpoints:
     def _point(self, m) -> CurvePoint:
         if not self._r.shape[0]:
             return self._empty_point()
-        return CurvePoint(*(self.to_output(x) for x in self.point64(m)))
+        return self.point_to_output(*self.point64(m))
 
     def clip_mass(self, acceptance):
         """The excess mass ``m = 1 - acceptance`` [N, 1] float64, clipped to the curve's ``[m_end, TV]``."""
@@ -389,17 +396,14 @@ class Breakpoints:
         if not self._r.shape[0]:
             return self._empty_point(), self.to_output(budget.reshape(-1))
         value = torch.where(budget <= 0, 0.0, value.clamp(min=0))  # budget 0: pi = q
-        # the four float64 [N, 1] fields to the output dtype in one conversion
-        out = torch.cat([point.a, point.b, point.acceptance, value], dim=-1).to(self.dtype)  # [N, 4]
-        a, b, acc, value = out.reshape(self.batch_shape + (4,)).unbind(-1)
-        return CurvePoint(a, b, acc), value
+        return self.point_to_output(*point), self.to_output(value)
 
     def _primal(self, max_divergence, divergence, bound, validate, with_value=False):
         """The primal point, the flat budget [N, 1] and ``D_f`` at the point (if ``with_value``)."""
         point, budget, value = self.primal64(max_divergence, divergence, bound, validate, with_value)
         if not self._r.shape[0]:
             return self._empty_point(), budget, value
-        return CurvePoint(*(self.to_output(x) for x in point)), budget, value
+        return self.point_to_output(*point), budget, value
 
     def primal64(self, max_divergence, divergence, bound, validate, with_value=False):
         """The primal point (float64 [N, 1] fields, before the output dtype; None for a batch without
@@ -448,5 +452,5 @@ class Breakpoints:
         j, k = _locate.locate_j(self, m), _locate.locate_k(self, m)
         a, b = self.ab(m, self.segment(j, k, None, False), self._tv)
         shape = self.batch_shape + (m.shape[-1],)
-        return CurvePoint(*(torch.where(valid, x, math.nan).reshape(shape).to(self.dtype)
-                            for x in (a, b, acceptance_of(m))))
+        a, b, acc = (torch.where(valid, x, math.nan).reshape(shape) for x in (a, b, acceptance_of(m)))
+        return CurvePoint(*point_to_dtype(a, b, self.dtype), acc.to(self.dtype))

@@ -6,7 +6,8 @@ Paper results implemented here (definitions in ``docs/theory.md``, section 4):
   (:func:`clamp` elementwise, :func:`mentored_distribution` on ``[..., V]`` rows, with the mass a
   ``support="any"`` solution puts off the target's support);
 - ``P_acc(pi) = sum_i min(pi_i, p_i)`` of SD towards ``pi`` (:func:`acceptance_probability`);
-- Table 5 / Theorem 4.8: the boosting coefficient ``k = sqrt((1+a) / (1-b))`` (:func:`boost_coefficient`).
+- Table 5 / Theorem 4.8: the boosting coefficient ``k = sqrt((1+a) / (1-b))`` (:func:`boost_coefficient`);
+- a float64 point ``(a, b)`` in a lower output dtype, rounded towards ``pi = q`` (:func:`point_to_dtype`).
 
 Where on the curve C(p, q) the clamp sits is :mod:`mdboost.md.solve`'s job; these functions take
 ``(a, b)`` as given. All four are re-exported by :mod:`mdboost.md.solve`.
@@ -19,7 +20,7 @@ import torch
 from mdboost.md import support as _support
 from mdboost.md._checks import _as_real_tensor, check_budget, check_pair, check_probs
 
-__all__ = ["clamp", "mentored_distribution", "acceptance_probability", "boost_coefficient"]
+__all__ = ["clamp", "mentored_distribution", "acceptance_probability", "boost_coefficient", "point_to_dtype"]
 
 
 def boost_coefficient(a, b, *, validate: bool = True) -> torch.Tensor:
@@ -149,3 +150,32 @@ def acceptance_probability(
         raise ValueError(f"draft_probs and output_probs must have the same shape, got {tuple(p.shape)} "
                          f"and {tuple(pi.shape)}")
     return torch.minimum(p, pi).sum(dim=-1)
+
+
+def point_to_dtype(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """A clamp point ``(a, b)`` (float64, any shape) in ``dtype``, each rounded towards 0.
+
+    The solvers work in float64; their points are returned in the input's compute dtype
+    (``docs/theory.md``, section 9). Rounded towards 0, the clamp's interval
+    ``[(1-b) q_i, (1+a) q_i]`` in ``dtype`` lies inside the float64 point's, so every
+    ``pi_i`` moves towards ``q_i`` (or stays): no term ``q_i g(pi_i / q_i)`` of the standardized
+    generator (``g >= 0``, convex, ``g(1) = 0``) grows, and ``D_f(pi || q)`` stays within the
+    budget the float64 point met, while the mass of ``pi`` moves by at most an ulp of ``a`` and of
+    ``b`` (times ``q``'s mass). Rounding to the nearest value instead can turn ``b = 1 - 6e-12``
+    into ``b = 1`` in float32: ``pi_i = 0`` where ``q_i > 0``, an infinite ``rkl``. NaN (an unused
+    slot) stays NaN, ``+inf`` stays ``+inf``; a finite ``a`` beyond ``dtype``'s range becomes its
+    largest finite value (what :func:`mentored_distribution` reads it as).
+
+    Examples
+    --------
+    >>> a, b = point_to_dtype(torch.tensor(0.1, dtype=torch.float64),
+    ...                       torch.tensor(1 - 6e-12, dtype=torch.float64), torch.float32)
+    >>> float(b) < 1, float(a) <= 0.1
+    (True, True)
+    """
+    if dtype == a.dtype == b.dtype:
+        return a, b
+    ab = torch.stack(torch.broadcast_tensors(a, b)).to(torch.float64)  # [2, ...]
+    out = ab.to(dtype)
+    out = torch.where(out.to(torch.float64) > ab, torch.nextafter(out, torch.zeros_like(out)), out)
+    return out[0], out[1]

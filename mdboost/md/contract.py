@@ -8,6 +8,15 @@ within ``divergence_rel * budget + divergence_abs`` (exact and bound modes); the
 acceptance at least the bound mode's (within ``sum``); acceptances in ``[0, 1]``. Half-precision
 inputs are computed in float32 (sums in float64) and have float32's tolerances.
 
+Low precision. The solvers work in float64 on the rows rescaled to sum 1 (validated input) and
+return ``(a, b)`` in the output dtype rounded towards ``pi = q``
+(:func:`mdboost.md.clamp.point_to_dtype`): ``D_f(pi(a, b) || q)`` on those rows, with ``pi``
+evaluated at the returned float32 ``(a, b)``, stays within the budget's tolerance, as the
+reported achieved divergence does (rounding ``b = 1 - 6e-12`` to nearest gave ``b = 1`` and
+an infinite ``rkl``). On the unrescaled rows of a float16 input (off by up to ``1e-2``) that
+value moves with the rows' own deviation, which no choice of ``(a, b)`` removes. Probabilities
+read off the rows (``verify``'s ``sd_acceptance``) are of the rescaled rows too.
+
 The fuzz harness of the test suite (``tests/_fuzz_core.py``) checks these on generated inputs.
 
 Examples

@@ -26,7 +26,8 @@ def logits_to_probs(
     ----------
     logits : torch.Tensor of shape (..., V)
         Unnormalized log-probabilities. ``-inf`` entries are allowed (masked tokens), as long
-        as every row keeps one entry above ``-inf``; ``+inf`` entries take the row's whole mass
+        as every row keeps one entry above ``-inf`` (a row of ``-inf`` only is a ValueError at
+        every temperature, greedy included); ``+inf`` entries take the row's whole mass
         (shared equally). NaN is an error.
     temperature : float, default=1.0
         Softmax temperature, finite and ``>= 0``. ``0`` means greedy: a one-hot distribution on
@@ -60,16 +61,12 @@ def logits_to_probs(
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
     if temperature == 0:
-        if logits.numel() and torch.isnan(logits).any():
-            raise ValueError("logits contains NaN")
+        _refuse_rows(logits)  # greedy reads every row: the same errors as the softmax's
         index = logits.argmax(dim=-1, keepdim=True)  # [..., 1]
         return torch.zeros_like(logits).scatter_(-1, index, 1.0)
     probs = _probs(logits / temperature, top_k, top_p)  # the division is a new tensor: the input is never changed
     if probs.numel() and torch.isnan(probs).any():  # one check of the output; the rare rows are redone
-        if torch.isnan(logits).any():
-            raise ValueError("logits contains NaN")
-        if torch.isneginf(logits).all(-1).any():
-            raise ValueError("logits has a row whose entries are all -inf (no token has any probability)")
+        _refuse_rows(logits)
         # +inf logits, or logits / temperature overflowing: the limit, from logits shifted by their row max
         top = logits.amax(-1, keepdim=True)
         shifted = torch.where(torch.isposinf(top), torch.where(torch.isposinf(logits), 0.0, -float("inf")),
@@ -77,6 +74,18 @@ def logits_to_probs(
         # the row's maxima stay 0: a temperature that rounds to 0 in the logits' dtype would make them 0 / 0
         probs = _probs(torch.where(shifted == 0, 0.0, shifted / temperature), top_k, top_p)
     return probs
+
+
+def _refuse_rows(logits: torch.Tensor) -> None:  # [..., V]
+    """ValueError for NaN logits and for a row whose entries are all ``-inf`` (no token has any
+    probability: neither a softmax nor an argmax is defined), at every temperature."""
+    if torch.isnan(logits).any():
+        raise ValueError("logits contains NaN")
+    dead = torch.isneginf(logits).all(-1)  # [...]
+    if dead.any():
+        row = tuple(dead.nonzero()[0].tolist())
+        raise ValueError(f"logits has a row whose entries are all -inf (row {row}, {int(dead.sum())} such rows): "
+                         f"no token has any probability")
 
 
 def _probs(scores: torch.Tensor, top_k, top_p) -> torch.Tensor:  # [..., V] -> [..., V]

@@ -42,7 +42,7 @@ from mdboost.md.clamp import mentored_distribution
 from mdboost.md.divergences import f_divergence, resolve
 from mdboost.md.drafting import DRAFTING, check_draft_floor, greedy_proposal
 from mdboost.md.sampling import (VerifyResult, accept_ratio, accepted_prefix, draw_uniforms, emitted_tokens,
-                                 inverse_cdf)
+                                 inverse_cdf, overlap)
 from mdboost.md.solve import solve
 from mdboost.md.verify import SOLVE, verify
 
@@ -391,7 +391,7 @@ def tokenwise_result(tokens, num_accepted, by_budget, u_draw, p, q_all, law: Tok
         tokens=emitted_tokens(tokens, num_accepted, inverse_cdf(weights, u_draw)),
         num_accepted=num_accepted,
         acceptance_probability=law.acceptance.to(p.dtype),
-        sd_acceptance=torch.minimum(p, q).sum(-1),
+        sd_acceptance=overlap(p, q, rescale=False),  # the rule's rows, checked and trusted
         divergence=f_divergence(law.emitted, q.double(), resolve(divergence), validate=False).to(p.dtype),
         accepted_by_budget=by_budget,
         a=nan,

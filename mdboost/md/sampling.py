@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["PLACEHOLDER_TOKEN_ID", "VerifyResult", "accept_ratio", "accepted_prefix", "draw_uniforms",
-           "emitted_tokens", "inverse_cdf"]
+           "emitted_tokens", "inverse_cdf", "overlap"]
 
 PLACEHOLDER_TOKEN_ID = -1  # pads ``tokens`` after the last emitted token
 
@@ -37,7 +37,8 @@ class VerifyResult:
     acceptance_probability : torch.Tensor of shape (B, K)
         Optimal MD acceptance probability ``P_acc(pi)`` at each position (on the target's support).
     sd_acceptance : torch.Tensor of shape (B, K)
-        Acceptance of standard SD at each position, ``1 - TV(p, q)``.
+        Acceptance of standard SD at each position, ``1 - TV(p, q)``, of the rows as solved
+        (rescaled to sum 1 when validated: :func:`overlap`), in ``[0, 1]``.
     divergence : torch.Tensor of shape (B, K)
         Realized ``D_f(pi || q)`` at each position.
     accepted_by_budget : torch.BoolTensor of shape (B, K)
@@ -75,6 +76,28 @@ def draw_uniforms(batch: int, num_draft: int, *, dtype, device, generator=None) 
         raise ValueError(f"generator must be a torch.Generator or a list of {batch} generators, got {generator!r}")
     rows = [torch.rand(num_draft + 1, generator=g, dtype=dtype, device=device) for g in gens]
     return torch.stack(rows) if rows else torch.empty((0, num_draft + 1), dtype=dtype, device=device)
+
+
+def overlap(p: torch.Tensor, r: torch.Tensor, *, rescale: bool) -> torch.Tensor:  # [..., V] x2 -> [...]
+    """``sum_i min(p_i, r_i)``: the acceptance of SD from ``p`` towards ``r`` (``r = q``: ``1 - TV(p, q)``).
+
+    Summed in float64 and returned in ``p``'s dtype. ``rescale``: of the rows rescaled to sum 1,
+    as the solvers read validated rows (``docs/theory.md``, section 9): valid rows may sum to
+    ``1 +- 1e-2`` (half precision), and two rows both above 1 would otherwise overlap by more
+    than 1 (``1.002`` for two equal float16 rows). ``min(p_i / s_p, r_i / s_r)`` is computed as
+    ``min(p_i s_r / s_p, r_i) / s_r``; the float64 sum is then at most 1 up to its rounding,
+    which the clamp to ``[0, 1]`` removes (as every acceptance of the core).
+
+    >>> p, q = torch.tensor([0.6, 0.5], dtype=torch.float64), torch.tensor([0.5, 0.5], dtype=torch.float64)
+    >>> round(float(overlap(p, q, rescale=True)), 4), float(overlap(p, q, rescale=False))  # p sums to 1.1
+    (0.9545, 1.0)
+    """
+    if rescale and p.numel():
+        s_p, s_r = p.sum(-1, keepdim=True, dtype=torch.float64), r.sum(-1, keepdim=True, dtype=torch.float64)
+        mass = torch.minimum(p * (s_r / s_p).to(p.dtype), r).sum(-1, dtype=torch.float64) / s_r.squeeze(-1)
+    else:
+        mass = torch.minimum(p, r).sum(-1, dtype=torch.float64)
+    return mass.clamp(0.0, 1.0).to(p.dtype)
 
 
 def accept_ratio(num: torch.Tensor, p_x: torch.Tensor) -> torch.Tensor:  # [...] x2 -> [...]

@@ -33,7 +33,7 @@ from mdboost.md import support as _support
 from mdboost.md._checks import _check_budget_range, check_budget, checked_pair, is_number
 from mdboost.md._histogram import takes_numpy_pass
 from mdboost.md.breakpoints import Breakpoints
-from mdboost.md.clamp import acceptance_probability, boost_coefficient, clamp, mentored_distribution
+from mdboost.md.clamp import acceptance_probability, boost_coefficient, clamp, mentored_distribution, point_to_dtype
 from mdboost.md.contract import tolerance
 from mdboost.md.divergences import f_divergence, resolve
 
@@ -142,7 +142,12 @@ def solve(
     -------
     MDSolution
         ``acceptance`` in ``[0, 1]`` and ``achieved_divergence >= 0`` (rounding never leaves
-        them); ``feasible`` per row.
+        them); ``feasible`` per row. Computed in float64 and returned in the input's compute
+        dtype; in float32 (and for half inputs) ``a`` and ``b`` are rounded towards ``pi = q``
+        (:func:`~mdboost.md.clamp.point_to_dtype`), so that ``pi(a, b)`` at the returned values
+        keeps the budget on the rows as solved (rescaled to sum 1 in float64 when validated):
+        ``D_f(pi || q) <= max_divergence (1 + rel) + abs`` with float32's tolerances of
+        :func:`mdboost.md.contract.tolerance`, like ``achieved_divergence``.
 
     Examples
     --------
@@ -328,7 +333,8 @@ def _reference_route(p, q, request, dual, div, support, on_infeasible, validate)
     """:func:`reference` on the rows the routes solve (rescaled where they rescale)."""
     value = _checked_request(p, request, dual, validate)
     p64, q64 = _rows64(p, q, validate)
-    sol = MDSolution(*(x.to(p.dtype) for x in reference(p64, q64, value, dual, div)))
+    a, b, *rest = reference(p64, q64, value, dual, div)
+    sol = MDSolution(*point_to_dtype(a, b, p.dtype), *(x.to(p.dtype) for x in rest))
     return _finish(sol, p64, q64, value, dual, div, support, on_infeasible)
 
 
@@ -352,8 +358,7 @@ def _sorted(p, q, request, dual, div, mode, support, on_infeasible, validate, na
     if value is None:
         a64, b64 = (x.reshape(p.shape[:-1]) for x in point[:2])
         value = f_divergence(mentored_distribution(p64, q64, a64, b64, validate=False), q64, div, validate=False)
-    sol = MDSolution(bp.to_output(point.a), bp.to_output(point.b), bp.to_output(point.acceptance), bp.to_output(value),
-                     bp.sd_acceptance)
+    sol = MDSolution(*bp.point_to_output(*point), bp.to_output(value), bp.sd_acceptance)
     return _finish(sol, p64, q64, request, dual, div, support, on_infeasible)
 
 
@@ -367,8 +372,10 @@ def _scalar_row(p, q, budget: float, div, g, validate: bool) -> MDSolution:
 def _row_solution(a: float, b: float, acc: float, value: float, sd: float, p) -> MDSolution:
     """The :class:`MDSolution` of one row from Python floats: one tensor of ``p``'s dtype, viewed
     in the batch shape ``p.shape[:-1]`` (all ones), ``feasible`` True, ``off_support`` 0."""
-    t = torch.tensor([a, b, acc, value, sd, 0.0], dtype=p.dtype).reshape((6,) + tuple(p.shape[:-1])).unbind(0)
-    return MDSolution(t[0], t[1], t[2], t[3], t[4], torch.ones(p.shape[:-1], dtype=torch.bool), t[5])
+    t = torch.tensor([a, b, acc, value, sd, 0.0], dtype=torch.float64).reshape((6,) + tuple(p.shape[:-1]))
+    a_out, b_out = point_to_dtype(t[0], t[1], p.dtype)  # towards pi = q: the budget holds in p's dtype
+    t = t.to(p.dtype).unbind(0)
+    return MDSolution(a_out, b_out, t[2], t[3], t[4], torch.ones(p.shape[:-1], dtype=torch.bool), t[5])
 
 
 def _one_solution(out, p) -> MDSolution:
@@ -404,7 +411,8 @@ def _finish(sol: MDSolution, p64, q64, value, dual: bool, div, support: str, on_
         vocab = p64.shape[-1]
         ext = _support.extend(p64.reshape(-1, vocab), q64.reshape(-1, vocab), request.reshape(-1), div, dual)
         rows = ext.rows.reshape(batch)
-        new = [x.reshape(batch).to(a.dtype) for x in ext[1:]]  # a, b, acceptance, off_support
+        new = [*point_to_dtype(ext.a.reshape(batch), ext.b.reshape(batch), a.dtype),
+               *(x.reshape(batch).to(a.dtype) for x in ext[3:])]  # a, b, acceptance, off_support
         pi = mentored_distribution(p64, q64, ext.a.reshape(batch), ext.b.reshape(batch), validate=False)
         pi = _support.add_off_support(pi, p64, q64, ext.off_support.reshape(batch))
         d_new = f_divergence(pi, q64, div, validate=False).to(dv.dtype)

@@ -20,7 +20,7 @@ import torch
 from mdboost.md._checks import check_probs, compute_dtype
 from mdboost.md.divergences import f_divergence, resolve
 from mdboost.md.sampling import (VerifyResult, accept_ratio, accepted_prefix, draw_uniforms, emitted_tokens,
-                                 inverse_cdf)
+                                 inverse_cdf, overlap)
 
 __all__ = ["verify_towards"]
 
@@ -74,8 +74,8 @@ def verify_towards(
     return VerifyResult(
         tokens=emitted_tokens(tokens, num_accepted, sampled),
         num_accepted=num_accepted,
-        acceptance_probability=torch.minimum(p, pi).sum(-1).clamp(0.0, 1.0),
-        sd_acceptance=torch.minimum(p, q).sum(-1),
+        acceptance_probability=overlap(p, pi, rescale=validate),
+        sd_acceptance=overlap(p, q, rescale=validate),
         divergence=f_divergence(pi, q, resolve(divergence), validate=False).to(dtype),
         accepted_by_budget=by_budget,
         a=nan,

@@ -42,8 +42,8 @@ from mdboost.md.breakpoints import Breakpoints
 from mdboost.md.divergences import resolve
 from mdboost.md.onehot import one_hot_dual, one_hot_primal
 from mdboost.md.sampling import (PLACEHOLDER_TOKEN_ID, VerifyResult, accept_ratio, accepted_prefix, draw_uniforms,
-                                 emitted_tokens, inverse_cdf)
-from mdboost.md.solve import mentored_distribution
+                                 emitted_tokens, inverse_cdf, overlap)
+from mdboost.md.solve import mentored_distribution, point_to_dtype
 from mdboost.md.towards import verify_towards
 
 __all__ = ["PLACEHOLDER_TOKEN_ID", "VerifyResult", "verify", "draw_uniforms"]
@@ -167,7 +167,7 @@ def verify(
 
     u = draw_uniforms(batch, num_draft, dtype=dtype, device=device, generator=generator)
     u_acc = u[:, :num_draft]
-    sd_acc = torch.minimum(p_r, q_r).sum(-1)  # [B, K]
+    sd_acc = overlap(p_r, q_r, rescale=validate)  # [B, K]: of the rows as solved
     if sd_only or num_draft == 0:
         a = b = torch.zeros((batch, num_draft), dtype=dtype, device=device)
         acc_prob, div_val = sd_acc, torch.zeros_like(sd_acc)
@@ -177,7 +177,8 @@ def verify(
             if validate:  # validated rows are solved as rescaled to sum to 1 (docs/theory.md, section 9)
                 q_x64 = (q_x64 / q_r.sum(-1, dtype=torch.float64)).clamp(max=1.0)
             point = (one_hot_dual if dual else one_hot_primal)(q_x64, budget, div)
-            a, b, acc_prob, div_val = (x.to(dtype) for x in point)
+            a, b = point_to_dtype(point[0], point[1], dtype)  # towards pi = q: the budget holds
+            acc_prob, div_val = (x.to(dtype) for x in point[2:])
         elif solve != "all":
             a, b, acc_prob, div_val = _solve_lazily(p_r, q_r, budget, dual, div, u_acc, p_x, q_x, solve == "needed",
                                                     validate)
