@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench._results import load_line, update_section  # noqa: E402
+from mdboost.cache.profile import hardware_label  # noqa: E402
 
 CAPS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 # batch size 1 and four of the pool's drafters (a model at two depths, int8, prompt lookup): the capped
@@ -56,7 +57,7 @@ def render(results: dict) -> str:
     for name, (profile, summary) in results.items():
         rec = summary["recommendation"]
         picks[name] = (rec["drafter"], rec["beats_plain_decoding"], rec["gamma"], rec["max_divergence"])
-        rows.append(f"| {name} | {summary['verdict'].split('; costs measured on ')[-1].split('; ')[0]} | "
+        rows.append(f"| {name} | {hardware_label(summary['hardware'])} (cost profile {summary['cost_profile']}) | "
                     f"{1000 * profile['profile']['step_seconds']:.1f} | {_costs(profile)} | {summary['verdict'].split(';')[0]} | "
                     f"{summary.get('hardware_dependence', '')} |")
     named = all("costs measured on" in s["verdict"] for _, s in results.values())
