@@ -506,9 +506,10 @@ def price_process(outcomes: ProcessOutcomes, settings: ProcessSettings, profile:
     speed = process_speedup(tokens_max, per_batch.drafter_forwards, per_batch.steps_by_draft_len, cost,
                             verify_costs=verify, md_overhead=overhead, solved=per_batch.solved,
                             prefill=beta_t * fed, drafter_prefill=beta_d * fed)  # [R, P, G]
-    free = process_speedup(tokens_max, per_batch.drafter_forwards, per_batch.steps_by_draft_len, torch.zeros_like(cost),
-                           verify_costs=verify, md_overhead=overhead, solved=per_batch.solved,
-                           prefill=beta_t * fed)[0]  # [P, G]: the drafter's costs at 0
+    # [P, G]: the drafter's costs at 0, on resample 0 only (the point estimate)
+    free = process_speedup(tokens_max[:1], per_batch.drafter_forwards[:1], per_batch.steps_by_draft_len[:1], 0.0,
+                           verify_costs=verify[:1] if torch.is_tensor(verify) else verify, md_overhead=overhead,
+                           solved=per_batch.solved[:1], prefill=beta_t * fed[:1])[0]
     figures = {"speedup": (speed[0], *_bounds(speed, boot, n_b)), **outcomes.figures}
     best = speed[0].argmax(-1)  # first maximum: the smallest gamma on ties
     return [ProcessScore(list(gammas), {f: v[i] for f, (v, _, _) in figures.items()},
