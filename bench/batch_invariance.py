@@ -69,10 +69,12 @@ def main() -> None:
         f"Accepted counts differ for: {', '.join(differ) or 'none'}. Equal counts: the drafter drafts each row as "
         "it would alone. A batch drafts up to its longest row's remaining tokens, so a row near its end can "
         "have drafts accepted that alone it would not draft (more accepted at B = 4); fewer accepted means the "
-        "drafts themselves changed. The int8 drafter (`torch.ao.quantization.quantize_dynamic`) quantizes each linear "
-        "layer's input with one scale for the whole tensor, so the rows of a batch share it and each row's "
-        "drafts can depend on the others: then its acceptance at B > 1 is not the one its cached logits "
-        "(one sequence at a time) give.",
+        "drafts themselves changed. The slowest row sets a batch's step count and drafts within its own "
+        "remaining tokens, so drafting past the other rows' ends does not change the batch's steps. The int8 "
+        "drafter quantizes each token's activations with its own scale (`TokenScaledInt8Linear`); with "
+        "`torch.ao`'s dynamic `Linear` (one scale for the whole input, shared by a batch's rows) the same run "
+        "accepted 85 tokens at B = 1 against 81 at B = 4 (Intel Xeon, AVX-512 VNNI, 1 thread, torch 2.13.0; "
+        "the section's previous version).",
         load_line(start)])
     print(text)
     if not args.no_write:

@@ -1,8 +1,9 @@
 """Cache folder keys are a compatibility contract: the names below were computed by the code that
 built users' caches (``mdboost/ranking/from_cache.py`` before the cache keys moved to
 ``mdboost/cache/keys.py``); a change here means every existing cache gets rebuilt. Only the
-``int8`` folders moved since: their rows are now computed as the engine drafts
-(``mdboost.models.pool.ROW_REVISIONS``), so caches of the older rows must not be reused."""
+``int8`` folders moved since, twice: their rows were computed as the engine drafts, then the
+drafter quantized each token's activations alone (``mdboost.models.pool.ROW_REVISIONS``), so
+caches of the older rows must not be reused."""
 
 import dataclasses
 
@@ -18,21 +19,21 @@ PINNED = {
             "tiny": "tiny-1dc11f20b1956b24",
             "early_exit:2": "early_exit_2-29cb75f4c9627adb",
             "tuned:2": "tuned_2-ca561fea5fd13ad4",
-            "int8": "int8-1c4fb1fb29c84044",
+            "int8": "int8-307511bdd662a6d1",
             "ngram:2": "ngram_2-eef45966168bdf49",
         },
         "acceptance": {
             "tiny": "tiny-3b2ed4c9935e2dd4",
             "early_exit:2": "early_exit_2-9e1884be8b31f52a",
             "tuned:2": "tuned_2-b828c9f9f7c609d7",
-            "int8": "int8-93876ec43e113d0e",
+            "int8": "int8-cb93e95f7fd4c9a3",
             "ngram:2": "ngram_2-49a74f088bc7e18f",
         },
         "continuations": {
             "16": "continuations-1f862031c8eb4c0a",
             "128": "continuations-942b48715d250384",
         },
-        "fingerprint": "75cb20e59a4606fe",
+        "fingerprint": "4fb7de226e3f6fb6",
     },
     "default": {
         "main": {
@@ -45,7 +46,7 @@ PINNED = {
             "tuned:18": "tuned_18-d34d3ea90dbfce7f",
             "tuned:24": "tuned_24-06461b09b2505dcd",
             "tuned:27": "tuned_27-91ec7f05e294285a",
-            "int8": "int8-6327ab94a164d094",
+            "int8": "int8-554088ddb1e9e616",
             "ngram:3": "ngram_3-2f0fedbe72f00eea",
         },
         "acceptance": {
@@ -58,14 +59,14 @@ PINNED = {
             "tuned:18": "tuned_18-b1d501772e81c3b8",
             "tuned:24": "tuned_24-cf9b8098dd9fb069",
             "tuned:27": "tuned_27-3167f6ac593b7330",
-            "int8": "int8-086b864d6321d29c",
+            "int8": "int8-6e6b4dfc80485e70",
             "ngram:3": "ngram_3-80d4d7e59f4f5dc7",
         },
         "continuations": {
             "64": "continuations-f01eac56b4ec8498",
             "128": "continuations-35c58d29960aef07",
         },
-        "fingerprint": "40487ff0c96e1fe9",
+        "fingerprint": "7ef69c16d4bd0e82",
     },
 }
 

@@ -118,11 +118,11 @@ def test_tuned_exit_fits_final_hidden_better_than_plain_exit(target):
 
 
 def test_int8_quantizes_a_copy(target):
-    from torch.ao.nn.quantized.dynamic import Linear as QLinear
+    from mdboost.models.drafters import TokenScaledInt8Linear
 
     quant = int8_model(target)
     assert isinstance(quant, PreTrainedModel)
-    assert isinstance(quant.model.layers[0].mlp.up_proj, QLinear)
+    assert isinstance(quant.model.layers[0].mlp.up_proj, TokenScaledInt8Linear)
     assert isinstance(target.model.layers[0].mlp.up_proj, nn.Linear)  # the target is untouched
     with torch.no_grad():
         a, b = quant(IDS).logits.flatten(), target(IDS).logits.flatten()

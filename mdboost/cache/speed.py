@@ -11,7 +11,8 @@ device, the torch thread count and version, the measurement settings (prompt tok
 the largest draft length), greedy or sampled, :data:`mdboost.engine.costs.COST_UNIT`, and the
 :data:`KERNEL_ENV` variables set (kernels capped below the CPU's time another machine); a
 drafter's entry is keyed by its spec and, for a model loaded by name or path, its own content
-id (:func:`entry_key`), so re-saved weights are measured again. The file holds
+id, for a kind whose kernel changed, its revision (:func:`entry_key`), so re-saved weights and
+changed kernels are measured again. The file holds
 
 - ``profile``: the target's :class:`~mdboost.engine.costs.EngineProfile` (``verify_cost``
   ``v(K)``, ``md_overhead`` ``s``, ``prefill_per_token``, samples, method);
@@ -69,8 +70,15 @@ def speed_path(spec) -> Path:
 
 
 def entry_key(spec, name: str) -> str:
-    """A drafter's entry name in the speed file: its spec, plus its own content id when it has one."""
+    """A drafter's entry name in the speed file: its spec, plus its own content id when it has one
+    and the revision of how its kind computes (:data:`mdboost.models.pool.ROW_REVISIONS`: a
+    changed kernel is measured again)."""
+    # deferred: mdboost.models imports transformers (seconds); a cache opens without it
+    from mdboost.models.pool import row_revision
+
     own = [pair for pair in spec.weights(name) if pair[0] == "weights"]
+    if row_revision(name) is not None:
+        own.append(["revision", row_revision(name)])
     return name if not own else f"{name}#{fingerprint(*own)}"
 
 

@@ -6,7 +6,8 @@
   to the final layer's pre-norm hidden state) inserted before the final norm: the "tuned lens"
   of Belrose et al. 2023, here fitted in closed form by (ridge-stabilised) least squares on
   hidden states of bundled text. Fitted once, stored next to the converted model.
-- ``int8``: dynamic int8 quantization of a copy of the target's ``nn.Linear`` layers (CPU).
+- ``int8``: int8 quantization of a copy of the target's ``nn.Linear`` layers, activations
+  quantized per token (CPU).
 
 Every drafter is a genuine ``transformers`` causal LM: it works with ``DynamicCache`` and with
 ``model.generate(..., assistant_model=...)``.
@@ -166,27 +167,64 @@ def _shared_parameters(target) -> dict:
     return {id(p): p for p in params}
 
 
+class TokenScaledInt8Linear(nn.Module):
+    """An int8 ``Linear`` whose activations are quantized with one scale per token (row).
+
+    ``torch.ao``'s dynamic ``Linear`` quantizes its whole input with one scale taken over every
+    row, so a row's output depends on the other rows of the call: on the other tokens of a
+    prefill, and on the other sequences of a batch. Here each row ``x`` is divided by its own
+    ``m = max |x|`` and two constant features ``+1, -1`` (weight columns of zeros) are appended:
+    every row of the tensor then spans exactly ``[-1, 1]``, so the tensor's scale is fixed and
+    each row is quantized as if alone, on the same FBGEMM int8 kernel. The output is scaled back
+    by ``m`` and the bias added in float (an all-zero row gives the bias). This is per-token dynamic int8 activation
+    quantization (as vLLM's W8A8-INT8 does), with the weights quantized as ``quantize_dynamic``
+    does (qint8, one scale per tensor).
+    """
+
+    def __init__(self, dynamic: DynamicLinear):
+        super().__init__()
+        weight, bias = dynamic._weight_bias()  # qint8 [N, K], float [N] or None
+        padded = torch.cat([weight.dequantize(), weight.new_zeros(weight.shape[0], 2, dtype=torch.float32)], 1)
+        qweight = torch.quantize_per_tensor(padded, weight.q_scale(), weight.q_zero_point(), torch.qint8)
+        self._packed = torch.ops.quantized.linear_prepack(qweight, None)  # [N, K + 2]: exact (same grid)
+        self.register_buffer("bias", None if bias is None else bias.detach().float(), persistent=False)
+        self.register_buffer("_anchors", torch.tensor([1.0, -1.0]), persistent=False)
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., K] -> [..., N]
+        m = torch.linalg.vector_norm(x, float("inf"), dim=-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
+        z = torch.cat([x / m, self._anchors.expand(*x.shape[:-1], 2)], -1)  # [..., K + 2]: rows span [-1, 1]
+        y = torch.ops.quantized.linear_dynamic(z, self._packed, reduce_range=True) * m  # [..., N]
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, per-token activation scales"
+
+
 def mixes_positions(model) -> bool:
     """True when ``model``'s output at one position depends on the other tokens of its forward.
 
-    Dynamically quantized ``Linear`` layers (:func:`int8_model`) quantize their input with one
-    activation scale per call, taken over every token of the forward: the logits of a position
-    then differ between a whole-sequence forward and the engine's one-token draft steps. Such
-    models must be cached the way the engine runs them (:func:`mdboost.cache.build.member_logits`).
+    ``torch.ao``'s dynamic ``Linear`` layers quantize their input with one activation scale per
+    call, taken over every token of the forward: the logits of a position then differ between a
+    whole-sequence forward and the engine's one-token draft steps. Such models must be cached
+    the way the engine runs them (:func:`mdboost.cache.build.member_logits`). :func:`int8_model`
+    uses :class:`TokenScaledInt8Linear` instead, whose tokens are quantized independently.
     """
     return any(isinstance(m, DynamicLinear) for m in model.modules())
 
 
 def int8_model(target):
-    """A dynamically int8-quantized copy of ``target`` (``nn.Linear`` layers only), on CPU.
+    """An int8-quantized copy of ``target`` (``nn.Linear`` layers only), on CPU.
 
-    Uses ``torch.ao.quantization.quantize_dynamic``: deprecated in torch 2.13 in favour of
-    torchao, but still working; its deprecation warnings are silenced here. Only ``nn.Linear``
-    modules are quantized; the rest (embedding table, norms) is what the drafter shares with
-    the target. For a float32 target those parameters are the target's own (no copy: for
-    SmolLM2-135M that is the 49152 x 576 embedding table, 113 MB); a target in another dtype
-    is copied and cast to float32. A tied LM head is quantized as a copy, leaving the
-    embedding table as is.
+    Weights: ``torch.ao.quantization.quantize_dynamic`` (qint8, one scale per tensor;
+    deprecated in torch 2.13 in favour of torchao, but still working; its deprecation warnings
+    are silenced here). Activations: one scale per token (:class:`TokenScaledInt8Linear`), so a
+    token's logits do not depend on the other tokens of its forward or on the other rows of a
+    batch: the drafter drafts the same alone and batched. Only ``nn.Linear`` modules are
+    quantized; the rest (embedding table, norms) is what the drafter shares with the target.
+    For a float32 target those parameters are the target's own (no copy: for SmolLM2-135M that
+    is the 49152 x 576 embedding table, 113 MB); a target in another dtype is copied and cast to
+    float32. A tied LM head is quantized as a copy, leaving the embedding table as is.
     """
     if next(target.parameters()).device.type != "cpu":
         raise ValueError("int8 drafters need a CPU target (dynamic quantization kernels are CPU-only)")
@@ -194,5 +232,9 @@ def int8_model(target):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=True)
+        for parent in list(model.modules()):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, DynamicLinear):
+                    setattr(parent, name, TokenScaledInt8Linear(child))
     model.name_or_path = f"{getattr(target, 'name_or_path', '')}#int8"
     return model.eval()

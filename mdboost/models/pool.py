@@ -225,7 +225,7 @@ def check_drafter(spec: str, target: str, home=None) -> None:
 
 # How a kind's cached rows are computed, where it changed since caches were first keyed: part of
 # the member's cache-folder key (mdboost.cache.keys), so a cache built the older way is rebuilt.
-ROW_REVISIONS = {"int8": "rows: prefix forward, then one token per forward (as the engine drafts)"}
+ROW_REVISIONS = {"int8": "rows: int8 weights, one activation scale per token (TokenScaledInt8Linear)"}
 
 
 def row_revision(spec: str) -> str | None:
