@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from mdboost._io import check_output_folder, output_folder, read_json_object, read_yaml_mapping
+from mdboost.data import sample_summary
 from mdboost.engine.costs import ENGINE_THREADS, torch_threads
 from mdboost.models.pool import build_pool
 from mdboost.ranking.report import at_batch_size, batch_sizes_of, row_batch_size
@@ -247,7 +248,7 @@ def run(cfg: ValidateConfig, the_plan: Plan | None = None) -> dict:
                "md_solve": sorted({r["md_solve"] for r in records}),
                "generation": {"prompts": len(prompts), "first_prompt": g.first_prompt,
                               "max_new_tokens": g.max_new_tokens, "seed": g.seed, "scheduler": g.scheduler},
-               "intervals": intervals,
+               "intervals": intervals, "data": sample_summary(heldout, text, split="heldout"),
                "ranking": {"ranking_dir": cfg.ranking.ranking_dir, "ranking_run_id": p.ranking.run_id},
                "cells": records}
     if cfg.humaneval.tasks > 0 and rank_cfg.data.source == "humaneval":
