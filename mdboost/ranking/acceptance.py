@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mdboost.md.divergences import f_divergence
 from mdboost.md.solve import solve
 from mdboost.ranking.support import Aligned
 
@@ -39,6 +40,26 @@ class OperatingPoint:
 
 def _normalized(mass: torch.Tensor) -> torch.Tensor:
     return mass / mass.sum(-1, keepdim=True)
+
+
+def drafter_shares(aligned: Aligned, valid: torch.Tensor, ops: list[OperatingPoint]) -> list[float]:
+    """Per operating point, the share of the ``valid`` positions where its budget is at least
+    ``D_f(p || q)`` and ``p`` lies in ``q``'s support: there the drafter's own distribution is a
+    feasible mentor, so the mentored distribution is ``p`` and every draft is accepted
+    (``docs/theory.md``, "Degenerate budgets"). At share 1 the point emits the drafter's
+    distribution everywhere. NaN without valid positions.
+    """
+    if not bool(valid.any()):
+        return [float("nan")] * len(ops)
+    p, q = _normalized(aligned.p_mass[valid]), _normalized(aligned.q_mass[valid])  # [M, S]
+    in_support = ~((p > 0) & (q <= 0)).any(-1)  # [M]: the solver keeps pi on q's support
+    drafter_div = {}
+    out = []
+    for op in ops:
+        if op.divergence not in drafter_div:
+            drafter_div[op.divergence] = f_divergence(p, q, op.divergence, validate=False)  # [M]
+        out.append(float((in_support & (drafter_div[op.divergence] <= op.max_divergence)).double().mean()))
+    return out
 
 
 def sd_acceptance(aligned: Aligned, valid: torch.Tensor) -> torch.Tensor:  # [N]
