@@ -127,7 +127,7 @@ def load_texts(
         of the result is the sample of its size.
     stratify : str or None
         A field every record has (e.g. ``"category"``): with ``sample="random"`` each value's
-        share of any prefix is its share of the split, within one record.
+        share of any prefix is its share of the split, within about one record.
 
     Examples
     --------
@@ -177,15 +177,15 @@ def sample_order(records: list[dict], seed: int = 0, stratify: str | None = None
     """The indices of ``records`` in seeded random order, any prefix a (stratified) sample.
 
     Each record is ranked by a salted SHA-256 of ``seed`` and its id, so the order does not
-    depend on the file's (adding a record never reorders the others). With ``stratify``, the
-    ``k``-th record (by that rank) of a stratum of ``N_s`` records is placed at
-    ``(k + u_s) / N_s``, ``u_s`` in [0, 1) drawn per stratum from the same hash (systematic
-    proportional allocation): every prefix of ``n`` records holds ``n N_s / N`` of the stratum,
-    within one record.
+    depend on the file's (adding a record never reorders the others). With ``stratify`` the
+    strata take turns: position ``n`` goes to the stratum furthest below its share
+    ``n N_s / N`` (ties by a seeded hash of its name), which places its best-ranked record not
+    yet placed; every prefix then holds each stratum's share within about one record (always
+    fewer than two).
 
     >>> recs = [{"id": str(i), "kind": "ab"[i < 6]} for i in range(8)]  # 6 "b", then 2 "a"
-    >>> [recs[i]["kind"] for i in sample_order(recs, stratify="kind")[:4]].count("a")
-    1
+    >>> [recs[i]["kind"] for i in sample_order(recs, stratify="kind")]
+    ['b', 'a', 'b', 'b', 'b', 'a', 'b', 'b']
     """
     rank = [_unit_hash("sample", seed, r["id"]) for r in records]
     if stratify is None:
@@ -193,12 +193,15 @@ def sample_order(records: list[dict], seed: int = 0, stratify: str | None = None
     groups: dict[str, list[int]] = {}
     for i, r in enumerate(records):
         groups.setdefault(stratum(r, stratify), []).append(i)
-    place = {}
-    for name, members in groups.items():
-        offset = _unit_hash("stratum", seed, name)
-        for k, i in enumerate(sorted(members, key=lambda i: (rank[i], i))):
-            place[i] = ((k + offset) / len(members), _unit_hash("stratum", seed, name), i)
-    return sorted(range(len(records)), key=place.__getitem__)
+    queues = [sorted(members, key=lambda i: (rank[i], i)) for members in groups.values()]
+    ties = [_unit_hash("stratum", seed, name) for name in groups]
+    total, taken, order = len(records), [0] * len(queues), []
+    for n in range(1, total + 1):  # the deficit n N_s / N - taken_s, times N (integers: no float ties)
+        s = max((s for s in range(len(queues)) if taken[s] < len(queues[s])),
+                key=lambda s: (n * len(queues[s]) - taken[s] * total, ties[s]))
+        order.append(queues[s][taken[s]])
+        taken[s] += 1
+    return order
 
 
 def sample_summary(records: list[dict], source: TextSource, split: str | None = None) -> dict:

@@ -153,6 +153,19 @@ def test_every_prefix_of_a_stratified_sample_keeps_each_category_s_share(tmp_pat
     assert within == ranked
 
 
+def test_stratified_prefixes_stay_near_their_shares_for_any_strata():
+    rng = torch.Generator().manual_seed(0)
+    worst = 0.0
+    for trial in range(300):
+        sizes = (torch.randint(1, 25, (int(torch.randint(1, 9, (1,), generator=rng)),), generator=rng)).tolist()
+        records = [{"id": f"{s}-{i}", "k": s} for s, size in enumerate(sizes) for i in range(size)]
+        kinds = [records[i]["k"] for i in sample_order(records, trial, "k")]
+        for n in range(1, len(kinds) + 1):
+            for s, size in enumerate(sizes):
+                worst = max(worst, abs(kinds[:n].count(s) - n * size / len(records)))
+    assert worst < 2  # within about one record (greedy turns do not always stay below one)
+
+
 def test_the_split_comes_before_the_sample_and_the_summary_names_it(tmp_path):
     path = _write(tmp_path / "sorted.jsonl", SORTED)
     source = TextSource(source=path, limit=12, stratify="category")

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 import torch
 
-from mdboost.md.divergences import f_divergence
 from mdboost.md.solve import solve
 from mdboost.ranking.support import Aligned
 
@@ -38,28 +37,24 @@ class OperatingPoint:
     achieved_divergence: torch.Tensor
 
 
+DRAFTER_TOL = 1e-9  # P_acc within this of 1: the mentored distribution is p (float64 solutions)
+
+
 def _normalized(mass: torch.Tensor) -> torch.Tensor:
     return mass / mass.sum(-1, keepdim=True)
 
 
-def drafter_shares(aligned: Aligned, valid: torch.Tensor, ops: list[OperatingPoint]) -> list[float]:
-    """Per operating point, the share of the ``valid`` positions where its budget is at least
-    ``D_f(p || q)`` and ``p`` lies in ``q``'s support: there the drafter's own distribution is a
-    feasible mentor, so the mentored distribution is ``p`` and every draft is accepted
-    (``docs/theory.md``, "Degenerate budgets"). At share 1 the point emits the drafter's
-    distribution everywhere. NaN without valid positions.
+def drafter_shares(valid: torch.Tensor, ops: list[OperatingPoint]) -> list[float]:
+    """Per operating point, the share of the ``valid`` positions where its mentored distribution
+    is the drafter's own: ``P_acc = 1`` (``sum_i min(p_i, pi_i) = 1`` iff ``pi = p``). In the
+    exact problem these are the positions where the budget is at least ``D_f(p || q)`` and ``p``
+    lies in ``q``'s support (``docs/theory.md``, "Degenerate budgets"); reading the solution
+    itself holds for ``mode="bound"`` too. At share 1 the point emits the drafter's distribution
+    everywhere. NaN without valid positions.
     """
     if not bool(valid.any()):
         return [float("nan")] * len(ops)
-    p, q = _normalized(aligned.p_mass[valid]), _normalized(aligned.q_mass[valid])  # [M, S]
-    in_support = ~((p > 0) & (q <= 0)).any(-1)  # [M]: the solver keeps pi on q's support
-    drafter_div = {}
-    out = []
-    for op in ops:
-        if op.divergence not in drafter_div:
-            drafter_div[op.divergence] = f_divergence(p, q, op.divergence, validate=False)  # [M]
-        out.append(float((in_support & (drafter_div[op.divergence] <= op.max_divergence)).double().mean()))
-    return out
+    return [float((op.acceptance[valid] >= 1 - DRAFTER_TOL).double().mean()) for op in ops]
 
 
 def sd_acceptance(aligned: Aligned, valid: torch.Tensor) -> torch.Tensor:  # [N]

@@ -345,7 +345,7 @@ def pair_work(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | None
     # without target-sampled rows the process runs on the reference text (expected chains, no c at its tokens)
     on_reference = acceptance is None if on_reference is None else on_reference
     md_static = _md_static(pair, aligned, stats, acc_ops, ref_ops, s) if md_wanted else []
-    md_static = [(*st, share) for st, share in zip(md_static, drafter_shares(acc_aligned, acc_valid, acc_ops))]
+    md_static = [(*st, share) for st, share in zip(md_static, drafter_shares(acc_valid, acc_ops))]
     others_static = _rule_static([pt for pt in rule_pts if not pt.is_md], pair, aligned, acc, acc_aligned, stats, s)
     md_process = rule_process = None
     on_text = {}

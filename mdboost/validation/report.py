@@ -249,9 +249,11 @@ def allowed_misses(cells: int, level: float = INTERVAL_LEVEL, alpha: float = SHI
     return k
 
 
-def prompt_shift(metrics: dict) -> str | None:
-    """A warning when the realized acceptance falls outside its intervals in more cells than
-    :func:`allowed_misses` (the validation prompts differ from the ranked ones), else None.
+def prompt_shift(metrics: dict, level: float = INTERVAL_LEVEL) -> str | None:
+    """A warning when the realized acceptance falls outside its ``level`` intervals in more cells
+    than :func:`allowed_misses` (the validation prompts differ from the ranked ones), else None.
+    The test counts cells as independent; cells share their prompts, so it alarms somewhat more
+    often than its 5% level when nothing differs.
 
     >>> prompt_shift({"acceptance": {"with_interval": 13, "covered": 7}})[:56]
     'your validation prompts differ from the ranked ones: the'
@@ -262,17 +264,18 @@ def prompt_shift(metrics: dict) -> str | None:
     if not a or not a["with_interval"]:
         return None
     n, missed = a["with_interval"], a["with_interval"] - a["covered"]
-    allowed = allowed_misses(n)
+    allowed = allowed_misses(n, level)
     if missed <= allowed:
         return None
     return (f"your validation prompts differ from the ranked ones: the realized acceptance falls outside its "
-            f"{INTERVAL_LEVEL:.0%} interval in {missed} of {n} cells (at most {allowed} by chance, binomial test at "
+            f"{level:.0%} interval in {missed} of {n} cells (at most {allowed} by chance, binomial test at "
             f"{SHIFT_TEST_LEVEL:.0%}); rank on a sample like them (data.sample, data.stratify, data.limit)")
 
 
-def verdict(metrics: dict) -> str:
+def verdict(metrics: dict, level: float | None = None) -> str:
     """One line: the speedup figures, whether the predictions hold (module rule), and a warning
-    when the validation prompts behave unlike the ranked ones (:func:`prompt_shift`).
+    when the validation prompts behave unlike the ranked ones (:func:`prompt_shift`; ``level``:
+    the intervals' level, default 90%).
 
     >>> m = {"speedup": {"cells": 12, "with_interval": 12, "covered": 11, "coverage": 11 / 12, "mae": 0.04,
     ...      "max_error": 0.1, "spearman": 0.9, "regret": 0.03},
@@ -281,7 +284,7 @@ def verdict(metrics: dict) -> str:
     >>> verdict(m)
     'intervals cover 11 of 12 cells (92%), Spearman 0.90, MAE 0.040, regret 3%, recommendation 1.12x inside [1.05, 1.20]: predictions hold'
     """
-    shift = prompt_shift(metrics)
+    shift = prompt_shift(metrics, INTERVAL_LEVEL if level is None else level)
     line = _speed_verdict(metrics)
     return line if shift is None else f"{line}; warning: {shift}"
 
