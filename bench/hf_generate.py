@@ -133,7 +133,7 @@ def main(argv=None) -> dict:
         raise SystemExit(f"--drafter must be a model drafter (HF assisted needs an assistant model), "
                          f"got {args.drafter!r}")
     drafter = mdboost.hf.drafter_for(target, member.model)
-    _, prompts = heldout_prompts(TextSource(), tok, args.prompts)
+    _, prompts = heldout_prompts(TextSource(sample="head"), tok, args.prompts)  # the first held-out prompts
     prompts = [p[None] if p.ndim == 1 else p for p in prompts]
     rows = {"greedy SD": measure(target, tok, member, drafter, prompts, args, sampled=False),
             f"MD {args.divergence} <= {args.budget:g}, T={args.temperature:g}":

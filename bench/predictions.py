@@ -10,7 +10,7 @@ and overall (``mdboost.validation.calibration``). Writes the ``predictions`` sec
 ``bench/RESULTS.md``.
 
 Caveats printed with the figures: the grid's prompts (HumanEval/0-9, 10 x 64 tokens) are not
-the ranking's (the first 16 records of the ``cache`` split), and grid cells of one drafter come
+the ranking's (16 records of the ``cache`` split), and grid cells of one drafter come
 from chunks whose AR reference may differ (``bench/_generation_report.py``). **Replicates:** a
 cell measured again with other seeds (``bench/generation.py --seed N``, same prompts) is realized
 as the mean over its seeds, and the seed-to-seed range is reported: it is the sampling noise a
@@ -87,10 +87,10 @@ def conditions(path: Path) -> str:
 
 
 def grid_prompts(cfg: RankConfig) -> RankConfig:
-    """``cfg`` ranking the grid's own prompts (HumanEval/0-9: ``split: all``, ``limit: 10``), not
+    """``cfg`` ranking the grid's own prompts (HumanEval/0-9: ``split: all``, ``limit: 10``, ``sample: head``), not
     its cache split: the same prompts on both sides, so a gap is the model's (or sampling noise),
     not the prompt set's. Its cache folders are keyed apart (the data section is in every key)."""
-    data = dataclasses.replace(cfg.data, split="all", limit=GRID_SETTINGS["prompts"])
+    data = dataclasses.replace(cfg.data, split="all", limit=GRID_SETTINGS["prompts"], sample="head", stratify=None)
     return dataclasses.replace(cfg, data=data)
 
 

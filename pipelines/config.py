@@ -35,7 +35,7 @@ from mdboost.cache.build import DTYPES, SOURCES, joblib_backends
 from mdboost.cache.keys import ACCEPTANCE_SOURCES, FolderSettings, PoolCacheSpec
 from mdboost.cluster import check_scheduler, dask_client
 from mdboost.data import _FORMATS as DATA_FORMATS
-from mdboost.data import SPLITS, TextSource
+from mdboost.data import SAMPLES, SPLITS, TextSource
 from mdboost.engine.settings import DEFAULT_MD_SOLVE
 from mdboost.md.divergences import GENERATORS
 from mdboost.md.drafting import FLOOR_TOP_K
@@ -104,11 +104,14 @@ class DataConfig(TextSource):
 
     The fields are the library's :class:`~mdboost.data.TextSource` (its defaults), checked when
     the config is loaded. ``split``: ``cache`` by default, so the validation pipeline can use the
-    ``heldout`` records that were never ranked on. ``limit``: records kept; ``max_tokens``:
-    tokens per sequence (prompt + reference, truncated).
+    ``heldout`` records that were never ranked on. ``limit``: records kept, a seeded random
+    sample (``sample: random``, seeded by ``seed``; ``stratify: <field>`` keeps each value's
+    share; ``sample: head`` keeps the first records instead); ``max_tokens``: tokens per sequence
+    (prompt + reference, truncated).
     """
 
     split: Literal[SPLITS] = "cache"  # the loader's option list; its place and default are TextSource's
+    sample: Literal[SAMPLES] = "random"
 
     def __post_init__(self):
         path = Path(self.source).expanduser()

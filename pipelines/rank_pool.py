@@ -51,6 +51,7 @@ from mdboost.cache.mentored import attach_mentored
 from mdboost.cache.pool_cache import BuildInfo, PoolCache, open_cached
 from mdboost.cache.profile import costs_line, hardware_label, loaded_measurements, read_profile, sampling_of
 from mdboost.cache.scores import WorkStore, folder_names, work_key
+from mdboost.data import sample_summary
 from mdboost.engine.costs import torch_threads
 from mdboost.export import mdboost_snippet
 from mdboost.models.home import mdboost_home
@@ -462,6 +463,7 @@ def _write_all(cfg: RankConfig, ranked: _Ranked, profiles: list | None, start: f
                "batch_sizes": list(cfg.speed.batch_sizes),
                "recommendations_by_batch_size": {str(b): r.to_dict() for b, r in by_batch.items()},
                "plain_wins_from_batch_size": plain_wins_from({b: r.predicted_speedup for b, r in by_batch.items()}),
+               "data": sample_summary(cfg.data.text_source().load(), cfg.data.text_source()),
                **digests}
     sampled = [o for o in opened if o.pc.spec.temperature > 0] or opened  # greedy has its own profile, no MD
     pc = sampled[0].pc

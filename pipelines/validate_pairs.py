@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from mdboost._io import check_output_folder, output_folder, read_json_object, read_yaml_mapping
+from mdboost.data import sample_summary
 from mdboost.engine.costs import ENGINE_THREADS, torch_threads
 from mdboost.models.pool import build_pool
 from mdboost.ranking.report import at_batch_size, batch_sizes_of, row_batch_size
@@ -116,6 +117,9 @@ def fetch_ranking(src: SourceConfig, tracking: TrackingConfig, tmp: Path) -> Ran
         summary = check_summary(summary, where, recommendation=False)
     check_csv_digest(folder / "ranking.csv", (summary or {}).get("ranking_csv_sha256"), where)
     raw = read_yaml_mapping(folder / "config.resolved.yaml")
+    if isinstance(raw.get("data"), dict) and "sample" not in raw["data"]:
+        # a ranking from before data.sample ranked the head of its split: its held-out prompts too
+        raw = {**raw, "data": {**raw["data"], "sample": "head"}}
     config = from_dict(RankConfig, raw)
     rows = sorted(read_csv(folder / "ranking.csv"), key=lambda r: int(r["rank"]))
     if summary is not None:
@@ -243,11 +247,11 @@ def run(cfg: ValidateConfig, the_plan: Plan | None = None) -> dict:
                            top_p=sampling["top_p"], interval_scale=intervals["scale"])
                for i, (row, real) in enumerate(zip(p.cells, realized))]
     metrics = summarize(records)
-    summary = {"verdict": verdict(metrics), "metrics": metrics, "sampling": sampling,
+    summary = {"verdict": verdict(metrics, intervals["level"]), "metrics": metrics, "sampling": sampling,
                "md_solve": sorted({r["md_solve"] for r in records}),
                "generation": {"prompts": len(prompts), "first_prompt": g.first_prompt,
                               "max_new_tokens": g.max_new_tokens, "seed": g.seed, "scheduler": g.scheduler},
-               "intervals": intervals,
+               "intervals": intervals, "data": sample_summary(heldout, text, split="heldout"),
                "ranking": {"ranking_dir": cfg.ranking.ranking_dir, "ranking_run_id": p.ranking.run_id},
                "cells": records}
     if cfg.humaneval.tasks > 0 and rank_cfg.data.source == "humaneval":

@@ -1,9 +1,10 @@
 """Cache folder keys are a compatibility contract: the names below were computed by the code that
 built users' caches (``mdboost/ranking/from_cache.py`` before the cache keys moved to
-``mdboost/cache/keys.py``); a change here means every existing cache gets rebuilt. Only the
-``int8`` folders moved since, twice: their rows were computed as the engine drafts, then the
-drafter quantized each token's activations alone (``mdboost.models.pool.ROW_REVISIONS``), so
-caches of the older rows must not be reused."""
+``mdboost/cache/keys.py``); a change here means every existing cache gets rebuilt. They moved
+since: the ``int8`` folders twice (their rows were computed as the engine drafts, then the
+drafter quantized each token's activations alone: ``mdboost.models.pool.ROW_REVISIONS``), and
+every folder once when ``data.limit`` became a seeded sample (``TextSource.sample`` and
+``stratify`` joined the keyed fields, and the default ranking's prompts changed)."""
 
 import dataclasses
 
@@ -16,57 +17,57 @@ from pipelines.config import RankConfig
 PINNED = {
     "tiny": {
         "main": {
-            "tiny": "tiny-1dc11f20b1956b24",
-            "early_exit:2": "early_exit_2-29cb75f4c9627adb",
-            "tuned:2": "tuned_2-ca561fea5fd13ad4",
-            "int8": "int8-307511bdd662a6d1",
-            "ngram:2": "ngram_2-eef45966168bdf49",
+            "tiny": "tiny-a2e639a01254c6ac",
+            "early_exit:2": "early_exit_2-d803389e5cb43d33",
+            "tuned:2": "tuned_2-313baa0628f8e743",
+            "int8": "int8-847f64971f257dc4",
+            "ngram:2": "ngram_2-49524bbaa8e042b6",
         },
         "acceptance": {
-            "tiny": "tiny-3b2ed4c9935e2dd4",
-            "early_exit:2": "early_exit_2-9e1884be8b31f52a",
-            "tuned:2": "tuned_2-b828c9f9f7c609d7",
-            "int8": "int8-cb93e95f7fd4c9a3",
-            "ngram:2": "ngram_2-49a74f088bc7e18f",
+            "tiny": "tiny-e511b1f2f3b56163",
+            "early_exit:2": "early_exit_2-83ba42a0204ffb3b",
+            "tuned:2": "tuned_2-e3ad1c6616ca343b",
+            "int8": "int8-b0cc1124a13bc535",
+            "ngram:2": "ngram_2-65a9f66f10368fb4",
         },
         "continuations": {
-            "16": "continuations-1f862031c8eb4c0a",
-            "128": "continuations-942b48715d250384",
+            "16": "continuations-633570a34c4ed5be",
+            "128": "continuations-d4688465b9f8552b",
         },
-        "fingerprint": "4fb7de226e3f6fb6",
+        "fingerprint": "1fdae09759cfdd63",
     },
     "default": {
         "main": {
-            "smollm2-135m": "smollm2-135m-5820dabd2c1c9369",
-            "early_exit:12": "early_exit_12-684c6461b255f3da",
-            "early_exit:18": "early_exit_18-7112b26790859c29",
-            "early_exit:24": "early_exit_24-2c597acf76a5b6c0",
-            "early_exit:27": "early_exit_27-de4b3e4178416845",
-            "tuned:12": "tuned_12-52f09a486948a715",
-            "tuned:18": "tuned_18-d34d3ea90dbfce7f",
-            "tuned:24": "tuned_24-06461b09b2505dcd",
-            "tuned:27": "tuned_27-91ec7f05e294285a",
-            "int8": "int8-554088ddb1e9e616",
-            "ngram:3": "ngram_3-2f0fedbe72f00eea",
+            "smollm2-135m": "smollm2-135m-7877f94ba0a12ccb",
+            "early_exit:12": "early_exit_12-edde6c4d0f079404",
+            "early_exit:18": "early_exit_18-621621bbb4986b9a",
+            "early_exit:24": "early_exit_24-011e13de56cad9b4",
+            "early_exit:27": "early_exit_27-30076b27421428ac",
+            "tuned:12": "tuned_12-edb5255e5873c255",
+            "tuned:18": "tuned_18-b739f061897148eb",
+            "tuned:24": "tuned_24-104f664746655148",
+            "tuned:27": "tuned_27-d74277fec3174b5f",
+            "int8": "int8-f986575b0072a8c1",
+            "ngram:3": "ngram_3-7c0a198c53c6d0d3",
         },
         "acceptance": {
-            "smollm2-135m": "smollm2-135m-3fac8f1eb7834cf3",
-            "early_exit:12": "early_exit_12-2e9967035116a610",
-            "early_exit:18": "early_exit_18-0f1e89719c5da289",
-            "early_exit:24": "early_exit_24-201d46fc37047160",
-            "early_exit:27": "early_exit_27-bfd81fc581b40337",
-            "tuned:12": "tuned_12-0bd091e2359b1ee5",
-            "tuned:18": "tuned_18-b1d501772e81c3b8",
-            "tuned:24": "tuned_24-cf9b8098dd9fb069",
-            "tuned:27": "tuned_27-3167f6ac593b7330",
-            "int8": "int8-6e6b4dfc80485e70",
-            "ngram:3": "ngram_3-80d4d7e59f4f5dc7",
+            "smollm2-135m": "smollm2-135m-12c17642461a8dc3",
+            "early_exit:12": "early_exit_12-956f82cfc130e315",
+            "early_exit:18": "early_exit_18-e743015b1b79d82c",
+            "early_exit:24": "early_exit_24-440c9a5754ff06a6",
+            "early_exit:27": "early_exit_27-eb9db9a8ce6595db",
+            "tuned:12": "tuned_12-8559d8013ea77fce",
+            "tuned:18": "tuned_18-b7d3a4a34eb2f332",
+            "tuned:24": "tuned_24-7bcdfd0fa6b9fd30",
+            "tuned:27": "tuned_27-e0a85cf8eb7327b7",
+            "int8": "int8-5b640ec784d6fe16",
+            "ngram:3": "ngram_3-7f288655b356188d",
         },
         "continuations": {
-            "64": "continuations-f01eac56b4ec8498",
-            "128": "continuations-35c58d29960aef07",
+            "64": "continuations-c545a7a3a478b5f7",
+            "128": "continuations-1d1ea7e00e00bf8c",
         },
-        "fingerprint": "7ef69c16d4bd0e82",
+        "fingerprint": "fb6953c766584101",
     },
 }
 
@@ -144,7 +145,7 @@ def test_mentored_continuations_keep_their_names():
     spec = load_yaml("configs/default.yaml", RankConfig).cache_spec(1.0)
     names = {(d, b): mentored_path(spec, "ngram:3", d, b, 8).parent.name
              for d, b in (("kl", 0.05), ("tv", 0.2), ("hellinger", 1.0))}
-    assert names == {("kl", 0.05): "mentored-051f416ef971a45b", ("tv", 0.2): "mentored-81b5d659151980fc",
-                     ("hellinger", 1.0): "mentored-ef47a77b253cdb7e"}
+    assert names == {("kl", 0.05): "mentored-add4dc9bdd89633c", ("tv", 0.2): "mentored-97b6da484b23138f",
+                     ("hellinger", 1.0): "mentored-6c17dd5dd8a204fa"}
     assert MENTORED_SAMPLER.startswith("mentored/v1:")
     assert mentored_path(spec, "ngram:3", "kl", 0.05, 8).parent.parent == spec.continuations_path(64).parent.parent

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mdboost.data import (dataset_fingerprint, encode_prompt, encode_record, format_prompt, is_heldout, load_texts,
-                          split_records, TextSource)
+                          sample_order, sample_summary, split_records, TextSource)
 from mdboost.models.tiny import tiny_tokenizer
 
 
@@ -107,3 +107,88 @@ def test_dataset_fingerprint_tracks_content():
     a = [{"id": "1", "prompt": "p", "reference": "r"}]
     b = [{"id": "1", "prompt": "p", "reference": "s"}]
     assert dataset_fingerprint(a) == dataset_fingerprint([dict(a[0])]) != dataset_fingerprint(b)
+
+
+def _write(path, rows):
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    return str(path)
+
+
+CATEGORIES = [("writing", 30), ("math", 10), ("coding", 20)]  # a file sorted by category, as MT-bench's is
+SORTED = [{"id": f"{c}-{i}", "prompt": f"{c} question {i}", "reference": "answer", "category": c}
+          for c, n in CATEGORIES for i in range(n)]
+
+
+def test_limit_is_a_seeded_random_sample_not_the_head(tmp_path):
+    path = _write(tmp_path / "sorted.jsonl", SORTED)
+    head = load_texts(path, limit=10, sample="head")
+    assert [r["id"] for r in head] == [f"writing-{i}" for i in range(10)]  # the head: one category
+    assert TextSource(source=path, limit=10).sample == "random"  # a run's default
+    sample = load_texts(path, limit=10, sample="random")
+    assert len({r["category"] for r in sample}) > 1
+    again = lambda **kw: [r["id"] for r in load_texts(path, sample="random", **kw)]  # noqa: E731
+    assert [r["id"] for r in sample] == again(limit=20)[:10]  # any prefix is a sample
+    assert [r["id"] for r in sample] == again(limit=10)  # seeded
+    assert {r["id"] for r in sample} != set(again(limit=10, seed=1))
+    # the order is the records' (by id), not the file's: a shuffled file gives the same sample
+    shuffled = _write(tmp_path / "shuffled.jsonl", [SORTED[i] for i in torch.randperm(60).tolist()])
+    assert [r["id"] for r in load_texts(shuffled, limit=10, sample="random")] == [r["id"] for r in sample]
+    # a record added to the file never reorders the others
+    grown = _write(tmp_path / "grown.jsonl", SORTED + [{"id": "new", "prompt": "p", "reference": "r", "category": "math"}])
+    assert [r["id"] for r in load_texts(grown, sample="random") if r["id"] != "new"] == again()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_every_prefix_of_a_stratified_sample_keeps_each_category_s_share(tmp_path, seed):
+    path = _write(tmp_path / "sorted.jsonl", SORTED)
+    order = load_texts(path, sample="random", stratify="category", seed=seed)
+    assert sorted(r["id"] for r in order) == sorted(r["id"] for r in SORTED)
+    for n in range(1, len(order) + 1):
+        for category, size in CATEGORIES:
+            count = sum(r["category"] == category for r in order[:n])
+            assert abs(count - n * size / len(SORTED)) < 1, (n, category, count)
+    # the sample within a category is the unstratified rank order of its records
+    within = [r["id"] for r in order if r["category"] == "math"]
+    ranked = [SORTED[i]["id"] for i in sample_order(SORTED, seed) if SORTED[i]["category"] == "math"]
+    assert within == ranked
+
+
+def test_stratified_prefixes_stay_near_their_shares_for_any_strata():
+    rng = torch.Generator().manual_seed(0)
+    worst = 0.0
+    for trial in range(300):
+        sizes = (torch.randint(1, 25, (int(torch.randint(1, 9, (1,), generator=rng)),), generator=rng)).tolist()
+        records = [{"id": f"{s}-{i}", "k": s} for s, size in enumerate(sizes) for i in range(size)]
+        kinds = [records[i]["k"] for i in sample_order(records, trial, "k")]
+        for n in range(1, len(kinds) + 1):
+            for s, size in enumerate(sizes):
+                worst = max(worst, abs(kinds[:n].count(s) - n * size / len(records)))
+    assert worst < 2  # within about one record (greedy turns do not always stay below one)
+
+
+def test_the_split_comes_before_the_sample_and_the_summary_names_it(tmp_path):
+    path = _write(tmp_path / "sorted.jsonl", SORTED)
+    source = TextSource(source=path, limit=12, stratify="category")
+    records = source.load()
+    assert not any(is_heldout(r["id"]) for r in records)
+    held = source.load("heldout", 5)
+    assert all(is_heldout(r["id"]) for r in held)
+    summary = sample_summary(records, source)
+    assert summary == {"split": "cache", "sample": "random", "seed": 0, "stratify": "category",
+                       "ids": [r["id"] for r in records],
+                       "strata": {c: sum(r["category"] == c for r in records) for c, _ in sorted(CATEGORIES)}}
+    assert sample_summary(held, source, split="heldout")["split"] == "heldout"
+
+
+def test_sampling_arguments_are_checked(tmp_path):
+    path = _write(tmp_path / "sorted.jsonl", SORTED[:3] + [{"id": "x", "prompt": "p", "reference": "r"}])
+    with pytest.raises(ValueError, match=r"stratify='category' is not a field of record 'x'"):
+        load_texts(path, sample="random", stratify="category")
+    with pytest.raises(ValueError, match=r"sample must be one of \('random', 'head'\), got 'first'"):
+        load_texts(path, sample="first")
+    with pytest.raises(ValueError, match=r"stratify='category' needs sample='random'"):
+        load_texts(path, sample="head", stratify="category")
+    with pytest.raises(ValueError, match=r"sample must be one of"):
+        TextSource(sample="all")
+    with pytest.raises(ValueError, match=r"stratify must be a field name"):
+        TextSource(sample="head", stratify="category")

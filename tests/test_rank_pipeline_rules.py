@@ -177,3 +177,21 @@ def test_frontier_csv_html_and_plots(rules_run):
     rec = summary["recommendation"]
     for div in cfg.md.divergences:
         assert (out / "plots" / f"frontier_{div}.png").is_file(), (rec, div)
+
+
+def test_drafter_share_of_md_points(rules_run):
+    tmp_path, _, _ = rules_run
+    by_point = {}
+    for r in read_csv(tmp_path / "out" / "ranking.csv"):
+        share = float(r["drafter_share"])
+        if r["rule"] != "mentored":
+            assert math.isnan(share)
+            continue
+        assert 0 <= share <= 1
+        # where the budget covers D_f(p || q) every draft is accepted: the mean acceptance is at least the share
+        assert float(r["md_acceptance"]) >= share - 1e-9
+        by_point.setdefault((r["drafter"], r["drafting"], r["divergence"]), {})[float(r["max_divergence"])] = share
+    assert any(len(shares) > 1 for shares in by_point.values())
+    for shares in by_point.values():  # a larger budget covers D_f(p || q) at more positions
+        ordered = [shares[b] for b in sorted(shares)]
+        assert ordered == sorted(ordered)

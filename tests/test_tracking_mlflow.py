@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from mdboost.data import humaneval_path, load_texts
+from mdboost.data import TextSource, humaneval_path
 from mdboost.ranking.report import read_csv
 from mdboost.tracking.datasets import DIGEST_CHARS, FINGERPRINT_TAG, SPLIT_TAG
 from mdboost.tracking.runs import KEY_METRICS
@@ -167,7 +167,7 @@ def test_validation_description_children_table_and_dataset(store, tmp_path):
     assert [row[col("realized_speedup")] for row in logged["data"]] == pytest.approx(
         [c["realized_speedup"] for c in cells], rel=0, abs=1e-10)
     (inp,) = run.inputs.dataset_inputs
-    held = load_texts("humaneval", "heldout", PROMPTS)
+    held = TextSource(**RANK["data"]).load("heldout", PROMPTS)  # the validation's held-out sample
     payload = json.dumps([[r["id"], r["prompt"], r["reference"]] for r in held], ensure_ascii=False)
     assert inp.dataset.digest == hashlib.sha256(payload.encode()).hexdigest()[:DIGEST_CHARS]
     assert inp.dataset.name == "humaneval:heldout"

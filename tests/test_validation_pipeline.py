@@ -229,3 +229,25 @@ def test_a_ranking_run_id_names_a_missing_run_or_store_and_creates_none(tmp_path
     mlflow.MlflowClient(store).create_experiment("e")
     with pytest.raises(ValueError, match=r"no MLflow run '0{32}' \(ranking.ranking_run_id\) in"):
         fetch_ranking(SourceConfig(ranking_run_id="0" * 32), TrackingConfig(tracking_uri=store), tmp_path)
+
+
+def test_a_ranking_from_before_data_sample_is_read_as_the_head(validated, tmp_path):
+    """Its config has no data.sample: it ranked the head of its split, so its held-out prompts are
+    the head's too (not the random sample a new ranking takes)."""
+    import shutil
+
+    import yaml
+
+    from pipelines.config import TrackingConfig
+    from pipelines.validate_config import SourceConfig
+    from pipelines.validate_pairs import fetch_ranking
+
+    _, _, tmp, val = validated
+    tracking = TrackingConfig(tracking_uri=val["tracking"]["tracking_uri"])
+    assert fetch_ranking(SourceConfig(ranking_dir=str(tmp / "rank")), tracking, tmp_path / "a").config.data.sample == "random"
+    folder = tmp_path / "rank"
+    shutil.copytree(tmp / "rank", folder)
+    raw = yaml.safe_load((folder / "config.resolved.yaml").read_text())
+    del raw["data"]["sample"]
+    (folder / "config.resolved.yaml").write_text(yaml.safe_dump(raw))
+    assert fetch_ranking(SourceConfig(ranking_dir=str(folder)), tracking, tmp_path / "b").config.data.sample == "head"

@@ -37,8 +37,24 @@ class OperatingPoint:
     achieved_divergence: torch.Tensor
 
 
+DRAFTER_TOL = 1e-9  # P_acc within this of 1: the mentored distribution is p (float64 solutions)
+
+
 def _normalized(mass: torch.Tensor) -> torch.Tensor:
     return mass / mass.sum(-1, keepdim=True)
+
+
+def drafter_shares(valid: torch.Tensor, ops: list[OperatingPoint]) -> list[float]:
+    """Per operating point, the share of the ``valid`` positions where its mentored distribution
+    is the drafter's own: ``P_acc = 1`` (``sum_i min(p_i, pi_i) = 1`` iff ``pi = p``). In the
+    exact problem these are the positions where the budget is at least ``D_f(p || q)`` and ``p``
+    lies in ``q``'s support (``docs/theory.md``, "Degenerate budgets"); reading the solution
+    itself holds for ``mode="bound"`` too. At share 1 the point emits the drafter's distribution
+    everywhere. NaN without valid positions.
+    """
+    if not bool(valid.any()):
+        return [float("nan")] * len(ops)
+    return [float((op.acceptance[valid] >= 1 - DRAFTER_TOL).double().mean()) for op in ops]
 
 
 def sd_acceptance(aligned: Aligned, valid: torch.Tensor) -> torch.Tensor:  # [N]

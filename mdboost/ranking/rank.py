@@ -46,7 +46,7 @@ from mdboost.md.divergences import GENERATORS
 from mdboost.md.rules import Block, Mentored, Rule
 from mdboost.md.verify import SOLVE
 from mdboost.ranking import quality
-from mdboost.ranking.acceptance import md_operating_points, sd_acceptance
+from mdboost.ranking.acceptance import drafter_shares, md_operating_points, sd_acceptance
 from mdboost.ranking.boosting import boost_greedy, boost_target_first
 from mdboost.ranking.diagnostics import boost_coefficient, pair_diagnostics
 from mdboost.ranking.layout import SequenceLayout
@@ -312,7 +312,7 @@ class PairWork:
     acc_valid: torch.Tensor  # bool [M]
     rule_pts: list  # RulePoint, in the rows' order
     acc_ops: list  # MD operating points (budget 0 once)
-    md_static: list  # per MD point: (nll_clamp, tv columns)
+    md_static: list  # per MD point: (nll_clamp, tv columns, drafter share)
     others: list  # per other rule's point: (point, acceptance [M], divergence [M], nll)
     md_process: ProcessOutcomes | None  # SD, then each MD point
     rule_process: ProcessOutcomes | None
@@ -345,6 +345,7 @@ def pair_work(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | None
     # without target-sampled rows the process runs on the reference text (expected chains, no c at its tokens)
     on_reference = acceptance is None if on_reference is None else on_reference
     md_static = _md_static(pair, aligned, stats, acc_ops, ref_ops, s) if md_wanted else []
+    md_static = [(*st, share) for st, share in zip(md_static, drafter_shares(acc_valid, acc_ops))]
     others_static = _rule_static([pt for pt in rule_pts if not pt.is_md], pair, aligned, acc, acc_aligned, stats, s)
     md_process = rule_process = None
     on_text = {}
@@ -413,7 +414,7 @@ def _md_points(work: PairWork, process, s: ScoreSettings, profile: SpeedProfile,
     acc_valid, stats = work.acc_valid, work.stats
     any_valid = bool(acc_valid.any())
     points = []
-    for i, (op, (nll_clamp, tv)) in enumerate(zip(work.acc_ops, work.md_static, strict=True)):
+    for i, (op, (nll_clamp, tv, share)) in enumerate(zip(work.acc_ops, work.md_static, strict=True)):
         overhead = profile.md_overhead if op.max_divergence > 0 else 0.0
         on_text = work.mentored.get((op.divergence, float(op.max_divergence))) if op.max_divergence > 0 else None
         if on_text is not None:
@@ -428,7 +429,8 @@ def _md_points(work: PairWork, process, s: ScoreSettings, profile: SpeedProfile,
             process=None if process is None else process[i + 1], verify_costs=tuple(verify.tolist()),
             md_overhead=float(overhead), tv=tv, text="target" if on_text is None else "mentored",
             rule=RulePoint(rule, op.divergence if op.max_divergence > 0 else PLAIN_SD, op.max_divergence),
-            achieved_divergence_max=float(op.achieved_divergence[acc_valid].max()) if any_valid else 0.0))
+            achieved_divergence_max=float(op.achieved_divergence[acc_valid].max()) if any_valid else 0.0,
+            drafter_share=share))
     return points
 
 

@@ -32,6 +32,8 @@ from mdboost.models.pool import parse_drafter
 from mdboost.ranking.report import csv_bool, csv_float
 from mdboost.ranking.rule_points import row_draft_p_min
 
+DEGENERATE_SHARE = 0.95  # a budget >= D_f(p || q) at this share of positions or more is called out
+
 FIELDS = ("drafter", "target", "temperature", "divergence", "max_divergence", "gamma", "predicted_speedup",
           "predicted_speedup_lo", "predicted_speedup_hi", "beats_plain_decoding")
 
@@ -62,6 +64,7 @@ class Recommendation:
     threshold_acc: float | None = None  # SGLang's thresholds, for its rule only
     threshold_single: float | None = None
     draft_p_min: float = 0.0  # llama.cpp's draft probability floor (greedy drafts; 0: none)
+    drafter_share: float | None = None  # MD: positions where the budget >= D_f(p || q) (None: not MD)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -81,6 +84,22 @@ class Recommendation:
         return (f"{self.predicted_speedup:.2f}x [{self.predicted_speedup_lo:.2f}, "
                 f"{self.predicted_speedup_hi:.2f}]")
 
+    @property
+    def degenerate(self) -> str:
+        """What the verdict adds when the point's budget lets the drafter's own distribution
+        through at :data:`DEGENERATE_SHARE` of its positions or more (``""`` otherwise).
+
+        >>> Recommendation("int8", "t", 1.0, "tv", 1.0, 8, 1.5, 1.4, 1.6, True, True, 1.0, 1.0,
+        ...                drafter_share=1.0).degenerate
+        "; its budget is at least D_f(p || q) at 100% of positions: it emits the drafter's own distribution there (decoding with the drafter alone may be faster still; mdboost does not rank that option yet)"
+        """
+        share = self.drafter_share
+        if share is None or not share >= DEGENERATE_SHARE:
+            return ""
+        return (f"; its budget is at least D_f(p || q) at {share:.0%} of positions: it emits the drafter's own "
+                "distribution there (decoding with the drafter alone may be faster still; mdboost does not rank "
+                "that option yet)")
+
     def verdict(self) -> str:
         """One line: the recommendation, or that plain decoding is fastest.
 
@@ -94,7 +113,7 @@ class Recommendation:
         >>> Recommendation("int8", "t", 1.0, "kl", 0.1, 5, 1.43, nan, nan, False, True, 1.0, 1.01).verdict()
         'no interval, so no point is called faster than plain decoding (ranking.resamples: 0 computes none); the best speculative point is int8 -> t, T=1, kl <= 0.1, gamma 5 at 1.43x'
         """
-        quality = "" if self.quality_ok else " (no point met the quality tolerance)"
+        quality = ("" if self.quality_ok else " (no point met the quality tolerance)") + self.degenerate
         if not self.beats_plain_decoding and not math.isfinite(self.predicted_speedup_lo):
             return (f"no interval, so no point is called faster than plain decoding (ranking.resamples: 0 computes "
                     f"none); the best speculative point is {self.point} at {self.predicted_speedup:.2f}x{quality}")
@@ -158,7 +177,8 @@ def _recommendation(rows: list[dict], prefer=None) -> Recommendation:
         quality_ok=bool(eligible), nll_target=csv_float(best.get("nll_target")),
         nll_mentored=csv_float(best.get("nll_mentored")), rule=str(best.get("rule", "mentored")),
         drafting=str(best.get("drafting", "sampled")), threshold_acc=_number(best.get("threshold_acc")),
-        threshold_single=_number(best.get("threshold_single")), draft_p_min=row_draft_p_min(best))
+        threshold_single=_number(best.get("threshold_single")), draft_p_min=row_draft_p_min(best),
+        drafter_share=_number(best.get("drafter_share")))
 
 
 def plain_wins_from(speedups: Mapping) -> int | None:

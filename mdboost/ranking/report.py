@@ -28,7 +28,7 @@ COLUMNS = [
     "mu_target", "mu_drafter", "boosting_advantage", "eps_pq_median", "rho_pq_median", "k_median",
     "nll_target", "nll_drafter", "nll_mentored", "nll_boosted", "beats_target", "quality_ok",
     "md_acceptance_q10", "md_acceptance_median", "md_acceptance_q90", "achieved_divergence",
-    "achieved_divergence_mean", "achieved_divergence_max",
+    "achieved_divergence_mean", "achieved_divergence_max", "drafter_share",
     "sd_best_gamma", "sd_speedup", "engine_acceptance_conditional", "sd_engine_acceptance", "best_gamma_iid", "predicted_speedup_iid", "sd_best_gamma_iid",
     "sd_speedup_iid", "verify_cost", "md_overhead", "prefill_target", "prefill_drafter", "proposal_rate", "tail_mass", "n_positions", "acceptance_source",
     "acceptance_positions",

@@ -93,7 +93,9 @@ class PointScore:
     ``rule``: the verification rule and the operating point it was set for (None: no rule
     columns in the rows; :func:`~mdboost.ranking.rank.score_pair` always sets it);
     ``achieved_divergence`` / ``achieved_divergence_max``: the mean and largest achieved
-    ``D_f(pi || q)`` over the acceptance rows; ``acceptance`` is the rule's.
+    ``D_f(pi || q)`` over the acceptance rows; ``acceptance`` is the rule's; ``drafter_share``
+    (MD points): the share of those rows where the budget is at least ``D_f(p || q)``, so the
+    mentored distribution is the drafter's own (:func:`~mdboost.ranking.acceptance.drafter_shares`).
     """
 
     divergence: str
@@ -110,6 +112,7 @@ class PointScore:
     text: str = "target"  # the text the process ran on: the target's continuations, or "mentored" (MD's own)
     rule: RulePoint | None = None
     achieved_divergence_max: float = math.nan
+    drafter_share: float = math.nan
 
     @property
     def gamma(self) -> int:
@@ -222,7 +225,7 @@ def _rule_columns(point: PointScore) -> dict:
             "engines": " ".join(rp.rule.engines),
             "threshold_acc": acc, "threshold_single": single,
             "achieved_divergence_mean": point.achieved_divergence,
-            "achieved_divergence_max": point.achieved_divergence_max}
+            "achieved_divergence_max": point.achieved_divergence_max, "drafter_share": point.drafter_share}
 
 
 def score_rows(score: PairScore) -> list[dict]:

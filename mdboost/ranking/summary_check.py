@@ -62,6 +62,7 @@ RECOMMENDATION_FIELDS = {
     "threshold_acc": (_optional(_number), "a number or null"),
     "threshold_single": (_optional(_number), "a number or null"),
     "draft_p_min": (_finite_at_least(0.0), "a finite number >= 0"),
+    "drafter_share": (_optional(lambda v: _number(v) and 0 <= v <= 1), "a number in [0, 1] or null"),
 }
 REQUIRED = ("drafter", "target", "temperature", "divergence", "max_divergence", "gamma", "beats_plain_decoding")
 

@@ -43,7 +43,8 @@ def _drafter(member):
 
 
 def heldout_prompts(text: TextSource, tokenizer, n: int, first: int = 0) -> tuple[list[dict], list[torch.Tensor]]:
-    """``n`` held-out records of ``text`` from the ``first``-th on, and their prompt ids."""
+    """``n`` held-out records of ``text`` from the ``first``-th on (in its sample order:
+    ``text.sample``, ``text.stratify``), and their prompt ids."""
     records = text.load("heldout", first + n)[first:]
     if not records:
         raise ValueError(f"text has no held-out records from the {first}-th on "
@@ -148,7 +149,8 @@ def humaneval_pass_at_1(row: dict, pool, text: TextSource, *, tasks: int = 4, ma
                         seed: int = 0, timeout: float = 10.0, top_k: int | None = None,
                         top_p: float | None = None) -> dict:
     """pass@1 of AR and the cell's completions (MD, or SD at budget 0) on the first ``tasks``
-    held-out HumanEval tasks, at the row's ``temperature``, ``gamma``, budget and ``md_solve``."""
+    held-out HumanEval tasks of ``text``'s sample order (:func:`heldout_prompts`), at the row's
+    ``temperature``, ``gamma``, budget and ``md_solve``."""
     tok = pool.target.tokenizer
     records, prompts = heldout_prompts(text, tok, tasks)
     problems = humaneval.load_problems()

@@ -15,7 +15,10 @@ at most ``MAX_REGRET`` (5%) and the recommendation's realized speedup lies insid
 otherwise they *do not hold*, and the line names each failed condition. Without intervals in
 the ranking the coverage cannot be checked and the line says so. Coverage above
 ``WIDE_COVERAGE`` (97%) is noted (the intervals may be wider than 90%), not failed: over a dozen
-cells, a calibrated 90% interval covers all of them one time in four.
+cells, a calibrated 90% interval covers all of them one time in four. When the realized
+*acceptance* falls outside its 90% intervals in more cells than chance allows
+(:func:`prompt_shift`), the line ends with a warning: the validation prompts behave unlike the
+ranked ones (the ranked sample may not represent them).
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ from mdboost.validation.prediction import predicted_acceptance
 MIN_COVERAGE = 0.80
 MAX_REGRET = 0.05
 WIDE_COVERAGE = 0.97
+INTERVAL_LEVEL = 0.90  # the ranking's intervals (mdboost.ranking.uncertainty)
+SHIFT_TEST_LEVEL = 0.05  # the binomial test of prompt_shift
 
 CELL_FIELDS = ("drafter", "target", "temperature", "divergence", "max_divergence", "gamma", "md_solve", "rule",
                "drafting", "draft_p_min", "batch_size")
@@ -228,8 +233,49 @@ def crossover(by_batch: dict) -> dict:
     return {"predicted": pred, "realized": real, "within_one": abs(place(pred) - place(real)) <= 1}
 
 
-def verdict(metrics: dict) -> str:
-    """One line: the speedup figures and whether the predictions hold (module rule).
+def allowed_misses(cells: int, level: float = INTERVAL_LEVEL, alpha: float = SHIFT_TEST_LEVEL) -> int:
+    """The most cells of ``cells`` that calibrated ``level`` intervals miss, by chance, at test level
+    ``alpha``: the largest ``k`` with ``P(X >= k) >= alpha``, ``X ~ Binomial(cells, 1 - level)``.
+
+    >>> allowed_misses(13), allowed_misses(7), allowed_misses(0)
+    (3, 2, 0)
+    """
+    p, tail, k = 1 - level, 1.0, 0  # tail = P(X >= k)
+    while k < cells:
+        tail -= math.comb(cells, k) * p ** k * (1 - p) ** (cells - k)
+        if tail < alpha:
+            break
+        k += 1
+    return k
+
+
+def prompt_shift(metrics: dict, level: float = INTERVAL_LEVEL) -> str | None:
+    """A warning when the realized acceptance falls outside its ``level`` intervals in more cells
+    than :func:`allowed_misses` (the validation prompts differ from the ranked ones), else None.
+    The test counts cells as independent; cells share their prompts, so it alarms somewhat more
+    often than its 5% level when nothing differs.
+
+    >>> prompt_shift({"acceptance": {"with_interval": 13, "covered": 7}})[:56]
+    'your validation prompts differ from the ranked ones: the'
+    >>> prompt_shift({"acceptance": {"with_interval": 13, "covered": 11}}) is None
+    True
+    """
+    a = metrics.get("acceptance")
+    if not a or not a["with_interval"]:
+        return None
+    n, missed = a["with_interval"], a["with_interval"] - a["covered"]
+    allowed = allowed_misses(n, level)
+    if missed <= allowed:
+        return None
+    return (f"your validation prompts differ from the ranked ones: the realized acceptance falls outside its "
+            f"{level:.0%} interval in {missed} of {n} cells (at most {allowed} by chance, binomial test at "
+            f"{SHIFT_TEST_LEVEL:.0%}); rank on a sample like them (data.sample, data.stratify, data.limit)")
+
+
+def verdict(metrics: dict, level: float | None = None) -> str:
+    """One line: the speedup figures, whether the predictions hold (module rule), and a warning
+    when the validation prompts behave unlike the ranked ones (:func:`prompt_shift`; ``level``:
+    the intervals' level, default 90%).
 
     >>> m = {"speedup": {"cells": 12, "with_interval": 12, "covered": 11, "coverage": 11 / 12, "mae": 0.04,
     ...      "max_error": 0.1, "spearman": 0.9, "regret": 0.03},
@@ -238,6 +284,12 @@ def verdict(metrics: dict) -> str:
     >>> verdict(m)
     'intervals cover 11 of 12 cells (92%), Spearman 0.90, MAE 0.040, regret 3%, recommendation 1.12x inside [1.05, 1.20]: predictions hold'
     """
+    shift = prompt_shift(metrics, INTERVAL_LEVEL if level is None else level)
+    line = _speed_verdict(metrics)
+    return line if shift is None else f"{line}; warning: {shift}"
+
+
+def _speed_verdict(metrics: dict) -> str:
     s, rec = metrics["speedup"], metrics["recommendation"]
     rho = "n/a" if s["spearman"] is None or not math.isfinite(s["spearman"]) else f"{s['spearman']:.2f}"
     where = {True: "inside", False: "outside", None: "without interval"}[rec["inside"]]
