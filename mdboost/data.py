@@ -18,6 +18,7 @@ import importlib.util
 import json
 import math
 import numbers
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -210,10 +211,7 @@ def sample_summary(records: list[dict], source: TextSource, split: str | None = 
     out = {"split": source.split if split is None else split, "sample": source.sample, "seed": source.seed,
            "stratify": source.stratify, "ids": [r["id"] for r in records]}
     if source.stratify is not None:
-        counts: dict[str, int] = {}
-        for r in records:
-            counts[stratum(r, source.stratify)] = counts.get(stratum(r, source.stratify), 0) + 1
-        out["strata"] = dict(sorted(counts.items()))
+        out["strata"] = dict(sorted(Counter(stratum(r, source.stratify) for r in records).items()))
     return out
 
 

@@ -463,7 +463,7 @@ def _write_all(cfg: RankConfig, ranked: _Ranked, profiles: list | None, start: f
                "batch_sizes": list(cfg.speed.batch_sizes),
                "recommendations_by_batch_size": {str(b): r.to_dict() for b, r in by_batch.items()},
                "plain_wins_from_batch_size": plain_wins_from({b: r.predicted_speedup for b, r in by_batch.items()}),
-               "data": sample_summary(cfg.data.text_source().load(), cfg.data.text_source()),
+               "data": sample_summary(pc.spec.text.load(), pc.spec.text),  # the records the cache holds
                **digests}
     sampled = [o for o in opened if o.pc.spec.temperature > 0] or opened  # greedy has its own profile, no MD
     pc = sampled[0].pc
