@@ -43,7 +43,7 @@ from mdboost.models.convert import smollm2_gguf
 from mdboost.models.home import mdboost_home, models_dir
 from mdboost.models.pool import parse_drafter
 from mdboost.ranking.recommend import md_row
-from mdboost.ranking.report import at_batch_size, batch_sizes_of, check_csv_digest, csv_bool, read_csv, row_batch_size
+from mdboost.ranking.report import ALONE, at_batch_size, batch_sizes_of, check_csv_digest, csv_bool, read_csv, row_batch_size
 from mdboost.ranking.rule_points import row_draft_p_min, row_rule
 from mdboost.ranking.summary_check import REQUIRED, check_recommendation, check_recommendations_in_rows, check_summary
 from mdboost.serve_args import llamacpp_args, sglang_args, vllm_serve_args
@@ -476,7 +476,10 @@ def _load_target(rec: dict, device: str, home: str | None) -> str:
 
 def mdboost_snippet(rec: dict, sampling: dict, device: str, home: str | None = None) -> str:
     """Python running the recommendation with :func:`mdboost.engine.generate`; ``home``: the
-    ranking's mdboost home (its converted models and tuned translators), None for the default."""
+    ranking's mdboost home (its converted models and tuned translators), None for the default.
+    The drafter alone (rule ``"alone"``) decodes with the drafter's model, the target unused."""
+    if rec["beats_plain_decoding"] and rec.get("rule") == ALONE:
+        return _alone_snippet(rec, sampling, device, home)
     speculative = rec["beats_plain_decoding"]
     args = [f"max_new_tokens={MAX_NEW_TOKENS}", *_settings_args(rec, sampling)]
     if speculative:
@@ -493,6 +496,18 @@ def mdboost_snippet(rec: dict, sampling: dict, device: str, home: str | None = N
         f"input_ids = tok({PROMPT!r}, return_tensors=\"pt\").input_ids.to(target.device)",
         f"settings = GenerationSettings({', '.join(args)}, eos_token_id=tok.eos_token_id)",
         call, "print(tok.decode(out.sequences[0]))"])
+
+
+def _alone_snippet(rec: dict, sampling: dict, device: str, home: str | None) -> str:
+    args = [f"max_new_tokens={MAX_NEW_TOKENS}", *_settings_args(rec, sampling)]
+    return "\n".join([
+        "from mdboost.engine import GenerationSettings, generate",
+        "from mdboost.models import build_pool", "",
+        f"pool = build_pool({rec['target']!r}, [{rec['drafter']!r}], device={device!r}{_home_arg(home)})",
+        f"model, tok = pool[{rec['drafter']!r}].model, pool.target.tokenizer  # the drafter alone: no target step",
+        f"input_ids = tok({PROMPT!r}, return_tensors=\"pt\").input_ids.to(model.device)",
+        f"settings = GenerationSettings({', '.join(args)}, eos_token_id=tok.eos_token_id)",
+        "out = generate(model, input_ids, settings)", "print(tok.decode(out.sequences[0]))"])
 
 
 def hf_kwargs(rec: dict, sampling: dict, home: str | None = None) -> dict:

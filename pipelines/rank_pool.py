@@ -60,7 +60,7 @@ from mdboost.ranking import plots, report
 from mdboost.ranking.breakeven import break_even_costs, hardware_line
 from mdboost.ranking.frontier import cached_positions, frontier, priced
 from mdboost.ranking.rank import PLAIN_SD, rank_rows
-from mdboost.ranking.report import at_batch_size
+from mdboost.ranking.report import ALONE, at_batch_size
 from mdboost.ranking.recommend import (Recommendation, batch_lines, md_row, plain_wins_from, recommend,
                                       recommend_engines, rule_label)
 from mdboost.ranking.rows import MemberLoader, select_pairs
@@ -117,8 +117,8 @@ def _score_all(cfg: RankConfig, pc, temperature: float, client=None) -> tuple[li
                                        loader=loader, acceptance_loader=acc_loader)
                   for d, t in _progress(pairs, cfg.progress, desc=desc, unit="pair"))
     for (drafter_name, target_name), by_batch in zip(pairs, scores):
-        for batch_size in sizes:
-            rows.extend(by_batch[batch_size].rows)
+        for batch_size in sizes:  # the points, then the drafter alone
+            rows.extend(by_batch[batch_size].rows + by_batch[batch_size].alone_rows)
         details[f"{drafter_name} -> {target_name} (T={temperature:g})"] = by_batch[sizes[0]]
     return rows, details
 
@@ -146,7 +146,7 @@ def frontiers(cfg: RankConfig, pc, temperature: float, rows: list[dict]) -> dict
         return out
     for drafter, target in select_pairs(pc, cfg.pool.pairs):
         mine = [r for r in rows if (r["drafter"], r["target"]) == (drafter, target)
-                and float(r["temperature"]) == temperature]
+                and float(r["temperature"]) == temperature and r["rule"] != ALONE]
         if not mine:
             continue
         gamma = int(min(mine, key=lambda r: float(r["rank"]))["gamma"])

@@ -60,3 +60,58 @@ def test_the_verdict_says_when_the_pick_emits_the_drafter():
     assert "D_f(p || q)" not in recommend([_row(0.5)]).verdict()
     assert "D_f(p || q)" not in recommend([_row("nan")]).verdict()  # not an MD row (CSV text)
     assert recommend([_row(0.97)]).to_dict()["drafter_share"] == 0.97
+
+
+def _alone(**fields) -> dict:
+    row = {"drafter": "early_exit:2", "target": "tiny", "temperature": 1.0, "divergence": "tv", "max_divergence": 0.4,
+           "gamma": 0, "predicted_speedup": 1.9, "predicted_speedup_lo": 1.7, "predicted_speedup_hi": 2.1,
+           "quality_ok": True, "nll_target": 2.0, "nll_mentored": 2.03, "rule": "alone", "drafting": "none",
+           "drafter_share": 1.0}
+    return {**row, **fields}
+
+
+def test_the_drafter_alone_is_recommended_and_exported_as_a_call_that_runs():
+    from mdboost.export import mdboost_snippet
+
+    rec = recommend([_row(0.97), _alone()])
+    assert (rec.rule, rec.gamma, rec.beats_plain_decoding) == ("alone", 0, True)
+    assert rec.verdict() == ("recommended: early_exit:2 alone (instead of tiny), T=1: predicted speedup 1.90x "
+                             "[1.70, 2.10] over plain decoding")
+    snippet = mdboost_snippet(rec.to_dict(), {"top_k": None, "top_p": None}, "cpu")
+    assert "generate(model, input_ids, settings)" in snippet and "drafter=" not in snippet
+    namespace = {}
+    exec(compile(snippet.replace("print(", "str("), "<snippet>", "exec"), namespace)  # builds tiny offline and decodes
+    model, out = namespace["model"], namespace["out"]
+    assert model is not None and out.stats.num_draft_tokens == 0 and int(out.num_new_tokens[0]) > 0
+    # outside the quality tolerance it is no candidate
+    assert recommend([_row(0.97), _alone(quality_ok=False)]).rule != "alone"
+
+
+def test_a_summary_gamma_of_zero_belongs_to_the_drafter_alone():
+    import pytest
+
+    from mdboost.ranking.summary_check import check_recommendation
+
+    rec = {k: v for k, v in _alone().items() if k not in ("quality_ok",)} | {"beats_plain_decoding": True}
+    assert check_recommendation(rec, "here")["gamma"] == 0
+    with pytest.raises(ValueError, match=r"here: summary.json's recommendation.gamma must be 0 exactly for the rule "
+                                         r"'alone' \(got rule 'mentored'\), got 0"):
+        check_recommendation(rec | {"rule": "mentored"}, "here")
+    with pytest.raises(ValueError, match=r"recommendation.gamma must be 0 exactly for the rule 'alone'"):
+        check_recommendation(rec | {"gamma": 3}, "here")
+
+
+def test_a_mode_decoding_alone_is_plain_decoding_and_takes_no_drafter():
+    import pytest
+
+    from mdboost.models import tiny_llama
+    from mdboost.validation.runs import run_modes
+
+    target, drafter = tiny_llama(seed=0), tiny_llama(seed=1)
+    prompts = [torch.tensor([1, 2, 3]), torch.tensor([4, 5])]
+    runs = run_modes(target, prompts, {"ar": dict(mode="ar"), "alone": dict(mode="ar", model=drafter),
+                                       "self": dict(mode="ar", model=target)}, max_new_tokens=6, temperature=1.0)
+    assert runs["self"].outputs == runs["ar"].outputs  # the same model and seeds: the same tokens
+    assert runs["alone"].outputs != runs["ar"].outputs  # another model's own tokens
+    with pytest.raises(ValueError, match=r"modes\['x'\]: model decodes alone, in mode 'ar' only, got mode 'sd'"):
+        run_modes(target, prompts, {"x": dict(mode="sd", drafter=drafter, model=drafter)}, max_new_tokens=2)

@@ -445,10 +445,10 @@ def test_each_engine_section_renders_that_engines_recommendation(tmp_path):
 
 @pytest.mark.parametrize("field, value, message", [
     ("beats_plain_decoding", "false", "recommendation.beats_plain_decoding must be true or false, got 'false'"),
-    ("gamma", "four", "recommendation.gamma must be an integer >= 1, got 'four'"),
+    ("gamma", "four", "recommendation.gamma must be an integer >= 1 (0: the drafter alone), got 'four'"),
     ("max_divergence", "nan", "recommendation.max_divergence must be a finite number >= 0, got 'nan'"),
     ("max_divergence", float("nan"), "recommendation.max_divergence must be a finite number >= 0, got nan"),
-    ("gamma", 4.0, "recommendation.gamma must be an integer >= 1, got 4.0"),
+    ("gamma", 4.0, "recommendation.gamma must be an integer >= 1 (0: the drafter alone), got 4.0"),
     ("temperature", True, "recommendation.temperature must be a finite number >= 0, got True"),
     ("drafter", 3, "recommendation.drafter must be a non-empty string, got 3"),
 ])

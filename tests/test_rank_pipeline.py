@@ -74,13 +74,17 @@ def test_csv_has_required_fields_and_ranks(first_run):
     rows = _rows(tmp_path)
     assert set(REQUIRED + ["temperature", "gamma", "is_best_gamma", "predicted_speedup_lo", "batch_size"]) <= set(rows[0])
     # 4 ordered pairs (ngram is never a target) x 2 temperatures x (plain SD once + 2 divergences x
-    # budget 0.3) x 6 gammas, at batch sizes 1 and 4
+    # budget 0.3) x 6 gammas, and the 2 model drafters alone at each temperature, at batch sizes 1 and 4
     assert cfg.speed.batch_sizes == [1, 4]
-    assert 2 * len(rows) == summary["n_rows"] == 2 * 4 * 2 * 3 * 6 and summary["n_points"] == 4 * 2 * 3
+    assert 2 * len(rows) == summary["n_rows"] == 2 * (4 * 2 * 3 * 6 + 2 * 2)
+    assert summary["n_points"] == 4 * 2 * 3 + 2 * 2
+    alone = [r for r in rows if r["rule"] == "alone"]
+    assert sorted((r["drafter"], r["target"]) for r in alone) == [("early_exit:2", "tiny")] * 2 + [("tiny", "early_exit:2")] * 2
+    assert all(r["gamma"] == "0" and r["is_best_gamma"] == "True" and r["engines"] == "mdboost" for r in alone)
     assert sorted(int(r["rank"]) for r in rows) == list(range(1, len(rows) + 1))
     assert {float(r["temperature"]) for r in rows} == {0.7, 1.0}
     points = {}
-    for r in rows:
+    for r in (r for r in rows if r["rule"] != "alone"):
         points.setdefault((r["drafter"], r["target"], r["temperature"], r["divergence"], r["max_divergence"]), []).append(r)
     assert len(points) == 24
     for key, mine in points.items():
@@ -112,7 +116,7 @@ def test_metrics_match_direct_computation_on_cache(first_run):
     from mdboost.cache.speed import SpeedStore, speed_path
     tmp_path, cfg, _ = first_run
     rows = [r for r in _rows(tmp_path) if r["drafter"] == "early_exit:2" and r["target"] == "tiny"
-            and float(r["temperature"]) == 1.0]
+            and float(r["temperature"]) == 1.0 and r["rule"] != "alone"]
     spec = cfg.cache_spec(1.0)
     tc, dc = LogitCache.open(spec.member_dir("tiny")), LogitCache.open(spec.member_dir("early_exit:2"))
     true = tc.true_tokens()
@@ -136,7 +140,7 @@ def test_metrics_match_direct_computation_on_cache(first_run):
         check_speed_columns(r, SpeedStore(speed_path(spec)).profile, "onehot", range(cfg.speed.gamma_min, cfg.speed.gamma_max + 1))
     # a pair whose target is not the pool target has no profile: v = 1, s = 0
     for r in read_csv(tmp_path / "out" / "ranking.csv"):
-        if r["target"] == "early_exit:2":
+        if r["target"] == "early_exit:2" and r["rule"] != "alone":
             assert float(r["verify_cost"]) == 1.0 and float(r["md_overhead"]) == 0.0
 
 
@@ -157,7 +161,8 @@ def test_batch_size_rows_repeat_the_points_with_their_own_costs(first_run):
         assert r["engine_acceptance"] == by_key[key(r)]["engine_acceptance"]
         if r["target"] == "tiny" and float(r["temperature"]) == 1.0:
             assert float(r["cost_ratio"]) == pytest.approx(store.drafter(r["drafter"], 4)["median"])
-            assert float(r["verify_cost"]) == pytest.approx(store.profile_at(4)["verify_cost"][int(r["gamma"])])
+            if r["rule"] != "alone":  # the drafter alone verifies nothing
+                assert float(r["verify_cost"]) == pytest.approx(store.profile_at(4)["verify_cost"][int(r["gamma"])])
     assert set(summary["recommendations_by_batch_size"]) == {"1", "4"}
     assert summary["recommendations_by_batch_size"]["1"] == summary["recommendation"]
     best4 = min(four, key=lambda r: int(r["rank"]))
@@ -173,7 +178,8 @@ def test_mlflow_runs_hold_the_fields(first_run):
     runs = client.search_runs([exp.experiment_id], max_results=1000)
     parent = [r for r in runs if r.info.run_id == summary["run_id"]][0]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-    assert len(children) == summary["n_points"] == 24  # each point at its best gamma
+    assert len(children) == summary["n_points"] == 28  # each point at its best gamma, and each drafter alone
+    children = [c for c in children if c.data.params["rule"] != "alone"]
     rows = {(r["drafter"], r["target"], float(r["temperature"]), r["divergence"], float(r["max_divergence"])): r
             for r in _rows(tmp_path) if r["is_best_gamma"] == "True"}
     numeric = set(REQUIRED) - {"drafter", "target", "divergence", "nll_drafter"}
@@ -207,7 +213,7 @@ def test_rerun_reuses_cache_and_rescoring_recomputes_only_scores(first_run):
     after = read_csv(tmp_path / "out" / "ranking.csv")
     assert [r["md_acceptance"] for r in before] == [r["md_acceptance"] for r in after]
     more = run(_config(tmp_path, tracking={"enabled": False}, md={"budgets": [0.0, 0.3, 1.0]}))
-    assert more["cache_reused"] is True and more["n_rows"] == 2 * 4 * 2 * 5 * 6  # batch sizes 1 and 4
+    assert more["cache_reused"] is True and more["n_rows"] == 2 * (4 * 2 * 5 * 6 + 2 * 2)  # batch sizes 1 and 4
 
 
 def test_main_reports_config_errors(tmp_path, capsys):
@@ -222,6 +228,9 @@ def test_main_reports_config_errors(tmp_path, capsys):
 def test_score_values_are_finite_where_defined(first_run):
     _, _, summary = first_run
     for row in summary["rows"]:
+        if row["rule"] == "alone":  # no drafts: no acceptance
+            assert math.isnan(row["md_acceptance"]) and math.isfinite(row["predicted_speedup"])
+            continue
         for key in ("sd_acceptance", "md_acceptance", "predicted_speedup", "nll_target", "nll_mentored", "nll_boosted"):
             assert math.isfinite(row[key]), (key, row)
         assert 0 <= row["sd_acceptance"] <= row["md_acceptance"] + 1e-9 <= 1 + 1e-9

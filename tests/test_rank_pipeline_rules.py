@@ -56,15 +56,18 @@ def test_default_rules_are_the_documented_list():
 def test_rule_columns_bounds_and_md_above_sglang(rules_run):
     tmp_path, cfg, summary = rules_run
     rows = read_csv(tmp_path / "out" / "ranking.csv")
-    assert {(r["rule"], r["drafting"], float(r["draft_p_min"])) for r in rows} == RULES
+    assert {(r["rule"], r["drafting"], float(r["draft_p_min"])) for r in rows} == RULES | {("alone", "none", 0.0)}
+    alone = [r for r in rows if r["rule"] == "alone"]  # the model drafter alone, once per batch size
+    assert [(r["drafter"], r["engines"], r["gamma"]) for r in alone] == [("early_exit:2", "mdboost", "0")] * len(
+        cfg.speed.batch_sizes)
     points = {}
-    for r in rows:
+    for r in (r for r in rows if r["rule"] != "alone"):
         assert set(r["engines"].split()) <= set(ENGINES) and {"mdboost", "hf"} <= set(r["engines"].split())
         points.setdefault(_key(r), r)
     # budget 0 once per rule; SGLang's and MD's (sampled, greedy) rules once per (f, D > 0); 2 drafters,
     # the floored match (3 floors) only for the model drafter: prompt lookup has no confidence
     per_drafter = 10 + 3 * 2 * 2
-    assert len(points) == len(cfg.pool.drafters) * per_drafter - 3 == summary["n_points"]
+    assert len(points) == len(cfg.pool.drafters) * per_drafter - 3 == summary["n_points"] - 1
     assert not any(floor for (drafter, _, _, floor, _, _) in points if drafter.startswith("ngram"))
     for (drafter, rule, drafting, floor, f, budget), r in points.items():
         mean, worst = float(r["achieved_divergence_mean"]), float(r["achieved_divergence_max"])
@@ -142,6 +145,9 @@ def test_mlflow_child_runs_name_and_tag_their_rule(rules_run):
         assert child.data.metrics["predicted_speedup"] == pytest.approx(float(row["predicted_speedup"]))
         floor = float(prm["draft_p_min"])
         label = f"{prm['rule']}:{prm['drafting']}" + (f":p{floor:g}" if floor else "")
+        if prm["rule"] == "alone":
+            assert child.info.run_name == f"{prm['drafter']} alone T{float(prm['temperature']):g}"
+            continue
         assert child.info.run_name.endswith(label) == ((prm["rule"], prm["drafting"]) != ("mentored", "sampled"))
 
 
@@ -184,6 +190,9 @@ def test_drafter_share_of_md_points(rules_run):
     by_point = {}
     for r in read_csv(tmp_path / "out" / "ranking.csv"):
         share = float(r["drafter_share"])
+        if r["rule"] == "alone":  # every token is the drafter's
+            assert share == 1.0
+            continue
         if (r["rule"], r["drafting"]) != ("mentored", "sampled"):  # other rules, MD on greedy drafts
             assert math.isnan(share)
             continue

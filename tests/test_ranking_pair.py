@@ -9,7 +9,7 @@ import torch
 from mdboost.md.solve import solve
 from mdboost.ranking.boosting import CachedLogitsHypothesis, ProposalHypothesis
 from mdboost.ranking.rank import PairRows, PairSide, ScoreSettings, rank_rows, score_pair
-from mdboost.ranking.scores import score_rows
+from mdboost.ranking.scores import alone_rows, score_rows
 from mdboost.ranking.speed import best_gamma, walltime_speedup
 from mdboost.ranking.support import rows_from_logits, rows_from_proposals
 
@@ -43,6 +43,7 @@ def test_score_pair_full_matches_direct(pair):
     assert [(p.divergence, p.max_divergence) for p in res.points] == [
         ("none", 0.0), ("kl", 0.1), ("kl", 0.5), ("tv", 0.1), ("tv", 0.5)]
     assert len(res.rows) == 5 * 6 and [r["gamma"] for r in res.rows[:6]] == [1, 2, 3, 4, 5, 6]
+    assert [(r["rule"], r["gamma"]) for r in res.alone_rows] == [("alone", 0)]  # the drafter alone: no drafts
     p, q = torch.softmax(lp, -1), torch.softmax(lq, -1)
     sd = torch.minimum(p, q).sum(-1)
     idx = torch.arange(N)
@@ -93,6 +94,8 @@ def test_score_pair_topk_within_tail_of_full(pair):
                       V, settings=MD)
     topk = score_pair(PairRows(_member("d", lp, true, 8, False, 0.2), _member("t", lq, true, 8, False, 1.0), true.numpy()),
                       V, settings=MD)
+    (a,), (b,) = full.alone_rows, topk.alone_rows  # the drafter alone: TV(p, q) within the tail too
+    assert abs(a["achieved_divergence"] - b["achieved_divergence"]) <= b["tail_mass"]
     for a, b in zip(full.rows, topk.rows):
         assert abs(a["md_acceptance"] - b["md_acceptance"]) <= b["tail_mass"] + 1e-9
         assert a["sd_acceptance"] - b["sd_acceptance"] <= b["tail_mass"] + 1e-9
@@ -125,8 +128,15 @@ def test_rows_are_the_named_results(pair):
     lp, lq, true = pair
     res = score_pair(PairRows(_member("d", lp, true, 4, True, 0.2), _member("t", lq, true, 4, True, 1.0), true.numpy()),
                      V, settings=MD, acceptance_source="custom")
-    rows = score_rows(res)
+    rows, (alone,) = score_rows(res), alone_rows(res)
     gammas = list(MD.gammas)
+    # the drafter alone, last: 1 / c without a layout (no prompts to prefill), its own NLL, TV(p, q)
+    tv = 0.5 * (torch.softmax(lp, -1) - torch.softmax(lq, -1)).abs().sum(-1)
+    assert (alone["rule"], alone["gamma"], alone["divergence"], alone["engines"]) == ("alone", 0, "tv", "mdboost")
+    assert alone["predicted_speedup"] == pytest.approx(1 / 0.2) and math.isnan(alone["predicted_speedup_lo"])
+    assert alone["max_divergence"] == pytest.approx(float(tv.max())) and alone["drafter_share"] == 1.0
+    assert alone["achieved_divergence"] == pytest.approx(float(tv.mean()))
+    assert alone["nll_mentored"] == alone["nll_drafter"] == res.stats.nll_drafter
     assert [(r["divergence"], r["max_divergence"], r["gamma"]) for r in rows] == [
         (p.divergence, p.max_divergence, g) for p in res.points for g in gammas]
     for i, row in enumerate(rows):

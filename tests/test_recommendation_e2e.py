@@ -40,22 +40,45 @@ SETTINGS = ScoreSettings(divergences=("kl",), budgets=(0.0, 0.05), gamma_min=1, 
 def test_a_drafter_that_cannot_win_gives_the_plain_decoding_verdict():
     # an unrelated drafter as slow as the target: every point is slower than plain decoding
     pair = _pair(lambda lq, gen: torch.randn(lq.shape, generator=gen, dtype=torch.float64) * 3, cost=1.0)
-    rows = rank_rows(score_pair(pair, V, settings=SETTINGS).rows)
-    assert all(r["predicted_speedup_hi"] < 1 for r in rows)
+    score = score_pair(pair, V, settings=SETTINGS)
+    rows = rank_rows(score.rows + score.alone_rows)
+    alone = [r for r in rows if r["rule"] == "alone"]
+    # the drafter alone costs what the target does (speedup 1) and fails the quality check
+    assert len(alone) == 1 and alone[0]["predicted_speedup"] == pytest.approx(1.0) and not alone[0]["quality_ok"]
+    assert all(r["predicted_speedup_hi"] < 1 for r in rows if r["rule"] != "alone")
     rec = recommend(rows)
     assert not rec.beats_plain_decoding
     assert rec.verdict().startswith("plain decoding is fastest here; the best speculative point is d -> t")
-    best = max(rows, key=lambda r: r["predicted_speedup"])
+    best = max((r for r in rows if r["quality_ok"]), key=lambda r: r["predicted_speedup"])
     assert rec.predicted_speedup == best["predicted_speedup"] and rec.gamma == best["gamma"]
 
 
 def test_a_nearly_free_copy_of_the_target_is_recommended():
     pair = _pair(lambda lq, gen: lq + 0.05 * torch.randn(lq.shape, generator=gen, dtype=torch.float64), cost=0.02)
-    rows = rank_rows(score_pair(pair, V, settings=SETTINGS).rows)
+    score = score_pair(pair, V, settings=SETTINGS)
+    rows = rank_rows(score.rows + score.alone_rows)
     rec = recommend(rows)
     assert rec.beats_plain_decoding and rec.predicted_speedup_lo > 1
     assert rec.predicted_speedup_lo <= rec.predicted_speedup <= rec.predicted_speedup_hi
-    assert rec.verdict().startswith("recommended: d -> t")
+    # the copy is within the quality tolerance of the target, so decoding with it alone wins:
+    # 1 / c = 50 (no prompt tokens here), faster than any verified point
+    assert rec.verdict().startswith("recommended: d alone (instead of t), T=1: predicted speedup 50.00x")
+    assert rec.gamma == 0 and rec.drafter_share == 1.0 and rec.nll_mentored <= rec.nll_target + 0.05
+    # without the drafter alone the best verified point is recommended
+    rec = recommend([r for r in rows if r["rule"] != "alone"])
+    assert rec.beats_plain_decoding and rec.verdict().startswith("recommended: d -> t")
+
+
+def test_a_drafter_outside_the_quality_tolerance_alone_is_not_recommended():
+    # a noisier copy: verified points keep the target's quality, the drafter alone does not
+    pair = _pair(lambda lq, gen: lq + 1.0 * torch.randn(lq.shape, generator=gen, dtype=torch.float64), cost=0.02)
+    score = score_pair(pair, V, settings=SETTINGS)
+    rows = rank_rows(score.rows + score.alone_rows)
+    alone = [r for r in rows if r["rule"] == "alone"]
+    assert len(alone) == 1 and not alone[0]["quality_ok"] and alone[0]["nll_mentored"] == alone[0]["nll_drafter"]
+    assert alone[0]["predicted_speedup"] > max(r["predicted_speedup"] for r in rows if r["rule"] != "alone")
+    rec = recommend(rows)
+    assert rec.rule != "alone" and rec.quality_ok
 
 
 def test_fewer_prompts_give_wider_intervals():

@@ -13,7 +13,7 @@ from mdboost.tracking.runs import KEY_METRICS, ChildRun, log_children, ordered_m
 
 @pytest.mark.parametrize("kwargs, name", [
     ({"max_divergence": -0.1}, "max_divergence"), ({"max_divergence": math.nan}, "max_divergence"),
-    ({"gamma": 0}, "gamma"), ({"temperature": -1.0}, "temperature"),
+    ({"gamma": -1}, "gamma"), ({"temperature": -1.0}, "temperature"),
 ])
 def test_point_name_rejects_bad_values_naming_them(kwargs, name):
     args = {"drafter": "int8", "divergence": "kl", "max_divergence": 0.1, "gamma": 2, "temperature": 1.0, **kwargs}

@@ -70,6 +70,10 @@ def test_files_next_to_the_plot(ran):
     assert summary["verdict"].startswith(("B=1: intervals cover", "B=1: no predicted intervals"))
     for r in rows:
         assert float(r["realized_speedup"]) == pytest.approx(float(r["tokens_per_second"]) / float(r["ar_tokens_per_second"]))
+        if r["rule"] == "alone":  # the drafter decoding alone: no drafts, its tokens judged by the target's NLL
+            assert math.isnan(float(r["realized_acceptance"])) and math.isnan(float(r["predicted_acceptance"]))
+            assert math.isfinite(float(r["nll_target_outputs"])) and int(r["gamma"]) == 0
+            continue
         assert 0.0 <= float(r["realized_acceptance"]) <= 1.0 and float(r["realized_mean_accepted_length"]) >= 1.0
     first = [r for r in rows if r["batch_size"] == "1"]  # the headline figures are batch size 1's
     realized = np.array([float(r["realized_speedup"]) for r in first])

@@ -103,6 +103,9 @@ def test_scatter_plot_leaves_out_a_cell_that_drafted_nothing(tmp_path):
         plot_predicted_vs_realized(["a", "b"], [0.5, 0.6], [0.5, 0.6], [1.0, 1.1], [1.0, float("nan")], tmp_path / "x.png")
     with pytest.raises(ValueError, match="predicted_acceptance must be 2 finite numbers"):
         plot_predicted_vs_realized(["a", "b"], [0.5, float("nan")], [0.5, 0.6], [1.0, 1.1], [1.0, 1.1], tmp_path / "x.png")
+    # the drafter decoding alone predicts and realizes no acceptance: no point either
+    plot_predicted_vs_realized(["a", "b"], [0.5, float("nan")], [0.5, float("nan")], [1.0, 1.1], [1.0, 1.1],
+                               tmp_path / "alone.png")
 
 
 def test_scatter_plot_rejects_mismatched_lengths(tmp_path):

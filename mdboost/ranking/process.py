@@ -35,7 +35,7 @@ from mdboost.md.verify import SOLVE
 from mdboost.ranking.batch import check_batch_size, batch_totals, expected_max_of
 from mdboost.ranking.chains import chain_from_positions, text_chains
 from mdboost.ranking.layout import gather_rows
-from mdboost.ranking.speed import SpeedProfile, process_speedup
+from mdboost.ranking.speed import SpeedProfile, alone_speedup, process_speedup
 from mdboost.ranking.uncertainty import (BootstrapSettings, percentile_interval, prompt_weights, resample_sums,
                                          resample_tables, resample_values)
 
@@ -515,6 +515,33 @@ def price_process(outcomes: ProcessOutcomes, settings: ProcessSettings, profile:
     return [ProcessScore(list(gammas), {f: v[i] for f, (v, _, _) in figures.items()},
                          {f: lo[i] for f, (_, lo, _) in figures.items()},
                          {f: hi[i] for f, (_, _, hi) in figures.items()}, int(best[i]), free[i]) for i in range(n_p)]
+
+
+class AloneScore(NamedTuple):
+    """The drafter decoding alone: its speedup over plain decoding with the target, and the interval."""
+
+    speedup: float
+    lo: float
+    hi: float
+
+
+def price_alone(outcomes: ProcessOutcomes, settings: ProcessSettings, profile: SpeedProfile | None,
+                drafter) -> AloneScore:
+    """Plain decoding with the drafter alone, priced on the generations of ``outcomes`` as
+    :func:`price_process` prices the speculative points (same arguments): the batch's longest
+    generation and prompt (:func:`~mdboost.ranking.batch.expected_max_of`), one drafter step of
+    cost ``c`` per token (:func:`~mdboost.ranking.speed.alone_speedup`), each bootstrap resample
+    with its prompts and one measured cost repeat."""
+    profile = SpeedProfile() if profile is None else profile
+    boot = settings.bootstrap or BootstrapSettings(num_resamples=0)
+    weights = _resample_weights(outcomes.shape[2], boot)  # [R, n]
+    cost, _ = _cost_draws(drafter, profile, max(outcomes.gammas) + 1, boot)  # [R, 1, 1]
+    fed = expected_max_of(outcomes.fed, weights, settings.batch_size)  # [R]
+    tokens = expected_max_of(outcomes.lengths.double(), weights, settings.batch_size)  # [R]
+    speed = alone_speedup(tokens, cost[:, 0, 0], prefill=float(profile.prefill_per_token) * fed,
+                          drafter_prefill=float(drafter.prefill_per_token) * fed)  # [R]
+    lo, hi = percentile_interval(speed[1:, None], boot.level, num_prompts=outcomes.shape[2])
+    return AloneScore(float(speed[0]), float(lo[0]), float(hi[0]))
 
 
 def score_process(rows, points: list[PointInputs], settings: ProcessSettings, profile: SpeedProfile | None = None, *,

@@ -37,6 +37,7 @@ rows, boosting hypothesis and cost ratio relative to the pair's target); the set
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -54,11 +55,12 @@ from mdboost.ranking.mentored import mentored_outcomes
 from mdboost.ranking.pair import PairRows, PairSide  # noqa: F401 -- PairSide: re-exported, the rows' public type
 from mdboost.ranking.report import row_batch_size
 from mdboost.ranking.chains import budget_tilt
-from mdboost.ranking.process import PointInputs, ProcessOutcomes, ProcessSettings, price_process, process_outcomes
+from mdboost.ranking.process import (AloneScore, PointInputs, ProcessOutcomes, ProcessSettings, price_alone,
+                                     price_process, process_outcomes)
 from mdboost.ranking.rule_points import (PLAIN, RulePoint, block_chain, floor_drafts, greedy_tilt, point_law, rule_points,
                                          text_acceptance, true_token_prob)
 from mdboost.ranking.scores import PairScore, PairStats, PointScore, Quantiles, SpeedChoice
-from mdboost.ranking.speed import SpeedProfile, check_verify_costs, gamma_speedups
+from mdboost.ranking.speed import SpeedProfile, alone_speedup, check_verify_costs, gamma_speedups
 from mdboost.ranking.uncertainty import BootstrapSettings
 from mdboost.ranking.support import Aligned, align
 
@@ -319,6 +321,7 @@ class PairWork:
     mentored: dict  # (divergence, budget) -> ProcessOutcomes on MD's own text
     bootstrap: dict
     step_law: bool  # the outcomes can be priced above batch size 1
+    alone_tv: tuple | None = None  # (mean, max) TV(p, q) over the acceptance rows; None: no drafter alone (prompt lookup)
 
 
 def pair_work(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | None = None,
@@ -364,7 +367,8 @@ def pair_work(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | None
                     rule_pts, acc_ops, md_static,
                     [(pt, law.acceptance.clone(), law.divergence.clone(), nll) for pt, law, _, nll in others_static],
                     md_process, rule_process, on_text,
-                    _bootstrap_info(s.bootstrap, acc.layout), step_law)
+                    _bootstrap_info(s.bootstrap, acc.layout), step_law,
+                    None if acc.draft.rows.one_hot else _alone_tv(acc_aligned, acc_valid))
 
 
 def price_pair(work: PairWork, costs: dict) -> dict:
@@ -386,6 +390,7 @@ def price_pair(work: PairWork, costs: dict) -> dict:
         if work.md_process is not None:
             overheads = [0.0] + [profile.md_overhead if op.max_divergence > 0 else 0.0 for op in work.acc_ops]
             process = price_process(work.md_process, sb.process, profile, cost, overheads)
+        alone = _alone(work, sb, profile, cost)
         md_points = iter(_md_points(work, process, sb, profile, verify, cost))
         others = iter(_rule_scores(work, sb, profile, verify, cost))
         points = [next(md_points) if pt.is_md else next(others) for pt in work.rule_pts]
@@ -393,11 +398,31 @@ def price_pair(work: PairWork, costs: dict) -> dict:
             work.drafter, work.target, work.acceptance_source, replace(stats, cost_ratio=float(cost.cost_ratio)),
             work.sd.numpy(), sd_iid, None if process is None else process[0], tuple(points), sb.temperature,
             tuple(sb.gammas), sb.md_solve, work.bootstrap, (profile.prefill_per_token, cost.prefill_per_token),
-            batch_size)
+            batch_size, alone, work.alone_tv)
     return out
 
 
+def _alone(work: PairWork, s: ScoreSettings, profile: SpeedProfile, cost: PairCosts) -> AloneScore | None:
+    """The drafter decoding alone (a model drafter only), priced on the process's generations;
+    without a process (no sequence layout), the steady state ``1 / c`` without an interval."""
+    if work.alone_tv is None:
+        return None
+    outcomes = work.md_process or work.rule_process
+    if outcomes is None:
+        steady = float(alone_speedup(1.0, cost.cost_ratio))
+        return AloneScore(steady, math.nan, math.nan)
+    return price_alone(outcomes, s.process, profile, cost)
+
+
 PLAIN_SD = PLAIN  # the divergence column of budget-0 points: plain SD, the same for every f
+
+
+def _alone_tv(aligned: Aligned, valid: torch.Tensor) -> tuple[float, float]:
+    """Mean and largest ``TV(p, q)`` over the valid rows: how far the drafter alone is from the target."""
+    p_mass = aligned.p_mass / aligned.p_mass.sum(-1, keepdim=True)
+    q_mass = aligned.q_mass / aligned.q_mass.sum(-1, keepdim=True)
+    tv = (0.5 * (p_mass - q_mass).abs().sum(-1))[valid].clamp(0.0, 1.0)
+    return (float(tv.mean()), float(tv.max())) if tv.numel() else (math.nan, math.nan)
 
 
 def _md_static(pair, aligned, stats, acc_ops, ref_ops, s) -> list[tuple]:

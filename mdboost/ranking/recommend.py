@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 
 from mdboost.md.rules import ENGINES
 from mdboost.models.pool import parse_drafter
-from mdboost.ranking.report import csv_bool, csv_float
+from mdboost.ranking.report import ALONE, csv_bool, csv_float
 from mdboost.ranking.rule_points import row_draft_p_min
 
 DEGENERATE_SHARE = 0.95  # a budget >= D_f(p || q) at this share of positions or more is called out
@@ -70,9 +70,17 @@ class Recommendation:
         return asdict(self)
 
     @property
+    def alone(self) -> bool:
+        """Whether the point is the drafter decoding alone (rule ``"alone"``: no target, gamma 0)."""
+        return self.rule == ALONE
+
+    @property
     def point(self) -> str:
         """``"ngram:3 -> smollm2-135m, T=0.7, kl <= 0.2, gamma 4"`` (budget 0: ``SD``; a rule other
-        than MD on sampled drafts is named: ``"..., gamma 4, threshold (greedy drafts)"``)."""
+        than MD on sampled drafts is named: ``"..., gamma 4, threshold (greedy drafts)"``; the
+        drafter alone: ``"int8 alone (instead of t), T=0.7"``)."""
+        if self.alone:
+            return f"{self.drafter} alone (instead of {self.target}), T={self.temperature:g}"
         budget = "SD" if self.max_divergence == 0 else f"{self.divergence} <= {self.max_divergence:g}"
         md = (self.rule, self.drafting) == ("mentored", "sampled")
         floor = f", p_min {self.draft_p_min:g}" if self.draft_p_min else ""
@@ -91,14 +99,13 @@ class Recommendation:
 
         >>> Recommendation("int8", "t", 1.0, "tv", 1.0, 8, 1.5, 1.4, 1.6, True, True, 1.0, 1.0,
         ...                drafter_share=1.0).degenerate
-        "; its budget is at least D_f(p || q) at 100% of positions: it emits the drafter's own distribution there (decoding with the drafter alone may be faster still; mdboost does not rank that option yet)"
+        "; its budget is at least D_f(p || q) at 100% of positions: it emits the drafter's own distribution there (the ranking's row 'int8 alone' prices decoding with the drafter alone)"
         """
         share = self.drafter_share
-        if share is None or not share >= DEGENERATE_SHARE:
+        if self.alone or share is None or not share >= DEGENERATE_SHARE:
             return ""
         return (f"; its budget is at least D_f(p || q) at {share:.0%} of positions: it emits the drafter's own "
-                "distribution there (decoding with the drafter alone may be faster still; mdboost does not rank "
-                "that option yet)")
+                f"distribution there (the ranking's row '{self.drafter} alone' prices decoding with the drafter alone)")
 
     def verdict(self) -> str:
         """One line: the recommendation, or that plain decoding is fastest.
@@ -225,7 +232,10 @@ def md_row(row: dict) -> bool:
 def rule_label(row: dict) -> str:
     """What a point's name adds for its rule: ``""`` for MD on sampled drafts, else
     ``" threshold:greedy"`` (budget-0 points of several rules share drafter, budget and gamma),
-    ``" match:greedy:p0.5"`` with a draft floor."""
+    ``" match:greedy:p0.5"`` with a draft floor; ``""`` for the drafter decoding alone (its name
+    says it: :func:`mdboost.tracking.runs.point_name` at gamma 0)."""
+    if row.get("rule") == ALONE:
+        return ""
     floor = row_draft_p_min(row)
     return "" if md_row(row) else f" {row['rule']}:{row['drafting']}" + (f":p{floor:g}" if floor else "")
 

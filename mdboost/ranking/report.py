@@ -17,6 +17,8 @@ from pathlib import Path
 
 from mdboost._io import atomic_write_bytes, atomic_write_text
 
+ALONE = "alone"  # the rule column of the drafter decoding alone (``docs/ranking.md``, "The drafter alone")
+
 COLUMNS = [
     "batch_size", "rank", "drafter", "target", "temperature", "divergence", "max_divergence", "rule", "drafting", "draft_p_min", "engines",
     "threshold_acc", "threshold_single", "gamma", "best_gamma", "is_best_gamma",

@@ -19,6 +19,7 @@ import numpy as np
 
 from mdboost.ranking.boosting import PairBoost
 from mdboost.ranking.process import ProcessScore
+from mdboost.ranking.report import ALONE
 from mdboost.ranking.rule_points import RulePoint
 
 
@@ -146,6 +147,8 @@ class PairScore:
     bootstrap: dict | None = None
     prefill: tuple = (0.0, 0.0)
     batch_size: int = 1
+    alone: object = None  # mdboost.ranking.process.AloneScore: the drafter decoding alone (None: prompt lookup)
+    alone_tv: tuple | None = None  # (mean, max) TV(p, q) over the acceptance rows
 
     @property
     def margins(self) -> np.ndarray:  # [N]
@@ -159,8 +162,13 @@ class PairScore:
 
     @property
     def rows(self) -> list[dict]:
-        """The ``ranking.csv`` rows (:func:`score_rows`)."""
+        """The ``ranking.csv`` rows of the operating points (:func:`score_rows`)."""
         return score_rows(self)
+
+    @property
+    def alone_rows(self) -> list[dict]:
+        """The row of the drafter decoding alone, or none (:func:`alone_rows`)."""
+        return alone_rows(self)
 
 
 def _pair_columns(score: PairScore) -> dict:
@@ -249,3 +257,40 @@ def score_rows(score: PairScore) -> list[dict]:
         for j, gamma in enumerate(score.gammas):
             rows.append({**base, **_speed_columns(point, j, gamma), "verify_cost": float(point.verify_costs[j])})
     return rows
+
+
+def alone_rows(score: PairScore) -> list[dict]:
+    """The ``ranking.csv`` row of the drafter decoding alone (:func:`alone_row`), or none (prompt
+    lookup cannot decode alone); a ranking lists it after the pair's points."""
+    if score.alone is None:
+        return []
+    common = _pair_columns(score)
+    common.update(temperature=score.temperature, md_solve=score.md_solve, batch_size=score.batch_size)
+    return [alone_row(score, common)]
+
+
+def alone_row(score: PairScore, common: dict) -> dict:
+    """The row of the drafter decoding alone (``docs/ranking.md``, "The drafter alone"): no drafts
+    (gamma 0, no acceptance figures), the drafter's speed and NLL, ``drafter_share`` 1 (every
+    token is the drafter's), its distance from the target as ``tv`` (``max_divergence``: the
+    largest ``TV(p, q)``, the smallest TV budget at which MD emits the drafter at every position);
+    ``engines``: mdboost's (it ranks mdboost's engine decoding the drafter's model; to serve an
+    early exit elsewhere, ``mdboost export --write-drafter`` writes it as a model of its own)."""
+    nan = float("nan")
+    mean_tv, max_tv = score.alone_tv if score.alone_tv is not None else (nan, nan)
+    a = score.alone
+    row = {**common, "divergence": "tv", "max_divergence": max_tv, "rule": ALONE, "drafting": "none",
+           "draft_p_min": 0.0, "engines": "mdboost", "threshold_acc": nan, "threshold_single": nan,
+           "gamma": 0, "best_gamma": 0, "is_best_gamma": True,
+           "predicted_speedup": a.speedup, "predicted_speedup_lo": a.lo, "predicted_speedup_hi": a.hi,
+           "predicted_speedup_iid": nan, "best_gamma_iid": 0, "speedup_free_drafter": nan,
+           "md_acceptance": nan, "md_acceptance_q10": nan, "md_acceptance_median": nan, "md_acceptance_q90": nan,
+           "acceptance_gain": nan, "achieved_divergence": mean_tv,
+           "achieved_divergence_mean": mean_tv, "achieved_divergence_max": max_tv, "drafter_share": 1.0,
+           "md_overhead": 0.0, "verify_cost": nan, "process_text": "target", "k_median": nan, "k_q90": nan,
+           "nll_mentored": common["nll_drafter"], "beats_target": bool(common["nll_drafter"] < common["nll_target"])}
+    for column in ENGINE_FIGURES.values():
+        row[column] = nan
+    for column in INTERVAL_COLUMNS[1:]:
+        row[f"{column}_lo"] = row[f"{column}_hi"] = nan
+    return row

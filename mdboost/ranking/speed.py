@@ -309,3 +309,28 @@ def process_speedup(tokens, draft_tokens, steps_by_draft_len, cost_ratio, *, ver
     drafter_prefill = _check_nonneg("drafter_prefill", drafter_prefill)
     time = c * draft_tokens + (hist * v).sum(-1) + s * solved + prefill + drafter_prefill
     return (torch.as_tensor(tokens, dtype=torch.float64) + prefill) / time
+
+
+def alone_speedup(tokens, cost_ratio, *, prefill=0.0, drafter_prefill=0.0) -> torch.Tensor:
+    """Walltime speedup of plain decoding with the drafter alone over plain decoding with the target.
+
+    The drafter alone is mentored decoding at an unbounded budget: every token is the drafter's
+    own (``docs/theory.md``, "Degenerate budgets"). It pays one drafter step per token, ``c``
+    in ``T_ar`` (a model drafter's measured cost ratio), and feeds the prompt once at its own
+    prefill cost:
+
+        ``(tokens + prefill) / (c tokens + drafter_prefill)``
+
+    with ``prefill`` and ``drafter_prefill`` the target's and the drafter's prefill beyond an
+    ordinary step (:func:`process_speedup`). Without prefill it is ``1 / c``.
+
+    >>> round(float(alone_speedup(10.0, 0.5)), 6), round(float(alone_speedup(10.0, 0.5, prefill=2.0, drafter_prefill=1.0)), 6)
+    (2.0, 2.0)
+    """
+    c = _check_nonneg("cost_ratio", cost_ratio)
+    tokens = _check_nonneg("tokens", tokens)
+    prefill = _check_nonneg("prefill", prefill)
+    drafter_prefill = _check_nonneg("drafter_prefill", drafter_prefill)
+    if (c == 0).any():
+        raise ValueError(f"cost_ratio must be > 0 for a drafter decoding alone, got {cost_ratio!r}")
+    return (tokens + prefill) / (c * tokens + drafter_prefill)

@@ -15,7 +15,7 @@ import math
 import re
 from collections.abc import Mapping
 
-from mdboost.ranking.report import at_batch_size, batch_sizes_of, csv_float
+from mdboost.ranking.report import ALONE, at_batch_size, batch_sizes_of, csv_float
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
@@ -39,7 +39,7 @@ def _text(value) -> bool:
 
 
 def _gamma(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 # recommendation field -> (check, what it must be); the fields of mdboost.ranking.recommend.Recommendation
@@ -49,7 +49,7 @@ RECOMMENDATION_FIELDS = {
     "temperature": (_finite_at_least(0.0), "a finite number >= 0"),
     "divergence": (_text, "a non-empty string"),
     "max_divergence": (_finite_at_least(0.0), "a finite number >= 0"),
-    "gamma": (_gamma, "an integer >= 1"),
+    "gamma": (_gamma, "an integer >= 1 (0: the drafter alone)"),
     "predicted_speedup": (_finite_at_least(0.0), "a finite number >= 0"),
     "predicted_speedup_lo": (_number, "a number"),
     "predicted_speedup_hi": (_number, "a number"),
@@ -80,7 +80,7 @@ def check_recommendation(rec, where: str, field: str = "recommendation") -> dict
     ...     "max_divergence": 0.1, "gamma": "four", "beats_plain_decoding": True}, "ranking 'out'")
     Traceback (most recent call last):
     ...
-    ValueError: ranking 'out': summary.json's recommendation.gamma must be an integer >= 1, got 'four'
+    ValueError: ranking 'out': summary.json's recommendation.gamma must be an integer >= 1 (0: the drafter alone), got 'four'
     """
     if not isinstance(rec, Mapping):
         raise _bad(where, field, rec, "a mapping")
@@ -90,6 +90,8 @@ def check_recommendation(rec, where: str, field: str = "recommendation") -> dict
     for key, (check, what) in RECOMMENDATION_FIELDS.items():
         if key in rec and not check(rec[key]):
             raise _bad(where, f"{field}.{key}", rec[key], what)
+    if (rec["gamma"] == 0) != (rec.get("rule") == ALONE):
+        raise _bad(where, f"{field}.gamma", rec["gamma"], f"0 exactly for the rule {ALONE!r} (got rule {rec.get('rule')!r})")
     return dict(rec)
 
 

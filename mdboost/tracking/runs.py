@@ -46,7 +46,7 @@ def point_name(drafter: str, divergence: str, max_divergence: float, gamma: int,
     max_divergence : float
         The budget D (>= 0); 0 is written ``SD``.
     gamma : int
-        Draft length (>= 1).
+        Draft length (>= 1); 0 is the drafter decoding alone (no budget, written ``alone``).
     temperature : float
         Sampling temperature (>= 0).
     target : str or None
@@ -64,15 +64,19 @@ def point_name(drafter: str, divergence: str, max_divergence: float, gamma: int,
     'ngram:3 SD g3 T1'
     >>> point_name("ngram:2", "tv", 0.5, 2, 1.0, target="early_exit:2")
     'ngram:2->early_exit:2 tv 0.5 g2 T1'
+    >>> point_name("int8", "tv", 0.7, 0, 0.7)
+    'int8 alone T0.7'
     """
     budget, gamma, temperature = float(max_divergence), int(float(gamma)), float(temperature)
     if not (math.isfinite(budget) and budget >= 0):
         raise ValueError(f"max_divergence must be a finite number >= 0, got {max_divergence!r}")
-    if gamma < 1:
-        raise ValueError(f"gamma must be >= 1, got {gamma!r}")
+    if gamma < 0:
+        raise ValueError(f"gamma must be >= 1 (0: the drafter alone), got {gamma!r}")
     if not (math.isfinite(temperature) and temperature >= 0):
         raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
     pair = drafter if target is None else f"{drafter}->{target}"
+    if gamma == 0:
+        return f"{pair} alone T{temperature:g}"
     point = "SD" if budget == 0 else f"{divergence} {budget:g}"
     return f"{pair} {point} g{gamma} T{temperature:g}"
 

@@ -29,7 +29,7 @@ def _plt():
 
 def _panel(ax, predicted, realized, labels, title, tolerance=None, interval=None) -> None:
     lo_b, hi_b = interval if interval is not None else (np.full_like(predicted, np.nan),) * 2
-    shown = np.isfinite(realized)  # an acceptance is NaN where a cell drafted nothing: no point
+    shown = np.isfinite(realized) & np.isfinite(predicted)  # an acceptance is NaN where a cell drafts nothing: no point
     predicted, realized, lo_b, hi_b = predicted[shown], realized[shown], lo_b[shown], hi_b[shown]
     labels = [label for label, keep in zip(labels, shown) if keep]
     has = np.isfinite(lo_b) & np.isfinite(hi_b)
@@ -67,7 +67,8 @@ def plot_predicted_vs_realized(labels: Sequence[str], predicted_acceptance, real
         One name per pair (e.g. ``"drafter -> target @ kl 0.1"``).
     predicted_acceptance, realized_acceptance, predicted_speedup, realized_speedup : array-like
         Shape (n_pairs,) each, finite; a realized acceptance may be NaN (a cell whose runs drafted
-        nothing, e.g. under a draft floor): its point is left out of the acceptance panel.
+        nothing, e.g. under a draft floor), and the predicted one with it (the drafter decoding
+        alone predicts none): its point is left out of the acceptance panel.
     path : str or Path
         PNG file to write (parent folders are created).
     tolerance : float
@@ -82,7 +83,10 @@ def plot_predicted_vs_realized(labels: Sequence[str], predicted_acceptance, real
         raise ValueError("labels must name at least one pair, got none")
     for name, arr in zip(("predicted_acceptance", "realized_acceptance", "predicted_speedup",
                           "realized_speedup"), arrays):
-        finite = np.isfinite(arr) | (np.isnan(arr) if name == "realized_acceptance" else False)
+        # a realized acceptance may be NaN (nothing drafted); a predicted one only where the realized one is too
+        nan_ok = {"realized_acceptance": np.isnan(arr),
+                  "predicted_acceptance": np.isnan(arr) & (np.isnan(arrays[1]) if arrays[1].shape == arr.shape else False)}
+        finite = np.isfinite(arr) | nan_ok.get(name, False)
         if arr.shape != (n,) or not np.all(finite):
             raise ValueError(f"{name} must be {n} finite numbers (one per label), got {arr.tolist()}")
     plt = _plt()

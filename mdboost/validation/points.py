@@ -19,7 +19,7 @@ import math
 import torch
 
 from mdboost.data import TextSource, encode_prompt
-from mdboost.ranking.report import row_batch_size
+from mdboost.ranking.report import ALONE, row_batch_size
 from mdboost.ranking.recommend import md_row
 from mdboost.ranking.rule_points import row_rule
 from mdboost.ranking.speed import walltime_speedup
@@ -83,6 +83,8 @@ def _cell_modes(row: dict, pool) -> dict:
     """The engine arguments of one cell: MD on sampled drafts as ever (SD at budget 0, else its
     divergence and budget); another rule's row runs its rule (:func:`mdboost.ranking.rule_points.row_rule`,
     the engine's ``GenerationSettings.rule``), lossless or lossy as the rule is."""
+    if row.get("rule") == ALONE:  # plain decoding with the drafter's model
+        return dict(mode="ar", model=pool[row["drafter"]].model)
     drafter, budget = _drafter(pool[row["drafter"]]), float(row["max_divergence"])
     mode = dict(mode="sd", drafter=drafter, gamma=int(float(row["gamma"])))
     if not md_row(row):

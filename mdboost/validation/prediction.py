@@ -30,8 +30,11 @@ def predicted_acceptance(row: dict) -> tuple[float, bool]:
 
     The draft-start process's ``engine_acceptance`` (expected acceptance at draft position 0
     where the engine actually drafts; ``docs/ranking.md``) when the row has a finite one, else
-    the i.i.d. mean over all cached positions, ``md_acceptance``. Rows may hold strings (CSV).
+    the i.i.d. mean over all cached positions, ``md_acceptance``; NaN for the drafter decoding
+    alone (rule ``"alone"``: nothing is drafted). Rows may hold strings (CSV).
     """
+    if row.get("rule") == "alone":
+        return math.nan, False
     value = row.get("engine_acceptance")
     try:
         value = float(value)

@@ -176,7 +176,8 @@ def run_modes(target, prompts: list[torch.Tensor], modes: dict[str, dict], *, se
     A change of machine load during the run then hits every mode alike, so speedups (ratios
     of tokens/s between modes) stay fair. ``modes`` maps a name to the mode's own arguments
     (``mode``, ``drafter``, ``max_divergence``, ...: see :func:`_mode_arguments`), merged over
-    ``common``. ``batch_size`` consecutive prompts run as one batch of the engine (left-padded;
+    ``common``; a mode ``"ar"`` with ``model`` decodes with that model instead of ``target`` (a
+    drafter decoding alone). ``batch_size`` consecutive prompts run as one batch of the engine (left-padded;
     the last batch may be smaller); batch ``i`` uses seed ``seed + i`` in every mode (at batch
     size 1: prompt ``i``, seed ``seed + i``). ``on_generation``, when given, is called after each
     generation with its :class:`GenerationStats` (a progress bar's hook: one call per batch and
@@ -188,7 +189,13 @@ def run_modes(target, prompts: list[torch.Tensor], modes: dict[str, dict], *, se
         raise ValueError("modes must name at least one mode, got none")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    arguments = {name: _mode_arguments({**common, **kwargs}) for name, kwargs in modes.items()}
+    models = {}
+    for name, kwargs in modes.items():
+        if "model" in kwargs and kwargs.get("mode", "ar") != "ar":
+            raise ValueError(f"modes[{name!r}]: model decodes alone, in mode 'ar' only, got mode {kwargs['mode']!r}")
+        models[name] = kwargs.get("model", target)
+    arguments = {name: _mode_arguments({**common, **{k: v for k, v in kwargs.items() if k != "model"}})
+                 for name, kwargs in modes.items()}
     device = next(target.parameters()).device
     stats = {name: [] for name in modes}
     outputs = {name: [] for name in modes}
@@ -197,7 +204,7 @@ def run_modes(target, prompts: list[torch.Tensor], modes: dict[str, dict], *, se
         ids, mask = _batch_inputs(group, device)
         for name, (settings, drafter) in arguments.items():
             gen = torch.Generator(device=device).manual_seed(seed + i)
-            out = generate(target, ids, settings, drafter=drafter, attention_mask=mask, generator=gen)
+            out = generate(models[name], ids, settings, drafter=drafter, attention_mask=mask, generator=gen)
             for b in range(len(group)):
                 n = int(out.num_new_tokens[b])
                 outputs[name].append(out.sequences[b, ids.shape[1]: ids.shape[1] + n].tolist())
