@@ -2,6 +2,7 @@
 full distributions, the greedy draft on the aligned support, and score_pair's rows per rule."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ from mdboost.md.rules import Match, Mentored, Rejection, Threshold
 from mdboost.ranking.layout import SequenceLayout
 from mdboost.ranking.process import run_process
 from mdboost.ranking.chains import chain_from_positions
-from mdboost.ranking.rank import PairRows, ScoreSettings, score_pair
+from mdboost.ranking.rank import PairRows, ScoreSettings, pair_work, score_pair
 from mdboost.ranking.rule_points import (greedy_slots, greedy_tilt, point_law, rule_points, slot_tokens,
                                          text_acceptance, true_token_prob)
 from mdboost.ranking.support import align, rows_from_logits
@@ -252,3 +253,38 @@ def test_block_at_one_draft_is_sd_exactly():
         one = {r["rule"]: r for r in rows if r["gamma"] == 1}
         for key in ("engine_mean_accepted_length", "predicted_speedup", "engine_acceptance"):
             assert one["block"][key] == pytest.approx(one["rejection"][key], rel=1e-12), (key, on_reference)
+
+
+def test_a_lossy_threshold_interval_holds_what_the_top_k_cache_cannot_see():
+    """SGLang's floor threshold (``tv <= 1``: ``accept = 1e-9``) accepts a greedy draft outside the
+    target's top-k with ``min(1, q_x / 1e-9)``. The uniform tail puts ``q_x`` at the tail's mean
+    level, below the threshold here, while the true ``q_x`` is far above it: the point misses the
+    full-logit value, and the interval (the process at ``q_x = 0`` and at the smallest kept ``q``)
+    holds it."""
+    n, v, k = 60, 3000, 4
+    gen = torch.Generator().manual_seed(3)
+    lq = torch.full((n, v), -40.0, dtype=torch.float64)  # a far tail of ~3000 tokens
+    lq[:, :k] = torch.randn(n, k, generator=gen, dtype=torch.float64)  # the head: the target's top-k
+    lq[:, k] = -14.0  # the drafter's argmax: outside the target's top-k, q_x ~ 1e-7 >> 1e-9 > the tail's mean
+    lp = torch.full((n, v), -40.0, dtype=torch.float64)
+    lp[:, :k] = lq[:, :k]
+    lp[torch.arange(n) % 3 == 0, k] = 5.0  # a third of the positions draft it
+    true = torch.multinomial(torch.softmax(lq, -1), 1, generator=gen).squeeze(-1)
+    layout = SequenceLayout(torch.arange(n) // 10)
+    settings = ScoreSettings(divergences=("tv",), budgets=(1.0,), gamma_min=1, gamma_max=3, rules=(Threshold(),))
+
+    def row(full: bool) -> dict:
+        pair = PairRows(_member("d", lp, true, k, full, 0.2), _member("t", lq, true, k, full, 1.0), true.numpy(),
+                        layout=layout)
+        rows = score_pair(pair, v, settings=settings, on_reference=False).rows
+        return next(r for r in rows if r["rule"] == "threshold" and r["max_divergence"] == 1.0 and r["gamma"] == 2)
+
+    exact, topk = row(True), row(False)
+    assert exact["engine_acceptance"] > topk["engine_acceptance"] + 0.05  # the uniform tail underestimates q_x
+    assert topk["engine_acceptance_lo"] <= exact["engine_acceptance"] <= topk["engine_acceptance_hi"]
+    assert topk["predicted_speedup_lo"] <= exact["predicted_speedup"] <= topk["predicted_speedup_hi"]
+    # a lossless threshold (accept = 1) tests q_x itself: no end to add, the interval is the bootstrap's
+    plain = PairRows(_member("d", lp, true, k, False, 0.2), _member("t", lq, true, k, False, 1.0), true.numpy(),
+                     layout=layout)
+    work = pair_work(plain, v, settings=replace(settings, budgets=(0.0, 1.0)), on_reference=False)
+    assert [(pt.rule.accept < 1, bounded) for pt, *_, bounded in work.others] == [(False, False), (True, True)]

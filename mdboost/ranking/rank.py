@@ -54,11 +54,11 @@ from mdboost.ranking.layout import SequenceLayout
 from mdboost.ranking.mentored import mentored_outcomes
 from mdboost.ranking.pair import PairRows, PairSide  # noqa: F401 -- PairSide: re-exported, the rows' public type
 from mdboost.ranking.report import row_batch_size
-from mdboost.ranking.chains import budget_tilt
-from mdboost.ranking.process import (AloneScore, PointInputs, ProcessOutcomes, ProcessSettings, price_alone,
-                                     price_process, process_outcomes)
+from mdboost.ranking.chains import budget_tilt, tilt_delta
+from mdboost.ranking.process import (AloneScore, PointInputs, ProcessOutcomes, ProcessScore, ProcessSettings,
+                                     price_alone, price_process, process_outcomes)
 from mdboost.ranking.rule_points import (PLAIN, RulePoint, block_chain, floor_drafts, greedy_tilt, point_law, rule_points,
-                                         text_acceptance, true_token_prob)
+                                         text_acceptance, threshold_tail_bounds, true_token_prob)
 from mdboost.ranking.scores import PairScore, PairStats, PointScore, Quantiles, SpeedChoice
 from mdboost.ranking.speed import SpeedProfile, alone_speedup, check_verify_costs, gamma_speedups
 from mdboost.ranking.uncertainty import BootstrapSettings
@@ -315,7 +315,7 @@ class PairWork:
     rule_pts: list  # RulePoint, in the rows' order
     acc_ops: list  # MD operating points (budget 0 once)
     md_static: list  # per MD point: (nll_clamp, tv columns, drafter share)
-    others: list  # per other rule's point: (point, acceptance [M], divergence [M], nll)
+    others: list  # per other rule's point: (point, acceptance [M], divergence [M], nll, bounded: its tail ends follow in rule_process)
     md_process: ProcessOutcomes | None  # SD, then each MD point
     rule_process: ProcessOutcomes | None
     mentored: dict  # (divergence, budget) -> ProcessOutcomes on MD's own text
@@ -355,8 +355,9 @@ def pair_work(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | None
     if acc.layout is not None:
         md_process = _md_process(acc, acc_aligned, acc_ops, sd, s, on_reference, step_law)
         if others_static:
-            rule_process = process_outcomes(acc, [inp for _, _, inp, _ in others_static], s.process, sd_acceptance=sd,
-                                            on_reference=on_reference, step_law=step_law)
+            ends = [end for *_, two in others_static if two is not None for end in two]  # after the points
+            rule_process = process_outcomes(acc, [inp for _, _, inp, _, _ in others_static] + ends, s.process,
+                                            sd_acceptance=sd, on_reference=on_reference, step_law=step_law)
         for op in acc_ops:
             rows = (mentored or {}).get((op.divergence, float(op.max_divergence))) if op.max_divergence > 0 else None
             if rows is not None:
@@ -365,7 +366,8 @@ def pair_work(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | None
     return PairWork(pair.draft.name, pair.target.name,
                     acceptance_source or ("reference" if acceptance is None else "sampled"), s, stats, sd, acc_valid,
                     rule_pts, acc_ops, md_static,
-                    [(pt, law.acceptance.clone(), law.divergence.clone(), nll) for pt, law, _, nll in others_static],
+                    [(pt, law.acceptance.clone(), law.divergence.clone(), nll, two is not None)
+                     for pt, law, _, nll, two in others_static],
                     md_process, rule_process, on_text,
                     _bootstrap_info(s.bootstrap, acc.layout), step_law,
                     None if acc.draft.rows.one_hot else _alone_tv(acc_aligned, acc_valid))
@@ -483,7 +485,11 @@ def _rule_static(rule_pts: list[RulePoint], pair: PairRows, aligned: Aligned, ac
         else:
             ref = law if acc is pair else point_law(pt, aligned, valid, s.divergences[0])
             nll = _mean(-true_token_prob(ref, aligned, valid, pair.labels, pair.target.rows.true_logp).log())
-        out.append((pt, law, inputs, nll))
+        bounds = threshold_tail_bounds(pt, law, acc_aligned, acc_valid, acc.target.rows)
+        # the same process at each end of what the top-k cache leaves unknown (rule_points.threshold_tail_bounds)
+        ends = None if bounds is None else tuple(replace(inputs, acceptance=p_acc, tilt=tilt_delta(p_acc, q_g))
+                                                 for p_acc, q_g in bounds)
+        out.append((pt, law, inputs, nll, ends))
     return out
 
 
@@ -493,12 +499,14 @@ def _rule_scores(work: PairWork, s: ScoreSettings, profile: SpeedProfile, verify
     and i.i.d. speed with ``profile`` and the drafter costs ``cost``."""
     acc_valid, static = work.acc_valid, work.others
     overheads = [profile.md_overhead if isinstance(pt.rule, Mentored) and not pt.rule.lossless else 0.0
-                 for pt, _, _, _ in static]
+                 for pt, *_ in static]
     process = None
     if work.rule_process is not None:
-        process = price_process(work.rule_process, s.process, profile, cost, overheads)
+        ends = [overhead for (*_, bounded), overhead in zip(static, overheads) if bounded for _ in range(2)]
+        process = price_process(work.rule_process, s.process, profile, cost, overheads + ends)
+        process = _widened(process, [bounded for *_, bounded in static])
     points = []
-    for i, ((pt, acceptance, divergence, nll), overhead) in enumerate(zip(static, overheads)):
+    for i, ((pt, acceptance, divergence, nll, _), overhead) in enumerate(zip(static, overheads)):
         achieved = divergence[acc_valid]
         points.append(PointScore(
             divergence=pt.divergence, max_divergence=pt.max_divergence, acceptance=acceptance.numpy(),
@@ -509,6 +517,21 @@ def _rule_scores(work: PairWork, s: ScoreSettings, profile: SpeedProfile, verify
             md_overhead=float(overhead), rule=pt,
             achieved_divergence_max=float(achieved.max()) if achieved.numel() else 0.0))
     return points
+
+
+def _widened(process: list[ProcessScore], bounded: list[bool]) -> list[ProcessScore]:
+    """The points' scores (the first ``len(bounded)`` of ``process``), each bounded point's intervals
+    widened to hold its two ends' (the scores after the points, two per bounded point, in order):
+    the bootstrap's spread and what the cache leaves unknown together."""
+    points, ends = process[:len(bounded)], iter(process[len(bounded):])
+    out = []
+    for score, has in zip(points, bounded):
+        if has:
+            low, high = next(ends), next(ends)
+            score = replace(score, lo={f: torch.minimum(torch.minimum(score.lo[f], low.lo[f]), high.lo[f]) for f in score.lo},
+                            hi={f: torch.maximum(torch.maximum(score.hi[f], low.hi[f]), high.hi[f]) for f in score.hi})
+        out.append(score)
+    return out
 
 
 def _tv_boosted(pair: PairRows, aligned: Aligned, stats: PairStats, ref_op, s: ScoreSettings,

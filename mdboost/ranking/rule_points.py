@@ -58,7 +58,7 @@ from mdboost.ranking.report import csv_float
 from mdboost.ranking.support import Aligned
 
 __all__ = ["PLAIN", "RULES", "PointLaw", "RulePoint", "block_chain", "floor_drafts", "greedy_slots", "greedy_tilt", "point_law", "row_rule",
-           "row_draft_p_min", "rule_points", "text_acceptance", "true_token_prob"]
+           "row_draft_p_min", "rule_points", "text_acceptance", "threshold_tail_bounds", "true_token_prob"]
 
 RULES = {cls.name: cls for cls in (Mentored, Rejection, Block, Threshold, Match)}
 PLAIN = "none"  # the divergence of a lossless budget-0 point (the same for every f)
@@ -270,6 +270,48 @@ def greedy_tilt(law: PointLaw, aligned: Aligned) -> torch.Tensor:  # [N]
     """``delta = (P_acc - q_g) / (1 - q_g)`` in [0, 1] (module docstring; 0 for a lossless rule)."""
     q_mass = aligned.q_mass / aligned.q_mass.sum(-1, keepdim=True)
     return tilt_delta(law.acceptance, q_mass.gather(-1, law.slots[:, None]).squeeze(-1))
+
+
+def threshold_tail_bounds(point: RulePoint, law: PointLaw, aligned: Aligned, valid: torch.Tensor,
+                          target) -> tuple[tuple, tuple] | None:
+    """``((P_lo, q_lo), (P_hi, q_hi))`` [N] each: the bounds of a lossy `Threshold` point's
+    acceptance where its greedy draft lies outside the target's kept ids, or None where nothing
+    is unknown (another rule, ``accept = 1``, full logits, every draft kept).
+
+    There the top-k cache knows only that ``q_x`` lies in ``(0, u]``, ``u`` the smaller of the
+    target's smallest kept probability and its tail mass; the uniform-tail point spreads the tail
+    evenly, but SGLang's test ``min(1, q_x / accept)`` divides by a threshold that can be as
+    small as ``1e-9``, so its acceptance is anywhere in ``[0, min(1, u / accept)]`` there, not
+    within ``tail_mass`` of the point (``docs/ranking.md``, "Common support"). Elsewhere both
+    bounds are the law's acceptance and the slot's ``q``; ``q_lo``/``q_hi`` are the draft's
+    ``q`` at each bound (the greedy chain's tilt, :func:`greedy_tilt`).
+
+    Parameters
+    ----------
+    point : RulePoint
+    law : PointLaw
+        The point's law on ``aligned`` (its greedy slots).
+    aligned : Aligned
+    valid : bool tensor [N]
+    target : MemberRows
+        The target's rows of ``aligned`` (kept ids and log-probabilities, tail mass).
+    """
+    rule = point.rule
+    if not isinstance(rule, Threshold) or type(rule) is not Threshold or rule.lossless or law.slots is None:
+        return None
+    if aligned.ids is None or target.full_logp is not None:
+        return None
+    token = slot_tokens(aligned, law.slots)  # [N]
+    outside = valid & ~(target.ids == token[:, None]).any(-1)
+    if not bool(outside.any()):
+        return None
+    q_mass = aligned.q_mass / aligned.q_mass.sum(-1, keepdim=True)
+    q_slot = q_mass.gather(-1, law.slots[:, None]).squeeze(-1)  # [N]
+    upper = torch.minimum(target.logp.double().exp().min(-1).values, target.tail.double())  # [N]
+    zeros = torch.zeros_like(q_slot)
+    low = (torch.where(outside, zeros, law.acceptance), torch.where(outside, zeros, q_slot))
+    high = (torch.where(outside, rule._accept_prob(upper), law.acceptance), torch.where(outside, upper, q_slot))
+    return low, high
 
 
 def true_token_prob(law: PointLaw, aligned: Aligned, valid: torch.Tensor, tokens: torch.Tensor,
