@@ -33,8 +33,14 @@ def test_smollm2_rank_small(tmp_path):
     data["tracking"].update(tracking_uri=f"sqlite:///{tmp_path / 'm.db'}", artifact_root=str(tmp_path / "a"))
     summary = run(from_dict(RankConfig, data))
     rows = read_csv(tmp_path / "out" / "ranking.csv")
-    # 2 pairs x (plain SD + 3 divergences at 0.2) x gammas 1..8
-    assert len(rows) == summary["n_rows"] == 2 * 4 * 8
+    # 2 pairs x (plain SD + 3 divergences at 0.2) x gammas 1..8, and the model drafter alone
+    assert len(rows) == summary["n_rows"] == 2 * 4 * 8 + 1
+    (alone,) = [r for r in rows if r["rule"] == "alone"]
+    assert (alone["drafter"], alone["gamma"], alone["quality_ok"]) == ("early_exit:24", "0", "False")
+    assert float(alone["nll_mentored"]) == float(alone["nll_drafter"]) > float(alone["nll_target"])
+    # alone it pays one drafter step per token: about 1 / c (its prefill moves it a little)
+    assert float(alone["predicted_speedup"]) == pytest.approx(1 / float(alone["cost_ratio"]), rel=0.1)
+    rows = [r for r in rows if r["rule"] != "alone"]
     for r in rows:
         assert 0 < float(r["sd_acceptance"]) <= float(r["md_acceptance"]) + 1e-9 <= 1 + 1e-9
         assert math.isfinite(float(r["nll_target"])) and float(r["nll_target"]) > 0
