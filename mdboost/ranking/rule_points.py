@@ -297,7 +297,7 @@ def threshold_tail_bounds(point: RulePoint, law: PointLaw, aligned: Aligned, val
         The target's rows of ``aligned`` (kept ids and log-probabilities, tail mass).
     """
     rule = point.rule
-    if not isinstance(rule, Threshold) or type(rule) is not Threshold or rule.lossless or law.slots is None:
+    if not isinstance(rule, Threshold) or rule.lossless or law.slots is None:  # Match is lossless
         return None
     if aligned.ids is None or target.full_logp is not None:
         return None

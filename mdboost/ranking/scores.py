@@ -236,11 +236,16 @@ def _rule_columns(point: PointScore) -> dict:
             "achieved_divergence_max": point.achieved_divergence_max, "drafter_share": point.drafter_share}
 
 
+def _row_columns(score: PairScore) -> dict:
+    """The columns every row of the pair holds: the pair's, and what its predictions are for."""
+    return {**_pair_columns(score), "temperature": score.temperature, "md_solve": score.md_solve,
+            "batch_size": score.batch_size}
+
+
 def score_rows(score: PairScore) -> list[dict]:
     """One ``ranking.csv`` row per operating point and searched gamma (column definitions:
     ``docs/ranking.md``)."""
-    common = _pair_columns(score)
-    common.update(temperature=score.temperature, md_solve=score.md_solve, batch_size=score.batch_size)
+    common = _row_columns(score)
     rows = []
     for point in score.points:
         acc, k = point.acceptance, point.k
@@ -260,16 +265,12 @@ def score_rows(score: PairScore) -> list[dict]:
 
 
 def alone_rows(score: PairScore) -> list[dict]:
-    """The ``ranking.csv`` row of the drafter decoding alone (:func:`alone_row`), or none (prompt
+    """The ``ranking.csv`` row of the drafter decoding alone (:func:`_alone_row`), or none (prompt
     lookup cannot decode alone); a ranking lists it after the pair's points."""
-    if score.alone is None:
-        return []
-    common = _pair_columns(score)
-    common.update(temperature=score.temperature, md_solve=score.md_solve, batch_size=score.batch_size)
-    return [alone_row(score, common)]
+    return [] if score.alone is None else [_alone_row(score, _row_columns(score))]
 
 
-def alone_row(score: PairScore, common: dict) -> dict:
+def _alone_row(score: PairScore, common: dict) -> dict:
     """The row of the drafter decoding alone (``docs/ranking.md``, "The drafter alone"): no drafts
     (gamma 0, no acceptance figures), the drafter's speed and NLL, ``drafter_share`` 1 (every
     token is the drafter's), its distance from the target as ``tv`` (``max_divergence``: the

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mdboost.ranking.report import ALONE
+
 
 def predicted_acceptance(row: dict) -> tuple[float, bool]:
     """``(value, from_process)``: the acceptance a ranking row predicts for the engine.
@@ -33,7 +35,7 @@ def predicted_acceptance(row: dict) -> tuple[float, bool]:
     the i.i.d. mean over all cached positions, ``md_acceptance``; NaN for the drafter decoding
     alone (rule ``"alone"``: nothing is drafted). Rows may hold strings (CSV).
     """
-    if row.get("rule") == "alone":
+    if row.get("rule") == ALONE:
         return math.nan, False
     value = row.get("engine_acceptance")
     try:
