@@ -421,9 +421,7 @@ PLAIN_SD = PLAIN  # the divergence column of budget-0 points: plain SD, the same
 
 def _alone_tv(aligned: Aligned, valid: torch.Tensor) -> tuple[float, float]:
     """Mean and largest ``TV(p, q)`` over the valid rows: how far the drafter alone is from the target."""
-    p_mass = aligned.p_mass / aligned.p_mass.sum(-1, keepdim=True)
-    q_mass = aligned.q_mass / aligned.q_mass.sum(-1, keepdim=True)
-    tv = (0.5 * (p_mass - q_mass).abs().sum(-1))[valid].clamp(0.0, 1.0)
+    tv = (0.5 * (aligned.p_probs - aligned.q_probs).abs().sum(-1))[valid].clamp(0.0, 1.0)
     return (float(tv.mean()), float(tv.max())) if tv.numel() else (math.nan, math.nan)
 
 

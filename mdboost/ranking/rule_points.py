@@ -242,8 +242,7 @@ def point_law(point: RulePoint, aligned: Aligned, valid: torch.Tensor, plain_div
     chunk : int
         Rows per call of the rule's law (bounds memory).
     """
-    p_mass, q_mass = aligned.p_mass, aligned.q_mass
-    p_mass, q_mass = p_mass / p_mass.sum(-1, keepdim=True), q_mass / q_mass.sum(-1, keepdim=True)
+    p_mass, q_mass = aligned.p_probs, aligned.q_probs
     slots = greedy_slots(aligned) if point.rule.drafting == "greedy" else None
     f = resolve(plain_divergence if point.divergence == PLAIN else point.divergence)
     n = valid.shape[0]
@@ -268,7 +267,7 @@ def text_acceptance(law: PointLaw, aligned: Aligned, valid: torch.Tensor, tokens
 
 def greedy_tilt(law: PointLaw, aligned: Aligned) -> torch.Tensor:  # [N]
     """``delta = (P_acc - q_g) / (1 - q_g)`` in [0, 1] (module docstring; 0 for a lossless rule)."""
-    q_mass = aligned.q_mass / aligned.q_mass.sum(-1, keepdim=True)
+    q_mass = aligned.q_probs
     return tilt_delta(law.acceptance, q_mass.gather(-1, law.slots[:, None]).squeeze(-1))
 
 
@@ -305,7 +304,7 @@ def threshold_tail_bounds(point: RulePoint, law: PointLaw, aligned: Aligned, val
     outside = valid & ~(target.ids == token[:, None]).any(-1)
     if not bool(outside.any()):
         return None
-    q_mass = aligned.q_mass / aligned.q_mass.sum(-1, keepdim=True)
+    q_mass = aligned.q_probs
     q_slot = q_mass.gather(-1, law.slots[:, None]).squeeze(-1)  # [N]
     upper = torch.minimum(target.logp.double().exp().min(-1).values, target.tail.double())  # [N]
     zeros = torch.zeros_like(q_slot)
@@ -326,7 +325,7 @@ def true_token_prob(law: PointLaw, aligned: Aligned, valid: torch.Tensor, tokens
         match = aligned.ids == tokens[:, None]  # [N, S]
         bucket = torch.full_like(tokens, aligned.ids.shape[-1] - 1)
         slots = torch.where(match.any(-1), match.double().argmax(-1), bucket)
-    q_mass = aligned.q_mass / aligned.q_mass.sum(-1, keepdim=True)
+    q_mass = aligned.q_probs
     pi_s = law.emitted.gather(-1, slots[:, None]).squeeze(-1)
     q_s = q_mass.gather(-1, slots[:, None]).squeeze(-1)
     count = aligned.count.gather(-1, slots[:, None]).squeeze(-1)

@@ -111,6 +111,18 @@ class Aligned:
     def q_mass(self) -> torch.Tensor:
         return self.q * self.count
 
+    @property
+    def p_probs(self) -> torch.Tensor:  # [N, S]
+        """``p_mass`` renormalized to sum to 1 per row."""
+        mass = self.p_mass
+        return mass / mass.sum(-1, keepdim=True)
+
+    @property
+    def q_probs(self) -> torch.Tensor:  # [N, S]
+        """``q_mass`` renormalized to sum to 1 per row."""
+        mass = self.q_mass
+        return mass / mass.sum(-1, keepdim=True)
+
 
 def _tail_log_level(tail: torch.Tensor, others: int) -> torch.Tensor:  # [N]
     level = tail.clamp_min(0) / max(others, 1)
