@@ -76,6 +76,17 @@ def test_coverage_skips_cells_without_interval(records):
                                                    <= r["predicted_acceptance_hi"] for r in rest]))
 
 
+def test_cells_that_all_realize_no_acceptance_still_summarize(records):
+    # a short validation on a small model can accept nothing in any cell: the acceptance figure
+    # then has errors and coverage but no regret, and the summary is still written
+    for r in records:
+        r["realized_acceptance"] = 0.0
+    m = summarize(records)
+    assert m["acceptance"]["mae"] == pytest.approx(np.mean([r["predicted_acceptance"] for r in records]))
+    assert m["acceptance"]["coverage"] == pytest.approx(np.mean([r["predicted_acceptance_lo"] <= 0.0 for r in records]))
+    assert "regret" in m["speedup"] and math.isfinite(m["speedup"]["regret"])
+
+
 def _metrics(coverage=11 / 12, regret=0.03, inside=True, covered=11, with_interval=12):
     return {"speedup": {"cells": 12, "with_interval": with_interval, "covered": covered, "coverage": coverage,
                         "mae": 0.04, "max_error": 0.1, "spearman": 0.9, "regret": regret},

@@ -17,6 +17,7 @@ validation realizes the mean over ``m`` other prompts, which varies by itself.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -93,9 +94,14 @@ class Calibration:
 def calibration(predicted, lo, hi, realized) -> Calibration:
     """All metrics of the module docstring for one figure (e.g. the speedup).
 
-    Spearman is NaN with fewer than two cells or constant values.
+    Spearman is NaN with fewer than two cells or constant values; the regret is NaN when no
+    realized value is positive (every cell realized an acceptance of 0, say: no pick is worse).
+
+    >>> calibration([0.2, 0.1], [0.1, 0.0], [0.3, 0.2], [0.0, 0.0]).regret
+    nan
     """
     p, a, b, r = _arrays(predicted=predicted, lo=lo, hi=hi, realized=realized)
     err = np.abs(p - r)
     rho = spearman(p, r)
-    return Calibration(int(p.size), coverage(r, a, b), float(err.mean()), float(err.max()), rho, regret(p, r))
+    lost = regret(p, r) if np.isfinite(r).all() and r.max() > 0 else math.nan
+    return Calibration(int(p.size), coverage(r, a, b), float(err.mean()), float(err.max()), rho, lost)
