@@ -153,7 +153,8 @@ class CacheConfig:
     workers then build the shards (every worker must see ``dir`` at the same path).
 
     ``mentored_text`` (with ``acceptance_source: sampled``): every prompt-lookup drafter's points
-    with a budget are predicted on continuations sampled by MD itself at that point
+    with a budget are predicted on continuations sampled by the point's own rule at that point (MD,
+    or SGLang's lossy threshold when ``threshold`` is among ``md.rules``)
     (``mdboost.cache.mentored``, ``docs/ranking.md``), one more sampling pass per temperature.
     """
 

@@ -373,8 +373,9 @@ def _open(cfg: RankConfig, temperature: float, profiles: list | None) -> tuple[P
     if cache_info.repaired:
         print(f"mdboost rank: cache: damaged files of {', '.join(cache_info.repaired)} were rebuilt "
               f"(the intact ones kept)", file=sys.stderr)
-    if cfg.cache.mentored_text:  # prompt lookup's points with a budget, on MD's own text
-        pc = attach_mentored(pc.spec, pc, cfg.md.divergences, cfg.md.budgets, cfg.speed.gamma_max,
+    if cfg.cache.mentored_text:  # prompt lookup's points with a budget, on the text their rule emits
+        lossy = ("mentored",) + (("threshold",) if any(r.rule == "threshold" for r in cfg.md.rules) else ())
+        pc = attach_mentored(pc.spec, pc, cfg.md.divergences, cfg.md.budgets, cfg.speed.gamma_max, rules=lossy,
                              progress=cfg.progress, sample=profiles is None)
     return pc, cache_info
 

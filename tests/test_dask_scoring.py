@@ -112,7 +112,7 @@ def test_a_relative_cache_dir_reaches_workers_with_another_working_directory(bui
     assert reused and not os.path.isabs(str(next(iter(pc.caches.values())).out_dir))
     location = CacheLocation.of(pc)
     paths = [p for _, p in location.folders + location.acceptance] + \
-        [p for _, points in location.mentored for _, _, p in points]
+        [p for _, points in location.mentored for *_, p in points]
     assert paths and all(os.path.isabs(p) for p in paths)
     monkeypatch.chdir(tmp_path)  # a worker's working directory
     opened = location.open(["int8"])

@@ -1,5 +1,6 @@
-"""Continuations sampled by mentored decoding itself (prompt lookup): the sampler against a plain
-loop, its emission law against the core's solution, the rows files, and the ranking on them."""
+"""Continuations sampled by a lossy rule itself (prompt lookup; MD and SGLang's threshold): the
+sampler against a plain loop, its emission law against the core's solution and the rule's law,
+the rows files, and the ranking on them."""
 
 import csv
 import dataclasses
@@ -9,19 +10,20 @@ import torch
 from scipy import stats
 
 from mdboost.cache import mentored as mentored_module
-from mdboost.cache.mentored import (_emit, attach_mentored, load_mentored, mentored_path, open_or_sample_mentored,
+from mdboost.cache.mentored import (_acceptor, _emit, attach_mentored, load_mentored, mentored_path, open_or_sample_mentored,
                                     sample_mentored)
 
 from mdboost.md.solve import mentored_distribution, solve
 from mdboost.md.divergences import resolve
 from mdboost.md.onehot import one_hot_primal
+from mdboost.md.rules import Threshold
 from mdboost.models.ngram import NgramDrafter
 from mdboost.models.tiny import tiny_llama
 from mdboost.ranking.mentored import mentored_pair_rows
 from tests.test_rank_pipeline import _config as rank_config
 
 PROMPT = torch.tensor([5, 9, 14, 3, 22, 5, 9, 14, 3, 40, 7])
-POINTS = [("kl", 0.2), ("tv", 0.5), ("hellinger", 1.0)]
+POINTS = [("mentored", "kl", 0.2), ("threshold", "tv", 0.5), ("mentored", "hellinger", 1.0)]
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +38,7 @@ def test_sampler_equals_a_plain_loop(model):
     ref_gens = [torch.Generator().manual_seed(7 + i) for i in range(len(POINTS))]
     out = sample_mentored(model, PROMPT, NgramDrafter(2), POINTS, 0.8, 14, gens, k=8, width=4)
     drafter = NgramDrafter(2)
-    for (div, budget), part, gen in zip(POINTS, out, ref_gens):
+    for (rule, div, budget), part, gen in zip(POINTS, out, ref_gens):
         ids = PROMPT.clone()
         with torch.no_grad():
             for j in range(14):
@@ -44,7 +46,8 @@ def test_sampler_equals_a_plain_loop(model):
                 props = drafter.propose(ids, 4)
                 assert part["proposals"][j, :props.numel()].tolist() == props.tolist()
                 assert (part["proposals"][j, props.numel():] == -1).all()
-                token = _emit(logits, int(props[0]) if props.numel() else -1, 0.8, budget, resolve(div), gen)
+                token = _emit(logits, int(props[0]) if props.numel() else -1, 0.8, _acceptor(rule, budget, resolve(div)),
+                              gen)
                 assert int(part["tokens"][j]) == token
                 torch.testing.assert_close(part["topk_logits"][j], torch.topk(logits, 8).values, atol=1e-4, rtol=1e-4)
                 torch.testing.assert_close(part["lse"][j], torch.logsumexp(logits.double() / 0.8, -1), atol=1e-4,
@@ -57,7 +60,7 @@ def test_k_above_the_vocabulary_keeps_every_logit(model):
     """As the logit cache build does: ``k > V`` keeps all ``V`` logits, sorted (``mdboost rank``
     with ``cache.k`` 128 on the 64-token tiny target once raised ``selected index k out of range``)."""
     vocab = model.config.vocab_size
-    out = sample_mentored(model, PROMPT, NgramDrafter(2), [("tv", 0.5)], 1.0, 3, [torch.Generator().manual_seed(0)],
+    out = sample_mentored(model, PROMPT, NgramDrafter(2), [("mentored", "tv", 0.5)], 1.0, 3, [torch.Generator().manual_seed(0)],
                           k=vocab + 5, width=2)
     with torch.no_grad():
         logits = model(PROMPT[None]).logits[0, -1].float()
@@ -68,7 +71,7 @@ def test_k_above_the_vocabulary_keeps_every_logit(model):
 def test_sampler_stops_after_eos(model):
     logits = model(PROMPT[None]).logits[0, -1]
     eos = int(logits.argmax())
-    out = sample_mentored(model, PROMPT, NgramDrafter(2), [("tv", 1.0)], 1e-3, 10, [torch.Generator().manual_seed(0)],
+    out = sample_mentored(model, PROMPT, NgramDrafter(2), [("mentored", "tv", 1.0)], 1e-3, 10, [torch.Generator().manual_seed(0)],
                           eos_token_id=eos, k=4, width=2)
     assert out[0]["tokens"].tolist()[-1] == eos and out[0]["tokens"].numel() == 1
 
@@ -85,7 +88,7 @@ def test_emission_law_is_the_mentored_distribution(div, budget):
     p[x] = 1.0
     sol = solve(p, q, max_divergence=budget, divergence=div)  # independent: the dense solver
     pi = mentored_distribution(p, q, sol.a, sol.b)
-    draws = torch.tensor([_emit(logits, x, 1.0, budget, resolve(div), g) for _ in range(20000)])
+    draws = torch.tensor([_emit(logits, x, 1.0, _acceptor("mentored", budget, resolve(div)), g) for _ in range(20000)])
     counts = torch.bincount(draws, minlength=12).double()
     expected = pi * counts.sum()
     keep = expected > 5
@@ -95,10 +98,31 @@ def test_emission_law_is_the_mentored_distribution(div, budget):
     assert abs(float(pi[x]) - t) < 1e-6
 
 
+@pytest.mark.parametrize("div, budget", [("kl", 0.2), ("tv", 0.5), ("hellinger", 0.3)])
+def test_threshold_emission_law_is_the_rules_law(div, budget):
+    """SGLang's lossy threshold: the token drawn at a drafted position follows the rule's own
+    closed-form law on the full vocabulary (chi-square over 20000 draws), not only on the two
+    slots the sampler reads."""
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(12, generator=g) * 1.5
+    q = torch.softmax(logits.double(), -1)
+    x = int(torch.argsort(q)[6])  # a middling token: accepted with probability strictly inside (0, 1)
+    p = torch.zeros(12, dtype=torch.float64)
+    p[x] = 1.0
+    law = Threshold.for_budget(budget, div).law(p, q)
+    assert 0 < float(law.acceptance) < 1
+    draws = torch.tensor([_emit(logits, x, 1.0, _acceptor("threshold", budget, resolve(div)), g) for _ in range(20000)])
+    counts = torch.bincount(draws, minlength=12).double()
+    expected = law.emitted * counts.sum()
+    keep = expected > 5
+    chi = stats.chisquare(counts[keep].numpy(), expected[keep].numpy() * counts[keep].sum().item() / expected[keep].sum().item())
+    assert chi.pvalue > 1e-3
+
+
 def test_no_proposal_draws_from_the_target():
     g = torch.Generator().manual_seed(1)
     logits = torch.tensor([2.0, 0.5, -1.0, 0.0])
-    draws = torch.tensor([_emit(logits, -1, 1.0, 0.5, resolve("tv"), g) for _ in range(20000)])
+    draws = torch.tensor([_emit(logits, -1, 1.0, _acceptor("mentored", 0.5, resolve("tv")), g) for _ in range(20000)])
     counts = torch.bincount(draws, minlength=4).double()
     q = torch.softmax(logits.double(), -1)
     assert stats.chisquare(counts.numpy(), (q * counts.sum()).numpy()).pvalue > 1e-3
@@ -106,12 +130,14 @@ def test_no_proposal_draws_from_the_target():
 
 @pytest.fixture(scope="module")
 def ranked(tmp_path_factory):
-    """The tiny pipeline with a sampled acceptance cache, so prompt lookup gets mentored texts."""
+    """The tiny pipeline with a sampled acceptance cache, so prompt lookup's MD and threshold
+    points get their own texts."""
     from pipelines.rank_pool import run
 
     tmp = tmp_path_factory.mktemp("mentored")
+    rules = [{"rule": "mentored", "drafting": "sampled"}, {"rule": "threshold", "drafting": "greedy"}]
     cfg = rank_config(tmp, cache={"acceptance_source": "sampled", "acceptance_max_new_tokens": 8},
-                      pool={"pairs": "target"})
+                      pool={"pairs": "target"}, md={"rules": rules})
     return tmp, cfg, run(cfg)
 
 
@@ -125,10 +151,11 @@ def test_ranking_predicts_lookup_budgets_on_mentored_text(ranked):
     rows = _rows(tmp)
     for r in rows:
         lossy_lookup = r["drafter"].startswith("ngram") and float(r["max_divergence"]) > 0
-        assert r["process_text"] == ("mentored" if lossy_lookup else "target"), r
+        assert r["process_text"] == ("own" if lossy_lookup else "target"), r
+    assert {r["rule"] for r in rows if r["process_text"] == "own"} == {"mentored", "threshold"}
     files = sorted(p.name for p in (tmp / "cache").iterdir() if p.name.startswith("mentored-"))
-    # 2 temperatures x 2 divergences x the one budget > 0, for the one lookup drafter
-    assert len(files) == 2 * len(cfg.md.divergences)
+    # 2 temperatures x 2 divergences x the one budget > 0 x 2 lossy rules, for the one lookup drafter
+    assert len(files) == 2 * len(cfg.md.divergences) * 2
 
 
 def test_rerun_reuses_the_files_and_switch_off_restores_target_text(ranked, monkeypatch):
@@ -145,13 +172,16 @@ def test_rerun_reuses_the_files_and_switch_off_restores_target_text(ranked, monk
     off = run(dataclasses.replace(cfg, cache=dataclasses.replace(cfg.cache, mentored_text=False),
                                   output_dir=str(tmp / "off")))
     assert {r["process_text"] for r in off["rows"]} == {"target"}
-    by_key = {(r["drafter"], r["temperature"], r["divergence"], r["max_divergence"], r["gamma"]): r for r in off["rows"]}
-    changed = [r for r in first["rows"] if r["process_text"] == "mentored" and r["predicted_speedup"] !=
-               by_key[(r["drafter"], r["temperature"], r["divergence"], r["max_divergence"], r["gamma"])]["predicted_speedup"]]
-    assert changed  # the mentored text changes the prediction
+    def key(r):
+        return r["drafter"], r["temperature"], r["rule"], r["drafting"], r["divergence"], r["max_divergence"], r["gamma"]
+
+    by_key = {key(r): r for r in off["rows"]}
+    assert len(by_key) == len(off["rows"])
+    changed = {r["rule"] for r in first["rows"]
+               if r["process_text"] == "own" and r["predicted_speedup"] != by_key[key(r)]["predicted_speedup"]}
+    assert changed == {"mentored", "threshold"}  # each rule's own text changes its prediction
     plain = [r for r in first["rows"] if r["process_text"] == "target"]
-    assert all(r["predicted_speedup"] == by_key[(r["drafter"], r["temperature"], r["divergence"], r["max_divergence"],
-                                                 r["gamma"])]["predicted_speedup"] for r in plain)
+    assert all(r["predicted_speedup"] == by_key[key(r)]["predicted_speedup"] for r in plain)
 
 
 def test_rows_file_against_the_model(ranked, model):
@@ -191,11 +221,13 @@ def test_bad_input_is_named(ranked):
     tmp, cfg, _ = ranked
     spec = cfg.cache_spec(1.0)
     with pytest.raises(ValueError, match="drafter must be a prompt-lookup member.*'early_exit:2'"):
-        open_or_sample_mentored(spec, "early_exit:2", [("kl", 0.1)], 4)
+        open_or_sample_mentored(spec, "early_exit:2", [("mentored", "kl", 0.1)], 4)
     with pytest.raises(ValueError, match="points must have budgets > 0"):
-        open_or_sample_mentored(spec, "ngram:2", [("kl", 0.0)], 4)
+        open_or_sample_mentored(spec, "ngram:2", [("mentored", "kl", 0.0)], 4)
+    with pytest.raises(ValueError, match="rule must be one of .*'block'"):
+        open_or_sample_mentored(spec, "ngram:2", [("block", "kl", 0.1)], 4)
     with pytest.raises(ValueError, match="temperature must be > 0"):
-        sample_mentored(tiny_llama(), PROMPT, NgramDrafter(2), [("kl", 0.1)], 0.0, 3, [torch.Generator()])
+        sample_mentored(tiny_llama(), PROMPT, NgramDrafter(2), [("mentored", "kl", 0.1)], 0.0, 3, [torch.Generator()])
 
 
 def test_keys_differ_by_point_and_sampler(ranked):
@@ -205,6 +237,7 @@ def test_keys_differ_by_point_and_sampler(ranked):
     assert len(paths) == 4
     assert mentored_path(spec, "ngram:2", "kl", 0.1, 6) != mentored_path(spec, "ngram:2", "kl", 0.1, 8)
     assert mentored_path(cfg.cache_spec(0.7), "ngram:2", "kl", 0.1, 6) != mentored_path(spec, "ngram:2", "kl", 0.1, 6)
+    assert mentored_path(spec, "ngram:2", "kl", 0.1, 6, rule="threshold") != mentored_path(spec, "ngram:2", "kl", 0.1, 6)
 
 
 def test_attach_skips_greedy_and_reference(ranked):
@@ -216,7 +249,9 @@ def test_attach_skips_greedy_and_reference(ranked):
     assert attach_mentored(dataclasses.replace(spec, acceptance_source="reference"), pc, ["kl"], [0.3], 6) is pc
     assert attach_mentored(spec, pc, ["kl"], [0.0], 6) is pc
     attached = attach_mentored(spec, pc, ["kl"], [0.0, 0.3], cfg.speed.gamma_max)
-    assert set(attached.mentored) == {"ngram:2"} and set(attached.mentored["ngram:2"]) == {("kl", 0.3)}
+    assert set(attached.mentored) == {"ngram:2"} and set(attached.mentored["ngram:2"]) == {("mentored", "kl", 0.3)}
+    both = attach_mentored(spec, pc, ["kl"], [0.3], cfg.speed.gamma_max, rules=("mentored", "threshold"))
+    assert set(both.mentored["ngram:2"]) == {("mentored", "kl", 0.3), ("threshold", "kl", 0.3)}
 
 
 def test_cluster_location_carries_the_mentored_files(ranked):

@@ -81,9 +81,9 @@ def test_sampled_source_is_recorded_and_reused(sampled_run):
     # 2 target pairs x 2 temperatures x (plain SD + kl 0.3 + tv 0.3), each at its best gamma
     children = [c for c in children if c.data.params["rule"] != "alone"]  # and the model drafter alone, twice
     assert len(children) == 12 and {c.data.params["acceptance_source"] for c in children} == {"sampled"}
-    # prompt lookup's lossy points ran on MD's own text, every other point on the target's
+    # prompt lookup's lossy points ran on their own text, every other point on the target's
     texts = {(c.data.params["drafter"], c.data.params["max_divergence"]): c.data.params["process_text"] for c in children}
-    assert {k: v for k, v in texts.items() if v == "mentored"} == {("ngram:2", "0.3"): "mentored"}
+    assert {k: v for k, v in texts.items() if v == "own"} == {("ngram:2", "0.3"): "own"}
     before = read_csv(tmp_path / "out" / "ranking.csv")
     again = run(_config(tmp_path, tracking={"enabled": False}))
     assert again["cache_reused"] is True

@@ -49,8 +49,8 @@ class PoolCache:
 
     ``caches``: member name -> :class:`~mdboost.cache.reader.LogitCache`, the target first;
     ``acceptance``: the members' target-sampled caches (``acceptance_source: sampled``) or None;
-    ``mentored``: prompt-lookup drafter -> ``{(divergence, budget): rows file}`` of continuations
-    sampled by MD itself (:func:`mdboost.cache.mentored.attach_mentored`; empty: none);
+    ``mentored``: prompt-lookup drafter -> ``{(rule, divergence, budget): rows file}`` of continuations
+    sampled by a lossy rule itself (:func:`mdboost.cache.mentored.attach_mentored`; empty: none);
     ``spec``: the :meth:`~mdboost.cache.keys.PoolCacheSpec.keyed` spec it was opened from, whose
     folder keys it carries (reuse it, not a new spec, so a run keys its folders once).
     """

@@ -1,16 +1,17 @@
-"""The draft-start process on text sampled by mentored decoding itself (prompt lookup).
+"""The draft-start process on text sampled by a lossy rule itself (prompt lookup).
 
 The acceptance rows are the target's continuations; at a point with a budget the engine emits
 ``pi`` instead, and for a drafter that reads the text (prompt lookup) that changes what it
 proposes (``docs/ranking.md``, "The text is the target's"). :mod:`mdboost.cache.mentored`
-samples the text MD emits at such a point; :func:`mentored_pair_rows` turns its rows file into
-the :class:`~mdboost.ranking.pair.PairRows` the process runs on, and :func:`mentored_outcomes`
-scores the point there.
+samples the text MD or SGLang's lossy threshold emits at such a point;
+:func:`mentored_pair_rows` turns its rows file into the :class:`~mdboost.ranking.pair.PairRows`
+the process runs on, :func:`mentored_outcomes` scores an MD point there and
+:func:`threshold_outcomes` a threshold point.
 
 On that text the emitted token at a drafted position is ``~ pi``, so the conditional acceptance
 ``c_t`` of :mod:`mdboost.ranking.process` has mean ``E_pi[c_t] = sum_i min(pi_i, p_i) = P_acc_t``
-at every position: the chain needs no budget tilt (``tilt = None``), which exists only to
-correct ``q``-sampled text.
+at every position (a one-hot draft ``x``: ``c_t = 1[x = g]``, ``P_acc_t = pi_x``): the chain
+needs no budget tilt (``tilt = None``), which exists only to correct ``q``-sampled text.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from mdboost.ranking.acceptance import md_operating_points, sd_acceptance
 from mdboost.ranking.layout import SequenceLayout
 from mdboost.ranking.pair import PairRows
 from mdboost.ranking.process import PointInputs, process_outcomes
+from mdboost.ranking.rule_points import point_law, text_acceptance, threshold_tail_bounds
 from mdboost.ranking.support import MemberRows, align, rows_from_proposals
 
-__all__ = ["mentored_outcomes", "mentored_pair_rows"]
+__all__ = ["mentored_outcomes", "mentored_pair_rows", "threshold_outcomes"]
 
 
 class _Drafts:
@@ -83,3 +85,26 @@ def mentored_outcomes(rows, divergence: str, max_divergence: float, vocab_size: 
     op = md_operating_points(aligned, valid, [divergence], [max_divergence], settings.mode)[0]
     point = PointInputs(op.a, op.b, op.acceptance)
     return process_outcomes(rows, [point], settings.process, sd_acceptance=sd, step_law=step_law)
+
+
+def threshold_outcomes(rows, point, vocab_size: int, settings, step_law: bool):
+    """A lossy threshold point's :class:`~mdboost.ranking.process.ProcessOutcomes` on its own
+    text ``rows``, and whether the top-k cache bounds it.
+
+    The point's law is read again on those rows; its chain is the text's ``1[x = g]`` without a
+    tilt (module docstring). Where :func:`~mdboost.ranking.rule_points.threshold_tail_bounds`
+    finds drafts outside the target's kept ids, the outcomes hold two more inputs after the
+    point, its acceptance at each end (as on the target's text, where the ranking widens the
+    point's intervals to hold them); the chain, read off the text, is the same at both.
+    """
+    aligned = align(rows.draft.rows, rows.target.rows, vocab_size, torch.as_tensor(rows.labels))
+    valid = rows.draft.rows.valid
+    law = point_law(point, aligned, valid, point.divergence)
+    zeros = torch.zeros(valid.numel(), dtype=torch.float64)
+    inputs = PointInputs(zeros, zeros, law.acceptance, 0.0, None,
+                         text_acceptance(law, aligned, valid, torch.as_tensor(rows.labels)))
+    bounds = threshold_tail_bounds(point, law, aligned, valid, rows.target.rows)
+    ends = [] if bounds is None else [dataclasses.replace(inputs, acceptance=p_acc) for p_acc, _ in bounds]
+    outcomes = process_outcomes(rows, [inputs, *ends], settings.process, sd_acceptance=sd_acceptance(aligned, valid),
+                                step_law=step_law)
+    return outcomes, bounds is not None

@@ -44,14 +44,14 @@ import torch
 
 from mdboost.engine.settings import DEFAULT_MD_SOLVE
 from mdboost.md.divergences import GENERATORS
-from mdboost.md.rules import Block, Mentored, Rule
+from mdboost.md.rules import Block, Mentored, Rule, Threshold
 from mdboost.md.verify import SOLVE
 from mdboost.ranking import quality
 from mdboost.ranking.acceptance import drafter_shares, md_operating_points, sd_acceptance
 from mdboost.ranking.boosting import boost_greedy, boost_target_first
 from mdboost.ranking.diagnostics import boost_coefficient, pair_diagnostics
 from mdboost.ranking.layout import SequenceLayout
-from mdboost.ranking.mentored import mentored_outcomes
+from mdboost.ranking.mentored import mentored_outcomes, threshold_outcomes
 from mdboost.ranking.pair import PairRows, PairSide  # noqa: F401 -- PairSide: re-exported, the rows' public type
 from mdboost.ranking.report import row_batch_size
 from mdboost.ranking.chains import budget_tilt, tilt_delta
@@ -256,10 +256,12 @@ def score_pair(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | Non
         (:mod:`mdboost.ranking.speed`); default: ``v = 1``, ``s = 0`` (Leviathan et al.). The
         overhead applies to budgets > 0 only.
     mentored : mapping, optional
-        ``(divergence, max_divergence) -> PairRows`` on text sampled by MD itself at that point
-        (:func:`~mdboost.ranking.mentored.mentored_pair_rows`, prompt-lookup drafters): that
-        point's process columns come from there (:func:`~mdboost.ranking.mentored.mentored_outcomes`),
-        its ``process_text`` column says ``"mentored"`` (else ``"target"``).
+        ``(rule, divergence, max_divergence) -> PairRows`` on text sampled by a lossy rule itself
+        at that point (``rule``: ``"mentored"`` for the MD points, ``"threshold"`` for SGLang's;
+        :func:`~mdboost.ranking.mentored.mentored_pair_rows`, prompt-lookup drafters): that
+        point's process columns come from there (:func:`~mdboost.ranking.mentored.mentored_outcomes`,
+        :func:`~mdboost.ranking.mentored.threshold_outcomes`), its ``process_text`` column says
+        ``"own"`` (else ``"target"``).
     on_reference : bool, optional
         Whether the acceptance rows' text is one this pair's target does not sample (a reference
         text, or continuations sampled from another target): the draft-start process then takes
@@ -318,7 +320,7 @@ class PairWork:
     others: list  # per other rule's point: (point, acceptance [M], divergence [M], nll, bounded: its tail ends follow in rule_process)
     md_process: ProcessOutcomes | None  # SD, then each MD point
     rule_process: ProcessOutcomes | None
-    mentored: dict  # (divergence, budget) -> ProcessOutcomes on MD's own text
+    mentored: dict  # ("mentored", f, D) -> ProcessOutcomes on MD's own text; ("threshold", f, D) -> (outcomes, bounded)
     bootstrap: dict
     step_law: bool  # the outcomes can be priced above batch size 1
     alone_tv: tuple | None = None  # (mean, max) TV(p, q) over the acceptance rows; None: no drafter alone (prompt lookup)
@@ -359,10 +361,15 @@ def pair_work(pair: PairRows, vocab_size: int, *, settings: ScoreSettings | None
             rule_process = process_outcomes(acc, [inp for _, _, inp, _, _ in others_static] + ends, s.process,
                                             sd_acceptance=sd, on_reference=on_reference, step_law=step_law)
         for op in acc_ops:
-            rows = (mentored or {}).get((op.divergence, float(op.max_divergence))) if op.max_divergence > 0 else None
+            rows = (mentored or {}).get(("mentored", op.divergence, float(op.max_divergence))) \
+                if op.max_divergence > 0 else None
             if rows is not None:
-                on_text[op.divergence, float(op.max_divergence)] = mentored_outcomes(
+                on_text["mentored", op.divergence, float(op.max_divergence)] = mentored_outcomes(
                     rows, op.divergence, op.max_divergence, vocab_size, s, step_law)
+        for pt, *_ in others_static:
+            key = _own_text_key(pt)
+            if key is not None and key in (mentored or {}):
+                on_text[key] = threshold_outcomes(mentored[key], pt, vocab_size, s, step_law)
     return PairWork(pair.draft.name, pair.target.name,
                     acceptance_source or ("reference" if acceptance is None else "sampled"), s, stats, sd, acc_valid,
                     rule_pts, acc_ops, md_static,
@@ -441,7 +448,8 @@ def _md_points(work: PairWork, process, s: ScoreSettings, profile: SpeedProfile,
     points = []
     for i, (op, (nll_clamp, tv, share)) in enumerate(zip(work.acc_ops, work.md_static, strict=True)):
         overhead = profile.md_overhead if op.max_divergence > 0 else 0.0
-        on_text = work.mentored.get((op.divergence, float(op.max_divergence))) if op.max_divergence > 0 else None
+        on_text = work.mentored.get(("mentored", op.divergence, float(op.max_divergence))) \
+            if op.max_divergence > 0 else None
         if on_text is not None:
             process[i + 1] = price_process(on_text, s.process, profile, cost, [overhead])[0]
         rule = Mentored(max_divergence=op.max_divergence, divergence=op.divergence)
@@ -452,7 +460,7 @@ def _md_points(work: PairWork, process, s: ScoreSettings, profile: SpeedProfile,
             nll_mentored=nll_clamp if tv is None or s.tv_mentor == "clamp" else tv["nll_tv_boosted"],
             iid=_iid_choice(_mean(op.acceptance), cost.cost_ratio, s, profile, overhead, stats.sd_acceptance),
             process=None if process is None else process[i + 1], verify_costs=tuple(verify.tolist()),
-            md_overhead=float(overhead), tv=tv, text="target" if on_text is None else "mentored",
+            md_overhead=float(overhead), tv=tv, text="target" if on_text is None else "own",
             rule=RulePoint(rule, op.divergence if op.max_divergence > 0 else PLAIN_SD, op.max_divergence),
             achieved_divergence_max=float(op.achieved_divergence[acc_valid].max()) if any_valid else 0.0,
             drafter_share=share))
@@ -505,6 +513,11 @@ def _rule_scores(work: PairWork, s: ScoreSettings, profile: SpeedProfile, verify
         process = _widened(process, [bounded for *_, bounded in static])
     points = []
     for i, ((pt, acceptance, divergence, nll, _), overhead) in enumerate(zip(static, overheads)):
+        own = work.mentored.get(_own_text_key(pt))
+        if own is not None and process is not None:  # the process on the point's own text instead
+            outcomes, bounded = own
+            priced = price_process(outcomes, s.process, profile, cost, [overhead] * (3 if bounded else 1))
+            process[i] = _widened(priced, [bounded])[0]
         achieved = divergence[acc_valid]
         points.append(PointScore(
             divergence=pt.divergence, max_divergence=pt.max_divergence, acceptance=acceptance.numpy(),
@@ -512,9 +525,17 @@ def _rule_scores(work: PairWork, s: ScoreSettings, profile: SpeedProfile, verify
             achieved_divergence=_mean(achieved) if achieved.numel() else 0.0, nll_mentored=nll,
             iid=_iid_choice(_mean(acceptance), cost.cost_ratio, s, profile, overhead, work.stats.sd_acceptance),
             process=None if process is None else process[i], verify_costs=tuple(verify.tolist()),
-            md_overhead=float(overhead), rule=pt,
+            md_overhead=float(overhead), rule=pt, text="target" if own is None else "own",
             achieved_divergence_max=float(achieved.max()) if achieved.numel() else 0.0))
     return points
+
+
+def _own_text_key(pt: RulePoint) -> tuple | None:
+    """The ``mentored`` key of a point whose process runs on its own text when that text was
+    sampled (a lossy `Threshold`; the MD points have theirs in :func:`pair_work`), else None."""
+    if type(pt.rule) is Threshold and not pt.rule.lossless:
+        return "threshold", pt.divergence, float(pt.max_divergence)
+    return None
 
 
 def _widened(process: list[ProcessScore], bounded: list[bool]) -> list[ProcessScore]:

@@ -138,7 +138,7 @@ class CacheLocation:
     folders: tuple[tuple[str, str], ...]
     acceptance: tuple[tuple[str, str], ...] | None = None
     speed: SpeedStore | None = None
-    mentored: tuple = ()  # (drafter, ((divergence, budget, rows file), ...)) per prompt-lookup drafter
+    mentored: tuple = ()  # (drafter, ((rule, divergence, budget, rows file), ...)) per prompt-lookup drafter
 
     @classmethod
     def of(cls, pc: PoolCache) -> CacheLocation:
@@ -150,7 +150,7 @@ class CacheLocation:
             return tuple((name, os.path.abspath(cache.out_dir)) for name, cache in p.caches.items())
 
         # absolute: a worker resolves a relative path against its own working directory
-        mentored = tuple((d, tuple((f, b, os.path.abspath(path)) for (f, b), path in points.items()))
+        mentored = tuple((d, tuple((*point, os.path.abspath(path)) for point, path in points.items()))
                          for d, points in pc.mentored.items())
         return cls(pc.target, folders(pc), None if pc.acceptance is None else folders(pc.acceptance), pc.speed,
                    mentored)
@@ -172,7 +172,7 @@ class CacheLocation:
             return {name: LogitCache.open(folder, verify=False) for name, folder in folders if name in wanted}
 
         acc = None if self.acceptance is None else PoolCache(opened(self.acceptance), self.target)
-        mentored = {d: {(f, b): path for f, b, path in points} for d, points in self.mentored if d in wanted}
+        mentored = {d: {(r, f, b): path for r, f, b, path in points} for d, points in self.mentored if d in wanted}
         return PoolCache(opened(self.folders), self.target, acc, self.speed, mentored)
 
 

@@ -110,7 +110,7 @@ class PointScore:
     verify_costs: tuple
     md_overhead: float
     tv: dict | None = None  # TV points: the clamp's and the boosted projection's NLL columns (rank._tv_boosted)
-    text: str = "target"  # the text the process ran on: the target's continuations, or "mentored" (MD's own)
+    text: str = "target"  # the text the process ran on: the target's continuations, or "own" (the point's rule's)
     rule: RulePoint | None = None
     achieved_divergence_max: float = math.nan
     drafter_share: float = math.nan
