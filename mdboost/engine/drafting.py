@@ -41,7 +41,7 @@ import torch
 from transformers import PreTrainedModel
 
 from mdboost.engine.hooks import context_ids, process_at
-from mdboost.engine.kv import CachedLM, left_pad
+from mdboost.engine.kv import CachedLM, LMBackend, left_pad, open_lm
 from mdboost.engine.schedule import ConfidenceStop, DraftSchedule, FixedDraftLength
 from mdboost.md._checks import check_positive_int
 from mdboost.md.drafting import draft_confidence
@@ -146,8 +146,10 @@ class ModelDrafter(Drafter):
 
     Parameters
     ----------
-    model : transformers causal LM
-        Must share the target's vocabulary (same logits width).
+    model : transformers causal LM or LMBackend
+        Must share the target's vocabulary (same logits width); an
+        :class:`~mdboost.engine.kv.LMBackend` (a llama.cpp GGUF,
+        :class:`~mdboost.engine.llamacpp.LlamaCppModel`) drafts with its own cache.
     schedule : DraftSchedule, default=FixedDraftLength()
         Draft length per step (e.g. :class:`~mdboost.engine.schedule.AdaptiveDraftLength`).
     confidence_stop : ConfidenceStop or None, default=None
@@ -165,9 +167,10 @@ class ModelDrafter(Drafter):
 
     def __post_init__(self):  # named here, not as an AttributeError in the first step
         config = getattr(self.model, "config", None)
-        if not (callable(self.model) and callable(getattr(config, "get_text_config", None))):
-            raise TypeError(f"model must be a transformers causal LM (a module with a config), "
-                            f"got {type(self.model).__name__}")
+        if not (isinstance(self.model, LMBackend)
+                or (callable(self.model) and callable(getattr(config, "get_text_config", None)))):
+            raise TypeError(f"model must be a transformers causal LM (a module with a config) or an LMBackend "
+                            f"(e.g. mdboost.engine.llamacpp.LlamaCppModel), got {type(self.model).__name__}")
         _check_schedule(self.schedule)
         if self.confidence_stop is not None and not callable(getattr(self.confidence_stop, "stops", None)):
             raise TypeError(f"confidence_stop must be a ConfidenceStop or None, got {self.confidence_stop!r}")
@@ -175,10 +178,11 @@ class ModelDrafter(Drafter):
             raise TypeError(f"share_kv must be True or False, got {self.share_kv!r}")
 
     def start(self, prompts, target, settings) -> DraftSession:
-        width = self.model.config.get_text_config().vocab_size
+        width = self.model.vocab_size if isinstance(self.model, LMBackend) else \
+            self.model.config.get_text_config().vocab_size
         if width != target.vocab_size:
             raise ValueError(f"drafter vocab_size ({width}) must equal the target's ({target.vocab_size})")
-        if self.share_kv and shares_layers(self.model, target.model):
+        if self.share_kv and isinstance(target, CachedLM) and shares_layers(self.model, target.model):
             return _SharedCacheSession(self, target, settings)
         return _PrivateCacheSession(self, prompts, target.device, settings)
 
@@ -191,7 +195,7 @@ class _PrivateCacheSession(_ScheduledSession):
         self._stop, self._sampling = drafter.confidence_stop, settings.sampling
         self._processor, self._pad, self._greedy = settings.logits_processor, settings.pad_id, settings.greedy_drafts
         self._floor = settings.draft_p_min
-        self._lm = CachedLM(drafter.model, len(prompts), device)
+        self._lm = open_lm(drafter.model, len(prompts), device)
         self._pending = [list(p) for p in prompts]  # tokens not yet in the drafter cache
         self._fed_pending = 0  # width of the pending chunk fed by the last propose (0: none)
         self._drafts: list[list[int]] = []

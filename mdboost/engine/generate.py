@@ -31,7 +31,7 @@ from transformers import PreTrainedModel
 
 from mdboost.engine.drafting import Drafter, sample
 from mdboost.engine.hooks import context_ids, process_logits, stop_lengths
-from mdboost.engine.kv import CachedLM, left_pad
+from mdboost.engine.kv import LMBackend, left_pad, open_lm
 from mdboost.engine.settings import GenerationSettings
 from mdboost.engine.stats import GenerationStats
 from mdboost.md.probs import logits_to_probs
@@ -105,8 +105,10 @@ def generate(
 
     Parameters
     ----------
-    target : transformers PreTrainedModel
-        The causal LM whose distribution ``q`` is reproduced (SD) or approximated (MD).
+    target : transformers PreTrainedModel or LMBackend
+        The causal LM whose distribution ``q`` is reproduced (SD) or approximated (MD): a
+        transformers model, or a model that runs its own forward passes
+        (:class:`~mdboost.engine.llamacpp.LlamaCppModel`: llama.cpp, batch size 1).
     input_ids : torch.LongTensor of shape (B, T)
         Prompts; rows may be left-padded (pass ``attention_mask``).
     settings : GenerationSettings, default=GenerationSettings()
@@ -130,9 +132,10 @@ def generate(
     -------
     GenerationOutput
     """
-    if not isinstance(target, PreTrainedModel):
+    if not isinstance(target, (PreTrainedModel, LMBackend)):
         raise TypeError(f"target must be a transformers PreTrainedModel (a causal LM, e.g. from "
-                        f"mdboost.models.load_model), got {type(target).__name__}")
+                        f"mdboost.models.load_model) or an LMBackend (e.g. mdboost.engine.llamacpp.LlamaCppModel), "
+                        f"got {type(target).__name__}")
     if not isinstance(settings, GenerationSettings):
         raise TypeError(f"settings must be a GenerationSettings, got {type(settings).__name__}")
     if drafter is not None and not isinstance(drafter, Drafter):
@@ -143,7 +146,8 @@ def generate(
     if on_tokens is not None and not callable(on_tokens):
         raise TypeError(f"on_tokens must be a callable or None, got {on_tokens!r}")
     prompts = _prompts(input_ids, attention_mask)
-    vocab = getattr(getattr(target, "config", None), "vocab_size", None)
+    vocab = target.vocab_size if isinstance(target, LMBackend) else getattr(getattr(target, "config", None),
+                                                                           "vocab_size", None)
     if vocab is not None and prompts:
         lo, hi = min(min(r) for r in prompts), max(max(r) for r in prompts)
         if lo < 0 or hi >= vocab:
@@ -166,7 +170,7 @@ def generate(
 
     state = _State(prompts, settings.max_new_tokens, settings.eos_token_id, settings.stopping_criteria, settings.pad_id,
                    device)
-    lm = CachedLM(target, len(prompts), device)
+    lm = open_lm(target, len(prompts), device)
     session = drafter.start(prompts, lm, settings) if drafter is not None else None
     # deterministic decoding (greedy, no budget): an undrafted step takes the argmax directly
     greedy = settings.temperature == 0 and mode != "md"

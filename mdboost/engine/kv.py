@@ -22,6 +22,8 @@ target's cache instead of a cache of its own, and gives the entries back with ``
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 import torch
 from transformers import Cache, DynamicCache
 
@@ -152,6 +154,25 @@ class CachedLM:
             raise RuntimeError(
                 f"cache holds {self.cache.get_seq_length()} slots but the mask {self.num_slots}"
             )
+
+
+@runtime_checkable
+class LMBackend(Protocol):
+    """A model that runs its own forward passes (e.g. :class:`mdboost.engine.llamacpp.LlamaCppModel`):
+    ``open`` returns an object with :class:`CachedLM`'s ``forward``, ``keep``, ``vocab_size``,
+    ``device`` and ``batch_size``, over an empty cache."""
+
+    vocab_size: int
+
+    def open(self, batch_size: int, device): ...
+
+
+def open_lm(model, batch_size: int, device: torch.device):
+    """The engine's per-generation model state: a :class:`CachedLM` over a transformers model, or
+    what an :class:`LMBackend` opens."""
+    if isinstance(model, LMBackend):
+        return model.open(batch_size, device)
+    return CachedLM(model, batch_size, device)
 
 
 def left_pad(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
