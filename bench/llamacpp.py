@@ -1,0 +1,144 @@
+"""mdboost's loop on llama.cpp against llama-cpp-python's own decoding, side by side in one process.
+
+Every configuration decodes the same prompts, interleaved per prompt and repeat (one thread each),
+and the medians of tokens/s are compared as ratios to llama-cpp-python's own ``Llama.generate``
+(plain decoding, the baseline a CPU user already has):
+
+- ``llama generate``: ``Llama.generate`` (``llama_cpp/llama.py`` 854-1025 in 0.3.36), greedy
+  (``temp=0``) or sampled (``temp=T``, ``top_k=0``, ``top_p=1``, ``min_p=0``: the plain
+  distribution, as mdboost samples it);
+- ``llama lookup``: llama-cpp-python's own speculative path, ``Llama(draft_model=
+  LlamaPromptLookupDecoding(max_ngram_size=3, num_pred_tokens=G))`` (``llama_speculative.py``;
+  ``generate`` keeps a draft while the target's own sample equals it, lines 1003-1025: lossless,
+  drafting driven from Python);
+- ``mdboost AR``: :func:`mdboost.engine.generate` with :class:`~mdboost.engine.llamacpp.LlamaCppModel`
+  as the target, no drafter: the loop's own tax;
+- ``mdboost SD lookup``: the same with prompt lookup (``ngram:3``), lossless;
+- ``mdboost MD lookup``: mentored decoding with prompt lookup at a KL budget (sampled only).
+
+Greedy outputs of ``mdboost AR`` are compared token by token with ``llama generate``'s. Writes the
+section ``llamacpp`` of ``bench/RESULTS.md``.
+
+Run: ``python bench/llamacpp.py [--prompts 6] [--repeats 3] [--tokens 64] [--gamma 4] [--no-write]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench._results import load_line, update_section  # noqa: E402
+from mdboost.cache.profile import hardware_fingerprint, hardware_label  # noqa: E402
+from mdboost.data import load_texts  # noqa: E402
+from mdboost.engine import GenerationSettings, NgramAdapter, generate  # noqa: E402
+from mdboost.engine.llamacpp import LlamaCppModel  # noqa: E402
+from mdboost.models.convert import smollm2_gguf  # noqa: E402
+from mdboost.models.ngram import NgramDrafter  # noqa: E402
+
+
+def _own(llama, prompt: list[int], tokens: int, temperature: float, eos: int) -> list[int]:
+    out = []
+    kw = dict(temp=temperature, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0)
+    for token in llama.generate(prompt, **kw):
+        out.append(int(token))
+        if len(out) == tokens or token == eos:
+            break
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=6)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--budget", type=float, default=0.2, help="MD's KL budget")
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    import llama_cpp
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    start = os.getloadavg()[0]
+    folder, name = smollm2_gguf()
+    path = str(folder / name)
+    n_ctx = 1024
+    own = llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_threads=1, n_threads_batch=1, verbose=False, seed=0)
+    lookup = llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_threads=1, n_threads_batch=1, verbose=False, seed=0,
+                             draft_model=LlamaPromptLookupDecoding(max_ngram_size=3, num_pred_tokens=args.gamma))
+    backend = LlamaCppModel(path, n_ctx=n_ctx, n_threads=1)
+    eos = int(own.token_eos())
+    records = load_texts("humaneval")[:args.prompts]
+    prompts = [own.tokenize(r["prompt"].encode())[:320] for r in records]
+    T, G = args.temperature, args.gamma
+
+    def ours(prompt, temperature, drafter=None, budget=0.0, seed=0):
+        settings = GenerationSettings(max_new_tokens=args.tokens, temperature=temperature, gamma=G,
+                                      max_divergence=budget, eos_token_id=eos)
+        out = generate(backend, torch.tensor([prompt]), settings, drafter=drafter,
+                       generator=torch.Generator().manual_seed(seed))
+        return out.sequences[0, len(prompt):].tolist(), out.stats.num_new_tokens
+
+    lookup3 = NgramAdapter(NgramDrafter(3))
+    configs = {
+        "llama generate, greedy": lambda p, s: (lambda t: (t, len(t)))(_own(own, p, args.tokens, 0.0, eos)),
+        "llama lookup, greedy": lambda p, s: (lambda t: (t, len(t)))(_own(lookup, p, args.tokens, 0.0, eos)),
+        "mdboost AR, greedy": lambda p, s: ours(p, 0.0),
+        "mdboost SD lookup, greedy": lambda p, s: ours(p, 0.0, lookup3),
+        f"llama generate, T={T:g}": lambda p, s: (lambda t: (t, len(t)))(_own(own, p, args.tokens, T, eos)),
+        f"mdboost AR, T={T:g}": lambda p, s: ours(p, T, seed=s),
+        f"mdboost SD lookup, T={T:g}": lambda p, s: ours(p, T, lookup3, seed=s),
+        f"mdboost MD lookup kl {args.budget:g}, T={T:g}": lambda p, s: ours(p, T, lookup3, args.budget, seed=s),
+    }
+    rates = {k: [] for k in configs}
+    outputs = {}
+    for rep in range(args.repeats):
+        for i, prompt in enumerate(prompts):
+            for name_, run in configs.items():
+                t0 = time.perf_counter()
+                toks, n = run(prompt, 1000 * rep + i)
+                rates[name_].append(n / (time.perf_counter() - t0))
+                if rep == 0:
+                    outputs[name_, i] = toks
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    same = sum(outputs["mdboost AR, greedy", i] == outputs["llama generate, greedy", i] for i in range(len(prompts)))
+    same_sd = sum(outputs["mdboost SD lookup, greedy", i] == outputs["llama generate, greedy", i]
+                  for i in range(len(prompts)))
+    base_g, base_t = med["llama generate, greedy"], med[f"llama generate, T={T:g}"]
+    lines = [
+        "## llamacpp: mdboost's loop on llama.cpp against llama-cpp-python's own decoding (`bench/llamacpp.py`)",
+        "",
+        f"Machine: {hardware_label(hardware_fingerprint('cpu'))}, {os.cpu_count()} cores, torch {torch.__version__}, "
+        f"Python {platform.python_version()}, llama-cpp-python {llama_cpp.__version__} (built from its sdist on this "
+        f"machine), 1 thread for every configuration (llama.cpp's decode and torch's). Model: the default `{name}` (target, and prompt lookup `ngram:3`). "
+        f"{len(prompts)} HumanEval prompts x {args.repeats} repeats, interleaved per prompt; {args.tokens} new "
+        f"tokens (or EOS); gamma {G}; medians of tokens/s over the {len(prompts) * args.repeats} runs; ratios "
+        "to `llama generate` at the same temperature.",
+        "",
+        "| configuration | tokens/s (median) | ratio to llama generate |",
+        "|---|---|---|",
+    ]
+    for k, v in med.items():
+        base = base_g if "greedy" in k else base_t
+        lines.append(f"| {k} | {v:.1f} | {v / base:.3f} |")
+    lines += ["", f"Greedy output of `mdboost AR` equals `llama generate`'s on {same} of {len(prompts)} prompts; "
+              f"`mdboost SD lookup` on {same_sd} of {len(prompts)}.", "", f"_{load_line(start)}_"]
+    text = "\n".join(lines)
+    print(text)
+    if not args.no_write:
+        update_section("llamacpp", text)
+
+
+if __name__ == "__main__":
+    main()
