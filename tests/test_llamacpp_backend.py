@@ -180,11 +180,25 @@ def test_greedy_tokens_equal_llama_cpp_python_s_own_generate(gguf):
 
 @needs_llama
 def test_lossless_drafting_on_llama_cpp_keeps_the_greedy_output(gguf):
+    """Lossless drafting emits the target's argmax at every position. llama.cpp scores a chunk of
+    K + 1 tokens with other kernels than one token (its own speculative decoding shares this), so
+    where the output leaves plain decoding's, the two tokens must be a near tie of the one-token
+    logits there (measured on an AVX2 EPYC: 4 of 6 HumanEval prompts identical for llama-cpp-python's
+    own prompt lookup and for mdboost's, bench/llamacpp.py)."""
     backend = LlamaCppModel(gguf, n_ctx=512, n_threads=1)
-    prompt = torch.tensor([backend.llama.tokenize(b"def add(a, b):\n    return a + b\n\ndef sub(a, b):")])
+    prompt = backend.llama.tokenize(b"def add(a, b):\n    return a + b\n\ndef sub(a, b):")
     settings = GenerationSettings(max_new_tokens=32, temperature=0, gamma=4)
-    plain = generate(backend, prompt, settings)
+    plain = generate(backend, torch.tensor([prompt]), settings).sequences[0].tolist()
     for drafter in (NgramAdapter(NgramDrafter(3)), ModelDrafter(LlamaCppModel(gguf, n_ctx=512, n_threads=1))):
-        out = generate(backend, prompt, settings, drafter=drafter)
-        assert out.sequences.tolist() == plain.sequences.tolist(), drafter
+        out = generate(backend, torch.tensor([prompt]), settings, drafter=drafter)
         assert out.stats.num_accepted_tokens > 0
+        got = out.sequences[0].tolist()
+        if got != plain:
+            i = next(j for j, (a, b) in enumerate(zip(got, plain)) if a != b)
+            lm = backend.open(1, "cpu")  # as plain decoding scored it: the prompt at once, then one token a decode
+            logits = lm.forward(torch.tensor([prompt]), logits_to_keep=1)[0, -1]
+            for token in plain[len(prompt):i]:
+                lm.keep([lm.last_fed])
+                logits = lm.forward(torch.tensor([[token]]), logits_to_keep=1)[0, -1]
+            gap = float(logits[plain[i]] - logits[got[i]])
+            assert 0 <= gap < 1e-2 * float(logits.abs().max()), (drafter, i, gap)
