@@ -311,7 +311,8 @@ def test_bad_inputs_raise(target):
     with pytest.raises(TypeError, match="drafter must be a Drafter or None .*, got LlamaForCausalLM"):
         generate(target, prompt(0, 3), drafter=target)
     with pytest.raises(TypeError, match=r"^target must be a transformers PreTrainedModel \(a causal LM, e.g. from "
-                                        r"mdboost.models.load_model\), got str$"):
+                                        r"mdboost.models.load_model\) or an LMBackend \(e.g. "
+                                        r"mdboost.engine.llamacpp.LlamaCppModel\), got str$"):
         generate("tiny", prompt(0, 3))
 
 

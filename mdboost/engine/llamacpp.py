@@ -27,6 +27,7 @@ built from its sdist): importing this module does not need it, opening a model d
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -40,14 +41,12 @@ INSTALL = "pip install 'mdboost[llamacpp]'  (llama-cpp-python 0.3.36, built from
 
 def llama_cpp_available() -> bool:
     """Whether ``llama_cpp`` (llama-cpp-python) can be imported here."""
-    import importlib.util
-
     return importlib.util.find_spec("llama_cpp") is not None
 
 
 def _import_llama():
     try:
-        import llama_cpp
+        import llama_cpp  # deferred: optional (mdboost[llamacpp]); importing mdboost never needs it
     except ImportError as exc:
         raise ImportError(f"the llama.cpp backend needs llama-cpp-python: {INSTALL}") from exc
     return llama_cpp
