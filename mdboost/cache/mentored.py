@@ -251,7 +251,7 @@ def open_or_sample_mentored(spec: PoolCacheSpec, drafter: str, points, width: in
     points = [(_check_rule(r), str(d), float(b)) for r, d, b in points]
     if any(b <= 0 for *_, b in points):
         raise ValueError(f"points must have budgets > 0 (budget 0 is SD: the target's text), got {points!r}")
-    paths = {pt: mentored_path(spec, drafter, d, b, width, rule=r) for pt in points for r, d, b in [pt]}
+    paths = {(r, d, b): mentored_path(spec, drafter, d, b, width, rule=r) for r, d, b in points}
     missing = [pt for pt, path in paths.items() if finished_digest(path) is None]
     if not missing:
         return paths

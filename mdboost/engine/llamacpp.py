@@ -96,7 +96,6 @@ class LlamaCppModel:
             raise TypeError(f"llama must be a llama_cpp.Llama, got {type(llama).__name__}")
         self.llama = llama
         self.model_path = None if model_path is None else str(model_path)
-        self._open = False
 
     @property
     def vocab_size(self) -> int:
