@@ -389,6 +389,39 @@ def test_on_reference_text_the_process_takes_the_expected_acceptance(one_hot):
     assert torch.allclose(fixed.values["acceptance_conditional"], fixed.values["acceptance"])
 
 
+def test_the_speedup_interval_over_prompts_alone_holds_the_costs_at_their_medians():
+    """``speedup_prompts`` resamples the prompts as ``speedup`` does, at the measured (median) costs:
+    without cost repeats the two intervals are the same; with them, the prompt interval is the
+    one without repeats and the joint one is wider (the part validation does not widen)."""
+    from mdboost.ranking.layout import SequenceLayout
+    from mdboost.ranking.process import PointInputs, ProcessSettings, score_process
+    from mdboost.ranking.rank import PairRows, PairSide
+    from mdboost.ranking.uncertainty import BootstrapSettings
+
+    length, width = 1200, 4
+    layout, draft, target, labels = _reference_rows(length, True, width)
+    layout = SequenceLayout(torch.arange(length) // 100, cache=layout.cache, member=layout.member)  # 12 prompts
+    acc = (torch.arange(length) // 100 + 1).double() / 14  # each prompt its own acceptance
+    point = [PointInputs(torch.zeros(length), torch.zeros(length), acc)]
+    profile = SpeedProfile((1.0, 1.2, 1.4, 1.6, 1.8), verify_samples=[(1.0, 1.0, 1.0)] + [(v - 0.1, v, v + 0.2) for v in
+                                                                                      (1.2, 1.4, 1.6, 1.8)])
+    settings = ProcessSettings((1, 2, 3, 4), bootstrap=BootstrapSettings(num_resamples=400, seed=5))
+
+    def score(cost_samples, verify=True):
+        rows = PairRows(PairSide("ngram:2", draft, None, 0.2, cost_samples), PairSide("target", target, None, 1.0),
+                        labels.numpy(), layout=layout)
+        prof = profile if verify else SpeedProfile(profile.verify_cost)
+        return score_process(rows, point, settings, prof, on_reference=True)[0]
+
+    fixed, spread = score(None, verify=False), score((0.1, 0.2, 0.35))
+    for side in ("lo", "hi"):
+        assert torch.equal(getattr(fixed, side)["speedup_prompts"], getattr(fixed, side)["speedup"])
+        assert torch.allclose(getattr(spread, side)["speedup_prompts"], getattr(fixed, side)["speedup"])
+    assert torch.equal(spread.values["speedup_prompts"], spread.values["speedup"])
+    width_of = {k: (spread.hi[k] - spread.lo[k]) for k in ("speedup", "speedup_prompts")}
+    assert bool((width_of["speedup"] > width_of["speedup_prompts"]).all())
+
+
 def test_expected_chain_of_prompt_lookup_counts_only_its_own_proposals():
     from mdboost.ranking.chains import expected_chain
 

@@ -159,3 +159,24 @@ def test_widened_intervals_stay_within_what_the_figure_can_take():
     assert rec["predicted_mean_accepted_length_lo"] == 1.0 and rec["predicted_mean_accepted_length_hi"] == 4.0
     assert rec["predicted_speedup_lo"] == 0.0 and rec["predicted_speedup_hi"] == pytest.approx(0.1 + 1.73 * 0.1)
     assert rec["acceptance_inside"] is True and rec["mean_accepted_length_inside"] is True
+
+
+def test_only_the_prompt_part_of_a_speedup_interval_grows_on_new_prompts():
+    """With the ranking's prompt-only interval (``predicted_speedup_prompts_*``), a side of
+    half-width ``h`` with prompt part ``h_p`` becomes ``sqrt(h^2 + (s^2 - 1) h_p^2)``: no prompt
+    spread leaves the interval as it is, all of it is ``s h`` (the old widening), and a ranking
+    without the columns keeps the old widening."""
+    row = dict(next(r for r in ranking_rows() if r["target"] == "t"), predicted_speedup=1.0,
+               predicted_speedup_lo=0.7, predicted_speedup_hi=1.4)
+    s = 1.5
+
+    def bounds(**prompts):
+        rec = cell_record(1, "sample", {**row, **prompts}, _realized(1.0, 0.5, 2.0), interval_scale=s)
+        return rec["predicted_speedup_lo"], rec["predicted_speedup_hi"]
+
+    assert bounds(predicted_speedup_prompts_lo=1.0, predicted_speedup_prompts_hi=1.0) == pytest.approx((0.7, 1.4))
+    assert bounds(predicted_speedup_prompts_lo=0.7, predicted_speedup_prompts_hi=1.4) == pytest.approx((1 - s * 0.3, 1 + s * 0.4))
+    assert bounds() == pytest.approx((1 - s * 0.3, 1 + s * 0.4))
+    lo, hi = bounds(predicted_speedup_prompts_lo=0.9, predicted_speedup_prompts_hi=1.2)
+    assert lo == pytest.approx(1 - math.sqrt(0.3 ** 2 + (s * s - 1) * 0.1 ** 2))
+    assert hi == pytest.approx(1 + math.sqrt(0.4 ** 2 + (s * s - 1) * 0.2 ** 2))

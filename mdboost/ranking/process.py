@@ -229,7 +229,7 @@ def step_count_law(chain: torch.Tensor, gamma, *, draft_len=None, lengths=None, 
 
 
 # ---- one pair: every operating point and gamma in one batch ----------------------------------------
-FIGURES = ("speedup", "acceptance", "acceptance_conditional", "mean_accepted_length", "tokens_per_call")
+FIGURES = ("speedup", "speedup_prompts", "acceptance", "acceptance_conditional", "mean_accepted_length", "tokens_per_call")
 
 
 @dataclass
@@ -241,7 +241,9 @@ class ProcessScore:
     ``speedup``; ``acceptance``: expected position-0 acceptance with ``P_acc`` as the value at
     each start (what the engine's ``expected_acceptance`` averages); ``acceptance_conditional``:
     the same with ``c_s``; ``mean_accepted_length``: ``1 + accepted / drafted steps``;
-    ``tokens_per_call``: tokens / steps (undrafted steps included). ``best``: index of the gamma
+    ``tokens_per_call``: tokens / steps (undrafted steps included); ``speedup_prompts``: the
+    speedup again, its interval over the prompts alone with the costs at their medians (the
+    ``speedup`` interval also draws one measured cost repeat per resample). ``best``: index of the gamma
     with the largest predicted speedup (the smallest such gamma on ties). ``free_speedup`` [G]:
     the speedup with the drafter's costs (``c`` and its prefill) set to 0, the rest as priced
     (point estimate): the inverse speedup is linear in a factor on the drafter's costs, so the
@@ -510,7 +512,14 @@ def price_process(outcomes: ProcessOutcomes, settings: ProcessSettings, profile:
     free = process_speedup(tokens_max[:1], per_batch.drafter_forwards[:1], per_batch.steps_by_draft_len[:1], 0.0,
                            verify_costs=verify[:1] if torch.is_tensor(verify) else verify, md_overhead=overhead,
                            solved=per_batch.solved[:1], prefill=beta_t * fed[:1])[0]
-    figures = {"speedup": (speed[0], *_bounds(speed, boot, n_b)), **outcomes.figures}
+    # [R, P, G]: the same resamples of the prompts, every one at the median costs: the interval's
+    # prompt part alone (the part that grows on new prompts, mdboost.validation.report)
+    fixed_verify = verify[:1].expand_as(verify) if torch.is_tensor(verify) else verify
+    over_prompts = process_speedup(tokens_max, per_batch.drafter_forwards, per_batch.steps_by_draft_len,
+                                   cost[:1].expand_as(cost), verify_costs=fixed_verify, md_overhead=overhead,
+                                   solved=per_batch.solved, prefill=beta_t * fed, drafter_prefill=beta_d * fed)
+    figures = {"speedup": (speed[0], *_bounds(speed, boot, n_b)),
+               "speedup_prompts": (over_prompts[0], *_bounds(over_prompts, boot, n_b)), **outcomes.figures}
     best = speed[0].argmax(-1)  # first maximum: the smallest gamma on ties
     return [ProcessScore(list(gammas), {f: v[i] for f, (v, _, _) in figures.items()},
                          {f: lo[i] for f, (_, lo, _) in figures.items()},
@@ -523,6 +532,8 @@ class AloneScore(NamedTuple):
     speedup: float
     lo: float
     hi: float
+    prompts_lo: float  # the interval over the prompts alone, at the median cost (ProcessScore's "speedup_prompts")
+    prompts_hi: float
 
 
 def price_alone(outcomes: ProcessOutcomes, settings: ProcessSettings, profile: SpeedProfile | None,
@@ -540,8 +551,11 @@ def price_alone(outcomes: ProcessOutcomes, settings: ProcessSettings, profile: S
     tokens = expected_max_of(outcomes.lengths.double(), weights, settings.batch_size)  # [R]
     speed = alone_speedup(tokens, cost[:, 0, 0], prefill=float(profile.prefill_per_token) * fed,
                           drafter_prefill=float(drafter.prefill_per_token) * fed)  # [R]
-    lo, hi = percentile_interval(speed[1:, None], boot.level, num_prompts=outcomes.shape[2])
-    return AloneScore(float(speed[0]), float(lo[0]), float(hi[0]))
+    over_prompts = alone_speedup(tokens, cost[:1, 0, 0].expand(len(tokens)), prefill=float(profile.prefill_per_token) * fed,
+                                 drafter_prefill=float(drafter.prefill_per_token) * fed)  # [R]: at the median cost
+    (lo, hi), (prompts_lo, prompts_hi) = (percentile_interval(x[1:, None], boot.level, num_prompts=outcomes.shape[2])
+                                          for x in (speed, over_prompts))
+    return AloneScore(float(speed[0]), float(lo[0]), float(hi[0]), float(prompts_lo[0]), float(prompts_hi[0]))
 
 
 def score_process(rows, points: list[PointInputs], settings: ProcessSettings, profile: SpeedProfile | None = None, *,

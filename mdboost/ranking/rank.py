@@ -419,7 +419,7 @@ def _alone(work: PairWork, s: ScoreSettings, profile: SpeedProfile, cost: PairCo
     outcomes = work.md_process or work.rule_process
     if outcomes is None:
         steady = float(alone_speedup(1.0, cost.cost_ratio))
-        return AloneScore(steady, math.nan, math.nan)
+        return AloneScore(steady, math.nan, math.nan, math.nan, math.nan)
     return price_alone(outcomes, s.process, profile, cost)
 
 

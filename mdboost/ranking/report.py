@@ -23,6 +23,7 @@ COLUMNS = [
     "batch_size", "rank", "drafter", "target", "temperature", "divergence", "max_divergence", "rule", "drafting", "draft_p_min", "engines",
     "threshold_acc", "threshold_single", "gamma", "best_gamma", "is_best_gamma",
     "predicted_speedup", "predicted_speedup_lo", "predicted_speedup_hi",
+    "predicted_speedup_prompts_lo", "predicted_speedup_prompts_hi",
     "engine_acceptance", "engine_acceptance_lo", "engine_acceptance_hi",
     "engine_mean_accepted_length", "engine_mean_accepted_length_lo", "engine_mean_accepted_length_hi",
     "engine_tokens_per_call", "engine_tokens_per_call_lo", "engine_tokens_per_call_hi",

@@ -210,10 +210,13 @@ def _speed_columns(point: PointScore, j: int, gamma: int) -> dict:
     nan = float("nan")
     if p is None:
         out = {"predicted_speedup": iid["predicted_speedup_iid"], "predicted_speedup_lo": nan,
-               "predicted_speedup_hi": nan, "speedup_free_drafter": nan}
+               "predicted_speedup_hi": nan, "predicted_speedup_prompts_lo": nan, "predicted_speedup_prompts_hi": nan,
+               "speedup_free_drafter": nan}
     else:
         out = {"predicted_speedup": float(p.values["speedup"][j]), "predicted_speedup_lo": float(p.lo["speedup"][j]),
                "predicted_speedup_hi": float(p.hi["speedup"][j]),
+               "predicted_speedup_prompts_lo": float(p.lo["speedup_prompts"][j]),
+               "predicted_speedup_prompts_hi": float(p.hi["speedup_prompts"][j]),
                "speedup_free_drafter": nan if p.free_speedup is None else float(p.free_speedup[j])}
         for figure, column in ENGINE_FIGURES.items():
             out[column] = float(p.values[figure][j])
@@ -284,6 +287,7 @@ def _alone_row(score: PairScore, common: dict) -> dict:
            "draft_p_min": 0.0, "engines": "mdboost", "threshold_acc": nan, "threshold_single": nan,
            "gamma": 0, "best_gamma": 0, "is_best_gamma": True,
            "predicted_speedup": a.speedup, "predicted_speedup_lo": a.lo, "predicted_speedup_hi": a.hi,
+           "predicted_speedup_prompts_lo": a.prompts_lo, "predicted_speedup_prompts_hi": a.prompts_hi,
            "predicted_speedup_iid": nan, "best_gamma_iid": 0, "speedup_free_drafter": nan,
            "md_acceptance": nan, "md_acceptance_q10": nan, "md_acceptance_median": nan, "md_acceptance_q90": nan,
            "acceptance_gain": nan, "achieved_divergence": mean_tv,
