@@ -27,29 +27,15 @@ built from its sdist): importing this module does not need it, opening a model d
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from mdboost.models.gguf_drafters import import_llama_cpp, llama_cpp_available
+
 __all__ = ["LlamaCppLM", "LlamaCppModel", "llama_cpp_available"]
-
-INSTALL = "pip install 'mdboost[llamacpp]'  (llama-cpp-python 0.3.36, built from its sdist: 15-30 minutes on 2 cores)"
-
-
-def llama_cpp_available() -> bool:
-    """Whether ``llama_cpp`` (llama-cpp-python) can be imported here."""
-    return importlib.util.find_spec("llama_cpp") is not None
-
-
-def _import_llama():
-    try:
-        import llama_cpp  # deferred: optional (mdboost[llamacpp]); importing mdboost never needs it
-    except ImportError as exc:
-        raise ImportError(f"the llama.cpp backend needs llama-cpp-python: {INSTALL}") from exc
-    return llama_cpp
 
 
 class LlamaCppModel:
@@ -88,7 +74,7 @@ class LlamaCppModel:
             path = Path(os.fspath(model_path))
             if not path.is_file():
                 raise FileNotFoundError(f"model_path {str(path)!r} is not a file (a GGUF model)")
-            llama_cpp = _import_llama()
+            llama_cpp = import_llama_cpp("the llama.cpp backend")
             llama = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
                                     n_threads_batch=n_threads, n_gpu_layers=n_gpu_layers, logits_all=False,
                                     verbose=False)
