@@ -202,3 +202,37 @@ def test_lossless_drafting_on_llama_cpp_keeps_the_greedy_output(gguf):
                 logits = lm.forward(torch.tensor([[token]]), logits_to_keep=1)[0, -1]
             gap = float(logits[plain[i]] - logits[got[i]])
             assert 0 <= gap < 1e-2 * float(logits.abs().max()), (drafter, i, gap)
+
+
+def test_costs_are_measured_through_the_backend(tiny):
+    """The cost measurement runs the engine's steps on the backend (costs engine ``llamacpp``):
+    the target's profile times steps verifying ``K`` drafts as one ``K + 1``-token decode, the
+    drafter's cost drafts with a GGUF drafter's own llama.cpp cache, and the prefill slope feeds
+    the backend prompts of the lengths asked for."""
+    from mdboost.engine.costs import measure_engine_cost, measure_engine_profile
+
+    fake = _FakeLlama(tiny, n_batch=512)
+    target = LlamaCppModel(llama=fake)
+    profile = measure_engine_profile(target, 3, context_len=16, repeats=1, steps=1, warmup=0, prefill_lengths=(2, 9))
+    assert len(profile.verify_cost) == 4 and all(v > 0 for v in profile.verify_cost)
+    decoded = {size for size, _ in fake._ctx.decodes}
+    assert {1, 2, 3, 4} <= decoded and {2, 9} <= decoded  # steps of K + 1 tokens; the prefill lengths
+    drafter_fake = _FakeLlama(tiny_llama(seed=4, num_layers=1), n_batch=512)
+    cost = measure_engine_cost(ModelDrafter(LlamaCppModel(llama=drafter_fake)), target, context_len=16, repeats=1,
+                               steps=1, warmup=0, min_repeats=1, prefill_lengths=(2, 9))
+    assert cost.samples[0] > 0 and cost.prefill_per_token >= 0 and drafter_fake._ctx.decodes
+
+
+def test_a_generation_refuses_to_run_on_after_the_model_opened_another(tiny):
+    """llama.cpp holds one cache per model: opening a second generation clears the first's, which
+    then says so instead of computing on the wrong cache."""
+    backend = LlamaCppModel(llama=_FakeLlama(tiny))
+    first = backend.open(1, "cpu")
+    first.forward(PROMPT[:, :4])
+    second = backend.open(1, "cpu")
+    second.forward(PROMPT[:, :2])
+    for call in (lambda: first.forward(PROMPT[:, 4:6]), lambda: first.keep([0])):
+        with pytest.raises(RuntimeError, match="opened another generation since this one"):
+            call()
+    second.keep([2])
+    assert second.forward(PROMPT[:, 2:3]).shape == (1, 1, tiny.config.vocab_size)

@@ -41,7 +41,7 @@ import torch
 from transformers import PreTrainedModel
 
 from mdboost.engine.hooks import context_ids, process_at
-from mdboost.engine.kv import CachedLM, LMBackend, left_pad, open_lm
+from mdboost.engine.kv import CachedLM, LMBackend, left_pad, model_vocab_size, open_lm
 from mdboost.engine.schedule import ConfidenceStop, DraftSchedule, FixedDraftLength
 from mdboost.md._checks import check_positive_int
 from mdboost.md.drafting import draft_confidence
@@ -178,8 +178,7 @@ class ModelDrafter(Drafter):
             raise TypeError(f"share_kv must be True or False, got {self.share_kv!r}")
 
     def start(self, prompts, target, settings) -> DraftSession:
-        width = self.model.vocab_size if isinstance(self.model, LMBackend) else \
-            self.model.config.get_text_config().vocab_size
+        width = model_vocab_size(self.model)
         if width != target.vocab_size:
             raise ValueError(f"drafter vocab_size ({width}) must equal the target's ({target.vocab_size})")
         if self.share_kv and isinstance(target, CachedLM) and shares_layers(self.model, target.model):

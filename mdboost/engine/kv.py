@@ -167,6 +167,17 @@ class LMBackend(Protocol):
     def open(self, batch_size: int, device): ...
 
 
+def model_vocab_size(model) -> int:
+    """The vocabulary size of a transformers causal LM (its text config's) or an :class:`LMBackend`."""
+    return int(model.vocab_size if isinstance(model, LMBackend) else model.config.get_text_config().vocab_size)
+
+
+def model_device(model) -> torch.device:
+    """Where the engine's tensors for ``model`` live: a transformers model's parameters' device;
+    the CPU for an :class:`LMBackend` (its logits come back as CPU tensors)."""
+    return torch.device("cpu") if isinstance(model, LMBackend) else next(model.parameters()).device
+
+
 def open_lm(model, batch_size: int, device: torch.device):
     """The engine's per-generation model state: a :class:`CachedLM` over a transformers model, or
     what an :class:`LMBackend` opens."""

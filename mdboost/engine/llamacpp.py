@@ -82,6 +82,7 @@ class LlamaCppModel:
             raise TypeError(f"llama must be a llama_cpp.Llama, got {type(llama).__name__}")
         self.llama = llama
         self.model_path = None if model_path is None else str(model_path)
+        self._current = None  # the LlamaCppLM whose cache llama.cpp holds (the last one opened)
 
     @property
     def vocab_size(self) -> int:
@@ -100,7 +101,8 @@ class LlamaCppModel:
         if torch.device(device).type != "cpu":
             raise ValueError(f"the llama.cpp backend returns its logits on the CPU: input_ids must be on the CPU, "
                              f"got device {str(device)!r}")
-        return LlamaCppLM(self)
+        self._current = LlamaCppLM(self)
+        return self._current
 
     def __repr__(self) -> str:
         return f"LlamaCppModel({self.model_path!r})"
@@ -110,7 +112,7 @@ class LlamaCppLM:
     """One row's KV cache in llama.cpp, with :class:`~mdboost.engine.kv.CachedLM`'s ``forward`` / ``keep``.
 
     Made by :meth:`LlamaCppModel.open` (it clears the model's cache: one generation at a time
-    per model). ``forward`` appends tokens after the kept ones; ``keep(n)`` keeps the first
+    per model; an older one refuses to run on, with the reason). ``forward`` appends tokens after the kept ones; ``keep(n)`` keeps the first
     ``n`` of the columns fed since the last keep (module docstring).
     """
 
@@ -153,6 +155,7 @@ class LlamaCppLM:
         ids = [int(t) for t in ids.tolist()]
         if not ids:
             raise ValueError("tokens must hold at least one valid token")
+        self._check_current()
         n_past = self.num_slots
         if n_past + len(ids) > self._n_ctx:
             raise ValueError(f"the context would hold {n_past + len(ids)} tokens, more than n_ctx={self._n_ctx}: "
@@ -174,8 +177,15 @@ class LlamaCppLM:
         self.last_fed += len(ids)
         return torch.from_numpy(np.concatenate(rows)[-want:])[None]
 
+    def _check_current(self) -> None:
+        if self.model._current is not self:
+            raise RuntimeError(f"{self.model!r} opened another generation since this one: llama.cpp holds one "
+                               f"cache per model, so a LlamaCppModel runs one generation at a time (open a second "
+                               f"LlamaCppModel of the file for a second one)")
+
     def keep(self, num_columns: list[int]) -> None:
         """Roll back: keep the first ``num_columns[0]`` columns fed since the last keep."""
+        self._check_current()
         fed = self.last_fed
         if len(num_columns) != 1 or not 0 <= num_columns[0] <= fed:
             raise ValueError(f"num_columns must be 1 int in [0, {fed}], got {num_columns!r}")

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import torch
 
 from mdboost.engine.generate import _State, _step, _Timer
-from mdboost.engine.kv import CachedLM
+from mdboost.engine.kv import LMBackend, model_device, model_vocab_size, open_lm
 from mdboost.engine.settings import GenerationSettings
 from mdboost.engine.stats import GenerationStats
 
@@ -102,9 +102,9 @@ class _Run:
     """One fresh generation from ``prompt`` whose steps are run and timed one by one."""
 
     def __init__(self, target, drafter, prompt, settings, seed):
-        device = next(target.parameters()).device
+        device = model_device(target)
         self.prompts = prompt.tolist()
-        self.lm = CachedLM(target, len(self.prompts), device)
+        self.lm = open_lm(target, len(self.prompts), device)
         self.session = drafter.start(self.prompts, self.lm, settings) if drafter is not None else None
         self.state = _State(self.prompts, max_new_tokens=10 ** 9, eos_token_id=None)
         self.stats, self.timer = GenerationStats(mode="sd"), _Timer(device)
@@ -125,10 +125,11 @@ class _Run:
 
 
 def _forward_seconds(model, length: int, vocab_size: int, device, seed: int, batch_size: int = 1) -> float:
-    """Wall time of one forward of a fresh ``[batch_size, length]`` prompt batch through ``CachedLM(model)``."""
+    """Wall time of one forward of a fresh ``[batch_size, length]`` prompt batch through ``model``'s
+    engine state (:func:`~mdboost.engine.kv.open_lm`)."""
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab_size, (batch_size, length), generator=gen).to(device)  # [B, length]
-    lm = CachedLM(model, batch_size, device)
+    lm = open_lm(model, batch_size, device)
     timer = _Timer(device)
     start = timer.now()
     lm.forward(ids, torch.ones_like(ids, dtype=torch.bool), logits_to_keep=1)
@@ -149,8 +150,9 @@ def _prefill_slope(model, target, prompt, settings, repeats: int, seed: int, len
     at every length in ``lengths``, interleaved with undrafted steps of the target over the
     ``B`` rows of ``prompt`` (``T_ar(B)``): the slope is per token of each row's prompt.
     """
-    device = next(target.parameters()).device
-    vocab = target.config.get_text_config().vocab_size
+    device, vocab = model_device(target), model_vocab_size(target)
+    # llama.cpp holds one cache per model: a backend timing its own prefill starts a fresh run per length
+    one_cache = model is target and isinstance(target, LMBackend)
     slopes = []
     with torch.inference_mode():
         for r in range(repeats):
@@ -158,6 +160,9 @@ def _prefill_slope(model, target, prompt, settings, repeats: int, seed: int, len
             run.step(0)
             seconds, walls = [], []
             for length in lengths:
+                if one_cache and length != lengths[0]:
+                    run = _Run(target, None, prompt, settings, seed + r)
+                    run.step(0)
                 walls.append(run.step(0)[0])
                 seconds.append(_forward_seconds(model, length, vocab, device, seed + r, prompt.shape[0]))
             slopes.append(_slope(lengths, seconds) / statistics.median(walls))

@@ -12,6 +12,7 @@ from mdboost.engine.costs._stopping import StoppingRule, median_interval, relati
 from mdboost.engine.costs._timing import (ENGINE_THREADS, PREFILL_LENGTHS, _check_common, _check_lengths, _load,
                                           _prefill_slope, _prompt, _quantile, _Run, torch_threads)
 from mdboost.engine.drafting import ModelDrafter, NgramAdapter, as_drafter
+from mdboost.engine.kv import model_device, model_vocab_size
 from mdboost.engine.settings import GenerationSettings
 
 
@@ -187,8 +188,8 @@ def measure_engine_cost(
     rule = StoppingRule(repeats, min_repeats, rel_tol)
     _check_lengths(prefill_lengths)
     drafter = as_drafter(drafter)
-    device = next(target.parameters()).device
-    prompt = _prompt(target.config.get_text_config().vocab_size, context_len, seed, batch_size).to(device)
+    device = model_device(target)
+    prompt = _prompt(model_vocab_size(target), context_len, seed, batch_size).to(device)
     samples, walls = [], []
 
     def one_repeat(r: int) -> None:

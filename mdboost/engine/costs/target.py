@@ -11,6 +11,7 @@ from mdboost.engine.costs._stopping import StoppingRule, median_interval, relati
 from mdboost.engine.costs._timing import (COST_UNIT, ENGINE_THREADS, PREFILL_LENGTHS, _check_common, _check_lengths,
                                           _check_positive, _load, _prefill_slope, _prompt, _Run, torch_threads)
 from mdboost.engine.drafting import DraftSession, Drafter
+from mdboost.engine.kv import model_device, model_vocab_size
 from mdboost.engine.settings import GenerationSettings
 
 
@@ -117,8 +118,8 @@ class _FixedSession(DraftSession):
 def _profile_repeat(target, prompt, sd, md, labels, md_draft_len: int, steps: int, warmup: int,
                     seed: int) -> tuple[float, dict]:
     """One fresh generation of ``prompt``'s rows: ``(mean undrafted step seconds, {label: step / undrafted})``."""
-    device = next(target.parameters()).device
-    drafts = _FixedDrafts(target.config.get_text_config().vocab_size, device, seed)
+    device = model_device(target)
+    drafts = _FixedDrafts(model_vocab_size(target), device, seed)
     run = _Run(target, drafts, prompt, sd, seed)
     md_args = (md.sampling, md.verify_args, run.generator, run.stats, run.timer)
     sums = {label: 0.0 for label in labels}
@@ -212,8 +213,8 @@ def measure_engine_profile(
         raise ValueError(f"max_divergence must be > 0, got {max_divergence!r}")
     sd = replace(settings, max_divergence=0.0, min_acceptance=None)
     md = replace(sd, max_divergence=max_divergence, divergence=divergence, md_solve="all")
-    device = next(target.parameters()).device
-    prompt = _prompt(target.config.get_text_config().vocab_size, context_len, seed, batch_size).to(device)
+    device = model_device(target)
+    prompt = _prompt(model_vocab_size(target), context_len, seed, batch_size).to(device)
     greedy = sd.temperature == 0
     labels = [("v", k) for k in range(1, gamma_max + 1)] + ([] if greedy else [
         (m, kind) for kind in ("dense", "onehot") for m in ("sd", "md")])
