@@ -14,12 +14,21 @@ and the medians of tokens/s are compared as ratios to llama-cpp-python's own ``L
 - ``mdboost AR``: :func:`mdboost.engine.generate` with :class:`~mdboost.engine.llamacpp.LlamaCppModel`
   as the target, no drafter: the loop's own tax;
 - ``mdboost SD lookup``: the same with prompt lookup (``ngram:3``), lossless;
-- ``mdboost MD lookup``: mentored decoding with prompt lookup at a KL budget (sampled only).
+- ``mdboost MD lookup``: mentored decoding with prompt lookup at a KL budget (sampled only);
+- ``mdboost SD / MD early_exit:N``: the same loop drafting with the target's first ``N`` blocks
+  written as a GGUF of their own (:func:`mdboost.models.gguf_drafters.gguf_drafter`), its own
+  llama.cpp cache; ``quant:<TYPE>``: the target requantized by ``llama_model_quantize``.
+
+The closing lines put the best lossy (MD) point beside the best lossless one at the sampled
+temperature and greedy: tokens/s and ratio to ``llama generate``. llama-cpp-python's ``Llama``
+takes no GGUF draft model (its ``draft_model`` is a Python prompt-lookup class), so model
+drafters on llama.cpp run through mdboost's loop here; ``llama-server -md`` is llama.cpp's own.
 
 Greedy outputs of ``mdboost AR`` are compared token by token with ``llama generate``'s. Writes the
 section ``llamacpp`` of ``bench/RESULTS.md``.
 
-Run: ``python bench/llamacpp.py [--prompts 6] [--repeats 3] [--tokens 64] [--gamma 4] [--no-write]``.
+Run: ``python bench/llamacpp.py [--prompts 6] [--repeats 3] [--tokens 64] [--gamma 4] [--exits 12,24]
+[--quant Q4_0] [--no-write]``.
 """
 
 from __future__ import annotations
@@ -40,9 +49,10 @@ sys.path.insert(0, str(ROOT))
 from bench._results import load_line, update_section  # noqa: E402
 from mdboost.cache.profile import hardware_fingerprint, hardware_label  # noqa: E402
 from mdboost.data import load_texts  # noqa: E402
-from mdboost.engine import GenerationSettings, NgramAdapter, generate  # noqa: E402
+from mdboost.engine import GenerationSettings, ModelDrafter, NgramAdapter, generate  # noqa: E402
 from mdboost.engine.llamacpp import LlamaCppModel  # noqa: E402
 from mdboost.models.convert import smollm2_gguf  # noqa: E402
+from mdboost.models.gguf_drafters import gguf_drafter  # noqa: E402
 from mdboost.models.ngram import NgramDrafter  # noqa: E402
 
 
@@ -65,6 +75,8 @@ def main() -> None:
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--budget", type=float, default=0.2, help="MD's KL budget")
+    parser.add_argument("--exits", default="12,24", help="early exits drafted as truncated GGUFs ('' for none)")
+    parser.add_argument("--quant", default="Q4_0", help="a requantized target as drafter ('' for none)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -101,6 +113,13 @@ def main() -> None:
         f"mdboost SD lookup, T={T:g}": lambda p, s: ours(p, T, lookup3, seed=s),
         f"mdboost MD lookup kl {args.budget:g}, T={T:g}": lambda p, s: ours(p, T, lookup3, args.budget, seed=s),
     }
+    B = args.budget
+    model_drafters = [f"early_exit:{n}" for n in args.exits.split(",") if n] + ([f"quant:{args.quant}"] if args.quant else [])
+    for spec in model_drafters:
+        drafter = ModelDrafter(LlamaCppModel(gguf_drafter(path, spec), n_ctx=n_ctx, n_threads=1))
+        configs[f"mdboost SD {spec}, greedy"] = lambda p, s, d=drafter: ours(p, 0.0, d)
+        configs[f"mdboost SD {spec}, T={T:g}"] = lambda p, s, d=drafter: ours(p, T, d, seed=s)
+        configs[f"mdboost MD {spec} kl {B:g}, T={T:g}"] = lambda p, s, d=drafter: ours(p, T, d, B, seed=s)
     rates = {k: [] for k in configs}
     outputs = {}
     for rep in range(args.repeats):
@@ -134,6 +153,16 @@ def main() -> None:
     for k, v in med.items():
         base = base_g if "greedy" in k else base_t
         lines.append(f"| {k} | {v:.1f} | {v / base:.3f} |")
+    def best(keys):
+        return max(keys, key=lambda k: med[k])
+
+    sampled = [k for k in med if k.endswith(f"T={T:g}") and not k.startswith(("llama generate", "mdboost AR"))]
+    lossy = best([k for k in sampled if " MD " in k])
+    lossless = best([k for k in sampled if " MD " not in k])
+    greedy = best([k for k in med if k.endswith("greedy") and not k.startswith(("llama generate", "mdboost AR"))])
+    lines += ["", f"Best lossy point at T={T:g}: `{lossy}`, {med[lossy]:.1f} tokens/s ({med[lossy] / base_t:.3f}x "
+              f"plain llama.cpp); best lossless point: `{lossless}`, {med[lossless]:.1f} tokens/s "
+              f"({med[lossless] / base_t:.3f}x). Greedy: `{greedy}`, {med[greedy] / base_g:.3f}x."]
     lines += ["", f"Greedy output (first repeat) equal to `llama generate`'s: `mdboost AR` on {same} of "
               f"{len(prompts)} prompts, `mdboost SD lookup` on {same_sd}, llama-cpp-python's own `llama lookup` "
               f"on {same_lookup}.", "", load_line(start)]
