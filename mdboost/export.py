@@ -334,7 +334,7 @@ def _vllm_point(rec: dict, rows: list[dict], sampling: dict, home: str | None = 
             notes.append("no interval, so no point is called faster than plain decoding (ranking.resamples: 0 "
                          "computes none): serve the target without speculative_config")
         else:
-            notes.append("plain decoding is fastest here: serve the target without speculative_config")
+            notes.append("no drafter is reliably faster here: serve the target without speculative_config")
         return out
     config, why = speculative_config(rec["drafter"], rec["gamma"], home, drafting=rec.get("drafting") or "sampled",
                                      target=rec["target"])
@@ -617,7 +617,7 @@ def _sglang(rec: dict, sampling: dict, home: str | None) -> dict:
         return _engine_section(None, notes)
     settings = server_sampling(rec, sampling)
     if not rec["beats_plain_decoding"]:
-        return _engine_section(sglang_args(model, **settings), notes + ["plain decoding is fastest here"])
+        return _engine_section(sglang_args(model, **settings), notes + ["no drafter is reliably faster here: serve the target alone"])
     kind, _ = parse_drafter(rec["drafter"])
     draft, draft_note = vllm_model(rec["drafter"], home) if kind == "hf" else (None, "")
     if kind == "hf" and rec["drafter"].endswith(".gguf"):
@@ -685,7 +685,7 @@ def _llamacpp(rec: dict, sampling: dict, home: str | None = None) -> dict:
         return _engine_section(None, notes)
     settings = server_sampling(rec, sampling)
     if not rec["beats_plain_decoding"]:
-        return _engine_section(llamacpp_args(model, **settings), notes + ["plain decoding is fastest here"])
+        return _engine_section(llamacpp_args(model, **settings), notes + ["no drafter is reliably faster here: serve the target alone"])
     kind, n = parse_drafter(rec["drafter"])
     gamma = int(rec["gamma"])
     if kind == "ngram":

@@ -1,5 +1,5 @@
 """The recommendation end to end on constructed pairs: a drafter that cannot win gives the
-"plain decoding is fastest" verdict, a nearly free copy of the target is recommended, and the
+"plain decoding is reliably fastest" verdict, a nearly free copy of the target is recommended, and the
 intervals come from the bootstrap over prompts (wider with fewer prompts)."""
 
 import pytest
@@ -48,7 +48,7 @@ def test_a_drafter_that_cannot_win_gives_the_plain_decoding_verdict():
     assert all(r["predicted_speedup_hi"] < 1 for r in rows if r["rule"] != "alone")
     rec = recommend(rows)
     assert not rec.beats_plain_decoding
-    assert rec.verdict().startswith("plain decoding is fastest here; the best speculative point is d -> t")
+    assert rec.verdict().startswith("plain decoding is reliably fastest here; the best speculative point is d -> t")
     best = max((r for r in rows if r["quality_ok"]), key=lambda r: r["predicted_speedup"])
     assert rec.predicted_speedup == best["predicted_speedup"] and rec.gamma == best["gamma"]
 

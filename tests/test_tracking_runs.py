@@ -119,7 +119,7 @@ def test_ranking_note_says_when_plain_decoding_wins():
     rec = Recommendation("ngram:2", "tiny", 1.0, "none", 0.0, 2, 0.8, 0.7, 0.9, False, True, 1.0, 1.0)
     note = ranking_note(rec, [_row(1, "ngram:2", 0.0, 2, 0.8)], bootstrap={"prompts": 2, "resamples": 10, "level": 0.9},
                         snippet="", n_pairs=1, n_rows=2, nll_tolerance=0.05)
-    assert note.splitlines()[0] == f"**{rec.verdict()}**" and rec.verdict().startswith("plain decoding is fastest")
+    assert note.splitlines()[0] == f"**{rec.verdict()}**" and rec.verdict().startswith("plain decoding is reliably fastest")
 
 
 def test_validation_note_marks_realized_figures_outside_their_interval():

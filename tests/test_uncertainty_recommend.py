@@ -56,7 +56,7 @@ def test_plain_decoding_is_fastest_when_no_interval_clears_one():
     rows = [_row("a", 0.86, 0.80, 0.92, budget=0.2), _row("b", 0.7, 0.6, 0.8), _row("c", 1.0, 0.99, 1.01, budget=0.0)]
     rec = recommend(rows)
     assert not rec.beats_plain_decoding and rec.drafter == "c"
-    assert rec.verdict() == ("plain decoding is fastest here; the best speculative point is "
+    assert rec.verdict() == ("no drafter is reliably faster here; the best speculative point is "
                              "c -> t, T=0.7, SD, gamma 4 at 1.00x [0.99, 1.01]")
     assert set(rec.to_dict()) >= {"drafter", "target", "temperature", "divergence", "max_divergence", "gamma",
                                   "predicted_speedup", "predicted_speedup_lo", "predicted_speedup_hi",

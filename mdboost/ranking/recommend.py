@@ -108,11 +108,15 @@ class Recommendation:
                 f"distribution there (the ranking's row '{self.drafter} alone' prices decoding with the drafter alone)")
 
     def verdict(self) -> str:
-        """One line: the recommendation, or that plain decoding is fastest.
+        """One line, one of three answers: a drafter is reliably faster (the interval's low end
+        above 1: the recommendation), none is (the interval holds 1), or plain decoding is
+        reliably fastest (the best point's interval below 1).
 
         >>> r = Recommendation("ngram:3", "t", 0.7, "kl", 0.2, 4, 0.86, 0.8, 0.92, False, True, 1.0, 1.01)
         >>> r.verdict()
-        'plain decoding is fastest here; the best speculative point is ngram:3 -> t, T=0.7, kl <= 0.2, gamma 4 at 0.86x [0.80, 0.92]'
+        'plain decoding is reliably fastest here; the best speculative point is ngram:3 -> t, T=0.7, kl <= 0.2, gamma 4 at 0.86x [0.80, 0.92]'
+        >>> Recommendation("ngram:3", "t", 0.7, "none", 0.0, 3, 0.97, 0.85, 1.13, False, True, 1.0, 1.0).verdict()
+        'no drafter is reliably faster here; the best speculative point is ngram:3 -> t, T=0.7, SD, gamma 3 at 0.97x [0.85, 1.13]'
 
         Without an interval (no bootstrap) nothing is called faster, and the verdict says why:
 
@@ -125,7 +129,8 @@ class Recommendation:
             return (f"no interval, so no point is called faster than plain decoding (ranking.resamples: 0 computes "
                     f"none); the best speculative point is {self.point} at {self.predicted_speedup:.2f}x{quality}")
         if not self.beats_plain_decoding:
-            return f"plain decoding is fastest here; the best speculative point is {self.point} at {self.interval}{quality}"
+            answer = "plain decoding is reliably fastest" if self.predicted_speedup_hi < 1 else "no drafter is reliably faster"
+            return f"{answer} here; the best speculative point is {self.point} at {self.interval}{quality}"
         return f"recommended: {self.point}: predicted speedup {self.interval} over plain decoding{quality}"
 
 
