@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench._results import update_section  # noqa: E402
-from mdboost.validation.calibration import calibration, predictive_scale  # noqa: E402
+from mdboost.validation.calibration import calibration, predictive_interval, predictive_scale  # noqa: E402
 from pipelines.loader import load_yaml  # noqa: E402
 from pipelines.config import RankConfig  # noqa: E402
 
@@ -118,16 +118,13 @@ def bootstrap_overhead(cfg: RankConfig, repeats: int = 3) -> tuple[float, list, 
     return statistics.median(with_b) / statistics.median(without), with_b, without
 
 
-def _widen(point: float, lo: float, hi: float, scale: float) -> tuple[float, float]:
-    return point - scale * (point - lo), point + scale * (hi - point)
-
-
 def compare(rows: list[dict], cells: dict, scale: float = 1.0) -> list[dict]:
     """One record per grid cell the ranking predicts (``flagged``: its AR reference deviates).
 
     ``realized`` and ``mal_realized`` are means over the cell's replicates (``seeds``; their
-    range in ``realized_min``/``realized_max``); the intervals are widened by ``scale`` on each
-    side of the point (:func:`~mdboost.validation.calibration.predictive_scale`: a run over the
+    range in ``realized_min``/``realized_max``); the intervals' prompt parts are widened by ``scale`` on each
+    side of the point (:func:`~mdboost.validation.calibration.predictive_interval`, with the
+    scale of :func:`~mdboost.validation.calibration.predictive_scale`: a run over the
     grid's own prompts, as in validation)."""
     import statistics
 
@@ -139,8 +136,10 @@ def compare(rows: list[dict], cells: dict, scale: float = 1.0) -> list[dict]:
         if runs is None or r["target"] != runs[0]["target"]:
             continue
         speed = [c["speedup_vs_ar"] for c in runs]
-        lo, hi = _widen(r["predicted_speedup"], r["predicted_speedup_lo"], r["predicted_speedup_hi"], scale)
-        mal_lo, mal_hi = _widen(r["engine_mean_accepted_length"], r["engine_mean_accepted_length_lo"],
+        prompts = (r.get("predicted_speedup_prompts_lo"), r.get("predicted_speedup_prompts_hi"))
+        lo, hi = predictive_interval(r["predicted_speedup"], r["predicted_speedup_lo"], r["predicted_speedup_hi"], scale,
+                                     prompts if None not in prompts else None)
+        mal_lo, mal_hi = predictive_interval(r["engine_mean_accepted_length"], r["engine_mean_accepted_length_lo"],
                                 r["engine_mean_accepted_length_hi"], scale)
         out.append({"drafter": key[0], "temperature": key[1], "budget": key[2], "gamma": key[3],
                     "predicted": r["predicted_speedup"], "lo": lo, "hi": hi,

@@ -64,6 +64,27 @@ def predictive_scale(fit_prompts: int, new_prompts: int) -> float:
     return float(np.sqrt(1 + fit_prompts / new_prompts))
 
 
+def predictive_interval(point: float, lo: float, hi: float, scale: float, prompts: tuple[float, float] | None = None) -> tuple[float, float]:
+    """``[lo, hi]`` made predictive for new prompts, each side of ``point`` on its own (NaN stays NaN).
+
+    ``prompts`` is the interval's part that comes from the prompts alone (``(lo, hi)`` at fixed
+    costs); only that part grows on new prompts, the rest (the costs' measured spread) does not.
+    A side of half-width ``h`` whose prompt part is ``h_p`` becomes
+    ``sqrt(h^2 + (scale^2 - 1) h_p^2)``: the variances add, and the new prompts' mean adds
+    ``(scale^2 - 1)`` times the prompt variance (:func:`predictive_scale`).
+    Without ``prompts`` the whole interval is the prompts' (``scale * h``).
+
+    >>> [round(x, 6) for x in predictive_interval(1.0, 0.8, 1.2, 2.0)]
+    [0.6, 1.4]
+    >>> [round(x, 6) for x in predictive_interval(1.0, 0.8, 1.2, 2.0, prompts=(1.0, 1.0))]
+    [0.8, 1.2]
+    """
+    p_lo, p_hi = (lo, hi) if prompts is None else prompts
+    grow = scale ** 2 - 1
+    return (point - math.sqrt((point - lo) ** 2 + grow * (point - p_lo) ** 2),
+            point + math.sqrt((hi - point) ** 2 + grow * (p_hi - point) ** 2))
+
+
 def regret(predicted, realized) -> float:
     """``1 - realized[argmax predicted] / max(realized)`` (first maximum on ties).
 

@@ -36,7 +36,7 @@ from mdboost._io import atomic_write_text, json_ready
 from mdboost.ranking.recommend import plain_wins_from
 from mdboost.ranking.report import csv_bool, csv_float, row_batch_size
 from mdboost.ranking.rule_points import row_draft_p_min
-from mdboost.validation.calibration import calibration, coverage
+from mdboost.validation.calibration import calibration, coverage, predictive_interval
 from mdboost.validation.prediction import predicted_acceptance
 
 MIN_COVERAGE = 0.80
@@ -73,27 +73,6 @@ def _inside(value: float, lo: float, hi: float) -> bool | None:
     return bool(lo <= value <= hi)
 
 
-def _widen(point: float, lo: float, hi: float, scale: float, prompts: tuple[float, float] | None = None) -> tuple[float, float]:
-    """``[lo, hi]`` made predictive for new prompts, each side of ``point`` on its own (NaN stays NaN).
-
-    ``prompts`` is the interval's part that comes from the prompts alone (``(lo, hi)`` at fixed
-    costs); only that part grows on new prompts, the rest (the costs' measured spread) does not.
-    A side of half-width ``h`` whose prompt part is ``h_p`` becomes
-    ``sqrt(h^2 + (scale^2 - 1) h_p^2)``: the variances add, and the new prompts' mean adds
-    ``(scale^2 - 1)`` times the prompt variance (:func:`~mdboost.validation.calibration.predictive_scale`).
-    Without ``prompts`` the whole interval is the prompts' (``scale * h``).
-
-    >>> [round(x, 6) for x in _widen(1.0, 0.8, 1.2, 2.0)]
-    [0.6, 1.4]
-    >>> [round(x, 6) for x in _widen(1.0, 0.8, 1.2, 2.0, prompts=(1.0, 1.0))]
-    [0.8, 1.2]
-    """
-    p_lo, p_hi = (lo, hi) if prompts is None else prompts
-    grow = scale ** 2 - 1
-    return (point - math.sqrt((point - lo) ** 2 + grow * (point - p_lo) ** 2),
-            point + math.sqrt((hi - point) ** 2 + grow * (p_hi - point) ** 2))
-
-
 def _figure_range(figure: str, gamma: int) -> tuple[float, float]:
     """The values a figure can take: an acceptance is a probability, a mean accepted length lies
     in ``[1, gamma + 1]``, a speedup is ``>= 0``."""
@@ -126,7 +105,7 @@ def cell_record(index: int, role: str, row: dict, realized: dict, *, top_k=None,
         its point (``>= 1``; :func:`~mdboost.validation.calibration.predictive_scale`: the
         ranking's interval for the expected value becomes one for a run over the validation's
         prompts; the speedup's cost part, from the row's ``predicted_speedup_prompts_lo`` /
-        ``_hi``, stays as it is, :func:`_widen`), then kept
+        ``_hi``, stays as it is, :func:`~mdboost.validation.calibration.predictive_interval`), then kept
         within the values the figure can take (acceptance in ``[0, 1]``, mean accepted length
         in ``[1, gamma + 1]``, speedup ``>= 0``).
 
@@ -167,7 +146,7 @@ def cell_record(index: int, role: str, row: dict, realized: dict, *, top_k=None,
     prompts = {"speedup": tuple(csv_float(row.get(f"predicted_speedup_prompts_{side}", math.nan)) for side in ("lo", "hi"))}
     for figure, (pred, real) in FIGURES.items():  # widened, then kept within the figure's range
         part = prompts.get(figure)
-        lo, hi = _widen(rec[pred], rec[f"{pred}_lo"], rec[f"{pred}_hi"], interval_scale,
+        lo, hi = predictive_interval(rec[pred], rec[f"{pred}_lo"], rec[f"{pred}_hi"], interval_scale,
                         part if part is not None and all(map(math.isfinite, part)) else None)
         low, high = _figure_range(figure, rec["gamma"])
         rec[f"{pred}_lo"], rec[f"{pred}_hi"] = _clip(lo, low, high), _clip(hi, low, high)
