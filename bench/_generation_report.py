@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 
 from bench._generation_grid import PEER_CONFIDENCE, SETTINGS, drafter_priority, grid_keys, settings_of
-from mdboost.models.pool import parse_drafter
+from mdboost.models.specs import parse_drafter
 
 
 def _mal(cell) -> str:

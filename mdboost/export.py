@@ -41,7 +41,7 @@ from pathlib import Path
 from mdboost._io import json_ready, read_json_object, read_yaml_mapping
 from mdboost.models.convert import smollm2_gguf
 from mdboost.models.home import mdboost_home, models_dir
-from mdboost.models.pool import parse_drafter
+from mdboost.models.specs import parse_drafter
 from mdboost.ranking.recommend import md_row
 from mdboost.ranking.report import ALONE, at_batch_size, batch_sizes_of, check_csv_digest, csv_bool, read_csv, row_batch_size
 from mdboost.ranking.rule_points import row_draft_p_min, row_rule

@@ -42,7 +42,8 @@ from mdboost.md.drafting import FLOOR_TOP_K
 from mdboost.md.rules import DRAFTING, Rule
 from mdboost.md.verify import SOLVE
 from mdboost.models.loading import check_model_source, resolve_device
-from mdboost.models.pool import check_drafter, drafter_identity, same_drafters
+from mdboost.models.pool import check_drafter
+from mdboost.models.specs import drafter_identity, same_drafters
 from mdboost.ranking.rank import BOOSTING_ORDERS, MD_MODES, ScoreSettings
 from mdboost.ranking.rows import PAIR_MODES
 from mdboost.ranking.rule_points import RULES, rule_points

@@ -233,7 +233,7 @@ def test_specs_naming_one_drafter_are_refused_naming_both(drafters, first, secon
 
 
 def test_a_model_folder_named_by_two_paths_is_one_drafter(tmp_path, monkeypatch):
-    from mdboost.models.pool import same_drafters
+    from mdboost.models.specs import same_drafters
 
     (tmp_path / "m").mkdir()
     monkeypatch.chdir(tmp_path)

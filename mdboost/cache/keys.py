@@ -186,7 +186,7 @@ class PoolCacheSpec:
         are None (``tiny``, the released ``smollm2-135m``, a hub model not in the local cache)
         add nothing, so those folders keep the names they always had."""
         # deferred: mdboost.models imports transformers (seconds); a cache opens without it
-        from mdboost.models.pool import parse_drafter
+        from mdboost.models.specs import parse_drafter
 
         ids = [["target_weights", self._weights_id(self.target)]]
         if member != self.target and parse_drafter(member)[0] == "hf":

@@ -243,7 +243,7 @@ def open_or_sample_mentored(spec: PoolCacheSpec, drafter: str, points, width: in
     """
     # deferred: mdboost.models imports transformers (seconds); a cache opens without it
     from mdboost.models.ngram import NgramDrafter
-    from mdboost.models.pool import parse_drafter
+    from mdboost.models.specs import parse_drafter
 
     kind, n = parse_drafter(drafter)
     if kind != "ngram":

@@ -10,16 +10,25 @@
 - :mod:`~mdboost.models.write` -- ``write_drafter``: a drafter as a standalone checkpoint engines load.
 """
 
-from .cost import measure_cost_ratio
-from .home import mdboost_home
-from .loading import load_model, resolve_device
-from .ngram import NgramDrafter
-from .pool import DEFAULT_DRAFTERS, Pool, PoolMember, build_pool, default_drafters, vocab_fingerprint
-from .tiny import tiny_llama, tiny_tokenizer
-from .write import write_drafter
+from importlib import import_module
 
-__all__ = [
-    "DEFAULT_DRAFTERS", "NgramDrafter", "Pool", "PoolMember", "build_pool", "default_drafters", "load_model",
-    "mdboost_home", "measure_cost_ratio", "resolve_device", "tiny_llama", "tiny_tokenizer", "vocab_fingerprint",
-    "write_drafter",
-]
+_EXPORTS = {  # imported on first use (PEP 562): a light module here (mdboost export) does not pull in transformers
+    "measure_cost_ratio": "cost", "mdboost_home": "home", "load_model": "loading", "resolve_device": "loading",
+    "NgramDrafter": "ngram", "DEFAULT_DRAFTERS": "pool", "Pool": "pool", "PoolMember": "pool", "build_pool": "pool",
+    "default_drafters": "pool", "vocab_fingerprint": "pool", "tiny_llama": "tiny", "tiny_tokenizer": "tiny",
+    "write_drafter": "write",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

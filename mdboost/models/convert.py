@@ -18,8 +18,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
 from mdboost._io import file_lock, lock_path, remove_stale_temps, sha256_file, swap_folder
 
 from .home import models_dir
@@ -51,6 +49,9 @@ def smollm2_gguf() -> tuple[Path, str]:
 
 def load_gguf(folder: str | os.PathLike, gguf_file: str):
     """Load (dequantize) a GGUF model and its tokenizer with transformers, on CPU in fp32."""
+    # deferred: transformers takes seconds to import; the GGUF's location and name need none of it
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     model = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=gguf_file, dtype="float32")
     tokenizer = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf_file)
     return model.eval(), tokenizer

@@ -32,6 +32,7 @@ from .home import models_dir
 from .identity import TINY_NAME, weights_id
 from .loading import check_model_source, load_model, resolve_device
 from .ngram import NgramDrafter
+from .specs import parse_drafter
 from .tiny import DEFAULT_NUM_LAYERS
 
 KINDS = ("hf", "early_exit", "tuned", "int8", "ngram")
@@ -39,7 +40,6 @@ DEFAULT_DEPTHS = (12, 18, 24, 27)
 DEFAULT_DRAFTERS = tuple(
     [f"early_exit:{n}" for n in DEFAULT_DEPTHS] + [f"tuned:{n}" for n in DEFAULT_DEPTHS] + ["int8", "ngram:3"]
 )
-_SPEC = re.compile(r"(early_exit|tuned|ngram):(\d+)|(int8)")
 
 
 @dataclass
@@ -135,54 +135,6 @@ def vocab_fingerprint(tokenizer, model=None) -> str:
     width = None if model is None else int(model.config.vocab_size)
     payload = json.dumps({"vocab": vocab, "logits": width}, ensure_ascii=False)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
-
-
-def parse_drafter(spec: str) -> tuple[str, int | None]:
-    """``"tuned:12"`` -> ``("tuned", 12)``; ``"int8"`` -> ``("int8", None)``; else ``("hf", None)``."""
-    if not isinstance(spec, str) or not spec:
-        raise ValueError(f"drafter spec must be a non-empty string, got {spec!r}")
-    match = _SPEC.fullmatch(spec)
-    if match is None:
-        if re.fullmatch(r"(early_exit|tuned|ngram):.*", spec):
-            raise ValueError(f"drafter spec {spec!r} needs a positive integer after ':'")
-        return "hf", None
-    if match.group(3):
-        return "int8", None
-    return match.group(1), int(match.group(2))
-
-
-def drafter_identity(spec: str) -> str:
-    """The drafter a spec names, spelled one way: two specs with the same identity build the same
-    drafter. ``"early_exit:02"`` -> ``"early_exit:2"``, ``"INT8"`` stays a model name; a model
-    that is a local folder is named by its absolute path (``./m`` and ``m`` are one), the
-    SmolLM2 alias in lower case.
-
-    >>> drafter_identity("early_exit:02"), drafter_identity("ngram:3"), drafter_identity("int8")
-    ('early_exit:2', 'ngram:3', 'int8')
-    """
-    kind, n = parse_drafter(spec)
-    if kind != "hf":
-        return kind if n is None else f"{kind}:{n}"
-    if spec.lower() == SMOLLM2_ALIAS:
-        return SMOLLM2_ALIAS
-    path = Path(spec).expanduser()
-    return str(path.resolve()) if path.exists() else spec
-
-
-def same_drafters(specs: list[str]) -> list[tuple[str, str]]:
-    """The pairs of ``specs`` (in their order) that name the same drafter (:func:`drafter_identity`).
-
-    >>> same_drafters(["early_exit:2", "tuned:2", "early_exit:02"])
-    [('early_exit:2', 'early_exit:02')]
-    """
-    first, pairs = {}, []
-    for spec in specs:
-        identity = drafter_identity(spec)
-        if identity in first:
-            pairs.append((first[identity], spec))
-        else:
-            first[identity] = spec
-    return pairs
 
 
 def target_depth(target: str, home=None) -> int | None:

@@ -32,7 +32,7 @@ from mdboost._io import atomic_folder
 
 from .drafters import early_exit_model
 from .loading import load_model
-from .pool import parse_drafter
+from .specs import parse_drafter
 
 MARKER = "mdboost_drafter.json"  # what the folder holds: the spec, its target, mdboost's version
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",

@@ -19,20 +19,25 @@ Modules (paper results in their docstrings; metric definitions in ``docs/ranking
 The cache folders the rows come from are built and opened by :mod:`mdboost.cache`.
 """
 
-from mdboost.ranking.chains import conditional_acceptance
-from mdboost.ranking.layout import sequence_layout
-from mdboost.ranking.process import run_process
-from mdboost.ranking.pair import PairRows, PairSide
-from mdboost.ranking.rank import ScoreSettings, rank_rows, score_pair
-from mdboost.ranking.scores import PairScore, PointScore, score_rows
-from mdboost.ranking.speed import (
-    SpeedProfile,
-    best_gamma,
-    expected_solved,
-    expected_tokens,
-    walltime_speedup,
-)
+from importlib import import_module
 
-__all__ = ["PairRows", "PairScore", "PairSide", "PointScore", "ScoreSettings", "SpeedProfile",
-           "conditional_acceptance", "run_process", "sequence_layout", "best_gamma", "expected_solved",
-           "expected_tokens", "rank_rows", "score_pair", "score_rows", "walltime_speedup"]
+_EXPORTS = {  # imported on first use (PEP 562): reading a ranking (mdboost export) loads no engine or model
+    "conditional_acceptance": "chains", "sequence_layout": "layout", "run_process": "process", "PairRows": "pair",
+    "PairSide": "pair", "ScoreSettings": "rank", "rank_rows": "rank", "score_pair": "rank", "PairScore": "scores",
+    "PointScore": "scores", "score_rows": "scores", "SpeedProfile": "speed", "best_gamma": "speed",
+    "expected_solved": "speed", "expected_tokens": "speed", "walltime_speedup": "speed",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from mdboost.models.ngram import NgramDrafter
-from mdboost.models.pool import parse_drafter
+from mdboost.models.specs import parse_drafter
 
 
 def padded_index(sequence) -> tuple[torch.Tensor, torch.Tensor]:

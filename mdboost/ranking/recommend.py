@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 
 from mdboost.md.rules import ENGINES
-from mdboost.models.pool import parse_drafter
+from mdboost.models.specs import parse_drafter
 from mdboost.ranking.report import ALONE, csv_bool, csv_float
 from mdboost.ranking.rule_points import row_draft_p_min
 
