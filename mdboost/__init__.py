@@ -16,7 +16,7 @@ Layout (the folder structure is the architecture):
 Public names are imported lazily so that ``import mdboost`` stays cheap.
 """
 
-from importlib import import_module
+from mdboost._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -52,15 +52,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name):
-    if name in _EXPORTS:
-        module = import_module(_EXPORTS[name])
-        # a module exported under its own name (``divergences``) unless it defines that name
-        return getattr(module, name) if hasattr(module, name) else module
-    raise AttributeError(f"module 'mdboost' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

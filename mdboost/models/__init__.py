@@ -10,25 +10,14 @@
 - :mod:`~mdboost.models.write` -- ``write_drafter``: a drafter as a standalone checkpoint engines load.
 """
 
-from importlib import import_module
+from mdboost._lazy import lazy_exports
 
-_EXPORTS = {  # imported on first use (PEP 562): a light module here (mdboost export) does not pull in transformers
-    "measure_cost_ratio": "cost", "mdboost_home": "home", "load_model": "loading", "resolve_device": "loading",
-    "NgramDrafter": "ngram", "DEFAULT_DRAFTERS": "pool", "Pool": "pool", "PoolMember": "pool", "build_pool": "pool",
-    "default_drafters": "pool", "vocab_fingerprint": "pool", "tiny_llama": "tiny", "tiny_tokenizer": "tiny",
-    "write_drafter": "write",
+_EXPORTS = {  # imported on first use: a light module here (mdboost export) does not pull in transformers
+    "measure_cost_ratio": ".cost", "mdboost_home": ".home", "load_model": ".loading", "resolve_device": ".loading",
+    "NgramDrafter": ".ngram", "DEFAULT_DRAFTERS": ".pool", "Pool": ".pool", "PoolMember": ".pool", "build_pool": ".pool",
+    "default_drafters": ".pool", "vocab_fingerprint": ".pool", "tiny_llama": ".tiny", "tiny_tokenizer": ".tiny",
+    "write_drafter": ".write",
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

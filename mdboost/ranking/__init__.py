@@ -19,25 +19,14 @@ Modules (paper results in their docstrings; metric definitions in ``docs/ranking
 The cache folders the rows come from are built and opened by :mod:`mdboost.cache`.
 """
 
-from importlib import import_module
+from mdboost._lazy import lazy_exports
 
-_EXPORTS = {  # imported on first use (PEP 562): reading a ranking (mdboost export) loads no engine or model
-    "conditional_acceptance": "chains", "sequence_layout": "layout", "run_process": "process", "PairRows": "pair",
-    "PairSide": "pair", "ScoreSettings": "rank", "rank_rows": "rank", "score_pair": "rank", "PairScore": "scores",
-    "PointScore": "scores", "score_rows": "scores", "SpeedProfile": "speed", "best_gamma": "speed",
-    "expected_solved": "speed", "expected_tokens": "speed", "walltime_speedup": "speed",
+_EXPORTS = {  # imported on first use: reading a ranking (mdboost export) loads no engine or model
+    "conditional_acceptance": ".chains", "sequence_layout": ".layout", "run_process": ".process", "PairRows": ".pair",
+    "PairSide": ".pair", "ScoreSettings": ".rank", "rank_rows": ".rank", "score_pair": ".rank", "PairScore": ".scores",
+    "PointScore": ".scores", "score_rows": ".scores", "SpeedProfile": ".speed", "best_gamma": ".speed",
+    "expected_solved": ".speed", "expected_tokens": ".speed", "walltime_speedup": ".speed",
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
