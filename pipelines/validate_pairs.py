@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,7 @@ import torch
 from mdboost._io import check_output_folder, output_folder, read_json_object, read_yaml_mapping
 from mdboost.data import sample_summary
 from mdboost.engine.costs import ENGINE_THREADS, torch_threads
+from mdboost.engine.llamacpp import LlamaCppPool
 from mdboost.models.pool import build_pool
 from mdboost.ranking.report import at_batch_size, batch_sizes_of, row_batch_size
 from mdboost.ranking.report import check_csv_digest, read_csv
@@ -34,7 +36,7 @@ from mdboost.ranking.summary_check import check_recommendations_in_rows, check_s
 from mdboost.tracking import setup
 from mdboost.tracking.datasets import log_records
 from mdboost.tracking.notes import validation_note
-from mdboost.tracking.runs import ChildRun, log_children, ordered_metrics, point_name
+from mdboost.tracking.runs import ChildRun, log_children, ordered_metrics, parent_run, point_name
 from mdboost.tracking.store import existing_run
 from mdboost.validation.calibration import predictive_scale
 from mdboost.validation.cells import check_md_solve, complete_rows, resolve_sampling, select_cells
@@ -53,6 +55,7 @@ from mdboost.validation.scaleout import realize_cells_on
 from pipelines.loader import from_dict, load_yaml, to_dict
 from pipelines.config import RankConfig, TrackingConfig
 from pipelines.noise import quiet_libraries
+from pipelines.stages import stage_line, timed
 from pipelines.prerequisites import missing_ranking
 from pipelines.validate_config import SourceConfig, ValidateConfig
 
@@ -225,18 +228,27 @@ def _label(rec: dict) -> str:
 
 def run(cfg: ValidateConfig, the_plan: Plan | None = None) -> dict:
     """Run the validation; returns the summary written to ``summary.json`` (plus ``records``)."""
+    started_at, start, stages = time.time(), time.perf_counter(), {}
     check_output_folder(cfg.output_dir, OUTPUT_FILES)  # before the work: a folder it may not replace
-    p = the_plan or plan(cfg)
+    with timed(stages, "plan"):
+        p = the_plan or plan(cfg)
     rank_cfg, g, sampling = p.ranking.config, cfg.generation, p.sampling
     pc, text = rank_cfg.pool, rank_cfg.data.text_source()
     names = sorted({n for r in p.cells for n in (r["drafter"], r["target"])} - {pc.target})
-    pool = build_pool(pc.target, names, device=pc.device, home=pc.home)
+    engine = rank_cfg.speed.engine  # the engine whose costs the ranking priced runs the cells
+    with timed(stages, "models"):
+        pool = build_pool(pc.target, names, device=pc.device, home=pc.home)
+        engine_pool = None if engine == "mdboost" else LlamaCppPool(pc.target, names, home=pc.home,
+                                                                      n_threads=ENGINE_THREADS)
     heldout, prompts = heldout_prompts(text, pool.target.tokenizer, g.prompts, g.first_prompt)
 
     kwargs = dict(max_new_tokens=g.max_new_tokens, seed=g.seed, top_k=sampling["top_k"], top_p=sampling["top_p"])
-    with g.cluster() as client, torch_threads(ENGINE_THREADS):  # the ranking's cost ratios' thread count
+    with timed(stages, "generation"), g.cluster() as client, torch_threads(ENGINE_THREADS):  # the ranking's threads
+        if client is not None and engine_pool is not None:
+            raise ValueError(f"generation.scheduler: the ranking's costs are llama.cpp's (speed.engine: {engine}), "
+                             f"whose models do not travel to Dask workers: leave generation.scheduler unset")
         if client is None:
-            realized = realize_cells(p.cells, pool, prompts, progress=cfg.progress, **kwargs)
+            realized = realize_cells(p.cells, pool, prompts, progress=cfg.progress, engine_pool=engine_pool, **kwargs)
         else:  # one cell with its own AR run per task (mdboost.validation.scaleout)
             realized = realize_cells_on(client, p.cells, pool.recipe, prompts, threads=ENGINE_THREADS, **kwargs)
     intervals = interval_settings(p.ranking, len(prompts))
@@ -248,7 +260,7 @@ def run(cfg: ValidateConfig, the_plan: Plan | None = None) -> dict:
                for i, (row, real) in enumerate(zip(p.cells, realized))]
     metrics = summarize(records)
     summary = {"verdict": verdict(metrics, intervals["level"]), "metrics": metrics, "sampling": sampling,
-               "md_solve": sorted({r["md_solve"] for r in records}),
+               "md_solve": sorted({r["md_solve"] for r in records}), "engine": engine,
                "generation": {"prompts": len(prompts), "first_prompt": g.first_prompt,
                               "max_new_tokens": g.max_new_tokens, "seed": g.seed, "scheduler": g.scheduler},
                "intervals": intervals, "data": sample_summary(heldout, text, split="heldout"),
@@ -256,37 +268,51 @@ def run(cfg: ValidateConfig, the_plan: Plan | None = None) -> dict:
                "cells": records}
     if cfg.humaneval.tasks > 0 and rank_cfg.data.source == "humaneval":
         h = cfg.humaneval
-        summary["humaneval"] = humaneval_pass_at_1(p.cells[0], pool, text, tasks=h.tasks, max_new_tokens=h.max_new_tokens,
-                                                   seed=g.seed, timeout=h.timeout, top_k=sampling["top_k"],
-                                                   top_p=sampling["top_p"])
+        with timed(stages, "humaneval"):
+            summary["humaneval"] = humaneval_pass_at_1(p.cells[0], pool, text, tasks=h.tasks,
+                                                       max_new_tokens=h.max_new_tokens, seed=g.seed, timeout=h.timeout,
+                                                       top_k=sampling["top_k"], top_p=sampling["top_p"],
+                                                       engine_pool=engine_pool)
     out = Path(cfg.output_dir)
     summary["files"] = {"validation_csv": str(out / "validation.csv"), "plot": str(out / "predicted_vs_realized.png"),
                         "summary_json": str(out / "summary.json")}
     # every file into a fresh folder that replaces output_dir whole at the end (docs/validation.md,
     # "Outputs"): a run that fails or is killed leaves the previous run's outputs, never a mix
     with output_folder(out, OUTPUT_FILES) as tmp:
-        _write_all(cfg, summary, records, p, heldout, text, tmp)
+        _write_all(cfg, summary, records, p, heldout, text, tmp, started_at, stages, start)
     return summary
 
 
-def _write_all(cfg: ValidateConfig, summary: dict, records: list[dict], p: Plan, heldout, text, out: Path) -> None:
+def _write_all(cfg: ValidateConfig, summary: dict, records: list[dict], p: Plan, heldout, text, out: Path,
+               started_at: float | None = None, stages: dict | None = None, start: float | None = None) -> None:
     """The plot, ``validation.csv`` and ``summary.json`` into the run's folder ``out`` (``summary``'s
-    ``files`` name where they end up), logged to MLflow when tracked."""
+    ``files`` name where they end up), logged to MLflow when tracked; ``summary.json`` gets
+    ``seconds_total`` (from ``start``, a ``time.perf_counter()`` reading) and ``seconds_by_stage``
+    (``stages`` with the outputs' and MLflow's seconds added)."""
     col = lambda key: [r[key] for r in records]  # noqa: E731
+    stages = {} if stages is None else stages
+    start = time.perf_counter() if start is None else start
+    with timed(stages, "outputs"):
+        _write_files(cfg, records, out, col)
+    if cfg.tracking.enabled:
+        with timed(stages, "mlflow"):
+            summary["run_id"] = log_mlflow(cfg, summary, ranking_children(p.ranking.run_id, cfg.tracking),
+                                           records=heldout, text=text, folder=out, started_at=started_at)
+    summary["seconds_total"], summary["seconds_by_stage"] = time.perf_counter() - start, stages
+    write_summary_json(summary, out / "summary.json")  # last, with the run id
+    if "run_id" in summary:
+        from mlflow.tracking import MlflowClient  # deferred: mlflow: seconds to import; only a tracked run needs it
+
+        MlflowClient(cfg.tracking.tracking_uri).log_artifact(summary["run_id"], str(out / "summary.json"))
+
+
+def _write_files(cfg: ValidateConfig, records: list[dict], out: Path, col) -> None:
     plot_predicted_vs_realized(
         [_label(r) for r in records], col("predicted_acceptance"), col("realized_acceptance"), col("predicted_speedup"),
         col("realized_speedup"), out / "predicted_vs_realized.png", tolerance=cfg.tolerance,
         acceptance_interval=(col("predicted_acceptance_lo"), col("predicted_acceptance_hi")),
         speedup_interval=(col("predicted_speedup_lo"), col("predicted_speedup_hi")))
     write_validation_csv(records, out / "validation.csv")
-    if cfg.tracking.enabled:
-        summary["run_id"] = log_mlflow(cfg, summary, ranking_children(p.ranking.run_id, cfg.tracking),
-                                       records=heldout, text=text, folder=out)
-    write_summary_json(summary, out / "summary.json")  # last, with the run id
-    if "run_id" in summary:
-        from mlflow.tracking import MlflowClient  # deferred: mlflow: seconds to import; only a tracked run needs it
-
-        MlflowClient(cfg.tracking.tracking_uri).log_artifact(summary["run_id"], str(out / "summary.json"))
 
 
 def _child_key(params: dict, temperature: float | None) -> tuple:
@@ -350,14 +376,16 @@ def _cell_runs(cells: list[dict], children: dict[tuple, str]) -> list:
 
 
 def log_mlflow(cfg: ValidateConfig, summary: dict, children: dict[tuple, str], *, records: list[dict] | None = None,
-               text=None, folder: Path | None = None) -> str:
+               text=None, folder: Path | None = None, started_at: float | None = None) -> str:
     """A parent run (config, metrics, verdict and cells as its description, files, the cells'
     table, the held-out prompts as its dataset) and one nested run per cell, cell 0 first.
 
     ``records`` / ``text``: the held-out records generated on and their
     :class:`~mdboost.data.TextSource` (logged with :func:`mdboost.tracking.datasets.log_records`
     when both are given). ``folder``: where the files of ``summary["files"]`` are while the run
-    writes them (its temporary output folder; None: where ``files`` names them).
+    writes them (its temporary output folder; None: where ``files`` names them). ``started_at``:
+    when the job began (seconds since the epoch; default: now), the parent's start, so its
+    Duration is the job's (:func:`mdboost.tracking.runs.parent_run`).
     """
     import mlflow  # deferred: mlflow: seconds to import; only a tracked run needs it
     from mlflow.tracking import MlflowClient
@@ -366,7 +394,8 @@ def log_mlflow(cfg: ValidateConfig, summary: dict, children: dict[tuple, str], *
     sampling, ranking_run = summary["sampling"], summary["ranking"]["ranking_run_id"]
     note = validation_note(summary["verdict"], summary["cells"], prompts=summary["generation"]["prompts"],
                            max_new_tokens=summary["generation"]["max_new_tokens"], ranking_run_id=ranking_run)
-    with mlflow.start_run(run_name=f"validate:{cfg.name}") as parent:
+    with parent_run(MlflowClient(cfg.tracking.tracking_uri), experiment_id, f"validate:{cfg.name}",
+                    time.time() if started_at is None else started_at) as parent:
         mlflow.log_metrics(_flat_metrics(summary["metrics"]))
         mlflow.set_tags({"mdboost.pipeline": "validate_pairs",
                          "mdboost.ranking_run_id": ranking_run or "",
@@ -421,5 +450,6 @@ def main(config: str, overrides=()) -> int:
     if i["ranking_prompts"]:
         print(f"intervals: the ranking's {i['level']:.0%} intervals over {i['ranking_prompts']} prompts, widened "
               f"x{i['scale']:.2f} to predict the mean over these {i['validation_prompts']} prompts")
+    print(stage_line(summary["seconds_by_stage"], summary["seconds_total"]))
     print(summary["verdict"])
     return 0

@@ -5,9 +5,10 @@ Ranks a tiny pool into a temporary store (:func:`pipelines.rank_pool.run`), serv
 (the parent expanded, its nested runs listed best first under their short point names), the
 parent run's page (its description: the recommendation and the ranking's top points), and the
 Compare view of the two best points (the parallel-coordinates plot starts from
-``predicted_speedup``, not from whatever metric happened to be logged first). Uses the system
-Chromium and chromedriver only (never downloads a browser). Set ``MDBOOST_DOCS_SCREENSHOT=1``
-to also write ``docs/img/mlflow_runs.png``, ``mlflow_ranking_run.png`` and ``mlflow_compare.png``.
+``predicted_speedup``, not from whatever metric happened to be logged first); and the ranking's
+own ``ranking.html`` at a 1600 px window. Uses the system Chromium and chromedriver only (never
+downloads a browser). Set ``MDBOOST_DOCS_SCREENSHOT=1`` to also write ``docs/img/mlflow_runs.png``,
+``mlflow_ranking_run.png``, ``mlflow_compare.png`` and ``ranking_report.png``.
 """
 
 from __future__ import annotations
@@ -205,3 +206,28 @@ def test_compare_view_starts_from_the_predicted_speedup(served, driver, tmp_path
     assert all(name in text for name in best)
     assert axes[-1] == "predicted_speedup" and "n_positions" not in axes, axes
     _shot(driver, tmp_path, "mlflow_compare.png")
+
+
+def test_the_ranking_report_reads_at_1600px(served, driver, tmp_path):
+    """``ranking.html`` opens with the verdict and why, then the call and the speedup plot; at a
+    1600 px window nothing scrolls sideways, every plot loads, and the top table's headers carry
+    their glossary (``docs/img/ranking_report.png`` with ``MDBOOST_DOCS_SCREENSHOT=1``)."""
+    from selenium.webdriver.common.by import By
+
+    *_, summary = served
+    page = Path(summary["paths"]["html"]).resolve()
+    driver.get(page.as_uri())
+    body = driver.find_element(By.TAG_NAME, "body").text
+    assert body.index(summary["recommendation"]["drafter"]) < body.index("Run it")
+    verdict = driver.find_element(By.CSS_SELECTOR, ".verdict .answer").text
+    assert verdict.startswith(("recommended", "no drafter is reliably faster", "plain decoding is reliably fastest"))
+    assert "Why:" in driver.find_element(By.CSS_SELECTOR, ".verdict").text
+    scroll, inner = driver.execute_script("return [document.documentElement.scrollWidth, window.innerWidth]")
+    assert scroll <= inner, (scroll, inner)
+    images = driver.find_elements(By.TAG_NAME, "img")
+    assert len(images) >= 3 and all(driver.execute_script("return arguments[0].naturalWidth", i) > 0 for i in images)
+    assert images[0].get_attribute("alt").startswith("Predicted speedup per drafter")
+    headers = driver.find_elements(By.CSS_SELECTOR, "table.points th")
+    assert len(headers) == 12 and all(h.get_attribute("title") for h in headers)
+    driver.set_window_size(1600, 1000)
+    _shot(driver, tmp_path, "ranking_report.png")

@@ -171,7 +171,8 @@ def test_the_loader_docstring_examples_run():
     assert result.attempted >= 3 and result.failed == 0
 
 
-@pytest.mark.parametrize("module", ["pipelines.validate_pairs", "pipelines.profile_costs", "pipelines.config"])
+@pytest.mark.parametrize("module", ["pipelines.validate_pairs", "pipelines.profile_costs", "pipelines.config",
+                                    "pipelines.stages"])
 def test_the_pipelines_docstring_examples_run(module):
     """The pipelines are not collected with --doctest-modules (testpaths: tests, mdboost): run theirs here."""
     import doctest

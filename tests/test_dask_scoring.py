@@ -18,7 +18,7 @@ from pipelines.loader import from_dict, load_yaml, to_dict  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # summary.json keys that are wall-clock timings of this run (all else must be equal).
-TIMINGS = ("seconds_cache", "seconds_scoring", "seconds_per_pair", "seconds_total")
+TIMINGS = ("seconds_cache", "seconds_scoring", "seconds_per_pair", "seconds_total", "seconds_by_stage")
 
 
 def _config(tmp: Path, name: str, **cache) -> RankConfig:

@@ -328,8 +328,8 @@ def test_as_drafter_converts_pool_members_explicitly(target):
     as_ngram = as_drafter(PoolMember("ngram:2", "ngram", None, ngram, None, ""))
     assert isinstance(as_model, ModelDrafter) and as_model.model is model
     assert isinstance(as_ngram, NgramAdapter) and as_ngram.ngram is ngram
-    with pytest.raises(TypeError, match="drafter must be a Drafter, a pool member, a transformers PreTrainedModel or an "
-                                        "NgramDrafter, got str"):
+    with pytest.raises(TypeError, match="drafter must be a Drafter, a pool member, a transformers PreTrainedModel, an "
+                                        r"LMBackend \(llama.cpp\) or an NgramDrafter, got str"):
         as_drafter("early_exit:2")
 
 

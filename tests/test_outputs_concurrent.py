@@ -49,7 +49,7 @@ def assert_one_runs_outputs(out: Path, budgets_of_runs: list[set[float]]) -> Non
     """``out`` holds one run's outputs: every file of a ranking, summary.json's digest is
     ranking.csv's, its recommendation a row of it, and ranking.csv's budgets those of the config
     written beside it (one of the runs'); no temporary folder is left beside it."""
-    assert sorted(p.name for p in out.iterdir()) == sorted(OUTPUT_FILES[:3] + ("plots", "summary.json"))
+    assert sorted(p.name for p in out.iterdir()) == sorted(OUTPUT_FILES[:4] + ("plots", "summary.json"))
     summary = json.loads((out / "summary.json").read_text())
     assert summary["ranking_csv_sha256"] == hashlib.sha256((out / "ranking.csv").read_bytes()).hexdigest()
     rows = read_csv(out / "ranking.csv")

@@ -102,8 +102,8 @@ def test_csv_has_required_fields_and_ranks(first_run):
     assert saved["recommendation"] == rec and saved["sampling"]["temperatures"] == [0.7, 1.0]
     assert {(r["drafter"], r["target"]) for r in rows} == {
         ("early_exit:2", "tiny"), ("ngram:2", "tiny"), ("tiny", "early_exit:2"), ("ngram:2", "early_exit:2")}
-    for name in ("ranking.html", "config.resolved.yaml", "plots/acceptance_vs_budget.png",
-                 "plots/k_vs_acceptance.png", "plots/margin_cdf.png"):
+    for name in ("ranking.html", "ranking_full.html", "config.resolved.yaml", "plots/acceptance_vs_budget.png",
+                 "plots/k_vs_acceptance.png", "plots/margin_cdf.png", "plots/speedup_by_drafter.png"):
         assert (tmp_path / "out" / name).is_file()
     assert load_yaml(tmp_path / "out" / "config.resolved.yaml", RankConfig) == cfg
     from mdboost.export import export_plan, load_ranking  # one renderer: rank prints what export prints
@@ -197,9 +197,13 @@ def test_mlflow_runs_hold_the_fields(first_run):
     assert parent.data.metrics["recommendation_predicted_speedup"] == pytest.approx(rec["predicted_speedup"])
     assert summary["verdict"] in parent.data.tags["mlflow.note.content"]
     top = {f.path for f in client.list_artifacts(parent.info.run_id)}
-    assert {"ranking.csv", "ranking.html", "config.resolved.yaml", "summary.json", "ranking_table.json", "plots"} <= top
+    assert {"ranking.csv", "ranking.html", "ranking_full.html", "config.resolved.yaml", "summary.json",
+            "ranking_table.json", "plots"} <= top
     plots = {f.path for f in client.list_artifacts(parent.info.run_id, "plots")}
-    assert {"plots/acceptance_vs_budget.png", "plots/k_vs_acceptance.png", "plots/margin_cdf.png"} == plots
+    assert {"plots/acceptance_vs_budget.png", "plots/k_vs_acceptance.png", "plots/margin_cdf.png",
+            "plots/speedup_by_drafter.png"} == plots
+    run = parent.info  # the parent's Duration is the job's: it starts before the slowest stage ran
+    assert (run.end_time - run.start_time) / 1000 >= summary["seconds_total"] - summary["seconds_by_stage"]["mlflow"]
 
 
 def test_rerun_reuses_cache_and_rescoring_recomputes_only_scores(first_run):

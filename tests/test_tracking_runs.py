@@ -137,3 +137,31 @@ def test_validation_note_marks_realized_figures_outside_their_interval():
     rows = [ln for ln in lines if ln.startswith("| ")][1:]
     assert rows[0] == "| 0 | int8 kl 0.2 g2 T0.5 | 1.20 [1.10, 1.30] | 1.50 * | 0.600 | 0.550 | 2.00 [1.50, 2.50] | 2.20 |"
     assert rows[1].startswith("| 1 | int8 SD g2 T0.5 |")
+
+
+def test_the_parent_run_lasts_as_long_as_the_job(client):
+    """A parent logged at the end of a 30-minute job shows 30 minutes in the UI, not the seconds
+    of logging: it starts when the job did."""
+    import time
+
+    import mlflow
+
+    from mdboost.tracking.runs import parent_run
+
+    c, eid, _ = client
+    before = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(c.tracking_uri)  # as the pipelines' setup() points mlflow at their store
+    try:
+        began = time.time() - 1800.0
+        with parent_run(c, eid, "rank:x", began) as run:
+            run_id = run.info.run_id
+            mlflow.log_metric("m", 1.0)
+    finally:
+        mlflow.set_tracking_uri(before)
+    info = c.get_run(run_id).info
+    assert info.start_time == int(began * 1000) and info.status == "FINISHED"
+    assert 1800 * 1000 <= info.end_time - info.start_time < 1900 * 1000
+    assert c.get_run(run_id).data.metrics == {"m": 1.0} and info.run_name == "rank:x"
+    for bad in (time.time() + 3600, float("nan"), "now"):
+        with pytest.raises(ValueError, match="started_at must be a past time"):
+            parent_run(c, eid, "rank:y", bad)

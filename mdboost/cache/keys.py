@@ -41,6 +41,7 @@ from mdboost.data import TextSource
 # how continuations are sampled (part of their key): change it when the sampling code changes
 SAMPLER = "build_sequences/v1: per-record torch.Generator seeded by sha256(seed:id), KV-cached multinomial"
 ACCEPTANCE_SOURCES = ("reference", "sampled")
+ENGINES = ("mdboost", "llamacpp")  # whose forward passes a speed file times (PoolCacheSpec.engine)
 
 
 def fingerprint(*parts) -> str:
@@ -106,6 +107,11 @@ class PoolCacheSpec:
     batch_sizes : tuple of int
         The batch sizes whose costs are measured (rows per engine step); not keyed (each has its
         own entries in the speed file, :mod:`mdboost.cache.speed`).
+    engine : {"mdboost", "llamacpp"}
+        Whose forward passes the costs time: mdboost's engine on torch, or the same loop with
+        llama.cpp doing the forward passes (:class:`mdboost.engine.llamacpp.LlamaCppPool`; batch
+        size 1). Keys the speed file only (:func:`mdboost.cache.speed.speed_path`): the logit
+        caches are the pool's, whichever engine runs it.
     """
 
     dir: str
@@ -124,9 +130,15 @@ class PoolCacheSpec:
     cost_repeats: int = 21
     gamma_max: int = 8
     batch_sizes: tuple[int, ...] = (1,)
+    engine: str = "mdboost"
 
     def __post_init__(self):
         object.__setattr__(self, "batch_sizes", tuple(self.batch_sizes))
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
+        if self.engine == "llamacpp" and self.batch_sizes != (1,):
+            raise ValueError(f"batch_sizes must be (1,) with engine 'llamacpp' (llama-cpp-python's Llama runs one "
+                             f"sequence), got {self.batch_sizes!r}")
         if not self.batch_sizes or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1
                                            for b in self.batch_sizes):
             raise ValueError(f"batch_sizes must be positive integers, got {self.batch_sizes!r}")

@@ -27,6 +27,7 @@ from the speed file (:meth:`PoolCache.cost_ratio`, :meth:`PoolCache.cost_samples
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -116,8 +117,9 @@ class PoolCache:
 @dataclass(frozen=True)
 class BuildInfo:
     """What :func:`open_or_build_cache` did: ``built`` / ``built_acceptance`` member names,
-    how many continuation files it sampled, whether it measured the target's speed profile, and
-    the drafters whose cost it measured."""
+    how many continuation files it sampled, whether it measured the target's speed profile, the
+    drafters whose cost it measured, and the seconds each of its :data:`STEPS` took (those that
+    ran)."""
 
     dir: str
     built: tuple[str, ...]
@@ -126,11 +128,30 @@ class BuildInfo:
     measured_speed_profile: bool
     measured_costs: tuple[str, ...] = ()
     repaired: tuple[str, ...] = ()  # "member" or "member (acceptance)": finished folders found damaged, rebuilt
+    seconds: dict = field(default_factory=dict)  # wall-clock seconds per step that ran (STEPS), in their order
 
     @property
     def reused(self) -> bool:
         """Nothing was built, repaired or sampled (the speed profile alone does not count)."""
         return not (self.built or self.built_acceptance or self.sampled_continuations or self.repaired)
+
+
+STEPS = ("models", "continuations", "logit caches", "costs", "opening")
+"""The steps of :func:`open_or_build_cache` whose seconds :class:`BuildInfo` reports: loading the
+pool's models (converting the target on a first run), sampling continuations, building logit
+caches, measuring costs, opening (and checking) the folders."""
+
+
+class _Clock:
+    """Seconds since the last lap."""
+
+    def __init__(self):
+        self._last = time.perf_counter()
+
+    def lap(self) -> float:
+        now = time.perf_counter()
+        out, self._last = now - self._last, now
+        return out
 
 
 def _cost_settings(temperature: float):
@@ -239,18 +260,32 @@ class _Builder:
         todo += [(b, name) for b in spec.batch_sizes for name in store.missing(drafters, b)]
         if not todo:
             return False, ()
-        store.identify(pool_identity(spec, self.pool.target.vocab_fingerprint), hardware_fingerprint(spec.device))
-        bar = tqdm(todo, desc=f"measuring costs ({spec.target})", unit="cost", disable=not self.progress)
+        store.identify(pool_identity(spec, self.vocabulary()), hardware_fingerprint(spec.device, spec.engine),
+                       spec.engine)
+        runs = self.engine_pool(list(dict.fromkeys(n for _, n in todo if n is not None)))
+        bar = tqdm(todo, desc=f"measuring costs ({spec.target}, engine {spec.engine})", unit="cost",
+                   disable=not self.progress)
         for b, name in bar:
             def repeat(r, n, width, what=f"{name or 'target profile'} at B={b}"):  # the stopping rule's state
                 bar.set_postfix_str(f"{what}: repeat {r}/{n}, interval +-{100 * width:.1f}%")
             if name is None:
-                store.set_profile(measure_speed_profile(self.pool.target.model, spec.gamma_max, spec.cost_context,
+                store.set_profile(measure_speed_profile(runs.target.model, spec.gamma_max, spec.cost_context,
                                                         spec.cost_repeats, spec.temperature, b, repeat), b)
             else:
-                store.set_drafter(name, measure_member_cost(self.pool[name], self.pool.target, spec.cost_context,
+                store.set_drafter(name, measure_member_cost(runs[name], runs.target, spec.cost_context,
                                                             spec.cost_repeats, spec.temperature, b, repeat).to_dict(), b)
         return any(name is None for _, name in todo), tuple(dict.fromkeys(n for _, n in todo if n is not None))
+
+    def engine_pool(self, drafters: list[str]):
+        """The members whose steps the costs time: the pool's (engine ``mdboost``), or the same
+        specs run by llama.cpp (:class:`mdboost.engine.llamacpp.LlamaCppPool`, engine ``llamacpp``)."""
+        if self.spec.engine == "mdboost":
+            return self.pool
+        # deferred: mdboost.engine imports transformers (seconds); a cache opens without it
+        from mdboost.engine.costs import ENGINE_THREADS
+        from mdboost.engine.llamacpp import LlamaCppPool
+
+        return LlamaCppPool(self.spec.target, drafters, home=self.spec.home, n_threads=ENGINE_THREADS)
 
     def vocabulary(self) -> str:
         """The pool's vocabulary fingerprint: the target folder's manifest when built, else the loaded pool's."""
@@ -383,21 +418,32 @@ def open_or_build_cache(spec: PoolCacheSpec, *, progress: bool = False) -> tuple
     drafters = [m for m in names if m != spec.target]
     needed = (maybe | {m for b in spec.batch_sizes for m in store.missing(drafters, b)}) - {spec.target}  # to load
     builder = _Builder(spec, [m for m in names if m in needed], progress)
+    seconds, clock = {}, _Clock()
+    if to_sample or maybe:  # the models the steps below run (a first run converts the target here)
+        builder.pool  # noqa: B018 -- loads it
+        seconds["models"] = clock.lap()
     for n in to_sample:
         builder.sample(n)
+    if to_sample:
+        seconds["continuations"] = clock.lap()
     built = {}
     for acc in sets:
         built[acc] = tuple(m for m in names if not folder_complete(spec, m, acc))
         for name in built[acc]:
             builder.build(name, acc)
+    if any(built.values()):
+        seconds["logit caches"] = clock.lap()
     profiled, costed = builder.measure_costs(store, drafters)
+    if profiled or costed:
+        seconds["costs"] = clock.lap()
     repaired = []
     acc_pc = PoolCache(_open_checked(spec, True, builder, repaired), spec.target) if spec.sampled_acceptance else None
     pc = PoolCache(_open_checked(spec, False, builder, repaired), spec.target, acc_pc, store, spec=spec)
+    seconds["opening"] = clock.lap()
     if acc_pc is not None and acc_pc.vocab_size != pc.vocab_size:
         raise ValueError(f"acceptance caches have vocab_size {acc_pc.vocab_size}, the main caches {pc.vocab_size}")
     if store.pool is None:
         _identify_format1(store, spec, pc.caches[spec.target].manifest["tokenizer_fingerprint"])
     info = BuildInfo(str(Path(spec.dir)), built[False], built.get(True, ()), len(to_sample), profiled, costed,
-                     tuple(repaired))
+                     tuple(repaired), seconds)
     return pc, info

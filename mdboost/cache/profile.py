@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from mdboost._io import atomic_write_text
-from mdboost.cache.speed import ENGINE, KERNEL_ENV, SpeedStore
+from mdboost.cache.speed import ENGINE, KERNEL_ENV, SpeedStore, engine_version
 
 # /proc/cpuinfo flags that select the CPU's matrix kernels (int8 dot products: VNNI, AMX)
 CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
@@ -62,13 +62,15 @@ def _load_average() -> list[float] | None:
         return None
 
 
-def hardware_fingerprint(device) -> dict:
+def hardware_fingerprint(device, engine: str = ENGINE) -> dict:
     """What the costs measured on this machine depend on, as a JSON-able dict.
 
     Parameters
     ----------
     device : str, torch.device or None
         The pool's device (``None``: the one the pool resolves it to, CUDA when present).
+    engine : {"mdboost", "llamacpp"}, default="mdboost"
+        Whose forward passes are timed; ``"llamacpp"`` adds ``llama_cpp`` (llama-cpp-python's version).
 
     Returns
     -------
@@ -100,7 +102,7 @@ def hardware_fingerprint(device) -> dict:
             "torch": torch.__version__.split("+")[0], "dtype": str(default_dtype(device)).replace("torch.", ""),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "kernel_env": {k: os.environ[k] for k in KERNEL_ENV if os.environ.get(k)},
-            "load_average": _load_average()}
+            "load_average": _load_average(), **({} if engine == ENGINE else {"llama_cpp": engine_version(engine)})}
 
 
 def hardware_label(hardware: dict | None) -> str:
@@ -112,6 +114,9 @@ def hardware_label(hardware: dict | None) -> str:
     >>> hardware_label({"cpu": "CPU X", "cpu_flags": ["avx2", "avx512f"], "torch_threads": 1, "torch": "2.13.0",
     ...                 "dtype": "float32", "kernel_env": {"ATEN_CPU_CAPABILITY": "avx2"}})
     'CPU X (avx2, avx512f; kernels capped: ATEN_CPU_CAPABILITY=avx2), 1 torch thread, torch 2.13.0, float32'
+    >>> hardware_label({"cpu": "CPU X", "cpu_flags": ["avx2"], "torch_threads": 1, "torch": "2.13.0",
+    ...                 "dtype": "float32", "llama_cpp": "0.3.36"})
+    'CPU X (avx2), 1 thread, llama.cpp (llama-cpp-python 0.3.36)'
     >>> hardware_label(None)
     'unrecorded hardware'
     """
@@ -124,6 +129,8 @@ def hardware_label(hardware: dict | None) -> str:
         chip = (f"{hardware.get('cpu') or 'unknown CPU'} ({', '.join(hardware.get('cpu_flags') or []) or 'no AVX2'}"
                 f"{f'; kernels capped: {capped}' if capped else ''})")
     threads = hardware.get("torch_threads")
+    if "llama_cpp" in hardware:  # llama.cpp's forward passes (speed.engine: llamacpp), at the same thread count
+        return f"{chip}, {threads} thread{'s' * (threads != 1)}, llama.cpp (llama-cpp-python {hardware['llama_cpp']})"
     return f"{chip}, {threads} torch thread{'s' * (threads != 1)}, torch {hardware.get('torch')}, {hardware.get('dtype')}"
 
 
@@ -223,8 +230,8 @@ def check_profile(store: SpeedStore, spec, vocabulary: str, gamma_max: int) -> N
 
     where = f"cost profile {str(store.path)!r}"
     pool, own = store.pool, pool_identity(spec, vocabulary)
-    if store.engine != ENGINE:
-        raise ValueError(f"{where} times engine {store.engine!r}, the ranking's speed model is {ENGINE!r}'s")
+    if store.engine != spec.engine:
+        raise ValueError(f"{where} times engine {store.engine!r}, the ranking's (speed.engine) is {spec.engine!r}")
     if pool is None or store.hardware is None:
         raise ValueError(f"{where} names no pool or hardware (a speed file of format 1); write a profile with "
                          f"`mdboost profile`")

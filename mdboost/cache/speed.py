@@ -19,7 +19,8 @@ changed kernels are measured again. The file holds
 - ``drafters``: per drafter entry (:func:`entry_key`) its
   :class:`~mdboost.engine.costs.CostMeasurement` (``median`` ``c``, ``samples``,
   ``prefill_per_token``, method, threads, load averages), measured against the target;
-- ``engine`` (``"mdboost"``), ``hardware`` (the machine's fingerprint when it measured:
+- ``engine`` (``"mdboost"``, or ``"llamacpp"`` for a spec whose ``engine`` is llama.cpp's: its
+  own file, keyed by llama-cpp-python's version too), ``hardware`` (the machine's fingerprint when it measured:
   :func:`mdboost.cache.profile.hardware_fingerprint`) and ``pool`` (target, its content id, the
   vocabulary fingerprint, greedy or sampled: :func:`mdboost.cache.profile.pool_identity`);
 - ``batches`` (when measured): per batch size ``B > 1`` (its key the decimal ``B``) the same
@@ -40,6 +41,7 @@ interrupted build keeps what it measured.
 from __future__ import annotations
 
 import copy
+import importlib.metadata
 import json
 import os
 from pathlib import Path
@@ -56,6 +58,17 @@ KEY_FORMAT = "mdboost-speed/1"  # part of a speed file's name: unchanged, so for
 ENGINE = "mdboost"  # the engine whose steps the costs time (mdboost.engine)
 
 
+def engine_version(engine: str) -> str | None:
+    """The installed version of what runs ``engine``'s forward passes: torch's for ``"mdboost"``,
+    llama-cpp-python's for ``"llamacpp"`` (None when it is not installed)."""
+    if engine == ENGINE:
+        return torch.__version__.split("+")[0]
+    try:
+        return importlib.metadata.version("llama_cpp_python")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def speed_path(spec) -> Path:
     """The speed file of a :class:`~mdboost.cache.keys.PoolCacheSpec` (module docstring)."""
     # deferred: mdboost.engine imports transformers (seconds); a cache opens without it
@@ -63,6 +76,8 @@ def speed_path(spec) -> Path:
 
     parts = [KEY_FORMAT, COST_UNIT, spec.target, spec.device, spec.home, ENGINE_THREADS, torch.__version__.split("+")[0],
              spec.cost_context, spec.cost_repeats, max(spec.gamma_max, 8), *spec.weights(spec.target)]
+    if spec.engine != ENGINE:  # another engine's steps (mdboost's keep the names they always had)
+        parts += ["engine", spec.engine, engine_version(spec.engine)]
     # kernels capped below the CPU's (KERNEL_ENV) time another machine: they get their own file
     capped = [f"{k}={os.environ[k]}" for k in KERNEL_ENV if os.environ.get(k)]
     key = fingerprint(*parts, *(["greedy"] if spec.temperature == 0 else []), *capped)
@@ -177,10 +192,12 @@ class SpeedStore:
         """The names in ``drafters`` without an entry at ``batch_size``."""
         return [d for d in drafters if self.drafter(d, batch_size) is None]
 
-    def identify(self, pool: dict, hardware: dict | None = None) -> None:
-        """Set the pool's identity and (when given) the measuring machine's fingerprint, in memory:
-        they are written with the next measurement (a plain re-ranking never writes the file)."""
+    def identify(self, pool: dict, hardware: dict | None = None, engine: str = ENGINE) -> None:
+        """Set the pool's identity, the engine whose steps are timed and (when given) the measuring
+        machine's fingerprint, in memory: they are written with the next measurement (a plain
+        re-ranking never writes the file)."""
         self._data["pool"] = pool
+        self._data["engine"] = engine
         if hardware is not None:
             self._data["hardware"] = hardware
 

@@ -343,14 +343,17 @@ class _NgramSession(_ScheduledSession):
 def as_drafter(drafter) -> Drafter:
     """The :class:`Drafter` for a pool member: a ``Drafter`` as is, a transformers model as a
     :class:`ModelDrafter`, an :class:`~mdboost.models.ngram.NgramDrafter` as an :class:`NgramAdapter`,
-    a :class:`~mdboost.models.pool.PoolMember` (``pool["early_exit:12"]``) as its model or n-gram drafter."""
+    a :class:`~mdboost.models.pool.PoolMember` (``pool["early_exit:12"]``) as its model or n-gram drafter,
+    an :class:`~mdboost.engine.kv.LMBackend` (a :class:`~mdboost.engine.llamacpp.LlamaCppModel`) as a
+    :class:`ModelDrafter`."""
     if isinstance(drafter, Drafter):
         return drafter
     if isinstance(drafter, PoolMember):
         return as_drafter(drafter.ngram if drafter.ngram is not None else drafter.model)
     if isinstance(drafter, NgramDrafter):
         return NgramAdapter(drafter)
-    if isinstance(drafter, PreTrainedModel):
+    if isinstance(drafter, (PreTrainedModel, LMBackend)):
         return ModelDrafter(drafter)
-    raise TypeError(f"drafter must be a Drafter, a pool member, a transformers PreTrainedModel or an NgramDrafter, "
+    raise TypeError(f"drafter must be a Drafter, a pool member, a transformers PreTrainedModel, an LMBackend "
+                    f"(llama.cpp) or an NgramDrafter, "
                     f"got {type(drafter).__name__}")

@@ -16,6 +16,10 @@ forget the entries past a position. llama-cpp-python (0.3.36) exposes all three 
   positions the loop reads are flagged (``llama_batch.logits``): a prefill pays for one row of
   the output head, as in ``Llama.generate``, and a verification chunk for its ``K + 1``.
 
+:class:`LlamaCppPool` is a ranked pool as llama.cpp runs it (the target's GGUF, each early exit
+as a truncated GGUF, prompt lookup as ever): what the ranking's costs are measured on with
+``speed.engine: llamacpp`` and what ``mdboost validate`` runs for such a ranking.
+
 Sampling and verification stay in mdboost (torch, on the CPU): llama.cpp computes logits
 only. The backend runs one sequence (llama-cpp-python's ``Llama`` holds one): batch size 1.
 
@@ -28,14 +32,17 @@ built from its sdist): importing this module does not need it, opening a model d
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from mdboost.models.gguf_drafters import import_llama_cpp, llama_cpp_available
+from mdboost.models.gguf_drafters import gguf_drafter, import_llama_cpp, llama_cpp_available, llamacpp_cannot, llamacpp_model
+from mdboost.models.ngram import NgramDrafter
+from mdboost.models.specs import parse_drafter
 
-__all__ = ["LlamaCppLM", "LlamaCppModel", "llama_cpp_available"]
+__all__ = ["LlamaCppLM", "LlamaCppMember", "LlamaCppModel", "LlamaCppPool", "llama_cpp_available"]
 
 
 class LlamaCppModel:
@@ -57,6 +64,8 @@ class LlamaCppModel:
     llama : llama_cpp.Llama, optional
         An opened model to use instead of opening ``model_path`` (its ``n_ctx`` and threads apply).
 
+    Notes
+    -----
     Use it as ``generate(LlamaCppModel("model.gguf", n_threads=1), input_ids, settings)`` (run in
     ``tests/test_llamacpp_backend.py`` on the default GGUF when llama-cpp-python is installed).
     """
@@ -192,3 +201,72 @@ class LlamaCppLM:
         self._kept += int(num_columns[0])
         self.last_fed = 0
         self._ctx.kv_cache_seq_rm(-1, self._kept, -1)
+
+
+@dataclass
+class LlamaCppMember:
+    """One member of a :class:`LlamaCppPool`: its spec ``name``, ``kind`` (``"target"`` or
+    :func:`mdboost.models.specs.parse_drafter`'s), and ``model`` (a :class:`LlamaCppModel`) or
+    ``ngram`` (prompt lookup), as a :class:`~mdboost.models.pool.PoolMember` holds them."""
+
+    name: str
+    kind: str
+    model: LlamaCppModel | None
+    ngram: NgramDrafter | None = None
+
+
+class LlamaCppPool:
+    """A pool's target and drafters as llama.cpp runs them, by the pool's specs: ``pool[name]`` is
+    a :class:`LlamaCppMember`, ``pool.target`` the target's.
+
+    Parameters
+    ----------
+    target : str
+        The pool's target: a ``.gguf`` file or ``smollm2-135m`` (the bundled GGUF it converts;
+        :func:`mdboost.models.gguf_drafters.llamacpp_model`).
+    drafters : sequence of str
+        Pool drafter specs llama.cpp can run (:func:`mdboost.models.gguf_drafters.llamacpp_cannot`):
+        ``early_exit:N`` (a truncated GGUF of the target, made once under ``home``), ``ngram:N``,
+        a ``.gguf`` file. Another spec is a ValueError with the reason.
+    home : str or path-like, optional
+        Where truncated GGUFs are kept (default: :func:`mdboost.models.home.mdboost_home`).
+    n_threads : int, default=1
+        Threads of every model's decodes (the engine's cost measurements run one).
+    n_ctx : int, default=2048
+        Context length of every model.
+    """
+
+    def __init__(self, target: str, drafters=(), *, home=None, n_threads: int = 1, n_ctx: int = 2048):
+        path, note = llamacpp_model(target)
+        if path is None:
+            raise ValueError(f"target {target!r} cannot run in llama.cpp: {note}")
+        for spec in drafters:
+            why = llamacpp_cannot(spec)
+            if why is not None:
+                raise ValueError(f"drafter {spec!r} cannot run in llama.cpp: {why}")
+        self.target_path = path
+        self._open = dict(n_threads=n_threads, n_ctx=n_ctx)
+        self.target = LlamaCppMember(target, "target", LlamaCppModel(path, **self._open))
+        self._members = {target: self.target}
+        for spec in drafters:
+            self._members.setdefault(spec, self._member(spec, home))
+
+    def _member(self, spec: str, home) -> LlamaCppMember:
+        kind, n = parse_drafter(spec)
+        if kind == "ngram":
+            return LlamaCppMember(spec, kind, None, NgramDrafter(n))
+        path = gguf_drafter(self.target_path, spec, home) if kind == "early_exit" else spec
+        return LlamaCppMember(spec, kind, LlamaCppModel(path, **self._open))
+
+    @property
+    def names(self) -> list[str]:
+        """The target's spec, then the drafters'."""
+        return list(self._members)
+
+    def __getitem__(self, name: str) -> LlamaCppMember:
+        if name not in self._members:
+            raise KeyError(f"{name!r} is not in this llama.cpp pool (members: {self.names})")
+        return self._members[name]
+
+    def __repr__(self) -> str:
+        return f"LlamaCppPool({self.names})"

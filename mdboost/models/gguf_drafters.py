@@ -27,10 +27,12 @@ from pathlib import Path
 
 from mdboost._io import atomic_path, file_lock, lock_path, sha256_file
 
+from .convert import SMOLLM2_ALIAS, smollm2_gguf
 from .home import mdboost_home
+from .specs import parse_drafter
 
-__all__ = ["QUANTIZATIONS", "gguf_drafter", "import_llama_cpp", "llama_cpp_available", "parse_gguf_drafter",
-           "quantized_gguf", "truncated_gguf"]
+__all__ = ["QUANTIZATIONS", "gguf_drafter", "import_llama_cpp", "llama_cpp_available", "llamacpp_cannot",
+           "llamacpp_model", "parse_gguf_drafter", "quantized_gguf", "truncated_gguf"]
 
 INSTALL = "pip install 'mdboost[llamacpp]'  (llama-cpp-python 0.3.36, built from its sdist: 15-30 minutes on 2 cores)"
 
@@ -52,6 +54,53 @@ def import_llama_cpp(what: str):
     except ImportError as exc:
         raise ImportError(f"{what} needs llama-cpp-python: {INSTALL}") from exc
     return llama_cpp
+
+
+def llamacpp_model(name: str) -> tuple[str | None, str]:
+    """The GGUF file llama.cpp loads for an mdboost model name, and a note; ``(None, reason)``
+    where there is none.
+
+    >>> llamacpp_model("/m/q4.gguf")
+    ('/m/q4.gguf', '')
+    >>> llamacpp_model("tiny")[1]
+    "'tiny' is a random test model built in code: llama.cpp cannot load it"
+    """
+    if name.endswith(".gguf"):
+        return name, ""
+    if name.lower() == SMOLLM2_ALIAS:
+        try:
+            folder, file = smollm2_gguf()
+        except (FileNotFoundError, ModuleNotFoundError) as err:
+            return None, f"the bundled SmolLM2 GGUF is not installed here ({err})"
+        return str(folder / file), ("the bundled SmolLM2-135M-Instruct Q4_1 GGUF mdboost converted and ranked "
+                                    "(the same weights, computed on the quantized blocks)")
+    if name.startswith("tiny"):
+        return None, f"{name!r} is a random test model built in code: llama.cpp cannot load it"
+    return None, (f"{name!r} is not a GGUF file and llama.cpp loads nothing else: convert it with llama.cpp's "
+                  f"convert_hf_to_gguf.py")
+
+
+_NO_GGUF = {"tuned": "an early exit with a tuned-lens translator (a layer llama.cpp's graph does not have)",
+            "int8": "torch's dynamic int8 CPU copy of the target (llama.cpp's own lower-bit target is quant:<TYPE>)"}
+
+
+def llamacpp_cannot(spec: str) -> str | None:
+    """Why mdboost's loop cannot run the pool drafter ``spec`` with llama.cpp doing the forward
+    passes, or None where it can: prompt lookup (``ngram:N``), ``early_exit:N`` (a truncated
+    GGUF, :func:`gguf_drafter`) and a GGUF file run; ``tuned:N``, ``int8`` and other models do not.
+
+    >>> llamacpp_cannot("early_exit:12") is None, llamacpp_cannot("ngram:3") is None
+    (True, True)
+    >>> llamacpp_cannot("int8")
+    "torch's dynamic int8 CPU copy of the target (llama.cpp's own lower-bit target is quant:<TYPE>)"
+    """
+    kind, _ = parse_drafter(spec)
+    if kind in ("ngram", "early_exit"):
+        return None
+    if kind in _NO_GGUF:
+        return _NO_GGUF[kind]
+    path, note = llamacpp_model(spec)
+    return None if path is not None else note
 
 
 def _block(name: str) -> int | None:

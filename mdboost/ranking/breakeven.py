@@ -118,3 +118,43 @@ def hardware_line(costs: Mapping, pick: str | None, *, limit: int = 3) -> str:
     parts = [f"{first} would pay below {_cost(e0['pays_below'])} of a target step ({e0['cost_ratio']:.3g} here)"]
     parts += [f"{d} below {_cost(e['pays_below'])} ({e['cost_ratio']:.3g} here)" for d, e in rest]
     return "at lower drafter costs: " + ", ".join(parts)
+
+
+def reason_line(row: Mapping) -> str:
+    """Why a point is as fast as it is, from what was measured: the tokens one target call makes
+    at its gamma (undrafted calls included) against what a drafted call costs in target steps
+    (verifying ``gamma + 1`` tokens, ``v(gamma)``, plus drafting ``gamma`` tokens at ``c`` each,
+    plus MD's solve ``s`` where the point is lossy), and for a drafter that does not always
+    propose (prompt lookup) how often it does. The speed model (``docs/theory.md`` section 8) adds the draft-start
+    process and the prefill; this line is its steady state in words. ``row``: a ranking row (CSV
+    strings or numbers) with ``engine_tokens_per_call`` (else ``engine_mean_accepted_length``),
+    ``engine_acceptance``, ``cost_ratio``, ``verify_cost``, ``md_overhead``, ``gamma`` and
+    ``proposal_rate``.
+
+    >>> row = {"drafter": "int8", "gamma": "3", "engine_tokens_per_call": "2.9", "engine_acceptance": "0.79",
+    ...        "cost_ratio": "0.6", "verify_cost": "1.2", "md_overhead": "0.05", "max_divergence": "0.2"}
+    >>> reason_line(row)
+    'int8 at gamma 3 makes 2.90 tokens per target call (0.79 of its drafts accepted); a drafted call costs 3.05 target steps: verifying 4 tokens 1.20, drafting 3 x 0.6, solving MD 0.05'
+    >>> reason_line({"drafter": "ngram:3", "gamma": 1, "engine_tokens_per_call": 1.4, "engine_acceptance": 0.41,
+    ...              "cost_ratio": 0.006, "verify_cost": 1.7, "md_overhead": 0.0, "max_divergence": 0.0,
+    ...              "proposal_rate": 0.55})
+    'ngram:3 at gamma 1 makes 1.40 tokens per target call (0.41 of its drafts accepted; it drafts at 55% of positions); a drafted call costs 1.71 target steps: verifying 2 tokens 1.70, drafting 1 x 0.006'
+    """
+    gamma = int(csv_float(row.get("gamma")))
+    tokens = csv_float(row.get("engine_tokens_per_call"))
+    if not math.isfinite(tokens):
+        tokens = csv_float(row.get("engine_mean_accepted_length"))
+    acceptance, c, verify, solve = (csv_float(row.get(k)) for k in ("engine_acceptance", "cost_ratio", "verify_cost",
+                                                                     "md_overhead"))
+    verify = verify if math.isfinite(verify) else 1.0
+    lossy = csv_float(row.get("max_divergence")) > 0 and math.isfinite(solve) and solve > 0
+    total = verify + gamma * c + (solve if lossy else 0.0)
+    parts = [f"verifying {gamma + 1} tokens {verify:.2f}", f"drafting {gamma} x {c:.3g}"]
+    if lossy:
+        parts.append(f"solving MD {solve:.2f}")
+    rate = csv_float(row.get("proposal_rate"))
+    notes = ([f"{acceptance:.2f} of its drafts accepted"] if math.isfinite(acceptance) else []) + (
+        [f"it drafts at {rate:.0%} of positions"] if math.isfinite(rate) and rate < 1 else [])
+    noted = f" ({'; '.join(notes)})" if notes else ""
+    return (f"{row['drafter']} at gamma {gamma} makes {tokens:.2f} tokens per target call{noted}; a drafted call "
+            f"costs {total:.2f} target steps: {', '.join(parts)}")

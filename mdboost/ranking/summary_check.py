@@ -193,11 +193,17 @@ def _is_row(rec: Mapping, row: Mapping) -> bool:
                  or _same_number(csv_float(row.get("predicted_speedup")), float(rec["predicted_speedup"]))))
 
 
+def find_row(rec: Mapping, rows: list[dict]) -> dict | None:
+    """The row of ``rows`` that is the recommendation ``rec`` (its point and predicted speedup,
+    as :func:`check_in_rows` matches them), or None."""
+    return next((row for row in rows if _is_row(rec, row)), None)
+
+
 def check_in_rows(rec: Mapping, rows: list[dict], where: str, field: str = "recommendation") -> None:
     """ValueError naming ``where`` unless the recommendation ``rec`` is one of ``rows`` (its point:
     drafter, target, temperature, divergence, budget, gamma, rule and drafting; and its predicted
     speedup): a summary whose recommendation is not in its table was not written with it."""
-    if not any(_is_row(rec, row) for row in rows):
+    if find_row(rec, rows) is None:
         speedup = rec.get("predicted_speedup")
         raise ValueError(
             f"{where}: summary.json's {field} ({rec['drafter']} -> {rec['target']}, T={rec['temperature']}, "

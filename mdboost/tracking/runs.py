@@ -160,3 +160,20 @@ def log_children(client, experiment_id: str, parent_run_id: str, children: Seque
         client.set_terminated(run.info.run_id, end_time=max(int(time.time() * 1000), start))
         ids[i] = run.info.run_id
     return ids
+
+
+def parent_run(client, experiment_id: str, run_name: str, started_at: float):
+    """The pipeline's parent run, active (``mlflow.start_run`` on it), starting at ``started_at``
+    (seconds since the epoch: when the job began, not when it began logging), so the UI's
+    Duration is the job's; it ends when the ``with`` block does.
+
+    MLflow's ``start_run`` takes no start time; ``MlflowClient.create_run`` does, and
+    ``start_run(run_id=...)`` resumes the run it made.
+    """
+    import mlflow  # deferred: mlflow: seconds to import; the library runs without a tracking server
+
+    if not (isinstance(started_at, (int, float)) and math.isfinite(started_at) and 0 < started_at <= time.time()):
+        raise ValueError(f"started_at must be a past time in seconds since the epoch, got {started_at!r}")
+    run = client.create_run(experiment_id, start_time=int(started_at * 1000), run_name=run_name)
+    mlflow.set_experiment(experiment_id=experiment_id)  # start_run refuses a run of another active experiment
+    return mlflow.start_run(run_id=run.info.run_id)

@@ -96,7 +96,8 @@ def _cell_modes(row: dict, pool) -> dict:
 
 
 def realize_cells(rows: list[dict], pool, prompts, *, max_new_tokens: int = 64, seed: int = 0,
-                  top_k: int | None = None, top_p: float | None = None, progress: bool = False) -> list[dict]:
+                  top_k: int | None = None, top_p: float | None = None, progress: bool = False,
+                  engine_pool=None) -> list[dict]:
     """Realized numbers of ranking cells, one dict per row (same order).
 
     Each row runs at its own ``temperature``, ``gamma``, divergence, budget ``max_divergence``,
@@ -107,6 +108,10 @@ def realize_cells(rows: list[dict], pool, prompts, *, max_new_tokens: int = 64, 
     speedup divides by the same AR reference made under the same machine load. ``progress``
     shows a bar over the generations (cells and AR runs x prompts) with the tokens/s so far
     (:func:`mdboost.validation.runs.progress_bar`; ``TQDM_DISABLE=1`` silences it).
+
+    ``engine_pool`` holds the members the engine generates with, by the same names (default:
+    ``pool``): a :class:`~mdboost.engine.llamacpp.LlamaCppPool` validates in llama.cpp. ``pool``
+    gives the tokenizer's end of text and scores every output's NLL under its target.
 
     Returns
     -------
@@ -124,11 +129,13 @@ def realize_cells(rows: list[dict], pool, prompts, *, max_new_tokens: int = 64, 
     bar = progress_bar(total, "validation runs", progress)
     out: list[dict] = [{} for _ in rows]
     eos = pool.target.tokenizer.eos_token_id
+    engine_pool = pool if engine_pool is None else engine_pool
     for (target_name, temperature, batch_size), members in groups.items():
-        target = pool[target_name].model
-        modes = {"ar": dict(mode="ar")} | {f"cell{i}": _cell_modes(rows[i], pool) for i in members}
-        runs = run_modes(target, prompts, modes, seed=seed, max_new_tokens=max_new_tokens, temperature=temperature,
-                         top_k=top_k, top_p=top_p, eos_token_id=eos, on_generation=bar.step, batch_size=batch_size)
+        target = pool[target_name].model  # scores the outputs
+        modes = {"ar": dict(mode="ar")} | {f"cell{i}": _cell_modes(rows[i], engine_pool) for i in members}
+        runs = run_modes(engine_pool[target_name].model, prompts, modes, seed=seed, max_new_tokens=max_new_tokens,
+                         temperature=temperature, top_k=top_k, top_p=top_p, eos_token_id=eos, on_generation=bar.step,
+                         batch_size=batch_size)
         ar = runs["ar"]
         ar_tps, ar_nll = ar.stats.tokens_per_second, target_nll(target, prompts, ar.outputs)
         for i in members:
@@ -149,14 +156,16 @@ def realize_cells(rows: list[dict], pool, prompts, *, max_new_tokens: int = 64, 
 
 def humaneval_pass_at_1(row: dict, pool, text: TextSource, *, tasks: int = 4, max_new_tokens: int = 128,
                         seed: int = 0, timeout: float = 10.0, top_k: int | None = None,
-                        top_p: float | None = None) -> dict:
+                        top_p: float | None = None, engine_pool=None) -> dict:
     """pass@1 of AR and the cell's completions (MD, or SD at budget 0) on the first ``tasks``
     held-out HumanEval tasks of ``text``'s sample order (:func:`heldout_prompts`), at the row's
-    ``temperature``, ``gamma``, budget and ``md_solve``."""
+    ``temperature``, ``gamma``, budget and ``md_solve``; ``engine_pool`` as in :func:`realize_cells`."""
     tok = pool.target.tokenizer
     records, prompts = heldout_prompts(text, tok, tasks)
     problems = humaneval.load_problems()
-    runs = run_modes(pool[row["target"]].model, prompts, {"ar": dict(mode="ar"), "md": _cell_modes(row, pool)},
+    engine_pool = pool if engine_pool is None else engine_pool
+    runs = run_modes(engine_pool[row["target"]].model, prompts,
+                     {"ar": dict(mode="ar"), "md": _cell_modes(row, engine_pool)},
                      seed=seed, max_new_tokens=max_new_tokens, temperature=float(row["temperature"]), top_k=top_k,
                      top_p=top_p, eos_token_id=tok.eos_token_id)
     out = {"humaneval_tasks": float(len(records))}

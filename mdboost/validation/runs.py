@@ -32,6 +32,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mdboost.engine import GenerationSettings, as_drafter, generate
+from mdboost.engine.kv import model_device
 from mdboost.engine.stats import GenerationStats
 
 MODES = ("ar", "sd", "md")
@@ -196,7 +197,7 @@ def run_modes(target, prompts: list[torch.Tensor], modes: dict[str, dict], *, se
         models[name] = kwargs.get("model", target)
     arguments = {name: _mode_arguments({**common, **{k: v for k, v in kwargs.items() if k != "model"}})
                  for name, kwargs in modes.items()}
-    device = next(target.parameters()).device
+    device = model_device(target)  # the CPU for llama.cpp (mdboost.engine.kv.LMBackend)
     stats = {name: [] for name in modes}
     outputs = {name: [] for name in modes}
     for i, start in enumerate(range(0, len(prompts), batch_size)):
