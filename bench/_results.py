@@ -35,6 +35,27 @@ def load_line(start: float) -> str:
     return f"_Host load (1-minute average): {start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end._"
 
 
+def coverage_text(metric: dict | None) -> str:
+    """A validation metric's interval coverage in words (``summary.json``'s ``metrics`` entries).
+
+    >>> coverage_text({"covered": 12, "with_interval": 13, "coverage": 12 / 13})
+    '12 of 13 (92%)'
+    """
+    if not metric or metric["coverage"] is None:
+        return "n/a"
+    return f"{metric['covered']} of {metric['with_interval']} ({100 * metric['coverage']:.0f}%)"
+
+
+def write_configs(folder: Path, configs: dict) -> tuple[Path, ...]:
+    """Each ``name -> config mapping`` of ``configs`` as ``folder/<name>.yaml`` (atomic), in order."""
+    import yaml  # deferred: only the scripts that write configs need it
+
+    paths = tuple(folder / f"{name}.yaml" for name in configs)
+    for path, cfg in zip(paths, configs.values()):
+        atomic_write_text(path, yaml.safe_dump(cfg, sort_keys=False))
+    return paths
+
+
 def update_section(name: str, markdown: str, path: Path = RESULTS) -> None:
     """Replace (or append) the block of ``name`` in the results file, atomically."""
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):

@@ -28,8 +28,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench._results import load_line, update_section  # noqa: E402
-from mdboost._io import atomic_write_text  # noqa: E402
+from bench._results import coverage_text, load_line, update_section, write_configs  # noqa: E402
 from mdboost.cache.profile import hardware_label  # noqa: E402
 
 OUT = ROOT / "outputs" / "llamacpp-validation"
@@ -44,16 +43,7 @@ def _configs(ranking: Path) -> tuple[Path, Path]:
     validate["ranking"]["ranking_dir"] = str(ranking)
     validate["humaneval"]["tasks"] = 0
     validate["tracking"]["enabled"] = False
-    paths = OUT / "rank.yaml", OUT / "validate.yaml"
-    for path, cfg in zip(paths, (rank, validate)):
-        atomic_write_text(path, yaml.safe_dump(cfg, sort_keys=False))
-    return paths
-
-
-def _pct(m: dict | None) -> str:
-    if not m or m["coverage"] is None:
-        return "n/a"
-    return f"{m['covered']} of {m['with_interval']} ({100 * m['coverage']:.0f}%)"
+    return write_configs(OUT, {"rank": rank, "validate": validate})
 
 
 def _point(c: dict) -> str:
@@ -94,9 +84,9 @@ def render(ranked: dict, summary: dict) -> str:
         f"through the same backend (median {ar[len(ar) // 2]:.1f} tokens/s over the cells' runs).",
         f"Ranking's verdict: {ranked['verdict']}",
         f"**{summary['verdict']}**",
-        f"- speedup: intervals cover {_pct(speed)}, MAE {speed['mae']:.3f}, Spearman {speed['spearman']:.2f}, "
+        f"- speedup: intervals cover {coverage_text(speed)}, MAE {speed['mae']:.3f}, Spearman {speed['spearman']:.2f}, "
         f"regret {100 * speed['regret']:.1f}%",
-        f"- acceptance: intervals cover {_pct(acc)}" + (f", MAE {acc['mae']:.3f}" if acc else ""),
+        f"- acceptance: intervals cover {coverage_text(acc)}" + (f", MAE {acc['mae']:.3f}" if acc else ""),
         f"- misses: {below} below the interval, {above} above; mean signed error (realized - predicted) "
         f"{sum(errors) / len(errors):+.3f}",
         "\n".join(rows),

@@ -28,7 +28,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench._results import load_line, update_section  # noqa: E402
+from bench._results import coverage_text, load_line, update_section, write_configs  # noqa: E402
 from mdboost._io import atomic_write_text  # noqa: E402
 from mdboost.cache.profile import hardware_fingerprint, hardware_label  # noqa: E402
 from mdboost.data import load_texts  # noqa: E402
@@ -64,16 +64,7 @@ def _configs(data: Path, cells: int, prompts: int) -> tuple[Path, Path]:
     validate["generation"]["prompts"] = prompts
     validate["humaneval"]["tasks"] = 0
     validate["tracking"]["enabled"] = False
-    paths = OUT / "rank.yaml", OUT / "validate.yaml"
-    for path, cfg in zip(paths, (rank, validate)):
-        atomic_write_text(path, yaml.safe_dump(cfg, sort_keys=False))
-    return paths
-
-
-def _pct(m: dict | None) -> str:
-    if not m or m["coverage"] is None:
-        return "n/a"
-    return f"{m['covered']} of {m['with_interval']} ({100 * m['coverage']:.0f}%)"
+    return write_configs(OUT, {"rank": rank, "validate": validate})
 
 
 def render(ranked: dict, summary: dict) -> str:
@@ -98,9 +89,9 @@ def render(ranked: dict, summary: dict) -> str:
         f"- ranked on: {strata(ranked['data'])} (the head of the file's cache split would be 16 `short`)",
         f"- validated on: {strata(summary['data'])}",
         f"**{summary['verdict']}**",
-        f"- speedup: intervals cover {_pct(speed)}, MAE {speed['mae']:.3f}, Spearman {speed['spearman']:.2f}, "
+        f"- speedup: intervals cover {coverage_text(speed)}, MAE {speed['mae']:.3f}, Spearman {speed['spearman']:.2f}, "
         f"regret {100 * speed['regret']:.1f}%",
-        f"- acceptance: intervals cover {_pct(acc)}" + (f", MAE {acc['mae']:.3f}" if acc else ""),
+        f"- acceptance: intervals cover {coverage_text(acc)}" + (f", MAE {acc['mae']:.3f}" if acc else ""),
         f"Goal (trustworthy-data issue: regret <= 5%, speedup and acceptance coverage 80-97%): "
         f"{'met' if goal else 'not met'} on this run (with {speed['with_interval']} cells one cell moves a "
         f"coverage by {100 / max(speed['with_interval'], 1):.0f} points).",

@@ -70,15 +70,19 @@ def build_parser() -> argparse.ArgumentParser:
                     help="store to serve (default: $MLFLOW_TRACKING_URI, else sqlite:///mlruns/mlflow.db)")
     ui.add_argument("--artifacts-root", dest="artifact_root", default=None,
                     help="artifact folder of experiments created through the UI (default: mlruns/artifacts)")
-    ui.add_argument("--port", type=int, default=5000)
-    ui.add_argument("--host", default="127.0.0.1")
+    ui.add_argument("--port", type=int, default=5000, help="port of the UI (default: 5000)")
+    ui.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine "
+                                                        "only)")
     ui.set_defaults(target="mdboost.tracking.ui:main")
 
     export = sub.add_parser("export", help="print what to run for a ranking's recommendation "
                                            "(mdboost, HF generate, vLLM, SGLang, llama.cpp)")
     export.add_argument("--ranking", required=True,
                         help="a ranking output folder (e.g. outputs/rank) or its MLflow run id")
-    export.add_argument("--format", default="json", choices=["json", "mdboost", "hf", "vllm", "sglang", "llamacpp"])
+    export.add_argument("--format", default="json", choices=["json", "mdboost", "hf", "vllm", "sglang", "llamacpp"],
+                        help="json: every engine's section; mdboost / hf / vllm: the Python call; sglang / llamacpp: "
+                             "the server command (a lossy pick on llama.cpp: mdboost's loop in Python) "
+                             "(default: json)")
     export.add_argument("--tracking-uri", default=None, help="store of a run id (default: $MLFLOW_TRACKING_URI, "
                                                              "else sqlite:///mlruns/mlflow.db)")
     export.add_argument("--write-drafter", default=None, metavar="DIR",

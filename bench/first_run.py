@@ -1,0 +1,89 @@
+"""A new user's first run: ``mdboost rank`` (and ``mdboost validate``) on the default config in a
+fresh clone with an empty ``MDBOOST_HOME`` (conversion, caches, costs, all from nothing).
+
+Clones this checkout's ``HEAD`` into a temporary folder, runs each command there with this
+interpreter, and reads its output as it comes: the wall time, the longest silence (no byte on
+stdout or stderr; a progress bar's redraw counts), and the run's own ``seconds_by_stage`` from
+its ``summary.json``. Writes the section ``first_run`` of ``bench/RESULTS.md``: the goal of the
+product-surface issue is 20 minutes for each command, no silence over 30 s.
+
+Run: ``python bench/first_run.py [--validate] [--no-write]`` (tens of minutes; keep the machine quiet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import selectors
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench._results import load_line, update_section  # noqa: E402
+from mdboost.cache.profile import hardware_fingerprint, hardware_label  # noqa: E402
+
+
+def timed_run(argv: list[str], cwd: Path, env: dict) -> tuple[float, float, int]:
+    """Run ``argv``; returns (wall seconds, longest silence in seconds, exit code)."""
+    start = last = time.monotonic()
+    longest = 0.0
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    sel = selectors.DefaultSelector()
+    for stream in (proc.stdout, proc.stderr):
+        sel.register(stream, selectors.EVENT_READ)
+    open_streams = 2
+    while open_streams:
+        for key, _ in sel.select(timeout=1.0):
+            chunk = os.read(key.fileobj.fileno(), 65536)
+            now = time.monotonic()
+            if not chunk:
+                sel.unregister(key.fileobj)
+                open_streams -= 1
+                continue
+            longest, last = max(longest, now - last), now
+    code = proc.wait()
+    end = time.monotonic()
+    return end - start, max(longest, end - last), code
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--validate", action="store_true", help="also time `mdboost validate` on the default config")
+    parser.add_argument("--no-write", action="store_true", help="print only")
+    args = parser.parse_args()
+    commands = [("rank", "configs/default.yaml", "outputs/rank")]
+    if args.validate:
+        commands.append(("validate", "configs/validate_default.yaml", "outputs/validate"))
+    rows = ["| command | wall time | longest silence | time by stage (s) |", "|---|---|---|---|"]
+    start_load = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        clone, home = Path(tmp) / "clone", Path(tmp) / "home"
+        subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+        env = {**os.environ, "MDBOOST_HOME": str(home), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+               "PYTHONPATH": str(clone)}
+        for command, config, out in commands:
+            wall, silence, code = timed_run([sys.executable, "-m", "mdboost", command, "--config", config], clone, env)
+            if code != 0:
+                raise SystemExit(f"mdboost {command} exited {code}")
+            stages = json.loads((clone / out / "summary.json").read_text()).get("seconds_by_stage") or {}
+            shown = ", ".join(f"{k} {v:.0f}" for k, v in sorted(stages.items(), key=lambda kv: -kv[1]))
+            rows.append(f"| `mdboost {command} --config {config}` | {wall / 60:.1f} min | {silence:.0f} s | {shown} |")
+    text = "\n\n".join([
+        "## first_run: a new user's first run, from a fresh clone and an empty MDBOOST_HOME (`bench/first_run.py`)",
+        f"Machine: {hardware_label(hardware_fingerprint('cpu'))}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}. Goal (product-surface issue): 20 minutes each, no silence over 30 s.",
+        "\n".join(rows), load_line(start_load)])
+    print(text)
+    if not args.no_write:
+        update_section("first_run", text)
+
+
+if __name__ == "__main__":
+    main()
