@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench._results import load_line, update_section  # noqa: E402
 from mdboost.cache.profile import hardware_fingerprint, hardware_label  # noqa: E402
-from mdboost.ranking.rule_points import row_draft_p_min  # noqa: E402
+from mdboost.ranking.report import row_draft_p_min  # noqa: E402
 
 
 def _num(x, fmt: str = ".3f") -> str:

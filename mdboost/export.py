@@ -43,8 +43,8 @@ from mdboost.models.gguf_drafters import llamacpp_model
 from mdboost.models.home import mdboost_home, models_dir
 from mdboost.models.specs import parse_drafter
 from mdboost.ranking.recommend import md_row
-from mdboost.ranking.report import ALONE, at_batch_size, batch_sizes_of, check_csv_digest, csv_bool, read_csv, row_batch_size
-from mdboost.ranking.rule_points import row_draft_p_min, row_rule
+from mdboost.ranking.report import (ALONE, at_batch_size, batch_sizes_of, check_csv_digest, csv_bool, read_csv,
+                                    row_batch_size, row_draft_p_min)
 from mdboost.ranking.summary_check import REQUIRED, check_recommendation, check_recommendations_in_rows, check_summary
 from mdboost.serve_args import llamacpp_args, sglang_args, vllm_serve_args
 from mdboost.tracking.store import check_tracking_uri, existing_run
@@ -461,6 +461,9 @@ def rule_code(rec: dict) -> str | None:
     """
     if md_row(rec):
         return None
+    # deferred: the rules are torch code (a second to import); most of an export needs none
+    from mdboost.ranking.rule_points import row_rule
+
     return repr(row_rule(rec))
 
 

@@ -27,10 +27,8 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 
-from mdboost.md.rules import ENGINES
 from mdboost.models.specs import parse_drafter
-from mdboost.ranking.report import ALONE, csv_bool, csv_float
-from mdboost.ranking.rule_points import row_draft_p_min
+from mdboost.ranking.report import ALONE, csv_bool, csv_float, row_draft_p_min
 
 DEGENERATE_SHARE = 0.95  # a budget >= D_f(p || q) at this share of positions or more is called out
 
@@ -279,6 +277,9 @@ def recommend_engines(rows: list[dict]) -> dict[str, dict]:
         recommendation ``None`` (with the reason) where the engine runs none of the rows.
     """
     rows = list(rows)
+    # deferred: mdboost.md imports torch (a second); reading a ranking (mdboost export) needs none
+    from mdboost.md.rules import ENGINES
+
     return {engine: engine_entry(rows, engine) for engine in ENGINES}
 
 

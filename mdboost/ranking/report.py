@@ -145,6 +145,16 @@ def format_table(rows: list[dict], top: int = 10) -> str:
     return "\n".join(lines)
 
 
+def row_draft_p_min(row: dict) -> float:
+    """A ``ranking.csv`` row's draft floor (0 where the column is missing or empty: no floor).
+
+    >>> row_draft_p_min({"draft_p_min": "0.5"}), row_draft_p_min({})
+    (0.5, 0.0)
+    """
+    value = csv_float(row.get("draft_p_min"), 0.0)
+    return 0.0 if math.isnan(value) else value
+
+
 def row_batch_size(row: dict) -> int:
     """A ``ranking.csv`` row's batch size (1 where the column is missing: a ranking before batch
     sizes were ranked)."""

@@ -54,11 +54,11 @@ from mdboost.md.drafting import FLOOR_TOP_K
 from mdboost.md.rules import Block, Match, Mentored, Rejection, Rule, Threshold
 from mdboost.ranking.chains import tilt_delta
 from mdboost.ranking.layout import gather_rows, padded_index
-from mdboost.ranking.report import csv_float
+from mdboost.ranking.report import row_draft_p_min
 from mdboost.ranking.support import Aligned
 
 __all__ = ["PLAIN", "RULES", "PointLaw", "RulePoint", "block_chain", "floor_drafts", "greedy_slots", "greedy_tilt", "point_law", "row_rule",
-           "row_draft_p_min", "rule_points", "text_acceptance", "threshold_tail_bounds", "true_token_prob"]
+           "rule_points", "text_acceptance", "threshold_tail_bounds", "true_token_prob"]
 
 RULES = {cls.name: cls for cls in (Mentored, Rejection, Block, Threshold, Match)}
 PLAIN = "none"  # the divergence of a lossless budget-0 point (the same for every f)
@@ -134,16 +134,6 @@ def row_rule(row: dict) -> Rule:
     if cls in (Mentored, Threshold) and budget > 0:
         return _at(plain, str(row["divergence"]), budget)
     return plain
-
-
-def row_draft_p_min(row: dict) -> float:
-    """A ``ranking.csv`` row's draft floor (0 where the column is missing or empty: no floor).
-
-    >>> row_draft_p_min({"draft_p_min": "0.5"}), row_draft_p_min({})
-    (0.5, 0.0)
-    """
-    value = csv_float(row.get("draft_p_min"), 0.0)
-    return 0.0 if math.isnan(value) else value
 
 
 def rule_points(rules, divergences, budgets) -> tuple[RulePoint, ...]:

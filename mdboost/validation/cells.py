@@ -36,8 +36,7 @@ from __future__ import annotations
 import math
 
 from mdboost.ranking.recommend import recommend
-from mdboost.ranking.report import csv_bool, csv_float, row_batch_size
-from mdboost.ranking.rule_points import row_draft_p_min
+from mdboost.ranking.report import csv_bool, csv_float, row_batch_size, row_draft_p_min
 
 SAMPLING_KEYS = ("temperature", "top_k", "top_p")
 

@@ -34,8 +34,7 @@ import numpy as np
 
 from mdboost._io import atomic_write_text, json_ready
 from mdboost.ranking.recommend import plain_wins_from
-from mdboost.ranking.report import csv_bool, csv_float, row_batch_size
-from mdboost.ranking.rule_points import row_draft_p_min
+from mdboost.ranking.report import csv_bool, csv_float, row_batch_size, row_draft_p_min
 from mdboost.validation.calibration import calibration, coverage, predictive_interval
 from mdboost.validation.prediction import predicted_acceptance
 
