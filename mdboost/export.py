@@ -742,7 +742,8 @@ def llamacpp_snippet(rec: dict, sampling: dict, speed_engine: str = "mdboost") -
                "hf": f"ModelDrafter(LlamaCppModel({draft!r}, n_threads=1))"}[kind]
     args = [f"max_new_tokens={MAX_NEW_TOKENS}", *_settings_args(rec, sampling), f"gamma={int(rec['gamma'])}", *_budget_args(rec)]
     return "\n".join([
-        "# the lossy pick in mdboost's loop, llama.cpp doing the forward passes (pip install 'mdboost[llamacpp]');",
+        f"# the {'lossy ' if lossy else ''}pick in mdboost's loop, llama.cpp doing the forward passes "
+        "(pip install 'mdboost[llamacpp]');",
         ("# the ranking priced this loop with llama.cpp's costs (speed.engine: llamacpp)" if speed_engine == "llamacpp"
          else "# llama-server runs only lossless drafting; the ranking priced this point with mdboost's engine costs"),
         "import torch",
