@@ -45,6 +45,7 @@ from typing import NamedTuple
 import yaml
 from tqdm.auto import tqdm
 
+from mdboost._stages import timed
 from mdboost._io import atomic_write_bytes, check_output_folder, output_folder
 from mdboost.cache import open_or_build_cache
 from mdboost.cache.mentored import attach_mentored
@@ -73,7 +74,7 @@ from mdboost.tracking.runs import ChildRun, log_children, ordered_metrics, paren
 from pipelines.loader import load_yaml, to_dict
 from pipelines.config import RankConfig
 from pipelines.noise import quiet_libraries
-from pipelines.stages import add_seconds, stage_line, timed
+from pipelines.stages import add_seconds, stage_line
 
 UNFILTERED = {"top_k": None, "top_p": None}  # a ranking samples from the whole distribution (summary's sampling)
 # what a ranking writes at the top of its output folder: an existing folder holding anything else is not replaced
@@ -248,15 +249,14 @@ _REPORT_PLOTS = {"speedup_by_drafter": "Predicted speedup per drafter (its best 
                  "margin_cdf": "Boosting margins"}
 
 
-def write_page(cfg: RankConfig, summary: dict, verdict: str, rows: list[dict], paths: dict, out: Path) -> Path:
+def write_page(cfg: RankConfig, summary: dict, verdict: str, costs: str, compact: list[dict], paths: dict,
+               out: Path) -> Path:
     """``ranking.html`` (:mod:`mdboost.ranking.page`): ``verdict`` (the recommendation's answer),
-    the summary's reason, costs and snippet, the points of ``rows`` and the plots of ``paths``."""
-    compact = best_gamma_rows(rows)
+    the summary's reason and snippet, ``costs`` (where they were measured, what the pick depends
+    on), the points at their best gamma ``compact`` and the plots of ``paths``."""
     headings = {**_REPORT_PLOTS, **{k: f"Frontier of the recommendation's pair: {k.split('_', 1)[1]}"
                                     for k in paths if k.startswith("frontier_") and k != "frontier_csv"}}
     shown = {heading: paths[key].relative_to(out).as_posix() for key, heading in headings.items() if key in paths}
-    costs = "; ".join(x for x in (costs_line(summary["hardware"], summary["cost_profile"]),
-                                  summary["hardware_dependence"]) if x)
     notes = [f"Measured on a busy machine: {'; '.join(summary['loaded_costs'])}"] if summary.get("loaded_costs") else []
     return page.write_report(out / "ranking.html", title=f"mdboost ranking: {cfg.name}", verdict=verdict,
                              reason=summary.get("verdict_reason"), costs=costs, snippet=summary["engine_snippet"],
@@ -491,10 +491,11 @@ def _write_all(cfg: RankConfig, ranked: _Ranked, profiles: list | None, start: f
     stages = dict(ranked.stages)
     with timed(stages, "outputs"):
         paths, digests = write_outputs(cfg, rows, details, out, ranked.fronts, rec, all_rows)
+    compact = best_gamma_rows(rows)  # every point at its best gamma, in rank order
     snippet = engine_snippet(rec, cfg)
     pc, cache_info = opened[0]
     summary = {"n_pairs": len({(r["drafter"], r["target"]) for r in rows}), "n_rows": len(all_rows),
-               "n_points": len(best_gamma_rows(rows)), "seconds_cache": t_cache, "seconds_scoring": t_score,
+               "n_points": len(compact), "seconds_cache": t_cache, "seconds_scoring": t_score,
                "seconds_per_pair": t_score / max(len(details), 1), "cache_dir": cache_info.dir,
                "cache_reused": all(o.info.reused for o in opened),
                "cache_repaired": sorted({m for o in opened for m in o.info.repaired}),
@@ -522,14 +523,14 @@ def _write_all(cfg: RankConfig, ranked: _Ranked, profiles: list | None, start: f
     summary["hardware_dependence"] = hardware_line(even, rec.drafter if rec.beats_plain_decoding else None)
     summary["break_even_costs"] = {d: {k: "any" if isinstance(v, float) and math.isinf(v) else v for k, v in e.items()}
                                    for d, e in even.items()}  # strict JSON: "any" for an infinite break-even
-    point = find_row(rec.to_dict(), best_gamma_rows(rows))  # the pick, or the best speculative point
+    point = find_row(rec.to_dict(), compact)  # the pick, or the best speculative point
     summary["verdict_reason"] = None if point is None else reason_line(point)
-    costs = "; ".join(x for x in (summary["verdict_reason"] and f"why: {summary['verdict_reason']}",
-                                  costs_line(summary["hardware"], summary["cost_profile"]),
-                                  summary["hardware_dependence"]) if x)
+    measured = "; ".join(x for x in (costs_line(summary["hardware"], summary["cost_profile"]),
+                                     summary["hardware_dependence"]) if x)  # where, and what the pick depends on
+    costs = "; ".join(x for x in (summary["verdict_reason"] and f"why: {summary['verdict_reason']}", measured) if x)
     summary["verdict"] = costed_verdict(rec, costs)
     summary["recommendation_markdown"] = ranking_note(
-        rec, best_gamma_rows(rows), bootstrap=bootstrap, snippet=snippet, n_pairs=summary["n_pairs"],
+        rec, compact, bootstrap=bootstrap, snippet=snippet, n_pairs=summary["n_pairs"],
         n_rows=len(all_rows), by_batch=by_batch, nll_tolerance=cfg.ranking.nll_tolerance, top=cfg.ranking.top,
         cache=f"Cache: `{cache_info.dir}` ({'reused' if summary['cache_reused'] else 'built'}).", costs=costs)
     profile = pc.speed_profile_info(cfg.pool.target)
@@ -539,7 +540,7 @@ def _write_all(cfg: RankConfig, ranked: _Ranked, profiles: list | None, start: f
         summary["prefill_per_token"] = profile["prefill_per_token"]
         summary["speed_file"] = str(pc.speed.path)
     with timed(stages, "outputs"):
-        paths["html"] = write_page(cfg, summary, rec.verdict(), rows, paths, out)
+        paths["html"] = write_page(cfg, summary, rec.verdict(), measured, compact, paths, out)
     if cfg.tracking.enabled:
         with timed(stages, "mlflow"):
             summary["run_id"] = log_mlflow(cfg, rows, paths, summary, all_rows,

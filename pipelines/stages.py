@@ -1,27 +1,8 @@
-"""Where a pipeline's time goes: seconds per stage, summed over repeats, in ``summary.json``
-(``seconds_by_stage``) and as one line at the end of the run (:func:`stage_line`)."""
+"""Where a pipeline's time goes: seconds per stage, summed over repeats (timed by
+:func:`mdboost._stages.timed`), in ``summary.json`` (``seconds_by_stage``) and as one line at the
+end of the run (:func:`stage_line`)."""
 
 from __future__ import annotations
-
-import time
-from contextlib import contextmanager
-
-
-@contextmanager
-def timed(stages: dict, name: str):
-    """Add the wall-clock seconds of the ``with`` block to ``stages[name]`` (even when it raises).
-
-    >>> stages = {}
-    >>> with timed(stages, "scoring"):
-    ...     pass
-    >>> list(stages), stages["scoring"] >= 0
-    (['scoring'], True)
-    """
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        stages[name] = stages.get(name, 0.0) + time.perf_counter() - start
 
 
 def add_seconds(stages: dict, seconds: dict) -> None:

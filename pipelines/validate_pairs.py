@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from mdboost._stages import timed
 from mdboost._io import check_output_folder, output_folder, read_json_object, read_yaml_mapping
 from mdboost.data import sample_summary
 from mdboost.engine.costs import ENGINE_THREADS, torch_threads
@@ -55,7 +56,7 @@ from mdboost.validation.scaleout import realize_cells_on
 from pipelines.loader import from_dict, load_yaml, to_dict
 from pipelines.config import RankConfig, TrackingConfig
 from pipelines.noise import quiet_libraries
-from pipelines.stages import stage_line, timed
+from pipelines.stages import stage_line
 from pipelines.prerequisites import missing_ranking
 from pipelines.validate_config import SourceConfig, ValidateConfig
 
@@ -284,14 +285,13 @@ def run(cfg: ValidateConfig, the_plan: Plan | None = None) -> dict:
 
 
 def _write_all(cfg: ValidateConfig, summary: dict, records: list[dict], p: Plan, heldout, text, out: Path,
-               started_at: float | None = None, stages: dict | None = None, start: float | None = None) -> None:
+               started_at: float, stages: dict, start: float) -> None:
     """The plot, ``validation.csv`` and ``summary.json`` into the run's folder ``out`` (``summary``'s
-    ``files`` name where they end up), logged to MLflow when tracked; ``summary.json`` gets
-    ``seconds_total`` (from ``start``, a ``time.perf_counter()`` reading) and ``seconds_by_stage``
-    (``stages`` with the outputs' and MLflow's seconds added)."""
+    ``files`` name where they end up), logged to MLflow when tracked (its parent starting at
+    ``started_at``, seconds since the epoch); ``summary.json`` gets ``seconds_total`` (from
+    ``start``, a ``time.perf_counter()`` reading) and ``seconds_by_stage`` (``stages`` with the
+    outputs' and MLflow's seconds added)."""
     col = lambda key: [r[key] for r in records]  # noqa: E731
-    stages = {} if stages is None else stages
-    start = time.perf_counter() if start is None else start
     with timed(stages, "outputs"):
         _write_files(cfg, records, out, col)
     if cfg.tracking.enabled:

@@ -27,7 +27,6 @@ from the speed file (:meth:`PoolCache.cost_ratio`, :meth:`PoolCache.cost_samples
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +34,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mdboost._io import file_lock, lock_path
+from mdboost._stages import timed
 from mdboost.cache.build import build_cache, sample_sequences
 from mdboost.cache.keys import PoolCacheSpec
 from mdboost.cache.manifest import CacheCorruptionError, finished_digest, read_manifest
@@ -140,18 +140,6 @@ STEPS = ("models", "continuations", "logit caches", "costs", "opening")
 """The steps of :func:`open_or_build_cache` whose seconds :class:`BuildInfo` reports: loading the
 pool's models (converting the target on a first run), sampling continuations, building logit
 caches, measuring costs, opening (and checking) the folders."""
-
-
-class _Clock:
-    """Seconds since the last lap."""
-
-    def __init__(self):
-        self._last = time.perf_counter()
-
-    def lap(self) -> float:
-        now = time.perf_counter()
-        out, self._last = now - self._last, now
-        return out
 
 
 def _cost_settings(temperature: float):
@@ -262,7 +250,8 @@ class _Builder:
             return False, ()
         store.identify(pool_identity(spec, self.vocabulary()), hardware_fingerprint(spec.device, spec.engine),
                        spec.engine)
-        runs = self.engine_pool(list(dict.fromkeys(n for _, n in todo if n is not None)))
+        measured = tuple(dict.fromkeys(n for _, n in todo if n is not None))  # drafters, once each
+        runs = self.engine_pool(list(measured))
         bar = tqdm(todo, desc=f"measuring costs ({spec.target}, engine {spec.engine})", unit="cost",
                    disable=not self.progress)
         for b, name in bar:
@@ -274,7 +263,7 @@ class _Builder:
             else:
                 store.set_drafter(name, measure_member_cost(runs[name], runs.target, spec.cost_context,
                                                             spec.cost_repeats, spec.temperature, b, repeat).to_dict(), b)
-        return any(name is None for _, name in todo), tuple(dict.fromkeys(n for _, n in todo if n is not None))
+        return any(name is None for _, name in todo), measured
 
     def engine_pool(self, drafters: list[str]):
         """The members whose steps the costs time: the pool's (engine ``mdboost``), or the same
@@ -418,28 +407,30 @@ def open_or_build_cache(spec: PoolCacheSpec, *, progress: bool = False) -> tuple
     drafters = [m for m in names if m != spec.target]
     needed = (maybe | {m for b in spec.batch_sizes for m in store.missing(drafters, b)}) - {spec.target}  # to load
     builder = _Builder(spec, [m for m in names if m in needed], progress)
-    seconds, clock = {}, _Clock()
+    seconds = {}  # the STEPS that run
     if to_sample or maybe:  # the models the steps below run (a first run converts the target here)
-        builder.pool  # noqa: B018 -- loads it
-        seconds["models"] = clock.lap()
-    for n in to_sample:
-        builder.sample(n)
+        with timed(seconds, "models"):
+            builder.pool  # noqa: B018 -- loads it
     if to_sample:
-        seconds["continuations"] = clock.lap()
-    built = {}
-    for acc in sets:
-        built[acc] = tuple(m for m in names if not folder_complete(spec, m, acc))
-        for name in built[acc]:
-            builder.build(name, acc)
+        with timed(seconds, "continuations"):
+            for n in to_sample:
+                builder.sample(n)
+    # a main folder's build never completes an acceptance folder: what to build is known up front
+    built = {acc: tuple(m for m in names if not folder_complete(spec, m, acc)) for acc in sets}
     if any(built.values()):
-        seconds["logit caches"] = clock.lap()
-    profiled, costed = builder.measure_costs(store, drafters)
-    if profiled or costed:
-        seconds["costs"] = clock.lap()
+        with timed(seconds, "logit caches"):
+            for acc in sets:
+                for name in built[acc]:
+                    builder.build(name, acc)
+    with timed(seconds, "costs"):
+        profiled, costed = builder.measure_costs(store, drafters)
+    if not (profiled or costed):
+        del seconds["costs"]  # every cost was in the speed file: the step did not run
     repaired = []
-    acc_pc = PoolCache(_open_checked(spec, True, builder, repaired), spec.target) if spec.sampled_acceptance else None
-    pc = PoolCache(_open_checked(spec, False, builder, repaired), spec.target, acc_pc, store, spec=spec)
-    seconds["opening"] = clock.lap()
+    with timed(seconds, "opening"):
+        acc_pc = (PoolCache(_open_checked(spec, True, builder, repaired), spec.target) if spec.sampled_acceptance
+                  else None)
+        pc = PoolCache(_open_checked(spec, False, builder, repaired), spec.target, acc_pc, store, spec=spec)
     if acc_pc is not None and acc_pc.vocab_size != pc.vocab_size:
         raise ValueError(f"acceptance caches have vocab_size {acc_pc.vocab_size}, the main caches {pc.vocab_size}")
     if store.pool is None:

@@ -67,7 +67,7 @@ def _cell(row: dict, column: str) -> str:
     if column in ("rank", "gamma"):
         x = csv_float(row.get(column))
         return str(int(x)) if math.isfinite(x) else "n/a"
-    if column in ("drafter",):
+    if column == "drafter":
         return html.escape(str(row.get(column, "")))
     return _number(row.get(column))
 
