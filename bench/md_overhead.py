@@ -33,12 +33,14 @@ from pipelines.loader import load_yaml  # noqa: E402
 
 def fresh_profile(cfg: RankConfig, temperature: float = 1.0) -> dict:
     """The target's profile measured now (the speed file's own measurement, not stored)."""
-    from mdboost.cache.pool_cache import measure_speed_profile
+    from mdboost.cache.pool_cache import speed_profile_repeats
+    from mdboost.engine.costs import run_alone
     from mdboost.models.pool import build_pool
 
     spec = cfg.cache_spec(temperature)
     target = build_pool(spec.target, [], device=spec.device, home=spec.home).target.model
-    return measure_speed_profile(target, spec.gamma_max, spec.cost_context, spec.cost_repeats, temperature)
+    return run_alone(speed_profile_repeats(target, spec.gamma_max, spec.cost_context, spec.cost_repeats,
+                                           temperature)).to_dict()
 
 
 def rows_with_overhead(cfg: RankConfig, overhead: dict | None) -> list[dict]:

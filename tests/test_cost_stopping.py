@@ -161,3 +161,41 @@ def test_exact_profile_stops_at_5_and_rel_tol_0_keeps_the_old_count(virtual_cloc
     assert measure_engine_profile(target, 2, **kwargs).repeats_run == 5
     old = measure_engine_profile(target, 2, rel_tol=0, **kwargs)
     assert old.repeats_run == 7 and old.stopped == "max_repeats" and len(old.verify_samples[2]) == 7
+
+
+def test_measurements_in_turn_stop_each_by_its_own_rule(virtual_clock):
+    """Two drafters' costs run in turn (``run_in_turn``): one repeat of each per round. Drafter 0's
+    forward takes ``TIMES[r]`` in its repeat ``r`` (it stops at 11, as alone), drafter 1's a fixed
+    time (exact from the first repeat: it stops at 5, the least the interval needs). The repeats
+    alternate while both are open, drafter 1 is done (and handed to ``done``) first, and each
+    result is the one it gives alone."""
+    from mdboost.engine.costs import cost_repeats, run_in_turn
+
+    runs = {0: 0, 1: 0}
+    order, finished = [], []
+
+    def progress(i, done, total, width):
+        runs[i] += 1
+        order.append(i)
+
+    target, noisy, steady = tiny_llama(seed=0), tiny_llama(seed=1), tiny_llama(seed=2)
+    target.register_forward_pre_hook(lambda module, args: virtual_clock.sleep(0.01))
+    noisy.register_forward_pre_hook(lambda module, args: virtual_clock.sleep(0.01 * TIMES[min(runs[0], len(TIMES) - 1)]))
+    steady.register_forward_pre_hook(lambda module, args: virtual_clock.sleep(0.005))
+    kwargs = dict(context_len=6, repeats=14, steps=2, warmup=1, prefill_lengths=(1, 2), rel_tol=0.1)
+    first, second = run_in_turn([cost_repeats(noisy, target, **kwargs), cost_repeats(steady, target, **kwargs)],
+                                progress, lambda i, result: finished.append((i, result.repeats_run)))
+    assert order == [0, 1] * 5 + [0] * 6 and finished == [(1, 5), (0, 11)]
+    assert first.samples == pytest.approx(TIMES[:11]) and first.stopped == "tight"
+    assert second.samples == pytest.approx([0.5] * 5) and second.stopped == "tight"
+
+
+def test_a_measurement_checks_its_arguments_when_made():
+    """A generator runs nothing until asked: the measurements check their arguments at the call,
+    so a bad figure of a pool fails before any other figure's repeats are spent."""
+    from mdboost.engine.costs import cost_repeats, profile_repeats
+
+    with pytest.raises(ValueError, match="repeats"):
+        cost_repeats(tiny_llama(seed=1), tiny_llama(), repeats=0)
+    with pytest.raises(ValueError, match="gamma_max"):
+        profile_repeats(tiny_llama(), 0)

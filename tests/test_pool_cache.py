@@ -74,8 +74,8 @@ def test_another_temperature_reuses_the_measured_costs(built, monkeypatch):
 
     cfg, pc, _, _ = built
     calls = []
-    monkeypatch.setattr(pool_cache, "measure_member_cost", lambda *a, **k: calls.append(a))
-    monkeypatch.setattr(pool_cache, "measure_speed_profile", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(pool_cache, "member_cost_repeats", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(pool_cache, "speed_profile_repeats", lambda *a, **k: calls.append(a))
     other = cfg.cache_spec(0.5)
     assert other.member_dir("early_exit:2") != cfg.cache_spec().member_dir("early_exit:2")
     pc2, info = open_or_build_cache(other)

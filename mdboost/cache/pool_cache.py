@@ -151,17 +151,17 @@ def _cost_settings(temperature: float):
     return GenerationSettings(temperature=0.0) if temperature == 0 else GenerationSettings()
 
 
-def measure_speed_profile(target, gamma_max: int, context_len: int, repeats: int, temperature: float = 1.0,
-                          batch_size: int = 1, progress=None) -> dict:
-    """The target's profile for the speed file: :func:`mdboost.engine.costs.measure_engine_profile`
-    for ``K <= max(gamma_max, 8)`` at ``context_len`` / ``repeats`` (at most: the repeats stop
-    when the costs are tight) and ``batch_size`` rows per step, one torch thread."""
+def speed_profile_repeats(target, gamma_max: int, context_len: int, repeats: int, temperature: float = 1.0,
+                          batch_size: int = 1):
+    """The target's profile for the speed file, as a measurement to run
+    (:func:`mdboost.engine.costs.profile_repeats`: a generator, one repeat per step) for ``K <=
+    max(gamma_max, 8)`` at ``context_len`` / ``repeats`` (at most: the repeats stop when the costs
+    are tight) and ``batch_size`` rows per step, one torch thread."""
     # deferred: mdboost.engine imports transformers (seconds); a cache opens without it
-    from mdboost.engine.costs import measure_engine_profile
+    from mdboost.engine.costs import profile_repeats
 
-    return measure_engine_profile(target, max(gamma_max, 8), context_len=context_len, repeats=repeats,
-                                  settings=_cost_settings(temperature), batch_size=batch_size,
-                                  progress=progress).to_dict()
+    return profile_repeats(target, max(gamma_max, 8), context_len=context_len, repeats=repeats,
+                           settings=_cost_settings(temperature), batch_size=batch_size)
 
 
 def store_settings(spec: PoolCacheSpec, acceptance: bool = False) -> StoreSettings:
@@ -180,17 +180,17 @@ def sequence_settings(spec: PoolCacheSpec, source: str, max_new_tokens: int) -> 
                             max_new_tokens=max_new_tokens, sample_temperature=spec.temperature, seed=t.seed)
 
 
-def measure_member_cost(drafter, target, context_len: int, repeats: int, temperature: float = 1.0,
-                        batch_size: int = 1, progress=None):
-    """A drafter's :class:`~mdboost.engine.costs.CostMeasurement` in the engine's own steps at
-    one torch thread and ``batch_size`` rows per step (:func:`mdboost.engine.costs.measure_engine_cost`;
-    pool members)."""
+def member_cost_repeats(drafter, target, context_len: int, repeats: int, temperature: float = 1.0,
+                        batch_size: int = 1):
+    """A drafter's cost as a measurement to run (:func:`mdboost.engine.costs.cost_repeats`: a
+    generator whose result is a :class:`~mdboost.engine.costs.CostMeasurement`) in the engine's own
+    steps at one torch thread and ``batch_size`` rows per step (pool members)."""
     # deferred: mdboost.engine imports transformers (seconds); a cache opens without it
-    from mdboost.engine.costs import measure_engine_cost
+    from mdboost.engine.costs import cost_repeats
 
-    return measure_engine_cost(drafter.ngram if drafter.kind == "ngram" else drafter.model, target.model,
-                               context_len=context_len, repeats=repeats, threads=1,
-                               settings=_cost_settings(temperature), batch_size=batch_size, progress=progress)
+    return cost_repeats(drafter.ngram if drafter.kind == "ngram" else drafter.model, target.model,
+                        context_len=context_len, repeats=repeats, threads=1, settings=_cost_settings(temperature),
+                        batch_size=batch_size)
 
 
 class _Builder:
@@ -238,9 +238,10 @@ class _Builder:
                     run=RunOptions(backend=spec.backend, n_jobs=spec.n_jobs, progress=self.progress, overwrite=True))
 
     def measure_costs(self, store: SpeedStore, drafters: list[str]) -> tuple[bool, tuple[str, ...]]:
-        """Measure what ``store`` lacks at each of the spec's batch sizes: the target's profile,
-        then each drafter's cost; the file then names the pool and this machine
-        (:mod:`mdboost.cache.profile`).
+        """Measure what ``store`` lacks at each of the spec's batch sizes: the target's profile and
+        each drafter's cost, in turn (one repeat of each per round, :func:`mdboost.engine.costs.run_in_turn`,
+        so every figure's repeats span the whole stage), each stored as soon as it stops; the file
+        then names the pool and this machine (:mod:`mdboost.cache.profile`).
 
         Returns whether a profile was measured and the drafters whose cost was."""
         spec = self.spec
@@ -252,17 +253,30 @@ class _Builder:
                        spec.engine)
         measured = tuple(dict.fromkeys(n for _, n in todo if n is not None))  # drafters, once each
         runs = self.engine_pool(list(measured))
-        bar = tqdm(todo, desc=f"measuring costs ({spec.target}, engine {spec.engine})", unit="cost",
+        # deferred: mdboost.engine imports transformers (seconds); a cache opens without it
+        from mdboost.engine.costs import run_in_turn
+
+        figures = [speed_profile_repeats(runs.target.model, spec.gamma_max, spec.cost_context, spec.cost_repeats,
+                                         spec.temperature, b) if name is None else
+                   member_cost_repeats(runs[name], runs.target, spec.cost_context, spec.cost_repeats, spec.temperature,
+                                       b) for b, name in todo]
+        bar = tqdm(total=len(todo), desc=f"measuring costs ({spec.target}, engine {spec.engine}; in turn)", unit="cost",
                    disable=not self.progress)
-        for b, name in bar:
-            def repeat(r, n, width, what=f"{name or 'target profile'} at B={b}"):  # the stopping rule's state
-                bar.set_postfix_str(f"{what}: repeat {r}/{n}, interval +-{100 * width:.1f}%")
+
+        def repeat(i: int, r: int, n: int, width: float) -> None:  # the stopping rule's state
+            b, name = todo[i]
+            bar.set_postfix_str(f"{name or 'target profile'} at B={b}: repeat {r}/{n}, interval +-{100 * width:.1f}%")
+
+        def done(i: int, result) -> None:  # stored at once: an interrupted run keeps what finished
+            b, name = todo[i]
             if name is None:
-                store.set_profile(measure_speed_profile(runs.target.model, spec.gamma_max, spec.cost_context,
-                                                        spec.cost_repeats, spec.temperature, b, repeat), b)
+                store.set_profile(result.to_dict(), b)
             else:
-                store.set_drafter(name, measure_member_cost(runs[name], runs.target, spec.cost_context,
-                                                            spec.cost_repeats, spec.temperature, b, repeat).to_dict(), b)
+                store.set_drafter(name, result.to_dict(), b)
+            bar.update(1)
+
+        run_in_turn(figures, repeat, done)
+        bar.close()
         return any(name is None for _, name in todo), measured
 
     def engine_pool(self, drafters: list[str]):

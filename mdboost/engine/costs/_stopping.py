@@ -1,11 +1,13 @@
 """When a cost measurement has repeated enough: the median's distribution-free interval (``docs/engine.md``,
 "Costs measured once, well").
 
-A measurement runs fresh generations (repeats) one after another and, after each, looks at the
+A measurement runs fresh generations (repeats) and, after each, looks at the
 interval of the median of every figure it reports (a drafter's ``c``; each ``v(K)`` and each MD
 overhead ``s`` of the target's profile). It stops at the first repeat ``n >= min_repeats`` where
 every interval is tight: half-width ``<= rel_tol * |median|`` (``s``, which can be about 0:
 ``<= rel_tol`` in ``T_ar`` units), or after ``max_repeats``. ``rel_tol = 0`` never stops early.
+Several measurements take turns (:func:`run_in_turn`: one repeat of each per round), so that
+each one's repeats are spread over the whole run rather than over a minute of it.
 
 The interval is the classic sign-test interval ``[x_(l), x_(u)]`` of the order statistics: the
 median ``m`` lies below ``x_(l)`` exactly when fewer than ``l`` samples are below ``m``, and the
@@ -117,17 +119,25 @@ class StoppingRule:
         """After ``repeats_run`` repeats whose widest relative half-width is ``width``: stop now?"""
         return self.rel_tol > 0 and repeats_run >= self.min_repeats and width <= self.rel_tol
 
-    def run(self, one_repeat, width, progress=None) -> str:
-        """Call ``one_repeat(r)`` for ``r = 0, 1, ...`` until :meth:`stops` (``"tight"``) or ``max_repeats`` runs.
+    def repeats(self, one_repeat, width):
+        """Call ``one_repeat(r)`` for ``r = 0, 1, ...`` until :meth:`stops` or ``max_repeats`` runs, as a generator.
 
-        ``width()``: the widest relative half-width after the repeats so far; ``progress``: called
-        after each repeat with ``(repeats run, max_repeats, width)``.
+        ``width()``: the widest relative half-width after the repeats so far. Yields ``(repeats
+        run, max_repeats, width)`` after each repeat; returns (``yield from``'s value) why it
+        stopped: ``"tight"`` or ``"max_repeats"``. A measurement is a generator over this one, so
+        that :func:`run_in_turn` can interleave the repeats of several.
+
+        Examples
+        --------
+        >>> widths = iter([0.5, 0.3, 0.1, 0.05, 0.01, 0.01])
+        >>> steps = StoppingRule(21, rel_tol=0.02).repeats(lambda r: None, lambda: next(widths))
+        >>> [w for _, _, w in steps]
+        [0.5, 0.3, 0.1, 0.05, 0.01]
         """
         for r in range(self.max_repeats):
             one_repeat(r)
             current = width()
-            if progress is not None:
-                progress(r + 1, self.max_repeats, current)
+            yield r + 1, self.max_repeats, current
             if self.stops(r + 1, current):
                 return "tight"
         return "max_repeats"
@@ -144,3 +154,62 @@ class StoppingRule:
         return (f"repeats until the {CONFIDENCE:.0%} sign-test interval of every figure's median has half-width "
                 f"<= {self.rel_tol:g} x |median| (the MD overhead: x T_ar), at least {least} and at most "
                 f"{self.max_repeats}")
+
+
+def run_in_turn(measurements, progress=None, done=None) -> list:
+    """Run several measurements' repeats in turn: each round gives every unfinished one its next repeat.
+
+    ``measurements``: generators as :meth:`StoppingRule.repeats` makes them (each yields ``(repeats
+    run, max_repeats, width)`` after a repeat and returns its result). Each stops by its own rule;
+    a round runs the next repeat of every one still open, in the given order, so each
+    measurement's repeats are spread over the whole run and meet the machine's changes of load
+    as the others' do (``docs/engine.md``, "Costs measured once, well"). ``progress``, when given,
+    is called after each repeat with ``(index, repeats run, max_repeats, width)``; ``done``, when
+    given, with ``(index, result)`` as soon as measurement ``index`` has finished (to store it).
+
+    Returns
+    -------
+    list
+        The measurements' results, in the given order.
+
+    Examples
+    --------
+    >>> def counting(name, n, log):
+    ...     for r in range(n):
+    ...         log.append(name)
+    ...         yield r + 1, n, 0.0
+    ...     return f"{name}: {n}"
+    >>> log = []
+    >>> run_in_turn([counting("a", 3, log), counting("b", 1, log)]), "".join(log)
+    (['a: 3', 'b: 1'], 'abaa')
+    """
+    measurements = list(measurements)
+    results: list = [None] * len(measurements)
+    open_ = list(range(len(measurements)))
+    while open_:
+        for i in list(open_):
+            try:
+                state = next(measurements[i])
+            except StopIteration as finished:
+                results[i] = finished.value
+                open_.remove(i)
+                if done is not None:
+                    done(i, finished.value)
+                continue
+            if progress is not None:
+                progress(i, *state)
+    return results
+
+
+def run_alone(measurement, progress=None):
+    """One measurement (a generator as :func:`run_in_turn` takes) run to the end; its result.
+
+    ``progress``, when given, is called after each repeat with ``(repeats run, max_repeats, width)``.
+
+    Examples
+    --------
+    >>> seen = []
+    >>> run_alone(StoppingRule(3).repeats(lambda r: None, lambda: 1.0), lambda *state: seen.append(state)), seen
+    ('max_repeats', [(1, 3, 1.0), (2, 3, 1.0), (3, 3, 1.0)])
+    """
+    return run_in_turn([measurement], None if progress is None else lambda index, *state: progress(*state))[0]

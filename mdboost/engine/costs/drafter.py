@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mdboost.engine.costs._stopping import StoppingRule, median_interval, relative_half_width
+from mdboost.engine.costs._stopping import StoppingRule, median_interval, relative_half_width, run_alone
 from mdboost.engine.costs._timing import (ENGINE_THREADS, PREFILL_LENGTHS, _check_common, _check_lengths, _load,
                                           _prefill_slope, _prompt, _quantile, _Run, torch_threads)
 from mdboost.engine.drafting import ModelDrafter, NgramAdapter, as_drafter
@@ -123,7 +123,7 @@ def _repeat(target, drafter, prompt, settings, steps: int, warmup: int, seed: in
     return (drafter_time / (draft_tokens / prompt.shape[0])) / (step_time / steps), step_time / steps
 
 
-def measure_engine_cost(
+def cost_repeats(
     drafter,
     target,
     *,
@@ -138,9 +138,12 @@ def measure_engine_cost(
     batch_size: int = 1,
     min_repeats: int = 5,
     rel_tol: float = 0.02,
-    progress=None,
-) -> CostMeasurement:
-    """Measure ``c`` = drafter time per draft position / ``T_ar`` (an undrafted step), in the engine.
+):
+    """Measure ``c`` = drafter time per draft position / ``T_ar`` (an undrafted step), in the engine,
+    one repeat per step of the generator.
+
+    :func:`measure_engine_cost` runs it to the end; :func:`mdboost.engine.costs.run_in_turn`
+    interleaves its repeats with other measurements'. The arguments are checked at the call.
 
     Parameters
     ----------
@@ -175,14 +178,17 @@ def measure_engine_cost(
         Stop once the 90% sign-test interval of the median ``c`` has half-width ``<= rel_tol *
         c`` (:class:`StoppingRule`; ``docs/engine.md``, "Costs measured once, well"); ``0``:
         always run ``repeats``.
-    progress : callable, optional
-        Called after each repeat with ``(repeats run, repeats, half-width / |median|)``
-        (``inf`` below 5 repeats).
+
+    Yields
+    ------
+    tuple
+        ``(repeats run, repeats, half-width / |median|)`` after each repeat (``inf`` below 5 repeats).
 
     Returns
     -------
     CostMeasurement
-        With ``prefill_per_token`` for a model drafter (:class:`~mdboost.engine.drafting.ModelDrafter`).
+        The generator's return value (``StopIteration.value``), with ``prefill_per_token`` for a
+        model drafter (:class:`~mdboost.engine.drafting.ModelDrafter`).
     """
     settings = _check_common(context_len, repeats, steps, warmup, threads, settings, batch_size)
     rule = StoppingRule(repeats, min_repeats, rel_tol)
@@ -190,26 +196,41 @@ def measure_engine_cost(
     drafter = as_drafter(drafter)
     device = model_device(target)
     prompt = _prompt(model_vocab_size(target), context_len, seed, batch_size).to(device)
-    samples, walls = [], []
 
-    def one_repeat(r: int) -> None:
-        sample, wall = _repeat(target, drafter, prompt, settings, steps, warmup, seed + r)
-        samples.append(float(sample))
-        walls.append(wall)
+    def run():  # the repeats, then the measurement: checked above, at the call, not at the first repeat
+        samples, walls, load = [], [], []
 
-    with torch_threads(threads):
-        load_before, used = _load(), torch.get_num_threads()
-        stopped = rule.run(one_repeat, lambda: relative_half_width(samples), progress)
-        prefill = (_prefill_slope(drafter.model, target, prompt, settings, max(3, len(samples) // 3), seed,
-                                  prefill_lengths) if isinstance(drafter, ModelDrafter) else 0.0)
-        load_after = _load()
-    rows = (f"{batch_size} rows x {context_len} tokens (each row its own block)" if batch_size > 1
-            else f"{context_len} tokens")
-    method = (f"engine steps: {len(samples)} repeats (fresh generations; {rule.describe()}, stopped: {stopped}), "
-              f"each {steps} interleaved pairs of a drafted step (gamma {settings.gamma}, temperature "
-              f"{settings.temperature:g}) and an undrafted step after {warmup} warm-up pairs, prompt {rows}; "
-              f"drafter seconds per draft {'position of the batch' if batch_size > 1 else 'token'} over the "
-              f"undrafted step's wall time; {device.type}, {used} threads, 1-min load "
-              f"{load_before:.2f} -> {load_after:.2f}")
-    return CostMeasurement(samples, method, used, load_before, load_after, prefill, batch_size,
-                           float(statistics.median(walls)), rule, stopped, median_interval(samples))
+        def one_repeat(r: int) -> None:
+            with torch_threads(threads):
+                load.append((_load(), torch.get_num_threads()))
+                sample, wall = _repeat(target, drafter, prompt, settings, steps, warmup, seed + r)
+            samples.append(float(sample))
+            walls.append(wall)
+
+        stopped = yield from rule.repeats(one_repeat, lambda: relative_half_width(samples))
+        with torch_threads(threads):
+            prefill = (_prefill_slope(drafter.model, target, prompt, settings, max(3, len(samples) // 3), seed,
+                                      prefill_lengths) if isinstance(drafter, ModelDrafter) else 0.0)
+            load_after = _load()
+        load_before, used = load[0]
+        rows = (f"{batch_size} rows x {context_len} tokens (each row its own block)" if batch_size > 1
+                else f"{context_len} tokens")
+        method = (f"engine steps: {len(samples)} repeats (fresh generations; {rule.describe()}, stopped: {stopped}), "
+                  f"each {steps} interleaved pairs of a drafted step (gamma {settings.gamma}, temperature "
+                  f"{settings.temperature:g}) and an undrafted step after {warmup} warm-up pairs, prompt {rows}; "
+                  f"drafter seconds per draft {'position of the batch' if batch_size > 1 else 'token'} over the "
+                  f"undrafted step's wall time; {device.type}, {used} threads, 1-min load "
+                  f"{load_before:.2f} -> {load_after:.2f}")
+        return CostMeasurement(samples, method, used, load_before, load_after, prefill, batch_size,
+                               float(statistics.median(walls)), rule, stopped, median_interval(samples))
+
+    return run()
+
+
+def measure_engine_cost(drafter, target, *, progress=None, **options) -> CostMeasurement:
+    """Measure a drafter's ``c``: :func:`cost_repeats` run alone, to the end.
+
+    ``options``: :func:`cost_repeats`'s keyword arguments; ``progress``, when given, is called
+    after each repeat with ``(repeats run, repeats, half-width / |median|)`` (``inf`` below 5 repeats).
+    """
+    return run_alone(cost_repeats(drafter, target, **options), progress)

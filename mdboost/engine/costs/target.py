@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from mdboost.engine.costs._stopping import StoppingRule, median_interval, relative_half_width
+from mdboost.engine.costs._stopping import StoppingRule, median_interval, relative_half_width, run_alone
 from mdboost.engine.costs._timing import (COST_UNIT, ENGINE_THREADS, PREFILL_LENGTHS, _check_common, _check_lengths,
                                           _check_positive, _load, _prefill_slope, _prompt, _Run, torch_threads)
 from mdboost.engine.drafting import DraftSession, Drafter
@@ -153,7 +153,7 @@ def _widest(ratios: dict, md_draft_len: int) -> float:
     return max(widths)
 
 
-def measure_engine_profile(
+def profile_repeats(
     target,
     gamma_max: int = 8,
     *,
@@ -171,9 +171,12 @@ def measure_engine_profile(
     batch_size: int = 1,
     min_repeats: int = 5,
     rel_tol: float = 0.02,
-    progress=None,
-) -> EngineProfile:
-    """Measure the target's ``v(K)``, ``s`` and prefill slope in its engine steps (module docstring).
+):
+    """Measure the target's ``v(K)``, ``s`` and prefill slope in its engine steps (module docstring),
+    one repeat per step of the generator.
+
+    :func:`measure_engine_profile` runs it to the end; :func:`mdboost.engine.costs.run_in_turn`
+    interleaves its repeats with other measurements'.
 
     Each fresh generation (repeat) runs, after an untimed prefill, ``warmup + steps`` rounds
     of: an undrafted step, a step verifying ``K`` fixed random dense drafts for every ``K =
@@ -187,7 +190,7 @@ def measure_engine_profile(
     target : transformers causal LM
     gamma_max : int, default=8
         Largest draft length measured, ``>= 1``.
-    context_len, repeats, steps, warmup, settings, threads, seed, prefill_lengths, batch_size, progress :
+    context_len, repeats, steps, warmup, settings, threads, seed, prefill_lengths, batch_size :
         As in :func:`measure_engine_cost` (``settings``: sampling of the steps; its budget is
         ignored; ``batch_size``: ``K`` drafts in every row of the ``B``-row steps, ``v(K, B)``
         over ``T_ar(B)``).
@@ -200,9 +203,15 @@ def measure_engine_profile(
         * v(K)``) and both ``s`` (half-width ``<= rel_tol``, in ``T_ar``); ``rel_tol = 0``:
         always run ``repeats``.
 
+    Yields
+    ------
+    tuple
+        ``(repeats run, max repeats, widest relative half-width)`` after each repeat.
+
     Returns
     -------
     EngineProfile
+        The generator's return value (``StopIteration.value``).
     """
     settings = _check_common(context_len, repeats, steps, warmup, threads, settings, batch_size)
     rule = StoppingRule(repeats, min_repeats, rel_tol)
@@ -218,41 +227,56 @@ def measure_engine_profile(
     greedy = sd.temperature == 0
     labels = [("v", k) for k in range(1, gamma_max + 1)] + ([] if greedy else [
         (m, kind) for kind in ("dense", "onehot") for m in ("sd", "md")])
-    ratios = {label: [] for label in labels}
-    walls = []
 
-    def one_repeat(r: int) -> None:
-        wall, ratio = _profile_repeat(target, prompt, sd, md, labels, md_draft_len, steps, warmup, seed + r)
-        walls.append(wall)
-        for label in labels:
-            ratios[label].append(ratio[label])
+    def run():  # the repeats, then the profile: checked above, at the call, not at the first repeat
+        ratios = {label: [] for label in labels}
+        walls, load = [], []
 
-    with torch_threads(threads):
-        load_before, used = _load(), torch.get_num_threads()
-        stopped = rule.run(one_repeat, lambda: _widest(ratios, md_draft_len), progress)
-        prefill = _prefill_slope(target, target, prompt, sd, max(3, len(walls) // 3), seed, prefill_lengths)
-        load_after = _load()
-    n = len(walls)
-    med = {label: float(statistics.median(x)) for label, x in ratios.items()}
-    overhead = None if greedy else {kind: max(0.0, (med[("md", kind)] - med[("sd", kind)]) / md_draft_len)
-                                    for kind in ("dense", "onehot")}
-    md_part = "" if greedy else (f", and {md_draft_len} drafts with MD ({divergence} <= {max_divergence:g}, every "
-                                 f"position solved) vs SD, dense and one-hot")
-    rows = (f"{batch_size} rows x {context_len} tokens (each row its own block; K drafts in every row)"
-            if batch_size > 1 else f"{context_len} tokens")
-    method = (f"engine steps{' (greedy path, temperature 0)' if greedy else ''}: {n} repeats (fresh "
-              f"generations; {rule.describe()}, stopped: {stopped}), each {steps} rounds after {warmup} warm-up of "
-              f"an undrafted step and steps verifying 1..{gamma_max} fixed random drafts (SD){md_part}; wall "
-              f"time over the undrafted step's, prompt {rows}, prefill slope over prompts of "
-              f"{list(prefill_lengths)} tokens; {device.type}, {used} threads, 1-min load "
-              f"{load_before:.2f} -> {load_after:.2f}")
-    intervals = [[1.0, 1.0]] + [_listed(median_interval(ratios[("v", k)])) for k in range(1, gamma_max + 1)]
-    overhead_intervals = None if greedy else {kind: _listed(median_interval(x))
-                                              for kind, x in _overhead_samples(ratios, md_draft_len).items()}
-    return EngineProfile([1.0] + [med[("v", k)] for k in range(1, gamma_max + 1)],
-                         [[1.0] * n] + [ratios[("v", k)] for k in range(1, gamma_max + 1)],
-                         overhead, prefill, float(statistics.median(walls)), method, used, load_before, load_after,
-                         batch_size, rule, stopped, intervals, overhead_intervals)
+        def one_repeat(r: int) -> None:
+            with torch_threads(threads):
+                load.append((_load(), torch.get_num_threads()))
+                wall, ratio = _profile_repeat(target, prompt, sd, md, labels, md_draft_len, steps, warmup, seed + r)
+            walls.append(wall)
+            for label in labels:
+                ratios[label].append(ratio[label])
+
+        stopped = yield from rule.repeats(one_repeat, lambda: _widest(ratios, md_draft_len))
+        with torch_threads(threads):
+            prefill = _prefill_slope(target, target, prompt, sd, max(3, len(walls) // 3), seed, prefill_lengths)
+            load_after = _load()
+        load_before, used = load[0]
+        n = len(walls)
+        med = {label: float(statistics.median(x)) for label, x in ratios.items()}
+        overhead = None if greedy else {kind: max(0.0, (med[("md", kind)] - med[("sd", kind)]) / md_draft_len)
+                                        for kind in ("dense", "onehot")}
+        md_part = "" if greedy else (f", and {md_draft_len} drafts with MD ({divergence} <= {max_divergence:g}, every "
+                                     f"position solved) vs SD, dense and one-hot")
+        rows = (f"{batch_size} rows x {context_len} tokens (each row its own block; K drafts in every row)"
+                if batch_size > 1 else f"{context_len} tokens")
+        method = (f"engine steps{' (greedy path, temperature 0)' if greedy else ''}: {n} repeats (fresh "
+                  f"generations; {rule.describe()}, stopped: {stopped}), each {steps} rounds after {warmup} warm-up of "
+                  f"an undrafted step and steps verifying 1..{gamma_max} fixed random drafts (SD){md_part}; wall "
+                  f"time over the undrafted step's, prompt {rows}, prefill slope over prompts of "
+                  f"{list(prefill_lengths)} tokens; {device.type}, {used} threads, 1-min load "
+                  f"{load_before:.2f} -> {load_after:.2f}")
+        intervals = [[1.0, 1.0]] + [_listed(median_interval(ratios[("v", k)])) for k in range(1, gamma_max + 1)]
+        overhead_intervals = None if greedy else {kind: _listed(median_interval(x))
+                                                  for kind, x in _overhead_samples(ratios, md_draft_len).items()}
+        return EngineProfile([1.0] + [med[("v", k)] for k in range(1, gamma_max + 1)],
+                             [[1.0] * n] + [ratios[("v", k)] for k in range(1, gamma_max + 1)],
+                             overhead, prefill, float(statistics.median(walls)), method, used, load_before, load_after,
+                             batch_size, rule, stopped, intervals, overhead_intervals)
+
+    return run()
+
+
+def measure_engine_profile(target, gamma_max: int = 8, *, progress=None, **options) -> EngineProfile:
+    """Measure the target's ``v(K)``, ``s`` and prefill slope: :func:`profile_repeats` run alone, to the end.
+
+    ``options``: :func:`profile_repeats`'s keyword arguments; ``progress``, when given, is called
+    after each repeat with ``(repeats run, max repeats, widest relative half-width)``.
+    """
+    return run_alone(profile_repeats(target, gamma_max, **options), progress)
 
 
 def _listed(interval) -> list[float] | None:
