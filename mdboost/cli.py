@@ -1,7 +1,8 @@
 """The ``mdboost`` command: ``rank``, ``profile``, ``validate``, ``export`` and ``ui``.
 
 Each subcommand only parses arguments and hands over to a pipeline entry point
-(``pipelines/``) or a library function. Conventions, as in the tools ML engineers already use:
+(``pipelines/commands.py``: the config is checked before the pipeline's imports) or a library
+function. Conventions, as in the tools ML engineers already use:
 
 - ``mdboost --version``;
 - ``--set key.path=value`` (repeatable) on every subcommand that takes a config: the value is
@@ -49,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "machine's) instead of this machine's costs; nothing is built or measured; one per "
                            "decoding mode ranked (greedy, sampled)")
     _add_overrides(rank)
-    rank.set_defaults(target="pipelines.rank_pool:main")
+    rank.set_defaults(target="pipelines.commands:rank")
 
     profile = sub.add_parser("profile", help="measure a pool's engine costs on this machine into a portable cost "
                                              "profile (pipelines/profile_costs.py)")
@@ -58,12 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
                          help="write the profile here (a config ranking greedy and sampled decoding also writes "
                               "PATH's stem + '-greedy'); default: print where the pool's speed file is")
     _add_overrides(profile)
-    profile.set_defaults(target="pipelines.profile_costs:main")
+    profile.set_defaults(target="pipelines.commands:profile")
 
     validate = sub.add_parser("validate", help="run real MD generation on ranked pairs (pipelines/validate_pairs.py)")
     validate.add_argument("--config", required=True, help="YAML config, e.g. configs/validate_default.yaml")
     _add_overrides(validate)
-    validate.set_defaults(target="pipelines.validate_pairs:main")
+    validate.set_defaults(target="pipelines.commands:validate")
 
     ui = sub.add_parser("ui", help="start the MLflow UI on localhost over the project's store")
     ui.add_argument("--tracking-uri", default=None,

@@ -21,8 +21,10 @@ import numbers
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch loads where tensors are made: the records and a TextSource (a config section) need none
+    import torch
 
 SPLITS = ("all", "cache", "heldout")
 SAMPLES = ("random", "head")
@@ -247,6 +249,8 @@ def format_prompt(tokenizer, prompt: str, chat_template: bool = False, system: s
 
 def encode_prompt(tokenizer, prompt: str, chat_template: bool = False, system: str | None = None) -> torch.Tensor:  # [T]
     """Token ids of the (formatted) prompt, 1-D long. Special tokens are those of the template."""
+    import torch  # deferred: torch (seconds), which reading records and checking a TextSource never need
+
     text = format_prompt(tokenizer, prompt, chat_template, system)
     ids = tokenizer(text, add_special_tokens=not chat_template)["input_ids"]
     return torch.tensor(ids, dtype=torch.long)
@@ -262,6 +266,8 @@ def encode_record(
     ``max_tokens`` bounds the length: the prompt loses tokens from its *start* (down to half of
     ``max_tokens``), then the reference loses tokens from its end.
     """
+    import torch  # deferred: torch (seconds), which reading records and checking a TextSource never need
+
     prompt = encode_prompt(tokenizer, record["prompt"], chat_template, system) if record["prompt"] else torch.empty(0, dtype=torch.long)
     reference = torch.tensor(tokenizer(record["reference"], add_special_tokens=False)["input_ids"], dtype=torch.long)
     if max_tokens is not None:

@@ -11,7 +11,13 @@ takes: a section whose fields are a library object's is that object (:class:`Dat
 :class:`~mdboost.data.TextSource`), and the others' fields reach the library by name
 (:func:`library_settings`), never copied one by one. Option lists are the library's own
 (``Literal[SOLVE]`` is :data:`mdboost.md.verify.SOLVE`, divergence names are
-:data:`mdboost.md.divergences.GENERATORS`, ...), so the loader and the library cannot disagree.
+:data:`mdboost.md.divergences.DIVERGENCES`, ...), so the loader and the library cannot disagree;
+they live in the library's torch-free modules (:mod:`mdboost.md.options`,
+:mod:`mdboost.cache.options`, :mod:`mdboost.ranking.options`, ...), so a config's cheap checks
+run without torch, transformers or mlflow. The checks that need those (the pool's models, the md
+rules, the tracking store: :meth:`PoolConfig.check_models`, :meth:`MDConfig.check_rules`,
+:meth:`TrackingConfig.check_store`) run last, called by the top-level config once every
+section's cheap checks passed, each error at its section's path (:func:`pipelines.loader.at`).
 
 The strict loader (:mod:`pipelines.loader`: ``from_dict``, ``load_yaml``, ``to_dict``) builds
 them: an unknown key raises ``ValueError`` naming the key and its dotted path, and every value
@@ -31,30 +37,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from mdboost.cache.build import DTYPES, SOURCES, joblib_backends
 from mdboost.cache.keys import ACCEPTANCE_SOURCES, ENGINES, FolderSettings, PoolCacheSpec
+from mdboost.cache.options import DTYPE_NAMES, SOURCES, joblib_backends
 from mdboost.cluster import check_scheduler, dask_client
 from mdboost.data import _FORMATS as DATA_FORMATS
 from mdboost.data import SAMPLES, SPLITS, TextSource
-from mdboost.engine.settings import DEFAULT_MD_SOLVE
-from mdboost.md.divergences import GENERATORS
-from mdboost.md.drafting import FLOOR_TOP_K
-from mdboost.md.rules import DRAFTING, Rule
-from mdboost.md.verify import SOLVE
+from mdboost.md.options import DEFAULT_MD_SOLVE, DIVERGENCES, DRAFTING, FLOOR_TOP_K, SOLVE
 from mdboost.models.gguf_drafters import INSTALL, llama_cpp_available, llamacpp_cannot, llamacpp_model
-from mdboost.models.loading import check_model_source, resolve_device
-from mdboost.models.pool import check_drafter
-from mdboost.models.specs import drafter_identity, same_drafters
-from mdboost.ranking.rank import BOOSTING_ORDERS, MD_MODES, ScoreSettings
-from mdboost.ranking.rows import PAIR_MODES
-from mdboost.ranking.rule_points import RULES, rule_points
-from mdboost.ranking.uncertainty import DEFAULT_LEVEL, DEFAULT_RESAMPLES, BootstrapSettings
+from mdboost.models.specs import drafter_identity, parse_drafter, same_drafters
+from mdboost.ranking.options import (BOOSTING_ORDERS, DEFAULT_LEVEL, DEFAULT_RESAMPLES, MD_MODES, PAIR_MODES, RULE_NAMES,
+                                     TV_MENTORS)
 from mdboost.tracking.store import check_tracking_uri, resolve_tracking_uri
+from pipelines.loader import at as _at
 from pipelines.loader import check as _check
-
-_DIVERGENCES = tuple(GENERATORS)
-_DTYPES = tuple(DTYPES)
-_RULES = tuple(RULES)
 
 
 # --------------------------------------------------------------------------- shared sections
@@ -67,6 +62,10 @@ class PoolConfig:
     name or a local path. ``drafters``: pool specs such as ``early_exit:12``, ``tuned:24``,
     ``int8``, ``ngram:3``, or other model names. ``pairs``: ``"target"`` ranks every drafter
     against the target; ``"all"`` ranks every ordered pair of members with equal vocabularies.
+
+    Loading checks the specs' syntax and duplicates; what they name (the target and drafter
+    models, a drafter's depth, the device) is checked by :meth:`check_models`, which the top-level
+    config runs after the cheap checks of every section.
     """
 
     target: str = "smollm2-135m"
@@ -80,24 +79,40 @@ class PoolConfig:
     def __post_init__(self):
         _check(bool(self.target), "target", self.target)
         _check(len(self.drafters) >= 1, "drafters (need at least one)", self.drafters)
-        try:
-            check_model_source(self.target)
-        except ValueError as err:
-            raise ValueError(f"invalid target: {err}") from None
-        for i, spec in enumerate(self.drafters):  # syntax, depth, the target itself, findable models
+        for i, spec in enumerate(self.drafters):  # the syntax (what a spec names: check_models)
             try:
-                check_drafter(spec, self.target, self.home)
+                parse_drafter(spec)
             except ValueError as err:
                 raise ValueError(f"invalid drafters[{i}]: {err}") from None
         same = same_drafters(self.drafters)  # one drafter twice would be ranked twice
         _check(not same, "drafters (duplicates: " + "; ".join(f"{a!r} and {b!r} are the same drafter, "
                                                               f"{drafter_identity(a)}" for a, b in same) + ")",
                self.drafters)
-        if self.device is not None:  # a device this machine has (no model loads onto a missing GPU)
+
+    def check_models(self, path: str = "pool") -> None:
+        """The checks whose modules load torch and transformers (seconds): the target and each
+        drafter can be found and built (depth, the target itself, findable models), the device is
+        this machine's. Run by the top-level config after every cheap check; an error reads as
+        the section's own (``config error at 'pool': invalid drafters[1]: ...``)."""
+        # deferred: mdboost.models.loading and .pool import torch and transformers; a cheap mistake needs neither
+        from mdboost.models.loading import check_model_source, resolve_device
+        from mdboost.models.pool import check_drafter
+
+        with _at(path):
             try:
-                resolve_device(self.device)
+                check_model_source(self.target)
             except ValueError as err:
-                raise ValueError(f"invalid device: {err}") from None
+                raise ValueError(f"invalid target: {err}") from None
+            for i, spec in enumerate(self.drafters):  # depth, the target itself, findable models
+                try:
+                    check_drafter(spec, self.target, self.home)
+                except ValueError as err:
+                    raise ValueError(f"invalid drafters[{i}]: {err}") from None
+            if self.device is not None:  # a device this machine has (no model loads onto a missing GPU)
+                try:
+                    resolve_device(self.device)
+                except ValueError as err:
+                    raise ValueError(f"invalid device: {err}") from None
 
 
 @dataclass(frozen=True)
@@ -162,7 +177,7 @@ class CacheConfig:
 
     dir: str = ".mdboost_cache/logits"
     k: int = 128
-    dtype: Literal[_DTYPES] = "float16"
+    dtype: Literal[DTYPE_NAMES] = "float16"
     full_logits: bool = False
     source: Literal[SOURCES] = "reference"
     max_new_tokens: int = 128
@@ -238,7 +253,8 @@ class TrackingConfig:
     ``tracking_uri``: MLflow's own precedence, resolved when the config is built (so the
     resolved config saved with a run names the store it went to): the value in the config,
     else ``$MLFLOW_TRACKING_URI``, else the project's ``sqlite:///mlruns/mlflow.db``
-    (:func:`mdboost.tracking.store.resolve_tracking_uri`).
+    (:func:`mdboost.tracking.store.resolve_tracking_uri`); that MLflow has a store for it is
+    checked by :meth:`check_store`, which the top-level config runs after every cheap check.
     """
 
     enabled: bool = True
@@ -250,11 +266,17 @@ class TrackingConfig:
         _check(self.tracking_uri is None or bool(self.tracking_uri), "tracking_uri (a URI, or null)",
                self.tracking_uri)
         self.tracking_uri = resolve_tracking_uri(self.tracking_uri)
+
+    def check_store(self, path: str = "tracking") -> None:
+        """With tracking on, MLflow has a tracking store for ``tracking_uri``'s scheme (the check
+        imports mlflow: seconds). Run by the top-level config after every cheap check; an error
+        reads as the section's own (``config error at 'tracking': invalid tracking.tracking_uri: ...``)."""
         if self.enabled:
-            try:
-                check_tracking_uri(self.tracking_uri)
-            except ValueError as err:
-                raise ValueError(f"invalid tracking.tracking_uri: {err}") from None
+            with _at(path):
+                try:
+                    check_tracking_uri(self.tracking_uri)
+                except ValueError as err:
+                    raise ValueError(f"invalid tracking.tracking_uri: {err}") from None
 
 
 # --------------------------------------------------------------------------- ranking sections
@@ -266,17 +288,22 @@ class RuleEntry:
     verification, ``threshold``: SGLang's, at the
     threshold each divergence and budget maps to; ``match``: llama.cpp's), ``drafting`` how its
     drafts are drawn (``sampled`` or ``greedy``; default: the rule's own), ``draft_p_min`` the
-    draft probability floor of greedy drafting (llama.cpp's ``--spec-draft-p-min``; 0: none)."""
+    draft probability floor of greedy drafting (llama.cpp's ``--spec-draft-p-min``; 0: none).
 
-    rule: Literal[_RULES] = "mentored"
+    An entry the ranking cannot score is refused by :meth:`MDConfig.check_rules` (which builds the
+    rule objects: torch), at this entry's path."""
+
+    rule: Literal[RULE_NAMES] = "mentored"
     drafting: Literal[DRAFTING] | None = None
     draft_p_min: float = 0.0
 
-    def __post_init__(self):
-        self.to_rule()  # a combination the ranking cannot score: its ValueError, at this entry's path
+    def to_rule(self):
+        """The library's rule object, a :class:`mdboost.md.rules.Rule` (the family
+        :attr:`mdboost.ranking.ScoreSettings.rules` takes); a combination the ranking cannot score
+        raises its ``ValueError``."""
+        # deferred: the rules are torch code (seconds); a config's cheap checks run without them
+        from mdboost.ranking.rule_points import RULES, rule_points
 
-    def to_rule(self) -> Rule:
-        """The library's rule object (the family :attr:`mdboost.ranking.ScoreSettings.rules` takes)."""
         cls = RULES[self.rule]
         drafting = {} if self.drafting is None else {"drafting": self.drafting}
         rule = cls(**drafting, draft_p_min=self.draft_p_min)
@@ -306,19 +333,17 @@ class MDConfig:
     own cache folders (its continuations are sampled at it) and its own rows.
     """
 
-    divergences: list[Literal[_DIVERGENCES]] = field(default_factory=lambda: ["kl", "tv", "hellinger"])
+    divergences: list[Literal[DIVERGENCES]] = field(default_factory=lambda: ["kl", "tv", "hellinger"])
     budgets: list[float] = field(default_factory=lambda: [0.0, 0.05, 0.2, 1.0])
     mode: Literal[MD_MODES] = "exact"
     temperature: float | None = None
     temperatures: list[float] | None = None
-    mentor: Literal["clamp", "boosted"] = "clamp"  # what TV points emit (ScoreSettings.tv_mentor)
+    mentor: Literal[TV_MENTORS] = "clamp"  # what TV points emit (ScoreSettings.tv_mentor)
     rules: list[RuleEntry] = field(default_factory=_default_rules)
 
     def __post_init__(self):
         _check(len(self.divergences) >= 1, "divergences (need at least one)", self.divergences)
         _check(len(self.rules) >= 1, "rules (need at least one)", self.rules)
-        _check(len({r.to_rule() for r in self.rules}) == len(self.rules), "rules (duplicates)",
-               [dataclasses.asdict(r) for r in self.rules])
         _check(len(self.budgets) >= 1 and all(math.isfinite(b) and b >= 0 for b in self.budgets),
                "budgets (finite, >= 0)", self.budgets)
         if self.temperature is not None and self.temperatures is not None:
@@ -327,6 +352,17 @@ class MDConfig:
         temps = self.sampling_temperatures
         _check(len(temps) >= 1 and all(math.isfinite(t) and t >= 0 for t in temps) and len(set(temps)) == len(temps),
                "temperatures (distinct, finite, >= 0; 0 is greedy decoding)", temps)
+
+    def check_rules(self, path: str = "md") -> None:
+        """The checks that build the rules' objects (:meth:`RuleEntry.to_rule`: torch, seconds):
+        each entry can be scored (its error at its own path, ``config error at 'md.rules[1]': ...``),
+        and no two entries are one rule. Run by the top-level config after every cheap check."""
+        for i, entry in enumerate(self.rules):
+            with _at(f"{path}.rules[{i}]"):
+                entry.to_rule()
+        with _at(path):
+            _check(len({r.to_rule() for r in self.rules}) == len(self.rules), "rules (duplicates)",
+                   [dataclasses.asdict(r) for r in self.rules])
 
     @property
     def sampling_temperatures(self) -> list[float]:
@@ -411,7 +447,11 @@ class RuleConfig:
         _check(0 < self.level < 1, "level (in (0, 1))", self.level)
         _check(self.frontier_rows >= 0, "frontier_rows (>= 0)", self.frontier_rows)
 
-    def bootstrap(self) -> BootstrapSettings:
+    def bootstrap(self):
+        """The library's :class:`~mdboost.ranking.uncertainty.BootstrapSettings` of the section."""
+        # deferred: mdboost.ranking.uncertainty imports torch and scipy; built when a run scores, not when loaded
+        from mdboost.ranking.uncertainty import BootstrapSettings
+
         return BootstrapSettings(num_resamples=self.resamples, level=float(self.level), seed=self.seed)
 
 
@@ -449,6 +489,11 @@ class RankConfig:
         _check(not floored or self.cache.k >= FLOOR_TOP_K,
                f"cache.k (a rule with draft_p_min reads the drafter's {FLOOR_TOP_K} largest logits per position: "
                f"k >= {FLOOR_TOP_K})", self.cache.k)
+        # last, the checks that load torch, transformers or mlflow (seconds): a config whose only mistakes are
+        # cheap ones is answered at once; each error names its section's path, as the section's own checks do
+        self.pool.check_models("pool")
+        self.md.check_rules("md")
+        self.tracking.check_store("tracking")
 
     def cache_spec(self, temperature: float | None = None) -> PoolCacheSpec:
         """Where the pool's member caches live and what they hold (:mod:`mdboost.cache.keys`), for
@@ -458,10 +503,13 @@ class RankConfig:
         return library_settings(PoolCacheSpec, self.cache, self.pool, self.speed, text=self.data.text_source(),
                                 folders=self.cache.folders, temperature=temperature)
 
-    def score_settings(self, temperature: float | None = None, batch_size: int = 1) -> ScoreSettings:
-        """:func:`mdboost.ranking.rank.score_pair`'s settings from the md, speed and boosting
-        sections' fields of the same names and the ranking section's bootstrap, at one of
-        ``md.temperatures`` (default: the first) and one batch size."""
+    def score_settings(self, temperature: float | None = None, batch_size: int = 1):
+        """:func:`mdboost.ranking.rank.score_pair`'s settings (:class:`~mdboost.ranking.rank.ScoreSettings`)
+        from the md, speed and boosting sections' fields of the same names and the ranking section's
+        bootstrap, at one of ``md.temperatures`` (default: the first) and one batch size."""
+        # deferred: mdboost.ranking.rank imports torch, transformers and scikit-learn; built when a run scores
+        from mdboost.ranking.rank import ScoreSettings
+
         temperature = self.md.sampling_temperatures[0] if temperature is None else temperature
         budgets = tuple(self.md.budgets) if temperature > 0 else (0.0,)  # greedy: lossless SD only
         return library_settings(ScoreSettings, self.md, self.speed, self.boosting, temperature=temperature,

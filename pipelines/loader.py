@@ -4,7 +4,8 @@
 ``ValueError`` naming the key and its dotted path (``unknown key 'budgts' at 'md'``, with the
 allowed keys), and every value is type-checked against the dataclass annotation (``int``,
 ``float``, ``str``, ``bool``, ``Literal``, ``Optional``, ``list``/``tuple``, ``dict[str, X]`` and
-nested dataclasses); a ``ValueError`` raised by a section's own checks gets the section's path.
+nested dataclasses); a ``ValueError`` raised by a section's own checks gets the section's path
+(checks a top-level config runs later, once every section is built, name theirs: :func:`at`).
 :func:`load_yaml` reads a file through it, after the command line's dotted overrides
 (:func:`apply_overrides`: ``md.budgets=[0,0.1]``, the value parsed as YAML), so an override is
 checked exactly as the same key in the file; :func:`to_dict` turns a config back into plain data.
@@ -13,6 +14,7 @@ Nothing here knows mdboost: the schemas live in :mod:`pipelines.config`.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import types
@@ -23,6 +25,11 @@ from typing import Any, Literal, TypeVar, Union
 import yaml
 
 T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config error that already names its dotted path (``config error at 'md': ...``): passed up
+    unchanged by :func:`from_dict` (raised by :func:`at`)."""
 
 
 def _type_name(tp) -> str:
@@ -119,6 +126,8 @@ def from_dict(cls: type[T], data: dict | None, *, _path: str = "") -> T:
         kwargs[key] = _convert(hints[key], value, f"{_path}.{key}" if _path else key)
     try:
         return cls(**kwargs)
+    except ConfigError:
+        raise  # a check the config ran at a section's path (at): it names that path already
     except ValueError as err:
         raise ValueError(f"config error at '{_path or '<root>'}': {err}") from None
 
@@ -218,6 +227,28 @@ def to_dict(config) -> dict:
         return v
 
     return plain(dataclasses.asdict(config))
+
+
+@contextlib.contextmanager
+def at(path: str):
+    """A section's check run later than its ``__post_init__`` (by the top-level config, after the
+    cheap checks of every section) reports as the loader reports the section's own checks: a
+    ``ValueError`` raised inside becomes :class:`ConfigError` ``config error at '<path>': ...``.
+
+    Examples
+    --------
+    >>> with at("pool"):
+    ...     check(False, "drafters[0]", "early_exit:99")
+    Traceback (most recent call last):
+    ...
+    pipelines.loader.ConfigError: config error at 'pool': invalid drafters[0]: 'early_exit:99'
+    """
+    try:
+        yield
+    except ConfigError:
+        raise
+    except ValueError as err:
+        raise ConfigError(f"config error at '{path or '<root>'}': {err}") from None
 
 
 def check(cond: bool, name: str, value) -> None:

@@ -31,9 +31,11 @@ def profile_paths(out: str, modes: list[str]) -> dict[str, Path]:
     return {mode: path if i == 0 else path.with_name(f"{path.stem}-{mode}{path.suffix}") for i, mode in enumerate(modes)}
 
 
-def main(config: str, overrides=(), out: str | None = None) -> int:
-    """CLI entry point (module docstring); returns the exit status."""
-    cfg = load_yaml(config, RankConfig, overrides)
+def main(config: str | RankConfig, overrides=(), out: str | None = None) -> int:
+    """CLI entry point (module docstring); returns the exit status. ``config``: the YAML file (read
+    with ``overrides``), or the :class:`~pipelines.config.RankConfig` loaded from it
+    (:func:`pipelines.commands.profile`, the command's entry)."""
+    cfg = config if isinstance(config, RankConfig) else load_yaml(config, RankConfig, overrides)
     if not cfg.progress:
         quiet_libraries()
     specs = {}

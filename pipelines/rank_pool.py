@@ -554,14 +554,15 @@ def _write_all(cfg: RankConfig, ranked: _Ranked, profiles: list | None, start: f
     return summary
 
 
-def main(config: str, overrides=(), costs=None) -> int:
+def main(config: str | RankConfig, overrides=(), costs=None) -> int:
     """CLI entry point: ``mdboost rank --config <yaml> [--set key.path=value ...] [--costs profile.json ...]``;
-    returns the exit status.
+    returns the exit status. ``config``: the YAML file (read with ``overrides``), or the
+    :class:`RankConfig` loaded from it (:func:`pipelines.commands.rank`, the command's entry).
 
     A bad config raises its ValueError (``config error ...``), reported by :func:`mdboost.cli.main`
     as one line (exit 2, the traceback with ``--debug``).
     """
-    cfg = load_yaml(config, RankConfig, overrides)
+    cfg = config if isinstance(config, RankConfig) else load_yaml(config, RankConfig, overrides)
     if not cfg.progress:
         quiet_libraries()
     summary = run(cfg, costs)

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from mdboost.md.verify import SOLVE
+from mdboost.md.options import SOLVE
 from pipelines.config import TrackingConfig, _check_cluster, _check_output_dir, _cluster
 from pipelines.loader import check as _check
 
@@ -128,3 +128,4 @@ class ValidateConfig:
         _check_output_dir(self.output_dir)
         _check(math.isfinite(self.tolerance) and self.tolerance >= 0, "tolerance (>= 0, the plot's band)",
                self.tolerance)
+        self.tracking.check_store("tracking")  # last: it imports mlflow (seconds), after every cheap check

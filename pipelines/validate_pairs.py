@@ -420,14 +420,16 @@ def log_mlflow(cfg: ValidateConfig, summary: dict, children: dict[tuple, str], *
         return parent.info.run_id
 
 
-def main(config: str, overrides=()) -> int:
+def main(config: str | ValidateConfig, overrides=()) -> int:
     """CLI entry point: ``mdboost validate --config <yaml> [--set key.path=value ...]``; returns
-    the exit status.
+    the exit status. ``config``: the YAML file (read with ``overrides``), or the
+    :class:`~pipelines.validate_config.ValidateConfig` loaded from it (:func:`pipelines.commands.validate`,
+    the command's entry).
 
     A config error, or a config that contradicts the ranking, raises its ValueError before any
     generation, reported by :func:`mdboost.cli.main` as one line (exit 2, the traceback with ``--debug``).
     """
-    cfg = load_yaml(config, ValidateConfig, overrides)
+    cfg = config if isinstance(config, ValidateConfig) else load_yaml(config, ValidateConfig, overrides)
     if not cfg.progress:
         quiet_libraries()
     the_plan = plan(cfg)

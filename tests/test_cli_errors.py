@@ -4,6 +4,7 @@ behind ``--debug``; malformed configs are refused when the config is checked, be
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -81,6 +82,42 @@ def test_the_installed_command_exits_2(tmp_path):
     done = subprocess.run([sys.executable, "-m", "mdboost.cli", "rank", "--config", str(path)], env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and "early_exit:99" in done.stderr
+
+
+CHEAP = {  # command, a config with a cheap mistake (in one, beside mistakes of the last checks), its message
+    "a bad budget": ("rank", "md:\n  budgets: [-1]\n", "config error at 'md': invalid budgets"),
+    "a bad budget beside a pool, rules and a store the heavy checks refuse": (
+        "rank", "pool:\n  drafters: [early_exit:99]\n  device: cuda:7\n"
+                "md:\n  budgets: [-1]\n  rules: [{rule: rejection, drafting: sampled, draft_p_min: 0.5}]\n"
+                "tracking:\n  tracking_uri: bogus://x\n", "config error at 'md': invalid budgets"),
+    "a root check": ("rank", "output_dir: configs/tiny.yaml\n", "invalid output_dir"),
+    "a drafter's syntax": ("rank", "pool:\n  drafters: [early_exit:x]\n", "invalid drafters[0]"),
+    "one drafter twice": ("rank", "pool:\n  drafters: [early_exit:2, early_exit:02]\n", "duplicates"),
+    "a rule name": ("rank", "md:\n  rules: [{rule: lenient}]\n", "md.rules[0].rule"),
+    "a backend": ("rank", "cache:\n  backend: nonexistent_backend\n", "nonexistent_backend"),
+    "a data limit": ("rank", "data:\n  limit: 0\n", "limit"),
+    "profile's config": ("profile", "speed:\n  gamma_min: 0\n", "gamma range"),
+    "validate's config": ("validate", "generation:\n  top_p: 2\n", "top_p"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CHEAP))
+def test_a_cheap_config_error_loads_no_torch(tmp_path, case):
+    """A config with a cheap mistake is answered before torch, transformers or scikit-learn load
+    (seconds): the checks that need them run after every cheap check (a property, not a timing)."""
+    command, text, message = CHEAP[case]
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    code = ("import sys\nfrom mdboost import cli\n"
+            f"try:\n    cli.main([{command!r}, '--config', {str(path)!r}, '--debug'])\n"
+            "except ValueError as err:\n    print(err)\nelse:\n    sys.exit('no config error')\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'sklearn') if m in sys.modules))\n")
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, env=dict(os.environ, PYTHONPATH=str(root)),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    error, loaded = done.stdout.strip().splitlines()
+    assert message in error and loaded == "[]", done.stdout
 
 
 def test_library_checks_name_the_argument():

@@ -238,3 +238,22 @@ def test_a_model_folder_named_by_two_paths_is_one_drafter(tmp_path, monkeypatch)
     (tmp_path / "m").mkdir()
     monkeypatch.chdir(tmp_path)
     assert same_drafters(["./m", str(tmp_path / "m"), "m2", "early_exit:1"]) == [("./m", str(tmp_path / "m"))]
+
+
+def test_the_checks_run_last_read_at_their_sections_path():
+    """The checks that load torch, transformers or mlflow run after every cheap check (a cheap
+    mistake is reported first), their errors at the path the section's own checks would name."""
+    off = {"tracking": {"enabled": False}}
+    with pytest.raises(ValueError) as err:
+        from_dict(RankConfig, {"md": {"rules": [{"rule": "mentored"}, {"rule": "rejection", "drafting": "sampled",
+                                                                     "draft_p_min": 0.5}]}, **off})
+    assert str(err.value).startswith("config error at 'md.rules[1]': draft_p_min=0.5 needs drafting='greedy'")
+    with pytest.raises(ValueError, match=r"^config error at 'md': invalid rules \(duplicates\)"):
+        from_dict(RankConfig, {"md": {"rules": [{"rule": "match"}, {"rule": "match", "drafting": "greedy"}]}, **off})
+    with pytest.raises(ValueError, match=r"^config error at 'pool': invalid drafters\[1\]: .*'early_exit:99'"):
+        from_dict(RankConfig, {"pool": {"target": "tiny", "drafters": ["ngram:2", "early_exit:99"]}, **off})
+    with pytest.raises(ValueError, match=r"^config error at 'tracking': invalid tracking.tracking_uri: .*bogus://x"):
+        from_dict(ValidateConfig, {"tracking": {"tracking_uri": "bogus://x"}})
+    with pytest.raises(ValueError, match=r"^config error at 'md': invalid budgets"):
+        from_dict(RankConfig, {"pool": {"target": "tiny", "drafters": ["early_exit:99"]}, "md": {"budgets": [-1]},
+                               "tracking": {"tracking_uri": "bogus://x"}})

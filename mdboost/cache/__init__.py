@@ -8,12 +8,14 @@ where missing, by :func:`open_or_build_cache` (:mod:`mdboost.cache.pool_cache`).
 safetensors shards plus a JSON manifest; resumable, atomic, checksummed.
 """
 
-from .build import build_cache, sample_sequences
-from .keys import FolderSettings, PoolCacheSpec, fingerprint
-from .manifest import CacheCorruptionError
-from .pool_cache import BuildInfo, PoolCache, open_or_build_cache
-from .reader import LogitCache
-from .settings import RunOptions, SequenceSettings, StoreSettings
+from mdboost._lazy import lazy_exports
 
-__all__ = ["build_cache", "sample_sequences", "StoreSettings", "SequenceSettings", "RunOptions", "LogitCache", "CacheCorruptionError", "FolderSettings",
-           "PoolCacheSpec", "fingerprint", "BuildInfo", "PoolCache", "open_or_build_cache"]
+_EXPORTS = {  # imported on first use: a light module here (keys, options: a config's checks) loads no torch
+    "build_cache": ".build", "sample_sequences": ".build", "StoreSettings": ".settings", "SequenceSettings": ".settings",
+    "RunOptions": ".settings", "LogitCache": ".reader", "CacheCorruptionError": ".manifest", "FolderSettings": ".keys",
+    "PoolCacheSpec": ".keys", "fingerprint": ".keys", "BuildInfo": ".pool_cache", "PoolCache": ".pool_cache",
+    "open_or_build_cache": ".pool_cache",
+}
+
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -43,6 +43,7 @@ from mdboost.data import dataset_fingerprint, encode_prompt, encode_record
 from .manifest import (FORMAT, MANIFEST, TOKENS, CacheCorruptionError, atomic_save_tensors, check_layout, code_version,
                        finished_digest, lse_key, read_manifest, shard_name, trusted_digest, verify_shards,
                        write_manifest)
+from .options import joblib_backends  # torch-free (a config checks its backend before torch loads)
 from .settings import DTYPES, SOURCES, RunOptions, SequenceSettings, StoreSettings
 
 __all__ = ["build_cache", "sample_sequences", "joblib_backends", "build_sequences", "split_sequences", "member_logits", "compute_shard",
@@ -65,13 +66,6 @@ def sample_continuation(model, prompt: torch.Tensor, max_new_tokens: int, temper
     settings = GenerationSettings(max_new_tokens=max_new_tokens, temperature=temperature, eos_token_id=eos_token_id)
     out = generate(model, prompt.to(device)[None], settings, generator=generator)
     return out.sequences[0, prompt.numel(): prompt.numel() + int(out.num_new_tokens[0])].cpu()
-
-
-def joblib_backends() -> tuple[str, ...]:
-    """The joblib backend names a build can run on (registered ones and ``"dask"``, loaded on demand)."""
-    from joblib.parallel import BACKENDS, EXTERNAL_BACKENDS  # deferred: joblib: only a parallel build needs it
-
-    return tuple(sorted({*BACKENDS, *EXTERNAL_BACKENDS}))
 
 
 def _check_dask_client() -> None:

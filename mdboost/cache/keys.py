@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mdboost._io import sha256_file
-from mdboost.cache.build import joblib_backends
+from mdboost.cache.options import joblib_backends
 from mdboost.data import TextSource
 
 # how continuations are sampled (part of their key): change it when the sampling code changes

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
-SOURCES = ("reference", "sampled")
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+from .options import DTYPE_NAMES, SOURCES  # torch-free (a config checks them before torch loads)
+
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
 def _whole(name: str, value) -> int:

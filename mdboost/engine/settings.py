@@ -18,6 +18,7 @@ import numbers
 from dataclasses import dataclass, replace
 from typing import Callable
 
+from mdboost.md.options import DEFAULT_MD_SOLVE  # where MD verification solves the clamp unless told otherwise
 from mdboost.md.rules import Mentored, Rule, check_budget_request
 from mdboost.md.verify import SOLVE
 
@@ -41,11 +42,6 @@ def _positive_int(name: str, value, optional: bool = False) -> None:
 def _token_id(name: str, value) -> None:
     if value is not None and (not _is_int(value) or value < 0):
         raise ValueError(f"{name} must be a token id (an integer >= 0) or None, got {value!r}")
-
-
-# where MD verification solves the clamp unless told otherwise; the ranking's speed model predicts
-# for the same value (mdboost.ranking.rank.ScoreSettings), so one default serves both
-DEFAULT_MD_SOLVE = "needed"
 
 
 @dataclass(frozen=True)

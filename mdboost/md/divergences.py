@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from mdboost.md._checks import check_probs, compute_dtype
+from mdboost.md.options import DIVERGENCES  # the names, torch-free (a config checks them before torch loads)
 
 __all__ = [
     "DIVERGENCES",
@@ -271,22 +272,19 @@ def _js_float(z):
     return (_xlogx(z) - (0.0 if w == 0 else w * math.log(w / 2.0))) / 2.0
 
 
-_SHIPPED_FORMS = {  # name: (generator, its forms)
-    "kl": (Divergence("kl", _kl, 1.0, math.inf),
-           Forms(_xlogx, None, _kl_g_float, _kl_g_array, _kl_g_ratio, (0, 1.0))),
-    "rkl": (Divergence("rkl", _rkl, -1.0, 0.0), Forms(_rkl_float, _rkl_array, _rkl_g_float, log_form=(1, -1.0))),
-    "hellinger": (Divergence("hellinger", _hellinger, 0.0, 1.0), Forms(_hellinger_float)),
-    "pearson": (Divergence("pearson", _pearson, 0.0, math.inf), Forms(_pearson_float)),
-    "neyman": (Divergence("neyman", _neyman, 0.0, 1.0), Forms(_neyman_float)),
-    "tv": (Divergence("tv", _tv, 0.0, 0.5, standardize=False), Forms(_tv_float)),
-    "js": (Divergence("js", _js, 0.0, math.log(2.0) / 2.0), Forms(_js_float)),
-}
+_SHIPPED_FORMS = {  # name (DIVERGENCES, in its order): (generator, its forms)
+    name: (Divergence(name, *generator), forms) for name, (generator, forms) in zip(DIVERGENCES, (
+        ((_kl, 1.0, math.inf), Forms(_xlogx, None, _kl_g_float, _kl_g_array, _kl_g_ratio, (0, 1.0))),
+        ((_rkl, -1.0, 0.0), Forms(_rkl_float, _rkl_array, _rkl_g_float, log_form=(1, -1.0))),
+        ((_hellinger, 0.0, 1.0), Forms(_hellinger_float)),
+        ((_pearson, 0.0, math.inf), Forms(_pearson_float)),
+        ((_neyman, 0.0, 1.0), Forms(_neyman_float)),
+        ((_tv, 0.0, 0.5, False), Forms(_tv_float)),  # standardize=False: f has no derivative at 1
+        ((_js, 0.0, math.log(2.0) / 2.0), Forms(_js_float)),
+    ), strict=True)}
 _SHIPPED = {div.f: (div, forms) for div, forms in _SHIPPED_FORMS.values()}  # f -> (generator, forms)
 
 GENERATORS: dict[str, Divergence] = {name: div for name, (div, _) in _SHIPPED_FORMS.items()}
-
-DIVERGENCES: tuple[str, ...] = tuple(GENERATORS)
-"""Names of the shipped generators, in the order of :data:`GENERATORS`."""
 
 
 def names() -> list[str]:

@@ -14,10 +14,9 @@ import numbers
 
 import torch
 
-__all__ = ["DRAFTING", "FLOOR_TOP_K", "check_draft_floor", "draft_confidence", "greedy_proposal"]
+from mdboost.md.options import DRAFTING, FLOOR_TOP_K  # torch-free (a config checks them before torch loads)
 
-DRAFTING = ("sampled", "greedy")
-FLOOR_TOP_K = 10  # llama.cpp's draft sampler: top-k 10, then softmax (common/speculative.cpp:236-237)
+__all__ = ["DRAFTING", "FLOOR_TOP_K", "check_draft_floor", "draft_confidence", "greedy_proposal"]
 
 
 def greedy_proposal(draft_probs: torch.Tensor, draft_token: torch.Tensor | None = None) -> torch.Tensor:  # [..., V]

@@ -41,14 +41,13 @@ from mdboost.md._checks import (_as_real_tensor, check_budget, check_positive_in
 from mdboost.md.breakpoints import Breakpoints
 from mdboost.md.divergences import resolve
 from mdboost.md.onehot import one_hot_dual, one_hot_primal
+from mdboost.md.options import SOLVE  # torch-free (a config checks it before torch loads)
 from mdboost.md.sampling import (PLACEHOLDER_TOKEN_ID, VerifyResult, accept_ratio, accepted_prefix, draw_uniforms,
                                  emitted_tokens, inverse_cdf, overlap)
 from mdboost.md.solve import mentored_distribution, point_to_dtype
 from mdboost.md.towards import verify_towards
 
 __all__ = ["PLACEHOLDER_TOKEN_ID", "VerifyResult", "verify", "draw_uniforms"]
-
-SOLVE = ("all", "reached", "needed")
 
 
 def _position_budget(name, value, batch, num_draft, device, upper, validate):

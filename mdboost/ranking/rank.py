@@ -52,6 +52,7 @@ from mdboost.ranking.boosting import boost_greedy, boost_target_first
 from mdboost.ranking.diagnostics import boost_coefficient, pair_diagnostics
 from mdboost.ranking.layout import SequenceLayout
 from mdboost.ranking.mentored import mentored_outcomes, threshold_outcomes
+from mdboost.ranking.options import BOOSTING_ORDERS, MD_MODES, TV_MENTORS  # torch-free (a config checks them first)
 from mdboost.ranking.pair import PairRows, PairSide  # noqa: F401 -- PairSide: re-exported, the rows' public type
 from mdboost.ranking.report import row_batch_size
 from mdboost.ranking.chains import budget_tilt, tilt_delta
@@ -63,10 +64,6 @@ from mdboost.ranking.scores import PairScore, PairStats, PointScore, Quantiles, 
 from mdboost.ranking.speed import SpeedProfile, alone_speedup, check_verify_costs, gamma_speedups
 from mdboost.ranking.uncertainty import BootstrapSettings
 from mdboost.ranking.support import Aligned, align
-
-MD_MODES = ("exact", "bound")
-TV_MENTORS = ("clamp", "boosted")
-BOOSTING_ORDERS = ("target_first", "greedy")
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,11 @@ import torch
 from mdboost.cache.pool_cache import PoolCache
 from mdboost.ranking.boosting import CachedLogitsHypothesis, ProposalHypothesis
 from mdboost.ranking.layout import sequence_layout
+from mdboost.ranking.options import PAIR_MODES  # torch-free (a config checks it before torch loads)
 from mdboost.ranking.pair import PairRows, PairSide
 from mdboost.ranking.speed import SpeedProfile
 from mdboost.md.drafting import draft_confidence
 from mdboost.ranking.support import MemberRows, rows_from_proposals
-
-PAIR_MODES = ("target", "all")
 
 
 def select_pairs(pc: PoolCache, mode: str = "target") -> list[tuple[str, str]]:

@@ -51,16 +51,25 @@ import torch
 from mdboost.md.block import block_acceptance_estimate
 from mdboost.md.divergences import f_divergence, resolve
 from mdboost.md.drafting import FLOOR_TOP_K
-from mdboost.md.rules import Block, Match, Mentored, Rejection, Rule, Threshold
+from mdboost.md.rules import Mentored, Rule, Threshold
 from mdboost.ranking.chains import tilt_delta
 from mdboost.ranking.layout import gather_rows, padded_index
+from mdboost.ranking.options import RULE_NAMES
 from mdboost.ranking.report import row_draft_p_min
 from mdboost.ranking.support import Aligned
 
 __all__ = ["PLAIN", "RULES", "PointLaw", "RulePoint", "block_chain", "floor_drafts", "greedy_slots", "greedy_tilt", "point_law", "row_rule",
            "rule_points", "text_acceptance", "threshold_tail_bounds", "true_token_prob"]
 
-RULES = {cls.name: cls for cls in (Mentored, Rejection, Block, Threshold, Match)}
+
+def _subclasses(cls: type) -> list[type]:
+    return [c for sub in cls.__subclasses__() for c in (sub, *_subclasses(sub))]
+
+
+# the rules scored, by name: the names are mdboost.ranking.options.RULE_NAMES (torch-free: a config checks
+# them before torch loads), each the class of mdboost.md.rules bearing it
+RULES = {name: next(c for c in _subclasses(Rule) if c.__module__ == Rule.__module__ and c.name == name)
+         for name in RULE_NAMES}
 PLAIN = "none"  # the divergence of a lossless budget-0 point (the same for every f)
 
 
@@ -142,6 +151,7 @@ def rule_points(rules, divergences, budgets) -> tuple[RulePoint, ...]:
 
     Examples
     --------
+    >>> from mdboost.md.rules import Match, Threshold
     >>> [(pt.rule.name, pt.divergence, pt.max_divergence) for pt in
     ...  rule_points([Threshold(), Match()], ["kl", "tv"], [0.0, 0.5])]
     [('threshold', 'none', 0.0), ('threshold', 'kl', 0.5), ('threshold', 'tv', 0.5), ('match', 'none', 0.0)]

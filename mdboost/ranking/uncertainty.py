@@ -31,8 +31,7 @@ from dataclasses import dataclass
 import torch
 from scipy import stats
 
-DEFAULT_RESAMPLES = 1000
-DEFAULT_LEVEL = 0.9
+from mdboost.ranking.options import DEFAULT_LEVEL, DEFAULT_RESAMPLES  # torch-free (a config's defaults)
 
 
 @dataclass(frozen=True)
