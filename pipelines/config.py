@@ -90,13 +90,13 @@ class PoolConfig:
                self.drafters)
 
     def check_models(self, path: str = "pool") -> None:
-        """The checks whose modules load torch and transformers (seconds): the target and each
-        drafter can be found and built (depth, the target itself, findable models), the device is
-        this machine's. Run by the top-level config after every cheap check; an error reads as
-        the section's own (``config error at 'pool': invalid drafters[1]: ...``)."""
-        # deferred: mdboost.models.loading and .pool import torch and transformers; a cheap mistake needs neither
-        from mdboost.models.loading import check_model_source, resolve_device
-        from mdboost.models.pool import check_drafter
+        """The checks that look for models (the hub cache, a file, at most one quick question to
+        the hub) and the device: the target and each drafter can be found and built (depth, the
+        target itself, findable models, torch-free: :mod:`mdboost.models.sources`), then the device
+        is this machine's (torch: seconds). Run by the top-level config after every cheap check;
+        an error reads as the section's own (``config error at 'pool': invalid drafters[1]: ...``)."""
+        # deferred: huggingface_hub (the model checks) and torch (the device); a cheap mistake needs neither
+        from mdboost.models.sources import check_drafter, check_model_source
 
         with _at(path):
             try:
@@ -109,6 +109,8 @@ class PoolConfig:
                 except ValueError as err:
                     raise ValueError(f"invalid drafters[{i}]: {err}") from None
             if self.device is not None:  # a device this machine has (no model loads onto a missing GPU)
+                from mdboost.models.loading import resolve_device  # deferred: torch, after the model checks
+
                 try:
                     resolve_device(self.device)
                 except ValueError as err:

@@ -98,13 +98,17 @@ CHEAP = {  # command, a config with a cheap mistake (in one, beside mistakes of 
     "a data limit": ("rank", "data:\n  limit: 0\n", "limit"),
     "profile's config": ("profile", "speed:\n  gamma_min: 0\n", "gamma range"),
     "validate's config": ("validate", "generation:\n  top_p: 2\n", "top_p"),
+    "a misspelt model drafter": ("rank", "pool:\n  drafters: [early_exit:12, smolm2-typo]\n", "invalid drafters[1]"),
+    "a drafter too deep": ("rank", "pool:\n  drafters: [early_exit:99]\n", "invalid drafters[0]"),
+    "a missing target file": ("rank", "pool:\n  target: ./nosuch.gguf\n", "invalid target"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(CHEAP))
 def test_a_cheap_config_error_loads_no_torch(tmp_path, case):
     """A config with a cheap mistake is answered before torch, transformers or scikit-learn load
-    (seconds): the checks that need them run after every cheap check (a property, not a timing)."""
+    (seconds): the checks that need them run after every cheap check, and a model that cannot be
+    found (the hub off) is found so without them (a property, not a timing)."""
     command, text, message = CHEAP[case]
     path = tmp_path / "bad.yaml"
     path.write_text(text)
@@ -113,7 +117,8 @@ def test_a_cheap_config_error_loads_no_torch(tmp_path, case):
             "except ValueError as err:\n    print(err)\nelse:\n    sys.exit('no config error')\n"
             "print(sorted(m for m in ('torch', 'transformers', 'sklearn') if m in sys.modules))\n")
     root = Path(__file__).resolve().parents[1]
-    done = subprocess.run([sys.executable, "-c", code], cwd=root, env=dict(os.environ, PYTHONPATH=str(root)),
+    done = subprocess.run([sys.executable, "-c", code], cwd=root,
+                          env=dict(os.environ, PYTHONPATH=str(root), HF_HUB_OFFLINE="1"),
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     error, loaded = done.stdout.strip().splitlines()

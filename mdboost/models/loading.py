@@ -13,14 +13,12 @@ import os
 from pathlib import Path
 
 import torch
-from huggingface_hub import HfApi, constants
-from huggingface_hub.errors import RepositoryNotFoundError
-from huggingface_hub.utils import HFValidationError, validate_repo_id
 from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from .convert import SMOLLM2_ALIAS, ensure_smollm2
-from .identity import TINY_NAME, hub_revision
+from .identity import TINY_NAME
+from .sources import _reads_as_path, check_model_source, hub_offline, offline_hint  # noqa: F401 -- re-exported
 from .tiny import tiny_llama, tiny_tokenizer
 
 
@@ -75,77 +73,6 @@ def cache_kwarg(model) -> str:
     ``past_key_values`` is deprecated), ``past_key_values`` before. Every caller that feeds a
     cache to a model asks here."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
-def hub_offline() -> bool:
-    """Whether the hub is off: ``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE`` in the environment
-    now, or ``huggingface_hub.constants.HF_HUB_OFFLINE`` (read when that package was imported)."""
-    if any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")):
-        return True
-    return bool(constants.HF_HUB_OFFLINE)
-
-
-def _reads_as_path(name: str) -> bool:
-    return name.startswith(("/", ".", "~")) or name.endswith(".gguf")
-
-
-def offline_hint(name: str, offline: bool = False) -> str:
-    """What to do about a hub name that cannot be had: a local folder, or the local hub cache
-    (filled once where the hub is reachable; with ``HF_HUB_OFFLINE=1`` nothing asks the hub)."""
-    folder = f"give a local model folder instead (e.g. ./models/{name.rsplit('/', 1)[-1]}, made with save_pretrained)"
-    if offline:
-        return f"{folder}, or download it once with HF_HUB_OFFLINE unset to fill the local hub cache"
-    return f"{folder}, or download it once where the hub is reachable and set HF_HUB_OFFLINE=1 to use the local hub cache"
-
-
-def _hub_unreachable(name: str, timeout: float = 5.0) -> str | None:
-    """One request to the hub about ``name`` (no retries): why it cannot be used, or None.
-
-    None also when the hub answers with a client error other than "no such model" (a gated or
-    private model): loading then reports it the usual way; a server error (5xx) counts as
-    unreachable (transformers would retry it).
-    """
-    try:
-        HfApi().model_info(name, timeout=timeout)  # a fresh client: the endpoint configured now
-    except RepositoryNotFoundError:
-        return f"model {name!r} is not a local path and there is no such model on the hub"
-    except Exception as err:  # noqa: BLE001 -- connection refused, DNS, timeout, proxy, 5xx: all "unreachable"
-        status = getattr(getattr(err, "response", None), "status_code", None)
-        if status is not None and status < 500:
-            return None  # the hub answered (gated, private, rate-limited): loading says what it says
-        return (f"model {name!r} is not a local path, not in the local hub cache, and the hub cannot be reached "
-                f"({type(err).__name__}{'' if status is None else f' {status}'})")
-    return None
-
-
-def check_model_source(name: str) -> None:
-    """Raise ``ValueError`` (naming ``name``) when :func:`load_model` cannot find it, without loading.
-
-    An alias passes; a name that reads as a path (``/``, ``.`` or ``~`` first, or a ``.gguf``
-    file) must exist; any other name must be a local path or a model in the local hub cache,
-    or, unless the hub is off (:func:`hub_offline`), a model the hub knows: one request with a
-    short timeout and no retries, so an unreachable hub fails here at once, before any model
-    is loaded. The message says how to use a local path or the hub cache offline.
-    """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"name must be a non-empty model name or path, got {name!r}")
-    if TINY_NAME.fullmatch(name) or name.lower() == SMOLLM2_ALIAS:
-        return
-    path = Path(name).expanduser()
-    if _reads_as_path(name):
-        if not (path.is_file() if name.endswith(".gguf") else path.exists()):
-            raise ValueError(f"model {name!r}: no such {'GGUF file' if name.endswith('.gguf') else 'model folder'}")
-    elif not path.exists() and hub_revision(name) is None:
-        try:  # not a name the hub could hold: say so (no request, no "unreachable")
-            validate_repo_id(name)
-        except HFValidationError as err:
-            raise ValueError(f"model {name!r} is neither a local path nor a valid hub model name "
-                             f"({' '.join(str(err).split())})") from None
-        offline = hub_offline()
-        why = (f"model {name!r} is not a local path and not in the local hub cache (HF_HUB_OFFLINE is set)"
-               if offline else _hub_unreachable(name))
-        if why is not None:
-            raise ValueError(f"{why}: {offline_hint(name, offline)}")
 
 
 def load_model(

@@ -25,15 +25,15 @@ from pathlib import Path
 from mdboost._io import sha256_file
 from mdboost.data import fit_sequences
 
-from .convert import SMOLLM2_ALIAS, SMOLLM2_LAYERS, ensure_smollm2
+from .convert import SMOLLM2_ALIAS, ensure_smollm2
 from .cost import measure_cost_ratio
 from .drafters import early_exit_model, int8_model, tuned_translators
 from .home import models_dir
 from .identity import TINY_NAME, weights_id
-from .loading import check_model_source, load_model, resolve_device
+from .loading import load_model, resolve_device
 from .ngram import NgramDrafter
+from .sources import check_drafter, target_depth  # noqa: F401 -- re-exported (pool specs are checked here)
 from .specs import parse_drafter
-from .tiny import DEFAULT_NUM_LAYERS
 
 KINDS = ("hf", "early_exit", "tuned", "int8", "ngram")
 DEFAULT_DEPTHS = (12, 18, 24, 27)
@@ -135,44 +135,6 @@ def vocab_fingerprint(tokenizer, model=None) -> str:
     width = None if model is None else int(model.config.vocab_size)
     payload = json.dumps({"vocab": vocab, "logits": width}, ensure_ascii=False)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
-
-
-def target_depth(target: str, home=None) -> int | None:
-    """The target's number of decoder layers, read without loading it (None when unknown)."""
-    if TINY_NAME.fullmatch(target):
-        return DEFAULT_NUM_LAYERS
-    folder = models_dir(home) / SMOLLM2_ALIAS if target.lower() == SMOLLM2_ALIAS else Path(target).expanduser()
-    config = folder / "config.json"
-    if config.is_file():
-        try:
-            return int(json.loads(config.read_text())["num_hidden_layers"])
-        except (ValueError, KeyError, TypeError):
-            return None
-    return SMOLLM2_LAYERS if target.lower() == SMOLLM2_ALIAS else None
-
-
-def check_drafter(spec: str, target: str, home=None) -> None:
-    """Raise ``ValueError`` naming ``spec`` unless it can be built for ``target`` (checked without
-    loading a model: the spec's syntax, an ``early_exit`` / ``tuned`` depth below the target's
-    layer count where that is known, an ``ngram`` order >= 1, a model drafter that can be found)."""
-    kind, n = parse_drafter(spec)
-    if spec == target:
-        raise ValueError(f"drafter {spec!r} is the target itself; list other drafters")
-    if kind == "ngram" and n < 1:
-        raise ValueError(f"drafter spec {spec!r} needs an order >= 1")
-    if kind in ("early_exit", "tuned"):
-        depth = target_depth(target, home)
-        if n < 1 or (depth is not None and n >= depth):
-            raise ValueError(f"drafter spec {spec!r}: the depth must be in [1, {'L - 1' if depth is None else depth - 1}]"
-                             f" for target {target!r}" + ("" if depth is None else f" ({depth} layers)"))
-    if kind == "hf":
-        try:
-            check_model_source(spec)
-        except ValueError as err:
-            if ":" in spec and "valid hub model name" in str(err):  # a misspelt kind, most likely
-                raise ValueError(f"{err}; drafter specs are ngram:N, early_exit:N, tuned:N, int8, or a model "
-                                 f"name or path") from None
-            raise
 
 
 # How a kind's cached rows are computed, where it changed since caches were first keyed: part of

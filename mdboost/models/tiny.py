@@ -14,6 +14,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from .sources import DEFAULT_NUM_LAYERS
+
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0, 1, 2, 3
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 
@@ -23,7 +25,6 @@ _CHARS = (
     + string.ascii_uppercase + "!$%&;?@\\^`{|}~\t"
 )
 
-DEFAULT_NUM_LAYERS = 4
 _INIT_LOCK = threading.Lock()  # seeded init uses the global RNG: one model at a time across threads
 
 CHAT_TEMPLATE = (
