@@ -28,7 +28,6 @@ import os
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -36,42 +35,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._llamacpp_timing import held_out_setup  # noqa: E402
 from bench._results import load_line, update_section  # noqa: E402
 from mdboost.cache.profile import hardware_fingerprint, hardware_label  # noqa: E402
-from mdboost.data import TextSource  # noqa: E402
 from mdboost.engine.costs import measure_engine_profile  # noqa: E402
-from mdboost.engine.drafting import NgramAdapter  # noqa: E402
-from mdboost.engine.llamacpp import LlamaCppModel  # noqa: E402
 from mdboost.engine.settings import GenerationSettings  # noqa: E402
-from mdboost.md.rules import Rejection  # noqa: E402
-from mdboost.models import load_model  # noqa: E402
-from mdboost.models.gguf_drafters import llamacpp_model  # noqa: E402
-from mdboost.models.ngram import NgramDrafter  # noqa: E402
-from mdboost.validation.points import heldout_prompts  # noqa: E402
 from mdboost.validation.runs import run_modes  # noqa: E402
 
 TEMPERATURE, NEW_TOKENS = 0.7, 64
-
-
-class _TimedModel(LlamaCppModel):
-    """The GGUF target whose every forward is recorded as ``(phase, width, seconds)`` in ``log``."""
-
-    def __init__(self, path, log: list):
-        super().__init__(path, n_threads=1)
-        self.log, self.phase = log, "none"
-
-    def open(self, batch_size, device):
-        lm = super().open(batch_size, device)
-        forward = lm.forward
-
-        def timed(tokens, valid=None, logits_to_keep=0):
-            start = time.perf_counter()
-            out = forward(tokens, valid, logits_to_keep)
-            self.log.append((self.phase, int(tokens.shape[1]), time.perf_counter() - start))
-            return out
-
-        lm.forward = timed
-        return lm
 
 
 def _forward_ratios(log: list, phase: str, prompt_lengths: set[int]) -> tuple[float, float, float]:
@@ -99,18 +70,9 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=10, help="held-out prompts of each round's generations")
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    path, note = llamacpp_model("smollm2-135m")
-    if path is None:
-        raise SystemExit(f"no GGUF target: {note}")
-    log: list = []
-    target = _TimedModel(path, log)
-    tokenizer = load_model("smollm2-135m")[1]
-    _, prompts = heldout_prompts(TextSource(limit=16), tokenizer, args.prompts)
+    log, target, tokenizer, prompts, modes = held_out_setup(args.prompts)
+    plain, lookup = modes
     lengths = {int(p.numel()) for p in prompts}
-    modes = {"plain": dict(mode="ar"),
-             "ngram": dict(mode="sd", drafter=NgramAdapter(NgramDrafter(3)), gamma=1,
-                           rule=Rejection(drafting="greedy"))}
     start = os.getloadavg()[0]
     rows = []
     for r in range(args.rounds):
@@ -120,7 +82,7 @@ def main() -> None:
         target.phase = f"gen{r}"
         runs = run_modes(target, prompts, modes, seed=0, max_new_tokens=NEW_TOKENS, temperature=TEMPERATURE,
                          eos_token_id=tokenizer.eos_token_id)
-        speedup = runs["ngram"].stats.tokens_per_second / runs["plain"].stats.tokens_per_second
+        speedup = runs[lookup].stats.tokens_per_second / runs[plain].stats.tokens_per_second
         p_one, p_two, p_beta = _forward_ratios(log, f"profile{r}", {128, 129})
         g_one, g_two, g_beta = _forward_ratios(log, f"gen{r}", lengths)
         rows.append((r, profile, p_one, p_two, p_beta, g_one, g_two, g_beta, speedup, os.getloadavg()[0]))

@@ -20,7 +20,6 @@ import argparse
 import os
 import platform
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -28,40 +27,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._llamacpp_timing import held_out_setup  # noqa: E402
 from bench._results import load_line, update_section  # noqa: E402
 from mdboost.cache.profile import hardware_fingerprint, hardware_label  # noqa: E402
-from mdboost.data import TextSource  # noqa: E402
-from mdboost.engine.drafting import NgramAdapter  # noqa: E402
-from mdboost.engine.llamacpp import LlamaCppModel  # noqa: E402
-from mdboost.md.rules import Rejection  # noqa: E402
-from mdboost.models import load_model  # noqa: E402
-from mdboost.models.gguf_drafters import llamacpp_model  # noqa: E402
-from mdboost.models.ngram import NgramDrafter  # noqa: E402
-from mdboost.validation.points import heldout_prompts  # noqa: E402
 from mdboost.validation.runs import run_modes  # noqa: E402
 
 TEMPERATURE, NEW_TOKENS = 0.7, 64
-
-
-class _TimedModel(LlamaCppModel):
-    """The GGUF target whose every forward's seconds are appended to ``log``."""
-
-    def __init__(self, path, log: list):
-        super().__init__(path, n_threads=1)
-        self.log = log
-
-    def open(self, batch_size, device):
-        lm = super().open(batch_size, device)
-        forward = lm.forward
-
-        def timed(tokens, valid=None, logits_to_keep=0):
-            start = time.perf_counter()
-            out = forward(tokens, valid, logits_to_keep)
-            self.log.append(time.perf_counter() - start)
-            return out
-
-        lm.forward = timed
-        return lm
 
 
 def main() -> None:
@@ -70,17 +41,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=10, help="held-out prompts (the validation's first ones)")
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    path, note = llamacpp_model("smollm2-135m")
-    if path is None:
-        raise SystemExit(f"no GGUF target: {note}")
-    log: list[float] = []
-    target = _TimedModel(path, log)
-    tokenizer = load_model("smollm2-135m")[1]
-    _, prompts = heldout_prompts(TextSource(limit=16), tokenizer, args.prompts)
-    modes = {"plain decoding": dict(mode="ar"),
-             "ngram:3 SD, gamma 1": dict(mode="sd", drafter=NgramAdapter(NgramDrafter(3)), gamma=1,
-                                         rule=Rejection(drafting="greedy"))}
+    log, target, _, prompts, modes = held_out_setup(args.prompts)
     parts = {name: dict(total=0.0, prefill=0.0, forward=0.0, target=0.0, verify=0.0, drafter=0.0, calls=0,
                         drafted=0, tokens=0) for name in modes}
     per_pass = []
@@ -95,9 +56,9 @@ def main() -> None:
                 forwards = log[first:]
                 part = parts[name]
                 part["total"] += stats.time_total
-                part["prefill"] += forwards[0]
-                part["forward"] += sum(forwards[1:])
-                part["target"] += stats.time_target - forwards[0]
+                part["prefill"] += forwards[0][2]
+                part["forward"] += sum(seconds for _, _, seconds in forwards[1:])
+                part["target"] += stats.time_target - forwards[0][2]
                 part["verify"] += stats.time_verify
                 part["drafter"] += stats.time_drafter
                 part["calls"] += stats.num_target_calls - 1
