@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import os
+import platform
 import time
 
 import torch
 
+from mdboost.cache.profile import hardware_fingerprint, hardware_label
 from mdboost.data import TextSource
 from mdboost.engine.drafting import NgramAdapter
 from mdboost.engine.llamacpp import LlamaCppModel
@@ -15,6 +18,14 @@ from mdboost.models import load_model
 from mdboost.models.gguf_drafters import llamacpp_model
 from mdboost.models.ngram import NgramDrafter
 from mdboost.validation.points import heldout_prompts
+
+TEMPERATURE, NEW_TOKENS = 0.7, 64  # the llama.cpp validation's recommendation cell and generation length
+
+
+def machine() -> str:
+    """The sections' machine line: the CPU and llama.cpp as the speed files name them, cores, Python."""
+    return (f"Machine: {hardware_label(hardware_fingerprint(torch.device('cpu'), 'llamacpp'))}, {os.cpu_count()} "
+            f"cores, Python {platform.python_version()}.")
 
 
 class TimedTarget(LlamaCppModel):

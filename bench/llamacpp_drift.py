@@ -25,24 +25,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 from pathlib import Path
 
-import torch
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench._llamacpp_timing import held_out_setup  # noqa: E402
+from bench._llamacpp_timing import NEW_TOKENS, TEMPERATURE, held_out_setup, machine  # noqa: E402
 from bench._results import load_line, update_section  # noqa: E402
-from mdboost.cache.profile import hardware_fingerprint, hardware_label  # noqa: E402
 from mdboost.engine.costs import measure_engine_profile  # noqa: E402
 from mdboost.engine.settings import GenerationSettings  # noqa: E402
 from mdboost.validation.runs import run_modes  # noqa: E402
-
-TEMPERATURE, NEW_TOKENS = 0.7, 64
 
 
 def _forward_ratios(log: list, phase: str, prompt_lengths: set[int]) -> tuple[float, float, float]:
@@ -100,8 +94,7 @@ def main() -> None:
     text = "\n\n".join([
         "## llamacpp_drift: llama.cpp's cost ratios from the cost measurement to the runs they predict "
         "(`bench/llamacpp_drift.py`)",
-        f"Machine: {hardware_label(hardware_fingerprint(torch.device('cpu'), 'llamacpp'))}, {os.cpu_count()} cores, "
-        f"Python {platform.python_version()}. {args.rounds} rounds in one process, each the target's profile "
+        f"{machine()} {args.rounds} rounds in one process, each the target's profile "
         f"({args.repeats} repeats, as the ranking measures it) then {args.prompts} held-out prompts x {NEW_TOKENS} "
         f"tokens of plain decoding and ngram:3 SD at gamma 1 (greedy drafts), interleaved per prompt; every round "
         "generates the same tokens (seeded), so a change between rounds is the machine's.",

@@ -18,21 +18,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 from pathlib import Path
-
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench._llamacpp_timing import held_out_setup  # noqa: E402
+from bench._llamacpp_timing import NEW_TOKENS, TEMPERATURE, held_out_setup, machine  # noqa: E402
 from bench._results import load_line, update_section  # noqa: E402
-from mdboost.cache.profile import hardware_fingerprint, hardware_label  # noqa: E402
 from mdboost.validation.runs import run_modes  # noqa: E402
-
-TEMPERATURE, NEW_TOKENS = 0.7, 64
 
 
 def main() -> None:
@@ -85,8 +79,7 @@ def main() -> None:
     text = "\n\n".join([
         "## llamacpp_step_parts: a prompt-lookup cell's time in llama.cpp, part by part "
         "(`bench/llamacpp_step_parts.py`)",
-        f"Machine: {hardware_label(hardware_fingerprint(torch.device('cpu'), 'llamacpp'))}, {os.cpu_count()} cores, "
-        f"Python {platform.python_version()}. {args.passes} passes over {len(prompts)} held-out prompts (the "
+        f"{machine()} {args.passes} passes over {len(prompts)} held-out prompts (the "
         f"validation's), {NEW_TOKENS} tokens each with end-of-text ignored, T = {TEMPERATURE:g}, the two modes "
         "interleaved per prompt; per decoding call (the prefill apart): the target's forward, its `q`, "
         "verification, the lookup and the rest.",

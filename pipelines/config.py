@@ -359,12 +359,12 @@ class MDConfig:
         """The checks that build the rules' objects (:meth:`RuleEntry.to_rule`: torch, seconds):
         each entry can be scored (its error at its own path, ``config error at 'md.rules[1]': ...``),
         and no two entries are one rule. Run by the top-level config after every cheap check."""
+        rules = []
         for i, entry in enumerate(self.rules):
             with _at(f"{path}.rules[{i}]"):
-                entry.to_rule()
+                rules.append(entry.to_rule())
         with _at(path):
-            _check(len({r.to_rule() for r in self.rules}) == len(self.rules), "rules (duplicates)",
-                   [dataclasses.asdict(r) for r in self.rules])
+            _check(len(set(rules)) == len(rules), "rules (duplicates)", [dataclasses.asdict(r) for r in self.rules])
 
     @property
     def sampling_temperatures(self) -> list[float]:
