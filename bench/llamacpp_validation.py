@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import subprocess
@@ -69,6 +70,12 @@ def render(ranked: dict, summary: dict) -> str:
                     f"{float(c['predicted_speedup']):.2f} [{float(c['predicted_speedup_lo']):.2f}, "
                     f"{float(c['predicted_speedup_hi']):.2f}] | {float(c['realized_speedup']):.2f} | "
                     f"{'yes' if c['speedup_inside'] else 'no'} | {accept} |")
+    timing = summary.get("intervals", {}).get("timing")
+    noise = ("one pass: the realized speedups' timing noise not measured, not in the intervals" if not timing else
+             f"{timing['passes']} passes of the same generations: a pass's realized speedup varies by "
+             f"{100 * math.expm1(timing['sd_log']):.1f}% (pooled sd over {timing['cells']} cells, {timing['df']} df); "
+             f"the speedup intervals add +-{100 * math.expm1(timing['half_width_log']):.1f}% for it "
+             f"(docs/validation.md, \"Predictive intervals\")")
     errors = [float(c["realized_speedup"]) - float(c["predicted_speedup"]) for c in cells]
     below = sum(not c["speedup_inside"] and e < 0 for c, e in zip(cells, errors))
     above = sum(not c["speedup_inside"] and e > 0 for c, e in zip(cells, errors))
@@ -81,7 +88,7 @@ def render(ranked: dict, summary: dict) -> str:
         "truncated GGUFs and prompt lookup). Validation: `configs/validate_llamacpp.yaml`, "
         f"{summary['generation']['prompts']} held-out HumanEval prompts, {len(cells)} cells, "
         f"{summary['generation']['max_new_tokens']} new tokens, every cell interleaved per prompt with plain decoding "
-        f"through the same backend (median {ar[len(ar) // 2]:.1f} tokens/s over the cells' runs).",
+        f"through the same backend, {summary['generation'].get('passes', 1)} pass(es) (median {ar[len(ar) // 2]:.1f} tokens/s over the cells' runs).",
         f"Ranking's verdict: {ranked['verdict']}",
         f"**{summary['verdict']}**",
         f"- speedup: intervals cover {coverage_text(speed)}, MAE {speed['mae']:.3f}, Spearman {speed['spearman']:.2f}, "
@@ -89,12 +96,13 @@ def render(ranked: dict, summary: dict) -> str:
         f"- acceptance: intervals cover {coverage_text(acc)}" + (f", MAE {acc['mae']:.3f}" if acc else ""),
         f"- misses: {below} below the interval, {above} above; mean signed error (realized - predicted) "
         f"{sum(errors) / len(errors):+.3f}",
+        f"- timing noise: {noise}",
         "\n".join(rows),
         f"Goal (engines issue: >= 12 cells, speedup coverage 80-97%, MAE <= 0.05, the recommendation confirmed): "
         f"{'met' if goal else 'not met'} on this run (with {speed['with_interval']} cells one cell moves the "
         f"coverage by {100 / max(speed['with_interval'], 1):.0f} points).",
     ]
-    return "\n\n".join(lines[:4] + ["\n".join(lines[4:7])] + lines[7:])
+    return "\n\n".join(lines[:4] + ["\n".join(lines[4:8])] + lines[8:])
 
 
 def main() -> None:

@@ -52,6 +52,11 @@ class GenerationConfig:
     validated), ``top_k`` / ``top_p`` must equal the ranking's. Likewise ``md_solve`` (the
     engine's argument in MD runs) must equal the one the ranking's speed model assumed.
 
+    ``passes`` runs the whole interleaved sequence that many times with the same seeds (the same
+    tokens), so the realized speedups' timing noise is measured, not assumed: their spread over
+    the passes widens the speedup intervals (:func:`mdboost.validation.calibration.timing_noise`;
+    ``docs/validation.md``, "Predictive intervals"). 1 leaves it out and takes half the time.
+
     ``scheduler`` (``docs/scale_out.md``): null runs the cells here, one after another, the
     cells of a target and temperature sharing one AR run; ``local`` (a Dask ``LocalCluster`` of
     ``n_workers`` processes for the run, default :data:`LOCAL_WORKERS`) or a scheduler address
@@ -68,6 +73,7 @@ class GenerationConfig:
     top_k: int | None = None
     top_p: float | None = None
     seed: int = 0
+    passes: int = 2
     md_solve: Literal[SOLVE] | None = None
     scheduler: str | None = None
     n_workers: int | None = None
@@ -82,6 +88,7 @@ class GenerationConfig:
             _check(self.n_workers >= 1, "generation.n_workers (>= 1)", self.n_workers)
         if self.prompts < 1 or self.max_new_tokens < 2:
             raise ValueError(f"need prompts >= 1 and max_new_tokens >= 2, got {self.prompts!r}, {self.max_new_tokens!r}")
+        _check(self.passes >= 1, "generation.passes (>= 1; 2 or more measure the timing noise)", self.passes)
         if self.first_prompt < 0:
             raise ValueError(f"first_prompt must be >= 0 (held-out prompts skipped), got {self.first_prompt!r}")
         if self.temperature is not None and not (math.isfinite(self.temperature) and self.temperature >= 0):

@@ -39,12 +39,13 @@ from mdboost.tracking.datasets import log_records
 from mdboost.tracking.notes import validation_note
 from mdboost.tracking.runs import ChildRun, log_children, ordered_metrics, parent_run, point_name
 from mdboost.tracking.store import existing_run
-from mdboost.validation.calibration import predictive_scale
+from mdboost.validation.calibration import predictive_scale, timing_noise
 from mdboost.validation.cells import check_md_solve, complete_rows, resolve_sampling, select_cells
 from mdboost.validation.plots import plot_predicted_vs_realized
 from mdboost.validation.points import heldout_prompts, humaneval_pass_at_1, realize_cells
 from mdboost.validation.report import COLUMNS as VALIDATION_COLUMNS
 from mdboost.validation.report import (
+    INTERVAL_LEVEL,
     cell_record,
     format_table,
     summarize,
@@ -243,7 +244,8 @@ def run(cfg: ValidateConfig, the_plan: Plan | None = None) -> dict:
                                                                       n_threads=ENGINE_THREADS)
     heldout, prompts = heldout_prompts(text, pool.target.tokenizer, g.prompts, g.first_prompt)
 
-    kwargs = dict(max_new_tokens=g.max_new_tokens, seed=g.seed, top_k=sampling["top_k"], top_p=sampling["top_p"])
+    kwargs = dict(max_new_tokens=g.max_new_tokens, seed=g.seed, top_k=sampling["top_k"], top_p=sampling["top_p"],
+                  passes=g.passes)
     with timed(stages, "generation"), g.cluster() as client, torch_threads(ENGINE_THREADS):  # the ranking's threads
         if client is not None and engine_pool is not None:
             raise ValueError(f"generation.scheduler: the ranking's costs are llama.cpp's (speed.engine: {engine}), "
@@ -253,16 +255,20 @@ def run(cfg: ValidateConfig, the_plan: Plan | None = None) -> dict:
         else:  # one cell with its own AR run per task (mdboost.validation.scaleout)
             realized = realize_cells_on(client, p.cells, pool.recipe, prompts, threads=ENGINE_THREADS, **kwargs)
     intervals = interval_settings(p.ranking, len(prompts))
+    # the realized speedups' own timing noise, from the passes' spread (None with one pass)
+    noise = timing_noise([r["realized_speedup_passes"] for r in realized], intervals["level"] or INTERVAL_LEVEL)
+    intervals["timing"] = None if noise is None else noise.to_dict()
     firsts = {}  # each batch size's first cell is its recommendation's
     for i, row in enumerate(p.cells):
         firsts.setdefault(row_batch_size(row), i)
     records = [cell_record(i, "recommendation" if i in firsts.values() else "sample", row, real, top_k=sampling["top_k"],
-                           top_p=sampling["top_p"], interval_scale=intervals["scale"])
+                           top_p=sampling["top_p"], interval_scale=intervals["scale"],
+                           timing=0.0 if noise is None else noise.half_width_log)
                for i, (row, real) in enumerate(zip(p.cells, realized))]
     metrics = summarize(records)
     summary = {"verdict": verdict(metrics, intervals["level"]), "metrics": metrics, "sampling": sampling,
                "md_solve": sorted({r["md_solve"] for r in records}), "engine": engine,
-               "generation": {"prompts": len(prompts), "first_prompt": g.first_prompt,
+               "generation": {"prompts": len(prompts), "first_prompt": g.first_prompt, "passes": g.passes,
                               "max_new_tokens": g.max_new_tokens, "seed": g.seed, "scheduler": g.scheduler},
                "intervals": intervals, "data": sample_summary(heldout, text, split="heldout"),
                "ranking": {"ranking_dir": cfg.ranking.ranking_dir, "ranking_run_id": p.ranking.run_id},
@@ -452,6 +458,10 @@ def main(config: str | ValidateConfig, overrides=()) -> int:
     if i["ranking_prompts"]:
         print(f"intervals: the ranking's {i['level']:.0%} intervals over {i['ranking_prompts']} prompts, widened "
               f"x{i['scale']:.2f} to predict the mean over these {i['validation_prompts']} prompts")
+    t = i.get("timing")
+    print("timing noise: one pass, not estimated (generation.passes: 2 or more adds it to the intervals)" if t is None else
+          f"timing noise: a pass's realized speedup varies by {math.expm1(t['sd_log']):.1%} (sd over {t['passes']} "
+          f"passes of {t['cells']} cells); the speedup intervals add +-{math.expm1(t['half_width_log']):.1%}")
     print(stage_line(summary["seconds_by_stage"], summary["seconds_total"]))
     print(summary["verdict"])
     return 0

@@ -87,6 +87,17 @@ def test_files_next_to_the_plot(ran):
     assert by_batch["4"]["best_realized_speedup"] == pytest.approx(max(float(r["realized_speedup"]) for r in four))
     assert set(summary["metrics"]["crossover"]) == {"predicted", "realized", "within_one"}
     assert 0.0 <= summary["humaneval"]["humaneval_pass_at_1_ar"] <= 1.0
+    # two passes (the default) of the same generations: a cell's figure over both is the mediant of
+    # its passes' (same tokens, so tokens/s ratios combine as summed times), and their pooled
+    # spread is the timing noise added to every speedup interval
+    timing = summary["intervals"]["timing"]
+    assert summary["generation"]["passes"] == timing["passes"] == 2 and timing["cells"] == len(rows)
+    per_pass = [c["realized_speedup_passes"] for c in summary["cells"]]
+    for cell, passes in zip(summary["cells"], per_pass):
+        assert len(passes) == 2 and min(passes) * (1 - 1e-9) <= cell["realized_speedup"] <= max(passes) * (1 + 1e-9)
+    logs = np.log(np.array(per_pass))
+    pooled = np.sqrt(((logs - logs.mean(axis=1, keepdims=True)) ** 2).sum() / len(rows))
+    assert timing["sd_log"] == pytest.approx(pooled) and timing["df"] == len(rows)
 
 
 def test_mlflow_runs_link_to_the_ranking(ran):

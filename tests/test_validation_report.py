@@ -180,3 +180,50 @@ def test_only_the_prompt_part_of_a_speedup_interval_grows_on_new_prompts():
     lo, hi = bounds(predicted_speedup_prompts_lo=0.9, predicted_speedup_prompts_hi=1.2)
     assert lo == pytest.approx(1 - math.sqrt(0.3 ** 2 + (s * s - 1) * 0.1 ** 2))
     assert hi == pytest.approx(1 + math.sqrt(0.4 ** 2 + (s * s - 1) * 0.2 ** 2))
+
+
+def test_the_timing_noise_widens_the_speedup_interval_alone():
+    """``timing`` (a log half-width) adds ``point (1 - e^-w)`` below and ``point (e^w - 1)`` above
+    the speedup's point, in quadrature with the rest; acceptance and accepted length keep theirs."""
+    row = dict(next(r for r in ranking_rows() if r["target"] == "t"), predicted_speedup=1.0,
+               predicted_speedup_lo=0.7, predicted_speedup_hi=1.4,
+               predicted_speedup_prompts_lo=1.0, predicted_speedup_prompts_hi=1.0)
+    w = math.log(1.2)
+    plain = cell_record(1, "sample", row, _realized(1.0, 0.5, 2.0))
+    noisy = cell_record(1, "sample", row, _realized(1.0, 0.5, 2.0), timing=w)
+    assert noisy["predicted_speedup_lo"] == pytest.approx(1 - math.sqrt(0.3 ** 2 + (1 - 1 / 1.2) ** 2))
+    assert noisy["predicted_speedup_hi"] == pytest.approx(1 + math.sqrt(0.4 ** 2 + 0.2 ** 2))
+    for key in ("predicted_acceptance_lo", "predicted_acceptance_hi", "predicted_mean_accepted_length_lo",
+                "predicted_mean_accepted_length_hi"):
+        assert noisy[key] == plain[key] or (math.isnan(noisy[key]) and math.isnan(plain[key]))
+    with pytest.raises(ValueError, match="timing must be a finite half-width >= 0, got -0.1"):
+        cell_record(1, "sample", row, _realized(1.0, 0.5, 2.0), timing=-0.1)
+
+
+def test_timing_noise_pools_the_passes_spread_of_every_cell():
+    """The pooled spread of log speedups about each cell's mean, against a direct computation on
+    simulated passes; its interval for the mean of R passes is Student's t at the pooled degrees
+    of freedom; a half of simulated validations' means fall within the half-width of a 50% level."""
+    from mdboost.validation.calibration import timing_noise
+
+    rng = np.random.default_rng(0)
+    truth = np.array([0.4, 0.9, 1.6])  # three cells, true speedups
+    passes = truth[:, None] * np.exp(rng.normal(0, 0.05, size=(3, 4)))
+    t = timing_noise(passes.tolist(), 0.9)
+    logs = np.log(passes)
+    sd = math.sqrt(((logs - logs.mean(axis=1, keepdims=True)) ** 2).sum() / 9)
+    assert (t.passes, t.cells, t.df) == (4, 3, 9) and t.sd_log == pytest.approx(sd)
+    assert t.half_width_log == pytest.approx(stats.t.ppf(0.95, 9) * sd / 2)
+    # calibration of the half-width: simulated validations of 2 passes, sigma 0.05 per pass
+    hits = []
+    for _ in range(2000):
+        runs = truth[:, None] * np.exp(rng.normal(0, 0.05, size=(3, 2)))
+        half = timing_noise(runs.tolist(), 0.5).half_width_log
+        fresh = np.log(truth * np.exp(rng.normal(0, 0.05 / math.sqrt(2), size=3)))  # another run's mean
+        hits.append(np.abs(fresh - np.log(truth)) <= half)
+    assert 0.45 <= np.mean(hits) <= 0.55
+    assert timing_noise([[1.0], [2.0]], 0.9) is None
+    with pytest.raises(ValueError, match="per_pass must hold one non-empty list of passes per cell"):
+        timing_noise([[1.0, 1.1], [2.0]], 0.9)
+    with pytest.raises(ValueError, match="positive finite speedups"):
+        timing_noise([[1.0, 0.0]], 0.9)

@@ -60,6 +60,33 @@ def test_interleaved_modes_equal_separate_runs():
         run_modes(target, prompts, {})
 
 
+def test_passes_repeat_the_same_generations():
+    """passes=2 runs the interleaved sequence twice with the same seeds: the second pass makes the
+    first's tokens, each pass's stats are a single run's, and the merged stats sum the passes."""
+    import torch
+
+    from mdboost.models.tiny import tiny_llama
+    from mdboost.validation.runs import run_modes
+
+    target, drafter = tiny_llama(seed=0), tiny_llama(seed=1)
+    prompts = [torch.tensor([1, 5, 7]), torch.tensor([2, 9, 4, 3])]
+    common = dict(max_new_tokens=6, temperature=1.0, gamma=2, seed=3)
+    modes = {"ar": dict(mode="ar"), "md": dict(mode="md", drafter=drafter, max_divergence=0.2)}
+    once = run_modes(target, prompts, modes, **common)
+    twice = run_modes(target, prompts, modes, passes=2, **common)
+    for name in modes:
+        assert twice[name].outputs == once[name].outputs * 2
+        assert len(twice[name].passes) == 2 and len(once[name].passes) == 1
+        for part in twice[name].passes:
+            assert part.num_accepted_tokens == once[name].stats.num_accepted_tokens
+            assert part.num_target_calls == once[name].stats.num_target_calls
+        assert twice[name].stats.num_new_tokens == 2 * once[name].stats.num_new_tokens
+        assert twice[name].stats.time_total == pytest.approx(sum(p.time_total for p in twice[name].passes))
+    for bad in (0, True, 1.5):
+        with pytest.raises(ValueError, match=f"passes must be a positive integer, got {bad!r}"):
+            run_modes(target, prompts, modes, passes=bad, **common)
+
+
 def test_a_cell_of_another_rule_runs_that_rule():
     """A ranking row of another rule than MD on sampled drafts runs with GenerationSettings.rule
     (mdboost.ranking.rule_points.row_rule); MD rows keep their budget arguments."""

@@ -13,6 +13,9 @@ predicted interval ``[lo, hi]`` and the realized value:
 The ranking's intervals are for the expected value over prompts like its ``n`` cached ones; a
 validation realizes the mean over ``m`` other prompts, which varies by itself.
 :func:`predictive_scale` is the factor that turns the first into an interval for the second.
+A realized speedup is also a timing: the same generations timed again give another value.
+:func:`timing_noise` estimates that spread from repeated passes, and :func:`predictive_interval`
+adds it.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
+from scipy import stats
 
 from mdboost.validation.prediction import spearman
 
@@ -64,8 +68,65 @@ def predictive_scale(fit_prompts: int, new_prompts: int) -> float:
     return float(np.sqrt(1 + fit_prompts / new_prompts))
 
 
-def predictive_interval(point: float, lo: float, hi: float, scale: float, prompts: tuple[float, float] | None = None) -> tuple[float, float]:
-    """``[lo, hi]`` made predictive for new prompts, each side of ``point`` on its own (NaN stays NaN).
+@dataclass(frozen=True)
+class TimingNoise:
+    """The realized figures' timing noise, from passes that repeat the same generations.
+
+    ``sd_log``: the pooled standard deviation of one pass's ``log`` realized speedup about its
+    cell's mean (``df`` degrees of freedom); ``half_width_log``: the half-width, on the log scale,
+    of a ``level`` interval for the mean over ``passes`` passes (``t_df sd_log / sqrt(passes)``).
+    """
+
+    passes: int
+    cells: int
+    df: int
+    sd_log: float
+    level: float
+    half_width_log: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def timing_noise(per_pass, level: float) -> TimingNoise | None:
+    """How much a realized speedup moves when the same generations are timed again.
+
+    ``per_pass`` holds, per cell, its realized speedup in each pass (the passes repeat the same
+    work with the same seeds, so they differ only in the machine's timing). A cell's figure is
+    the ratio over all its passes; the log of a pass's figure varies about the cell's with one
+    spread ``sigma`` for every cell (the machine's, pooled: ``sum (x - mean_cell)^2 / df`` over
+    ``df = sum (passes - 1)``), so the mean over ``R`` passes has standard error
+    ``sigma / sqrt(R)``, and a ``level`` interval for it takes Student's ``t`` at ``df``
+    (the spread is estimated). None with one pass per cell (no spread to estimate).
+
+    >>> t = timing_noise([[1.0, 1.1], [0.5, 0.55]], 0.9)
+    >>> t.df, round(t.sd_log, 6) == round(math.log(1.1) / math.sqrt(2), 6)
+    (2, True)
+    >>> timing_noise([[1.0], [0.5]], 0.9) is None
+    True
+    """
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level!r}")
+    cells = [np.asarray(v, dtype=float).reshape(-1) for v in per_pass]
+    if not cells or len({c.size for c in cells}) != 1 or not cells[0].size:
+        raise ValueError(f"per_pass must hold one non-empty list of passes per cell, all of one length, "
+                         f"got lengths {[c.size for c in cells]}")
+    if not all(np.isfinite(c).all() and (c > 0).all() for c in cells):
+        raise ValueError(f"per_pass must hold positive finite speedups, got {[c.tolist() for c in cells]}")
+    passes = int(cells[0].size)
+    if passes < 2:
+        return None
+    logs = [np.log(c) for c in cells]
+    df = len(logs) * (passes - 1)
+    sd = float(np.sqrt(sum(float(np.sum((x - x.mean()) ** 2)) for x in logs) / df))
+    t = float(stats.t.ppf((1 + level) / 2, df))
+    return TimingNoise(passes, len(logs), df, sd, float(level), t * sd / math.sqrt(passes))
+
+
+def predictive_interval(point: float, lo: float, hi: float, scale: float, prompts: tuple[float, float] | None = None,
+                        timing: float = 0.0) -> tuple[float, float]:
+    """``[lo, hi]`` made predictive for a measured run on new prompts, each side of ``point`` on its
+    own (NaN stays NaN).
 
     ``prompts`` is the interval's part that comes from the prompts alone (``(lo, hi)`` at fixed
     costs); only that part grows on new prompts, the rest (the costs' measured spread) does not.
@@ -73,16 +134,24 @@ def predictive_interval(point: float, lo: float, hi: float, scale: float, prompt
     ``sqrt(h^2 + (scale^2 - 1) h_p^2)``: the variances add, and the new prompts' mean adds
     ``(scale^2 - 1)`` times the prompt variance (:func:`predictive_scale`).
     Without ``prompts`` the whole interval is the prompts' (``scale * h``).
+    ``timing`` is the realized figure's own timing noise, a half-width on the log scale
+    (:attr:`TimingNoise.half_width_log`): it adds ``point (1 - exp(-timing))`` below and
+    ``point (exp(timing) - 1)`` above, in quadrature too.
 
     >>> [round(x, 6) for x in predictive_interval(1.0, 0.8, 1.2, 2.0)]
     [0.6, 1.4]
     >>> [round(x, 6) for x in predictive_interval(1.0, 0.8, 1.2, 2.0, prompts=(1.0, 1.0))]
     [0.8, 1.2]
+    >>> [round(x, 6) for x in predictive_interval(1.0, 1.0, 1.0, 1.0, timing=math.log(1.25))]
+    [0.8, 1.25]
     """
+    if not (timing >= 0 and math.isfinite(timing)):
+        raise ValueError(f"timing must be a finite half-width >= 0, got {timing!r}")
     p_lo, p_hi = (lo, hi) if prompts is None else prompts
     grow = scale ** 2 - 1
-    return (point - math.sqrt((point - lo) ** 2 + grow * (point - p_lo) ** 2),
-            point + math.sqrt((hi - point) ** 2 + grow * (p_hi - point) ** 2))
+    below, above = point * -math.expm1(-timing), point * math.expm1(timing)
+    return (point - math.sqrt((point - lo) ** 2 + grow * (point - p_lo) ** 2 + below ** 2),
+            point + math.sqrt((hi - point) ** 2 + grow * (p_hi - point) ** 2 + above ** 2))
 
 
 def regret(predicted, realized) -> float:

@@ -97,7 +97,7 @@ def _cell_modes(row: dict, pool) -> dict:
 
 def realize_cells(rows: list[dict], pool, prompts, *, max_new_tokens: int = 64, seed: int = 0,
                   top_k: int | None = None, top_p: float | None = None, progress: bool = False,
-                  engine_pool=None) -> list[dict]:
+                  engine_pool=None, passes: int = 1) -> list[dict]:
     """Realized numbers of ranking cells, one dict per row (same order).
 
     Each row runs at its own ``temperature``, ``gamma``, divergence, budget ``max_divergence``,
@@ -106,8 +106,11 @@ def realize_cells(rows: list[dict], pool, prompts, *, max_new_tokens: int = 64, 
     and batch size run interleaved per batch with one AR run of that target at that batch size
     (:func:`mdboost.validation.runs.run_modes`): batch ``i`` runs AR, then every cell, so every
     speedup divides by the same AR reference made under the same machine load. ``progress``
-    shows a bar over the generations (cells and AR runs x prompts) with the tokens/s so far
-    (:func:`mdboost.validation.runs.progress_bar`; ``TQDM_DISABLE=1`` silences it).
+    shows a bar over the generations (cells and AR runs x prompts x passes) with the tokens/s so far
+    (:func:`mdboost.validation.runs.progress_bar`; ``TQDM_DISABLE=1`` silences it). ``passes``
+    repeats the whole interleaved sequence (same seeds, same tokens): each pass realizes every
+    speedup once more, and their spread is the realized figures' timing noise
+    (:func:`mdboost.validation.calibration.timing_noise`).
 
     ``engine_pool`` holds the members the engine generates with, by the same names (default:
     ``pool``): a :class:`~mdboost.engine.llamacpp.LlamaCppPool` validates in llama.cpp. ``pool``
@@ -118,14 +121,15 @@ def realize_cells(rows: list[dict], pool, prompts, *, max_new_tokens: int = 64, 
     list of dict
         Per row: :meth:`~mdboost.validation.runs.ModeRun.metrics` (``realized_acceptance``,
         ``expected_acceptance``, ``mean_accepted_length``, ``tokens_per_second``, ...), plus
-        ``ar_tokens_per_second``, ``realized_speedup`` (cell tokens/s over AR's),
+        ``ar_tokens_per_second``, ``realized_speedup`` (cell tokens/s over AR's, over every pass),
+        ``realized_speedup_passes`` (one per pass),
         ``nll_target_outputs`` / ``nll_target_ar_outputs`` (:func:`~mdboost.validation.runs.target_nll`)
         and ``model_speedup_at_realized_acceptance`` (:func:`model_speedup`).
     """
     groups: dict[tuple, list[int]] = {}
     for i, r in enumerate(rows):
         groups.setdefault((r["target"], float(r["temperature"]), row_batch_size(r)), []).append(i)
-    total = sum(-(-len(prompts) // b) * (len(m) + 1) for (_, _, b), m in groups.items())
+    total = passes * sum(-(-len(prompts) // b) * (len(m) + 1) for (_, _, b), m in groups.items())
     bar = progress_bar(total, "validation runs", progress)
     out: list[dict] = [{} for _ in rows]
     eos = pool.target.tokenizer.eos_token_id
@@ -135,20 +139,23 @@ def realize_cells(rows: list[dict], pool, prompts, *, max_new_tokens: int = 64, 
         modes = {"ar": dict(mode="ar")} | {f"cell{i}": _cell_modes(rows[i], engine_pool) for i in members}
         runs = run_modes(engine_pool[target_name].model, prompts, modes, seed=seed, max_new_tokens=max_new_tokens,
                          temperature=temperature, top_k=top_k, top_p=top_p, eos_token_id=eos, on_generation=bar.step,
-                         batch_size=batch_size)
+                         batch_size=batch_size, passes=passes)
         ar = runs["ar"]
-        ar_tps, ar_nll = ar.stats.tokens_per_second, target_nll(target, prompts, ar.outputs)
+        scored = prompts * passes  # the outputs run pass after pass
+        ar_tps, ar_nll = ar.stats.tokens_per_second, target_nll(target, scored, ar.outputs)
         for i in members:
             run = runs[f"cell{i}"]
             m = run.metrics()
             m.update(ar_tokens_per_second=ar_tps, realized_speedup=m["tokens_per_second"] / ar_tps,
-                     nll_target_outputs=target_nll(target, prompts, run.outputs), nll_target_ar_outputs=ar_nll)
+                     realized_speedup_passes=[c.tokens_per_second / a.tokens_per_second
+                                              for c, a in zip(run.passes, ar.passes)],
+                     nll_target_outputs=target_nll(target, scored, run.outputs), nll_target_ar_outputs=ar_nll)
             alpha = m["realized_acceptance"] if math.isnan(m["expected_acceptance"]) else m["expected_acceptance"]
             budget = float(rows[i]["max_divergence"])
             # the i.i.d. model is one sequence's: at B > 1 the batch's slowest row sets the time
             m["model_speedup_at_realized_acceptance"] = math.nan if batch_size > 1 else model_speedup(
                 rows[i], alpha, rows[i]["md_solve"] if budget > 0 else "reached", new_tokens=m["num_new_tokens"],
-                prompt_tokens=float(sum(max(p.numel() - 1, 0) for p in prompts)))
+                prompt_tokens=passes * float(sum(max(p.numel() - 1, 0) for p in prompts)))
             out[i] = m
     bar.close()
     return out

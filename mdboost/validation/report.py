@@ -84,7 +84,7 @@ def _clip(value: float, low: float, high: float) -> float:
 
 
 def cell_record(index: int, role: str, row: dict, realized: dict, *, top_k=None, top_p=None,
-                interval_scale: float = 1.0) -> dict:
+                interval_scale: float = 1.0, timing: float = 0.0) -> dict:
     """One validated cell: the ranking row's predictions next to the realized numbers.
 
     Parameters
@@ -107,6 +107,11 @@ def cell_record(index: int, role: str, row: dict, realized: dict, *, top_k=None,
         ``_hi``, stays as it is, :func:`~mdboost.validation.calibration.predictive_interval`), then kept
         within the values the figure can take (acceptance in ``[0, 1]``, mean accepted length
         in ``[1, gamma + 1]``, speedup ``>= 0``).
+    timing : float, default=0.0
+        The realized speedup's timing noise, a half-width on the log scale
+        (:attr:`~mdboost.validation.calibration.TimingNoise.half_width_log`), added to the speedup's
+        interval (:func:`~mdboost.validation.calibration.predictive_interval`); 0 without passes to
+        estimate it from.
 
     Returns
     -------
@@ -128,6 +133,8 @@ def cell_record(index: int, role: str, row: dict, realized: dict, *, top_k=None,
            "predicted_speedup_lo": csv_float(row.get("predicted_speedup_lo")),
            "predicted_speedup_hi": csv_float(row.get("predicted_speedup_hi")),
            "realized_speedup": float(realized["realized_speedup"]),
+           "realized_speedup_passes": [float(x) for x in realized.get("realized_speedup_passes",
+                                                                      [realized["realized_speedup"]])],
            "predicted_acceptance": acc, "predicted_acceptance_lo": acc_lo, "predicted_acceptance_hi": acc_hi,
            "realized_acceptance": float(realized["realized_acceptance"]),
            "expected_acceptance": float(realized["expected_acceptance"]),
@@ -146,7 +153,8 @@ def cell_record(index: int, role: str, row: dict, realized: dict, *, top_k=None,
     for figure, (pred, real) in FIGURES.items():  # widened, then kept within the figure's range
         part = prompts.get(figure)
         lo, hi = predictive_interval(rec[pred], rec[f"{pred}_lo"], rec[f"{pred}_hi"], interval_scale,
-                        part if part is not None and all(map(math.isfinite, part)) else None)
+                                     part if part is not None and all(map(math.isfinite, part)) else None,
+                                     timing=timing if figure == "speedup" else 0.0)
         low, high = _figure_range(figure, rec["gamma"])
         rec[f"{pred}_lo"], rec[f"{pred}_hi"] = _clip(lo, low, high), _clip(hi, low, high)
         rec[f"{figure}_inside"] = _inside(rec[real], rec[f"{pred}_lo"], rec[f"{pred}_hi"])

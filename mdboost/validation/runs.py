@@ -81,10 +81,12 @@ def expected_acceptance(stats: GenerationStats) -> float:
 
 @dataclass
 class ModeRun:
-    """Merged stats and the generated token lists (one per prompt) of one mode."""
+    """Merged stats and the generated token lists (one per prompt and pass, pass after pass) of
+    one mode; ``passes`` holds each pass's merged stats (one entry for a single pass)."""
 
     stats: GenerationStats
     outputs: list[list[int]] = field(default_factory=list)
+    passes: list[GenerationStats] = field(default_factory=list)
 
     def metrics(self) -> dict[str, float]:
         s = self.stats
@@ -171,7 +173,7 @@ def _batch_inputs(group: list[torch.Tensor], device) -> tuple[torch.Tensor, torc
 
 
 def run_modes(target, prompts: list[torch.Tensor], modes: dict[str, dict], *, seed: int = 0,
-              on_generation=None, batch_size: int = 1, **common) -> dict[str, ModeRun]:
+              on_generation=None, batch_size: int = 1, passes: int = 1, **common) -> dict[str, ModeRun]:
     """Several modes interleaved per batch of prompts: each batch runs every mode in turn.
 
     A change of machine load during the run then hits every mode alike, so speedups (ratios
@@ -180,9 +182,11 @@ def run_modes(target, prompts: list[torch.Tensor], modes: dict[str, dict], *, se
     ``common``; a mode ``"ar"`` with ``model`` decodes with that model instead of ``target`` (a
     drafter decoding alone). ``batch_size`` consecutive prompts run as one batch of the engine (left-padded;
     the last batch may be smaller); batch ``i`` uses seed ``seed + i`` in every mode (at batch
-    size 1: prompt ``i``, seed ``seed + i``). ``on_generation``, when given, is called after each
-    generation with its :class:`GenerationStats` (a progress bar's hook: one call per batch and
-    mode).
+    size 1: prompt ``i``, seed ``seed + i``). ``passes`` runs the whole interleaved sequence that
+    many times, one pass after another with the same seeds, so every pass does the same work
+    and differs from the others only in its timing (``ModeRun.passes``; the merged stats and the
+    outputs cover every pass). ``on_generation``, when given, is called after each generation
+    with its :class:`GenerationStats` (a progress bar's hook: one call per pass, batch and mode).
     """
     if not prompts:
         raise ValueError("prompts must hold at least one prompt, got none")
@@ -190,6 +194,8 @@ def run_modes(target, prompts: list[torch.Tensor], modes: dict[str, dict], *, se
         raise ValueError("modes must name at least one mode, got none")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
+        raise ValueError(f"passes must be a positive integer, got {passes!r}")
     models = {}
     for name, kwargs in modes.items():
         if "model" in kwargs and kwargs.get("mode", "ar") != "ar":
@@ -198,21 +204,23 @@ def run_modes(target, prompts: list[torch.Tensor], modes: dict[str, dict], *, se
     arguments = {name: _mode_arguments({**common, **{k: v for k, v in kwargs.items() if k != "model"}})
                  for name, kwargs in modes.items()}
     device = model_device(target)  # the CPU for llama.cpp (mdboost.engine.kv.LMBackend)
-    stats = {name: [] for name in modes}
+    stats = {name: [[] for _ in range(passes)] for name in modes}
     outputs = {name: [] for name in modes}
-    for i, start in enumerate(range(0, len(prompts), batch_size)):
-        group = prompts[start:start + batch_size]
-        ids, mask = _batch_inputs(group, device)
-        for name, (settings, drafter) in arguments.items():
-            gen = torch.Generator(device=device).manual_seed(seed + i)
-            out = generate(models[name], ids, settings, drafter=drafter, attention_mask=mask, generator=gen)
-            for b in range(len(group)):
-                n = int(out.num_new_tokens[b])
-                outputs[name].append(out.sequences[b, ids.shape[1]: ids.shape[1] + n].tolist())
-            stats[name].append(out.stats)
-            if on_generation is not None:
-                on_generation(out.stats)
-    return {name: ModeRun(merge_stats(stats[name]), outputs[name]) for name in modes}
+    for k in range(passes):
+        for i, start in enumerate(range(0, len(prompts), batch_size)):
+            group = prompts[start:start + batch_size]
+            ids, mask = _batch_inputs(group, device)
+            for name, (settings, drafter) in arguments.items():
+                gen = torch.Generator(device=device).manual_seed(seed + i)
+                out = generate(models[name], ids, settings, drafter=drafter, attention_mask=mask, generator=gen)
+                for b in range(len(group)):
+                    n = int(out.num_new_tokens[b])
+                    outputs[name].append(out.sequences[b, ids.shape[1]: ids.shape[1] + n].tolist())
+                stats[name][k].append(out.stats)
+                if on_generation is not None:
+                    on_generation(out.stats)
+    return {name: ModeRun(merge_stats([s for part in stats[name] for s in part]), outputs[name],
+                          [merge_stats(part) for part in stats[name]]) for name in modes}
 
 
 @torch.no_grad()

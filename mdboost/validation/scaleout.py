@@ -50,7 +50,7 @@ def _realize_one(recipe: dict, names: tuple[str, ...], row: dict, prompts, threa
 
 def realize_cells_on(client, rows: list[dict], recipe: dict, prompts, *, threads: int | None = 1,
                      max_new_tokens: int = 64, seed: int = 0, top_k: int | None = None,
-                     top_p: float | None = None) -> list[dict]:
+                     top_p: float | None = None, passes: int = 1) -> list[dict]:
     """:func:`~mdboost.validation.points.realize_cells` of ``rows`` on ``client``'s workers, one task per cell.
 
     Parameters
@@ -69,7 +69,7 @@ def realize_cells_on(client, rows: list[dict], recipe: dict, prompts, *, threads
     threads : int or None, default=1
         torch threads in each task (``None``: the worker's as is); 1 is the thread count the
         ranking's costs are measured at (:data:`mdboost.engine.costs.ENGINE_THREADS`).
-    max_new_tokens, seed, top_k, top_p
+    max_new_tokens, seed, top_k, top_p, passes
         As for :func:`~mdboost.validation.points.realize_cells`.
 
     Returns
@@ -84,6 +84,6 @@ def realize_cells_on(client, rows: list[dict], recipe: dict, prompts, *, threads
     if not rows:
         return []
     names = tuple(sorted({n for r in rows for n in (r["drafter"], r["target"])} | {recipe["target"]}))
-    kwargs = dict(max_new_tokens=max_new_tokens, seed=seed, top_k=top_k, top_p=top_p)
+    kwargs = dict(max_new_tokens=max_new_tokens, seed=seed, top_k=top_k, top_p=top_p, passes=passes)
     futures = [client.submit(_realize_one, recipe, names, row, prompts, threads, kwargs, pure=False) for row in rows]
     return client.gather(futures)
