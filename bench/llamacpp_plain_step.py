@@ -8,10 +8,9 @@ a forward of another width. This script times, on the default GGUF target (one t
 forwards after another 1-token forward and after a 5-token forward that is rolled back (as a
 rejected draft is), each on the cost measurement's prompt (a random 16-token block repeated to
 128 tokens, :func:`mdboost.engine.costs._timing._prompt`) and on the validation's held-out
-prompts, the four interleaved per prompt, ``--rounds`` times; and the target's profile as the
-ranking measures it (cost unit ``engine-step-wall-v4``: ``T_ar`` after an untimed undrafted step,
-``docs/engine.md``, "T_ar as plain decoding runs it"). Writes the section ``llamacpp_plain_step``
-of ``bench/RESULTS.md``.
+prompts, the four interleaved per prompt, ``--rounds`` times. Writes the section
+``llamacpp_plain_step`` of ``bench/RESULTS.md``: a diagnosis of the llama.cpp validation's misses
+(``docs/roadmap.md``).
 
 Run: ``python bench/llamacpp_plain_step.py [--rounds 3] [--prompts 10] [--no-write]`` (needs
 ``pip install 'mdboost[llamacpp]'``).
@@ -33,7 +32,6 @@ import torch  # noqa: E402
 
 from bench._llamacpp_timing import held_out_setup, machine  # noqa: E402
 from bench._results import load_line, update_section  # noqa: E402
-from mdboost.engine.costs import measure_engine_profile  # noqa: E402
 from mdboost.engine.costs._timing import _prompt  # noqa: E402
 from mdboost.engine.kv import model_vocab_size  # noqa: E402
 
@@ -78,28 +76,26 @@ def main() -> None:
             contexts = {"cost prompt": _prompt(model_vocab_size(target), 128, i), "held-out prompts": prompt.view(1, -1)}
             for context, after in cases:
                 seconds[(context, after)] += one_token_forwards(target, contexts[context], after, gen)
-        profile = measure_engine_profile(target, 2, repeats=7, rel_tol=0)
-        rows.append(({case: statistics.median(v) for case, v in seconds.items()}, profile, os.getloadavg()[0]))
+        rows.append(({case: statistics.median(v) for case, v in seconds.items()}, os.getloadavg()[0]))
         print(f"round {r}: " + ", ".join(f"{c} {'after a draft' if a else 'after a plain step'} "
                                          f"{1e3 * statistics.median(v):.2f} ms" for (c, a), v in seconds.items())
-              + f"; profile T_ar {1e3 * profile.step_seconds:.2f} ms", flush=True)
+              , flush=True)
     table = ["| round | cost prompt: after a plain step, after a draft (ms) | held-out prompts: after a plain step, "
-             "after a draft (ms) | after a draft / after a plain step | profile T_ar (ms), v(1) | load |",
-             "|---|---|---|---|---|---|"]
-    for r, (med, profile, load) in enumerate(rows):
+             "after a draft (ms) | after a draft / after a plain step | load |",
+             "|---|---|---|---|---|"]
+    for r, (med, load) in enumerate(rows):
         table.append(f"| {r} | {1e3 * med[('cost prompt', False)]:.2f}, {1e3 * med[('cost prompt', True)]:.2f} | "
                      f"{1e3 * med[('held-out prompts', False)]:.2f}, {1e3 * med[('held-out prompts', True)]:.2f} | "
                      f"{med[('cost prompt', True)] / med[('cost prompt', False)]:.3f}, "
                      f"{med[('held-out prompts', True)] / med[('held-out prompts', False)]:.3f} | "
-                     f"{1e3 * profile.step_seconds:.2f}, {profile.verify_cost[1]:.3f} | {load:.2f} |")
+                     f"{load:.2f} |")
     text = "\n\n".join([
         "## llamacpp_plain_step: plain decoding's step in llama.cpp against one right after a drafted step "
         "(`bench/llamacpp_plain_step.py`)",
         f"{machine()} Per round, per prompt: {STEPS - SKIPPED} timed 1-token forwards (after {SKIPPED} untimed) of "
         f"a fresh generation, each after another 1-token forward or after a {DRAFT}-token forward rolled back, on "
         f"the cost measurement's 128-token prompt and on the held-out prompt, the four interleaved; medians over "
-        f"{args.prompts} prompts. Then the target's profile as the ranking measures it (7 repeats, cost unit "
-        f"`engine-step-wall-v4`: `T_ar` after an untimed undrafted step).",
+        f"{args.prompts} prompts.",
         "\n".join(table),
         load_line(start),
     ])
