@@ -94,7 +94,8 @@ def test_validate_shows_a_bar_over_generations_with_tokens_per_second(ranked, mo
     for c in cells:  # one AR run per (target, temperature, batch size), on batches of batch_size prompts
         groups.setdefault((c["target"], c["temperature"], c["batch_size"]), []).append(c)
     assert {b for _, _, b in groups} == {1, 4}
-    total = sum(-(-prompts // b) * (len(members) + 1) for (_, _, b), members in groups.items())
+    passes = summary["generation"]["passes"]  # the whole interleaved sequence, once per pass
+    total = passes * sum(-(-prompts // b) * (len(members) + 1) for (_, _, b), members in groups.items())
     assert "validation runs" in err and f"{total}/{total}" in err and "tok/s" in err, err[-2000:]
 
 
