@@ -176,6 +176,21 @@ def interval_settings(ranking: Ranking, new_prompts: int) -> dict:
             "level": boot.get("level"), "kind": "predictive: the mean over the validation's prompts"}
 
 
+def realized_timing(realized: list[dict], level: float):
+    """The realized speedups' timing noise (:func:`mdboost.validation.calibration.timing_noise`) over
+    the cells whose every pass has a positive finite speedup (a pass that made no token has no log
+    spread: such a cell is left out, not fatal after the generations); None with one pass or no
+    such cell.
+
+    >>> cells = [{"realized_speedup_passes": [1.0, 1.1]}, {"realized_speedup_passes": [0.0, 0.5]}]
+    >>> realized_timing(cells, 0.9).cells, realized_timing(cells[1:], 0.9) is None
+    (1, True)
+    """
+    per_pass = [r["realized_speedup_passes"] for r in realized
+                if all(math.isfinite(x) and x > 0 for x in r["realized_speedup_passes"])]
+    return timing_noise(per_pass, level) if per_pass else None
+
+
 def generation_length_note(ranking: Ranking, max_new_tokens: int) -> str | None:
     """A warning when the ranking predicted for generations of another length (its sampled
     continuations' ``acceptance_max_new_tokens``, or reference texts of their own lengths): the
@@ -255,8 +270,7 @@ def run(cfg: ValidateConfig, the_plan: Plan | None = None) -> dict:
         else:  # one cell with its own AR run per task (mdboost.validation.scaleout)
             realized = realize_cells_on(client, p.cells, pool.recipe, prompts, threads=ENGINE_THREADS, **kwargs)
     intervals = interval_settings(p.ranking, len(prompts))
-    # the realized speedups' own timing noise, from the passes' spread (None with one pass)
-    noise = timing_noise([r["realized_speedup_passes"] for r in realized], intervals["level"] or INTERVAL_LEVEL)
+    noise = realized_timing(realized, intervals["level"] or INTERVAL_LEVEL)
     intervals["timing"] = None if noise is None else noise.to_dict()
     firsts = {}  # each batch size's first cell is its recommendation's
     for i, row in enumerate(p.cells):
