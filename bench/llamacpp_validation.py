@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import subprocess
@@ -31,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench._results import coverage_text, load_line, update_section, write_configs  # noqa: E402
 from mdboost.cache.profile import hardware_label  # noqa: E402
+from mdboost.validation.calibration import ONE_PASS, TimingNoise  # noqa: E402
 
 OUT = ROOT / "outputs" / "llamacpp-validation"
 
@@ -71,11 +71,7 @@ def render(ranked: dict, summary: dict) -> str:
                     f"{float(c['predicted_speedup_hi']):.2f}] | {float(c['realized_speedup']):.2f} | "
                     f"{'yes' if c['speedup_inside'] else 'no'} | {accept} |")
     timing = summary.get("intervals", {}).get("timing")
-    noise = ("one pass: the realized speedups' timing noise not measured, not in the intervals" if not timing else
-             f"{timing['passes']} passes of the same generations: a pass's realized speedup varies by "
-             f"{100 * math.expm1(timing['sd_log']):.1f}% (pooled sd over {timing['cells']} cells, {timing['df']} df); "
-             f"the speedup intervals add +-{100 * math.expm1(timing['half_width_log']):.1f}% for it "
-             f"(docs/validation.md, \"Predictive intervals\")")
+    noise = ONE_PASS if not timing else f"{TimingNoise(**timing).describe()} (docs/validation.md, \"Predictive intervals\")"
     errors = [float(c["realized_speedup"]) - float(c["predicted_speedup"]) for c in cells]
     below = sum(not c["speedup_inside"] and e < 0 for c, e in zip(cells, errors))
     above = sum(not c["speedup_inside"] and e > 0 for c, e in zip(cells, errors))

@@ -39,7 +39,7 @@ from mdboost.tracking.datasets import log_records
 from mdboost.tracking.notes import validation_note
 from mdboost.tracking.runs import ChildRun, log_children, ordered_metrics, parent_run, point_name
 from mdboost.tracking.store import existing_run
-from mdboost.validation.calibration import predictive_scale, timing_noise
+from mdboost.validation.calibration import ONE_PASS, TimingNoise, predictive_scale, timing_noise
 from mdboost.validation.cells import check_md_solve, complete_rows, resolve_sampling, select_cells
 from mdboost.validation.plots import plot_predicted_vs_realized
 from mdboost.validation.points import heldout_prompts, humaneval_pass_at_1, realize_cells
@@ -473,9 +473,8 @@ def main(config: str | ValidateConfig, overrides=()) -> int:
         print(f"intervals: the ranking's {i['level']:.0%} intervals over {i['ranking_prompts']} prompts, widened "
               f"x{i['scale']:.2f} to predict the mean over these {i['validation_prompts']} prompts")
     t = i.get("timing")
-    print("timing noise: one pass, not estimated (generation.passes: 2 or more adds it to the intervals)" if t is None else
-          f"timing noise: a pass's realized speedup varies by {math.expm1(t['sd_log']):.1%} (sd over {t['passes']} "
-          f"passes of {t['cells']} cells); the speedup intervals add +-{math.expm1(t['half_width_log']):.1%}")
+    print(f"timing noise: {ONE_PASS} (generation.passes: 2 or more adds it)" if t is None else
+          f"timing noise: {TimingNoise(**t).describe()}")
     print(stage_line(summary["seconds_by_stage"], summary["seconds_total"]))
     print(summary["verdict"])
     return 0

@@ -87,6 +87,20 @@ class TimingNoise:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def describe(self) -> str:
+        """The noise and the intervals' widening in one line (the terminal's and ``bench/RESULTS.md``'s).
+
+        >>> TimingNoise(2, 13, 13, 0.02, 0.9, 0.025).describe()
+        "2 passes of the same generations: a pass's realized speedup varies by 2.0% (pooled sd over 13 cells, 13 df); the speedup intervals add +-2.5% for it"
+        """
+        return (f"{self.passes} passes of the same generations: a pass's realized speedup varies by "
+                f"{math.expm1(self.sd_log):.1%} (pooled sd over {self.cells} cells, {self.df} df); "
+                f"the speedup intervals add +-{math.expm1(self.half_width_log):.1%} for it")
+
+
+ONE_PASS = "one pass: the realized speedups' timing noise not measured, not in the intervals"
+"""What :meth:`TimingNoise.describe` says when there is no estimate (``generation.passes: 1``)."""
+
 
 def timing_noise(per_pass, level: float) -> TimingNoise | None:
     """How much a realized speedup moves when the same generations are timed again.

@@ -219,8 +219,8 @@ def run_modes(target, prompts: list[torch.Tensor], modes: dict[str, dict], *, se
                 stats[name][k].append(out.stats)
                 if on_generation is not None:
                     on_generation(out.stats)
-    return {name: ModeRun(merge_stats([s for part in stats[name] for s in part]), outputs[name],
-                          [merge_stats(part) for part in stats[name]]) for name in modes}
+    per_pass = {name: [merge_stats(part) for part in stats[name]] for name in modes}
+    return {name: ModeRun(merge_stats(per_pass[name]), outputs[name], per_pass[name]) for name in modes}
 
 
 @torch.no_grad()
