@@ -345,6 +345,7 @@ def test_stats_are_consistent(target, drafters):
     assert s.draft_tokens_per_position == sorted(s.draft_tokens_per_position, reverse=True)
     assert s.num_drafts <= 2 * s.num_target_calls
     assert s.time_total >= s.time_drafter + s.time_target + s.time_verify > 0
+    assert s.time_total > s.time_first_step > 0  # the first step feeds the prompts; later steps follow it
     assert 0 <= s.mean_divergence <= s.max_divergence <= 0.2 + 1e-5
     assert s.as_dict()["mean_accepted_length"] == s.mean_accepted_length
 

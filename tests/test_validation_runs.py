@@ -132,3 +132,58 @@ def test_batched_runs_give_each_prompt_its_own_greedy_output():
     assert batched["ar"].stats.num_target_calls == 7 * 2  # two batches of 7 steps each
     with pytest.raises(ValueError, match="batch_size"):
         run_modes(target, prompts, modes, batch_size=0, **common)
+
+
+def _generation(tokens, first, total, longest=None):
+    from mdboost.validation.runs import Generation
+
+    stats = GenerationStats(num_new_tokens=tokens, num_target_calls=longest or tokens, time_first_step=first,
+                            time_total=total)
+    return Generation(stats, longest or tokens)
+
+
+def test_equal_work_speedup_is_the_tokens_per_second_ratio_at_equal_lengths():
+    """Where the cell and plain decoding make the same lengths, plain decoding's time at the cell's
+    lengths is its own time: the equal-work speedup is the ratio of tokens per second exactly."""
+    from mdboost.validation.runs import equal_work_speedup
+
+    ar = [_generation(8, 0.5, 1.2), _generation(5, 0.3, 0.9), _generation(1, 0.4, 0.4)]
+    cell = [_generation(8, 0.6, 1.0), _generation(5, 0.35, 0.8), _generation(1, 0.5, 0.5)]
+    tps = sum(g.stats.num_new_tokens for g in cell) / sum(g.stats.time_total for g in cell)
+    ar_tps = sum(g.stats.num_new_tokens for g in ar) / sum(g.stats.time_total for g in ar)
+    assert equal_work_speedup(cell, ar) == pytest.approx(tps / ar_tps, rel=1e-12)
+
+
+def test_equal_work_speedup_prices_plain_decoding_at_the_cells_lengths():
+    """A cell that stops at EOS early is compared with plain decoding's prefill and as many of its
+    steps: computed by hand, per batch, and a plain run with one step takes the pooled step."""
+    from mdboost.validation.runs import equal_work_speedup
+
+    ar = [_generation(11, 1.0, 2.0), _generation(1, 0.8, 0.8), _generation(5, 0.5, 1.3)]  # steps 0.1, -, 0.2
+    cell = [_generation(6, 1.1, 1.3), _generation(3, 0.9, 1.0), _generation(9, 0.6, 2.0, longest=7)]
+    pooled = (1.0 + 0.8) / (10 + 4)
+    plain = (1.0 + 5 * 0.1) + (0.8 + 2 * pooled) + (0.5 + 6 * 0.2)
+    assert equal_work_speedup(cell, ar) == pytest.approx(plain / (1.3 + 1.0 + 2.0), rel=1e-12)
+    with pytest.raises(ValueError, match="cell and ar must hold the same batches"):
+        equal_work_speedup(cell, ar[:2])
+
+
+def test_run_modes_records_each_generation_and_its_first_step():
+    """run_modes keeps every generation of every pass in order: its stats (the first step timed
+    within the call) and its longest row, which is the row's new tokens at batch size 1."""
+    import torch
+
+    from mdboost.models.tiny import tiny_llama
+    from mdboost.validation.runs import run_modes
+
+    target, drafter = tiny_llama(seed=0), tiny_llama(seed=1)
+    prompts = [torch.tensor([1, 5, 7]), torch.tensor([2, 9, 4, 3]), torch.tensor([4])]
+    runs = run_modes(target, prompts, {"ar": dict(mode="ar"), "sd": dict(mode="sd", drafter=drafter)},
+                     max_new_tokens=5, temperature=1.0, gamma=2, seed=1, passes=2, eos_token_id=3)
+    for run in runs.values():
+        assert len(run.generations) == 2 and all(len(part) == len(prompts) for part in run.generations)
+        for part, merged in zip(run.generations, run.passes):
+            assert [g.longest for g in part] == [g.stats.num_new_tokens for g in part]
+            assert sum(g.stats.num_new_tokens for g in part) == merged.num_new_tokens
+            assert all(0 < g.stats.time_first_step <= g.stats.time_total for g in part)
+        assert [len(o) for o in run.outputs] == [g.longest for part in run.generations for g in part]

@@ -182,6 +182,8 @@ def generate(
             limit = 0 if session is None else state.max_remaining() - 1
             _step(lm, session, state, limit, sampling, md_args, generator, stats, timer, greedy,
                   settings.logits_processor, settings.pad_id)
+            if stats.num_target_calls == 1:
+                stats.time_first_step = timer.now() - start
             if on_tokens is not None:
                 on_tokens(state.last_emitted)
 

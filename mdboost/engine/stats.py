@@ -23,7 +23,9 @@ drafts that EOS, ``max_new_tokens`` or a stopping criterion discard are not coun
 - ``num_budget_accepted``: accepted tokens that standard SD would have rejected with the same
   uniform draw (``u >= q_x / p_x`` but ``u < (1 + a) q_x / p_x``);
 - timing: wall seconds in the drafter, the target forward and ``verify`` (on CUDA the device
-  is synchronized only at these split boundaries), and over the whole call.
+  is synchronized only at these split boundaries), over the whole call, and of its first
+  step (``time_first_step``: from the call's start to the end of the step that feeds the
+  prompt, opening the cache and the drafter included).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class GenerationStats:
     time_target: float = 0.0
     time_verify: float = 0.0
     time_total: float = 0.0
+    time_first_step: float = 0.0
 
     @property
     def acceptance_rate(self) -> float:

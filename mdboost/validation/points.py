@@ -24,7 +24,7 @@ from mdboost.ranking.recommend import md_row
 from mdboost.ranking.rule_points import row_rule
 from mdboost.ranking.speed import walltime_speedup
 from mdboost.validation import humaneval
-from mdboost.validation.runs import progress_bar, run_modes, target_nll, truncate_completion
+from mdboost.validation.runs import equal_work_speedup, progress_bar, run_modes, target_nll, truncate_completion
 
 
 def _finite(value) -> bool:
@@ -121,8 +121,8 @@ def realize_cells(rows: list[dict], pool, prompts, *, max_new_tokens: int = 64, 
     list of dict
         Per row: :meth:`~mdboost.validation.runs.ModeRun.metrics` (``realized_acceptance``,
         ``expected_acceptance``, ``mean_accepted_length``, ``tokens_per_second``, ...), plus
-        ``ar_tokens_per_second``, ``realized_speedup`` (cell tokens/s over AR's, over every pass),
-        ``realized_speedup_passes`` (one per pass),
+        ``ar_tokens_per_second``, ``realized_speedup`` (over AR at the cell's own lengths, over every pass:
+        :func:`~mdboost.validation.runs.equal_work_speedup`), ``realized_speedup_passes`` (one per pass),
         ``nll_target_outputs`` / ``nll_target_ar_outputs`` (:func:`~mdboost.validation.runs.target_nll`)
         and ``model_speedup_at_realized_acceptance`` (:func:`model_speedup`).
     """
@@ -146,9 +146,11 @@ def realize_cells(rows: list[dict], pool, prompts, *, max_new_tokens: int = 64, 
         for i in members:
             run = runs[f"cell{i}"]
             m = run.metrics()
-            m.update(ar_tokens_per_second=ar_tps, realized_speedup=m["tokens_per_second"] / ar_tps,
-                     realized_speedup_passes=[c.tokens_per_second / a.tokens_per_second
-                                              for c, a in zip(run.passes, ar.passes)],
+            m.update(ar_tokens_per_second=ar_tps,
+                     realized_speedup=equal_work_speedup([g for part in run.generations for g in part],
+                                                         [g for part in ar.generations for g in part]),
+                     realized_speedup_passes=[equal_work_speedup(c, a)
+                                              for c, a in zip(run.generations, ar.generations)],
                      nll_target_outputs=target_nll(target, scored, run.outputs), nll_target_ar_outputs=ar_nll)
             alpha = m["realized_acceptance"] if math.isnan(m["expected_acceptance"]) else m["expected_acceptance"]
             budget = float(rows[i]["max_divergence"])

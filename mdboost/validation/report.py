@@ -59,7 +59,7 @@ COLUMNS = [
     "acceptance_inside", "expected_acceptance", "predicted_acceptance_from_process",
     "predicted_mean_accepted_length", "predicted_mean_accepted_length_lo", "predicted_mean_accepted_length_hi",
     "realized_mean_accepted_length", "mean_accepted_length_inside",
-    "ar_tokens_per_second", "tokens_per_second", "model_speedup_at_realized_acceptance", "realized_divergence",
+    "ar_tokens_per_second", "tokens_per_second", "tokens_per_second_ratio", "model_speedup_at_realized_acceptance", "realized_divergence",
     "max_realized_divergence", "acceptance_rate_all_positions", "num_new_tokens", "num_budget_accepted",
     "nll_target_outputs", "nll_target_ar_outputs",
 ]
@@ -147,6 +147,10 @@ def cell_record(index: int, role: str, row: dict, realized: dict, *, top_k=None,
                 "realized_divergence", "max_realized_divergence", "acceptance_rate_all_positions", "num_new_tokens",
                 "num_budget_accepted", "nll_target_outputs", "nll_target_ar_outputs"):
         rec[key] = float(realized[key])
+    # the ratio of the two modes' tokens/s as measured, each at its own lengths (realized_speedup
+    # takes plain decoding at the cell's: mdboost.validation.runs.equal_work_speedup)
+    rec["tokens_per_second_ratio"] = (rec["tokens_per_second"] / rec["ar_tokens_per_second"]
+                                      if rec["ar_tokens_per_second"] > 0 else math.nan)
     # the speedup interval's prompt part (the ranking's ``predicted_speedup_prompts_*``; a ranking
     # without them: the whole interval, an upper bound); the other figures hold the prompts' spread alone
     prompts = {"speedup": tuple(csv_float(row.get(f"predicted_speedup_prompts_{side}", math.nan)) for side in ("lo", "hi"))}

@@ -39,7 +39,7 @@ MODES = ("ar", "sd", "md")
 
 _SUMMED = ("num_new_tokens", "num_target_calls", "num_drafts", "num_draft_tokens", "num_accepted_tokens",
            "num_verified_positions", "num_solved_positions", "divergence_sum", "num_budget_accepted",
-           "time_drafter", "time_target", "time_verify", "time_total")
+           "time_drafter", "time_target", "time_verify", "time_total", "time_first_step")
 _PER_POSITION = ("draft_tokens_per_position", "accepted_tokens_per_position",
                  "acceptance_probability_sum_per_position", "acceptance_probability_count_per_position")
 
@@ -79,14 +79,73 @@ def expected_acceptance(stats: GenerationStats) -> float:
     return sums[0] / drafts[0]
 
 
+@dataclass(frozen=True)
+class Generation:
+    """One :func:`mdboost.engine.generate` call of :func:`run_modes`: its ``stats`` and
+    ``longest``, the new tokens of its longest row (the steps the batch ran for)."""
+
+    stats: GenerationStats
+    longest: int
+
+
+def _plain_seconds(ar: Generation, length: int, step: float) -> float:
+    """Plain decoding's wall time for ``length`` new tokens of ``ar``'s prompts: its first step
+    (the prefill), then ``length - 1`` of its steps at ``step`` seconds each."""
+    return ar.stats.time_first_step + (length - 1) * step
+
+
+def equal_work_speedup(cell: list[Generation], ar: list[Generation]) -> float:
+    """A cell's speedup over plain decoding of the same prompts at the cell's own lengths.
+
+    ``cell[g]`` and ``ar[g]`` are the two modes' generations of the same batch of prompts. A
+    generation that stops at EOS makes fewer tokens than ``max_new_tokens``, and its prompt's
+    prefill is then a larger share of its time: the two modes' tokens per second differ by that
+    share as well as by their speed whenever they stop at different lengths (they do: each
+    samples its own tokens). So the plain run's time is taken at the cell's length:
+    ``T_ar,g(n) = first_g + (n - 1) step_g``, its first step (the prefill) plus ``n - 1`` of its
+    steps, ``step_g = (T_g - first_g) / (calls_g - 1)`` (over the pass's plain generations
+    that ran a second step where this one ran only its first), and the speedup is
+
+        ``sum_g T_ar,g(n_g) / sum_g T_cell,g``
+
+    with ``n_g`` the cell's longest row in batch ``g`` (the steps the batch ran). Where both
+    modes make the same lengths it is the ratio of their tokens per second exactly.
+
+    >>> from mdboost.engine.stats import GenerationStats
+    >>> def run(tokens, first, total):
+    ...     return Generation(GenerationStats(num_new_tokens=tokens, num_target_calls=tokens,
+    ...                                       time_first_step=first, time_total=total), tokens)
+    >>> ar = [run(11, 1.0, 2.0)]        # prefill 1 s, then 10 steps of 0.1 s
+    >>> cell = [run(6, 1.0, 1.2)]       # stopped at EOS after 6 tokens
+    >>> round(equal_work_speedup(cell, ar), 4)  # (1.0 + 5 * 0.1) / 1.2
+    1.25
+    >>> round((6 / 1.2) / (11 / 2.0), 4)  # the ratio of tokens per second
+    0.9091
+    """
+    if len(cell) != len(ar) or not cell:
+        raise ValueError(f"cell and ar must hold the same batches (one generation each), got {len(cell)} and {len(ar)}")
+    later = [a for a in ar if a.stats.num_target_calls > 1]
+    pooled = (sum(a.stats.time_total - a.stats.time_first_step for a in later)
+              / sum(a.stats.num_target_calls - 1 for a in later)) if later else float("nan")
+    plain = 0.0
+    for c, a in zip(cell, ar):
+        calls = a.stats.num_target_calls
+        step = (a.stats.time_total - a.stats.time_first_step) / (calls - 1) if calls > 1 else pooled
+        plain += _plain_seconds(a, c.longest, step)
+    seconds = sum(c.stats.time_total for c in cell)
+    return plain / seconds if seconds > 0 else float("nan")
+
+
 @dataclass
 class ModeRun:
     """Merged stats and the generated token lists (one per prompt and pass, pass after pass) of
-    one mode; ``passes`` holds each pass's merged stats (one entry for a single pass)."""
+    one mode; ``passes`` holds each pass's merged stats (one entry for a single pass), and
+    ``generations`` each pass's generations, one :class:`Generation` per batch in order."""
 
     stats: GenerationStats
     outputs: list[list[int]] = field(default_factory=list)
     passes: list[GenerationStats] = field(default_factory=list)
+    generations: list[list[Generation]] = field(default_factory=list)
 
     def metrics(self) -> dict[str, float]:
         s = self.stats
@@ -204,7 +263,7 @@ def run_modes(target, prompts: list[torch.Tensor], modes: dict[str, dict], *, se
     arguments = {name: _mode_arguments({**common, **{k: v for k, v in kwargs.items() if k != "model"}})
                  for name, kwargs in modes.items()}
     device = model_device(target)  # the CPU for llama.cpp (mdboost.engine.kv.LMBackend)
-    stats = {name: [[] for _ in range(passes)] for name in modes}
+    runs = {name: [[] for _ in range(passes)] for name in modes}
     outputs = {name: [] for name in modes}
     for k in range(passes):
         for i, start in enumerate(range(0, len(prompts), batch_size)):
@@ -213,14 +272,14 @@ def run_modes(target, prompts: list[torch.Tensor], modes: dict[str, dict], *, se
             for name, (settings, drafter) in arguments.items():
                 gen = torch.Generator(device=device).manual_seed(seed + i)
                 out = generate(models[name], ids, settings, drafter=drafter, attention_mask=mask, generator=gen)
-                for b in range(len(group)):
-                    n = int(out.num_new_tokens[b])
+                lengths = [int(out.num_new_tokens[b]) for b in range(len(group))]
+                for b, n in enumerate(lengths):
                     outputs[name].append(out.sequences[b, ids.shape[1]: ids.shape[1] + n].tolist())
-                stats[name][k].append(out.stats)
+                runs[name][k].append(Generation(out.stats, max(lengths)))
                 if on_generation is not None:
                     on_generation(out.stats)
-    per_pass = {name: [merge_stats(part) for part in stats[name]] for name in modes}
-    return {name: ModeRun(merge_stats(per_pass[name]), outputs[name], per_pass[name]) for name in modes}
+    per_pass = {name: [merge_stats([g.stats for g in part]) for part in runs[name]] for name in modes}
+    return {name: ModeRun(merge_stats(per_pass[name]), outputs[name], per_pass[name], runs[name]) for name in modes}
 
 
 @torch.no_grad()
