@@ -54,6 +54,12 @@ def _point(c: dict) -> str:
     return f"{c['drafter']} {how} {c['divergence']} {budget:g}, gamma {int(float(c['gamma']))}, T {float(c['temperature']):g}"
 
 
+def _ratio(c: dict) -> str:
+    """The cell's tokens/s over AR's as measured, each at its own lengths (older summaries: n/a)."""
+    ratio = c.get("tokens_per_second_ratio")
+    return "n/a" if ratio is None else f"{float(ratio):.2f}"
+
+
 def render(ranked: dict, summary: dict) -> str:
     m = summary["metrics"]
     speed, acc = m["speedup"], m.get("acceptance")
@@ -61,15 +67,17 @@ def render(ranked: dict, summary: dict) -> str:
     goal = (len(cells) >= 12 and speed["coverage"] is not None and 0.80 <= speed["coverage"] <= 0.97
             and speed["mae"] <= 0.05 and "predictions hold" in summary["verdict"])
     ar = sorted(float(c["ar_tokens_per_second"]) for c in cells)
-    rows = ["| cell | predicted speedup [90% predictive] | realized | inside | acceptance predicted / realized |",
-            "|---|---|---|---|---|"]
+    rows = ["| cell | predicted speedup [90% predictive] | realized | inside | tokens/s ratio (own lengths) | new tokens | "
+            "acceptance predicted / realized |",
+            "|---|---|---|---|---|---|---|"]
     for c in cells:
         pa, ra = c.get("predicted_acceptance"), c.get("realized_acceptance")
         accept = "n/a" if pa in (None, "") or ra in (None, "") else f"{float(pa):.2f} / {float(ra):.2f}"
         rows.append(f"| {_point(c)}{' (recommendation)' if c['role'] == 'recommendation' else ''} | "
                     f"{float(c['predicted_speedup']):.2f} [{float(c['predicted_speedup_lo']):.2f}, "
                     f"{float(c['predicted_speedup_hi']):.2f}] | {float(c['realized_speedup']):.2f} | "
-                    f"{'yes' if c['speedup_inside'] else 'no'} | {accept} |")
+                    f"{'yes' if c['speedup_inside'] else 'no'} | {_ratio(c)} | {int(float(c['num_new_tokens']))} | "
+                    f"{accept} |")
     timing = summary.get("intervals", {}).get("timing")
     noise = ONE_PASS if not timing else f"{TimingNoise(**timing).describe()} (docs/validation.md, \"Predictive intervals\")"
     errors = [float(c["realized_speedup"]) - float(c["predicted_speedup"]) for c in cells]
@@ -84,7 +92,8 @@ def render(ranked: dict, summary: dict) -> str:
         "truncated GGUFs and prompt lookup). Validation: `configs/validate_llamacpp.yaml`, "
         f"{summary['generation']['prompts']} held-out HumanEval prompts, {len(cells)} cells, "
         f"{summary['generation']['max_new_tokens']} new tokens, every cell interleaved per prompt with plain decoding "
-        f"through the same backend, {summary['generation'].get('passes', 1)} pass(es) (median {ar[len(ar) // 2]:.1f} tokens/s over the cells' runs).",
+        f"through the same backend, realized speedup over plain decoding at the cell's own lengths (docs/validation.md, "
+        f"\"Equal work\"), {summary['generation'].get('passes', 1)} pass(es) (median {ar[len(ar) // 2]:.1f} tokens/s over the cells' runs).",
         f"Ranking's verdict: {ranked['verdict']}",
         f"**{summary['verdict']}**",
         f"- speedup: intervals cover {coverage_text(speed)}, MAE {speed['mae']:.3f}, Spearman {speed['spearman']:.2f}, "

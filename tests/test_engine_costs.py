@@ -142,3 +142,33 @@ def test_early_exit_feeds_the_prompt_at_its_first_proposal(virtual_clock):
 def test_profile_bad_arguments(kwargs, name):
     with pytest.raises(ValueError, match=name):
         measure_engine_profile(tiny_llama(), **{"repeats": 1, "steps": 1, "context_len": 4, **kwargs})
+
+
+def shape_sleepy(model, clock, base: float, per_token: float, rebuild: float):
+    """A forward of ``n`` tokens taking ``base + per_token * n``, plus ``rebuild`` when the previous
+    forward had another width (as llama.cpp rebuilds its compute graph when a batch's shape changes)."""
+    last = {"width": None}
+
+    def hook(module, args, kwargs):
+        width = kwargs["input_ids"].shape[1]
+        clock.sleep(base + per_token * width + (rebuild if width != last["width"] else 0.0))
+        last["width"] = width
+
+    model.register_forward_pre_hook(hook, with_kwargs=True)
+    return model
+
+
+def test_t_ar_is_plain_decodings_step_not_one_after_a_drafted_step(virtual_clock):
+    """Plain decoding's steps all have one shape; a target that pays 5 ms when the shape changes
+    costs 30 ms a plain step, and 45 ms for an undrafted step right after a drafted one. ``T_ar``
+    is the 30 ms, so ``v(K) = (20 + 10 (K + 1) + 5) / 30`` and a 15 ms drafter forward is
+    ``c = 0.5``, as the engine's plain decoding would see them."""
+    target = shape_sleepy(tiny_llama(), virtual_clock, 0.02, 0.01, 0.005)
+    profile = measure_engine_profile(target, 3, context_len=4, repeats=2, steps=1, warmup=0, prefill_lengths=(1, 5))
+    assert profile.step_seconds == pytest.approx(0.03)
+    for k, v in enumerate(profile.verify_cost[1:], start=1):
+        assert v == pytest.approx((0.02 + 0.01 * (k + 1) + 0.005) / 0.03), profile.verify_cost
+    target = shape_sleepy(tiny_llama(seed=0), virtual_clock, 0.02, 0.01, 0.005)
+    drafter = sleepy(tiny_llama(seed=1), virtual_clock, 0.015)
+    cost = measure_engine_cost(drafter, target, context_len=8, repeats=3, steps=2, warmup=1)
+    assert cost.samples == pytest.approx([0.5] * 3) and cost.step_seconds == pytest.approx(0.03)

@@ -22,7 +22,8 @@ from mdboost.engine.stats import GenerationStats
 PERIOD = 16  # tokens of the random block the prompt repeats (prompt lookup then always finds a match)
 PREFILL_LENGTHS = (1, 64, 128, 256)  # prompt lengths the prefill slope is fitted over
 # the unit and method of the figures below; stored measurements of another unit are measured again
-COST_UNIT = "engine-step-wall-v3"
+# (v4: T_ar is an undrafted step that follows another one, as in plain decoding: :meth:`_Run.plain_step`)
+COST_UNIT = "engine-step-wall-v4"
 
 
 def _quantile(values, q: float) -> float:
@@ -123,6 +124,19 @@ class _Run:
         _step(self.lm, self.session, self.state, limit, *(args or self.args), self.greedy and args is None)
         return self.timer.now() - start, self.stats.time_drafter - before
 
+    def plain_step(self) -> float:
+        """Wall seconds of an undrafted step as plain decoding runs it: after another undrafted
+        step (untimed), not after a step of another shape.
+
+        Plain decoding feeds one token per step, every step alike; an engine may reuse the work of
+        the previous step's shape (llama.cpp reuses its compute graph when the new batch has the
+        previous one's shape: ``src/llama-context.cpp``, ``process_ubatch``, and ``allow_reuse`` in
+        ``src/llama-graph.h``, llama.cpp as vendored by llama-cpp-python 0.3.36), so an undrafted step
+        timed right after a drafted one is not plain decoding's step: on the default GGUF it took
+        about 6% longer (``docs/engine.md``, "T_ar as plain decoding runs it")."""
+        self.step(0)
+        return self.step(0)[0]
+
 
 def _forward_seconds(model, length: int, vocab_size: int, device, seed: int, batch_size: int = 1) -> float:
     """Wall time of one forward of a fresh ``[batch_size, length]`` prompt batch through ``model``'s
@@ -163,7 +177,7 @@ def _prefill_slope(model, target, prompt, settings, repeats: int, seed: int, len
                 if one_cache and length != lengths[0]:
                     run = _Run(target, None, prompt, settings, seed + r)
                     run.step(0)
-                walls.append(run.step(0)[0])
+                walls.append(run.plain_step())
                 seconds.append(_forward_seconds(model, length, vocab, device, seed + r, prompt.shape[0]))
             slopes.append(_slope(lengths, seconds) / statistics.median(walls))
     return max(0.0, float(statistics.median(slopes)))

@@ -97,7 +97,7 @@ class CostMeasurement:
 
 def _repeat(target, drafter, prompt, settings, steps: int, warmup: int, seed: int) -> tuple[float, float]:
     """One fresh generation of ``prompt``'s ``B`` rows: prefill, then ``warmup + steps`` (drafted,
-    undrafted) step pairs. Returns ``(c(B), T_ar(B) seconds)``: the drafter's seconds per draft
+    undrafted) step pairs, each undrafted step timed after an untimed one (``_Run.plain_step``). Returns ``(c(B), T_ar(B) seconds)``: the drafter's seconds per draft
     position of the batch (its draft tokens over ``B``) over the mean undrafted step."""
     run = _Run(target, drafter, prompt, settings, seed)
     drafter_time = draft_tokens = step_time = 0.0
@@ -113,7 +113,7 @@ def _repeat(target, drafter, prompt, settings, steps: int, warmup: int, seed: in
                 run.stats.num_draft_tokens += sum(lengths)
             else:
                 d_time = run.step(settings.gamma)[1]
-            wall = run.step(0)[0]
+            wall = run.plain_step()
             if i >= warmup:
                 drafter_time += d_time
                 draft_tokens += run.stats.num_draft_tokens - d_tokens
@@ -217,7 +217,7 @@ def cost_repeats(
                 else f"{context_len} tokens")
         method = (f"engine steps: {len(samples)} repeats (fresh generations; {rule.describe()}, stopped: {stopped}), "
                   f"each {steps} interleaved pairs of a drafted step (gamma {settings.gamma}, temperature "
-                  f"{settings.temperature:g}) and an undrafted step after {warmup} warm-up pairs, prompt {rows}; "
+                  f"{settings.temperature:g}) and an undrafted step (after an untimed one) after {warmup} warm-up pairs, prompt {rows}; "
                   f"drafter seconds per draft {'position of the batch' if batch_size > 1 else 'token'} over the "
                   f"undrafted step's wall time; {device.type}, {used} threads, 1-min load "
                   f"{load_before:.2f} -> {load_after:.2f}")

@@ -127,7 +127,7 @@ def _profile_repeat(target, prompt, sd, md, labels, md_draft_len: int, steps: in
     with torch.inference_mode():
         run.step(0)
         for i in range(warmup + steps):
-            times = {"ar": run.step(0)[0]}
+            times = {"ar": run.plain_step()}
             for label in labels:
                 drafts.one_hot = label[1] == "onehot"
                 k = label[1] if label[0] == "v" else md_draft_len
@@ -179,7 +179,8 @@ def profile_repeats(
     interleaves its repeats with other measurements'.
 
     Each fresh generation (repeat) runs, after an untimed prefill, ``warmup + steps`` rounds
-    of: an undrafted step, a step verifying ``K`` fixed random dense drafts for every ``K =
+    of: an undrafted step (after an untimed one, as plain decoding runs it:
+    :meth:`~mdboost.engine.costs._timing._Run.plain_step`), a step verifying ``K`` fixed random dense drafts for every ``K =
     1..gamma_max`` (SD), then ``md_draft_len`` drafts dense and one-hot, each with SD and with
     MD at ``max_divergence`` solving every position (``md_solve="all"``), every step over all
     ``batch_size`` rows. A repeat's ``v(K)`` is its mean ``K``-draft step over its mean
@@ -255,7 +256,8 @@ def profile_repeats(
                 if batch_size > 1 else f"{context_len} tokens")
         method = (f"engine steps{' (greedy path, temperature 0)' if greedy else ''}: {n} repeats (fresh "
                   f"generations; {rule.describe()}, stopped: {stopped}), each {steps} rounds after {warmup} warm-up of "
-                  f"an undrafted step and steps verifying 1..{gamma_max} fixed random drafts (SD){md_part}; wall "
+                  f"an undrafted step (after an untimed one, as plain decoding runs) and steps verifying "
+                  f"1..{gamma_max} fixed random drafts (SD){md_part}; wall "
                   f"time over the undrafted step's, prompt {rows}, prefill slope over prompts of "
                   f"{list(prefill_lengths)} tokens; {device.type}, {used} threads, 1-min load "
                   f"{load_before:.2f} -> {load_after:.2f}")
