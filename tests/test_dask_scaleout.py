@@ -98,7 +98,9 @@ def test_validation_cells_on_a_local_cluster_match_the_sequential_figures(dask_r
         assert (a["drafter"], a["gamma"], a["max_divergence"]) == (b["drafter"], b["gamma"], b["max_divergence"])
         for key in NON_TIMING:
             assert a[key] == b[key] or (math.isnan(a[key]) and math.isnan(b[key])), key
-        assert b["realized_speedup"] == pytest.approx(b["tokens_per_second"] / b["ar_tokens_per_second"])
+        # timings are the worker's own: the ratio as measured, and the figure at equal work
+        assert b["tokens_per_second_ratio"] == pytest.approx(b["tokens_per_second"] / b["ar_tokens_per_second"])
+        assert math.isfinite(b["realized_speedup"]) and b["realized_speedup"] > 0
 
 
 @pytest.mark.parametrize("cache, message", [
