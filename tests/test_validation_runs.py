@@ -164,6 +164,10 @@ def test_equal_work_speedup_prices_plain_decoding_at_the_cells_lengths():
     pooled = (1.0 + 0.8) / (10 + 4)
     plain = (1.0 + 5 * 0.1) + (0.8 + 2 * pooled) + (0.5 + 6 * 0.2)
     assert equal_work_speedup(cell, ar) == pytest.approx(plain / (1.3 + 1.0 + 2.0), rel=1e-12)
+    # no plain generation ran a second step: a cell of one token per batch needs none
+    ones = [_generation(1, 0.8, 0.8), _generation(1, 0.5, 0.5)]
+    assert equal_work_speedup([_generation(1, 0.4, 0.4), _generation(1, 0.9, 0.9)], ones) == pytest.approx(1.3 / 1.3)
+    assert math.isnan(equal_work_speedup([_generation(2, 0.4, 0.6), _generation(1, 0.9, 0.9)], ones))
     with pytest.raises(ValueError, match="cell and ar must hold the same batches"):
         equal_work_speedup(cell, ar[:2])
 

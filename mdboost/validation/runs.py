@@ -88,12 +88,6 @@ class Generation:
     longest: int
 
 
-def _plain_seconds(ar: Generation, length: int, step: float) -> float:
-    """Plain decoding's wall time for ``length`` new tokens of ``ar``'s prompts: its first step
-    (the prefill), then ``length - 1`` of its steps at ``step`` seconds each."""
-    return ar.stats.time_first_step + (length - 1) * step
-
-
 def equal_work_speedup(cell: list[Generation], ar: list[Generation]) -> float:
     """A cell's speedup over plain decoding of the same prompts at the cell's own lengths.
 
@@ -103,13 +97,14 @@ def equal_work_speedup(cell: list[Generation], ar: list[Generation]) -> float:
     share as well as by their speed whenever they stop at different lengths (they do: each
     samples its own tokens). So the plain run's time is taken at the cell's length:
     ``T_ar,g(n) = first_g + (n - 1) step_g``, its first step (the prefill) plus ``n - 1`` of its
-    steps, ``step_g = (T_g - first_g) / (calls_g - 1)`` (over the pass's plain generations
+    steps, ``step_g = (T_g - first_g) / (calls_g - 1)`` (pooled over the plain generations
     that ran a second step where this one ran only its first), and the speedup is
 
         ``sum_g T_ar,g(n_g) / sum_g T_cell,g``
 
     with ``n_g`` the cell's longest row in batch ``g`` (the steps the batch ran). Where both
-    modes make the same lengths it is the ratio of their tokens per second exactly.
+    modes make the same lengths it is the ratio of their tokens per second exactly. NaN where
+    the cell ran steps after its first and no plain generation did (no step time to take).
 
     >>> from mdboost.engine.stats import GenerationStats
     >>> def run(tokens, first, total):
@@ -130,8 +125,10 @@ def equal_work_speedup(cell: list[Generation], ar: list[Generation]) -> float:
     plain = 0.0
     for c, a in zip(cell, ar):
         calls = a.stats.num_target_calls
-        step = (a.stats.time_total - a.stats.time_first_step) / (calls - 1) if calls > 1 else pooled
-        plain += _plain_seconds(a, c.longest, step)
+        steps = c.longest - 1  # after the first, which feeds the prompt
+        if steps:
+            plain += steps * ((a.stats.time_total - a.stats.time_first_step) / (calls - 1) if calls > 1 else pooled)
+        plain += a.stats.time_first_step
     seconds = sum(c.stats.time_total for c in cell)
     return plain / seconds if seconds > 0 else float("nan")
 
