@@ -136,13 +136,17 @@ def equal_work_speedup(cell: list[Generation], ar: list[Generation]) -> float:
 @dataclass
 class ModeRun:
     """Merged stats and the generated token lists (one per prompt and pass, pass after pass) of
-    one mode; ``passes`` holds each pass's merged stats (one entry for a single pass), and
-    ``generations`` each pass's generations, one :class:`Generation` per batch in order."""
+    one mode; ``generations`` holds each pass's generations, one :class:`Generation` per batch in
+    order, and ``passes`` each pass's merged stats (one entry for a single pass)."""
 
     stats: GenerationStats
     outputs: list[list[int]] = field(default_factory=list)
-    passes: list[GenerationStats] = field(default_factory=list)
     generations: list[list[Generation]] = field(default_factory=list)
+
+    @property
+    def passes(self) -> list[GenerationStats]:
+        """Each pass's stats, merged over its generations."""
+        return [merge_stats([g.stats for g in part]) for part in self.generations]
 
     def metrics(self) -> dict[str, float]:
         s = self.stats
@@ -275,8 +279,8 @@ def run_modes(target, prompts: list[torch.Tensor], modes: dict[str, dict], *, se
                 runs[name][k].append(Generation(out.stats, max(lengths)))
                 if on_generation is not None:
                     on_generation(out.stats)
-    per_pass = {name: [merge_stats([g.stats for g in part]) for part in runs[name]] for name in modes}
-    return {name: ModeRun(merge_stats(per_pass[name]), outputs[name], per_pass[name], runs[name]) for name in modes}
+    return {name: ModeRun(merge_stats([g.stats for part in runs[name] for g in part]), outputs[name], runs[name])
+            for name in modes}
 
 
 @torch.no_grad()
