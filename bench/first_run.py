@@ -8,11 +8,15 @@ its ``summary.json``. Writes the section ``first_run`` of ``bench/RESULTS.md``: 
 product-surface issue is 20 minutes for each command, no silence over 30 s.
 
 Run: ``python bench/first_run.py [--validate] [--no-write]`` (tens of minutes; keep the machine quiet).
+``--keep DIR`` works in ``DIR`` (the clone and ``MDBOOST_HOME`` under it) and leaves it there;
+``--validate-only`` then times ``mdboost validate`` on the ranking a ``--keep`` run left (the clone
+brought to this checkout's ``HEAD`` first), as a validation run straight after it would.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -57,15 +61,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--validate", action="store_true", help="also time `mdboost validate` on the default config")
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--keep", type=Path, default=None, help="work in this folder and keep it (default: a temporary one)")
+    parser.add_argument("--validate-only", action="store_true", help="time only `mdboost validate`, on a --keep folder's ranking")
     args = parser.parse_args()
-    commands = [("rank", "configs/default.yaml", "outputs/rank")]
-    if args.validate:
+    if args.validate_only and args.keep is None:
+        parser.error("--validate-only needs --keep DIR (the folder of an earlier --keep run)")
+    commands = [] if args.validate_only else [("rank", "configs/default.yaml", "outputs/rank")]
+    if args.validate or args.validate_only:
         commands.append(("validate", "configs/validate_default.yaml", "outputs/validate"))
     rows = ["| command | wall time | longest silence | time by stage (s) |", "|---|---|---|---|"]
     start_load = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory() as tmp:
+    if args.keep is not None:
+        args.keep.mkdir(parents=True, exist_ok=True)
+    with (tempfile.TemporaryDirectory() if args.keep is None else contextlib.nullcontext(args.keep)) as tmp:
         clone, home = Path(tmp) / "clone", Path(tmp) / "home"
-        subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+        if args.validate_only:
+            subprocess.run(["git", "-C", str(clone), "fetch", "-q", str(ROOT), "HEAD"], check=True)
+            subprocess.run(["git", "-C", str(clone), "checkout", "-q", "FETCH_HEAD"], check=True)
+        else:
+            subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
         env = {**os.environ, "MDBOOST_HOME": str(home), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "PYTHONPATH": str(clone)}
         for command, config, out in commands:
@@ -75,6 +89,10 @@ def main() -> None:
             stages = json.loads((clone / out / "summary.json").read_text()).get("seconds_by_stage") or {}
             shown = ", ".join(f"{k} {v:.0f}" for k, v in sorted(stages.items(), key=lambda kv: -kv[1]))
             rows.append(f"| `mdboost {command} --config {config}` | {wall / 60:.1f} min | {silence:.0f} s | {shown} |")
+        kept = Path(tmp) / "rows.md"  # a --keep folder's rows: --validate-only adds its own to the rank's
+        if args.validate_only and kept.is_file():
+            rows[2:2] = [r for r in kept.read_text().splitlines() if "mdboost rank" in r]
+        kept.write_text("\n".join(rows))
     text = "\n\n".join([
         "## first_run: a new user's first run, from a fresh clone and an empty MDBOOST_HOME (`bench/first_run.py`)",
         f"Machine: {hardware_label(hardware_fingerprint('cpu'))}, {os.cpu_count()} cores, Python "

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from scipy.stats import binom
 
-from mdboost.engine.costs import (StoppingRule, measure_engine_cost, measure_engine_profile, median_interval,
-                                  median_ranks, relative_half_width)
+from mdboost.engine.costs import (SPREAD_RATIO, StoppingRule, measure_engine_cost, measure_engine_profile,
+                                  median_interval, median_ranks, relative_half_width, spread_half_width)
 from mdboost.models.tiny import tiny_llama
 
 
@@ -65,6 +65,7 @@ def test_half_width():
     ({"max_repeats": 0}, "max_repeats"), ({"min_repeats": 0}, "min_repeats"), ({"min_repeats": 2.5}, "min_repeats"),
     ({"rel_tol": -0.01}, "rel_tol"), ({"rel_tol": math.nan}, "rel_tol"), ({"rel_tol": math.inf}, "rel_tol"),
     ({"rel_tol": "0.02"}, "rel_tol"), ({"min_repeats": True}, "min_repeats"),
+    ({"spread_ratio": -0.1}, "spread_ratio"), ({"spread_ratio": math.inf}, "spread_ratio"),
 ])
 def test_bad_rule(kwargs, name):
     with pytest.raises(ValueError, match=name):
@@ -78,7 +79,11 @@ def test_bad_rule(kwargs, name):
 
 # Each repeat's c. Sorted prefixes and the 90% ranks (median_ranks): n = 5..7 take (1, n), the
 # extremes 1.0 and 2.0: half-width 0.5; n = 8 (2, 7), n = 9 (2, 8), n = 10 (2, 9) reach 1.3:
-# (1.3 - 1.0) / 2 = 0.15; n = 11 takes (3, 9), all 1.0: 0. So rel_tol 0.1 stops at 11, 0.2 at 8.
+# (1.3 - 1.0) / 2 = 0.15; n = 11 takes (3, 9), all 1.0: 0. So rel_tol 0.1 stops at 11, 0.2 at 8
+# (with the spread criterion off: spread_ratio=0). The spread criterion: the single repeats'
+# central 90% (linear-interpolated quantiles) at n = 5: [1.0, 1.8], half 0.4; n = 6: [1.0, 1.75],
+# n = 7: [1.0, 1.7], halves 0.375 and 0.35, each x 0.458 < 0.5; n = 8: [1.0, 1.3 + 0.65 x 0.7 =
+# 1.755], half 0.3775, x 0.458 = 0.173 >= 0.15: rel_tol 0 stops at 8, "spread".
 TIMES = [1.0, 1.0, 1.0, 1.0, 2.0, 1.0, 1.0, 1.3, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
 WIDTHS = [math.inf] * 4 + [0.5] * 3 + [0.15] * 3 + [0.0] * 4
 
@@ -93,6 +98,7 @@ def noisy_cost(clock, repeats: int, **kwargs):
     target, drafter = tiny_llama(seed=0), tiny_llama(seed=1)
     target.register_forward_pre_hook(lambda module, args: clock.sleep(0.01))
     drafter.register_forward_pre_hook(lambda module, args: clock.sleep(0.01 * TIMES[min(len(seen), len(TIMES) - 1)]))
+    kwargs = {"spread_ratio": 0, **kwargs}
     result = measure_engine_cost(drafter, target, context_len=6, repeats=repeats, steps=2, warmup=1,
                                  prefill_lengths=(1, 2), progress=progress, **kwargs)
     return result, seen
@@ -110,11 +116,47 @@ def test_drafter_cost_stops_where_the_hand_computation_says(virtual_clock, rel_t
     entry = result.to_dict()
     assert entry["repeats_run"] == stop and entry["stopped"] == "tight" and entry["c_interval"] == [lo, hi]
     assert (entry["max_repeats"], entry["min_repeats"], entry["rel_tol"], entry["confidence"]) == (14, 5, rel_tol, 0.9)
+    assert entry["spread_ratio"] == 0
     assert f"{stop} repeats" in result.method and "sign-test" in result.method
 
 
+def test_drafter_cost_stops_when_its_median_is_known_within_the_spread(virtual_clock):
+    """``rel_tol = 0``, the default ``spread_ratio``: 8 repeats (worked out at :data:`TIMES`)."""
+    result, seen = noisy_cost(virtual_clock, 14, rel_tol=0, spread_ratio=SPREAD_RATIO)
+    assert result.repeats_run == 8 and result.stopped == "spread" and len(seen) == 8
+    assert result.to_dict()["spread_ratio"] == pytest.approx(0.458, abs=5e-4)
+    assert "0.458 x half the single repeats' central 90% range" in result.method
+    both, _ = noisy_cost(virtual_clock, 14, rel_tol=0.1, spread_ratio=SPREAD_RATIO)
+    assert both.repeats_run == 8 and both.stopped == "spread"  # either criterion stops it: the first to hold
+
+
+def test_spread_ratio_widens_a_single_repeat_interval_by_at_most_10_percent():
+    """Independent variances add: ``sqrt(1 + r^2)`` at ``r = SPREAD_RATIO`` is 1.1."""
+    assert math.hypot(1.0, SPREAD_RATIO) == pytest.approx(1.1, rel=1e-12)
+
+
+def test_spread_half_width_is_numpys_central_range():
+    rng = np.random.default_rng(3)
+    for n in (2, 5, 8, 21):
+        x = rng.lognormal(size=n)
+        want = (np.percentile(x, 95) - np.percentile(x, 5)) / 2
+        assert spread_half_width(list(x)) == pytest.approx(want, rel=1e-12), n
+
+
+def test_the_spread_criterion_alone_needs_8_repeats_and_stops_every_tie():
+    """Up to 7 repeats the median's interval is the whole range (module docstring), wider than the
+    central 90%: no stop whatever the samples; a figure without spread stops at the first chance."""
+    rng = np.random.default_rng(0)
+    rule = StoppingRule(21, rel_tol=0)
+    for _ in range(200):
+        x = list(rng.normal(1.0, 0.1, size=7))
+        assert all(rule.stops(n, [(x[:n], None)]) is None for n in range(1, 8))
+    assert rule.stops(5, [([2.0] * 5, None)]) == "spread"
+    assert StoppingRule(21, rel_tol=0, spread_ratio=0).stops(21, [([2.0] * 21, None)]) is None
+
+
 def test_rel_tol_0_runs_every_repeat(virtual_clock):
-    result, seen = noisy_cost(virtual_clock, 12, rel_tol=0)
+    result, seen = noisy_cost(virtual_clock, 12, rel_tol=0)  # spread_ratio=0 (noisy_cost)
     assert result.repeats_run == 12 and result.stopped == "max_repeats" and len(seen) == 12
     assert "12 repeats (fresh generations; a fixed count of 12, no early stop" in result.method
 
@@ -144,7 +186,7 @@ def test_profile_stops_on_its_widest_figure(virtual_clock):
 
     target.register_forward_pre_hook(hook, with_kwargs=True)
     profile = measure_engine_profile(target, 1, context_len=6, repeats=14, steps=1, warmup=0, prefill_lengths=(1, 3),
-                                     rel_tol=0.1, progress=lambda *a: seen.append(a))
+                                     rel_tol=0.1, spread_ratio=0, progress=lambda *a: seen.append(a))
     assert profile.repeats_run == 11 and profile.stopped == "tight"
     assert profile.verify_samples[1] == pytest.approx(TIMES[:11]) and profile.verify_samples[0] == [1.0] * 11
     assert profile.verify_interval[0] == [1.0, 1.0] and profile.verify_interval[1] == pytest.approx([1.0, 1.0])
@@ -159,7 +201,7 @@ def test_exact_profile_stops_at_5_and_rel_tol_0_keeps_the_old_count(virtual_cloc
     target.register_forward_pre_hook(lambda module, args: virtual_clock.sleep(0.01))
     kwargs = dict(context_len=4, repeats=7, steps=1, warmup=0, prefill_lengths=(1, 3))
     assert measure_engine_profile(target, 2, **kwargs).repeats_run == 5
-    old = measure_engine_profile(target, 2, rel_tol=0, **kwargs)
+    old = measure_engine_profile(target, 2, rel_tol=0, spread_ratio=0, **kwargs)
     assert old.repeats_run == 7 and old.stopped == "max_repeats" and len(old.verify_samples[2]) == 7
 
 
@@ -182,7 +224,7 @@ def test_measurements_in_turn_stop_each_by_its_own_rule(virtual_clock):
     target.register_forward_pre_hook(lambda module, args: virtual_clock.sleep(0.01))
     noisy.register_forward_pre_hook(lambda module, args: virtual_clock.sleep(0.01 * TIMES[min(runs[0], len(TIMES) - 1)]))
     steady.register_forward_pre_hook(lambda module, args: virtual_clock.sleep(0.005))
-    kwargs = dict(context_len=6, repeats=14, steps=2, warmup=1, prefill_lengths=(1, 2), rel_tol=0.1)
+    kwargs = dict(context_len=6, repeats=14, steps=2, warmup=1, prefill_lengths=(1, 2), rel_tol=0.1, spread_ratio=0)
     first, second = run_in_turn([cost_repeats(noisy, target, **kwargs), cost_repeats(steady, target, **kwargs)],
                                 progress, lambda i, result: finished.append((i, result.repeats_run)))
     assert order == [0, 1] * 5 + [0] * 6 and finished == [(1, 5), (0, 11)]

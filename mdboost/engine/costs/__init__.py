@@ -42,8 +42,9 @@ position of the batch, ``beta(B)`` the forward seconds per prompt token of a ``B
 batch over ``T_ar(B)``. Prompt lookup's per-row CPU work adds up in its ``c(B)``.
 
 **Repeats.** ``repeats`` is a maximum: :class:`StoppingRule` stops once the 90% sign-test
-interval of every reported figure's median is tight (:mod:`._stopping`; ``docs/engine.md``,
-"Costs measured once, well"); ``rel_tol = 0`` runs all ``repeats``. :func:`cost_repeats` and
+interval of every reported figure's median is tight, or narrow against the single repeats'
+spread (:mod:`._stopping`; ``docs/engine.md``, "Costs measured once, well"); ``rel_tol =
+spread_ratio = 0`` runs all ``repeats``. :func:`cost_repeats` and
 :func:`profile_repeats` are the measurements as generators, one repeat per step:
 :func:`run_in_turn` interleaves several (the cache builder measures a pool's costs so, one
 repeat of each figure per round), :func:`measure_engine_cost` and :func:`measure_engine_profile`
@@ -59,12 +60,13 @@ prefill slope, the thread count and load), :mod:`._stopping` decides when the re
 :mod:`.drafter` measures a drafter's ``c``, :mod:`.target` the target's profile.
 """
 
-from mdboost.engine.costs._stopping import (CONFIDENCE, StoppingRule, median_interval, median_ranks,
-                                             relative_half_width, run_alone, run_in_turn)
+from mdboost.engine.costs._stopping import (CONFIDENCE, SPREAD_RATIO, StoppingRule, median_interval, median_ranks,
+                                             relative_half_width, run_alone, run_in_turn, spread_half_width)
 from mdboost.engine.costs._timing import COST_UNIT, ENGINE_THREADS, PERIOD, PREFILL_LENGTHS, torch_threads
 from mdboost.engine.costs.drafter import CostMeasurement, cost_repeats, measure_engine_cost
 from mdboost.engine.costs.target import EngineProfile, measure_engine_profile, profile_repeats
 
-__all__ = ["CONFIDENCE", "COST_UNIT", "ENGINE_THREADS", "PERIOD", "PREFILL_LENGTHS", "CostMeasurement", "EngineProfile",
+__all__ = ["CONFIDENCE", "COST_UNIT", "SPREAD_RATIO", "ENGINE_THREADS", "PERIOD", "PREFILL_LENGTHS", "CostMeasurement", "EngineProfile",
            "StoppingRule", "cost_repeats", "measure_engine_cost", "measure_engine_profile", "median_interval",
-           "median_ranks", "profile_repeats", "relative_half_width", "run_alone", "run_in_turn", "torch_threads"]
+           "median_ranks", "profile_repeats", "relative_half_width", "run_alone", "run_in_turn", "spread_half_width",
+           "torch_threads"]

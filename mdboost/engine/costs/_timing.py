@@ -26,15 +26,6 @@ PREFILL_LENGTHS = (1, 64, 128, 256)  # prompt lengths the prefill slope is fitte
 COST_UNIT = "engine-step-wall-v4"
 
 
-def _quantile(values, q: float) -> float:
-    """Linear-interpolation quantile ``q`` in ``[0, 1]`` of ``values`` (numpy's default)."""
-    ordered = sorted(values)
-    pos = q * (len(ordered) - 1)
-    low = int(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (pos - low) * (ordered[high] - ordered[low])
-
-
 def _load() -> float:
     try:
         return float(os.getloadavg()[0])

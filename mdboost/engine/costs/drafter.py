@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
-from mdboost.engine.costs._stopping import StoppingRule, median_interval, relative_half_width, run_alone
+from mdboost.engine.costs._stopping import SPREAD_RATIO, StoppingRule, median_interval, quantile, run_alone
 from mdboost.engine.costs._timing import (ENGINE_THREADS, PREFILL_LENGTHS, _check_common, _check_lengths, _load,
-                                          _prefill_slope, _prompt, _quantile, _Run, torch_threads)
+                                          _prefill_slope, _prompt, _Run, torch_threads)
 from mdboost.engine.drafting import ModelDrafter, NgramAdapter, as_drafter
 from mdboost.engine.kv import model_device, model_vocab_size
 from mdboost.engine.settings import GenerationSettings
@@ -41,7 +41,7 @@ class CostMeasurement:
         The median over repeats of ``T_ar(B)`` itself (seconds).
     rule : StoppingRule or None, default=None
         How many repeats ran (``docs/engine.md``, "Costs measured once, well"); None: not recorded.
-    stopped : {"tight", "max_repeats"} or None, default=None
+    stopped : {"tight", "spread", "max_repeats"} or None, default=None
         Why the repeats stopped.
     c_interval : tuple of float or None, default=None
         The 90% sign-test interval of the median ``c`` (None below 5 repeats).
@@ -77,7 +77,7 @@ class CostMeasurement:
         """
         if not 0 < level <= 1:
             raise ValueError(f"level must be in (0, 1], got {level!r}")
-        return _quantile(self.samples, (1 - level) / 2), _quantile(self.samples, (1 + level) / 2)
+        return quantile(self.samples, (1 - level) / 2), quantile(self.samples, (1 + level) / 2)
 
     def to_dict(self) -> dict:
         """The JSON form stored with the cache (a drafter's entry of :mod:`mdboost.cache.speed`)."""
@@ -138,6 +138,7 @@ def cost_repeats(
     batch_size: int = 1,
     min_repeats: int = 5,
     rel_tol: float = 0.02,
+    spread_ratio: float = SPREAD_RATIO,
 ):
     """Measure ``c`` = drafter time per draft position / ``T_ar`` (an undrafted step), in the engine,
     one repeat per step of the generator.
@@ -176,8 +177,11 @@ def cost_repeats(
         Repeats before the stopping rule may stop, ``>= 1``.
     rel_tol : float, default=0.02
         Stop once the 90% sign-test interval of the median ``c`` has half-width ``<= rel_tol *
-        c`` (:class:`StoppingRule`; ``docs/engine.md``, "Costs measured once, well"); ``0``:
-        always run ``repeats``.
+        c`` (:class:`StoppingRule`; ``docs/engine.md``, "Costs measured once, well").
+    spread_ratio : float, default=SPREAD_RATIO
+        Or once that half-width is ``<= spread_ratio`` times half the central 90% range of the
+        single repeats (the median known within their spread, :class:`StoppingRule`);
+        ``rel_tol = spread_ratio = 0``: always run ``repeats``.
 
     Yields
     ------
@@ -191,7 +195,7 @@ def cost_repeats(
         model drafter (:class:`~mdboost.engine.drafting.ModelDrafter`).
     """
     settings = _check_common(context_len, repeats, steps, warmup, threads, settings, batch_size)
-    rule = StoppingRule(repeats, min_repeats, rel_tol)
+    rule = StoppingRule(repeats, min_repeats, rel_tol, spread_ratio)
     _check_lengths(prefill_lengths)
     drafter = as_drafter(drafter)
     device = model_device(target)
@@ -207,7 +211,7 @@ def cost_repeats(
             samples.append(float(sample))
             walls.append(wall)
 
-        stopped = yield from rule.repeats(one_repeat, lambda: relative_half_width(samples))
+        stopped = yield from rule.repeats(one_repeat, lambda: [(samples, None)])
         with torch_threads(threads):
             prefill = (_prefill_slope(drafter.model, target, prompt, settings, max(3, len(samples) // 3), seed,
                                       prefill_lengths) if isinstance(drafter, ModelDrafter) else 0.0)

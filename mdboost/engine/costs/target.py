@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from mdboost.engine.costs._stopping import StoppingRule, median_interval, relative_half_width, run_alone
+from mdboost.engine.costs._stopping import SPREAD_RATIO, StoppingRule, median_interval, run_alone
 from mdboost.engine.costs._timing import (COST_UNIT, ENGINE_THREADS, PREFILL_LENGTHS, _check_common, _check_lengths,
                                           _check_positive, _load, _prefill_slope, _prompt, _Run, torch_threads)
 from mdboost.engine.drafting import DraftSession, Drafter
@@ -41,7 +41,7 @@ class EngineProfile:
         Rows ``B`` of every timed step and prefill forward.
     rule : StoppingRule or None, default=None
         How many repeats ran (``docs/engine.md``, "Costs measured once, well"); None: not recorded.
-    stopped : {"tight", "max_repeats"} or None, default=None
+    stopped : {"tight", "spread", "max_repeats"} or None, default=None
         Why the repeats stopped.
     verify_interval : list, default=[]
         Per ``K``, the 90% sign-test interval ``[lo, hi]`` of the median ``v(K)`` (``[1, 1]``
@@ -146,11 +146,10 @@ def _overhead_samples(ratios: dict, md_draft_len: int) -> dict:
             for kind in ("dense", "onehot") if ("md", kind) in ratios}
 
 
-def _widest(ratios: dict, md_draft_len: int) -> float:
-    """The stopping rule's figure: the widest relative half-width of every ``v(K)`` and ``s``."""
-    widths = [relative_half_width(x) for label, x in ratios.items() if label[0] == "v"]
-    widths += [relative_half_width(x, scale=1.0) for x in _overhead_samples(ratios, md_draft_len).values()]
-    return max(widths)
+def _figures(ratios: dict, md_draft_len: int) -> list:
+    """The stopping rule's figures: every ``v(K)`` (relative to its median) and both ``s`` (in ``T_ar``)."""
+    figures = [(x, None) for label, x in ratios.items() if label[0] == "v"]
+    return figures + [(x, 1.0) for x in _overhead_samples(ratios, md_draft_len).values()]
 
 
 def profile_repeats(
@@ -171,6 +170,7 @@ def profile_repeats(
     batch_size: int = 1,
     min_repeats: int = 5,
     rel_tol: float = 0.02,
+    spread_ratio: float = SPREAD_RATIO,
 ):
     """Measure the target's ``v(K)``, ``s`` and prefill slope in its engine steps (module docstring),
     one repeat per step of the generator.
@@ -199,10 +199,11 @@ def profile_repeats(
         Drafts of the MD overhead steps, ``>= 1``.
     max_divergence, divergence :
         The MD budget of those steps (``> 0``).
-    min_repeats, rel_tol : int, float, default=5, 0.02
+    min_repeats, rel_tol, spread_ratio : int, float, float, default=5, 0.02, SPREAD_RATIO
         The stopping rule (:class:`StoppingRule`) over every ``v(K)`` (half-width ``<= rel_tol
-        * v(K)``) and both ``s`` (half-width ``<= rel_tol``, in ``T_ar``); ``rel_tol = 0``:
-        always run ``repeats``.
+        * v(K)``) and both ``s`` (half-width ``<= rel_tol``, in ``T_ar``), or each figure's
+        half-width ``<= spread_ratio`` times half its single repeats' central 90% range;
+        ``rel_tol = spread_ratio = 0``: always run ``repeats``.
 
     Yields
     ------
@@ -215,7 +216,7 @@ def profile_repeats(
         The generator's return value (``StopIteration.value``).
     """
     settings = _check_common(context_len, repeats, steps, warmup, threads, settings, batch_size)
-    rule = StoppingRule(repeats, min_repeats, rel_tol)
+    rule = StoppingRule(repeats, min_repeats, rel_tol, spread_ratio)
     _check_lengths(prefill_lengths)
     _check_positive("gamma_max", gamma_max)
     _check_positive("md_draft_len", md_draft_len)
@@ -241,7 +242,7 @@ def profile_repeats(
             for label in labels:
                 ratios[label].append(ratio[label])
 
-        stopped = yield from rule.repeats(one_repeat, lambda: _widest(ratios, md_draft_len))
+        stopped = yield from rule.repeats(one_repeat, lambda: _figures(ratios, md_draft_len))
         with torch_threads(threads):
             prefill = _prefill_slope(target, target, prompt, sd, max(3, len(walls) // 3), seed, prefill_lengths)
             load_after = _load()
