@@ -1,6 +1,6 @@
 """Batch size as an axis, run for real: the default ranking's cells validated at every ranked batch size.
 
-Runs ``mdboost validate`` on the default ranking (``configs/default.yaml``, which ranks
+Runs ``mdboost validate`` on the default ranking (``configs/full.yaml``, which ranks
 ``speed.batch_sizes: [1, 4]``) unless ``--summary`` names a finished validation: at each batch size
 the recommendation's cell and ``--cells`` more, on held-out prompts batched ``B`` at a time, each
 batch interleaved with batched plain decoding. Writes the section ``batch_validation`` of
@@ -82,7 +82,7 @@ def render(summary: dict, speed: dict | None = None) -> str:
     per_size = min((m["cells"] for m in by_batch.values()), default=len(cells))
     gen = summary["generation"]
     head = (f"Machine: {hardware_label(hardware_fingerprint('cpu'))}, {os.cpu_count()} cores, Python "
-            f"{platform.python_version()}. Ranking: `configs/default.yaml` (`speed.batch_sizes: [1, 4]`, every cost "
+            f"{platform.python_version()}. Ranking: `configs/full.yaml` (`speed.batch_sizes: [1, 4]`, every cost "
             f"measured at both batch sizes); validation on held-out prompts {gen['first_prompt']}-"
             f"{gen['first_prompt'] + gen['prompts'] - 1}, {gen['max_new_tokens']} new tokens, batched B at a time, "
             f"each batch interleaved with batched plain decoding.")
@@ -109,12 +109,12 @@ def main() -> None:
         start = os.getloadavg()[0]
         out = ROOT / "outputs" / "validate-batch"
         subprocess.run([sys.executable, "-m", "mdboost", "validate", "--config", "configs/validate_default.yaml",
-                        "--set", f"ranking.cells={args.cells}", "--set", f"generation.prompts={args.prompts}",
+                        "--set", "ranking.ranking_dir=outputs/rank-full", "--set", f"ranking.cells={args.cells}", "--set", f"generation.prompts={args.prompts}",
                         "--set", f"output_dir={out}", "--set", "humaneval.tasks=0", "--set", "tracking.enabled=false"],
                        cwd=ROOT, check=True)
         path = out / "summary.json"
         load = load_line(start)
-    ranked = json.loads((ROOT / "outputs" / "rank" / "summary.json").read_text())
+    ranked = json.loads((ROOT / "outputs" / "rank-full" / "summary.json").read_text())
     speed = json.loads(Path(ranked["speed_file"]).read_text()) if ranked.get("speed_file") else None
     text = render(json.loads(Path(path).read_text()), speed) + (f"\n\n{load}" if load else "")
     print(text)

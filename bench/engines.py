@@ -1,6 +1,6 @@
 """The engines' rules on the default pool: SGLang's mapped thresholds, the heuristics' gap to MD, block verification.
 
-Reads the default pool's cached positions (``configs/default.yaml``'s acceptance cache: text
+Reads the default pool's cached positions (``configs/full.yaml``'s acceptance cache: text
 sampled from the target, the rows the ranking scores acceptance on) without loading a model, and
 reports, per drafter and temperature:
 
@@ -89,7 +89,7 @@ def _block_gain(p, q, seq, k: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="configs/default.yaml")
+    parser.add_argument("--config", default="configs/full.yaml")
     parser.add_argument("--rows", type=int, default=3000, help="cached positions per pair (the first N)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()

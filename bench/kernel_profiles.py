@@ -1,6 +1,6 @@
 """Two machines' cost profiles, two picks: this CPU as it is, and with its matrix kernels capped at AVX2.
 
-On the default pool (its caches finished: ``mdboost rank --config configs/default.yaml`` first), at
+On the default pool (its caches finished: ``mdboost rank --config configs/full.yaml`` first), at
 batch size 1 with four of its drafters (:data:`DRAFTERS`):
 
 1. ``mdboost profile --out native.json``: this machine's costs (already in the speed file);
@@ -37,7 +37,7 @@ CAPS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDN
 # batch size 1 and four of the pool's drafters (a model at two depths, int8, prompt lookup): the capped
 # profile measures every figure afresh, about a minute a drafter on a 2-core CPU
 DRAFTERS = "[early_exit:12, tuned:12, int8, ngram:3]"
-COMMON = ["--config", "configs/default.yaml", "--set", "speed.batch_sizes=[1]", "--set", f"pool.drafters={DRAFTERS}"]
+COMMON = ["--config", "configs/full.yaml", "--set", "speed.batch_sizes=[1]", "--set", f"pool.drafters={DRAFTERS}"]
 
 
 def _cli(argv: list[str], env: dict | None = None) -> None:

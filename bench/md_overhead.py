@@ -10,7 +10,7 @@ default pool at the generation grid's points with the fresh ``s`` patched in: ho
 prediction moves, and the grid comparison of ``bench/predictions.py`` with it. Both sides of that
 comparison are stated: grid cells measured before the solver changed ran the old engine.
 
-Usage: ``.venv/bin/python bench/md_overhead.py [--config configs/default.yaml] [--no-write]``
+Usage: ``.venv/bin/python bench/md_overhead.py [--config configs/full.yaml] [--no-write]``
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Benchmark: the ranking's predictions against the realized generation grid.
 
-Re-scores the default pool from its cache (``configs/default.yaml``: run ``make run`` first;
+Re-scores the default pool from its cache (``configs/full.yaml``: run ``mdboost rank --config configs/full.yaml`` first;
 nothing is rebuilt unless the cache is missing) at the grid's operating points -- KL budgets
 0 (SD), 0.01, 0.05, 0.2, gammas 2, 4, 6, temperatures 1.0 and 0.7 -- and compares every
 predicted cell (``predicted_speedup`` with its 90% interval, ``engine_mean_accepted_length``)
@@ -21,7 +21,7 @@ reference deviates by more than :data:`REFERENCE_TOLERANCE` are flagged (their m
 differed from the rest of the grid), and the figures are reported with and without them. The
 report also states the grid's measurement conditions (date, parallel shards, load).
 
-Usage: ``.venv/bin/python bench/predictions.py [--config configs/default.yaml] [--cells PATH] [--no-write]``
+Usage: ``.venv/bin/python bench/predictions.py [--config configs/full.yaml] [--cells PATH] [--no-write]``
 """
 
 from __future__ import annotations
@@ -250,7 +250,7 @@ def same_prompts_report(cells: list[dict], prompts: int, scale: float) -> str:
 def grid_arguments(description: str) -> argparse.Namespace:
     """``--config``, ``--cells`` and ``--no-write``, the options of the scripts comparing with the grid."""
     ap = argparse.ArgumentParser(description=description)
-    ap.add_argument("--config", default="configs/default.yaml")
+    ap.add_argument("--config", default="configs/full.yaml")
     ap.add_argument("--cells", type=Path, default=ROOT / "bench" / "generation_cells.json")
     ap.add_argument("--no-write", action="store_true")
     return ap.parse_args()

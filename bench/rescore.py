@@ -1,6 +1,6 @@
 """Benchmark: re-ranking a finished ranking with a cost profile (``mdboost rank --costs``) against a full re-run.
 
-On a config whose caches are finished (default: ``configs/default.yaml``), in a scratch folder:
+On a config whose caches are finished (default: ``configs/full.yaml``), in a scratch folder:
 
 1. copy the config's cache folder there, without its kept work (``scores/``, :mod:`mdboost.cache.scores`;
    the source is only read: a rank that found something missing would build into the copy,
@@ -17,7 +17,7 @@ then prints each command's wall time (process start and imports included) and ``
 are byte-identical, and the size of the kept work; and writes its section of ``bench/RESULTS.md``
 (``--no-write``: print only). Tracking is off in both runs (MLflow's logging is not re-scoring).
 
-Usage: ``.venv/bin/python bench/rescore.py [--config configs/default.yaml] [--cache DIR] [--work DIR]``
+Usage: ``.venv/bin/python bench/rescore.py [--config configs/full.yaml] [--cache DIR] [--work DIR]``
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def scratch_config(config: str, cache: Path, work: Path) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="configs/default.yaml")
+    parser.add_argument("--config", default="configs/full.yaml")
     parser.add_argument("--cache", default=None, help="finished cache folder (default: the config's cache.dir)")
     parser.add_argument("--work", default=None, help="scratch folder (default: a new temporary one)")
     parser.add_argument("--no-write", action="store_true", help="print only")

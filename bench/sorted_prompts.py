@@ -53,7 +53,7 @@ def sorted_file(path: Path) -> Path:
 
 
 def _configs(data: Path, cells: int, prompts: int) -> tuple[Path, Path]:
-    rank = yaml.safe_load((ROOT / "configs" / "default.yaml").read_text())
+    rank = yaml.safe_load((ROOT / "configs" / "full.yaml").read_text())
     rank.update(name="sorted-prompts", output_dir=str(OUT / "rank"))
     rank["data"].update(source=str(data), limit=16, sample="random", stratify="category")
     rank.setdefault("speed", {})["batch_sizes"] = [1]
@@ -82,7 +82,7 @@ def render(ranked: dict, summary: dict) -> str:
         "(`bench/sorted_prompts.py`)",
         f"Machine: {hardware_label(hardware_fingerprint('cpu'))}, {os.cpu_count()} cores, Python "
         f"{platform.python_version()}. Data: HumanEval's 164 prompts with a `category` (prompt length tercile), "
-        "the file sorted by it (short, medium, long). Ranking: `configs/default.yaml` with `data.limit: 16`, "
+        "the file sorted by it (short, medium, long). Ranking: `configs/full.yaml` with `data.limit: 16`, "
         "`data.sample: random`, `data.stratify: category`, batch size 1; validation: "
         f"{summary['generation']['prompts']} held-out prompts taken the same way, {len(summary['cells'])} cells, "
         f"{summary['generation']['max_new_tokens']} new tokens.",

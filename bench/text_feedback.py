@@ -7,8 +7,8 @@ continuations MD sampled at that point (``cache.mentored_text``); a lossy point'
 cause from prompt differences: it runs the engine on the ranking's **own** cache prompts (the records the
 continuations were sampled from, same encoding, same 64 new tokens), SD and MD at the same
 temperature and gamma, several seeds, and compares the realized mean accepted length with the
-ranking's predicted ``engine_mean_accepted_length`` (``outputs/rank/ranking.csv`` of
-``configs/default.yaml``: run ``make run`` first). A model drafter (int8) is the control.
+ranking's predicted ``engine_mean_accepted_length`` (``outputs/rank-full/ranking.csv`` of
+``configs/full.yaml``: run ``mdboost rank --config configs/full.yaml`` first). A model drafter (int8) is the control.
 Acceptance statistics only: no timing, so machine load does not matter.
 
 Usage: ``.venv/bin/python bench/text_feedback.py [--seeds 3] [--no-write]``; about 10 minutes.
@@ -90,7 +90,7 @@ def report(pred: dict, real: dict, prompts: int, seeds: int) -> str:
         "",
         f"`bench/text_feedback.py`: the engine on the ranking's own {prompts} cache prompts (the records its "
         f"continuations were sampled from), T = {TEMPERATURE:g}, gamma {GAMMA}, {seeds} seeds, 64 new tokens, "
-        "against the ranking's predicted mean accepted length (`outputs/rank/ranking.csv`, 90% interval). Same "
+        "against the ranking's predicted mean accepted length (`outputs/rank-full/ranking.csv`, 90% interval). Same "
         "prompts, so a gap is the speed model's, not the prompt set's.",
         "",
         "| drafter | point | predicted [90%] | realized (mean of seeds) | seeds | realized - predicted |",
@@ -111,8 +111,8 @@ def report(pred: dict, real: dict, prompts: int, seeds: int) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default="configs/default.yaml")
-    ap.add_argument("--ranking", type=Path, default=ROOT / "outputs" / "rank" / "ranking.csv")
+    ap.add_argument("--config", default="configs/full.yaml")
+    ap.add_argument("--ranking", type=Path, default=ROOT / "outputs" / "rank-full" / "ranking.csv")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
@@ -120,7 +120,7 @@ def main() -> None:
     pred = predicted(args.ranking)
     missing = [k for k in POINTS if k not in pred]
     if missing:
-        raise SystemExit(f"{args.ranking} has no rows for {missing}: run `make run` (configs/default.yaml) first")
+        raise SystemExit(f"{args.ranking} has no rows for {missing}: run `mdboost rank --config configs/full.yaml` first")
     text = report(pred, realized(cfg, args.seeds), cfg.data.limit, args.seeds)
     print(text)
     if not args.no_write:

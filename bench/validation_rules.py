@@ -9,7 +9,7 @@ span, and the goal of the engines issue (at least 12 cells over at least 4 rules
 80-97%, each rule's realized acceptance inside its interval).
 
 Run: ``python bench/validation_rules.py [--summary outputs/validate/summary.json] [--no-write]``
-(needs the default ranking, ``mdboost rank --config configs/default.yaml``).
+(needs the default ranking, ``mdboost rank --config configs/full.yaml``).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def render(summary: dict) -> str:
            and all(all(v) for v in by_rule.values()))
     gen = summary["generation"]
     head = (f"Machine: {hardware_label(hardware_fingerprint('cpu'))}, {os.cpu_count()} cores, Python "
-            f"{platform.python_version()}. Ranking: `configs/default.yaml` with the default `md.rules`; "
+            f"{platform.python_version()}. Ranking: `configs/full.yaml` with the default `md.rules`; "
             f"`configs/validate_default.yaml`: held-out prompts {gen['first_prompt']}-"
             f"{gen['first_prompt'] + gen['prompts'] - 1}, {gen['max_new_tokens']} new tokens, {len(cells)} cells, "
             f"each interleaved with plain decoding per prompt; the engine ran each cell's rule.")
@@ -90,7 +90,8 @@ def main() -> None:
     path, load = args.summary, ""
     if path is None:
         start = os.getloadavg()[0]
-        subprocess.run([sys.executable, "-m", "mdboost", "validate", "--config", "configs/validate_default.yaml"],
+        subprocess.run([sys.executable, "-m", "mdboost", "validate", "--config", "configs/validate_default.yaml",
+                        "--set", "ranking.ranking_dir=outputs/rank-full"],
                        cwd=ROOT, check=True)
         path = ROOT / "outputs" / "validate" / "summary.json"
         load = load_line(start)

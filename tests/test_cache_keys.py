@@ -36,7 +36,7 @@ PINNED = {
         },
         "fingerprint": "1fdae09759cfdd63",
     },
-    "default": {
+    "full": {
         "main": {
             "smollm2-135m": "smollm2-135m-7877f94ba0a12ccb",
             "early_exit:12": "early_exit_12-edde6c4d0f079404",
@@ -130,11 +130,24 @@ def test_a_row_revision_moves_only_that_members_folders(monkeypatch):
 
 
 def test_each_temperature_has_its_folders_and_t1_keeps_the_old_ones():
-    cfg = load_yaml("configs/default.yaml", RankConfig)
+    cfg = load_yaml("configs/full.yaml", RankConfig)
     assert cfg.md.sampling_temperatures == [0.7, 1.0]
     cold, warm = cfg.cache_spec(0.7), cfg.cache_spec(1.0)
     assert all(cold.member_dir(m) != warm.member_dir(m) for m in cold.names)
-    assert {m: warm.member_dir(m).name for m in warm.names} == PINNED["default"]["main"]
+    assert {m: warm.member_dir(m).name for m in warm.names} == PINNED["full"]["main"]
+
+
+def test_the_default_config_shares_the_full_grids_folders():
+    """``configs/default.yaml`` ranks part of ``configs/full.yaml``'s grid: its members' folders,
+    continuations and speed file are the full grid's, so either run reuses what the other built."""
+    from mdboost.cache.speed import speed_path
+
+    default, full = (load_yaml(f"configs/{name}.yaml", RankConfig) for name in ("default", "full"))
+    assert default.md.sampling_temperatures == [0.7] and set(default.pool.drafters) < set(full.pool.drafters)
+    small, big = default.cache_spec(0.7), full.cache_spec(0.7)
+    for acceptance in (False, True):
+        assert all(small.member_dir(m, acceptance) == big.member_dir(m, acceptance) for m in small.names)
+    assert small.continuations_path(64) == big.continuations_path(64) and speed_path(small) == speed_path(big)
 
 
 def test_mentored_continuations_keep_their_names():
@@ -142,7 +155,7 @@ def test_mentored_continuations_keep_their_names():
     sampler version they are keyed on."""
     from mdboost.cache.mentored import MENTORED_SAMPLER, mentored_path
 
-    spec = load_yaml("configs/default.yaml", RankConfig).cache_spec(1.0)
+    spec = load_yaml("configs/full.yaml", RankConfig).cache_spec(1.0)
     names = {(d, b): mentored_path(spec, "ngram:3", d, b, 8).parent.name
              for d, b in (("kl", 0.05), ("tv", 0.2), ("hellinger", 1.0))}
     assert names == {("kl", 0.05): "mentored-add4dc9bdd89633c", ("tv", 0.2): "mentored-97b6da484b23138f",

