@@ -34,27 +34,46 @@ from bench._results import load_line, update_section  # noqa: E402
 from mdboost.cache.profile import hardware_fingerprint, hardware_label  # noqa: E402
 
 
-def timed_run(argv: list[str], cwd: Path, env: dict) -> tuple[float, float, int]:
-    """Run ``argv``; returns (wall seconds, longest silence in seconds, exit code)."""
+def timed_run(argv: list[str], cwd: Path, env: dict, log: Path | None = None) -> tuple[float, float, int, str]:
+    """Run ``argv``; returns (wall seconds, longest silence in seconds, exit code, the last output line
+    before that silence). ``log``: a file to write the output to as it comes."""
     start = last = time.monotonic()
-    longest = 0.0
+    longest, before, tail = 0.0, "", b""
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     sel = selectors.DefaultSelector()
     for stream in (proc.stdout, proc.stderr):
         sel.register(stream, selectors.EVENT_READ)
     open_streams = 2
-    while open_streams:
-        for key, _ in sel.select(timeout=1.0):
-            chunk = os.read(key.fileobj.fileno(), 65536)
-            now = time.monotonic()
-            if not chunk:
-                sel.unregister(key.fileobj)
-                open_streams -= 1
-                continue
-            longest, last = max(longest, now - last), now
+    sink = open(log, "wb") if log is not None else None
+    try:
+        while open_streams:
+            for key, _ in sel.select(timeout=1.0):
+                chunk = os.read(key.fileobj.fileno(), 65536)
+                now = time.monotonic()
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    open_streams -= 1
+                    continue
+                if now - last > longest:
+                    longest, before = now - last, _last_line(tail)
+                last, tail = now, (tail + chunk)[-4096:]
+                if sink is not None:
+                    sink.write(chunk)
+                    sink.flush()
+    finally:
+        if sink is not None:
+            sink.close()
     code = proc.wait()
     end = time.monotonic()
-    return end - start, max(longest, end - last), code
+    if end - last > longest:
+        longest, before = end - last, _last_line(tail)
+    return end - start, longest, code, before
+
+
+def _last_line(tail: bytes) -> str:
+    """The last non-empty line (a progress bar's last redraw) of some output."""
+    parts = [p for p in tail.replace(b"\r", b"\n").decode("utf-8", "replace").split("\n") if p.strip()]
+    return parts[-1].strip()[:120] if parts else ""
 
 
 def main() -> None:
@@ -83,12 +102,14 @@ def main() -> None:
         env = {**os.environ, "MDBOOST_HOME": str(home), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "PYTHONPATH": str(clone)}
         for command, config, out in commands:
-            wall, silence, code = timed_run([sys.executable, "-m", "mdboost", command, "--config", config], clone, env)
+            wall, silence, code, before = timed_run([sys.executable, "-m", "mdboost", command, "--config", config], clone,
+                                                    env, Path(tmp) / f"{command}.log")
             if code != 0:
                 raise SystemExit(f"mdboost {command} exited {code}")
             stages = json.loads((clone / out / "summary.json").read_text()).get("seconds_by_stage") or {}
             shown = ", ".join(f"{k} {v:.0f}" for k, v in sorted(stages.items(), key=lambda kv: -kv[1]))
-            rows.append(f"| `mdboost {command} --config {config}` | {wall / 60:.1f} min | {silence:.0f} s | {shown} |")
+            rows.append(f"| `mdboost {command} --config {config}` | {wall / 60:.1f} min | {silence:.0f} s (after "
+                        f"`{before.replace('|', '/').replace('`', '')}`) | {shown} |")
         kept = Path(tmp) / "rows.md"  # a --keep folder's rows: --validate-only adds its own to the rank's
         if args.validate_only and kept.is_file():
             rows[2:2] = [r for r in kept.read_text().splitlines() if "mdboost rank" in r]

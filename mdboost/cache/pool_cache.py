@@ -34,7 +34,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mdboost._io import file_lock, lock_path
-from mdboost._stages import timed
+from mdboost._stages import ticking, timed
 from mdboost.cache.build import build_cache, sample_sequences
 from mdboost.cache.keys import PoolCacheSpec
 from mdboost.cache.manifest import CacheCorruptionError, finished_digest, read_manifest
@@ -215,7 +215,9 @@ class _Builder:
             # deferred: mdboost.models imports transformers (seconds); a cache opens without it
             from mdboost.models.pool import build_pool
 
-            self._pool = build_pool(self.spec.target, self.drafters, device=self.spec.device, home=self.spec.home)
+            with ticking(f"loading the pool's models ({self.spec.target} and {len(self.drafters)} drafters; a first "
+                         f"run converts the target and fits tuned lenses)", self.progress):
+                self._pool = build_pool(self.spec.target, self.drafters, device=self.spec.device, home=self.spec.home)
         return self._pool
 
     @property
