@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from mdboost._stages import timed
+from mdboost._stages import ticking, timed
 from mdboost._io import check_output_folder, output_folder, read_json_object, read_yaml_mapping
 from mdboost.data import sample_summary
 from mdboost.engine.costs import ENGINE_THREADS, torch_threads
@@ -289,7 +289,8 @@ def run(cfg: ValidateConfig, the_plan: Plan | None = None) -> dict:
                "cells": records}
     if cfg.humaneval.tasks > 0 and rank_cfg.data.source == "humaneval":
         h = cfg.humaneval
-        with timed(stages, "humaneval"):
+        with timed(stages, "humaneval"), ticking(f"HumanEval pass@1: {h.tasks} tasks x {h.max_new_tokens} tokens, AR and "
+                                                 f"cell 0, checked in a sandbox", cfg.progress):
             summary["humaneval"] = humaneval_pass_at_1(p.cells[0], pool, text, tasks=h.tasks,
                                                        max_new_tokens=h.max_new_tokens, seed=g.seed, timeout=h.timeout,
                                                        top_k=sampling["top_k"], top_p=sampling["top_p"],
