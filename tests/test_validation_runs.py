@@ -191,3 +191,31 @@ def test_run_modes_records_each_generation_and_its_first_step():
             assert sum(g.stats.num_new_tokens for g in part) == merged.num_new_tokens
             assert all(0 < g.stats.time_first_step <= g.stats.time_total for g in part)
         assert [len(o) for o in run.outputs] == [g.longest for part in run.generations for g in part]
+
+
+def test_target_nll_scores_a_repeated_output_once_and_counts_it_each_time():
+    """The outputs of a validation's passes repeat (same seeds, same tokens): each distinct
+    (prompt, continuation) is scored once and weighted by its count. Reference: the mean NLL
+    computed here token by token from the model's own log-softmax."""
+    import torch
+
+    from mdboost.models.tiny import tiny_llama
+    from mdboost.validation.runs import target_nll
+
+    model = tiny_llama(seed=0).eval()
+    calls = []
+    model.register_forward_pre_hook(lambda module, args, kwargs: calls.append(1), with_kwargs=True)
+    prompts = [torch.tensor([1, 2, 3]), torch.tensor([4, 5])]
+    conts = [[7, 8], [9]]
+
+    def nll(ids, cont):
+        seq = torch.tensor([ids.tolist() + cont])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(seq).logits[0].float(), -1)
+        return [-float(logp[ids.numel() - 1 + j, t]) for j, t in enumerate(cont)]
+
+    terms = nll(prompts[0], conts[0]) * 3 + nll(prompts[1], conts[1])  # the first pair three times
+    calls.clear()
+    with torch.no_grad():
+        got = target_nll(model, [prompts[0], prompts[1], prompts[0], prompts[0]], [conts[0], conts[1], conts[0], conts[0]])
+    assert len(calls) == 2 and got == pytest.approx(sum(terms) / len(terms), rel=1e-6)

@@ -18,6 +18,7 @@ import math
 
 import torch
 
+from mdboost._stages import ticking
 from mdboost.data import TextSource, encode_prompt
 from mdboost.ranking.report import ALONE, row_batch_size
 from mdboost.ranking.recommend import md_row
@@ -141,24 +142,25 @@ def realize_cells(rows: list[dict], pool, prompts, *, max_new_tokens: int = 64, 
                          temperature=temperature, top_k=top_k, top_p=top_p, eos_token_id=eos, on_generation=bar.step,
                          batch_size=batch_size, passes=passes)
         ar = runs["ar"]
-        scored = prompts * passes  # the outputs run pass after pass
-        ar_tps, ar_nll = ar.stats.tokens_per_second, target_nll(target, scored, ar.outputs)
-        for i in members:
-            run = runs[f"cell{i}"]
-            m = run.metrics()
-            m.update(ar_tokens_per_second=ar_tps,
-                     realized_speedup=equal_work_speedup([g for part in run.generations for g in part],
-                                                         [g for part in ar.generations for g in part]),
-                     realized_speedup_passes=[equal_work_speedup(c, a)
-                                              for c, a in zip(run.generations, ar.generations)],
-                     nll_target_outputs=target_nll(target, scored, run.outputs), nll_target_ar_outputs=ar_nll)
-            alpha = m["realized_acceptance"] if math.isnan(m["expected_acceptance"]) else m["expected_acceptance"]
-            budget = float(rows[i]["max_divergence"])
-            # the i.i.d. model is one sequence's: at B > 1 the batch's slowest row sets the time
-            m["model_speedup_at_realized_acceptance"] = math.nan if batch_size > 1 else model_speedup(
-                rows[i], alpha, rows[i]["md_solve"] if budget > 0 else "reached", new_tokens=m["num_new_tokens"],
-                prompt_tokens=passes * float(sum(max(p.numel() - 1, 0) for p in prompts)))
-            out[i] = m
+        scored = prompts * passes  # the outputs run pass after pass (target_nll scores each distinct one once)
+        with ticking(f"scoring the outputs under {target_name} (T={temperature:g}, batch size {batch_size})", progress):
+            ar_tps, ar_nll = ar.stats.tokens_per_second, target_nll(target, scored, ar.outputs)
+            for i in members:
+                run = runs[f"cell{i}"]
+                m = run.metrics()
+                m.update(ar_tokens_per_second=ar_tps,
+                         realized_speedup=equal_work_speedup([g for part in run.generations for g in part],
+                                                             [g for part in ar.generations for g in part]),
+                         realized_speedup_passes=[equal_work_speedup(c, a)
+                                                  for c, a in zip(run.generations, ar.generations)],
+                         nll_target_outputs=target_nll(target, scored, run.outputs), nll_target_ar_outputs=ar_nll)
+                alpha = m["realized_acceptance"] if math.isnan(m["expected_acceptance"]) else m["expected_acceptance"]
+                budget = float(rows[i]["max_divergence"])
+                # the i.i.d. model is one sequence's: at B > 1 the batch's slowest row sets the time
+                m["model_speedup_at_realized_acceptance"] = math.nan if batch_size > 1 else model_speedup(
+                    rows[i], alpha, rows[i]["md_solve"] if budget > 0 else "reached", new_tokens=m["num_new_tokens"],
+                    prompt_tokens=passes * float(sum(max(p.numel() - 1, 0) for p in prompts)))
+                out[i] = m
     bar.close()
     return out
 

@@ -285,19 +285,25 @@ def run_modes(target, prompts: list[torch.Tensor], modes: dict[str, dict], *, se
 
 @torch.no_grad()
 def target_nll(target, prompts: list[torch.Tensor], continuations: list[list[int]]) -> float:
-    """Mean NLL (nats/token) of ``continuations`` under ``target``, teacher-forced after each prompt."""
+    """Mean NLL (nats/token) of ``continuations`` under ``target``, teacher-forced after each prompt.
+
+    A (prompt, continuation) pair that occurs again (the same tokens of another pass) is scored once
+    and counted as often as it occurs."""
     if len(prompts) != len(continuations):
         raise ValueError(f"prompts and continuations must pair up, got {len(prompts)} and {len(continuations)}")
     device = next(target.parameters()).device
-    total, count = 0.0, 0
+    counts: dict[tuple, list] = {}  # (prompt tokens, continuation) -> [prompt, continuation, occurrences]
     for ids, cont in zip(prompts, continuations):
-        if not cont:
-            continue
+        if cont:
+            entry = counts.setdefault((tuple(ids.tolist()), tuple(cont)), [ids, cont, 0])
+            entry[2] += 1
+    total, count = 0.0, 0
+    for ids, cont, times in counts.values():
         seq = torch.cat([ids.to(device), torch.tensor(cont, dtype=torch.long, device=device)]).view(1, -1)
         logits = target(seq).logits[0, ids.numel() - 1: -1].float()  # [N, V]
         logp = torch.log_softmax(logits, dim=-1)
-        total += float(-logp.gather(1, seq[0, ids.numel():].view(-1, 1)).sum())
-        count += len(cont)
+        total += times * float(-logp.gather(1, seq[0, ids.numel():].view(-1, 1)).sum())
+        count += times * len(cont)
     return total / count if count else float("nan")
 
 
