@@ -119,18 +119,34 @@ def test_generic_dataclass_support():
         from_dict(Outer, {"inner": {"y": 1}})
 
 
-@pytest.mark.parametrize("name", ["default", "tiny"])
+@pytest.mark.parametrize("name", ["default", "full", "tiny"])
 def test_shipped_configs_load(name):
     cfg = load_yaml(f"configs/{name}.yaml", RankConfig)
     assert cfg.name == name
-    if name == "default":  # the YAML spells out the library defaults (plus the CPU device int8 needs)
-        def plain(c):  # md.temperatures: the default list, spelled out or implied
-            d = to_dict(c)
-            d["md"] = {k: v for k, v in d["md"].items() if k not in ("temperature", "temperatures")}
-            return d | {"pool": d["pool"] | {"device": None}}
 
-        assert plain(cfg) == plain(RankConfig())
-        assert cfg.md.sampling_temperatures == RankConfig().md.sampling_temperatures
+
+def _plain(c):
+    """A config as a dict without its name, output folder, pool device (int8 needs the CPU spelled
+    out) and the spelling of ``md.temperatures`` (a list, or implied)."""
+    d = to_dict(c)
+    d["md"] = {k: v for k, v in d["md"].items() if k not in ("temperature", "temperatures")}
+    d["md"]["sampling_temperatures"] = c.md.sampling_temperatures
+    return {k: v for k, v in d.items() if k not in ("name", "output_dir")} | {"pool": d["pool"] | {"device": None}}
+
+
+def test_the_full_grid_spells_out_the_library_defaults():
+    assert _plain(load_yaml("configs/full.yaml", RankConfig)) == _plain(RankConfig())
+
+
+def test_the_default_config_is_the_full_grid_but_for_a_first_runs_scope():
+    """``configs/default.yaml`` (``make run``) differs from ``configs/full.yaml`` in the drafters,
+    budgets, temperatures and batch sizes only (``docs/ranking.md``)."""
+    default, full = (_plain(load_yaml(f"configs/{name}.yaml", RankConfig)) for name in ("default", "full"))
+    differ = {(section, key) for section in full for key in (full[section] if isinstance(full[section], dict) else [])
+              if default[section][key] != full[section][key]}
+    assert differ == {("pool", "drafters"), ("md", "budgets"), ("md", "sampling_temperatures"), ("speed", "batch_sizes")}
+    assert default["md"]["sampling_temperatures"] == [0.7] and default["speed"]["batch_sizes"] == [1]
+    assert set(default["pool"]["drafters"]) < set(full["pool"]["drafters"])
 
 
 @pytest.mark.parametrize("name", ["validate_default", "validate_tiny"])
