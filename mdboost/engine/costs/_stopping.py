@@ -113,15 +113,29 @@ def quantile(values, q: float) -> float:
     return ordered[low] + (pos - low) * (ordered[high] - ordered[low])
 
 
+def central_range(values, level: float = CONFIDENCE) -> tuple[float, float]:
+    """The central ``level`` range of ``values``: their :func:`quantile` at ``(1 -/+ level) / 2``.
+
+    Examples
+    --------
+    >>> central_range([0.4, 0.5, 0.6], 1.0)
+    (0.4, 0.6)
+    """
+    if not 0 < level <= 1:
+        raise ValueError(f"level must be in (0, 1], got {level!r}")
+    return quantile(values, (1 - level) / 2), quantile(values, (1 + level) / 2)
+
+
 def spread_half_width(values, level: float = CONFIDENCE) -> float:
-    """Half the central ``level`` range of the single ``values``: ``(q_hi - q_lo) / 2`` at ``(1 -/+ level) / 2``.
+    """Half the central ``level`` range of the single ``values`` (:func:`central_range`).
 
     Examples
     --------
     >>> spread_half_width([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0])
     4.5
     """
-    return (quantile(values, (1 + level) / 2) - quantile(values, (1 - level) / 2)) / 2
+    lo, hi = central_range(values, level)
+    return (hi - lo) / 2
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mdboost.engine.costs._stopping import SPREAD_RATIO, StoppingRule, median_interval, quantile, run_alone
+from mdboost.engine.costs._stopping import SPREAD_RATIO, StoppingRule, central_range, median_interval, run_alone
 from mdboost.engine.costs._timing import (ENGINE_THREADS, PREFILL_LENGTHS, _check_common, _check_lengths, _load,
                                           _prefill_slope, _prompt, _Run, torch_threads)
 from mdboost.engine.drafting import ModelDrafter, NgramAdapter, as_drafter
@@ -75,9 +75,7 @@ class CostMeasurement:
         >>> CostMeasurement([0.4, 0.5, 0.6], "", 1, 0.0, 0.0).spread(1.0)
         (0.4, 0.6)
         """
-        if not 0 < level <= 1:
-            raise ValueError(f"level must be in (0, 1], got {level!r}")
-        return quantile(self.samples, (1 - level) / 2), quantile(self.samples, (1 + level) / 2)
+        return central_range(self.samples, level)
 
     def to_dict(self) -> dict:
         """The JSON form stored with the cache (a drafter's entry of :mod:`mdboost.cache.speed`)."""
